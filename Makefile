@@ -1,0 +1,19 @@
+# The newcomer's commands: `make demo` (the main job) and `make test` (everything CI runs).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+export METAX_CACHE ?= $(HOME)/.cache/metax-operator
+PY := .venv/bin/python
+PYTEST := $(PY) -m pytest
+
+.PHONY: setup test test-fast demo bench lint
+setup:
+	@scripts/setup
+
+test: setup
+	$(PYTEST) -n 2 tests
+
+demo: setup
+	@scripts/demo
+
+bench: setup
+	$(PY) -m tests.bench
