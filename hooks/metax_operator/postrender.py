@@ -1,0 +1,210 @@
+"""The Helm post-renderer: applies the podTemplateSpec rules (`merge`) at render time.
+
+Helm 3 runs `postrender/metax-postrender` (`--post-renderer ./postrender/metax-postrender`);
+Helm 4 runs the same executable as the `metax-postrender` plugin (`postrender/plugin.yaml`,
+`--post-renderer metax-postrender`). Both pipe the rendered manifests through stdin/stdout.
+
+Contract with the chart: every component DaemonSet carries the annotations
+- `gpu.metax-tech.com/component`: its values key (`maca`, `driver`, ...);
+- `gpu.metax-tech.com/scheduling-base`: compact JSON of the pod template's `nodeSelector`,
+  `affinity`, `tolerations` as the chart renders them before any merge (absent keys: none);
+- `gpu.metax-tech.com/scheduling-inputs`: compact JSON `{"global": <podTemplateSpec or null>,
+  "component": <<key>.podTemplateSpec or null>, "tolerations": <deprecated tolerations or null>}`.
+For each, `spec.template.spec.{nodeSelector,affinity,tolerations}` becomes
+merge(base, inputs); because the base comes from the annotation, a second run gives the
+same bytes. Every other document, and every DaemonSet whose fields are already right,
+passes through as the exact text it came in (separators and `# Source:` comments too);
+a changed document is round-tripped with ruamel.yaml, so its key order and comments stay.
+
+Speed: documents are found by a substring test for the inputs annotation before any
+parsing; candidates are read with PyYAML's C loader and only those that change are
+round-tripped by ruamel.yaml; nothing heavier than ruamel.yaml is imported
+(no argparse, no dataclasses, no kubernetes client), since this runs inside every `helm template`.
+
+Errors name the document (kind/name and its `# Source:` file) and the field. Helm 3 shows
+our stderr; Helm 4 throws a plugin's stderr away and prints only "plugin exited with
+error", so the plugin runs with `--error-document`: on error it exits 0 and outputs one
+document that Helm 4 refuses with a message quoting our text (see `error_document`).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from .errors import UserError, UserErrors
+from .merge import ANNOTATION_INPUTS, MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
+
+# A YAML document marker at the start of a line (`---`, `--- # c`, `--- |`), with its line end.
+_SEPARATOR = re.compile(r"^---(?=[ \t\r\n]|$)[^\n]*(?:\n|$)", re.MULTILINE)
+_SOURCE = re.compile(r"^# Source: (.+)$", re.MULTILINE)
+_HELM4_FILENAME = "postrenderer.helm.sh/postrender-filename"
+# How far a block sequence's dash sits right of its parent key ("key:\n  - a" is 2).
+_SEQUENCE_OFFSET = re.compile(r"^( *)[^\s#-][^\n]*:[ \t]*\n( *)- ", re.MULTILINE)
+
+
+def split_documents(text: str) -> list[str]:
+    """Cut the stream before each document marker; the pieces join back to `text` exactly."""
+    cuts = [m.start() for m in _SEPARATOR.finditer(text)]
+    if not cuts or cuts[0] != 0:
+        cuts.insert(0, 0)
+    return [text[start:end] for start, end in zip(cuts, cuts[1:] + [len(text)])]
+
+
+def postrender(text: str) -> tuple[str, list[str]]:
+    """The post-rendered stream and the notices for the user; UserErrors for every bad document."""
+    pieces, notices, errors, reported = [], [], [], set()
+    for piece in split_documents(text):
+        marker = _SEPARATOR.match(piece)
+        head = marker.group(0) if marker else ""
+        try:
+            new_body, doc_notices = render_document(piece[len(head):])
+        except UserError as err:
+            for one in getattr(err, "errors", [err]):
+                if str(one) not in reported:  # a bad global input is reported once, not per DaemonSet
+                    reported.add(str(one))
+                    errors.append(_located(one, describe(piece)))
+            continue
+        pieces.append(piece if new_body is None else head + new_body)
+        notices.extend(n for n in doc_notices if n not in notices)
+    if errors:
+        raise errors[0] if len(errors) == 1 else UserErrors(errors)
+    return "".join(pieces), notices
+
+
+def render_document(body: str) -> tuple[str | None, list[str]]:
+    """The new text of one document, or None when it passes through unchanged."""
+    if ANNOTATION_INPUTS not in body:
+        return None, []
+    from ruamel.yaml import YAML, YAMLError
+
+    try:
+        doc = YAML(typ="safe").load(body)  # the C parser: fast, and enough to decide
+    except YAMLError as err:
+        raise UserError("", f"is not valid YAML: {err}".replace("\n", " "),
+                        "fix the template or values that produced it") from None
+    annotations = _get(doc, "metadata", "annotations")
+    if _get(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict) or ANNOTATION_INPUTS not in annotations:
+        return None, []
+    result, notices = merge_scheduling(inputs_from_annotations(annotations))
+    pod_spec = _get(doc, "spec", "template", "spec")
+    if not isinstance(pod_spec, dict):
+        raise UserError("spec.template.spec", "is missing", "render the DaemonSet with the metax-operator chart")
+    if {key: pod_spec[key] for key in MANAGED_FIELDS if key in pod_spec} == result:
+        return None, notices
+    return _rewrite(body, result), notices
+
+
+def _rewrite(body: str, result: dict) -> str:
+    """`body` with its pod template's scheduling fields set to `result`, via ruamel round-trip."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    rt = YAML()
+    rt.preserve_quotes = True
+    rt.width = 1 << 20  # never re-fold long lines
+    offset = _SEQUENCE_OFFSET.search(body)
+    dash = max(0, len(offset.group(2)) - len(offset.group(1))) if offset else 0
+    rt.indent(mapping=2, sequence=dash + 2, offset=dash)
+    doc = rt.load(body)
+    pod_spec = doc["spec"]["template"]["spec"]
+    for key in MANAGED_FIELDS:
+        if key in result:
+            if pod_spec.get(key) != result[key]:  # an equal value keeps its text (quotes, comments)
+                pod_spec[key] = result[key]
+        elif key in pod_spec:
+            del pod_spec[key]
+    out = io.StringIO()
+    rt.dump(doc, out)
+    text = out.getvalue().rstrip("\n")
+    return text + body[len(body.rstrip("\n")):]
+
+
+def describe(piece: str) -> str:
+    """`DaemonSet/metax-maca (chart/templates/maca.yaml)`: kind/name and source, from the text."""
+    fields = {}
+    for key in ("kind", "name", _HELM4_FILENAME):
+        found = re.search(rf"^\s*['\"]?{re.escape(key)}['\"]?:[ \t]*['\"]?([^'\"\n#]+?)['\"]?[ \t]*$", piece, re.MULTILINE)
+        fields[key] = found.group(1) if found else "?"
+    source = _SOURCE.search(piece)
+    where = source.group(1).strip() if source else fields[_HELM4_FILENAME]
+    return f"{fields['kind']}/{fields['name']} ({where})"
+
+
+def error_document(message: str) -> str:
+    """One document Helm 4 cannot sort, so that it prints `message` in its own error.
+
+    Helm 4 (4.1.4) files each post-rendered document under its
+    `postrenderer.helm.sh/postrender-filename` annotation and fails on a document whose
+    apiVersion is not a string with "YAML parse error on <that file name>: ...": the file
+    name we give is the message.
+    """
+    name = "metax-postrender failed:\n" + message + "\n(Helm's own words follow)"
+    return ("apiVersion: {error: metax-postrender failed, see the message}\n"
+            "kind: MetaxPostRenderError\n"
+            "metadata:\n"
+            "  name: metax-postrender-error\n"
+            "  annotations:\n"
+            f"    {_HELM4_FILENAME}: {json.dumps(name)}\n")
+
+
+def _located(err: UserError, where: str) -> UserError:
+    return UserError(f"{where}: {err.field}" if err.field else where, err.problem, err.fix)
+
+
+def _get(node, *path):
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+ERROR_DOCUMENT_FLAG = "--error-document"
+
+
+def run(error_document_mode: bool = False) -> int:
+    """Filter stdin to stdout; with `error_document_mode` an error becomes `error_document`."""
+    try:
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError("stdin", f"is not UTF-8 text ({err})", "pass the output of helm template") from None
+        output, notices = postrender(text)
+    except UserError as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        if error_document_mode:
+            sys.stdout.write(error_document(str(err)))
+            return 0
+        return 1
+    for notice in notices:
+        print(f"warning: {notice}", file=sys.stderr)
+    sys.stdout.buffer.write(output.encode("utf-8"))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("postrender", help="the Helm post-renderer (stdin to stdout)",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument(ERROR_DOCUMENT_FLAG, action="store_true", dest="error_document",
+                        help="on error, exit 0 and output a document that makes Helm 4 print the error "
+                             "(Helm 4 discards a plugin's stderr); postrender/plugin.yaml sets it")
+    parser.set_defaults(func=lambda args: run(args.error_document))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m metax_operator.postrender [--error-document] [release args...]`.
+
+    What postrender/metax-postrender runs. The arguments are read by hand, not with
+    argparse, to keep the start-up inside every `helm template` short; anything else
+    (release name/namespace passed as --post-renderer-args) is accepted and not needed,
+    since the inputs are in the manifests.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    return run(ERROR_DOCUMENT_FLAG in argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
