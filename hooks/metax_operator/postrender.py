@@ -17,7 +17,7 @@ passes through as the exact text it came in (separators and `# Source:` comments
 a changed document is round-tripped with ruamel.yaml, so its key order and comments stay.
 
 Speed: documents are found by a substring test for the inputs annotation before any
-parsing; candidates are read with PyYAML's C loader and only those that change are
+parsing; candidates are read with ruamel.yaml's C (safe) loader and only those that change are
 round-tripped by ruamel.yaml; nothing heavier than ruamel.yaml is imported
 (no argparse, no dataclasses, no kubernetes client), since this runs inside every `helm template`.
 
