@@ -1,0 +1,266 @@
+"""The post-renderer: exact pass-through, idempotence, errors, and end to end under real Helm 3 and Helm 4."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from metax_operator.merge import ANNOTATION_BASE, ANNOTATION_INPUTS
+from metax_operator.postrender import error_document, postrender, split_documents
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE_CHART = REPO / "tests" / "data" / "fixture-chart"
+EXECUTABLE = REPO / "postrender" / "metax-postrender"
+BIN = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin"
+HELM3, HELM4 = BIN / "helm3", BIN / "helm4"
+HELM4_FILENAME = "postrenderer.helm.sh/postrender-filename"
+
+toleration = lambda key, value, effect="NoSchedule": {"key": key, "operator": "Equal", "value": value,  # noqa: E731
+                                                      "effect": effect}
+# Seed 000 §3.2.5.2: global node-type=general, maca node-type=gpu.
+SEED_VALUES = {"podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "general")]}},
+               "maca": {"podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "gpu")]}}}}
+# Documents a first pass leaves as they were, whatever they look like.
+UNTOUCHED = """\
+# leading comment of the stream
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: a, annotations: {x: "gpu.metax-tech.com/scheduling-inputs"}}
+data:
+  weird:    'spacing'   # kept
+---   # a marker with a comment
+--- |
+  a bare literal document
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: not-ours
+spec: {template: {spec: {tolerations: [{operator: Exists}]}}}
+...
+---
+"""
+
+
+def helm_env(home: Path) -> dict:
+    """Helm's homes inside `home`, so that no plugin or repository leaks in or out of the test."""
+    return {**os.environ, "HELM_DATA_HOME": str(home / "data"), "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_CACHE_HOME": str(home / "cache")}
+
+
+@pytest.fixture(scope="module")
+def helm_home(tmp_path_factory) -> dict:
+    """A Helm home with postrender/ installed as the Helm 4 plugin, and a capture plugin that
+    records the exact stream Helm 4 hands a post-renderer (and passes it on unchanged)."""
+    home = tmp_path_factory.mktemp("helm-home")
+    env = helm_env(home)
+    capture = home / "capture"
+    capture.mkdir()
+    (capture / "plugin.yaml").write_text(
+        "apiVersion: v1\ntype: postrenderer/v1\nname: capture\nversion: 0.1.0\nruntime: subprocess\n"
+        "runtimeConfig:\n  platformCommand:\n    - command: ${HELM_PLUGIN_DIR}/capture.sh\n")
+    (capture / "capture.sh").write_text(f'#!/bin/sh\ntee "{home}/captured.yaml"\n')
+    (capture / "capture.sh").chmod(0o755)
+    for plugin in (REPO / "postrender", capture):
+        subprocess.run([HELM4, "plugin", "install", plugin], env=env, check=True, capture_output=True)
+    env["CAPTURED"] = str(home / "captured.yaml")
+    return env
+
+
+def write_values(tmp_path: Path, values: dict) -> Path:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def helm_template(helm: Path, env: dict, chart: Path, values: Path | None = None, *flags: str):
+    command = [helm, "template", "release", chart, "--namespace", "gpu", *flags]
+    if values:
+        command += ["-f", values]
+    return subprocess.run(command, env=env, capture_output=True, text=True)
+
+
+def run_executable(text: str, *args: str):
+    return subprocess.run([EXECUTABLE, *args], input=text, capture_output=True, text=True)
+
+
+def daemonsets(stream: str) -> dict:
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(stream) if d and d.get("kind") == "DaemonSet"}
+
+
+def pairs(tolerations: list) -> list:
+    return [(t["key"], t["value"]) for t in tolerations]
+
+
+# --- the stream, in process -------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [UNTOUCHED, "", "---\n", "a: 1", "---\na: 1\n---\nb: 2", "x: |\n  ---\n  y\n"])
+def test_split_documents_joins_back_exactly(text):
+    assert "".join(split_documents(text)) == text
+
+
+def test_documents_without_the_contract_pass_through_byte_for_byte():
+    assert postrender(UNTOUCHED) == (UNTOUCHED, [])
+
+
+@pytest.mark.helm
+def test_default_render_passes_through_byte_for_byte(helm_home):
+    rendered = helm_template(HELM3, helm_home, FIXTURE_CHART).stdout
+    assert ANNOTATION_INPUTS in rendered
+    assert postrender(rendered) == (rendered, [])
+
+
+@pytest.mark.helm
+def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tmp_path):
+    rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES)).stdout
+    output, _ = postrender(rendered)
+    before, after = split_documents(rendered), split_documents(output)
+    assert len(before) == len(after)
+    for old, new in zip(before, after):
+        if ANNOTATION_INPUTS not in old or "kind: DaemonSet" not in old:
+            assert new == old
+            continue
+        old_doc, new_doc = yaml.safe_load(old), yaml.safe_load(new)
+        for doc in (old_doc, new_doc):
+            doc["spec"]["template"]["spec"].pop("tolerations", None)
+        assert new_doc == old_doc
+        # Text outside the pod spec keeps its order, quotes and comments.
+        assert new.split("\n    spec:\n")[0] == old.split("\n    spec:\n")[0]
+        assert "# trailing comment kept" in new and new.startswith("---\n# Source: ")
+
+
+@pytest.mark.helm
+def test_output_run_through_again_is_byte_identical(helm_home, tmp_path):
+    values = {**SEED_VALUES, "tolerations": [toleration("key1", "value1")],
+              "driver": {"podTemplateSpec": {"spec": {"nodeSelector": {"pool": "gpu"}, "affinity": {
+                  "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                      {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}}}}
+    rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, values)).stdout
+    once, _ = postrender(rendered)
+    assert once != rendered
+    assert postrender(once)[0] == once
+
+
+@pytest.mark.helm
+def test_helm4_stream_keeps_the_filename_annotation_and_is_idempotent(helm_home, tmp_path):
+    result = helm_template(HELM4, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES),
+                           "--post-renderer", "capture")
+    assert result.returncode == 0, result.stderr
+    stream = Path(helm_home["CAPTURED"]).read_text()
+    output, _ = postrender(stream)
+    assert output != stream
+    assert output.count(HELM4_FILENAME) == stream.count(HELM4_FILENAME) > 0
+    assert daemonsets(output)["metax-maca"]["metadata"]["annotations"][HELM4_FILENAME].endswith("daemonsets.yaml")
+    assert postrender(output)[0] == output
+
+
+# --- errors -----------------------------------------------------------------------------
+
+@pytest.mark.helm
+def test_malformed_podtemplatespec_fails_naming_document_source_and_field(helm_home, tmp_path):
+    values = {"maca": {"podTemplateSpec": {"spec": {"containers": [{"name": "x"}]}}}}
+    rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, values)).stdout
+    result = run_executable(rendered)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("error: DaemonSet/metax-maca (metax-fixture/templates/daemonsets.yaml): "
+                                    "maca.podTemplateSpec.spec.containers: is not supported")
+
+
+def test_a_bad_global_input_is_reported_once_not_per_daemonset():
+    doc = ("---\n# Source: chart/templates/{name}.yaml\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n"
+           "  name: {name}\n  annotations:\n    gpu.metax-tech.com/component: {key}\n"
+           "    gpu.metax-tech.com/scheduling-base: '{{}}'\n"
+           "    gpu.metax-tech.com/scheduling-inputs: '{{\"global\":{{\"spec\":{{\"hostPID\":true}}}}}}'\n"
+           "spec: {{template: {{spec: {{}}}}}}\n")
+    stream = doc.format(name="metax-maca", key="maca") + doc.format(name="metax-driver", key="driver")
+    result = run_executable(stream)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: DaemonSet/metax-maca (chart/templates/metax-maca.yaml): podTemplateSpec.spec.hostPID: is not "
+        "supported: only nodeSelector, affinity and tolerations are managed (seed table 3.15); remove it, or set "
+        "it in the chart's values for that component if it has one"]
+
+
+@pytest.mark.parametrize("document, expected", [
+    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
+     "    gpu.metax-tech.com/scheduling-inputs: [unclosed\n",
+     "DaemonSet/metax-maca (templates/m.yaml): is not valid YAML"),
+    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
+     "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{\"global\": nul'\n"
+     "spec: {template: {spec: {}}}\n",
+     'DaemonSet/metax-maca (templates/m.yaml): metadata.annotations["gpu.metax-tech.com/scheduling-inputs"]: '
+     "is not valid JSON"),
+    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
+     "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{}'\n",
+     "DaemonSet/metax-maca (templates/m.yaml): spec.template.spec: is missing"),
+])
+def test_malformed_input_fails_naming_the_document(document, expected):
+    result = run_executable("---\n# Source: templates/m.yaml\n" + document)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: " + expected), result.stderr
+
+
+def test_input_that_is_not_utf8_is_refused():
+    result = subprocess.run([EXECUTABLE], input=b"\xff\xfe", capture_output=True)
+    assert result.returncode == 1 and result.stderr.startswith(b"error: stdin: is not UTF-8 text")
+
+
+def test_error_document_mode_exits_zero_with_one_document_carrying_the_message():
+    result = run_executable("kind: DaemonSet\nmetadata: {name: x, annotations: "
+                            "{gpu.metax-tech.com/scheduling-inputs: '{}'}}\n", "--error-document")
+    assert result.returncode == 0
+    (doc,) = yaml.safe_load_all(result.stdout)
+    assert "gpu.metax-tech.com/component" in doc["metadata"]["annotations"][HELM4_FILENAME]
+    assert result.stdout == error_document(result.stderr.removeprefix("error: ").rstrip("\n"))
+
+
+# --- end to end with the real binaries --------------------------------------------------
+
+def seed_example_charts() -> list:
+    """The fixture chart, and the real chart once it renders the annotation contract at the repo root."""
+    charts = [pytest.param(FIXTURE_CHART, id="fixture-chart")]
+    real = subprocess.run([HELM3, "template", "r", REPO], capture_output=True, text=True)
+    reason = "the chart at the repo root does not render the annotation contract yet"
+    charts.append(pytest.param(REPO, id="chart", marks=pytest.mark.skipif(
+        real.returncode != 0 or ANNOTATION_INPUTS not in real.stdout, reason=reason)))
+    return charts
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("chart", seed_example_charts())
+@pytest.mark.parametrize("helm, post_renderer", [(HELM3, str(EXECUTABLE)), (HELM4, "metax-postrender")],
+                         ids=["helm3", "helm4"])
+def test_seed_example_end_to_end(helm_home, tmp_path, chart, helm, post_renderer):
+    result = helm_template(helm, helm_home, chart, write_values(tmp_path, SEED_VALUES),
+                           "--post-renderer", post_renderer, "--post-renderer-args", "--namespace=gpu")
+    assert result.returncode == 0, result.stderr
+    found = daemonsets(result.stdout)
+    for name, role, added in (("metax-maca", "maca", "gpu"), ("metax-driver", "driver", "general")):
+        base = json.loads(found[name]["metadata"]["annotations"][ANNOTATION_BASE]).get("tolerations", [])
+        tolerations = found[name]["spec"]["template"]["spec"]["tolerations"]
+        assert tolerations == base + [toleration("node-type", added)]
+        if chart == FIXTURE_CHART:  # the seed's own default templates
+            assert pairs(tolerations) == [("node-role", role), ("node-type", added)]
+    # Helm 4 files each document under its template again: the filename annotation was kept.
+    assert "generated-by-postrender" not in result.stdout and HELM4_FILENAME not in result.stdout
+
+
+@pytest.mark.helm
+def test_helm3_shows_the_error_and_fails(helm_home, tmp_path):
+    values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
+    result = helm_template(HELM3, helm_home, FIXTURE_CHART, values, "--post-renderer", str(EXECUTABLE))
+    assert result.returncode != 0
+    assert ("DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
+            "driver.podTemplateSpec.spec.hostNetwork: is not supported") in result.stderr
+
+
+@pytest.mark.helm
+def test_helm4_shows_the_error_and_fails(helm_home, tmp_path):
+    values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
+    result = helm_template(HELM4, helm_home, FIXTURE_CHART, values, "--post-renderer", "metax-postrender")
+    assert result.returncode != 0
+    assert ("DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
+            "driver.podTemplateSpec.spec.hostNetwork: is not supported") in result.stderr
+    assert result.stdout == ""
