@@ -1,0 +1,323 @@
+{{/*
+Helpers of the metax-operator chart, one idea each. Helpers that need a component take a dict:
+`(dict "root" $ "key" "driver")`, where `key` is the component's values key.
+*/}}
+
+{{/* The chart name. */}}
+{{- define "metax-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Prefix of the release-wide objects (runner, RBAC): the chart name. The component
+DaemonSets keep the seed's fixed names (metax-driver, ...). */}}
+{{- define "metax-operator.fullname" -}}
+{{- include "metax-operator.name" . -}}
+{{- end }}
+
+{{/* The `helm.sh/chart` label value. */}}
+{{- define "metax-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Selector labels of a component (never change across upgrades: selectors are immutable). */}}
+{{- define "metax-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "metax-operator.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .key }}
+{{- end }}
+
+{{/* Labels of a pod template: the selector labels plus those that do not change with the
+chart version, so a chart upgrade alone does not roll the pods (for the driver it would
+start a staged rollout). */}}
+{{- define "metax-operator.podLabels" -}}
+{{ include "metax-operator.selectorLabels" . }}
+app.kubernetes.io/part-of: metax-operator
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object: the standard set, `helm.sh/chart` and `commonLabels`. */}}
+{{- define "metax-operator.labels" -}}
+{{ include "metax-operator.podLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ include "metax-operator.chart" .root }}
+{{- end }}
+
+{{/* The metadata block every object shares: name, namespace (when namespaced), labels and
+annotations (`commonAnnotations` plus the optional dict `annotations`).
+Takes (dict "root" $ "key" COMPONENT "name" NAME ["clusterScoped" true] ["annotations" DICT]). */}}
+{{- define "metax-operator.metadata" -}}
+name: {{ .name }}
+{{- if not .clusterScoped }}
+namespace: {{ .root.Release.Namespace }}
+{{- end }}
+labels:
+  {{- include "metax-operator.labels" . | nindent 2 }}
+{{- with merge (dict) (.annotations | default dict) .root.Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The registry of an image: its own `registry`, else the global one.
+Takes (dict "root" $ "registry" OWN_REGISTRY). */}}
+{{- define "metax-operator.registry" -}}
+{{- .registry | default .root.Values.registry -}}
+{{- end }}
+
+{{/* An image reference `<registry>/<name>:<tag>`, the tag defaulting to the appVersion.
+Takes (dict "root" $ "image" {registry, name, tag}). */}}
+{{- define "metax-operator.image" -}}
+{{- printf "%s/%s:%s" (include "metax-operator.registry" (dict "root" .root "registry" .image.registry)) .image.name (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- end }}
+
+{{/* The components as a JSON list of [values key, DaemonSet name], in install order. */}}
+{{- define "metax-operator.components" -}}
+{{- list
+  (list "gpuLabel" "metax-gpu-label")
+  (list "runtime" "metax-container-runtime")
+  (list "driver" "metax-driver")
+  (list "maca" "metax-maca")
+  (list "gpuDevice" "metax-gpu-device")
+  (list "exporter" "metax-data-exporter")
+  (list "vfioManager" "metax-vfio-manager")
+  | toJson -}}
+{{- end }}
+
+{{/* Component prerequisites (seed §3.2.3), as a JSON object {key: [prerequisite keys]}.
+Used for the `wait-for` init containers and by the dependency check in _validations.tpl. */}}
+{{- define "metax-operator.prerequisites" -}}
+{{- dict
+  "gpuLabel" (list)
+  "runtime" (list "gpuLabel")
+  "driver" (list "gpuLabel" "runtime")
+  "maca" (list "gpuLabel" "runtime")
+  "gpuDevice" (list "gpuLabel" "runtime" "maca")
+  "exporter" (list "gpuLabel" "driver")
+  "vfioManager" (list "gpuLabel")
+  | toJson -}}
+{{- end }}
+
+{{/* The deprecated global `tolerations` as a JSON list. The value is a list, or a string from
+`--set-file tolerations=FILE` holding either a YAML list or the seed's `{tolerations: [...]}`. */}}
+{{- define "metax-operator.tolerationsList" -}}
+{{- $value := .Values.tolerations | default list -}}
+{{- if kindIs "string" $value -}}
+  {{- $doc := fromYaml $value -}}
+  {{- if hasKey $doc "tolerations" -}}
+    {{- $value = $doc.tolerations | default list -}}
+  {{- else if hasKey $doc "Error" -}}
+    {{- $value = fromYamlArray $value -}}
+  {{- else if $doc -}}
+    {{- $value = list "not a list" -}}
+  {{- else -}}
+    {{- $value = list -}}
+  {{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" $value) }}{{ $value = list "not a list" }}{{ end -}}
+{{- range $value -}}
+  {{- if not (kindIs "map" .) -}}
+    {{- fail "tolerations: the value (or the file given with --set-file tolerations=FILE) must be a YAML list of tolerations or a mapping `tolerations: [...]`; better, move them to podTemplateSpec.spec.tolerations" -}}
+  {{- end -}}
+{{- end -}}
+{{- toJson $value -}}
+{{- end }}
+
+{{/* The scheduling fields the chart itself puts in a component's pod spec, as a JSON object
+(`fromJson` it): every component tolerates the `metax-tech.com/gpu` taint, and all but gpu-label
+run only on nodes gpu-label marked. The post-renderer and the runner merge `podTemplateSpec`
+(and the deprecated `tolerations`) into these, never the templates. */}}
+{{- define "metax-operator.schedulingBase" -}}
+{{- $base := dict "tolerations" (list (dict "key" "metax-tech.com/gpu" "operator" "Exists" "effect" "NoSchedule")) -}}
+{{- if ne .key "gpuLabel" -}}
+  {{- $_ := set $base "nodeSelector" (dict "metax-tech.com/gpu.installed" "true") -}}
+{{- end -}}
+{{- toJson $base -}}
+{{- end }}
+
+{{/* The annotations a component DaemonSet carries for the post-renderer and the runner
+(docs/chart.md): the values key, the base scheduling fields and the merge inputs. */}}
+{{- define "metax-operator.componentScheduling" -}}
+{{- $component := (get .root.Values .key).podTemplateSpec -}}
+{{- $tolerations := include "metax-operator.tolerationsList" .root | fromJsonArray -}}
+gpu.metax-tech.com/component: {{ .key }}
+gpu.metax-tech.com/scheduling-base: {{ include "metax-operator.schedulingBase" . | quote }}
+gpu.metax-tech.com/scheduling-inputs: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
+{{- end }}
+
+{{/* Environment every component container gets: its node and namespace (downward API) and
+its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
+{{- define "metax-operator.commonEnv" -}}
+{{- $values := get .root.Values .key -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: LOG_LEVEL
+  value: {{ $values.log.level | quote }}
+- name: LOG_FORMAT
+  value: {{ $values.log.format | quote }}
+{{- end }}
+
+{{/* The `wait-for` init container of a component with prerequisites: it waits until the
+prerequisites' pods on the same node are Ready (DESIGN §2). Takes (dict "root" $ "key" COMPONENT);
+renders nothing for a component without prerequisites. */}}
+{{- define "metax-operator.waitFor" -}}
+{{- $prerequisites := get (include "metax-operator.prerequisites" .root | fromJson) .key -}}
+{{- if $prerequisites -}}
+- name: wait-for
+  image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
+  imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+  command:
+    - metax-operator
+    - wait-for
+    - --namespace
+    - $(POD_NAMESPACE)
+    - --node
+    - $(NODE_NAME)
+    {{- range $prerequisites }}
+    - --component
+    - {{ . }}
+    {{- end }}
+  env:
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {memory: 128Mi}
+  securityContext:
+    {{- include "metax-operator.podSecurityRestricted" .root | nindent 4 }}
+{{- end }}
+{{- end }}
+
+{{/* A container security context that meets Pod Security "restricted". */}}
+{{- define "metax-operator.podSecurityRestricted" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Pod-level fields every component pod shares: service account, priority, pull secrets. */}}
+{{- define "metax-operator.podCommon" -}}
+serviceAccountName: {{ .name }}
+{{- with .root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A container security context for a root process that writes root-owned host or volume
+files without privilege: no escalation, only the file-ownership capabilities. */}}
+{{- define "metax-operator.rootNoPrivileges" -}}
+runAsUser: 0
+privileged: false
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+  add: [CHOWN, DAC_OVERRIDE, FOWNER]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* A ClusterRole or Role with its binding to the component's ServiceAccount. Takes
+(dict "root" $ "key" COMPONENT "name" SERVICE_ACCOUNT "roleName" NAME "clusterScoped" BOOL
+"rules" LIST); the rules are written out by the caller so each file shows what it grants. */}}
+{{- define "metax-operator.roleWithBinding" -}}
+{{- $kind := ternary "ClusterRole" "Role" (.clusterScoped | default false) }}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ $kind }}
+metadata:
+  {{- include "metax-operator.metadata" (merge (dict "name" .roleName) .) | nindent 2 }}
+rules:
+  {{- toYaml .rules | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ $kind }}Binding
+metadata:
+  {{- include "metax-operator.metadata" (merge (dict "name" .roleName) .) | nindent 2 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ $kind }}
+  name: {{ .roleName }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .name }}
+    namespace: {{ .root.Release.Namespace }}
+{{- end }}
+
+{{/* The runner's pod spec (Deployment or CronJob), meeting Pod Security "restricted".
+Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST). */}}
+{{- define "metax-operator.runnerPod" -}}
+{{- $runner := .root.Values.runner -}}
+serviceAccountName: {{ .name }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $runner.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $runner.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $runner.runnerTolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: runner
+    image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
+    imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+    command:
+      {{- toYaml .command | nindent 6 }}
+    env:
+      - name: LOG_LEVEL
+        value: {{ $runner.log.level | quote }}
+      - name: LOG_FORMAT
+        value: {{ $runner.log.format | quote }}
+      - name: POD_NAME
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.name
+    securityContext:
+      {{- include "metax-operator.podSecurityRestricted" .root | nindent 6 }}
+    {{- with $runner.resources }}
+    resources:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    volumeMounts:
+      - name: tmp
+        mountPath: /tmp
+volumes:
+  - name: tmp
+    emptyDir: {}
+{{- end }}
