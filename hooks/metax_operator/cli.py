@@ -14,6 +14,7 @@ from .errors import UserError
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = [
     "postrender",
+    "waitfor",
 ]
 
 
