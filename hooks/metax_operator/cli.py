@@ -13,6 +13,11 @@ from .errors import UserError
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = [
+    "hooks.preflight",
+    "hooks.upgrade_crds",
+    "hooks.bootstrap",
+    "hooks.cleanup",
+    "hooks.smoke",
     "postrender",
     "waitfor",
 ]

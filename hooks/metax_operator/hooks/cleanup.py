@@ -1,0 +1,104 @@
+"""`metax-operator cleanup`: the pre-delete hook that removes what the release added outside Helm.
+
+Helm deletes what it rendered; this removes the rest, in this order:
+1. the `cluster-operator` CR (bootstrap created it), waiting until it is gone;
+2. the DaemonSets that write to nodes (metax-gpu-label, metax-vfio-manager), waiting for their
+   pods, so none of them re-adds a node key after step 3 (Helm would delete them next anyway);
+3. on every node, exactly the keys our components set (NODE_LABELS, NODE_ANNOTATIONS) — never
+   another key, not even one under `metax-tech.com/`: `gpu-device.mode` and
+   `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
+4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
+   need it.
+Every step is idempotent: a second run finds nothing to do.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .. import kube
+from . import common
+
+#: Node labels our components set: gpu-label marks GPU nodes.
+NODE_LABELS = ("metax-tech.com/gpu.installed",)
+#: Node annotations our components set: vfio-manager's binding result (seed §3.2.6.1).
+NODE_ANNOTATIONS = ("metax-tech.com/gpu-vfio",)
+#: DaemonSets whose pods write the keys above.
+NODE_WRITERS = ("metax-gpu-label", "metax-vfio-manager")
+
+
+def node_patch(node: dict) -> dict | None:
+    """The merge patch removing our keys from `node`, or None when it carries none (pure)."""
+    meta = node["metadata"]
+    labels = [k for k in NODE_LABELS if k in (meta.get("labels") or {})]
+    annotations = [k for k in NODE_ANNOTATIONS if k in (meta.get("annotations") or {})]
+    if not labels and not annotations:
+        return None
+    patch: dict = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+    if labels:
+        patch["metadata"]["labels"] = dict.fromkeys(labels)
+    if annotations:
+        patch["metadata"]["annotations"] = dict.fromkeys(annotations)
+    return patch
+
+
+def delete_and_wait(client: kube.Client, api_version: str, kind: str, name: str,
+                    namespace: str | None, timeout: float, propagation: str = "Background") -> bool:
+    current = client.get(api_version, kind, name, namespace)
+    if current is None:
+        return False
+    uid = current["metadata"]["uid"]
+    client.delete(api_version, kind, name, namespace, uid=uid, propagation=propagation)
+    client.wait_deleted(api_version, kind, name, namespace, uid=uid, timeout=timeout)
+    return True
+
+
+def clean_node(client: kube.Client, name: str) -> bool:
+    """Remove our keys from node `name` (re-read on conflict); True if it had any."""
+    def attempt() -> bool:
+        node = client.get("v1", "Node", name)
+        patch = node_patch(node) if node else None
+        if patch is None:
+            return False
+        client.patch("v1", "Node", name, patch)  # resourceVersion in the patch: 409 if it moved
+        return True
+
+    return kube.retry_on_conflict(attempt)
+
+
+def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120) -> list[str]:
+    """Run the steps of the module docstring; returns what was done, one line each."""
+    done: list[str] = []
+    crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
+    if crd is not None and delete_and_wait(client, common.CR_API_VERSION, common.CR_KIND,
+                                           common.CR_NAME, None, timeout):
+        done.append(f"deleted {common.CR_KIND} {common.CR_NAME}")
+    for name in NODE_WRITERS:
+        # Foreground: the DaemonSet disappears only after its pods did.
+        if delete_and_wait(client, "apps/v1", "DaemonSet", name, namespace, timeout, "Foreground"):
+            done.append(f"deleted DaemonSet {namespace}/{name} and its pods")
+    for node in client.list("v1", "Node"):
+        if node_patch(node) is not None and clean_node(client, node["metadata"]["name"]):
+            done.append(f"removed our labels/annotations from node {node['metadata']['name']}")
+    if delete_crd and crd is not None and delete_and_wait(
+            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
+        done.append(f"deleted CRD {common.CRD_NAME}")
+    return done
+
+
+def run(args: argparse.Namespace) -> int:
+    done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
+                   timeout=args.timeout)
+    for line in done or ["nothing to clean up"]:
+        print(f"cleanup: {line}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("cleanup", help="remove the CR and our node labels before uninstall (hook)",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--delete-crd", action="store_true",
+                        help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds to wait for each deletion (default: 120)")
+    common.add_api_arguments(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,128 @@
+{{/*
+Helpers of the hook Jobs (docs/hooks.md). Every hook object carries the annotations of
+`metax-operator.hooks.annotations`; `hooks.annotations` from values extend and override them.
+*/}}
+
+{{/* The name of a hook's objects: `<fullname>-<hook>`. Takes (dict "root" $ "hook" NAME). */}}
+{{- define "metax-operator.hooks.name" -}}
+{{- printf "%s-%s" (include "metax-operator.fullname" .root) .hook | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Whether a hook renders as a Helm hook: always for pre-delete and test hooks (as plain
+resources they would run at install), else `hooks.useHelmHooks`. Takes (dict "root" $ "phases" STRING). */}}
+{{- define "metax-operator.hooks.isHook" -}}
+{{- if or .root.Values.hooks.useHelmHooks (has .phases (list "pre-delete" "test")) -}}true{{- end -}}
+{{- end }}
+
+{{/* A hook object's annotations as a dict (JSON; `fromJson` it): Helm's hook annotations when it
+renders as a hook, then `hooks.annotations` on top. Takes (dict "root" $ "phases" STRING
+"weight" INT ["deletePolicy" STRING]). */}}
+{{- define "metax-operator.hooks.annotations" -}}
+{{- $annotations := dict -}}
+{{- if include "metax-operator.hooks.isHook" . -}}
+  {{- $_ := set $annotations "helm.sh/hook" .phases -}}
+  {{- $_ := set $annotations "helm.sh/hook-weight" (toString .weight) -}}
+  {{- $_ := set $annotations "helm.sh/hook-delete-policy" (.deletePolicy | default "before-hook-creation,hook-succeeded") -}}
+{{- end -}}
+{{- merge (dict) .root.Values.hooks.annotations $annotations | toJson -}}
+{{- end }}
+
+{{/* A hook's ServiceAccount and RBAC (weight -5): a ClusterRole for the cluster-scoped
+`clusterRules`, a Role in the release namespace for `rules`; either may be empty.
+Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST). */}}
+{{- define "metax-operator.hooks.rbac" -}}
+{{- $name := include "metax-operator.hooks.name" . -}}
+{{- $annotations := include "metax-operator.hooks.annotations" (dict "root" .root "phases" .phases "weight" -5) | fromJson -}}
+{{- $ctx := dict "root" .root "key" "hooks" "name" $name "roleName" $name "annotations" $annotations -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  {{- include "metax-operator.metadata" $ctx | nindent 2 }}
+{{- with .clusterRules }}
+---
+{{ include "metax-operator.roleWithBinding" (merge (dict "clusterScoped" true "rules" .) $ctx) }}
+{{- end }}
+{{- with .rules }}
+---
+{{ include "metax-operator.roleWithBinding" (merge (dict "rules" .) $ctx) }}
+{{- end }}
+{{- end }}
+
+{{/* The pod spec of a hook Job or test pod: the tools image running `metax-operator ARGS`,
+Pod Security "restricted", `hooks.resources`, the ConfigMaps in `mounts` ({volume name:
+ConfigMap name}) under /etc/metax-operator/<volume name>, and a writable /tmp.
+Takes (dict "root" $ "name" SERVICE_ACCOUNT "args" LIST ["mounts" DICT] ["restartPolicy" STRING]). */}}
+{{- define "metax-operator.hooks.podSpec" -}}
+serviceAccountName: {{ .name }}
+restartPolicy: {{ .restartPolicy | default "Never" }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: {{ index .args 0 }}
+    image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
+    imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+    command: [metax-operator]
+    args:
+      {{- toYaml .args | nindent 6 }}
+    resources:
+      {{- toYaml .root.Values.hooks.resources | nindent 6 }}
+    securityContext:
+      {{- include "metax-operator.podSecurityRestricted" .root | nindent 6 }}
+    volumeMounts:
+      - name: tmp
+        mountPath: /tmp
+      {{- range $volume, $_ := .mounts }}
+      - name: {{ $volume }}
+        mountPath: /etc/metax-operator/{{ $volume }}
+        readOnly: true
+      {{- end }}
+volumes:
+  - name: tmp
+    emptyDir:
+      sizeLimit: 16Mi
+  {{- range $volume, $configMap := .mounts }}
+  - name: {{ $volume }}
+    configMap:
+      name: {{ $configMap }}
+  {{- end }}
+{{- end }}
+
+{{/* A hook Job running `metax-operator ARGS`. As a Helm hook it is named `<fullname>-<hook>`
+and removed `ttlSecondsAfterFinished` after it ends. As a plain resource (`hooks.useHelmHooks:
+false`) its name ends in a hash of `checksum` (its inputs), so changed inputs make a new Job
+instead of an update Kubernetes refuses (a Job's template is immutable), and it has no TTL: a
+GitOps tool would re-create a deleted Job and run it again and again.
+Takes (dict "root" $ "hook" NAME "phases" STRING "weight" INT "args" LIST ["mounts" DICT]
+["checksum" STRING]). */}}
+{{- define "metax-operator.hooks.job" -}}
+{{- $name := include "metax-operator.hooks.name" . -}}
+{{- $isHook := include "metax-operator.hooks.isHook" . -}}
+{{- $jobName := ternary $name (printf "%s-%s" ($name | trunc 52 | trimSuffix "-") (.checksum | default "" | sha256sum | trunc 10)) (eq $isHook "true") -}}
+{{- $annotations := include "metax-operator.hooks.annotations" . | fromJson -}}
+{{- $ctx := dict "root" .root "key" "hooks" "name" $jobName "annotations" $annotations -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  {{- include "metax-operator.metadata" $ctx | nindent 2 }}
+spec:
+  backoffLimit: {{ .root.Values.hooks.backoffLimit }}
+  activeDeadlineSeconds: {{ .root.Values.hooks.activeDeadlineSeconds }}
+  {{- if $isHook }}
+  ttlSecondsAfterFinished: {{ .root.Values.hooks.ttlSecondsAfterFinished }}
+  {{- end }}
+  template:
+    metadata:
+      labels:
+        {{- include "metax-operator.podLabels" $ctx | nindent 8 }}
+        gpu.metax-tech.com/hook: {{ .hook }}
+    spec:
+      {{- include "metax-operator.hooks.podSpec" (dict "root" .root "name" $name "args" .args "mounts" .mounts) | nindent 6 }}
+{{- end }}
