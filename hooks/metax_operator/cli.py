@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "hooks.cleanup",
     "hooks.smoke",
     "postrender",
+    "runner",
     "waitfor",
 ]
 

@@ -1,0 +1,508 @@
+"""The runtime reconcile of the `cluster-operator` CR into the DaemonSets the chart rendered.
+
+Functional core, imperative shell: `observe` reads the cluster into an `Observed`; every function
+in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
+without calling the API; `execute` writes. The staged driver rollout (issue 7) plugs in as one
+more reconciler.
+
+What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm
+creates or deletes objects):
+- the pod's `nodeSelector`, `affinity`, `tolerations`: the podTemplateSpec rules of `merge.py`
+  over the base the chart recorded in the `gpu.metax-tech.com/scheduling-base` annotation and the
+  inputs from the CR (`spec.podTemplateSpec`, `spec.<component>.podTemplateSpec`, the deprecated
+  `spec.tolerations`), exactly as the post-renderer computes them at render time;
+- the environment variables the chart renders from CR fields (`ENV`), only where the chart put
+  them: log level/format, the driver's deployPolicy and firmware options, gpu-device's
+  healthyInterval, the MXMACA payload list;
+- payload images: the driver's `payload` init container
+  (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
+  init containers (`<payload.registry or registry>/<IMAGE>`).
+
+Writes are server-side applies as field manager `metax-operator-runner` with `force` (the CR
+wins over what Helm rendered), and only when needed (`needs_write`): a second pass over an
+unchanged CR issues no request that writes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import validation
+from .errors import UserError, UserErrors
+from .jsonlog import event
+from .kube import Client
+from .merge import COMPONENTS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+
+log = logging.getLogger("metax_operator.reconcile")
+
+FIELD_MANAGER = "metax-operator-runner"
+CR_API_VERSION = "gpu.metax-tech.com/v1"
+CR_KIND = "ClusterOperator"
+CR_NAME = "cluster-operator"
+PART_OF = "app.kubernetes.io/part-of=metax-operator"
+#: What admins may edit in place, and the shared parser of each (ConfigMap, key).
+CONFIGMAP_PARSERS = {
+    ("driver-config", "node-vfnums"): validation.parse_node_vfnums,
+    ("driver-config", "module-params"): validation.parse_module_params,
+    ("driver-config", "node-module-params"): validation.parse_node_module_params,
+    ("metax-vfio-config", "config"): validation.parse_vfio_config,
+}
+CONFIGMAPS = sorted({name for name, _ in CONFIGMAP_PARSERS})
+
+#: `deploy` of a component when the CR leaves it out (values.yaml defaults).
+DEFAULT_DEPLOY = {key: key != "exporter" for key in COMPONENTS}
+
+#: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
+#: `spec.<component>`}. `LOG_*` are on every component's containers.
+ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in COMPONENTS}
+ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",),
+                     FW_ENABLE_VIRT=("fwEnableVirt",))
+ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
+ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
+
+# Condition types on the CR (metav1.Condition), with the status that means "all is well".
+SPEC_VALID = "SpecValid"
+CONFIG_VALID = "ConfigMapsValid"
+RECONCILED = "Reconciled"
+HELM_UPGRADE = "HelmUpgradeRequired"
+HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False"}
+
+
+@dataclass
+class Observed:
+    """What one pass reads: the CR, the component DaemonSets (by values key), the ConfigMaps."""
+
+    namespace: str
+    cr: dict | None
+    daemonsets: dict[str, dict] = field(default_factory=dict)
+    configmaps: dict[str, dict | None] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> dict:
+        return (self.cr or {}).get("spec") or {}
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A partial object to server-side apply, and the fields it changes (for the log and event)."""
+
+    body: dict
+    fields: tuple[str, ...]
+
+
+@dataclass
+class Outcome:
+    """What a reconciler wants: partial objects to apply, conditions to set, events to emit."""
+
+    applies: list[Apply] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+    def extend(self, other: Outcome) -> None:
+        self.applies += other.applies
+        self.conditions += other.conditions
+        self.events += other.events
+
+
+# -- the core: pure functions of the observed state ----------------------------------------------
+
+def spec_errors(spec: dict) -> list[UserError]:
+    """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs."""
+    errors: list[UserError] = []
+    try:
+        validation.validate_cr_spec(spec)
+    except UserErrors as err:
+        errors += err.errors
+    except UserError as err:
+        errors.append(err)
+    for key in COMPONENTS:
+        try:
+            merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.")
+        except UserErrors as err:
+            errors += [e for e in err.errors if str(e) not in map(str, errors)]
+        except UserError as err:
+            if str(err) not in map(str, errors):
+                errors.append(err)
+    return errors
+
+
+def reconcile_daemonsets(observed: Observed) -> Outcome:
+    """Apply the CR to each DaemonSet that exists; report the spec when it is invalid."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    errors = spec_errors(observed.spec)
+    if errors:
+        message = "; ".join(str(e) for e in errors)
+        out.conditions += [Condition(SPEC_VALID, "False", "InvalidSpec", message),
+                           Condition(RECONCILED, "False", "InvalidSpec",
+                                     f"the CR is not applied to the DaemonSets until it is fixed: {message}")]
+        return out
+    out.conditions.append(Condition(SPEC_VALID, "True", "Valid", "the spec passes validation"))
+    problems = []
+    for key, ds in sorted(observed.daemonsets.items()):
+        try:
+            desired, changed = desired_daemonset(key, ds, observed.spec)
+        except UserError as err:  # the chart's annotations on the DaemonSet are broken
+            problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
+            continue
+        if needs_write(desired, ds):
+            out.applies.append(Apply(desired, tuple(changed)))
+    if problems:
+        out.conditions.append(Condition(RECONCILED, "False", "BrokenDaemonSet", "; ".join(problems)))
+    else:
+        out.conditions.append(Condition(RECONCILED, "True", "Applied", "every DaemonSet matches the CR"))
+    return out
+
+
+def check_helm_owned(observed: Observed) -> Outcome:
+    """Report CR changes only `helm upgrade` can make: a flipped `deploy`, a changed pod structure."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    spec = observed.spec
+    needs = []
+    for key, name in COMPONENTS.items():
+        wanted = (spec.get(key) or {}).get("deploy", DEFAULT_DEPLOY[key])
+        exists = key in observed.daemonsets
+        if bool(wanted) != exists:
+            needs.append(f"spec.{key}.deploy is {str(bool(wanted)).lower()} but DaemonSet {name} "
+                         f"{'does not exist' if wanted else 'exists'}: run helm upgrade with "
+                         f"--set {key}.deploy={str(bool(wanted)).lower()} (the runner never creates or "
+                         f"deletes what Helm owns)")
+    driver = observed.daemonsets.get("driver")
+    if driver is not None:
+        has_payload = "payload" in _names(_pod(driver).get("initContainers"))
+        policy = (spec.get("driver") or {}).get("deployPolicy")
+        if policy is not None and (policy == "Never") == has_payload:
+            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet metax-driver "
+                         f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
+                         f"with --set driver.deployPolicy={policy}")
+    maca = observed.daemonsets.get("maca")
+    images = ((spec.get("maca") or {}).get("payload") or {}).get("images")
+    if maca is not None and images is not None:
+        count = len(_payload_containers(maca))
+        if count != len(images):
+            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
+                         f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
+    if needs:
+        out.conditions.append(Condition(HELM_UPGRADE, "True", "HelmOwnedChange", "; ".join(needs)))
+    else:
+        out.conditions.append(Condition(HELM_UPGRADE, "False", "InSync", "nothing in the CR needs helm upgrade"))
+    return out
+
+
+def check_configmaps(observed: Observed) -> Outcome:
+    """Report broken admin edits of `driver-config` and `metax-vfio-config` (the shared parsers)."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    problems: list[str] = []
+    for (name, key), parse in CONFIGMAP_PARSERS.items():
+        cm = observed.configmaps.get(name)
+        if cm is None:
+            continue
+        try:
+            parse((cm.get("data") or {}).get(key))
+        except UserErrors as err:
+            problems += [str(e) for e in err.errors]
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        out.conditions.append(Condition(CONFIG_VALID, "False", "InvalidConfigMap", "; ".join(problems)))
+    else:
+        out.conditions.append(Condition(CONFIG_VALID, "True", "Valid", "driver-config and metax-vfio-config parse"))
+    return out
+
+
+#: One pass = these, in order. Each takes the observed state and returns what it wants done.
+RECONCILERS: list[Callable[[Observed], Outcome]] = [reconcile_daemonsets, check_helm_owned, check_configmaps]
+
+
+def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
+    out = Outcome()
+    for reconcile in reconcilers:
+        out.extend(reconcile(observed))
+    return out
+
+
+def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
+    """The partial DaemonSet the runner applies for component `key`, and the fields it sets.
+
+    Raises UserError when the chart's annotations on the DaemonSet are missing or broken.
+    """
+    meta = ds["metadata"]
+    annotations = meta.get("annotations") or {}
+    scheduling, _ = merge_scheduling(_scheduling_inputs(spec, key, inputs_from_annotations(annotations)),
+                                     prefix="spec.")
+    pod_spec: dict[str, Any] = dict(scheduling)
+    live = _pod(ds)
+    component = spec.get(key) or {}
+    containers = []
+    for container in live.get("containers") or []:
+        env = []
+        present = _names(container.get("env"))
+        for var, path in ENV[key].items():
+            value = _get(component, path)
+            if var in present and value is not None:
+                env.append({"name": var, "value": _env_value(value)})
+        if env:
+            containers.append({"name": container["name"], "env": env})
+    if containers:
+        pod_spec["containers"] = containers
+    init = _payload_images(key, live, spec)
+    if init:
+        pod_spec["initContainers"] = init
+    desired = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+               "spec": {"template": {"spec": pod_spec}}}
+    changed = [f for f in pod_spec if not _covers(live.get(f), pod_spec[f], f)]
+    return desired, changed
+
+
+def needs_write(desired: dict, live: dict) -> bool:
+    """Whether applying `desired` would change anything.
+
+    Write when the live object lacks a desired value, or when the runner still owns a field it no
+    longer wants (an apply without it lets the API server remove it). A field Helm rendered with
+    the same value (after a post-rendered install) needs no write.
+    """
+    owned = owned_fields(live, FIELD_MANAGER)
+    return not _covers(live.get("spec"), desired["spec"]) or not _covers(desired["spec"], owned.get("spec"))
+
+
+def owned_fields(obj: dict, manager: str) -> dict:
+    """The part of `obj` that `manager` owns by apply (its managedFields entry projected on obj)."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            return _project(obj, entry.get("fieldsV1") or {})
+    return {}
+
+
+def _project(value: Any, fields: dict) -> Any:
+    """`value` restricted to a fieldsV1 set: `f:` fields, `k:` keyed items, `v:` set values."""
+    if not fields:
+        return value
+    if isinstance(value, dict):
+        return {name[2:]: _project(value[name[2:]], sub)
+                for name, sub in fields.items() if name.startswith("f:") and name[2:] in value}
+    if isinstance(value, list):
+        out = []
+        for name, sub in fields.items():
+            if name.startswith("k:"):
+                key = json.loads(name[2:])
+                out += [_project(item, sub) for item in value
+                        if isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())]
+            elif name.startswith("v:") and json.loads(name[2:]) in value:
+                out.append(json.loads(name[2:]))
+        return out
+    return value
+
+
+def _covers(have: Any, want: Any, name: str = "") -> bool:
+    """Every value in `want` is in `have`: maps key by key, lists of named items by name, other
+    lists and `nodeSelector` (an atomic map in the API) whole."""
+    if want is None:
+        return True
+    if isinstance(want, dict) and name != "nodeSelector":
+        return isinstance(have, dict) and all(_covers(have.get(k), v, k) for k, v in want.items())
+    if isinstance(want, list) and want and all(isinstance(i, dict) and "name" in i for i in want):
+        if not isinstance(have, list):
+            return False
+        by_name = {i.get("name"): i for i in have if isinstance(i, dict)}
+        return all(i["name"] in by_name and _covers(by_name[i["name"]], i) for i in want)
+    return have == want
+
+
+def _scheduling_inputs(spec: dict, key: str, recorded: SchedulingInputs | None = None) -> SchedulingInputs:
+    """The merge inputs of component `key`: the base the chart recorded, the rest from the CR."""
+    return (recorded or SchedulingInputs(component=key))._replace(
+        global_pts=spec.get("podTemplateSpec") or None,
+        component_pts=(spec.get(key) or {}).get("podTemplateSpec") or None,
+        deprecated_tolerations=spec.get("tolerations") or None)
+
+
+def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
+    """Init containers whose image the CR sets (the driver payload, the MXMACA payloads)."""
+    registry = spec.get("registry")
+    if key == "driver":
+        payload = (spec.get("driver") or {}).get("payload") or {}
+        registry = payload.get("registry") or registry
+        if "payload" in _names(live.get("initContainers")) and registry and payload.get("name") \
+                and payload.get("version"):
+            return [{"name": "payload", "image": f"{registry}/{payload['name']}:{payload['version']}"}]
+    if key == "maca":
+        payload = (spec.get("maca") or {}).get("payload") or {}
+        registry = payload.get("registry") or registry
+        images = payload.get("images")
+        containers = _payload_containers({"spec": {"template": {"spec": live}}})
+        if registry and images is not None and len(images) == len(containers):
+            return [{"name": name, "image": f"{registry}/{image}"} for name, image in zip(containers, images)]
+    return []
+
+
+def _payload_containers(ds: dict) -> list[str]:
+    """The MXMACA DaemonSet's `payload-N` init containers, in N order."""
+    names = [n for n in _names(_pod(ds).get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
+    return sorted(names, key=lambda n: int(n[8:]))
+
+
+def _pod(ds: dict) -> dict:
+    return ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
+def _names(items: list | None) -> list[str]:
+    return [i.get("name") for i in items or [] if isinstance(i, dict)]
+
+
+def _get(obj: dict, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _env_value(value: Any) -> str:
+    """The string Helm's `quote` renders for a value (`true`, `5`, a comma-joined list)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+# -- the shell: read, then write what the core decided ------------------------------------------
+
+class LostLeadership(Exception):
+    """The lease was lost in the middle of a pass: stop writing at once."""
+
+
+def observe(api: Client, namespace: str) -> Observed:
+    cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
+    daemonsets = {}
+    for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=PART_OF):
+        key = ((ds["metadata"].get("annotations") or {}).get("gpu.metax-tech.com/component"))
+        if COMPONENTS.get(key) == ds["metadata"]["name"]:
+            daemonsets[key] = ds
+    configmaps = {name: api.get("v1", "ConfigMap", name, namespace) for name in CONFIGMAPS}
+    return Observed(namespace, cr, daemonsets, configmaps)
+
+
+def merge_conditions(existing: list[dict], wanted: list[Condition], generation: int | None,
+                     now: str) -> tuple[list[dict], list[Condition]]:
+    """`existing` with the `wanted` conditions set (others kept), and the ones that changed.
+
+    `lastTransitionTime` moves only when a condition's status changes (metav1.Condition rules).
+    """
+    result = [dict(c) for c in existing]
+    changed = []
+    for want in wanted:
+        old = next((c for c in result if c.get("type") == want.type), None)
+        new = {"type": want.type, "status": want.status, "reason": want.reason,
+               "message": want.message[:32768], "observedGeneration": generation,
+               "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want.status
+               and old.get("lastTransitionTime") else now}
+        if old is None:
+            result.append(new)
+        else:
+            result[result.index(old)] = new
+        if old is None or (old.get("status"), old.get("reason"), old.get("message")) != \
+                (want.status, want.reason, new["message"]):
+            changed.append(want)
+    return result, changed
+
+
+def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[str, str, str]]:
+    """Events for condition changes: Warning when a condition goes bad, Normal when it recovers.
+
+    A condition set for the first time (`first`) and healthy is not worth an event.
+    """
+    events = []
+    for c in changed:
+        healthy = HEALTHY.get(c.type) == c.status
+        if healthy and c.type in first:
+            continue
+        events.append(("Normal" if healthy else "Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
+    return events
+
+
+def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[], bool],
+            now: Callable[[], str], identity: str = "") -> int:
+    """Write what the core decided; the number of writes. Checks `guard` before every write and
+    raises LostLeadership when it says the lease is gone."""
+    writes = 0
+
+    def check() -> None:
+        if not guard():
+            raise LostLeadership("the lease was lost: stopping before the next write")
+
+    events = list(outcome.events)
+    for apply in outcome.applies:
+        check()
+        api.apply(apply.body, field_manager=FIELD_MANAGER, force=True)
+        writes += 1
+        meta = apply.body["metadata"]
+        fields = ", ".join(apply.fields) or "field ownership only"
+        event(log, "apply", kind=apply.body["kind"], name=meta["name"], namespace=meta.get("namespace"),
+              fields=list(apply.fields))
+        events.append(("Normal", "Applied", f"applied the CR to {apply.body['kind']} {meta['name']}: {fields}"))
+    if observed.cr is None:
+        return writes
+    cr = observed.cr
+    for attempt in range(5):
+        status = cr.get("status") or {}
+        generation = cr["metadata"].get("generation")
+        existing = status.get("conditions") or []
+        conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
+        if conditions == existing and status.get("observedGeneration") == generation:
+            break
+        check()
+        patch = {"metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
+                 "status": {"conditions": conditions, "observedGeneration": generation}}
+        try:
+            api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
+                      field_manager=FIELD_MANAGER)
+        except Exception as err:  # 409: the CR changed since it was read; read it again
+            if getattr(err, "status", None) != 409 or attempt == 4:
+                raise
+            cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
+            if cr is None:
+                return writes
+            continue
+        writes += 1
+        events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
+        event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
+        break
+    for kind, reason, message in events:
+        check()
+        _emit(api, observed, cr, kind, reason, message, now(), identity)
+        writes += 1
+    return writes
+
+
+def _emit(api: Client, observed: Observed, cr: dict, kind: str, reason: str, message: str,
+          now: str, identity: str) -> None:
+    """A core/v1 Event about the CR, in the runner's namespace (the CR is cluster-scoped and the
+    runner may write events only there); `kubectl describe clusteroperator` shows it."""
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{CR_NAME}.", "namespace": observed.namespace},
+            "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
+                               "uid": cr["metadata"].get("uid")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": identity or FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    api.call("POST", api.resource("v1", "Event").path(namespace=observed.namespace), body=body)
+    event(log, "event", type=kind, reason=reason, msg=message)

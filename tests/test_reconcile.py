@@ -1,0 +1,310 @@
+"""The runner's reconcile core without a cluster: on DaemonSets rendered by the real chart (helm3).
+
+What the runner would apply for a CR, when it must write and when it must not, what it reports.
+The same functions run against a real API server in tests/e2e/test_runner.py.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metax_operator import reconcile
+from metax_operator.reconcile import (FIELD_MANAGER, Condition, Observed, desired_daemonset, merge_conditions,
+                                      needs_write, owned_fields, plan, transition_events)
+from metax_operator.hooks.bootstrap import prune, spec_schema
+from tests.helm import CHART, render_chart
+
+BASE_TOLERATION = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
+GPU = {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+VALUES = {"registry": "r.example/metax", "driver": {"payload": {"name": "driver-image", "version": "2.32.0.6"}},
+          "maca": {"payload": {"images": ["maca-c500:2.18.0.3-ubuntu18.04-amd64"]}}}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict]:
+    """The chart's DaemonSets for VALUES, by component key (rendered once)."""
+    objects = render_chart(VALUES)
+    return {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds
+            for ds in objects if ds["kind"] == "DaemonSet"}
+
+
+def deep_update(tree: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            deep_update(tree[key], value)
+        else:
+            tree[key] = copy.deepcopy(value)
+    return tree
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict:
+    """The CR spec the bootstrap hook writes for VALUES: values.yaml + VALUES, cut to the CRD's spec."""
+    values = deep_update(yaml.safe_load((CHART / "values.yaml").read_text()), VALUES)
+    crd = yaml.safe_load((CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml").read_text())
+    return prune(values, spec_schema(crd))
+
+
+@pytest.fixture(scope="module")
+def cr_spec(defaults):
+    """cr_spec(**changes): the bootstrap's spec with `changes` merged in (maps deep, lists replaced)."""
+    return lambda **changes: deep_update(copy.deepcopy(defaults), changes)
+
+
+def observed(rendered, spec, daemonsets=None, configmaps=None) -> Observed:
+    cr = {"metadata": {"name": "cluster-operator", "generation": 3, "resourceVersion": "10", "uid": "u"},
+          "spec": spec}
+    return Observed("metax-operator", cr, copy.deepcopy(daemonsets if daemonsets is not None else rendered),
+                    configmaps or {})
+
+
+def applied(live: dict, desired: dict) -> dict:
+    """`live` after the API server applied `desired` as the runner (values + managedFields)."""
+    result = copy.deepcopy(live)
+    pod, want = result["spec"]["template"]["spec"], desired["spec"]["template"]["spec"]
+    for name, value in want.items():
+        if name in ("containers", "initContainers"):
+            for item in value:
+                target = next(c for c in pod[name] if c["name"] == item["name"])
+                for key, sub in item.items():
+                    if key == "env":
+                        for var in sub:
+                            next(e for e in target["env"] if e["name"] == var["name"])["value"] = var["value"]
+                    else:
+                        target[key] = sub
+        else:
+            pod[name] = value
+    result["metadata"]["managedFields"] = [{"manager": FIELD_MANAGER, "operation": "Apply",
+                                            "fieldsV1": fields_v1(desired)}]
+    return result
+
+
+def fields_v1(obj) -> dict:
+    """The fieldsV1 set an apply of `obj` owns (atomic lists and nodeSelector whole, as the API does)."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if key in ("apiVersion", "kind", "metadata"):
+                continue
+            if isinstance(value, list) and value and all(isinstance(i, dict) and "name" in i for i in value):
+                out[f"f:{key}"] = {f'k:{{"name":{json.dumps(i["name"])}}}': {".": {}, **fields_v1(i)} for i in value}
+            elif isinstance(value, dict) and key != "nodeSelector":
+                out[f"f:{key}"] = fields_v1(value)
+            else:
+                out[f"f:{key}"] = {}
+        return out
+    return {}
+
+
+def pod_spec(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]
+
+
+# -- the seed's example (§3.2.5.2) ---------------------------------------------------------------
+
+def test_seed_example_maca_gets_its_own_tolerations_and_driver_the_global_ones(rendered, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}},
+                   maca={**VALUES["maca"], "podTemplateSpec": {"spec": {"tolerations": [GPU]}}})
+    maca, _ = desired_daemonset("maca", rendered["maca"], spec)
+    driver, _ = desired_daemonset("driver", rendered["driver"], spec)
+    assert pod_spec(maca)["tolerations"] == [BASE_TOLERATION, GPU]
+    assert pod_spec(driver)["tolerations"] == [BASE_TOLERATION, GENERAL]
+    assert pod_spec(driver)["nodeSelector"] == {"metax-tech.com/gpu.installed": "true"}
+
+
+def test_deprecated_global_tolerations_apply_to_every_component_without_its_own(rendered, cr_spec):
+    old = {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"}
+    out = plan(observed(rendered, cr_spec(tolerations=[old])))
+    tolerations = {a.body["metadata"]["name"]: pod_spec(a.body)["tolerations"] for a in out.applies}
+    assert set(tolerations) == {"metax-gpu-label", "metax-container-runtime", "metax-driver", "metax-maca",
+                                "metax-gpu-device", "metax-vfio-manager"}
+    assert all(t == [BASE_TOLERATION, old] for t in tolerations.values())
+
+
+# -- when to write ---------------------------------------------------------------------------------
+
+def test_a_cr_equal_to_the_values_needs_no_write(rendered, cr_spec):
+    assert plan(observed(rendered, cr_spec())).applies == []
+
+
+def test_after_a_post_rendered_install_the_first_pass_writes_nothing(rendered, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}})
+    post_rendered = copy.deepcopy(rendered)
+    for ds in post_rendered.values():
+        pod_spec(ds)["tolerations"] = [BASE_TOLERATION, GENERAL]
+    assert plan(observed(rendered, spec, post_rendered)).applies == []
+
+
+def test_a_second_pass_after_the_apply_writes_nothing(rendered, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL], "nodeSelector": {"zone": "a"}}})
+    first = plan(observed(rendered, spec))
+    assert len(first.applies) == 6
+    after = {key: applied(ds, next(a.body for a in first.applies if a.body["metadata"]["name"] == ds["metadata"]["name"]))
+             if ds["metadata"]["name"] in {a.body["metadata"]["name"] for a in first.applies} else ds
+             for key, ds in rendered.items()}
+    assert plan(observed(rendered, spec, after)).applies == []
+
+
+def test_removing_a_cr_toleration_the_runner_applied_is_written(rendered, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}})
+    desired, _ = desired_daemonset("driver", rendered["driver"], spec)
+    live = applied(rendered["driver"], desired)
+    back, _ = desired_daemonset("driver", live, cr_spec())
+    assert pod_spec(back)["tolerations"] == [BASE_TOLERATION]
+    assert needs_write(back, live)
+
+
+def test_a_node_selector_key_removed_from_the_cr_is_written_even_when_helm_owns_it(rendered, cr_spec):
+    """nodeSelector is an atomic map: the live value must equal the desired one, not contain it."""
+    live = copy.deepcopy(rendered["driver"])
+    pod_spec(live)["nodeSelector"] = {"metax-tech.com/gpu.installed": "true", "zone": "a"}  # post-rendered
+    desired, _ = desired_daemonset("driver", live, cr_spec())
+    assert needs_write(desired, live)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tolerations=st.lists(st.fixed_dictionaries({
+    "key": st.sampled_from(["a", "b", "node-type"]), "operator": st.just("Equal"),
+    "value": st.sampled_from(["x", "y"]), "effect": st.sampled_from(["NoSchedule", "NoExecute"])}), max_size=4),
+    selector=st.dictionaries(st.sampled_from(["zone", "rack"]), st.sampled_from(["1", "2"]), max_size=2),
+    level=st.sampled_from(["debug", "info", "warn", "error"]))
+def test_applying_what_the_runner_wants_makes_the_next_pass_write_nothing(rendered, tolerations, selector, level, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": tolerations, "nodeSelector": selector}},
+                   driver={**VALUES["driver"], "log": {"level": level, "format": "json"}})
+    desired, _ = desired_daemonset("driver", rendered["driver"], spec)
+    live = applied(rendered["driver"], desired)
+    again, _ = desired_daemonset("driver", live, spec)
+    assert again == desired and not needs_write(again, live)
+
+
+# -- what the CR governs besides scheduling ---------------------------------------------------------
+
+def test_log_settings_driver_options_and_payload_follow_the_cr(rendered, cr_spec):
+    spec = cr_spec(registry="mirror.example/metax",
+                   driver={"deployPolicy": "PreferNewer", "fwUpgradePolicy": "PreferCloud", "fwEnableVirt": True,
+                           "payload": {"name": "driver-image", "version": "2.33.0.1"},
+                           "log": {"level": "debug", "format": "json"}})
+    desired, changed = desired_daemonset("driver", rendered["driver"], spec)
+    env = {e["name"]: e["value"] for e in pod_spec(desired)["containers"][0]["env"]}
+    assert env == {"LOG_LEVEL": "debug", "LOG_FORMAT": "json", "DEPLOY_POLICY": "PreferNewer",
+                   "FW_UPGRADE_POLICY": "PreferCloud", "FW_ENABLE_VIRT": "true"}
+    assert pod_spec(desired)["initContainers"] == [
+        {"name": "payload", "image": "mirror.example/metax/driver-image:2.33.0.1"}]
+    assert set(changed) == {"containers", "initContainers"}
+
+
+def test_payload_registry_wins_over_the_global_registry(rendered, cr_spec):
+    spec = cr_spec(driver={"payload": {"name": "driver-image", "version": "2.32.0.6", "registry": "own.example/x"}})
+    desired, _ = desired_daemonset("driver", rendered["driver"], spec)
+    assert pod_spec(desired)["initContainers"][0]["image"] == "own.example/x/driver-image:2.32.0.6"
+
+
+def test_healthy_interval_and_maca_images_follow_the_cr(rendered, cr_spec):
+    spec = cr_spec(gpuDevice={"healthyInterval": 0}, maca={"payload": {"images": ["maca-c500:2.19.0.1"]}})
+    device, _ = desired_daemonset("gpuDevice", rendered["gpuDevice"], spec)
+    maca, _ = desired_daemonset("maca", rendered["maca"], spec)
+    assert {"name": "HEALTHY_INTERVAL", "value": "0"} in pod_spec(device)["containers"][0]["env"]
+    assert pod_spec(maca)["initContainers"] == [{"name": "payload-0", "image": "r.example/metax/maca-c500:2.19.0.1"}]
+    assert {"name": "PAYLOAD_IMAGES", "value": "maca-c500:2.19.0.1"} in pod_spec(maca)["containers"][0]["env"]
+
+
+def test_every_env_var_the_runner_governs_is_one_the_chart_renders(rendered):
+    for key, variables in reconcile.ENV.items():
+        if key not in rendered:
+            continue
+        names = {e["name"] for c in pod_spec(rendered[key])["containers"] for e in c.get("env", [])}
+        assert set(variables) <= names, f"{key}: the chart does not render {set(variables) - names}"
+
+
+def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
+    desired, _ = desired_daemonset("driver", rendered["driver"], cr_spec())
+    assert set(desired) == {"apiVersion", "kind", "metadata", "spec"}
+    assert desired["metadata"] == {"name": "metax-driver", "namespace": "metax-operator"}
+    assert set(desired["spec"]) == {"template"} and set(desired["spec"]["template"]) == {"spec"}
+    assert set(pod_spec(desired)) <= {"nodeSelector", "affinity", "tolerations", "containers", "initContainers"}
+    for container in pod_spec(desired)["containers"]:
+        assert set(container) == {"name", "env"}
+
+
+# -- what the runner reports -------------------------------------------------------------------------
+
+def conditions(outcome) -> dict[str, Condition]:
+    return {c.type: c for c in outcome.conditions}
+
+
+def test_an_invalid_spec_is_not_applied_and_the_condition_names_the_field(rendered, cr_spec):
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL], "hostNetwork": True}})
+    out = plan(observed(rendered, spec))
+    assert out.applies == []
+    assert conditions(out)["SpecValid"].status == "False"
+    assert "spec.podTemplateSpec.spec.hostNetwork" in conditions(out)["SpecValid"].message
+    assert conditions(out)["Reconciled"].reason == "InvalidSpec"
+
+
+def test_the_shared_validation_rules_apply_to_the_cr(rendered, cr_spec):
+    spec = cr_spec(driver={"deployPolicy": "PreferCloud", "payload": {"name": "driver-image", "version": ""}})
+    out = plan(observed(rendered, spec))
+    assert out.applies == [] and "spec.driver.payload.version" in conditions(out)["SpecValid"].message
+
+
+def test_a_deploy_switch_flipped_in_the_cr_asks_for_helm_upgrade(rendered, cr_spec):
+    spec = cr_spec(exporter={"deploy": True}, vfioManager={"deploy": False})
+    message = conditions(plan(observed(rendered, spec)))["HelmUpgradeRequired"].message
+    assert conditions(plan(observed(rendered, spec)))["HelmUpgradeRequired"].status == "True"
+    assert "spec.exporter.deploy is true but DaemonSet metax-data-exporter does not exist" in message
+    assert "--set exporter.deploy=true" in message
+    assert "spec.vfioManager.deploy is false but DaemonSet metax-vfio-manager exists" in message
+
+
+def test_in_sync_deploy_switches_need_no_helm_upgrade(rendered, cr_spec):
+    assert conditions(plan(observed(rendered, cr_spec())))["HelmUpgradeRequired"].status == "False"
+
+
+def test_a_broken_driver_config_edit_is_reported(rendered, cr_spec):
+    configmaps = {"driver-config": {"data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n",
+                                             "module-params": "", "node-module-params": ""}}}
+    condition = conditions(plan(observed(rendered, cr_spec(), configmaps=configmaps)))["ConfigMapsValid"]
+    assert condition.status == "False" and "configmap/driver-config[node-vfnums].nodes.foo.vfnum" in condition.message
+    assert "vfnum" in condition.message
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_stays():
+    existing = [{"type": "SpecValid", "status": "True", "reason": "Valid", "message": "ok",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
+                {"type": "Progressing", "status": "True", "reason": "Other", "message": "kept",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    result, changed = merge_conditions(existing, [Condition("SpecValid", "True", "Valid", "ok")], 2,
+                                       "2026-02-02T00:00:00Z")
+    assert result[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and result[0]["observedGeneration"] == 2
+    assert result[1] == existing[1] and changed == []
+    result, changed = merge_conditions(result, [Condition("SpecValid", "False", "InvalidSpec", "bad")], 3,
+                                       "2026-03-03T00:00:00Z")
+    assert result[0]["lastTransitionTime"] == "2026-03-03T00:00:00Z" and [c.status for c in changed] == ["False"]
+
+
+def test_events_for_conditions_going_bad_and_recovering_but_not_for_a_healthy_start():
+    bad = Condition("SpecValid", "False", "InvalidSpec", "spec.x: bad")
+    good = Condition("SpecValid", "True", "Valid", "ok")
+    assert transition_events([bad], {"SpecValid"}) == [("Warning", "InvalidSpec", "SpecValid=False: spec.x: bad")]
+    assert transition_events([good], {"SpecValid"}) == []
+    assert transition_events([good], set()) == [("Normal", "Valid", "SpecValid=True: ok")]
+
+
+def test_owned_fields_projects_keyed_lists_and_atomic_fields():
+    obj = {"metadata": {"managedFields": [
+        {"manager": "helm", "operation": "Update", "fieldsV1": {"f:spec": {}}},
+        {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+            "f:tolerations": {}, "f:containers": {'k:{"name":"a"}': {".": {}, "f:name": {}, "f:env": {
+                'k:{"name":"LOG_LEVEL"}': {".": {}, "f:name": {}, "f:value": {}}}}}}}}}}]},
+        "spec": {"template": {"spec": {"tolerations": [GPU], "nodeSelector": {"x": "y"}, "containers": [
+            {"name": "a", "image": "i", "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "O", "value": "1"}]},
+            {"name": "b", "image": "j"}]}}}}
+    assert owned_fields(obj, FIELD_MANAGER) == {"spec": {"template": {"spec": {
+        "tolerations": [GPU], "containers": [{"name": "a", "env": [{"name": "LOG_LEVEL", "value": "info"}]}]}}}}
+    assert owned_fields(obj, "nobody") == {}
