@@ -1,0 +1,435 @@
+"""The chart rendered by the real Helm 3.18 and Helm 4.1: lint, Kubernetes schemas, and the chart
+contract (names, labels, gating, strategy, scheduling annotations, RBAC, security contexts)."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import pytest
+import yaml
+
+from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart,  # noqa: F401
+                        render_chart, validate_objects)
+
+pytestmark = pytest.mark.helm
+
+SEED_INSTALL = ("--set", "registry=DOMAIN/PROJECT", "--set", "driver.payload.version=2.32.0.6")
+ALL_ON = ("--values", str(CHART / "tests/data/values-all.yaml"))
+# Seed §3.2.6.1, as a shell passes `--set ...nodeName='worknode\\d+' --set ...gpus='0\,1\,2'`.
+SEED_VFIO = SEED_INSTALL + (
+    "--set", "vfioManager.vfioConfig[0].nodeName=worknode1",
+    "--set", "vfioManager.vfioConfig[0].gpus=0\\,1\\,2",
+    "--set", "vfioManager.vfioConfig[1].nodeName=worknode\\\\d+",
+    "--set", "vfioManager.vfioConfig[1].gpus=0\\,1\\,2",
+)
+SCENARIOS = {"seed-install": SEED_INSTALL, "all-components": ALL_ON, "seed-vfio": SEED_VFIO}
+
+# The contract's components: values key -> (DaemonSet, prerequisites of seed §3.2.3).
+COMPONENTS = {
+    "gpuLabel": ("metax-gpu-label", []),
+    "runtime": ("metax-container-runtime", ["gpuLabel"]),
+    "driver": ("metax-driver", ["gpuLabel", "runtime"]),
+    "maca": ("metax-maca", ["gpuLabel", "runtime"]),
+    "gpuDevice": ("metax-gpu-device", ["gpuLabel", "runtime", "maca"]),
+    "exporter": ("metax-data-exporter", ["gpuLabel", "driver"]),
+    "vfioManager": ("metax-vfio-manager", ["gpuLabel"]),
+}
+PRIVILEGED = {"runtime", "driver", "vfioManager"}
+STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+                   "app.kubernetes.io/version", "app.kubernetes.io/component", "app.kubernetes.io/part-of",
+                   "helm.sh/chart")
+
+
+@lru_cache(maxsize=None)
+def rendered(helm: str, args: tuple[str, ...]) -> tuple[dict, ...]:
+    """Renders shared by several tests (objects are treated as read-only)."""
+    return tuple(render_chart(helm=helm, args=args))
+
+
+def daemonsets(objects) -> dict[str, dict]:
+    """DaemonSets by their `gpu.metax-tech.com/component` annotation."""
+    return {o["metadata"]["annotations"]["gpu.metax-tech.com/component"]: o
+            for o in objects if o["kind"] == "DaemonSet"}
+
+
+def dependents(key: str) -> set[str]:
+    """`key` and every component that needs it, directly or not."""
+    found = {key}
+    while True:
+        more = {k for k, (_, needs) in COMPONENTS.items() if found & set(needs)} - found
+        if not more:
+            return found
+        found |= more
+
+
+def pod_spec(obj: dict) -> dict:
+    if obj["kind"] == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return obj["spec"]["template"]["spec"]
+
+
+# --- lint and Kubernetes schemas ---------------------------------------------------------
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_strict_is_clean(helm_bin, scenario):
+    output = lint_chart(helm=helm_bin, args=SCENARIOS[scenario])
+    assert "[WARNING]" not in output and "[ERROR]" not in output, output
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_is_valid_for_the_kubernetes_api(helm_bin, scenario):
+    objects = rendered(helm_bin, SCENARIOS[scenario])
+    assert len(objects) > 20
+    validate_objects(objects)
+
+
+def test_runner_cronjob_is_valid_for_the_kubernetes_api(helm_bin):
+    objects = rendered(helm_bin, SEED_INSTALL + ("--set", "runner.mode=cronjob"))
+    validate_objects(objects)
+
+
+def test_validator_rejects_an_unknown_field():
+    """The schema check itself can fail (strict mode rejects what the API would drop)."""
+    daemonset = json.loads(json.dumps(find(rendered("helm3", SEED_INSTALL), "DaemonSet", "metax-driver")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(AssertionError, match="metax-driver"):
+        validate_objects([daemonset])
+
+
+# --- the seed's vfio example and the ConfigMaps ------------------------------------------
+
+def test_seed_vfio_set_example_renders_the_vfio_config(helm_bin):
+    config = find(rendered(helm_bin, SEED_VFIO), "ConfigMap", "metax-vfio-config")
+    assert config["data"]["config"] == "- gpus: 0,1,2\n  nodeName: worknode1\n- gpus: 0,1,2\n  nodeName: worknode\\d+\n"
+    assert yaml.safe_load(config["data"]["config"]) == [
+        {"nodeName": "worknode1", "gpus": "0,1,2"},
+        {"nodeName": "worknode\\d+", "gpus": "0,1,2"},
+    ]
+
+
+def test_driver_config_holds_the_seed_documents(helm_bin):
+    data = find(rendered(helm_bin, ALL_ON), "ConfigMap", "driver-config")["data"]
+    assert data == {
+        "node-vfnums": "nodes:\n  sample-node:\n    vfnum: 4\n  sample-node2:\n    vfnum: 2\n",
+        "module-params": "xcore_page_size: 10\n",
+        "node-module-params": "sample-node1:\n  xcore_page_size: 12\n",
+    }
+
+
+# --- gating and names -------------------------------------------------------------------
+
+def test_default_install_deploys_every_component_but_the_exporter(helm_bin):
+    objects = rendered(helm_bin, SEED_INSTALL)
+    assert {k: o["metadata"]["name"] for k, o in daemonsets(objects).items()} == {
+        k: name for k, (name, _) in COMPONENTS.items() if k != "exporter"}
+    assert not [o for o in objects if o["kind"] == "Service"]
+
+
+@pytest.mark.parametrize("key", COMPONENTS)
+def test_deploy_false_removes_the_component_and_nothing_else(helm_bin, key):
+    off = dependents(key)
+    args = SEED_INSTALL + ("--set", "exporter.deploy=true")
+    for component in sorted(off):
+        args += ("--set", f"{component}.deploy=false")
+    objects = rendered(helm_bin, args)
+    assert set(daemonsets(objects)) == set(COMPONENTS) - off
+    service_accounts = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
+    for component, (name, _) in COMPONENTS.items():
+        assert (name in service_accounts) == (component not in off)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert (("ConfigMap", "driver-config") in names) == ("driver" not in off)
+    assert (("ConfigMap", "metax-vfio-config") in names) == ("vfioManager" not in off)
+    assert (("Service", "metax-data-exporter") in names) == ("exporter" not in off)
+
+
+def test_service_monitor_is_off_by_default_and_rendered_on_request(helm_bin):
+    kinds = {o["kind"] for o in rendered(helm_bin, SEED_INSTALL + ("--set", "exporter.deploy=true"))}
+    assert "ServiceMonitor" not in kinds
+    monitor = find(rendered(helm_bin, ALL_ON), "ServiceMonitor", "metax-data-exporter")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+
+
+def test_runner_is_gated_and_its_mode_chooses_deployment_or_cronjob(helm_bin):
+    kinds = lambda args: {(o["kind"], o["metadata"]["name"]) for o in rendered(helm_bin, SEED_INSTALL + args)}  # noqa: E731
+    assert ("Deployment", "metax-operator-runner") in kinds(())
+    assert ("CronJob", "metax-operator-runner") not in kinds(())
+    cron = kinds(("--set", "runner.mode=cronjob"))
+    assert ("CronJob", "metax-operator-runner") in cron and ("Deployment", "metax-operator-runner") not in cron
+    off = kinds(("--set", "runner.enabled=false"))
+    assert not [name for _, name in off if name.startswith("metax-operator-runner")]
+
+
+# --- labels -----------------------------------------------------------------------------
+
+def test_every_object_carries_the_standard_and_common_labels(helm_bin):
+    for obj in rendered(helm_bin, ALL_ON):
+        labels = obj["metadata"]["labels"]
+        where = f'{obj["kind"]}/{obj["metadata"]["name"]}'
+        assert all(labels.get(key) for key in STANDARD_LABELS), where
+        assert labels["app.kubernetes.io/name"] == "metax-operator", where
+        assert labels["app.kubernetes.io/instance"] == RELEASE, where
+        assert labels["app.kubernetes.io/version"] == "0.10.0", where
+        assert labels["helm.sh/chart"] == "metax-operator-0.1.0", where
+        assert labels["team"] == "gpu-infra", where
+        assert obj["metadata"]["annotations"]["owner"] == "gpu-infra@example.com", where
+
+
+def test_component_label_is_the_values_key(helm_bin):
+    objects = rendered(helm_bin, ALL_ON)
+    for key, daemonset in daemonsets(objects).items():
+        assert daemonset["metadata"]["labels"]["app.kubernetes.io/component"] == key
+    runner = find(objects, "Deployment", "metax-operator-runner")
+    assert runner["metadata"]["labels"]["app.kubernetes.io/component"] == "runner"
+
+
+def test_selectors_use_only_name_instance_and_component(helm_bin):
+    objects = rendered(helm_bin, ALL_ON)
+    for obj in objects:
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            selector = obj["spec"]["selector"]["matchLabels"]
+            assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance",
+                                     "app.kubernetes.io/component"}
+            assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+    service = find(objects, "Service", "metax-data-exporter")
+    assert service["spec"]["selector"] == daemonsets(objects)["exporter"]["spec"]["selector"]["matchLabels"]
+
+
+def test_pod_templates_do_not_change_with_the_chart_version(helm_bin):
+    """A chart upgrade alone must not roll the pods (for the driver it would start a rollout)."""
+    for daemonset in daemonsets(rendered(helm_bin, ALL_ON)).values():
+        labels = daemonset["spec"]["template"]["metadata"]["labels"]
+        assert "helm.sh/chart" not in labels and "app.kubernetes.io/version" not in labels
+
+
+# --- driver strategy --------------------------------------------------------------------
+
+def test_driver_uses_on_delete_when_the_staged_rollout_is_on(helm_bin):
+    driver = find(rendered(helm_bin, ALL_ON), "DaemonSet", "metax-driver")
+    assert driver["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def test_driver_replaces_every_pod_at_once_without_the_staged_rollout(helm_bin):
+    driver = find(rendered(helm_bin, SEED_INSTALL), "DaemonSet", "metax-driver")
+    assert driver["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+
+
+# --- scheduling and the annotation contract ---------------------------------------------
+
+def test_scheduling_base_annotation_is_exactly_the_rendered_scheduling_fields(helm_bin):
+    for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
+        spec = pod_spec(daemonset)
+        base = json.loads(daemonset["metadata"]["annotations"]["gpu.metax-tech.com/scheduling-base"])
+        assert base == {f: spec[f] for f in ("nodeSelector", "affinity", "tolerations") if f in spec}, key
+        assert {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        if key == "gpuLabel":
+            assert "nodeSelector" not in spec
+        else:
+            assert spec["nodeSelector"] == {"metax-tech.com/gpu.installed": "true"}
+
+
+def test_scheduling_inputs_annotation_carries_the_values(helm_bin):
+    values = yaml.safe_load((CHART / "tests/data/values-all.yaml").read_text())
+    for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
+        inputs = json.loads(daemonset["metadata"]["annotations"]["gpu.metax-tech.com/scheduling-inputs"])
+        assert inputs == {"global": values["podTemplateSpec"],
+                          "component": values.get(key, {}).get("podTemplateSpec") or None,
+                          "tolerations": values["tolerations"]}, key
+
+
+def test_scheduling_inputs_are_null_when_nothing_is_set(helm_bin):
+    for daemonset in daemonsets(rendered(helm_bin, SEED_INSTALL)).values():
+        inputs = daemonset["metadata"]["annotations"]["gpu.metax-tech.com/scheduling-inputs"]
+        assert json.loads(inputs) == {"global": None, "component": None, "tolerations": None}
+
+
+SEED_TOLERATIONS = [{"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"},
+                    {"key": "key2", "operator": "Equal", "value": "value1", "effect": "NoExecute"}]
+
+
+@pytest.mark.parametrize("content", [{"tolerations": SEED_TOLERATIONS}, SEED_TOLERATIONS],
+                         ids=["seed-file-format", "plain-list"])
+def test_deprecated_tolerations_from_set_file_are_parsed(helm_bin, tmp_path, content):
+    path = tmp_path / "tolerations.yaml"
+    path.write_text(yaml.safe_dump(content))
+    objects = render_chart(helm=helm_bin, args=SEED_INSTALL + ("--set-file", f"tolerations={path}"))
+    for daemonset in daemonsets(objects).values():
+        inputs = json.loads(daemonset["metadata"]["annotations"]["gpu.metax-tech.com/scheduling-inputs"])
+        assert inputs["tolerations"] == SEED_TOLERATIONS
+
+
+def test_a_tolerations_file_of_another_shape_fails_naming_the_field(helm_bin, tmp_path):
+    path = tmp_path / "tolerations.yaml"
+    path.write_text("key1: value1\n")
+    with pytest.raises(HelmError, match="tolerations: .*--set-file tolerations=FILE"):
+        render_chart(helm=helm_bin, args=SEED_INSTALL + ("--set-file", f"tolerations={path}"))
+
+
+# --- component order, images, security --------------------------------------------------
+
+def test_dependent_components_wait_for_their_prerequisites(helm_bin):
+    for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
+        init = {c["name"]: c for c in pod_spec(daemonset).get("initContainers", [])}
+        prerequisites = COMPONENTS[key][1]
+        if not prerequisites:
+            assert "wait-for" not in init
+            continue
+        command = init["wait-for"]["command"]
+        assert command[:6] == ["metax-operator", "wait-for", "--namespace", "$(POD_NAMESPACE)", "--node", "$(NODE_NAME)"]
+        assert command[6:] == [arg for p in prerequisites for arg in ("--component", p)], key
+        assert init["wait-for"]["image"] == "cr.example.com/metax/metax-operator-tools:0.10.0"
+
+
+def test_images_come_from_the_registry_with_the_app_version_or_overrides(helm_bin):
+    objects = rendered(helm_bin, ALL_ON)
+    sets = daemonsets(objects)
+    image = lambda key, name: next(c["image"] for c in pod_spec(sets[key])["containers"] + pod_spec(sets[key]).get("initContainers", []) if c["name"] == name)  # noqa: E731
+    assert image("gpuLabel", "gpu-label") == "cr.example.com/metax/gpu-label:0.10.0"
+    assert image("runtime", "container-runtime") == "mirror.example.com/metax/container-runtime:0.10.1"
+    assert image("driver", "payload") == "payload.example.com/metax/driver-image:2.32.0.6"
+    assert image("maca", "payload-0") == "cr.example.com/metax/maca-c500:2.18.0.3-ubuntu18.04-amd64"
+    assert image("maca", "payload-1") == "cr.example.com/metax/maca-c500:2.19.0.1-ubuntu22.04-amd64"
+    for daemonset in sets.values():
+        assert pod_spec(daemonset)["imagePullSecrets"] == [{"name": "metax-pull"}]
+        assert pod_spec(daemonset)["priorityClassName"] == "system-node-critical"
+
+
+def test_driver_never_policy_has_no_payload(helm_bin):
+    args = ("--set", "registry=r.example/m", "--set", "driver.deployPolicy=Never")
+    driver = find(rendered(helm_bin, args), "DaemonSet", "metax-driver")
+    assert "payload" not in [c["name"] for c in pod_spec(driver)["initContainers"]]
+
+
+def test_only_driver_runtime_and_vfio_manager_are_privileged(helm_bin):
+    for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
+        spec = pod_spec(daemonset)
+        for container in spec["containers"] + spec.get("initContainers", []):
+            privileged = container.get("securityContext", {}).get("privileged", False)
+            assert privileged == (key in PRIVILEGED and container in spec["containers"]), (key, container["name"])
+        assert spec.get("hostPID", False) == (key == "runtime")
+        assert not spec.get("hostNetwork", False)
+
+
+def test_unprivileged_components_mount_the_host_read_only_except_their_own_directories(helm_bin):
+    writable = {"gpuDevice": {"/var/lib/kubelet/device-plugins"}, "maca": {"/opt/metax/maca", "/run/metax"},
+                "gpuLabel": set(), "exporter": set()}
+    for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
+        if key in PRIVILEGED:
+            continue
+        spec = pod_spec(daemonset)
+        host = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
+        mounted_rw = {host[m["name"]] for c in spec["containers"] for m in c.get("volumeMounts", [])
+                      if m["name"] in host and not m.get("readOnly")}
+        assert mounted_rw == writable[key], key
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert "ALL" in context["capabilities"]["drop"]
+
+
+def assert_restricted(spec: dict) -> None:
+    """Pod Security "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/)."""
+    assert not any(spec.get(f) for f in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all("hostPath" not in v for v in spec.get("volumes", []))
+    pod_context = spec.get("securityContext", {})
+    assert pod_context.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+    for container in spec["containers"] + spec.get("initContainers", []):
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
+        assert context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is True
+        assert context.get("runAsUser", pod_context.get("runAsUser", 1)) != 0
+        assert not context.get("privileged")
+        assert context["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("mode", ["deployment", "cronjob"])
+def test_runner_runs_its_command_under_pod_security_restricted(helm_bin, mode):
+    objects = rendered(helm_bin, SEED_INSTALL + ("--set", f"runner.mode={mode}", "--set", "runner.interval=7"))
+    runner = find(objects, "Deployment" if mode == "deployment" else "CronJob", "metax-operator-runner")
+    spec = pod_spec(runner)
+    assert_restricted(spec)
+    assert spec["serviceAccountName"] == "metax-operator-runner"
+    command = spec["containers"][0]["command"]
+    if mode == "deployment":
+        assert runner["spec"]["replicas"] == 1 and runner["spec"]["strategy"] == {"type": "Recreate"}
+        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7"]
+    else:
+        assert runner["spec"]["concurrencyPolicy"] == "Forbid"
+        assert command == ["metax-operator", "run", "--once", "--namespace", NAMESPACE]
+
+
+# --- RBAC -------------------------------------------------------------------------------
+
+def rules_of(objects, kind: str, name: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples a role grants."""
+    return {(group, resource, verb) for rule in find(objects, kind, name)["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_rbac_has_no_wildcards(helm_bin):
+    for obj in rendered(helm_bin, ALL_ON):
+        for rule in obj.get("rules", []):
+            assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], obj["metadata"]["name"]
+
+
+def test_every_service_account_is_bound_to_what_its_pods_use(helm_bin):
+    objects = rendered(helm_bin, ALL_ON)
+    accounts = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
+    for obj in objects:
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            assert pod_spec(obj)["serviceAccountName"] in accounts
+        if obj["kind"].endswith("Binding"):
+            role = find(objects, obj["roleRef"]["kind"], obj["roleRef"]["name"])
+            assert role["kind"] == obj["roleRef"]["kind"]
+            for subject in obj["subjects"]:
+                assert subject["name"] in accounts and subject["namespace"] == NAMESPACE
+
+
+def test_wait_for_role_reads_pods_for_every_dependent_component(helm_bin):
+    objects = rendered(helm_bin, ALL_ON)
+    assert rules_of(objects, "Role", "metax-operator-wait-for") == {("", "pods", v) for v in ("get", "list", "watch")}
+    subjects = {s["name"] for s in find(objects, "RoleBinding", "metax-operator-wait-for")["subjects"]}
+    assert subjects == {name for name, needs in COMPONENTS.values() if needs}
+
+
+def test_runner_rbac_is_the_contract(helm_bin):
+    objects = rendered(helm_bin, SEED_INSTALL)
+    assert rules_of(objects, "ClusterRole", "metax-operator-runner") == {
+        *{("gpu.metax-tech.com", "clusteroperators", v) for v in ("get", "list", "watch", "patch")},
+        *{("gpu.metax-tech.com", "clusteroperators/status", v) for v in ("get", "update", "patch")},
+        *{("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")},
+    }
+    assert rules_of(objects, "Role", "metax-operator-runner") == {
+        *{("apps", "daemonsets", v) for v in ("get", "list", "watch", "patch")},
+        *{("apps", "controllerrevisions", v) for v in ("list", "watch")},
+        ("", "pods", "delete"),
+        *{("", "configmaps", v) for v in ("get", "list", "watch")},
+        *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+        *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
+    }
+
+
+# --- exporter Service -------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, {"type": "ClusterIP", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]}),
+    ({"type": "NodePort", "port": 30090},
+     {"type": "NodePort", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics", "nodePort": 30090}]}),
+    ({"type": "NodePort"}, {"type": "NodePort", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]}),
+    ({"type": "LoadBalancer", "port": 9100},
+     {"type": "LoadBalancer", "ports": [{"name": "metrics", "protocol": "TCP", "port": 9100, "targetPort": "metrics"}]}),
+    ({"type": "ExternalName", "externalName": "metrics.example.com"},
+     {"type": "ExternalName", "externalName": "metrics.example.com"}),
+], ids=["ClusterIP", "NodePort", "NodePort-any-port", "LoadBalancer", "ExternalName"])
+def test_exporter_service_follows_its_type(helm_bin, settings, expected):
+    args = SEED_INSTALL + ("--set", "exporter.deploy=true")
+    for key, value in settings.items():
+        args += ("--set", f"exporter.service.{key}={value}")
+    service = find(rendered(helm_bin, args), "Service", "metax-data-exporter")
+    spec = dict(service["spec"])
+    selector = spec.pop("selector", None)
+    assert spec == expected
+    assert (selector is None) == (expected["type"] == "ExternalName")
+    validate_objects([service])
