@@ -1,8 +1,103 @@
 {{/*
-metax-operator.validate: the cross-field rules values.schema.json cannot express.
-Renders nothing; fails the render with one line per problem (field, what is wrong, the fix).
-The same rules live in hooks/metax_operator/validation.py; tests/data/bad_values.yaml runs every
-case through both.
+metax-operator.validate: the cross-field rules values.schema.json cannot express (docs/validation.md).
+Renders nothing; fails the render with one line per problem: `<field>: <problem>; <fix>`.
+The same rules, with the same sentences, are hooks/metax_operator/validation.py (and, for the
+upgrade policy, policy.py); tests/data/bad_values.yaml runs every case through both, under
+Helm 3 and Helm 4.
 */}}
 {{- define "metax-operator.validate" -}}
+{{- $v := .Values -}}
+{{- $errors := list -}}
+
+{{- if not $v.registry -}}
+  {{- $errors = append $errors "registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax" -}}
+{{- end -}}
+
+{{- /* Component prerequisites (seed §3.2.3). */ -}}
+{{- range $component, $prerequisites := include "metax-operator.prerequisites" . | fromJson -}}
+  {{- if (get $v $component).deploy -}}
+    {{- range $prerequisites -}}
+      {{- if not (get $v .).deploy -}}
+        {{- $errors = append $errors (printf "%s.deploy: is true but its prerequisite %s.deploy is false; set %s.deploy=true or %s.deploy=false" $component . . $component) -}}
+      {{- end -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+
+{{- if and $v.driver.deploy (ne $v.driver.deployPolicy "Never") (not $v.driver.payload.version) -}}
+  {{- $errors = append $errors "driver.payload.version: is required unless driver.deployPolicy is Never; set the driver version, e.g. --set driver.payload.version=2.32.0.6" -}}
+{{- end -}}
+
+{{- /* The staged rollout's step list (the rules of policy.py the schema cannot say). */ -}}
+{{- $policy := $v.driver.upgradePolicy -}}
+{{- $steps := $policy.upgradeSteps | default list -}}
+{{- $where := "driver.upgradePolicy.upgradeSteps" -}}
+{{- if and $policy.enableRollout (not $steps) -}}
+  {{- $errors = append $errors (printf "%s: is empty while enableRollout is true; add at least one step, the last with replicas: \"100%%\"" $where) -}}
+{{- end -}}
+{{- $previous := "" -}}
+{{- range $i, $step := $steps -}}
+  {{- $replicas := $step.replicas | toString -}}
+  {{- if and $previous (eq (hasSuffix "%" $replicas) (hasSuffix "%" $previous)) (lt (trimSuffix "%" $replicas | atoi) (trimSuffix "%" $previous | atoi)) -}}
+    {{- $errors = append $errors (printf "%s[%d].replicas: %s is below the previous step's %s; targets count upgraded pods in total, so make each step's replicas at least the previous one's" $where $i $replicas $previous) -}}
+  {{- end -}}
+  {{- $previous = $replicas -}}
+  {{- if and (eq (add1 $i) (len $steps)) (hasSuffix "%" $replicas) (ne $replicas "100%") -}}
+    {{- $errors = append $errors (printf "%s[%d].replicas: the last step reaches only %s; set the last step's replicas to \"100%%\" so every node is upgraded" $where $i $replicas) -}}
+  {{- end -}}
+  {{- if and (hasKey $step "pause") (hasKey $step "pauseDuration") -}}
+    {{- $errors = append $errors (printf "%s[%d].pause: is given together with pauseDuration; keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)" $where $i) -}}
+  {{- end -}}
+{{- end -}}
+
+{{- /* vfio-manager: each GPU index once (the schema checks the format and the regex). */ -}}
+{{- range $i, $entry := $v.vfioManager.vfioConfig -}}
+  {{- $gpus := splitList "," ($entry.gpus | toString) -}}
+  {{- $duplicates := list -}}
+  {{- range $gpus -}}
+    {{- $gpu := . -}}
+    {{- $count := 0 -}}
+    {{- range $gpus }}{{ if eq . $gpu }}{{ $count = add1 $count }}{{ end }}{{ end -}}
+    {{- if and (gt $count 1) (not (has $gpu $duplicates)) -}}
+      {{- $duplicates = append $duplicates $gpu -}}
+    {{- end -}}
+  {{- end -}}
+  {{- if $duplicates -}}
+    {{- $errors = append $errors (printf "vfioManager.vfioConfig[%d].gpus: lists GPU %s more than once; list each GPU index once" $i (join ", " $duplicates)) -}}
+  {{- end -}}
+{{- end -}}
+
+{{- /* The exporter Service (seed table 3.14). */ -}}
+{{- $service := $v.exporter.service -}}
+{{- if and (not (kindIs "invalid" $service.port)) (not (has $service.type (list "NodePort" "LoadBalancer"))) -}}
+  {{- $errors = append $errors (printf "exporter.service.port: is only valid with type NodePort or LoadBalancer, not %s; remove the port, or set exporter.service.type=NodePort or LoadBalancer" $service.type) -}}
+{{- end -}}
+{{- if and (eq $service.type "ExternalName") (not $service.externalName) -}}
+  {{- $errors = append $errors "exporter.service.externalName: is required with type ExternalName; set it to the DNS name the Service points to" -}}
+{{- end -}}
+{{- if and (ne $service.type "ExternalName") $service.externalName -}}
+  {{- $errors = append $errors (printf "exporter.service.externalName: is only valid with type ExternalName, not %s; remove it, or set exporter.service.type=ExternalName" $service.type) -}}
+{{- end -}}
+
+{{- /* The deprecated `tolerations` from `--set-file tolerations=FILE`: the schema sees only a string. */ -}}
+{{- if kindIs "string" $v.tolerations -}}
+  {{- $known := list "effect" "key" "operator" "tolerationSeconds" "value" -}}
+  {{- range $i, $toleration := include "metax-operator.tolerationsList" . | fromJsonArray -}}
+    {{- range $key := keys $toleration | sortAlpha -}}
+      {{- if not (has $key $known) -}}
+        {{- $errors = append $errors (printf "tolerations[%d].%s: is not a known option; remove it (known: %s)" $i $key (join ", " $known)) -}}
+      {{- end -}}
+    {{- end -}}
+    {{- if and (hasKey $toleration "operator") (not (has $toleration.operator (list "Exists" "Equal"))) -}}
+      {{- $errors = append $errors (printf "tolerations[%d].operator: '%v' is not one of Exists, Equal; use one of them" $i $toleration.operator) -}}
+    {{- end -}}
+    {{- if and (hasKey $toleration "effect") (not (has $toleration.effect (list "NoSchedule" "PreferNoSchedule" "NoExecute"))) -}}
+      {{- $errors = append $errors (printf "tolerations[%d].effect: '%v' is not one of NoSchedule, PreferNoSchedule, NoExecute; use one of them" $i $toleration.effect) -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+
+{{- if $errors -}}
+  {{- fail (printf "invalid values:\n%s" (join "\n" $errors)) -}}
+{{- end -}}
 {{- end -}}

@@ -157,7 +157,7 @@ def vfio_config_problems(entries: Any, prefix: str) -> list[UserError]:
                                     f"{entry['nodeName']!r} is not a valid regular expression: {problem}",
                                     "write it in Go (RE2) syntax: no lookarounds or backreferences"))
         gpus = entry["gpus"].split(",") if entry["gpus"] != "all" else []
-        duplicates = sorted({g for g in gpus if gpus.count(g) > 1}, key=int)
+        duplicates = list(dict.fromkeys(g for g in gpus if gpus.count(g) > 1))
         if duplicates:
             errors.append(UserError(f"{prefix}[{i}].gpus", f"lists GPU {', '.join(duplicates)} more than once",
                                     "list each GPU index once"))
