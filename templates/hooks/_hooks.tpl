@@ -29,11 +29,11 @@ renders as a hook, then `hooks.annotations` on top. Takes (dict "root" $ "phases
 
 {{/* A hook's ServiceAccount and RBAC (weight -5): a ClusterRole for the cluster-scoped
 `clusterRules`, a Role in the release namespace for `rules`; either may be empty.
-Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST). */}}
+Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST ["key" COMPONENT_LABEL]). */}}
 {{- define "metax-operator.hooks.rbac" -}}
 {{- $name := include "metax-operator.hooks.name" . -}}
 {{- $annotations := include "metax-operator.hooks.annotations" (dict "root" .root "phases" .phases "weight" -5) | fromJson -}}
-{{- $ctx := dict "root" .root "key" "hooks" "name" $name "roleName" $name "annotations" $annotations -}}
+{{- $ctx := dict "root" .root "key" (.key | default "hooks") "name" $name "roleName" $name "annotations" $annotations -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:

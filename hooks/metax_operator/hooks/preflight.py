@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from .. import kube
 from ..errors import UserError, UserErrors
+from ..validation import validate_values
 from . import common
 
 GPU_NODE_LABEL = "metax-tech.com/gpu.installed"
@@ -125,8 +126,6 @@ def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..validation import validate_values  # engineer A's module: the one set of rules
-
     validate_values(common.load_values(args.values))
     client = kube.Client.from_args(args)
     _major, _minor, git_version = client.server_version()

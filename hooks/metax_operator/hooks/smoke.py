@@ -20,6 +20,8 @@ from collections.abc import Callable
 from .. import kube
 from ..errors import UserError, UserErrors
 from ..merge import COMPONENTS
+from ..validation import (parse_module_params, parse_node_module_params, parse_node_vfnums,
+                          parse_vfio_config, validate_cr_spec)
 from . import common
 from .preflight import GPU_NODE_LABEL
 
@@ -29,18 +31,24 @@ EXPORTER_SERVICE = "metax-data-exporter"
 SHOWN_NODES = 5
 
 
-def check_cr(cr: dict | None) -> list[str]:
-    from ..validation import validate_cr_spec
+#: The ConfigMaps the components read, each key with the parser the runner uses too.
+CONFIGMAPS = {
+    "driver": ("driver-config", {"node-vfnums": parse_node_vfnums, "module-params": parse_module_params,
+                                 "node-module-params": parse_node_module_params}),
+    "vfioManager": ("metax-vfio-config", {"config": parse_vfio_config}),
+}
 
+
+def check_cr(cr: dict | None) -> list[str]:
     where = f"{common.CR_KIND} {common.CR_NAME}"
     if cr is None:
         return [f"{where}: not found; run `helm upgrade` again (the bootstrap hook creates it)"]
     try:
         validate_cr_spec(cr.get("spec") or {})
     except UserErrors as errs:
-        return [f"{where}: spec.{e}" for e in errs.errors]
+        return [f"{where}: {e}" for e in errs.errors]
     except UserError as err:
-        return [f"{where}: spec.{err}"]
+        return [f"{where}: {err}"]
     return []
 
 
@@ -65,17 +73,20 @@ def _ready(pod: dict) -> bool:
 
 
 def check_configmap(namespace: str, name: str, cm: dict | None,
-                    parse: Callable[[dict], object]) -> list[str]:
+                    parsers: dict[str, Callable[[str | None], object]]) -> list[str]:
     where = f"ConfigMap {namespace}/{name}"
     if cm is None:
         return [f"{where}: not found"]
-    try:
-        parse(cm.get("data") or {})
-    except UserErrors as errs:
-        return [f"{where}: {e}" for e in errs.errors]
-    except UserError as err:
-        return [f"{where}: {err}"]
-    return []
+    data = cm.get("data") or {}
+    lines = []
+    for key, parse in parsers.items():
+        try:
+            parse(data.get(key))
+        except UserErrors as errs:
+            lines += [f"{where}: {e}" for e in errs.errors]
+        except UserError as err:
+            lines.append(f"{where}: {err}")
+    return lines
 
 
 def check_gpu_nodes(nodes: list[dict]) -> list[str]:
@@ -120,8 +131,6 @@ def check_http(where: str, host: str, port: int, timeout: float) -> list[str]:
 
 
 def failures(client: kube.Client, namespace: str) -> list[str]:
-    from ..validation import parse_driver_config, parse_vfio_config
-
     cr = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
     lines = check_cr(cr)
     if cr is None:
@@ -133,12 +142,9 @@ def failures(client: kube.Client, namespace: str) -> list[str]:
         ds = client.get("apps/v1", "DaemonSet", name, namespace)
         pods = client.list("v1", "Pod", namespace, label_selector=f"app.kubernetes.io/component={key}")
         lines += check_daemonset(namespace, name, ds, pods)
-    if "driver" in enabled:
-        lines += check_configmap(namespace, "driver-config",
-                                 client.get("v1", "ConfigMap", "driver-config", namespace), parse_driver_config)
-    if "vfioManager" in enabled:
-        lines += check_configmap(namespace, "metax-vfio-config",
-                                 client.get("v1", "ConfigMap", "metax-vfio-config", namespace), parse_vfio_config)
+    for key, (name, parsers) in CONFIGMAPS.items():
+        if key in enabled:
+            lines += check_configmap(namespace, name, client.get("v1", "ConfigMap", name, namespace), parsers)
     if "exporter" in enabled:
         lines += check_exporter(namespace, client.get("v1", "Service", EXPORTER_SERVICE, namespace))
     if "gpuDevice" in enabled:

@@ -1,0 +1,209 @@
+"""The hook Jobs, their RBAC and ConfigMaps, and the helm test pod, rendered by real Helm 3 and 4."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helm import CHART, find, helm_bin, render_chart, validate_objects  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.helm
+
+BASE = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
+PHASES = {"preflight": "pre-install,pre-upgrade", "upgrade-crds": "pre-install,pre-upgrade",
+          "bootstrap": "post-install,post-upgrade", "cleanup": "pre-delete", "test": "test"}
+JOB_WEIGHTS = {"preflight": "0", "upgrade-crds": "1", "bootstrap": "2", "cleanup": "3"}
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def render(values: dict | None = None, helm: str = "helm3", args=(), tests: bool = True) -> list[dict]:
+    """The hook objects (and the test pod and its RBAC, with `tests`) of the whole chart."""
+    merged = json.loads(json.dumps(BASE))
+    for key, value in (values or {}).items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    components = {"hooks", "tests"} if tests else {"hooks"}
+    return [o for o in render_chart(merged, helm=helm, args=args)
+            if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") in components]
+
+
+def hook_of(obj: dict) -> str:
+    return obj["metadata"]["name"].removeprefix("metax-operator-")
+
+
+def annotations(obj: dict) -> dict:
+    return obj["metadata"].get("annotations") or {}
+
+
+def pod_spec(obj: dict) -> dict:
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+
+
+def test_every_object_is_valid_kubernetes(helm_bin):
+    validate_objects(render(helm=helm_bin))
+
+
+def test_weights_chain_rbac_then_configmaps_then_jobs(helm_bin):
+    objects = render(helm=helm_bin)
+    for obj in objects:
+        weight = annotations(obj)["helm.sh/hook-weight"]
+        if obj["kind"] in RBAC_KINDS:
+            assert weight == "-5", obj["metadata"]["name"]
+            assert annotations(obj)["helm.sh/hook"] == PHASES[hook_of(obj)]
+        elif obj["kind"] == "ConfigMap":
+            assert weight == {"metax-operator-values": "-4", "metax-operator-crds": "-3"}[obj["metadata"]["name"]]
+        elif obj["kind"] == "Job":
+            assert weight == JOB_WEIGHTS[hook_of(obj)]
+            assert annotations(obj)["helm.sh/hook"] == PHASES[hook_of(obj)]
+    assert sorted(hook_of(o) for o in objects if o["kind"] == "Job") == sorted(JOB_WEIGHTS)
+
+
+def test_delete_policy_and_job_limits_come_from_values(helm_bin):
+    objects = render({"hooks": {"ttlSecondsAfterFinished": 60, "activeDeadlineSeconds": 120, "backoffLimit": 1,
+                                "resources": {"requests": {"cpu": "20m"}, "limits": {"memory": "100Mi"}}}},
+                     helm=helm_bin)
+    for obj in objects:
+        policy = annotations(obj)["helm.sh/hook-delete-policy"]
+        # The test pod is kept after a pass so that `helm test --logs` can read it.
+        assert policy == ("before-hook-creation" if obj["kind"] == "Pod"
+                          else "before-hook-creation,hook-succeeded")
+    for job in (o for o in objects if o["kind"] == "Job"):
+        assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"],
+                job["spec"]["backoffLimit"]) == (60, 120, 1)
+        [container] = pod_spec(job)["containers"]
+        # Helm merges maps: the default memory request stays
+        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "100Mi"}}
+
+
+def test_pods_meet_pod_security_restricted(helm_bin):
+    pods = [o for o in render(helm=helm_bin) if o["kind"] in ("Job", "Pod")]
+    assert len(pods) == 5
+    for obj in pods:
+        spec = pod_spec(obj)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["restartPolicy"] == "Never"
+        assert not spec.get("hostNetwork") and not spec.get("hostPID")
+        assert all(v.get("configMap") or v.get("emptyDir") is not None for v in spec["volumes"])
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["runAsNonRoot"] is True
+            assert container["image"] == "cr.example.com/metax/metax-operator-tools:0.10.0"
+            assert container["command"] == ["metax-operator"]
+
+
+def test_rbac_has_no_wildcards_and_names_what_it_can(helm_bin):
+    roles = [o for o in render({"crds": {"keep": False}}, helm=helm_bin) if o["kind"] in ("Role", "ClusterRole")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+            if "create" not in rule["verbs"] and "list" not in rule["verbs"] and rule["resources"] != ["nodes"]:
+                assert rule.get("resourceNames"), (role["metadata"]["name"], rule)  # get/patch/delete by name
+
+
+def test_test_rbac_is_read_only(helm_bin):
+    roles = [o for o in render(helm=helm_bin) if o["kind"] in ("Role", "ClusterRole") and hook_of(o) == "test"]
+    assert {verb for role in roles for rule in role["rules"] for verb in rule["verbs"]} <= {"get", "list"}
+
+
+def test_upgrade_crds_creates_only_on_upgrade(helm_bin):
+    def rules_and_args(args):
+        objects = render(helm=helm_bin, args=args)
+        role = find(objects, "ClusterRole", "metax-operator-upgrade-crds")
+        job = find(objects, "Job", "metax-operator-upgrade-crds")
+        return role["rules"], pod_spec(job)["containers"][0]["args"]
+
+    rules, args = rules_and_args(())
+    assert "--if-exists" in args and not any("create" in r["verbs"] for r in rules)
+    rules, args = rules_and_args(("--is-upgrade",))
+    assert "--if-exists" not in args and any(r["verbs"] == ["create"] for r in rules)
+
+
+def test_crd_configmap_holds_the_charts_crd(helm_bin):
+    cm = find(render(helm=helm_bin), "ConfigMap", "metax-operator-crds")
+    text = cm["data"]["clusteroperators.gpu.metax-tech.com.yaml"]
+    assert text == (CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml").read_text()
+
+
+def test_crds_upgrade_false_renders_no_crd_hook(helm_bin):
+    objects = render({"crds": {"upgrade": False}}, helm=helm_bin)
+    assert not [o for o in objects if "crds" in o["metadata"]["name"]]
+
+
+def test_crds_keep_false_lets_cleanup_delete_the_crd(helm_bin):
+    def cleanup(keep):
+        objects = render({"crds": {"keep": keep}}, helm=helm_bin)
+        role = find(objects, "ClusterRole", "metax-operator-cleanup")
+        crd_verbs = {v for r in role["rules"] if r["resources"] == ["customresourcedefinitions"] for v in r["verbs"]}
+        return crd_verbs, pod_spec(find(objects, "Job", "metax-operator-cleanup"))["containers"][0]["args"]
+
+    verbs, args = cleanup(True)
+    assert verbs == {"get"} and "--delete-crd" not in args
+    verbs, args = cleanup(False)
+    assert verbs == {"get", "delete"} and "--delete-crd" in args
+
+
+def test_values_configmap_carries_the_values_with_tolerations_as_a_list(helm_bin, tmp_path):
+    file = tmp_path / "tolerations.yaml"
+    file.write_text("tolerations:\n- key: node-type\n  operator: Equal\n  value: gpu\n  effect: NoSchedule\n")
+    cm = find(render(helm=helm_bin, args=("--set-file", f"tolerations={file}")), "ConfigMap", "metax-operator-values")
+    values = json.loads(cm["data"]["values.json"])
+    assert values["tolerations"] == [{"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+    assert values["registry"] == "cr.example.com/metax"
+    assert values["driver"]["payload"]["version"] == "2.32.0.6"
+
+
+def test_hook_annotations_from_values_extend_and_override(helm_bin):
+    objects = render({"hooks": {"annotations": {"argocd.argoproj.io/sync-options": "Replace=true",
+                                                "helm.sh/hook-delete-policy": "before-hook-creation"}}},
+                     helm=helm_bin, tests=False)
+    for obj in objects:
+        assert annotations(obj)["argocd.argoproj.io/sync-options"] == "Replace=true"
+        assert annotations(obj)["helm.sh/hook-delete-policy"] == "before-hook-creation"
+
+
+def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(helm_bin):
+    objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
+    for obj in objects:
+        hook = hook_of(obj)
+        if hook.startswith(("cleanup", "test")):
+            assert "helm.sh/hook" in annotations(obj)  # a plain cleanup Job would run at install
+        else:
+            assert not any(k.startswith("helm.sh/hook") for k in annotations(obj)), obj["metadata"]["name"]
+    jobs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Job"}
+    plain = [name for name in jobs if not name.endswith("cleanup")]
+    assert len(plain) == 3
+    for name in plain:  # named after their inputs, kept (no TTL) so GitOps does not re-create them
+        assert len(name.rsplit("-", 1)[1]) == 10
+        assert "ttlSecondsAfterFinished" not in jobs[name]["spec"]
+    # the Jobs' service accounts are the hook's, whatever the Job's name
+    assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {
+        f"metax-operator-{h}" for h in JOB_WEIGHTS}
+
+
+def test_plain_job_names_change_with_their_inputs(helm_bin):
+    def names(values):
+        return sorted(o["metadata"]["name"] for o in render(values, helm=helm_bin, tests=False) if o["kind"] == "Job")
+
+    first = names({"hooks": {"useHelmHooks": False}})
+    assert first == names({"hooks": {"useHelmHooks": False}})
+    changed = names({"hooks": {"useHelmHooks": False}, "driver": {"payload": {"version": "2.33.0.1"}}})
+    assert [n for n in changed if n.startswith("metax-operator-bootstrap")] != \
+           [n for n in first if n.startswith("metax-operator-bootstrap")]
+
+
+def test_tests_enabled_false_renders_no_test_pod(helm_bin):
+    objects = render({"tests": {"enabled": False}}, helm=helm_bin)
+    assert objects and not [o for o in objects if "test" in o["metadata"]["name"]]
+
+
+def test_test_pod_runs_the_test_command(helm_bin):
+    pod = find(render(helm=helm_bin), "Pod", "metax-operator-test")
+    assert annotations(pod)["helm.sh/hook"] == "test"
+    assert pod_spec(pod)["containers"][0]["args"] == ["test", "--namespace", "metax-operator"]
