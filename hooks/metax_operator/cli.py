@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "postrender",
     "runner",
     "waitfor",
+    "schema",
+    "validate_cmd",
 ]
 
 

@@ -288,7 +288,9 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]
     if kind in ("minimum", "maximum"):
         word = "at least" if kind == "minimum" else "at most"
         return [UserError(field, f"{value!r} is out of range", f"use {hint}" if hint else f"use a number {word} {error.validator_value}")]
-    return [UserError(field, f"{value!r} is not valid ({error.message})", f"use {hint}" if hint else "")]
+    if hint:
+        return [UserError(field, f"{value!r} is not valid", f"use {hint}")]
+    return [UserError(field, f"{value!r} is not valid: {error.message}")]
 
 
 def _a(kind: str) -> str:
