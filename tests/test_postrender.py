@@ -156,6 +156,53 @@ def test_helm4_stream_keeps_the_filename_annotation_and_is_idempotent(helm_home,
     assert postrender(output)[0] == output
 
 
+def contract_daemonset(pod_spec: str, base: str = "{}", inputs: str = "{}") -> str:
+    """A component DaemonSet as the chart renders it, with `pod_spec` as the pod spec's text."""
+    return ("---\n# Source: chart/templates/maca.yaml\n# 注释: non-ASCII text before the edit\n"
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
+            "    gpu.metax-tech.com/component: maca\n"
+            f"    gpu.metax-tech.com/scheduling-base: '{base}'\n"
+            f"    gpu.metax-tech.com/scheduling-inputs: '{inputs}'\n"
+            "spec:\n  template:\n    spec:" + pod_spec + "status: {}\n")
+
+
+GPU_INPUTS = '{"component":{"spec":{"tolerations":[{"key":"node-type","value":"gpu"}],"nodeSelector":{"pool":"gpu"}}}}'
+
+
+def test_changed_field_is_replaced_in_place_keeping_the_text_around_it():
+    pod_spec = ("\n      tolerations:   # ours\n        - key: node-role  # last\n      # after tolerations\n"
+                "      containers: [{name: c}]\n")
+    text = contract_daemonset(pod_spec, '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+    output, _ = postrender(text)
+    assert output == contract_daemonset(
+        "\n      tolerations:\n        - key: node-role\n        - key: node-type\n          value: gpu\n"
+        "      # after tolerations\n      containers: [{name: c}]\n      nodeSelector:\n        pool: gpu\n",
+        '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+    assert postrender(output)[0] == output
+
+
+def test_indentless_lists_stay_indentless():
+    text = contract_daemonset("\n      tolerations:\n      - key: node-role\n", '{"tolerations":[{"key":"node-role"}]}',
+                              GPU_INPUTS)
+    assert "      tolerations:\n      - key: node-role\n      - key: node-type\n        value: gpu\n" in postrender(text)[0]
+
+
+def test_a_field_the_base_does_not_have_is_removed():
+    text = contract_daemonset("\n      containers: []\n      tolerations:\n      - key: stray\n      hostPID: true\n")
+    assert postrender(text)[0] == contract_daemonset("\n      containers: []\n      hostPID: true\n")
+
+
+def test_a_flow_style_pod_spec_is_round_tripped_with_ruamel():
+    text = contract_daemonset(" {containers: [], tolerations: [{key: node-role}]}  # pod\n",
+                              '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+    output, _ = postrender(text)
+    doc = yaml.safe_load(output)
+    assert doc["spec"]["template"]["spec"] == {"containers": [], "nodeSelector": {"pool": "gpu"}, "tolerations": [
+        {"key": "node-role"}, {"key": "node-type", "value": "gpu"}]}
+    assert output.startswith("---\n# Source: chart/templates/maca.yaml\n# 注释") and "# pod" in output
+    assert postrender(output)[0] == output
+
+
 # --- errors -----------------------------------------------------------------------------
 
 @pytest.mark.helm
@@ -218,22 +265,27 @@ def test_error_document_mode_exits_zero_with_one_document_carrying_the_message()
 
 # --- end to end with the real binaries --------------------------------------------------
 
+# What the real chart requires before it renders at all (seed table 3.1, 3.4).
+CHART_REQUIRED = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
+
+
 def seed_example_charts() -> list:
     """The fixture chart, and the real chart once it renders the annotation contract at the repo root."""
-    charts = [pytest.param(FIXTURE_CHART, id="fixture-chart")]
-    real = subprocess.run([HELM3, "template", "r", REPO], capture_output=True, text=True)
+    charts = [pytest.param(FIXTURE_CHART, {}, id="fixture-chart")]
+    real = subprocess.run([HELM3, "template", "r", REPO, "--set", "registry=cr.example.com/metax",
+                           "--set", "driver.payload.version=2.32.0.6"], capture_output=True, text=True)
     reason = "the chart at the repo root does not render the annotation contract yet"
-    charts.append(pytest.param(REPO, id="chart", marks=pytest.mark.skipif(
+    charts.append(pytest.param(REPO, CHART_REQUIRED, id="chart", marks=pytest.mark.skipif(
         real.returncode != 0 or ANNOTATION_INPUTS not in real.stdout, reason=reason)))
     return charts
 
 
 @pytest.mark.helm
-@pytest.mark.parametrize("chart", seed_example_charts())
+@pytest.mark.parametrize("chart, required", seed_example_charts())
 @pytest.mark.parametrize("helm, post_renderer", [(HELM3, str(EXECUTABLE)), (HELM4, "metax-postrender")],
                          ids=["helm3", "helm4"])
-def test_seed_example_end_to_end(helm_home, tmp_path, chart, helm, post_renderer):
-    result = helm_template(helm, helm_home, chart, write_values(tmp_path, SEED_VALUES),
+def test_seed_example_end_to_end(helm_home, tmp_path, chart, required, helm, post_renderer):
+    result = helm_template(helm, helm_home, chart, write_values(tmp_path, {**SEED_VALUES, **required}),
                            "--post-renderer", post_renderer, "--post-renderer-args", "--namespace=gpu")
     assert result.returncode == 0, result.stderr
     found = daemonsets(result.stdout)
