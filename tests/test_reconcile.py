@@ -168,6 +168,18 @@ def test_a_node_selector_key_removed_from_the_cr_is_written_even_when_helm_owns_
     assert needs_write(desired, live)
 
 
+def test_an_affinity_the_runner_applied_and_the_cr_dropped_is_written(rendered, cr_spec):
+    """affinity merges key by key, so the live object still "contains" what is wanted: the write
+    is needed because the runner owns a field it no longer wants (the API server then drops it)."""
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}]}}
+    desired, _ = desired_daemonset("driver", rendered["driver"], cr_spec(podTemplateSpec={"spec": {"affinity": affinity}}))
+    live = applied(rendered["driver"], desired)
+    back, _ = desired_daemonset("driver", live, cr_spec())
+    assert "affinity" not in pod_spec(back)
+    assert needs_write(back, live)
+
+
 @settings(max_examples=60, deadline=None)
 @given(tolerations=st.lists(st.fixed_dictionaries({
     "key": st.sampled_from(["a", "b", "node-type"]), "operator": st.just("Equal"),

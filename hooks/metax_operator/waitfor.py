@@ -73,8 +73,11 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
     while True:
         try:
             if version is None:
+                # resourceVersion "0": served from the API server's watch cache, never etcd; a
+                # slightly old list is fine, the watch from its version brings every later change.
                 listed = core.list_namespaced_pod(namespace, field_selector=field_selector,
-                                                  label_selector=label_selector, _request_timeout=(5, 30))
+                                                  label_selector=label_selector, resource_version="0",
+                                                  _request_timeout=(5, 30))
                 pods = {p.metadata.name: api.api_client.sanitize_for_serialization(p) for p in listed.items}
                 version = listed.metadata.resource_version
             why = pending(pods, components)

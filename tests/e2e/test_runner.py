@@ -1,0 +1,437 @@
+"""The runner and wait-for against the real control plane (kube-apiserver, etcd, kwok nodes).
+
+The chart is installed with the real Helm 3 binary WITHOUT the post-renderer and without hooks
+(hook Jobs cannot run containers under kwok); the `cluster-operator` CR is then created by the
+bootstrap hook's own command (`metax-operator bootstrap`) run locally with the release's values,
+as the post-install hook would. Runners are `metax-operator run` processes with a short lease
+(4 s) so that handovers are quick to observe; their JSON log lines are the evidence of who acted.
+
+The seed's §3.2.5.2 example starts from "default templates" in which metax-maca tolerates
+node-role=maca and metax-driver node-role=driver; our chart's templates carry only the base
+toleration of the metax-tech.com/gpu taint. `seed_default_templates` adds the seed's node-role
+tolerations to those two DaemonSets (their pod template and the recorded scheduling base), as a
+chart with the seed's templates would have rendered them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.controlplane import GPU_LABEL
+from tests.helm import BIN, CHART
+
+pytestmark = pytest.mark.e2e
+
+NS = "runner-e2e"
+RELEASE = "metax"
+CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
+METAX = str(Path(sys.executable).with_name("metax-operator"))
+LEASE = dict(duration=4, renew=3, retry=1)  # seconds
+
+BASE = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ROLE_MACA = {"key": "node-role", "operator": "Equal", "value": "maca", "effect": "NoSchedule"}
+ROLE_DRIVER = {"key": "node-role", "operator": "Equal", "value": "driver", "effect": "NoExecute"}
+GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
+GPU = {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+# The seed's §3.2.5.2 values: a global and a maca podTemplateSpec.
+SEED_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}},
+               "podTemplateSpec": {"spec": {"tolerations": [GENERAL]}},
+               "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}}}
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
+    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
+                            capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60)
+    if check and result.returncode:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+    return result.stdout
+
+
+def eventually(check, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Runner:
+    """A `metax-operator run` process with its JSON log in a file."""
+
+    def __init__(self, cp, tmp: Path, identity: str, *extra: str):
+        self.identity = identity
+        self.log_path = tmp / f"{identity}.log"
+        self.proc = subprocess.Popen(
+            [METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig), "--identity", identity,
+             "--interval", "1", "--lease-duration", str(LEASE["duration"]), "--renew-deadline",
+             str(LEASE["renew"]), "--retry-period", str(LEASE["retry"]), "--log-level", "debug", *extra],
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
+
+    def lines(self, action: str | None = None) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if action is None or entry.get("action") == action:
+                out.append(entry)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture(scope="module")
+def api(control_plane):
+    return control_plane.api()
+
+
+def tolerations(api, name: str) -> list[dict]:
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set(name, NS)
+    return api.sanitize_for_serialization(ds.spec.template.spec.tolerations) or []
+
+
+def seed_tolerations_output(cp) -> dict[str, list]:
+    """The seed's own check (§3.2.4.1): `kubectl get ds -o jsonpath='{range .items[*]}...'`."""
+    out = kubectl(cp, "get", "ds", "-n", NS, "-o",
+                  "jsonpath={range .items[*]}{.metadata.name}{'\\t'}{.spec.template.spec.tolerations}{'\\n'}{end}")
+    return {name: json.loads(value) for name, value in (line.split("\t") for line in out.splitlines() if line)}
+
+
+def get_cr(api) -> dict:
+    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
+
+
+def condition(api, kind: str) -> dict | None:
+    return next((c for c in (get_cr(api).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def patch_cr(api, spec: dict) -> None:
+    client.CustomObjectsApi(api).patch_cluster_custom_object(*CR, {"spec": spec})
+
+
+def versions(api) -> dict[str, str]:
+    """resourceVersions of every DaemonSet, the CR, and the number of events: what a write changes."""
+    dss = client.AppsV1Api(api).list_namespaced_daemon_set(NS).items
+    found = {ds.metadata.name: ds.metadata.resource_version for ds in dss}
+    found["cr"] = get_cr(api)["metadata"]["resourceVersion"]
+    found["events"] = str(len(client.CoreV1Api(api).list_namespaced_event(NS).items))
+    return found
+
+
+def kubectl_edit(cp, tmp: Path, change: dict) -> None:
+    """`kubectl edit clusteroperator cluster-operator`, the editor merging `change` into the spec
+    (None deletes a key), as an admin following seed §3.2.4.2 would."""
+    editor = tmp / "editor.py"
+    editor.write_text(
+        "import json, sys, yaml\n"
+        "path = sys.argv[-1]\n"
+        "doc = yaml.safe_load(open(path))\n"
+        "for key, value in json.loads(open(sys.argv[-2]).read()).items():\n"
+        "    doc['spec'].pop(key, None) if value is None else doc['spec'].__setitem__(key, value)\n"
+        "open(path, 'w').write(yaml.safe_dump(doc))\n")
+    (tmp / "change.json").write_text(json.dumps(change))
+    kubectl(cp, "edit", "clusteroperators.gpu.metax-tech.com", "cluster-operator",
+            env={"KUBE_EDITOR": f"{sys.executable} {editor} {tmp / 'change.json'}"})
+
+
+def seed_default_templates(cp, api) -> None:
+    """Give metax-maca and metax-driver the seed's default-template tolerations (module docstring)."""
+    apps = client.AppsV1Api(api)
+    for name, role in (("metax-maca", ROLE_MACA), ("metax-driver", ROLE_DRIVER)):
+        ds = apps.read_namespaced_daemon_set(name, NS)
+        base = json.loads(ds.metadata.annotations["gpu.metax-tech.com/scheduling-base"])
+        base["tolerations"].append(role)
+        kubectl(cp, "patch", "ds", name, "-n", NS, "--type", "merge", "-p", json.dumps({
+            "metadata": {"annotations": {"gpu.metax-tech.com/scheduling-base": json.dumps(base)}},
+            "spec": {"template": {"spec": {"tolerations": base["tolerations"]}}}}))
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane, api, tmp_path_factory):
+    """The chart installed with Helm 3 (no post-renderer, no hooks) and the CR bootstrapped."""
+    tmp = tmp_path_factory.mktemp("runner-install")
+    cp = control_plane
+    custom = client.CustomObjectsApi(api)
+    try:
+        custom.delete_cluster_custom_object(*CR)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+    values = tmp / "values.yaml"
+    values.write_text(yaml.safe_dump(SEED_VALUES))
+    helm = [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
+    subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks",
+                    "-f", str(values)], check=True, capture_output=True, text=True, timeout=120)
+    seed_default_templates(cp, api)
+    # What Helm rendered (no post-renderer): the base only, so the CR's podTemplateSpec is not there yet.
+    assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA]
+    assert tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER]
+    merged = subprocess.run([*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json"],
+                            check=True, capture_output=True, text=True).stdout
+    (tmp / "release-values.json").write_text(merged)
+    subprocess.run([METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
+                    "--kubeconfig", str(cp.kubeconfig)], check=True, capture_output=True, text=True, timeout=120)
+    yield tmp
+    subprocess.run([*helm, "uninstall", RELEASE, "-n", NS, "--no-hooks"], capture_output=True, timeout=120)
+    try:
+        custom.delete_cluster_custom_object(*CR)
+    except client.ApiException:
+        pass
+
+
+@pytest.fixture
+def runner(control_plane, installed, tmp_path):
+    """One runner for the test; stopped (SIGTERM) at the end."""
+    proc = Runner(control_plane, tmp_path, "runner-main")
+    yield proc
+    proc.stop()
+
+
+def wait_converged(api, runner: Runner, timeout: float = 30) -> None:
+    """Until a pass writes nothing (the runner logs `pass` with writes 0)."""
+    start = len(runner.lines("pass"))
+    eventually(lambda: any(p["writes"] == 0 for p in runner.lines("pass")[start:]), timeout,
+               "a pass without writes")
+
+
+def seed_example_spec() -> dict:
+    return {"podTemplateSpec": {"spec": {"tolerations": [GENERAL]}}, "tolerations": None,
+            "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}}}
+
+
+# -- the seed's example and kubectl edit --------------------------------------------------------
+
+def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api, runner):
+    patch_cr(api, seed_example_spec())
+    eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "metax-maca tolerations")
+    eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20,
+               "metax-driver tolerations")
+    shown = seed_tolerations_output(control_plane)
+    assert shown["metax-maca"] == [BASE, ROLE_MACA, GPU]
+    assert shown["metax-driver"] == [BASE, ROLE_DRIVER, GENERAL]
+    assert shown["metax-gpu-device"] == [BASE, GENERAL]
+    wait_converged(api, runner)
+    passes = [p["writes"] for p in runner.lines("pass")]
+    print(f"writes per pass until converged: {passes[:passes.index(0) + 1]}")
+    assert passes.index(0) <= 3, f"it took more than a few passes: {passes}"
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-maca", NS)
+    managers = {m.manager: m.operation for m in ds.metadata.managed_fields}
+    assert managers.get("metax-operator-runner") == "Apply"
+
+
+def test_kubectl_edit_of_the_cr_tolerations_changes_the_daemonsets(control_plane, api, runner, tmp_path):
+    patch_cr(api, seed_example_spec())
+    eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20, "seed state")
+    compute = {**GENERAL, "value": "compute"}
+    kubectl_edit(control_plane, tmp_path, {"podTemplateSpec": {"spec": {"tolerations": [compute]}}})
+    eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, compute], 20, "the edit applied")
+    assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU]  # its own podTemplateSpec wins
+
+    # Seed §3.2.4.2: the deprecated global tolerations, added with kubectl edit.
+    key1 = {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"}
+    key2 = {"key": "key2", "operator": "Equal", "value": "value1", "effect": "NoExecute"}
+    kubectl_edit(control_plane, tmp_path, {"podTemplateSpec": None, "tolerations": [key1, key2]})
+    eventually(lambda: seed_tolerations_output(control_plane)["metax-gpu-label"] == [BASE, key1, key2], 20,
+               "the deprecated tolerations applied")
+    shown = seed_tolerations_output(control_plane)
+    assert shown["metax-driver"] == [BASE, ROLE_DRIVER, key1, key2]
+    assert shown["metax-maca"] == [BASE, ROLE_MACA, GPU]  # custom tolerations win over deprecated ones
+
+
+def test_a_second_identical_pass_writes_nothing(control_plane, api, runner, tmp_path):
+    patch_cr(api, seed_example_spec())
+    eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "seed state")
+    wait_converged(api, runner)
+    assert runner.stop() == 0
+    assert runner.lines("stopped")[-1]["released_lease"] is True
+    before = versions(api)
+    once = subprocess.run([METAX, "run", "--once", "--namespace", NS, "--kubeconfig", str(control_plane.kubeconfig),
+                           "--log-level", "debug"], capture_output=True, text=True, timeout=60)
+    assert once.returncode == 0, once.stderr
+    assert versions(api) == before
+    passes = [json.loads(line) for line in once.stderr.splitlines() if '"action": "pass"' in line]
+    assert [p["writes"] for p in passes] == [0]
+
+
+# -- validation at run time ----------------------------------------------------------------------
+
+def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runner):
+    patch_cr(api, seed_example_spec())
+    eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "seed state")
+    wait_converged(api, runner)
+    before = {k: v for k, v in versions(api).items() if k.startswith("metax-")}
+    # The CRD's schema accepts it (a string); the shared validation refuses a regex Go cannot compile.
+    bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(?=0)", "gpus": "0"}]},
+           "podTemplateSpec": {"spec": {"tolerations": [{**GENERAL, "value": "never-applied"}]}}}
+    patch_cr(api, bad)
+    spec_valid = eventually(lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20,
+                            "SpecValid=False")
+    assert "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
+    assert condition(api, "Reconciled")["reason"] == "InvalidSpec"
+    events = client.CoreV1Api(api).list_namespaced_event(NS, field_selector="reason=InvalidSpec").items
+    assert any("spec.vfioManager.vfioConfig[0].nodeName" in e.message and e.type == "Warning"
+               and e.involved_object.name == "cluster-operator" for e in events)
+    time.sleep(3)  # several passes
+    assert {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before
+    patch_cr(api, {"vfioManager": {"vfioConfig": []}})
+    eventually(lambda: condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
+    eventually(lambda: {**GENERAL, "value": "never-applied"} in tolerations(api, "metax-driver"), 20,
+               "the fixed spec applied")
+
+
+def test_a_broken_configmap_edit_is_reported(control_plane, api, runner):
+    core = client.CoreV1Api(api)
+    core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n"}})
+    try:
+        found = eventually(lambda: (c := condition(api, "ConfigMapsValid")) and c["status"] == "False" and c, 20,
+                           "ConfigMapsValid=False")
+        assert "driver-config[node-vfnums].nodes.foo.vfnum" in found["message"]
+    finally:
+        core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes: {}\n"}})
+    eventually(lambda: condition(api, "ConfigMapsValid")["status"] == "True", 20, "ConfigMapsValid=True")
+
+
+def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, runner):
+    patch_cr(api, {"exporter": {"deploy": True}})
+    try:
+        found = eventually(lambda: (c := condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c,
+                           20, "HelmUpgradeRequired=True")
+        assert "--set exporter.deploy=true" in found["message"]
+        time.sleep(2)
+        names = {ds.metadata.name for ds in client.AppsV1Api(api).list_namespaced_daemon_set(NS).items}
+        assert "metax-data-exporter" not in names
+    finally:
+        patch_cr(api, {"exporter": {"deploy": False}})
+    eventually(lambda: condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
+
+
+# -- leader election -----------------------------------------------------------------------------
+
+def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane, api, installed, tmp_path):
+    patch_cr(api, seed_example_spec())
+    a, b = Runner(control_plane, tmp_path, "runner-a"), Runner(control_plane, tmp_path, "runner-b")
+    try:
+        eventually(lambda: a.lines("lease-acquired") or b.lines("lease-acquired"), 20, "a leader")
+        leader, follower = (a, b) if a.lines("lease-acquired") else (b, a)
+        eventually(lambda: any(w["holder"] == leader.identity for w in follower.lines("wait-lease")), 10,
+                   "the follower to log that it waits for the leader's lease")
+        new = {**GENERAL, "value": "rack-1"}
+        patch_cr(api, {"podTemplateSpec": {"spec": {"tolerations": [new]}}})
+        eventually(lambda: new in tolerations(api, "metax-driver"), 20, "the leader to apply")
+        assert leader.lines("apply") and not follower.lines("apply")
+
+        killed = time.monotonic()
+        leader.stop(signal.SIGKILL)
+        eventually(lambda: follower.lines("lease-acquired"), LEASE["duration"] + 2 * LEASE["retry"] + 2,
+                   "the follower to take the lease")
+        handover = time.monotonic() - killed
+        print(f"handover after SIGKILL of the leader: {handover:.1f}s (lease {LEASE['duration']}s)")
+        assert handover <= LEASE["duration"] + 2 * LEASE["retry"] + 1
+        newer = {**GENERAL, "value": "rack-2"}
+        patch_cr(api, {"podTemplateSpec": {"spec": {"tolerations": [newer]}}})
+        eventually(lambda: newer in tolerations(api, "metax-driver"), 20, "the new leader to apply")
+        assert follower.lines("apply")
+
+        # A graceful stop releases the lease at once.
+        follower.stop()
+        lease = client.CoordinationV1Api(api).read_namespaced_lease("metax-operator-runner", NS)
+        assert not lease.spec.holder_identity
+    finally:
+        a.stop(signal.SIGKILL)
+        b.stop(signal.SIGKILL)
+
+
+# -- wait-for ------------------------------------------------------------------------------------
+
+def component_pod(name: str, component: str, node: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example/c:1"}],
+                     "tolerations": [{"operator": "Exists"}]}}
+
+
+def pod_ready(core, name: str, ns: str) -> bool:
+    pod = core.read_namespaced_pod(name, ns)
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+@pytest.fixture
+def waitfor_ns(api):
+    core = client.CoreV1Api(api)
+    name = f"waitfor-{int(time.time() * 1000) % 100000}"
+    core.create_namespace({"metadata": {"name": name}})
+    eventually(lambda: core.list_namespaced_service_account(name).items, 20, "the default service account")
+    yield name
+    core.delete_namespace(name)
+
+
+def gpu_nodes(api) -> list[str]:
+    return sorted(n.metadata.name for n in client.CoreV1Api(api).list_node(label_selector=f"{GPU_LABEL}=true").items)
+
+
+def start_wait_for(cp, ns: str, node: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([METAX, "wait-for", "--namespace", ns, "--node", node, "--component", "gpuLabel",
+                             "--component", "runtime", "--kubeconfig", str(cp.kubeconfig), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_wait_for_returns_only_once_the_prerequisites_on_its_node_are_ready(faults, api, waitfor_ns):
+    core = client.CoreV1Api(api)
+    node, other = gpu_nodes(api)[:2]
+    core.create_namespaced_pod(waitfor_ns, component_pod("label", "gpuLabel", node))
+    core.create_namespaced_pod(waitfor_ns, component_pod("runtime-elsewhere", "runtime", other))
+    eventually(lambda: pod_ready(core, "label", waitfor_ns) and pod_ready(core, "runtime-elsewhere", waitfor_ns),
+               20, "the gpuLabel pod and the other node's runtime pod Ready")
+    faults.pods_ready_after([node], 6)
+    core.create_namespaced_pod(waitfor_ns, component_pod("runtime", "runtime", node))
+    proc = start_wait_for(faults, waitfor_ns, node)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None, "wait-for returned while the runtime pod on its node was not Ready"
+        assert not pod_ready(core, "runtime", waitfor_ns)
+        assert proc.wait(30) == 0
+        assert pod_ready(core, "runtime", waitfor_ns), "wait-for returned before the pod was Ready"
+    finally:
+        proc.kill()
+    log = [json.loads(line) for line in proc.stderr.read().splitlines()]
+    waiting = next(e for e in log if e["action"] == "waiting")
+    assert waiting["pending"] == {"runtime": "pod runtime is Pending, not Ready"}
+    assert "waiting for runtime on node" in waiting["msg"]
+    assert log[-1]["action"] == "prerequisites-ready"
+
+
+def test_wait_for_blocks_while_a_prerequisite_never_becomes_ready(faults, api, waitfor_ns):
+    core = client.CoreV1Api(api)
+    node = gpu_nodes(api)[2]
+    core.create_namespaced_pod(waitfor_ns, component_pod("label", "gpuLabel", node))
+    eventually(lambda: pod_ready(core, "label", waitfor_ns), 20, "the gpuLabel pod Ready")
+    faults.pods_never_ready([node])
+    core.create_namespaced_pod(waitfor_ns, component_pod("runtime", "runtime", node))
+    eventually(lambda: core.read_namespaced_pod("runtime", waitfor_ns).status.phase == "Running", 20,
+               "the runtime pod Running (not Ready)")
+    started = time.monotonic()
+    proc = start_wait_for(faults, waitfor_ns, node, "--timeout", "4")
+    assert proc.wait(30) == 1
+    assert time.monotonic() - started >= 4
+    log = [json.loads(line) for line in proc.stderr.read().splitlines()]
+    assert any(e["action"] == "waiting" and e["pending"] == {"runtime": "pod runtime is Running, not Ready"}
+               for e in log)
+    assert log[-1]["action"] == "timeout"
