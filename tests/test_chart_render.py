@@ -3,13 +3,14 @@ contract (names, labels, gating, strategy, scheduling annotations, RBAC, securit
 from __future__ import annotations
 
 import json
+import tarfile
 from functools import lru_cache
 
 import pytest
 import yaml
 
 from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart,  # noqa: F401
-                        render_chart, validate_objects)
+                        render_chart, run_helm, validate_objects)
 
 pytestmark = pytest.mark.helm
 
@@ -433,3 +434,16 @@ def test_exporter_service_follows_its_type(helm_bin, settings, expected):
     assert spec == expected
     assert (selector is None) == (expected["type"] == "ExternalName")
     validate_objects([service])
+
+
+# --- packaging --------------------------------------------------------------------------
+
+def test_package_holds_only_the_chart(tmp_path):
+    """.helmignore keeps tests, docs, scripts, the Python sources and dev files out of the package."""
+    run_helm("helm3", "package", str(CHART), "--destination", str(tmp_path))
+    with tarfile.open(next(tmp_path.glob("metax-operator-*.tgz"))) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames()}
+    top = {name.split("/")[0] for name in names}
+    assert top <= {"Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates"}
+    assert {"Chart.yaml", "values.yaml", "templates"} <= top
+    assert "templates/driver/daemonset.yaml" in names
