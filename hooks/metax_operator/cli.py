@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "waitfor",
     "schema",
     "validate_cmd",
+    "rollout_cli",
 ]
 
 

@@ -1,0 +1,109 @@
+"""`metax-operator rollout ...`: the staged driver rollout from the admin's terminal.
+
+`rollout simulate` is a dry run of a policy on N nodes with no failures. Further subcommands
+(status, pause, resume, undo) join by adding their `register_*` function to `SUBCOMMANDS`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from . import policy as policy_mod
+from .errors import UserError
+from .simulate import Result, simulate
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("rollout", help="staged driver rollout tools",
+                                   description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="rollout_command", required=True)
+    for add in SUBCOMMANDS:
+        add(commands)
+
+
+def register_simulate(commands) -> None:
+    parser = commands.add_parser(
+        "simulate", help="dry-run an upgrade policy on N nodes",
+        description="Show, step by step, the batches a policy deletes and the pauses it takes on N "
+                    "nodes, with no failures, and estimate the duration.")
+    parser.add_argument("--nodes", type=int, required=True, help="number of GPU nodes")
+    parser.add_argument("--policy", required=True, metavar="FILE",
+                        help="YAML with an upgradePolicy mapping, or values/CR YAML holding "
+                             "driver.upgradePolicy or spec.driver.upgradePolicy")
+    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--ready-latency", type=float, default=60.0, metavar="SECONDS",
+                        help="seconds a new driver pod takes to become Ready (default 60)")
+    parser.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                        help="seconds between runner passes (default 5)")
+    parser.set_defaults(func=run_simulate)
+
+
+SUBCOMMANDS = [register_simulate]
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise UserError("--nodes", f"must be at least 1, not {args.nodes}", "give the number of GPU nodes")
+    for flag, value in (("--ready-latency", args.ready_latency), ("--interval", args.interval)):
+        if value <= 0:
+            raise UserError(flag, f"must be more than 0, not {value}", "give a number of seconds")
+    raw, prefix = load_policy(args.policy)
+    policy = policy_mod.validate(raw, field_prefix=prefix, nodes=args.nodes)
+    result = simulate(policy, args.nodes, ready_latency=args.ready_latency, interval=args.interval)
+    if args.output == "json":
+        print(json.dumps(result.as_json()))
+    else:
+        print(_table(result, policy, args))
+    return 0
+
+
+def load_policy(path: str) -> tuple[object, str]:
+    """The upgradePolicy mapping in FILE and its field path (for error messages)."""
+    try:
+        doc = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except OSError as err:
+        raise UserError("--policy", f"cannot read {path}: {err.strerror}", "give a readable YAML file") from None
+    except yaml.YAMLError as err:
+        raise UserError("--policy", f"{path} is not valid YAML: {err}", "fix the YAML syntax") from None
+    if not isinstance(doc, dict):
+        raise UserError("--policy", f"{path} does not hold a mapping",
+                        "write an upgradePolicy mapping, or values/CR YAML with driver.upgradePolicy")
+    for where, keys in (("spec.driver.upgradePolicy", ("spec", "driver", "upgradePolicy")),
+                        ("driver.upgradePolicy", ("driver", "upgradePolicy")),
+                        ("upgradePolicy", ("upgradePolicy",))):
+        node = doc
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return node, where
+    return doc, "upgradePolicy"
+
+
+def _table(result: Result, policy: policy_mod.Policy, args: argparse.Namespace) -> str:
+    rows = [("step", "target", "deletions", "after", "ready at")]
+    for rec in result.steps:
+        after = "wait for admin" if rec.after == "manual" else f"pause {_duration(rec.after / 1000)}"
+        rows.append((str(rec.step), str(rec.target), ", ".join(map(str, rec.deletions)) or "-", after,
+                     "+" + _duration(rec.ready) if rec.ready is not None else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"Staged driver rollout of {args.nodes} nodes: maxParallel {policy.max_parallel}, "
+             f"pod Ready after {_duration(args.ready_latency)}, runner pass every {_duration(args.interval)}"]
+    if not policy.enable_rollout:
+        lines.append("(enableRollout is false in this policy: shown as if it were true)")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    manual = sum(1 for rec in result.steps if rec.after == "manual")
+    waves = sum(len(rec.deletions) for rec in result.steps)
+    lines.append(f"Estimated duration: {_duration(result.end_time)} ({waves} waves"
+                 + (f", plus the admin's time to answer {manual} manual pauses)" if manual else ")"))
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{secs}s" if secs else "")
+    return text or "0s"
