@@ -91,12 +91,14 @@ class Simulation:
         self.admin = sorted(admin or [], key=lambda a: a[0])
         self.nodes = {f"node-{i:05d}" for i in range(config.nodes)}
         self.pods: dict[str, SimPod] = {}
+        self.by_node: dict[str, list[SimPod]] = {}
         self._serial = 0
         for node in sorted(self.nodes):
             self._create(node, 0.0, ready=True)
         self.status: dict | None = None
         self.in_flight: dict[str, float] = {}  # node -> time the runner deleted its pod
         self.unpause_at: float | None = None
+        self.deleted_ready_upgraded = 0
 
     # -- the cluster ------------------------------------------------------------------------
     def set_revision(self, revision: str) -> None:
@@ -111,7 +113,7 @@ class Simulation:
 
     def remove_node(self, name: str) -> None:
         self.nodes.discard(name)
-        for pod in [p for p in self.pods.values() if p.node == name]:
+        for pod in self.by_node.pop(name, []):
             del self.pods[pod.uid]
         self.in_flight.pop(name, None)
 
@@ -130,12 +132,14 @@ class Simulation:
             else:
                 pod.ready_at = now + latency
         self.pods[uid] = pod
+        self.by_node.setdefault(node, []).append(pod)
 
     def _advance(self, now: float) -> None:
         """Terminated pods go; the DaemonSet controller recreates them at the current revision."""
         for pod in sorted((p for p in self.pods.values() if p.gone_at is not None and p.gone_at <= now),
                           key=lambda p: p.gone_at):
             del self.pods[pod.uid]
+            self.by_node[pod.node].remove(pod)
             if pod.node in self.nodes:
                 self._create(pod.node, pod.gone_at)
         for node, _ in list(self.in_flight.items()):
@@ -146,7 +150,7 @@ class Simulation:
                 del self.in_flight[node]
 
     def _live(self, node: str) -> SimPod | None:
-        return next((p for p in self.pods.values() if p.node == node and p.deleting is None), None)
+        return next((p for p in self.by_node.get(node, ()) if p.deleting is None), None)
 
     def observe(self, now: float) -> rollout.Observed:
         pods = tuple(
@@ -165,7 +169,7 @@ class Simulation:
         steps: dict[int, StepRecord] = {}
         rollback_waves: list[int] = []
         seen_waves: set[str] = set()
-        deleted_ready_upgraded = over_cap = paused_deletions = 0
+        over_cap = paused_deletions = 0
         actions_per_pass: list[int] = []
         started = False
         while now <= self.cfg.max_time:
@@ -183,20 +187,17 @@ class Simulation:
                 actions.append(("restore", lambda: self.set_revision(decision.restore_revision)))
             if decision.set_pause is not None:
                 actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
+            upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
+                if decision.status["phase"] == rollout.PROGRESSING else None
             for ref in decision.delete:
-                actions.append(("delete", lambda ref=ref: self._delete(ref, now)))
+                actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
             actions_per_pass.append(len(actions) - 1)
             for kind, act in actions:
                 if self.cfg.crash_probability and self.rng.random() < self.cfg.crash_probability:
                     crashes += 1
                     break
-                if kind == "delete":
-                    paused_deletions += self.spec_pause
-                    before = self._ready_upgraded_uids(now)
-                    act()
-                    deleted_ready_upgraded += len(before - self._ready_upgraded_uids(now))
-                else:
-                    act()
+                paused_deletions += kind == "delete" and self.spec_pause
+                act()
             status = self.status or rollout.empty_status()
             sub, rs = status["status"], status["runnerState"]
             started = started or status["phase"] != rollout.IDLING and status["phase"] != rollout.DISABLED
@@ -229,7 +230,7 @@ class Simulation:
         return Result(steps=[steps[i] for i in sorted(steps)], rollback_waves=rollback_waves, end_time=now,
                       passes=passes, crashes=crashes, status=self.status or {},
                       pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
-                      deleted_ready_upgraded=deleted_ready_upgraded, max_in_flight_over_cap=over_cap,
+                      deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=over_cap,
                       deletions_while_paused=paused_deletions, actions_per_pass=actions_per_pass)
 
     def _persist(self, status: dict) -> None:
@@ -238,19 +239,14 @@ class Simulation:
     def _set_pause(self, value: bool) -> None:
         self.spec_pause = value
 
-    def _delete(self, ref: rollout.PodRef, now: float) -> None:
+    def _delete(self, ref: rollout.PodRef, now: float, upgrading: str | None) -> None:
         pod = self.pods.get(ref.uid)
         if pod is None or pod.name != ref.name or pod.deleting is not None:
             return  # the uid precondition: a repeated deletion is harmless
+        if pod.revision == upgrading and pod.ready_at is not None and pod.ready_at <= now:
+            self.deleted_ready_upgraded += 1
         pod.deleting, pod.gone_at = now, now + self.cfg.terminate_latency
         self.in_flight.setdefault(pod.node, now)
-
-    def _ready_upgraded_uids(self, now: float) -> set[str]:
-        upgrading = (self.status or {}).get("status", {}).get("upgradingPodSpecRevision")
-        if not upgrading or (self.status or {}).get("phase") != rollout.PROGRESSING:
-            return set()
-        return {p.uid for p in self.pods.values() if p.deleting is None and p.revision == upgrading
-                and p.ready_at is not None and p.ready_at <= now}
 
     def _cap(self, status: dict) -> int | None:
         if status["phase"] not in (rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLING) \
