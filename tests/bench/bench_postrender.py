@@ -1,0 +1,152 @@
+"""The post-renderer against `kubectl kustomize` applying the same strategic-merge patches.
+
+Inputs: (a) the chart's output with the seed's podTemplateSpec example (global node-type=general,
+maca node-type=gpu), the real chart when it renders at the repo root, else the fixture chart;
+(b) 5,000 documents: copies of (a) with every object renamed. The kustomize side gets one
+strategic-merge patch per component (targeted by the component annotation) carrying the merged
+nodeSelector/affinity/tolerations, so both produce the same DaemonSets (checked). Prints median
+wall time, peak RSS of the child and the ratios, and what the post-renderer adds to
+`helm template` under Helm 3 and Helm 4.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from metax_operator.merge import (ANNOTATION_COMPONENT, ANNOTATION_INPUTS, COMPONENTS, MANAGED_FIELDS,
+                                  inputs_from_annotations, merge_scheduling)
+from tests.test_postrender import (CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES,
+                                   helm_env)
+
+KUBECTL = HELM3.parent / "kubectl"
+DOCUMENTS = 5000
+# kustomize needs minutes for 5,000 documents (it is quadratic in the resources), so one run there.
+RUNS = {"chart": 7, "5000 documents": 3}
+KUSTOMIZE_RUNS = {"chart": 7, "5000 documents": 1}
+
+
+def measure(command: list, stdin: Path, stdout: Path, env: dict | None = None) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of one run of `command`, from the child's own rusage."""
+    with stdin.open("rb") as given, stdout.open("wb") as taken:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, stdin=given, stdout=taken, stderr=subprocess.PIPE, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"{command[0]} failed: {child.stderr.read().decode()}")
+    child.stderr.close()
+    return elapsed, usage.ru_maxrss
+
+
+def median_run(command: list, stdin: Path, stdout: Path, runs: int, env: dict | None = None) -> tuple[float, int]:
+    results = [measure(command, stdin, stdout, env) for _ in range(runs)]
+    return statistics.median(r[0] for r in results), max(r[1] for r in results)
+
+
+def chart_output(work: Path) -> tuple[str, Path, dict]:
+    """The rendered chart (without post-renderer), which chart it is, and the values used."""
+    values = work / "values.yaml"
+    for name, chart, extra in (("chart", REPO, CHART_REQUIRED), ("fixture chart", FIXTURE_CHART, {})):
+        values.write_text(yaml.safe_dump({**SEED_VALUES, **extra}))
+        result = subprocess.run([HELM3, "template", "release", chart, "-f", values], capture_output=True, text=True)
+        if result.returncode == 0 and ANNOTATION_INPUTS in result.stdout:
+            return result.stdout, chart, {"name": name, "values": values}
+    raise SystemExit("neither the chart nor the fixture chart renders")
+
+
+def many_documents(text: str, count: int) -> str:
+    """`count` documents: copies of those in `text`, each copy's objects renamed `<name>-<copy>`."""
+    documents = [d for d in re.split(r"(?m)^---\n", text) if d.strip()]
+    out = []
+    while len(out) < count:
+        copy = len(out) // len(documents)
+        for document in documents[:count - len(out)]:
+            out.append(re.sub(r"(?m)^(  name: )(\S+)", lambda m: f"{m.group(1)}{m.group(2)}-{copy}", document,
+                              count=1))
+    return "---\n" + "---\n".join(out)
+
+
+def kustomization(directory: Path, manifest: Path) -> None:
+    """A kustomization applying, per component, the merged scheduling fields as a strategic-merge patch."""
+    patches = []
+    for document in yaml.load_all(manifest.read_text(), Loader=yaml.CSafeLoader):
+        if not document or document.get("kind") != "DaemonSet":
+            continue
+        annotations = document["metadata"].get("annotations") or {}
+        key = annotations.get(ANNOTATION_COMPONENT)
+        if key is None or key in {p["key"] for p in patches}:
+            continue
+        result, _ = merge_scheduling(inputs_from_annotations(annotations))
+        patch = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": COMPONENTS[key]},
+                 "spec": {"template": {"spec": result}}}
+        (directory / f"patch-{key}.yaml").write_text(yaml.safe_dump(patch))
+        patches.append({"key": key, "path": f"patch-{key}.yaml", "target": {
+            "kind": "DaemonSet", "annotationSelector": f"{ANNOTATION_COMPONENT}={key}"}})
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [manifest.name],
+        "patches": [{"path": p["path"], "target": p["target"]} for p in patches]}))
+
+
+def scheduling_of_daemonsets(path: Path) -> dict:
+    return {d["metadata"]["name"]: {k: d["spec"]["template"]["spec"].get(k) for k in MANAGED_FIELDS}
+            for d in yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader) if d and d.get("kind") == "DaemonSet"}
+
+
+def compare(label: str, manifest: Path, work: Path) -> None:
+    kustomize_dir = work / f"kustomize-{label.replace(' ', '-')}"
+    kustomize_dir.mkdir()
+    (kustomize_dir / manifest.name).write_text(manifest.read_text())
+    kustomization(kustomize_dir, kustomize_dir / manifest.name)
+    ours, theirs = work / "ours.yaml", work / "theirs.yaml"
+    ours_time, ours_rss = median_run([EXECUTABLE], manifest, ours, RUNS[label])
+    theirs_time, theirs_rss = median_run([KUBECTL, "kustomize", kustomize_dir], manifest, theirs,
+                                         KUSTOMIZE_RUNS[label])
+    same = scheduling_of_daemonsets(ours) == scheduling_of_daemonsets(theirs)
+    documents = manifest.read_text().count("\nkind: ")
+    print(f"{label:<16} {documents:>5} docs  post-renderer {ours_time:7.3f} s {ours_rss / 1024:6.1f} MiB"
+          f" (n={RUNS[label]})  kustomize {theirs_time:7.3f} s {theirs_rss / 1024:6.1f} MiB"
+          f" (n={KUSTOMIZE_RUNS[label]})  ratio {theirs_time / ours_time:5.1f}x faster,"
+          f" {theirs_rss / ours_rss:4.1f}x less memory  same DaemonSets: {same}", flush=True)
+    if not same:
+        raise SystemExit(f"{label}: the post-renderer and kustomize disagree on the DaemonSets")
+
+
+def added_to_helm_template(chart: Path, values: Path, work: Path, runs: int = 7) -> None:
+    env = helm_env(work / "helm-home")
+    subprocess.run([HELM4, "plugin", "install", REPO / "postrender"], env=env, check=True, capture_output=True)
+    for helm, post_renderer in ((HELM3, str(EXECUTABLE)), (HELM4, "metax-postrender")):
+        base = [helm, "template", "release", chart, "-f", values]
+        times = {}
+        for label, command in (("without", base), ("with", base + ["--post-renderer", post_renderer])):
+            samples = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                subprocess.run(command, env=env, check=True, capture_output=True)
+                samples.append(time.perf_counter() - started)
+            times[label] = statistics.median(samples)
+        print(f"helm template {helm.name}: {times['without']:.3f} s without, {times['with']:.3f} s with the "
+              f"post-renderer: {times['with'] - times['without']:+.3f} s added (median of {runs})", flush=True)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-postrender-") as tmp:
+        work = Path(tmp)
+        rendered, chart, used = chart_output(work)
+        print(f"input (a): the {used['name']} ({chart}) with the seed's podTemplateSpec example", flush=True)
+        small, large = work / "chart.yaml", work / "many.yaml"
+        small.write_text(rendered)
+        large.write_text(many_documents(rendered, DOCUMENTS))
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+        compare("chart", small, work)
+        compare("5000 documents", large, work)
+        added_to_helm_template(chart, used["values"], work)
+
+
+if __name__ == "__main__":
+    main()
