@@ -145,7 +145,7 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
             errors.append(UserError(f"{path}.readinessTimeout", problem or "must be more than 0",
                                     "give milliseconds (600000) or a duration such as \"10m\""))
     errors.extend(_step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps",
-                                 bool(policy.get("enableRollout")), nodes))
+                                 policy.get("enableRollout") is True, nodes))
     return errors
 
 
