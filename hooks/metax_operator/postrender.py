@@ -13,13 +13,15 @@ Contract with the chart: every component DaemonSet carries the annotations
 For each, `spec.template.spec.{nodeSelector,affinity,tolerations}` becomes
 merge(base, inputs); because the base comes from the annotation, a second run gives the
 same bytes. Every other document, and every DaemonSet whose fields are already right,
-passes through as the exact text it came in (separators and `# Source:` comments too);
-a changed document is round-tripped with ruamel.yaml, so its key order and comments stay.
+passes through as the exact text it came in (separators and `# Source:` comments too).
+In a changed DaemonSet only the lines of the changed fields are rewritten (`_splice`), so
+every other byte, comment and key order stays; a flow-style pod spec (`spec: {...}`), which
+cannot be edited line by line, is round-tripped with ruamel.yaml instead.
 
 Speed: documents are found by a substring test for the inputs annotation before any
-parsing; candidates are read with ruamel.yaml's C (safe) loader and only those that change are
-round-tripped by ruamel.yaml; nothing heavier than ruamel.yaml is imported
-(no argparse, no dataclasses, no kubernetes client), since this runs inside every `helm template`.
+parsing; candidates are parsed with PyYAML's C loader, whose node marks locate the lines
+to edit. Nothing else is imported on this path (no argparse, dataclasses, ruamel.yaml or
+kubernetes client), since it runs inside every `helm template`.
 
 Errors name the document (kind/name and its `# Source:` file) and the field. Helm 3 shows
 our stderr; Helm 4 throws a plugin's stderr away and prints only "plugin exited with
