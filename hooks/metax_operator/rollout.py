@@ -280,8 +280,6 @@ class _Pass:
     def _upgrade(self, view: _View, index: int, target: int) -> bool:
         cap = self.pol.caps(view.n)[index]
         allowed = self.pol.tolerations(view.n)[index]
-        if index == len(self.pol.steps) - 1:
-            allowed = min(allowed, self.pol.max_unavailable.of(view.n))
         if self._wave_busy(view):
             return False
         queue = [n for n in self.rs["retryQueue"] if n in view.failed]
@@ -295,9 +293,12 @@ class _Pass:
                              f"recreating {len(wave)} failed pods")
         self.rs["retryQueue"] = []
         if len(view.failed) > allowed:
-            return self._failed_step(view, index, allowed)
+            return self._failed_step(view, index, allowed, "toleration")
         done = view.at_rev + sum(1 for n in view.failed if n not in view.live)
         if done >= target and not view.coming:
+            unavailable = self.pol.max_unavailable.of(view.n)
+            if index == len(self.pol.steps) - 1 and len(view.failed) > unavailable:
+                return self._failed_step(view, index, unavailable, "maxUnavailable")
             self.rs["stepReadyTime"] = rfc3339(self.now)
             pause_ms = self.pol.steps[index].pause_ms
             if pause_ms is None:
@@ -320,16 +321,16 @@ class _Pass:
         self._start_wave("upgrade", [p.node for p in wave], wave)
         return self._say(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
 
-    def _failed_step(self, view: _View, index: int, allowed: int) -> bool:
+    def _failed_step(self, view: _View, index: int, allowed: int, limit: str) -> bool:
         retry = self.sub["currentFailureRetry"]
         failed = len(view.failed)
         if retry < self.pol.max_failure_threshold:
             self.sub["currentFailureRetry"] = retry + 1
             self.rs["retryQueue"] = sorted(view.failed)
-            self._event("Warning", "StepRetry", f"step {index}: {failed} failed pods exceed the {allowed} "
-                        f"tolerated: retry {retry + 1} of {self.pol.max_failure_threshold}")
+            self._event("Warning", "StepRetry", f"step {index}: {failed} failed pods exceed {limit} {allowed}: "
+                        f"retry {retry + 1} of {self.pol.max_failure_threshold}")
             return True
-        message = (f"step {index}: {failed} failed pods exceed the {allowed} tolerated after "
+        message = (f"step {index}: {failed} failed pods exceed {limit} {allowed} after "
                    f"{retry} retries: fallback {self.pol.fallback}")
         self._condition("Failed", "True", "StepFailed", message)
         self._event("Warning", "StepFailed", message)
