@@ -65,8 +65,8 @@ class _Expander:
             return [self.node(item) for item in node]
         if not isinstance(node, dict):
             return node
-        if self.target == "crd" and "x-crd" in node:
-            return self.node(node["x-crd"])
+        if self.target == "crd" and "x-crd" in node:  # keeps the description
+            return self.node({**node["x-crd"], **{k: v for k, v in node.items() if k == "description"}})
         if "$ref" in node:
             name = node["$ref"].removeprefix("#/definitions/")
             merged = {**self.definitions[name], **{k: v for k, v in node.items() if k != "$ref"}}
@@ -389,27 +389,33 @@ def _default(node: dict, value: Any, top: bool = False) -> None:
 
 
 def _cel_spec_rules() -> list[dict]:
+    """The cross-field rules CEL can say, in validation.py's words. Every field is guarded with
+    has(): the API server also checks the rules against the schema's `{}` defaults."""
     from .validation import DEPENDENCIES, dependency_problem
 
-    rules = [{"rule": "size(self.registry) > 0",
+    deployed = "(has(self.{0}) && has(self.{0}.deploy) && self.{0}.deploy)".format
+    rules = [{"rule": "has(self.registry) && size(self.registry) > 0",
               "message": "registry is required: set it to DOMAIN/PROJECT"}]
     for component, prerequisites in DEPENDENCIES.items():
         for prerequisite in prerequisites:
-            rules.append({"rule": f"!self.{component}.deploy || self.{prerequisite}.deploy",
+            rules.append({"rule": f"!{deployed(component)} || {deployed(prerequisite)}",
                           "message": str(dependency_problem(component, prerequisite))})
     return rules
 
 
 def _cel_component_rules() -> dict[str, list[dict]]:
+    service_type = "(has(self.service.type) ? self.service.type : 'ClusterIP')"
+    external_name = "(has(self.service.externalName) && size(self.service.externalName) > 0)"
     return {
-        "driver": [
-            {"rule": "!self.deploy || self.deployPolicy == 'Never' || size(self.payload.version) > 0",
-             "message": "driver.payload.version is required unless driver.deployPolicy is Never"},
-        ],
+        "driver": [{
+            "rule": "!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
+                    " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
+            "message": "driver.payload.version is required unless driver.deployPolicy is Never",
+        }],
         "exporter": [
-            {"rule": "!has(self.service.port) || self.service.type in ['NodePort', 'LoadBalancer']",
+            {"rule": f"!has(self.service) || !has(self.service.port) || {service_type} in ['NodePort', 'LoadBalancer']",
              "message": "exporter.service.port is only valid with type NodePort or LoadBalancer"},
-            {"rule": "(self.service.type == 'ExternalName') == (size(self.service.externalName) > 0)",
+            {"rule": f"!has(self.service) || ({service_type} == 'ExternalName') == {external_name}",
              "message": "exporter.service.externalName is required with, and only valid with, type ExternalName"},
         ],
     }
