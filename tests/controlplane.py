@@ -1,0 +1,717 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok simulating the nodes, for the e2e tests, `scripts/cluster` and the demo.
+
+The binaries come from `scripts/setup.d/20-control-plane` ($METAX_CACHE/controlplane/<version>/).
+Everything listens on 127.0.0.1 at free ports; certificates, the admin kubeconfig, etcd's data
+and each component's log live in one work directory.
+
+kwok runs with its Stage API (`--enable-crds=Stage`): the stages are objects in the API server:
+our node-initialize (a GPU server's status), kwok's stock pod-ready and pod-delete, and one more
+Stage per injected fault, with a weight so that it wins over the stock stage for the nodes it names. The stock `pod-complete`
+stage is deliberately left out: a Job's pod would "succeed" without running anything, so a Helm
+hook Job stays Running here rather than faking success.
+
+Simulated nodes send no heartbeats (at thousands of nodes they would cost the API server more
+than everything else), so kube-controller-manager's node-lifecycle controller gets a grace period
+of a year: it never marks a quiet node unreachable, yet it still does its real work on what the
+nodes report: it lifts the `not-ready` taint from new nodes once Ready, and taints a node whose
+Ready condition goes False (the node-not-ready fault), evicting pods that do not tolerate it.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+K8S_VERSION = "v1.34.4"
+CACHE = Path(os.environ.get("METAX_CACHE") or Path.home() / ".cache" / "metax-operator")
+BIN_DIR = Path(os.environ.get("METAX_CONTROLPLANE_BIN") or CACHE / "controlplane" / K8S_VERSION)
+REPO = Path(__file__).resolve().parent.parent
+
+GPU_LABEL = "metax-tech.com/gpu.installed"
+GPU_RESOURCE = "metax-tech.com/gpu"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPUS_ANNOTATION = "metax-operator.test/gpus"  # how many GPUs a simulated node reports
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.1/16"  # kwok hands out pod IPs from it; nothing is ever sent to them
+FAULT_LABEL = "metax-operator.test/fault"  # on the Stages of pod faults
+NOT_READY_LABEL = "metax-operator.test/not-ready"  # on nodes made NotReady
+STAGE_API = ("kwok.x-k8s.io", "v1alpha1", "stages")
+
+
+class ControlPlaneError(Exception):
+    """The control plane could not start or act; the message is one line saying what to do."""
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen
+    log: Path
+    health: str | None = None  # URL polled until it answers 200
+
+    def tail(self, lines: int = 25) -> str:
+        if not self.log.exists():
+            return "(no log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def rss_bytes(self) -> int:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+
+@dataclass
+class Fault:
+    """One injected fault; `clear()` removes it. A pod fault is a kwok Stage for new pods on the
+    nodes: pods it already changed keep their state (a never-ready pod stays unready until it is
+    deleted), as on a real node. A node fault is a label on the nodes."""
+    clear: Callable[[], None]
+
+
+def wait_for(check, timeout: float, what: str, interval: float = 0.3):
+    """Poll `check()` until it returns something truthy and return that; AssertionError naming
+    `what` (and the last value seen) after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ControlPlaneError(
+                f"port {port} on 127.0.0.1 is in use: stop what listens there "
+                f"('scripts/cluster down' if it is an earlier cluster) or pick another port") from None
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    if shutil.which("openssl") is None:
+        raise ControlPlaneError("openssl is not on PATH: install it (apt-get install openssl)")
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise ControlPlaneError(f"openssl {args[0]} failed: {done.stderr.strip().splitlines()[-1]}")
+
+
+def make_certs(pki: Path) -> None:
+    """A CA, the API server's serving certificate, an admin client certificate
+    (group system:masters) and the service-account signing key, all EC P-256."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+             "-subj", "/CN=metax-operator-test-ca", cwd=pki)
+    signed = ["-x509", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "365"]
+    _openssl("req", *signed, *ec, "-keyout", "apiserver.key", "-out", "apiserver.crt",
+             "-subj", "/CN=kube-apiserver",
+             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+                        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1",
+             "-addext", "extendedKeyUsage=serverAuth", cwd=pki)
+    _openssl("req", *signed, *ec, "-keyout", "admin.key", "-out", "admin.crt",
+             "-subj", "/O=system:masters/CN=metax-admin",
+             "-addext", "extendedKeyUsage=clientAuth", cwd=pki)
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-out", "sa.key", cwd=pki)
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
+    import base64
+
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "metax-test",
+        "clusters": [{"name": "metax-test", "cluster": {
+            "server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": "admin", "user": {
+            "client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
+        "contexts": [{"name": "metax-test", "context": {"cluster": "metax-test", "user": "admin"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+def _status(url: str, context: ssl.SSLContext | None) -> int:
+    """HTTP status of a GET on loopback, 0 if nothing answers yet."""
+    scheme, rest = url.split("://", 1)
+    hostport, _, urlpath = rest.partition("/")
+    host, port = hostport.rsplit(":", 1)
+    conn = (http.client.HTTPSConnection(host, int(port), context=context, timeout=2)
+            if scheme == "https" else http.client.HTTPConnection(host, int(port), timeout=2))
+    try:
+        conn.request("GET", "/" + urlpath)
+        return conn.getresponse().status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None) -> dict:
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", "type": "kwok", **(labels or {})}
+    annotations = {KWOK_NODE_ANNOTATION: "fake"}
+    if gpus:
+        all_labels[GPU_LABEL] = "true"
+        annotations[GPUS_ANNOTATION] = str(gpus)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": all_labels, "annotations": annotations},
+            "spec": {"taints": taints or []}}
+
+
+# What a kubelet on a GPU server reports, in place of kwok's stock node-initialize stage: the
+# node's status is filled in one step from its annotations, so there is no second write to race.
+_NODE_INITIALIZE_STATUS = """\
+{{ $now := Now }}
+{{ $since := or .metadata.creationTimestamp $now }}
+{{ $gpus := index (or .metadata.annotations dict) "%(gpus)s" }}
+conditions:
+{{ range NodeConditions }}
+- {type: {{ .type | Quote }}, status: {{ .status | Quote }}, reason: {{ .reason | Quote }},
+   message: {{ .message | Quote }}, lastHeartbeatTime: {{ $now | Quote }}, lastTransitionTime: {{ $since | Quote }}}
+{{ end }}
+addresses:
+- {type: Hostname, address: {{ .metadata.name | Quote }}}
+{{ range list "capacity" "allocatable" }}
+{{ . }}:
+  cpu: "128"
+  memory: 1056587764Ki
+  ephemeral-storage: 1874079380Ki
+  pods: "110"
+  {{ with $gpus }}%(resource)s: {{ . | Quote }}{{ end }}
+{{ end }}
+nodeInfo:
+  architecture: amd64
+  operatingSystem: linux
+  osImage: Ubuntu 22.04.4 LTS
+  kernelVersion: 5.15.0-105-generic
+  containerRuntimeVersion: containerd://1.7.13
+  kubeletVersion: %(version)s
+  kubeProxyVersion: %(version)s
+  machineID: {{ .metadata.uid | replace "-" "" | Quote }}
+  systemUUID: {{ .metadata.uid | Quote }}
+  bootID: {{ .metadata.uid | Quote }}
+phase: Running
+""" % {"gpus": GPUS_ANNOTATION, "resource": GPU_RESOURCE, "version": K8S_VERSION}
+
+NODE_INITIALIZE = {
+    "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": "node-initialize"},
+    "spec": {"resourceRef": {"apiGroup": "v1", "kind": "Node"},
+             "selector": {"matchExpressions": [{
+                 "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                 "operator": "NotIn", "values": ["True"]}]},
+             "next": {"statusTemplate": _NODE_INITIALIZE_STATUS}}}
+
+
+# --- fault stages ------------------------------------------------------------------------------
+
+def _on_nodes(nodes: list[str], *more: dict) -> dict:
+    return {"matchExpressions": [
+        {"key": ".spec.nodeName", "operator": "In", "values": list(nodes)},
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}, *more]}
+
+
+_NEW_POD = {"key": ".status.podIP", "operator": "DoesNotExist"}
+
+# A running pod whose containers are not ready (readiness probe failing).
+_UNREADY_STATUS = """\
+{{ $now := Now }}
+conditions:
+- {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Ready, status: "False", reason: ContainersNotReady, lastTransitionTime: {{ $now | Quote }}}
+- {type: ContainersReady, status: "False", reason: ContainersNotReady, lastTransitionTime: {{ $now | Quote }}}
+containerStatuses:
+{{ range .spec.containers }}
+- {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, started: true, restartCount: 0,
+   state: {running: {startedAt: {{ $now | Quote }}}}}
+{{ end }}
+hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+
+# Each application is one more crash: restartCount + 1, waiting in CrashLoopBackOff.
+_CRASH_STATUS = """\
+{{ $now := Now }}
+{{ $restarts := 0 }}
+{{ with .status.containerStatuses }}{{ $restarts = (index . 0).restartCount }}{{ end }}
+conditions:
+- {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Ready, status: "False", reason: ContainersNotReady, lastTransitionTime: {{ $now | Quote }}}
+- {type: ContainersReady, status: "False", reason: ContainersNotReady, lastTransitionTime: {{ $now | Quote }}}
+containerStatuses:
+{{ range .spec.containers }}
+- name: {{ .name | Quote }}
+  image: {{ .image | Quote }}
+  ready: false
+  started: false
+  restartCount: {{ add $restarts 1 }}
+  state: {waiting: {reason: CrashLoopBackOff, message: "back-off restarting failed container (injected fault)"}}
+  lastState: {terminated: {exitCode: 1, reason: Error, startedAt: {{ $now | Quote }}, finishedAt: {{ $now | Quote }}}}
+{{ end }}
+hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+podIP: {{ with .status.podIP }}{{ . | Quote }}{{ else }}{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}{{ end }}
+phase: Running
+startTime: {{ or .status.startTime $now | Quote }}
+"""
+
+# Ready=False as a kubelet that stopped reporting leaves it: the heartbeat time freezes, so
+# applying the stage again changes nothing (kwok then sends no patch).
+_NODE_NOT_READY_STATUS = """\
+{{ $now := Now }}
+{{ $heartbeat := $now }}
+{{ $since := $now }}
+{{ range .status.conditions }}{{ if eq .type "Ready" }}
+{{ $heartbeat = .lastHeartbeatTime }}
+{{ if eq .status "False" }}{{ $since = .lastTransitionTime }}{{ end }}
+{{ end }}{{ end }}
+conditions:
+- type: Ready
+  status: "False"
+  reason: KubeletNotReady
+  message: "node stopped posting status (injected fault)"
+  lastHeartbeatTime: {{ $heartbeat | Quote }}
+  lastTransitionTime: {{ $since | Quote }}
+"""
+
+
+def _stage(name: str, kind: str, selector: dict, next_: dict, delay_ms: int = 0, fault: bool = True) -> dict:
+    spec = {"resourceRef": {"apiGroup": "v1", "kind": kind}, "selector": selector,
+            "weight": 1, "next": next_}  # weight 1 beats the stock stages (weight 0)
+    if delay_ms:
+        spec["delay"] = {"durationMilliseconds": delay_ms}
+    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",
+            "metadata": {"name": name, "labels": {FAULT_LABEL: "true"} if fault else {}},
+            "spec": spec}
+
+
+NODE_NOT_READY = _stage("node-not-ready", "Node", {"matchExpressions": [
+    {"key": f'.metadata.labels["{NOT_READY_LABEL}"]', "operator": "In", "values": ["true"]}]},
+    {"statusTemplate": _NODE_NOT_READY_STATUS}, fault=False)  # permanent; the fault is the label
+
+
+# --- the control plane -------------------------------------------------------------------------
+
+@dataclass
+class ControlPlane:
+    workdir: Path
+    port: int = 0
+    components: dict[str, Component] = field(default_factory=dict)
+    _node_count: dict[str, int] = field(default_factory=dict)
+    _fault_count: int = 0
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def api(self):
+        """A new kubernetes.client.ApiClient authenticated as cluster admin."""
+        from kubernetes import config
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    # -- lifecycle --
+
+    @classmethod
+    def start(cls, workdir: Path, gpu_nodes: int = 10, plain_nodes: int = 2, port: int = 0,
+              timeout: float = 90) -> ControlPlane:
+        """Start everything and return once the nodes are Ready; on failure stop what was
+        started, print each component's log tail and raise ControlPlaneError."""
+        for binary in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            if not os.access(BIN_DIR / binary, os.X_OK):
+                raise ControlPlaneError(
+                    f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; "
+                    f"about 15 minutes the first time)")
+        if port:
+            check_port_free(port)
+        cp = cls(workdir=Path(workdir), port=port or free_port())
+        cp.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            cp._start(gpu_nodes, plain_nodes, time.monotonic() + timeout)
+        except BaseException as error:
+            if isinstance(error, ControlPlaneError):
+                cp.print_log_tails()
+            cp.stop()
+            raise
+        return cp
+
+    def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float) -> None:
+        pki = self.workdir / "pki"
+        make_certs(pki)
+        write_kubeconfig(self.kubeconfig, pki, self.server)
+        etcd_port, etcd_peer = free_port(), free_port()
+        self._run("etcd", [
+            "--name=metax-test", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=metax-test=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync", "--quota-backend-bytes=8589934592",
+            "--auto-compaction-retention=1", "--log-level=warn",
+        ], health=f"http://127.0.0.1:{etcd_port}/health")
+        self._wait_healthy(["etcd"], deadline)
+        self._run("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC", "--allow-privileged=true",
+            "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
+            f"--cert-dir={self.workdir / 'apiserver'}", "--profiling=false",
+        ], health=f"{self.server}/readyz")
+        self._wait_healthy(["kube-apiserver"], deadline)
+        self._install_stages()
+        kcm_port, sched_port, kwok_port = free_port(), free_port(), free_port()
+        self._run("kube-controller-manager", [
+            f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--node-monitor-grace-period=8760h", "--node-startup-grace-period=8760h",
+            "--node-monitor-period=1s",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--kube-api-qps=1000", "--kube-api-burst=2000",
+            "--concurrent-daemonset-syncs=4", "--concurrent-gc-syncs=40",
+            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
+            f"--cert-dir={self.workdir / 'kcm'}", "--profiling=false",
+        ], health=f"https://127.0.0.1:{kcm_port}/healthz")
+        scheduler_config = self.workdir / "scheduler.yaml"
+        scheduler_config.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 1000, "burst": 2000},
+            "leaderElection": {"leaderElect": False}}))
+        self._run("kube-scheduler", [
+            f"--config={scheduler_config}", "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
+            f"--cert-dir={self.workdir / 'scheduler'}",
+        ], health=f"https://127.0.0.1:{sched_port}/healthz")
+        kwok_config = self.workdir / "kwok.yaml"
+        kwok_config.write_text(yaml.safe_dump({
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+            "options": {"enableCRDs": ["Stage"], "cidr": POD_CIDR, "nodeLeaseDurationSeconds": 0,
+                        "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
+                        "serverAddress": f"127.0.0.1:{kwok_port}"}}))
+        self._run("kwok", [
+            f"--config={kwok_config}", f"--kubeconfig={self.kubeconfig}",
+            "--node-lease-duration-seconds=0",
+        ], health=f"http://127.0.0.1:{kwok_port}/healthz")
+        self.add_nodes(gpu_nodes, gpu=True, wait=False)
+        self.add_nodes(plain_nodes, gpu=False, wait=False)
+        self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
+        self.wait_nodes_ready(deadline)
+        self._wait_default_service_account(deadline)
+        (self.workdir / "state.json").write_text(json.dumps({
+            "port": self.port, "kubeconfig": str(self.kubeconfig),
+            "pids": {name: c.process.pid for name, c in self.components.items()}}))
+
+    def _run(self, name: str, args: list[str], health: str) -> None:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(exist_ok=True)
+        with log.open("wb") as out:
+            process = subprocess.Popen([str(BIN_DIR / name), *args], stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
+        self.components[name] = Component(name, process, log, health)
+
+    def _tls(self, name: str) -> ssl.SSLContext:
+        if name == "kube-apiserver":
+            context = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
+            context.load_cert_chain(self.workdir / "pki" / "admin.crt", self.workdir / "pki" / "admin.key")
+            return context
+        context = ssl.create_default_context()  # self-signed serving certs on loopback
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def _check_alive(self) -> None:
+        for c in self.components.values():
+            code = c.process.poll()
+            if code is not None:
+                text = c.log.read_text(errors="replace") if c.log.exists() else ""
+                if "address already in use" in text:
+                    raise ControlPlaneError(
+                        f"{c.name} could not listen: a port it was given is in use (another process "
+                        f"took it after we picked it): start again; its log: {c.log}")
+                last = next((l for l in reversed(text.splitlines()) if l.strip()), "no output")
+                raise ControlPlaneError(f"{c.name} exited with status {code} ({last[:300]}); log: {c.log}")
+
+    def _wait_healthy(self, names: list[str], deadline: float) -> None:
+        pending = list(names)
+        while pending:
+            self._check_alive()
+            pending = [n for n in pending if _status(self.components[n].health, self._tls(n)) != 200]
+            if pending and time.monotonic() > deadline:
+                raise ControlPlaneError(f"{', '.join(pending)} not healthy in time; logs in {self.workdir / 'logs'}")
+            if pending:
+                time.sleep(0.2)
+
+    def _wait_default_service_account(self, deadline: float) -> None:
+        from kubernetes import client
+        core = client.CoreV1Api(self.api())
+        while not core.list_namespaced_service_account("default", field_selector="metadata.name=default").items:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ControlPlaneError("kube-controller-manager created no default ServiceAccount in time; "
+                                        f"log: {self.components['kube-controller-manager'].log}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop the components, newest first: SIGTERM, then SIGKILL after 10 s."""
+        for c in reversed(list(self.components.values())):
+            stop_pid(c.process.pid, c.process)
+        self.components.clear()
+
+    def print_log_tails(self, lines: int = 25, stream=sys.stderr) -> None:
+        for c in self.components.values():
+            print(f"----- {c.name} ({c.log}), last {lines} lines -----\n{c.tail(lines)}", file=stream)
+
+    def rss(self) -> dict[str, int]:
+        return {name: c.rss_bytes() for name, c in self.components.items()}
+
+    # -- kwok stages --
+
+    def _install_stages(self) -> None:
+        from kubernetes import client, utils
+        api = self.api()
+        utils.create_from_yaml(api, str(BIN_DIR / "kwok-stages" / "stage-crd.yaml"))
+        extensions = client.ApiextensionsV1Api(api)
+        while not any(c.type == "Established" and c.status == "True" for c in
+                      (extensions.read_custom_resource_definition("stages.kwok.x-k8s.io").status.conditions or [])):
+            time.sleep(0.1)
+        self.create_stage(NODE_INITIALIZE)
+        self.create_stage(NODE_NOT_READY)
+        for stock in ("pod-ready", "pod-delete"):
+            self.create_stage(yaml.safe_load((BIN_DIR / "kwok-stages" / f"{stock}.yaml").read_text()))
+
+    def create_stage(self, stage: dict) -> None:
+        from kubernetes import client
+        client.CustomObjectsApi(self.api()).create_cluster_custom_object(*STAGE_API, stage)
+
+    def delete_stage(self, name: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        try:
+            client.CustomObjectsApi(self.api()).delete_cluster_custom_object(*STAGE_API, name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def clear_faults(self) -> None:
+        from kubernetes import client
+        stages = client.CustomObjectsApi(self.api()).list_cluster_custom_object(
+            *STAGE_API, label_selector=f"{FAULT_LABEL}=true")
+        for stage in stages["items"]:
+            self.delete_stage(stage["metadata"]["name"])
+        down = client.CoreV1Api(self.api()).list_node(label_selector=f"{NOT_READY_LABEL}=true").items
+        self._label_nodes([n.metadata.name for n in down], NOT_READY_LABEL, None)
+
+    def _fault(self, kind: str, make) -> Fault:
+        self._fault_count += 1
+        name = f"fault-{kind}-{self._fault_count}"
+        self.create_stage(make(name))
+        return Fault(lambda: self.delete_stage(name))
+
+    def _label_nodes(self, nodes: list[str], key: str, value: str | None) -> None:
+        from kubernetes import client
+        core = client.CoreV1Api(self.api())
+        for node in nodes:
+            core.patch_node(node, {"metadata": {"labels": {key: value}}})
+
+    def pods_never_ready(self, nodes: list[str]) -> Fault:
+        """New pods on these nodes run but never pass readiness."""
+        return self._fault("never-ready", lambda name: _stage(
+            name, "Pod", _on_nodes(nodes, _NEW_POD),
+            {"statusTemplate": _UNREADY_STATUS,
+             "event": {"type": "Warning", "reason": "Unhealthy", "message": "Readiness probe failed (injected fault)"}}))
+
+    def pods_ready_after(self, nodes: list[str], seconds: float) -> Fault:
+        """New pods on these nodes stay Pending, then become Ready after `seconds`."""
+        ready = yaml.safe_load((BIN_DIR / "kwok-stages" / "pod-ready.yaml").read_text())
+        return self._fault("slow", lambda name: _stage(
+            name, "Pod", _on_nodes(nodes, _NEW_POD), ready["spec"]["next"], delay_ms=int(seconds * 1000)))
+
+    def pods_crash_loop(self, nodes: list[str], every: float = 2) -> Fault:
+        """Pods on these nodes crash every `every` seconds: restartCount rises, never Ready."""
+        return self._fault("crash-loop", lambda name: _stage(
+            name, "Pod", _on_nodes(nodes), {"statusTemplate": _CRASH_STATUS,
+                                            "event": {"type": "Warning", "reason": "BackOff",
+                                                      "message": "Back-off restarting failed container (injected fault)"}},
+            delay_ms=int(every * 1000)))
+
+    def nodes_not_ready(self, nodes: list[str]) -> Fault:
+        """These nodes report Ready=False (and get tainted not-ready) until the fault is cleared.
+        A label rather than a Stage per fault: kwok re-reads a node only when the node changes."""
+        self._label_nodes(nodes, NOT_READY_LABEL, "true")
+        return Fault(lambda: self._label_nodes(nodes, NOT_READY_LABEL, None))
+
+    # -- nodes --
+
+    def add_nodes(self, n: int, gpu: bool = True, prefix: str | None = None, labels: dict | None = None,
+                  taints: list | None = None, gpus: int = 8, wait: bool = True) -> list[str]:
+        """Create n simulated nodes (GPU nodes carry the gpu label and `gpus` allocatable GPUs)
+        and return their names; with `wait`, return once kwok reports them Ready."""
+        from kubernetes import client
+        prefix = prefix or ("gpu-node" if gpu else "cpu-node")
+        first = self._node_count.get(prefix, 0)
+        self._node_count[prefix] = first + n
+        names = [f"{prefix}-{i:04d}" for i in range(first, first + n)]
+        local = threading.local()
+
+        def create(name: str) -> None:
+            if not hasattr(local, "core"):
+                local.core = client.CoreV1Api(self.api())
+            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints))
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, n))) as pool:
+            list(pool.map(create, names))
+        if wait:
+            self.wait_nodes_ready(time.monotonic() + 60 + n / 20, names)
+        return names
+
+    def remove_nodes(self, names: list[str]) -> None:
+        from kubernetes import client
+        core = client.CoreV1Api(self.api())
+        for name in names:
+            core.delete_node(name)
+
+    def wait_nodes_ready(self, deadline: float, names: list[str] | None = None) -> None:
+        """Until the nodes (all by default) are Ready and the node-lifecycle controller has lifted
+        the not-ready taint that every new node starts with."""
+        from kubernetes import client
+        core = client.CoreV1Api(self.api())
+        wanted = set(names) if names else None
+        while True:
+            self._check_alive()
+            nodes = core.list_node(label_selector="type=kwok").items
+            not_ready = [n.metadata.name for n in nodes if (wanted is None or n.metadata.name in wanted)
+                         and not is_schedulable(n)]
+            if not not_ready:
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"{len(not_ready)} nodes not Ready in time (e.g. {not_ready[0]}); "
+                                        f"kwok log: {self.components['kwok'].log}")
+            time.sleep(0.3)
+
+
+def is_schedulable(node) -> bool:
+    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return ready and not any(t.key == NOT_READY_TAINT for t in node.spec.taints or [])
+
+
+def stop_pid(pid: int, process: subprocess.Popen | None = None, grace: float = 10) -> None:
+    """SIGTERM, wait, SIGKILL one process we started (its Popen when we have it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        if process is not None:
+            if process.poll() is not None:
+                return
+        elif not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if process is not None:
+        process.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    return True
+
+
+# --- scripts/cluster ---------------------------------------------------------------------------
+
+CLUSTER_DIR = Path(os.environ.get("METAX_CLUSTER_DIR") or CACHE / "cluster")
+
+
+def _ours(pid: int) -> bool:
+    """The pid still runs one of our binaries (not a reused pid)."""
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/{pid}/exe").startswith(str(BIN_DIR))
+    return False
+
+
+def cluster_down(workdir: Path = CLUSTER_DIR) -> bool:
+    state = workdir / "state.json"
+    if not state.exists():
+        return False
+    pids = json.loads(state.read_text())["pids"]
+    for pid in reversed(list(pids.values())):
+        if _ours(pid):
+            stop_pid(pid)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/cluster", description=(
+        "A local Kubernetes control plane with kwok-simulated GPU nodes, for trying the chart."))
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start it (in the background) and print the KUBECONFIG line")
+    up.add_argument("--nodes", type=int, default=10, help="simulated GPU nodes (default 10)")
+    up.add_argument("--plain-nodes", type=int, default=2, help="simulated nodes without GPUs (default 2)")
+    up.add_argument("--port", type=int, default=6443, help="API server port on 127.0.0.1 (default 6443)")
+    sub.add_parser("down", help="stop it and delete its files")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "down":
+            print("stopped" if cluster_down() else f"no cluster running (nothing in {CLUSTER_DIR})")
+            return 0
+        if (CLUSTER_DIR / "state.json").exists():
+            raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
+        shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
+        started = time.monotonic()
+        cp = ControlPlane.start(CLUSTER_DIR, gpu_nodes=args.nodes, plain_nodes=args.plain_nodes, port=args.port)
+    except ControlPlaneError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
+          f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}")
+    print(f"export KUBECONFIG={cp.kubeconfig}")
+    print("stop it with: scripts/cluster down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
