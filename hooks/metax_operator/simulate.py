@@ -43,6 +43,7 @@ class Config:
     terminate_latency: float = 1.0  # seconds a deleted pod stays Terminating
     crash_probability: float = 0.0  # the runner crashes before an action with this probability
     admin_delay: float | None = 0.0  # the admin sets pause: false this long after a runner pause; None: never
+    admin_resumes_failures: bool = True  # the admin also resumes after a fallback pause
     busy_nodes: dict[str, float] = field(default_factory=dict)  # node -> time its GPU work ends
     seed: int = 0
     max_time: float = 30 * 24 * 3600.0
@@ -57,6 +58,9 @@ class StepRecord:
     after: str | int = "manual"
     started: float = 0.0
     ready: float | None = None
+    upgraded_at_ready: int = 0  # pods at the new revision when the step became Ready
+    failed_at_ready: int = 0
+    fallback_retries: int | None = None  # retries counted when the step took the fallback
 
 
 @dataclass
@@ -84,6 +88,7 @@ class Simulation:
                  admin: list[tuple[float, Callable[["Simulation"], None]]] | None = None):
         self.cfg, self.policy = config, policy
         self.rng = random.Random(config.seed)
+        self.crash_rng = random.Random(config.seed + 1)  # crashes do not change the pods' fates
         self.spec_pause = policy.pause
         self.enable_rollout = policy.enable_rollout
         self.revision = OLD
@@ -142,11 +147,13 @@ class Simulation:
             self.by_node[pod.node].remove(pod)
             if pod.node in self.nodes:
                 self._create(pod.node, pod.gone_at)
-        for node, _ in list(self.in_flight.items()):
+        timeout = self.policy.readiness_timeout_ms / 1000
+        for node in list(self.in_flight):
             live = self._live(node)
             if live and live.revision == self.revision and (
                     (live.ready_at is not None and live.ready_at <= now)
-                    or (live.failed_at is not None and live.failed_at <= now)):
+                    or (live.failed_at is not None and live.failed_at <= now)
+                    or now - live.created >= timeout):  # the engine's failed pods hold no slot
                 del self.in_flight[node]
 
     def _live(self, node: str) -> SimPod | None:
@@ -165,12 +172,13 @@ class Simulation:
 
     # -- the runner ---------------------------------------------------------------------------
     def run(self, until_idle: bool = True) -> Result:
-        now, passes, crashes = 0.0, 0, 0
-        steps: dict[int, StepRecord] = {}
-        rollback_waves: list[int] = []
-        seen_waves: set[str] = set()
-        over_cap = paused_deletions = 0
-        actions_per_pass: list[int] = []
+        """Runner passes until the rollout is over and the pods settled (or nothing can change)."""
+        now, self.passes, self.crashes = 0.0, 0, 0
+        self.steps: dict[int, StepRecord] = {}
+        self.rollback_waves: list[int] = []
+        self.seen_waves: set[str] = set()
+        self.over_cap = self.paused_deletions = 0
+        self.actions_per_pass: list[int] = []
         started = False
         while now <= self.cfg.max_time:
             self._advance(now)
@@ -178,60 +186,81 @@ class Simulation:
                 self.admin.pop(0)[1](self)
             if self.unpause_at is not None and now >= self.unpause_at:
                 self.spec_pause, self.unpause_at = False, None
-            policy = dataclasses.replace(self.policy, pause=self.spec_pause,
-                                         enable_rollout=self.enable_rollout)
-            decision = rollout.decide(self.observe(now), policy, self.status, now)
-            passes += 1
-            actions: list[tuple[str, Callable[[], None]]] = [("status", lambda: self._persist(decision.status))]
-            if decision.restore_revision:
-                actions.append(("restore", lambda: self.set_revision(decision.restore_revision)))
-            if decision.set_pause is not None:
-                actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
-            upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
-                if decision.status["phase"] == rollout.PROGRESSING else None
-            for ref in decision.delete:
-                actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
-            actions_per_pass.append(len(actions) - 1)
-            for kind, act in actions:
-                if self.cfg.crash_probability and self.rng.random() < self.cfg.crash_probability:
-                    crashes += 1
-                    break
-                paused_deletions += kind == "delete" and self.spec_pause
-                act()
+            decision = self._pass(now)
             status = self.status or rollout.empty_status()
-            sub, rs = status["status"], status["runnerState"]
-            started = started or status["phase"] != rollout.IDLING and status["phase"] != rollout.DISABLED
-            index = sub["currentStepIndex"]
-            if rs["pausedByRunner"] and rs["pauseConfirmed"] and self.spec_pause \
-                    and self.unpause_at is None and self.cfg.admin_delay is not None:
+            rs = status["runnerState"]
+            if rs["pausedByRunner"] and rs["pauseConfirmed"] and self.spec_pause and self.unpause_at is None \
+                    and self.cfg.admin_delay is not None \
+                    and (rs["pauseReason"] != "failure" or self.cfg.admin_resumes_failures):
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
-            if status["phase"] == rollout.PROGRESSING and self.policy.steps:
-                rec = steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
-                rec.target = sub["currentUpgradeReplicas"] or rec.target
-                if sub["currentStepState"] in (rollout.STEP_PAUSED, rollout.STEP_READY) and rec.ready is None:
-                    rec.ready = now
-            if status["phase"] == rollout.IDLING and sub["currentStepState"] == rollout.COMPLETED \
-                    and index in steps and steps[index].ready is None:
-                steps[index].ready = now
-            wave_key = f"{rs.get('waveStartTime')}/{rs.get('waveKind')}"
-            if rs.get("wave") and wave_key not in seen_waves:
-                seen_waves.add(wave_key)
-                kind, size = rs["waveKind"], len(rs["wave"])
-                if kind == "rollback":
-                    rollback_waves.append(size)
-                elif index in steps:
-                    (steps[index].retries if kind == "retry" else steps[index].deletions).append(size)
-            cap = self._cap(status)
-            if cap is not None:
-                over_cap = max(over_cap, len(self.in_flight) - cap)
+            self._record(status, now)
+            started = started or status["phase"] not in (rollout.IDLING, rollout.DISABLED)
             if until_idle and started and not status["upgrading"] and not self._changing(now):
                 break
-            now = self._next_time(now, decision, actions)
-        return Result(steps=[steps[i] for i in sorted(steps)], rollback_waves=rollback_waves, end_time=now,
-                      passes=passes, crashes=crashes, status=self.status or {},
+            now = self._next_time(now, decision)
+        return Result(steps=[self.steps[i] for i in sorted(self.steps)], rollback_waves=self.rollback_waves,
+                      end_time=now, passes=self.passes, crashes=self.crashes, status=self.status or {},
                       pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
-                      deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=over_cap,
-                      deletions_while_paused=paused_deletions, actions_per_pass=actions_per_pass)
+                      deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=self.over_cap,
+                      deletions_while_paused=self.paused_deletions, actions_per_pass=self.actions_per_pass)
+
+    def _pass(self, now: float) -> rollout.Decision:
+        """One runner pass: decide, persist the status, then act; maybe crash between two actions."""
+        policy = dataclasses.replace(self.policy, pause=self.spec_pause, enable_rollout=self.enable_rollout)
+        decision = rollout.decide(self.observe(now), policy, self.status, now)
+        self.passes += 1
+        actions: list[tuple[str, Callable[[], None]]] = [("status", lambda: self._persist(decision.status))]
+        if decision.restore_revision:
+            actions.append(("restore", lambda: self.set_revision(decision.restore_revision)))
+        if decision.set_pause is not None:
+            actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
+        upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
+            if decision.status["phase"] == rollout.PROGRESSING else None
+        runner_paused = decision.status["runnerState"]["pausedByRunner"]
+        for ref in decision.delete:
+            actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
+        self.actions_per_pass.append(len(actions) - 1)
+        self.crashed = False
+        for kind, act in actions:
+            if self.cfg.crash_probability and self.crash_rng.random() < self.cfg.crash_probability:
+                self.crashes += 1
+                self.crashed = True  # the restarted runner runs its next pass one interval later
+                break
+            self.paused_deletions += kind == "delete" and (self.spec_pause or runner_paused)
+            act()
+        return decision
+
+    def _record(self, status: dict, now: float) -> None:
+        """The timeline, from the persisted status (what survives a crash)."""
+        sub, rs = status["status"], status["runnerState"]
+        index = sub["currentStepIndex"]
+        state = sub["currentStepState"]
+        completed = state == rollout.COMPLETED and sub["upgradingPodSpecRevision"] == self.revision
+        if (status["phase"] == rollout.PROGRESSING or completed) and self.policy.steps:
+            rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
+            rec.target = sub["currentUpgradeReplicas"] or rec.target
+            if rs["pausedByRunner"] and rs["pauseReason"] == "failure":
+                if rec.fallback_retries is None:
+                    rec.fallback_retries = sub["currentFailureRetry"]
+            elif state in (rollout.STEP_PAUSED, rollout.STEP_READY, rollout.COMPLETED) and rec.ready is None:
+                rec.ready = now
+                rec.upgraded_at_ready = sum(1 for n in self.nodes if (p := self._live(n))
+                                            and p.revision == sub["upgradingPodSpecRevision"])
+                rec.failed_at_ready = rs["failedNodeCount"]
+        if status["phase"] == rollout.TERMINATING and index in self.steps \
+                and self.steps[index].fallback_retries is None and rs["abandonedRevision"]:
+            self.steps[index].fallback_retries = sub["currentFailureRetry"]
+        wave_key = f"{rs.get('waveStartTime')}/{rs.get('waveKind')}"
+        if rs.get("wave") and wave_key not in self.seen_waves:
+            self.seen_waves.add(wave_key)
+            kind, size = rs["waveKind"], len(rs["wave"])
+            if kind == "rollback":
+                self.rollback_waves.append(size)
+            elif index in self.steps:
+                (self.steps[index].retries if kind == "retry" else self.steps[index].deletions).append(size)
+        cap = self._cap(status)
+        if cap is not None:
+            self.over_cap = max(self.over_cap, len(self.in_flight) - cap)
 
     def _persist(self, status: dict) -> None:
         self.status = status
@@ -260,10 +289,10 @@ class Simulation:
         return any(p.gone_at is not None or (p.ready_at is not None and p.ready_at > now)
                    for p in self.pods.values())
 
-    def _next_time(self, now: float, decision: rollout.Decision, actions: list) -> float:
+    def _next_time(self, now: float, decision: rollout.Decision) -> float:
         """The next pass: one interval on, or the next time anything can change, on the loop's grid."""
         step = self.cfg.interval
-        if len(actions) > 1:
+        if self.crashed or not self._quiet(decision):
             return now + step
         times = [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at)
                  if t is not None and t > now]
@@ -271,10 +300,8 @@ class Simulation:
         times += [t for t, _ in self.admin[:1]]
         times += [t for t in self.cfg.busy_nodes.values() if t > now]
         if not times:
-            return now + step if not self._quiet(decision) else self.cfg.max_time + step
-        target = min(times)
-        grid = now + step * max(1, -(-(target - now) // step))
-        return grid
+            return self.cfg.max_time + step  # nothing can change any more
+        return now + step * max(1, -(-(min(times) - now) // step))
 
     def _quiet(self, decision: rollout.Decision) -> bool:
         return not decision.delete and decision.restore_revision is None and decision.set_pause is None
