@@ -181,6 +181,15 @@ def test_changed_field_is_replaced_in_place_keeping_the_text_around_it():
     assert postrender(output)[0] == output
 
 
+def test_a_block_scalar_at_the_end_of_a_replaced_field_is_cut_exactly():
+    pod_spec = "\n      tolerations:\n      - key: node-role\n        value: |\n          x\n      containers: []\n"
+    text = contract_daemonset(pod_spec, '{"tolerations":[{"key":"node-role","value":"x\\n"}]}', GPU_INPUTS)
+    output, _ = postrender(text)
+    assert "      containers: []\n      nodeSelector:\n        pool: gpu\n" in output
+    assert yaml.safe_load(output)["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "node-role", "value": "x\n"}, {"key": "node-type", "value": "gpu"}]
+
+
 def test_indentless_lists_stay_indentless():
     text = contract_daemonset("\n      tolerations:\n      - key: node-role\n", '{"tolerations":[{"key":"node-role"}]}',
                               GPU_INPUTS)

@@ -116,8 +116,14 @@ def _splice(body: str, pod_node, current: dict, result: dict) -> str:
     for line in body.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
 
-    def line_end(mark) -> int:
-        found = body.find("\n", starts[mark.line] + mark.column)
+    def end_of(node) -> int:
+        """Where the text of `node` ends: the end of its last line, a trailing comment included."""
+        while isinstance(node.value, list) and node.value and not node.flow_style:
+            node = node.value[-1][1] if isinstance(node.value[-1], tuple) else node.value[-1]
+        at = starts[node.end_mark.line] + node.end_mark.column
+        if getattr(node, "style", None) in ("|", ">"):  # a block scalar ends past its line break
+            return len(body[:at].rstrip("\n"))
+        found = body.find("\n", at)
         return len(body) if found < 0 else found
 
     indent = " " * pod_node.value[0][0].start_mark.column
@@ -128,7 +134,7 @@ def _splice(body: str, pod_node, current: dict, result: dict) -> str:
     for field in MANAGED_FIELDS:
         if field in entries and current.get(field) != result.get(field):
             key, value = entries[field]
-            start, end = starts[key.start_mark.line] + key.start_mark.column, line_end(_last_mark(value))
+            start, end = starts[key.start_mark.line] + key.start_mark.column, end_of(value)
             if field in result:
                 own_style = value.tag.endswith(":seq") and not value.flow_style  # keep this list's own style
                 style = value.start_mark.column > key.start_mark.column if own_style else indented
@@ -138,7 +144,7 @@ def _splice(body: str, pod_node, current: dict, result: dict) -> str:
         elif field in result and field not in entries:
             inserted += "\n" + _block_text(field, result[field], indent, indented)
     if inserted:
-        at = line_end(_last_mark(pod_node.value[-1][1]))
+        at = end_of(pod_node.value[-1][1])
         edits.append((at, at, inserted))
     for start, end, text in sorted(edits, reverse=True):
         body = body[:start] + text + body[end:]
@@ -156,13 +162,6 @@ def _block_text(field: str, value: object, indent: str, indented_sequences: bool
     text = yaml.dump({field: value}, Dumper=Dumper, default_flow_style=False, sort_keys=False,
                      allow_unicode=True, width=1 << 20)
     return "\n".join(indent + line for line in text.rstrip("\n").split("\n"))
-
-
-def _last_mark(node):
-    """Where the text of `node` ends: a block collection's own end mark lies past the comments after it."""
-    while node.value and isinstance(node.value, list) and not node.flow_style:
-        node = node.value[-1][1] if isinstance(node.value[-1], tuple) else node.value[-1]
-    return node.end_mark
 
 
 def _child(node, *path):
