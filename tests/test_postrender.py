@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
 
 from metax_operator.merge import ANNOTATION_BASE, ANNOTATION_INPUTS
 from metax_operator.postrender import error_document, postrender, split_documents
+from tests.test_merge_properties import all_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_CHART = REPO / "tests" / "data" / "fixture-chart"
@@ -209,6 +211,25 @@ def test_a_flow_style_pod_spec_is_round_tripped_with_ruamel():
     assert doc["spec"]["template"]["spec"] == {"containers": [], "nodeSelector": {"pool": "gpu"}, "tolerations": [
         {"key": "node-role"}, {"key": "node-type", "value": "gpu"}]}
     assert output.startswith("---\n# Source: chart/templates/maca.yaml\n# 注释") and "# pod" in output
+    assert postrender(output)[0] == output
+
+
+@settings(max_examples=60, deadline=None)
+@given(all_inputs)
+def test_any_inputs_give_the_merge_result_and_a_second_run_changes_nothing(inputs):
+    from metax_operator.merge import merge_scheduling
+
+    base_text = yaml.safe_dump(inputs.base, default_flow_style=False) if inputs.base else ""
+    pod_spec = "\n      containers: []\n" + "".join("      " + line + "\n" for line in base_text.splitlines())
+    recorded = {"global": inputs.global_pts, "component": inputs.component_pts,
+                "tolerations": inputs.deprecated_tolerations}
+    text = contract_daemonset(pod_spec).replace(
+        "gpu.metax-tech.com/component: maca", f"gpu.metax-tech.com/component: {inputs.component}").replace(
+        "scheduling-base: '{}'", f"scheduling-base: {json.dumps(json.dumps(inputs.base))}").replace(
+        "scheduling-inputs: '{}'", f"scheduling-inputs: {json.dumps(json.dumps(recorded))}")
+    output, _ = postrender(text)
+    pod = yaml.safe_load(output)["spec"]["template"]["spec"]
+    assert {k: v for k, v in pod.items() if k != "containers"} == merge_scheduling(inputs)[0]
     assert postrender(output)[0] == output
 
 
