@@ -35,7 +35,6 @@ DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "vfioManager": ("gpuLabel",),
 }
 SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
-MODULE_PARAMS = ("xcore_page_size", "gpu_model")
 
 
 def dependency_problem(component: str, prerequisite: str) -> UserError:
