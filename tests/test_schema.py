@@ -35,6 +35,16 @@ def test_generated_files_are_up_to_date():
     assert not stale, f"stale: {stale}; run `.venv/bin/python -m metax_operator.schema` and commit"
 
 
+def test_an_edited_comment_makes_both_outputs_stale(tmp_path):
+    """The staleness check above can fail: a description changed in values.yaml alone."""
+    (tmp_path / "crds").mkdir()
+    for name in ("values.schema.json", schema.CRD_FILE):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    text = (ROOT / "values.yaml").read_text()
+    (tmp_path / "values.yaml").write_text(text.replace("# -- Pause the rollout", "# -- Halt the rollout"))
+    assert schema.stale(tmp_path) == [tmp_path / "values.schema.json", tmp_path / schema.CRD_FILE]
+
+
 def test_values_reference_is_up_to_date():
     assert HELM_DOCS.exists(), f"{HELM_DOCS} is missing: run 'make setup'"
     result = subprocess.run(
