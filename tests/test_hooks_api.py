@@ -95,6 +95,19 @@ def namespace(client):
     client.delete("v1", "Namespace", name)
 
 
+@pytest.fixture
+def gpu_nodes(client):
+    """The GPU nodes' names; cleanup removes their gpu label, so it is put back afterwards for
+    the session's other tests (the test keys written here are removed too)."""
+    names = sorted(n["metadata"]["name"] for n in client.list("v1", "Node", label_selector=f"{GPU_LABEL}=true"))
+    assert names
+    yield names
+    for name in names:
+        client.patch("v1", "Node", name, {"metadata": {
+            "labels": {GPU_LABEL: "true", "metax-tech.com/gpu-device.mode": None},
+            "annotations": {"team.example.com/owner": None, "metax-tech.com/gpu-vfio": None}}})
+
+
 def managed(cr: dict) -> dict[str, dict]:
     """managedFields by manager (without timestamps)."""
     return {m["manager"]: m["fieldsV1"] for m in cr["metadata"]["managedFields"]}
@@ -276,40 +289,33 @@ def daemonset(name: str, namespace: str) -> dict:
                 "spec": {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}}}}
 
 
-def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, no_cr, namespace, tmp_path):
+def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, no_cr, namespace, gpu_nodes,
+                                                                  tmp_path):
     assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
     for name in cleanup.NODE_WRITERS:
         client.apply(daemonset(name, namespace), field_manager="helm")
-    gpu_nodes = sorted(n["metadata"]["name"] for n in client.list("v1", "Node", label_selector=f"{GPU_LABEL}=true"))
-    assert gpu_nodes
     client.patch("v1", "Node", gpu_nodes[0], {"metadata": {
         "annotations": {"metax-tech.com/gpu-vfio": '{"0":1,"1":0}', "team.example.com/owner": "ml"},
         "labels": {"metax-tech.com/gpu-device.mode": "sgpu"}}})
     wait_for(lambda: len(client.list("v1", "Pod", namespace)) >= 2 * len(gpu_nodes), 60, "node-writer pods")
-    try:
-        code, out, err = hooks("cleanup", "--namespace", namespace)
-        assert code == 0, err
-        assert client.get(*CR) is None
-        assert all(client.get("apps/v1", "DaemonSet", n, namespace) is None for n in cleanup.NODE_WRITERS)
-        assert client.list("v1", "Pod", namespace) == []
-        assert client.list("v1", "Node", label_selector=GPU_LABEL) == []
-        first = client.get("v1", "Node", gpu_nodes[0])["metadata"]
-        assert "metax-tech.com/gpu-vfio" not in first["annotations"]
-        assert first["annotations"]["team.example.com/owner"] == "ml"         # not ours: kept
-        assert first["labels"]["metax-tech.com/gpu-device.mode"] == "sgpu"    # the admin's: kept
-        assert client.get(*CRD) is not None                                   # crds.keep (default)
-        assert f"node {gpu_nodes[0]}" in out
+    code, out, err = hooks("cleanup", "--namespace", namespace)
+    assert code == 0, err
+    assert client.get(*CR) is None
+    assert all(client.get("apps/v1", "DaemonSet", n, namespace) is None for n in cleanup.NODE_WRITERS)
+    assert client.list("v1", "Pod", namespace) == []
+    assert client.list("v1", "Node", label_selector=GPU_LABEL) == []
+    first = client.get("v1", "Node", gpu_nodes[0])["metadata"]
+    assert "metax-tech.com/gpu-vfio" not in first["annotations"]
+    assert first["annotations"]["team.example.com/owner"] == "ml"         # not ours: kept
+    assert first["labels"]["metax-tech.com/gpu-device.mode"] == "sgpu"    # the admin's: kept
+    assert client.get(*CRD) is not None                                   # crds.keep (default)
+    assert f"node {gpu_nodes[0]}" in out
 
-        code, out, _ = hooks("cleanup", "--namespace", namespace)  # idempotent
-        assert code == 0 and out.strip() == "cleanup: nothing to clean up"
-    finally:  # give the session's other tests their GPU nodes back
-        for name in gpu_nodes:
-            client.patch("v1", "Node", name, {"metadata": {"labels": {GPU_LABEL: "true",
-                                                                      "metax-tech.com/gpu-device.mode": None},
-                                                           "annotations": {"team.example.com/owner": None}}})
+    code, out, _ = hooks("cleanup", "--namespace", namespace)  # idempotent
+    assert code == 0 and out.strip() == "cleanup: nothing to clean up"
 
 
-def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace):
+def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, gpu_nodes):
     try:
         code, out, err = hooks("cleanup", "--namespace", namespace, "--delete-crd")
         assert code == 0, err
@@ -320,7 +326,8 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace):
 
 # --- helm test -------------------------------------------------------------------------------
 
-def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(client, hooks, no_cr, tmp_path):
+def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(client, hooks, no_cr, gpu_nodes,
+                                                                             tmp_path):
     """The chart installed for real (Helm 3, hooks run here instead of as Jobs)."""
     release, ns = f"t{uuid.uuid4().hex[:6]}", f"hooks-install-{uuid.uuid4().hex[:6]}"
     kubeconfig = ["--kubeconfig", hooks.kubeconfig]
@@ -333,15 +340,24 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
                     "-f", str(values), "--wait", "--timeout", "120s", *kubeconfig], check=True, capture_output=True)
     try:
         assert hooks("bootstrap", "--release", release, "--values", str(values_file(tmp_path)))[0] == 0
-        wait_for(lambda: hooks("test", "--namespace", ns)[0] == 0, 60, "a healthy install")
-        code, out, err = hooks("test", "--namespace", ns)
-        assert (code, err) == (0, "") and "healthy" in out
+        last: list = []
+
+        def healthy() -> bool:
+            last[:] = hooks("test", "--namespace", ns)
+            return last[0] == 0
+
+        try:
+            wait_for(healthy, 60, "a healthy install", interval=2)
+        except AssertionError:
+            raise AssertionError(last[2]) from None
+        code, out, err = last
+        assert (code, err) == (0, "") and "healthy" in out, err
 
         # break three things: one line each, naming what and where
         client.patch("v1", "ConfigMap", "driver-config", {"data": {"node-vfnums": "nodes:\n  n1:\n    vfnum: 99\n"}},
                      namespace=ns)
         client.delete("apps/v1", "DaemonSet", "metax-maca", ns)
-        node = sorted(n["metadata"]["name"] for n in client.list("v1", "Node", label_selector=f"{GPU_LABEL}=true"))[0]
+        node = gpu_nodes[0]
         client.patch("v1", "Node", node, {"status": {"allocatable": {"metax-tech.com/gpu": "0"}}}, subresource="status")
         try:
             code, _, err = hooks("test", "--namespace", ns)
@@ -358,8 +374,5 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
         code, _, err = hooks("cleanup", "--namespace", ns)
         subprocess.run([BIN / "helm3", "uninstall", release, "-n", ns, "--no-hooks", "--wait", *kubeconfig],
                        check=True, capture_output=True)
-        for name in [n["metadata"]["name"] for n in client.list("v1", "Node", label_selector="type=kwok")
-                     if n["status"]["allocatable"].get("metax-tech.com/gpu", "0") != "0"]:
-            client.patch("v1", "Node", name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
         client.delete("v1", "Namespace", ns)
         assert code == 0, err
