@@ -1,0 +1,225 @@
+"""The staged driver rollout's imperative shell: one step of every runner pass (DESIGN.md section 5).
+
+Each pass: read the CR (one GET), snapshot the watch caches (`rollout_observe`), let the engine
+decide (`rollout.decide`), write the intended `status.upgradeStatus` (a PUT of the status
+subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
+the pass stops without acting; the next pass decides again), then act:
+
+- set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
+  saw, so an admin's concurrent edit wins);
+- roll back: first set the CR's `spec.driver` (all but `upgradePolicy`) back to
+  `lastCoDriverSpec`, so the runner's reconcile does not re-apply the abandoned payload version,
+  then patch the DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+- delete pods with a uid precondition (404 or a failed precondition: already done);
+- emit the engine's Events on the CR.
+
+Every action is safe to repeat: a runner killed between any two of them resumes from the status
+it wrote and what the cluster shows.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
+
+from . import policy as policy_mod
+from . import reconcile, rollout
+from .errors import UserError, UserErrors
+from .jsonlog import event
+from .kube import Client
+from .rollout_observe import DRIVER_DAEMONSET, Snapshot, Watches
+
+log = logging.getLogger("metax_operator.rollout")
+
+#: Where the engine's resume data lives in the CR (the CRD keeps unknown fields only there).
+RESUME_KEY = "resume"
+#: Seconds a pass waits for the caches' first LIST.
+SYNC_TIMEOUT = 60.0
+#: Pods deleted concurrently within a wave.
+DELETE_WORKERS = 8
+
+
+def status_from_cr(cr: dict) -> dict | None:
+    """The engine's view of the CR's `status.upgradeStatus` (None before the first rollout pass)."""
+    stored = (cr.get("status") or {}).get("upgradeStatus")
+    if not stored:
+        return None
+    status = json.loads(json.dumps(stored))
+    if RESUME_KEY in status and "runnerState" in rollout.empty_status():
+        status["runnerState"] = status.pop(RESUME_KEY)
+    return status
+
+
+def status_to_cr(status: dict) -> dict:
+    """The engine's status as the CR stores it."""
+    stored = dict(status)
+    if "runnerState" in stored:
+        stored[RESUME_KEY] = stored.pop("runnerState")
+    if status["status"].get("currentStepState") == "":  # the CRD's enum has no empty value
+        stored["status"] = {k: v for k, v in status["status"].items() if k != "currentStepState"}
+    return stored
+
+
+class RolloutExecutor:
+    """The rollout step of the runner; keeps its watch caches between passes."""
+
+    def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
+                 clock: Callable[[], float] = time.time, watches: Watches | None = None):
+        self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
+        self.watches = watches
+        self.requests = 0  # this module's own requests (the caches count theirs)
+
+    def close(self) -> None:
+        if self.watches is not None:
+            self.watches.stop()
+
+    def run_pass(self) -> int:
+        """One rollout pass; the number of writes."""
+        if self.watches is None:
+            self.watches = Watches(self.api, self.namespace).start()
+        if not self.watches.wait_synced(SYNC_TIMEOUT):
+            event(log, "rollout-wait-cache", logging.WARNING, msg="the watch caches have not listed yet")
+            return 0
+        cr = self._get_cr()
+        if cr is None:
+            return 0
+        raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
+        try:
+            policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
+        except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
+            event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
+            return 0
+        before = status_from_cr(cr)
+        snap = self.watches.observe(cr, before)
+        if snap is None:
+            event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
+            return 0
+        decision = rollout.decide(snap.observed, policy, before, self.clock())
+        writes = 0
+        if status_to_cr(decision.status) != (cr.get("status") or {}).get("upgradeStatus"):
+            if not self._write_status(cr, decision.status):
+                return 0  # the CR changed since it was read: decide again next pass
+            writes += 1
+        writes += self._act(cr, snap, decision, policy)
+        sub = decision.status["status"]
+        event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,
+              phase=decision.status["phase"], step=sub.get("currentStepIndex"),
+              state=sub.get("currentStepState"), upgraded=sub.get("totalUpgradeReadyReplicas"),
+              total=sub.get("totalUpgradeReplicas"), deleted=[p.name for p in decision.delete],
+              message=decision.status.get("message"), **self._traffic())
+        return writes
+
+    # -- the status write -----------------------------------------------------------------------
+
+    def _get_cr(self) -> dict | None:
+        self.requests += 1
+        return self.api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+
+    def _write_status(self, cr: dict, status: dict) -> bool:
+        """PUT the status subresource with the resourceVersion read; False on a conflict."""
+        self._check()
+        body = json.loads(json.dumps(cr))
+        body.setdefault("status", {})["upgradeStatus"] = status_to_cr(status)
+        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME,
+                                                                                  subresource="status")
+        self.requests += 1
+        try:
+            written = self.api.call("PUT", path, body=body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            event(log, "rollout-status-conflict", logging.INFO, msg="the CR changed since it was read")
+            return False
+        cr["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
+        return True
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _act(self, cr: dict, snap: Snapshot, decision: rollout.Decision, policy: policy_mod.Policy) -> int:
+        writes = 0
+        if decision.set_pause is not None and decision.set_pause != policy.pause:
+            writes += self._set_pause(decision.set_pause, policy.pause)
+        if decision.restore_revision:
+            writes += self._restore(cr, snap, decision.restore_revision, decision.status)
+        writes += self._delete(decision.delete)
+        for item in decision.events:
+            self._check()
+            self.requests += 1
+            writes += reconcile.emit_event(self.api, cr, item.type, item.reason, item.message,
+                                           rollout.rfc3339(self.clock()), self.identity)
+        return writes
+
+    def _set_pause(self, value: bool, seen: bool) -> int:
+        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw."""
+        self._check()
+        path = "/spec/driver/upgradePolicy/pause"
+        patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
+        self.requests += 1
+        try:
+            self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
+                           patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+        except ApiException as err:
+            if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
+                raise
+            event(log, "rollout-pause-skipped", msg="spec.driver.upgradePolicy.pause changed meanwhile")
+            return 0
+        event(log, "rollout-set-pause", pause=value)
+        return 1
+
+    def _restore(self, cr: dict, snap: Snapshot, revision: str, status: dict) -> int:
+        writes = 0
+        old = status.get("lastCoDriverSpec")
+        driver = (cr.get("spec") or {}).get("driver") or {}
+        if old:
+            wanted = {**json.loads(old), "upgradePolicy": driver.get("upgradePolicy", {})}
+            if wanted != driver:
+                self._check()
+                self.requests += 1
+                self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
+                               [{"op": "replace", "path": "/spec/driver", "value": wanted}],
+                               patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+                event(log, "rollout-restore-cr", msg="spec.driver set back to lastCoDriverSpec")
+                writes += 1
+        found = snap.revisions.get(revision)
+        if found is None:
+            event(log, "rollout-revision-missing", logging.ERROR, revision=revision,
+                  msg=f"no ControllerRevision with hash {revision}: cannot restore the template")
+            return writes
+        self._check()
+        self.requests += 1
+        self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, found.data, namespace=self.namespace,
+                       patch_type="strategic", field_manager=reconcile.FIELD_MANAGER)
+        event(log, "rollout-restore-template", revision=revision, controllerrevision=found.name)
+        return writes + 1
+
+    def _delete(self, pods: list[rollout.PodRef]) -> int:
+        if not pods:
+            return 0
+        self._check()
+
+        def delete(pod: rollout.PodRef) -> bool:
+            try:
+                return self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid)
+            except ApiException as err:
+                if err.status == 409:  # the uid precondition failed: that pod is already gone
+                    return False
+                raise
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(DELETE_WORKERS, len(pods))) as pool:
+            done = list(pool.map(delete, pods))
+        self.requests += len(pods)
+        event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(done))
+        return len(pods)
+
+    def _check(self) -> None:
+        if not self.guard():
+            raise reconcile.LostLeadership("the lease was lost: stopping before the next write")
+
+    def _traffic(self) -> dict:
+        stats = self.watches.stats() if self.watches else None
+        return {"requests": self.requests, "cache_requests": stats.requests if stats else 0,
+                "cache_bytes": stats.bytes if stats else 0, "cache_events": stats.events if stats else 0}

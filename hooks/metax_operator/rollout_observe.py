@@ -1,0 +1,167 @@
+"""What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
+
+Four caches, started once and kept across passes:
+- the `metax-driver` DaemonSet (one object, field selector on its name);
+- the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
+- the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
+  `rollout.Pod` plus its owner's uid;
+- every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
+  projected to its node name: the GPU-workload check. Kubernetes cannot select pods by resource,
+  so this one watch sees every pod change of the cluster; what it stores is one string per GPU pod.
+
+`Watches.observe(cr, status)` turns a snapshot of them into `rollout.Observed` (DESIGN.md
+section 5): the current revision is the `controller-revision-hash` of the newest ControllerRevision
+owned by the DaemonSet's uid; `caught_up` is the DaemonSet controller having observed the latest
+generation. The engine's eligible nodes are the nodes of the DaemonSet's pods plus the nodes of
+the wave in flight (whose pod may be between deletion and re-creation).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from . import rollout
+from .informer import Informer, Stats
+from .kube import Client
+
+DRIVER_DAEMONSET = "metax-driver"
+DRIVER_POD_SELECTOR = "app.kubernetes.io/component=driver"
+GPU_RESOURCE_PREFIX = "metax-tech.com/"
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A ControllerRevision of a DaemonSet: its hash label, number and template patch."""
+
+    name: str
+    owner_uid: str
+    hash: str
+    number: int
+    data: dict
+
+
+@dataclass(frozen=True)
+class DriverPod:
+    owner_uid: str
+    pod: rollout.Pod
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One pass's view: the engine's `Observed` and what acting on it needs."""
+
+    observed: rollout.Observed
+    daemonset: dict
+    revisions: dict[str, Revision]  # hash -> the DaemonSet's revision
+
+
+class Watches:
+    """The rollout's caches for `namespace`; `start()` once, `observe()` every pass."""
+
+    def __init__(self, api: Client, namespace: str, resync: float = 1800.0):
+        core = api.resource("v1", "Pod")
+        apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
+        self.daemonset = Informer(api, apps("DaemonSet").path(namespace=namespace),
+                                  field_selector=f"metadata.name={DRIVER_DAEMONSET}", resync=resync,
+                                  name="driver-daemonset")
+        self.revisions = Informer(api, apps("ControllerRevision").path(namespace=namespace),
+                                  project=project_revision, resync=resync, name="controllerrevisions")
+        self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
+                                    project=project_driver_pod, resync=resync, name="driver-pods")
+        self.gpu_pods = Informer(api, "/api/v1/pods", field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                                 project=project_gpu_pod, resync=resync, name="gpu-workloads")
+        self.all = (self.daemonset, self.revisions, self.driver_pods, self.gpu_pods)
+
+    def start(self) -> Watches:
+        for informer in self.all:
+            informer.start()
+        return self
+
+    def synced(self) -> bool:
+        return all(i.synced for i in self.all)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(i.wait_synced(timeout) for i in self.all)
+
+    def stop(self) -> None:
+        for informer in self.all:
+            informer.stop()
+
+    def stats(self) -> Stats:
+        total = Stats()
+        for informer in self.all:
+            for name in ("list_requests", "watch_requests", "events", "bytes", "relists"):
+                setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
+        return total
+
+    def observe(self, cr: dict, status: dict | None) -> Snapshot | None:
+        """The snapshot for one pass, or None while the driver DaemonSet does not exist."""
+        found = list(self.daemonset.snapshot().values())
+        if not found:
+            return None
+        return build(found[0], self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
+                     self.gpu_pods.snapshot().values(), cr, status)
+
+
+def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None) -> Snapshot:
+    """The pure part of `observe` (also what the unit tests call)."""
+    uid = ds["metadata"]["uid"]
+    own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
+    newest = max(own.values(), key=lambda r: r.number).hash if own else ""
+    caught_up = bool(newest) and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get(
+        "generation", 0)
+    pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
+    wave = (((status or {}).get("resume") or (status or {}).get("runnerState") or {}).get("wave")) or []
+    observed = rollout.Observed(
+        current_revision=newest, caught_up=caught_up,
+        nodes=frozenset(p.node for p in pods) | frozenset(wave),
+        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes),
+        template=canonical(ds["spec"]["template"]),
+        driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
+    return Snapshot(observed, ds, own)
+
+
+def canonical(obj) -> str:
+    """Compact JSON with sorted keys: what `lastAppliedSpec`/`lastCoDriverSpec` record."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# -- projections: what each cache keeps of an object -------------------------------------------
+
+def project_revision(obj: dict) -> Revision | None:
+    meta = obj["metadata"]
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
+    if owner is None:
+        return None
+    return Revision(meta["name"], owner["uid"], (meta.get("labels") or {}).get(REVISION_LABEL, ""),
+                    int(obj.get("revision") or 0), obj.get("data") or {})
+
+
+def project_driver_pod(obj: dict) -> DriverPod | None:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    owner = next((o["uid"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
+    if owner is None:
+        return None
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
+    return DriverPod(owner, rollout.Pod(
+        name=meta["name"], uid=meta["uid"], node=spec.get("nodeName") or "",
+        revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""), ready=ready,
+        phase=status.get("phase") or "Pending", restart_count=restarts,
+        created=rollout.parse_time(meta.get("creationTimestamp")) or 0.0,
+        deleting=rollout.parse_time(meta.get("deletionTimestamp"))))
+
+
+def project_gpu_pod(obj: dict) -> str | None:
+    """The node of a scheduled pod that requests a `metax-tech.com/*` resource, else None."""
+    spec = obj.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for section in ("requests", "limits"):
+            if any(name.startswith(GPU_RESOURCE_PREFIX) for name in resources.get(section) or {}):
+                return node
+    return None

@@ -1,0 +1,527 @@
+"""The staged driver rollout on the real control plane (kube-apiserver, controller manager with the
+real DaemonSet controller, scheduler, etcd, kwok nodes): `metax-operator run` processes, as the
+chart's runner ServiceAccount, drive the metax-driver DaemonSet (OnDelete) through the seed's
+policies while the test changes the driver version, injects faults and kills runners.
+
+The chart is installed with Helm 3 without hooks (hook Jobs cannot run under kwok); the CR is
+created by `metax-operator bootstrap`, as the post-install hook would. Admin actions use the
+seed's kubectl commands, corrected (docs/rollout-admin.md), with the real kubectl.
+
+Evidence comes from the API server (pods, the CR's status and events) and from the runners' JSON
+log lines (`rollout-pass`: the step and the pods deleted in that pass).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, watch
+
+from tests.helm import BIN, CHART
+
+pytestmark = pytest.mark.e2e
+
+NS = "rollout-e2e"
+RELEASE = "metax"
+CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
+METAX = str(Path(sys.executable).with_name("metax-operator"))
+DRIVER_PODS = "app.kubernetes.io/component=driver"
+EVENTS_NS = "default"  # where the API server keeps events of cluster-scoped objects
+NODES = 10  # the control plane fixture's GPU nodes
+
+# Seed 000 section 3.2.8: 10 nodes, maxParallel 50%.
+SEED_POLICY = {
+    "enableRollout": True,
+    "upgradeSteps": [{"replicas": 2}, {"replicas": 5, "pauseDuration": 10000},
+                     {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%"}],
+    "pause": False, "maxParallel": "50%", "maxUnavailable": 0, "maxFailureThreshold": 3,
+    "fallback": "pause",
+}
+# Where the seed's exact durations are not the point: the same steps, no pauses.
+QUICK_POLICY = {**SEED_POLICY, "upgradeSteps": [{"replicas": 2, "pauseDuration": 0},
+                                                {"replicas": 5, "pauseDuration": 0},
+                                                {"replicas": "100%", "pauseDuration": 0}]}
+
+# The seed's admin commands, corrected (resource name, --type=json, /spec paths, pause: true pauses).
+SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def kubectl(cp, *args: str) -> str:
+    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+    return result.stdout
+
+
+def run(*command: str) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    if result.returncode:
+        raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
+    return result.stdout
+
+
+def eventually(check, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+def seed_patch(cp, field: str, value) -> None:
+    """The seed's `kubectl patch ... --type=json` on spec.driver.upgradePolicy.<field>, corrected."""
+    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
+            "-p", SEED_PATCH % (field, json.dumps(value)))
+
+
+def get_cr(api) -> dict:
+    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
+
+
+def upgrade_status(api) -> dict:
+    return (get_cr(api).get("status") or {}).get("upgradeStatus") or {}
+
+
+def sub(api) -> dict:
+    return upgrade_status(api).get("status") or {}
+
+
+def condition(api, kind: str) -> dict:
+    return next((c for c in upgrade_status(api).get("condition") or [] if c["type"] == kind), {})
+
+
+def patch_driver(api, driver: dict) -> None:
+    client.CustomObjectsApi(api).patch_cluster_custom_object(*CR, {"spec": {"driver": driver}})
+
+
+def driver_pods(api) -> list:
+    return [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
+            if p.metadata.deletion_timestamp is None]
+
+
+def revisions(api) -> Counter:
+    return Counter(p.metadata.labels.get("controller-revision-hash") for p in driver_pods(api))
+
+
+def ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def all_at(api, revision: str) -> bool:
+    pods = driver_pods(api)
+    return len(pods) == NODES and all(
+        p.metadata.labels.get("controller-revision-hash") == revision and ready(p) for p in pods)
+
+
+def template(api) -> dict:
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
+    return api.sanitize_for_serialization(ds.spec.template)
+
+
+def payload_image(api) -> str:
+    init = template(api)["spec"]["initContainers"]
+    return next(c["image"] for c in init if c["name"] == "payload")
+
+
+def service_account_kubeconfig(cp, tmp: Path, account: str) -> Path:
+    token = kubectl(cp, "create", "token", account, "-n", NS, "--duration", "2h").strip()
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    path = tmp / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Runner:
+    """A `metax-operator run` process (the chart's runner ServiceAccount), JSON log in a file."""
+
+    def __init__(self, kubeconfig: Path, tmp: Path, identity: str):
+        self.log_path = tmp / f"{identity}.log"
+        self.proc = subprocess.Popen(
+            [METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig), "--identity", identity,
+             "--interval", "1", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "1",
+             "--log-level", "debug"],
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
+
+    def lines(self, action: str) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("action") == action:
+                out.append(entry)
+        return out
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+
+def deletions_per_step(runners: list[Runner]) -> dict[int, list[int]]:
+    """Step -> sizes of the successive waves: the pods each pass deleted for the first time."""
+    seen: set[str] = set()
+    waves: dict[int, list[int]] = defaultdict(list)
+    for r in runners:
+        for line in r.lines("rollout-pass"):
+            new = [name for name in line["deleted"] if name not in seen]
+            seen.update(new)
+            if new:
+                waves[line["step"]].append(len(new))
+    return dict(waves)
+
+
+class PodHistory:
+    """Every driver pod the API server created, per node, from a watch (the test's own witness)."""
+
+    def __init__(self, api):
+        self.created: dict[str, set[str]] = defaultdict(set)
+        self.deleted: set[str] = set()
+        self._stop = threading.Event()
+        self._watch = watch.Watch()
+        core = client.CoreV1Api(api)
+        start = core.list_namespaced_pod(NS, label_selector=DRIVER_PODS)
+        self.before = {p.metadata.uid for p in start.items}
+        self._thread = threading.Thread(target=self._run, args=(core, start.metadata.resource_version), daemon=True)
+        self._thread.start()
+
+    def _run(self, core, version: str) -> None:
+        try:
+            self._follow(core, version)
+        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
+            pass
+
+    def _follow(self, core, version: str) -> None:
+        for change in self._watch.stream(core.list_namespaced_pod, NS, label_selector=DRIVER_PODS,
+                                         resource_version=version, timeout_seconds=600):
+            pod = change["object"]
+            if pod.spec.node_name:
+                self.created[pod.spec.node_name].add(pod.metadata.uid)
+            if pod.metadata.deletion_timestamp is not None or change["type"] == "DELETED":
+                self.deleted.add(pod.metadata.uid)
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+    def deletions_per_node(self) -> dict[str, int]:
+        return {node: len(uids & self.deleted) for node, uids in self.created.items()}
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def api(control_plane):
+    return control_plane.api()
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane, api, tmp_path_factory):
+    """The chart (rollout enabled, the seed policy) installed with Helm 3, the CR bootstrapped."""
+    tmp = tmp_path_factory.mktemp("rollout-install")
+    cp = control_plane
+    custom = client.CustomObjectsApi(api)
+    try:
+        custom.delete_cluster_custom_object(*CR)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+    values = tmp / "values.yaml"
+    values.write_text(yaml.safe_dump({"registry": "cr.example.com/metax",
+                                      "driver": {"payload": {"version": "2.32.0.6"},
+                                                 "upgradePolicy": SEED_POLICY}}))
+    helm = [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
+    run(*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks", "-f", str(values))
+    bootstrap(cp, tmp, helm)
+    kubeconfig = service_account_kubeconfig(cp, tmp, "metax-operator-runner")
+    eventually(lambda: len(driver_pods(api)) == NODES and all(ready(p) for p in driver_pods(api)), 60,
+               "every driver pod Ready")
+    yield {"kubeconfig": kubeconfig, "helm": helm, "tmp": tmp}
+    subprocess.run([*helm, "uninstall", RELEASE, "-n", NS, "--no-hooks"], capture_output=True, timeout=120)
+    try:
+        custom.delete_cluster_custom_object(*CR)
+    except client.ApiException:
+        pass
+
+
+def bootstrap(cp, tmp: Path, helm: list[str]) -> None:
+    """What the post-install/post-upgrade hook does: the release's values into the CR."""
+    merged = run(*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json")
+    (tmp / "release-values.json").write_text(merged)
+    run(METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
+        "--kubeconfig", str(cp.kubeconfig))
+
+
+_versions = iter(range(1, 1000))
+
+
+@pytest.fixture
+def idle(installed, api, tmp_path):
+    """A runner, the rollout idle with every pod Ready at one revision; the runners the test
+    starts are stopped at its end."""
+    runners = [Runner(installed["kubeconfig"], tmp_path, "runner-0")]
+    try:
+        eventually(lambda: upgrade_status(api).get("phase") in ("Idling", "Disabled")
+                   and not upgrade_status(api).get("upgrading"), 60, "an idle rollout")
+        eventually(lambda: len(revisions(api)) == 1 and all(ready(p) for p in driver_pods(api)), 60,
+                   "one revision")
+        yield {**installed, "runners": runners, "tmp": tmp_path}
+    finally:
+        for r in runners:
+            r.stop(signal.SIGKILL)
+
+
+def new_version() -> str:
+    return f"2.33.0.{next(_versions)}"
+
+
+def start_rollout(cp, api, policy: dict) -> tuple[str, str]:
+    """Set the policy, then change the driver version with the seed's kubectl patch (step 8);
+    returns (old revision, new revision)."""
+    patch_driver(api, {"upgradePolicy": policy})
+    old = next(iter(revisions(api)))
+    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
+            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
+    new = eventually(lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, "", old)
+                     and upgrade_status(api).get("phase") == "Progressing" and s["upgradingPodSpecRevision"],
+                     30, "the rollout to start")
+    return old, new
+
+
+# -- the seed policy ---------------------------------------------------------------------------
+
+def test_seed_policy_runs_to_completion(control_plane, api, idle):
+    cp = control_plane
+    history = PodHistory(api)
+    old, new = start_rollout(cp, api, SEED_POLICY)
+    shown = kubectl(cp, "get", "clusteroperators")
+    assert "PHASE" in shown and "STEP" in shown and "UPGRADED" in shown and "TOTAL" in shown
+
+    # Step 0: two waves of one, then the runner pauses (spec pause: true) and waits for the admin.
+    eventually(lambda: sub(api).get("currentStepState") == "StepPaused" and sub(api)["currentStepIndex"] == 0, 60,
+               "step 0 paused")
+    eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
+    time.sleep(3)
+    assert sub(api)["currentStepIndex"] == 0 and revisions(api)[new] == 2, "a manual pause must hold"
+    status = json.loads(kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator",
+                                "-o", "jsonpath={.status.upgradeStatus}"))
+    assert set(status["status"]) >= {"lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex",
+                                     "currentUpgradeReplicas", "currentUpgradeReadyReplicas",
+                                     "currentFailureRetry", "currentStepState", "totalUpgradeReplicas",
+                                     "totalUpgradeReadyReplicas", "lastUpdateTime", "message"}
+    assert status["upgrading"] is True and status["phase"] == "Progressing"
+    assert status["status"]["lastPodSpecRevision"] == old and status["lastAppliedSpec"]
+    seed_patch(cp, "pause", False)  # resume (the seed had true/false swapped)
+
+    # Steps 1 and 2 end in 10 s pauses that continue on their own.
+    resumed = time.monotonic()
+    eventually(lambda: sub(api).get("currentStepIndex") == 3, 90, "step 3 reached without the admin")
+    assert time.monotonic() - resumed >= 20, "two 10 s pauses"
+    assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is False
+
+    # The last step pauses too: the admin's confirmation completes the rollout.
+    eventually(lambda: sub(api).get("currentStepState") == "StepPaused", 60, "last step paused")
+    eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
+    assert upgrade_status(api)["phase"] == "Progressing"
+    seed_patch(cp, "pause", False)
+    eventually(lambda: sub(api).get("currentStepState") == "Completed", 30, "Completed")
+    assert all_at(api, new)
+    final = upgrade_status(api)
+    assert final["phase"] == "Idling" and final["upgrading"] is False
+    assert final["status"]["totalUpgradeReadyReplicas"] == NODES == final["status"]["totalUpgradeReplicas"]
+    assert condition(api, "Succeed")["status"] == "True"
+    assert deletions_per_step(idle["runners"]) == {0: [1, 1], 1: [2, 1], 2: [2, 1], 3: [1, 1]}
+    history.stop()
+    assert set(history.deletions_per_node().values()) == {1}, history.deletions_per_node()
+    events = client.CoreV1Api(api).list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator")
+    reasons = [e.reason for e in events.items]
+    assert reasons.count("StepReady") >= 4 and "Completed" in reasons and "RolloutStarted" in reasons
+    row = kubectl(cp, "get", "clusteroperators", "--no-headers").split()
+    assert row[1:5] == ["Idling", "3", str(NODES), str(NODES)], row
+
+
+def test_admin_pause_stops_new_deletions(control_plane, api, idle):
+    cp = control_plane
+    policy = {**QUICK_POLICY, "maxParallel": 1}
+    old, new = start_rollout(cp, api, policy)
+    eventually(lambda: revisions(api)[new] >= 1, 30, "the first upgraded pod")
+    seed_patch(cp, "pause", True)
+    time.sleep(2)  # a wave in flight finishes
+    held = revisions(api)[new]
+    time.sleep(4)
+    assert revisions(api)[new] == held and held < NODES
+    seed_patch(cp, "pause", False)
+    eventually(lambda: sub(api).get("currentStepState") == "Completed", 60, "Completed after resume")
+    assert all_at(api, new)
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+FAILING = {"enableRollout": True, "upgradeSteps": [{"replicas": 3, "pauseDuration": 0},
+                                                   {"replicas": "100%", "pauseDuration": 0}],
+           "pause": False, "maxParallel": 3, "maxUnavailable": 0, "maxFailureThreshold": 2,
+           "readinessTimeout": "4s"}
+
+
+def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(control_plane, api, idle, faults):
+    cp = control_plane
+    history = PodHistory(api)
+    bad = "gpu-node-0000"  # first in node order: in the first wave
+    faults.pods_never_ready([bad])
+    old, new = start_rollout(cp, api, {**FAILING, "fallback": "pause"})
+    failed = eventually(lambda: (c := condition(api, "Failed")).get("status") == "True" and c, 90, "Failed")
+    assert failed["reason"] == "StepFailed"
+    status = upgrade_status(api)
+    assert status["status"]["currentStepState"] == "StepPaused"
+    assert status["status"]["currentFailureRetry"] == FAILING["maxFailureThreshold"]
+    assert bad in status["resume"]["failedNodes"]
+    assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
+    time.sleep(3)
+    assert revisions(api)[new] == 3, "no deletion beyond step 0 while paused"
+    history.stop()
+    per_node = history.deletions_per_node()
+    assert per_node[bad] == 1 + FAILING["maxFailureThreshold"], per_node  # the upgrade, then each retry
+    assert sorted(n for n, c in per_node.items() if c) == ["gpu-node-0000", "gpu-node-0001", "gpu-node-0002"]
+    reasons = [e.reason for e in client.CoreV1Api(api).list_namespaced_event(
+        EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items]
+    assert reasons.count("StepRetry") >= FAILING["maxFailureThreshold"] and "StepFailed" in reasons
+    # Clean up: roll back by disabling, so the next test starts idle.
+    faults.clear_faults()
+    seed_patch(cp, "enableRollout", False)
+    eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 90, "rolled back")
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False}})
+
+
+def test_fallback_rollback_restores_the_old_revision_everywhere(control_plane, api, idle, faults):
+    cp = control_plane
+    before = template(api)
+    image = payload_image(api)
+    faults.pods_never_ready(["gpu-node-0001"])
+    old, new = start_rollout(cp, api, {**FAILING, "fallback": "rollback"})
+    eventually(lambda: upgrade_status(api).get("phase") == "Terminating", 90, "Terminating")
+    eventually(lambda: upgrade_status(api).get("phase") == "Idling" and all_at(api, old), 90,
+               "every pod back at the old revision")
+    assert template(api) == before
+    assert payload_image(api) == image
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] in image  # the CR follows (lastCoDriverSpec)
+    assert condition(api, "Terminating")["reason"] == "RolledBack"
+    time.sleep(3)  # the runner's reconcile does not bring the abandoned version back
+    assert template(api) == before and all_at(api, old)
+
+
+def test_enable_rollout_false_mid_rollout_rolls_back(control_plane, api, idle):
+    cp = control_plane
+    before = template(api)
+    old, new = start_rollout(cp, api, SEED_POLICY)
+    eventually(lambda: sub(api).get("currentStepState") == "StepPaused", 60, "step 0 paused")
+    assert revisions(api)[new] == 2
+    seed_patch(cp, "enableRollout", False)  # the seed's forced rollback, corrected
+    phases = set()
+    eventually(lambda: phases.add(upgrade_status(api).get("phase")) or "Disabled" in phases, 60, "Disabled")
+    assert "Disabling" in phases or condition(api, "Terminating").get("reason") == "RolledBack"
+    eventually(lambda: all_at(api, old), 60, "every pod at the old revision")
+    assert template(api) == before
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False}})
+
+
+# -- runner kills ------------------------------------------------------------------------------
+
+def test_runners_killed_at_random_moments_complete_the_rollout(control_plane, api, idle, faults):
+    cp = control_plane
+    rng = random.Random(7)
+    runners = idle["runners"]
+    nodes = [f"gpu-node-{i:04d}" for i in range(NODES)]
+    faults.pods_ready_after(nodes, 2.0)  # slow pods: the rollout lasts long enough to be killed often
+    history = PodHistory(api)
+    steps_seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            s = sub(api)
+            if s.get("upgradingPodSpecRevision") == new and (not steps_seen or steps_seen[-1] != s["currentStepIndex"]):
+                steps_seen.append(s["currentStepIndex"])
+            time.sleep(0.1)
+
+    policy = {**QUICK_POLICY, "upgradeSteps": [{"replicas": 2, "pauseDuration": 500},
+                                               {"replicas": 5, "pauseDuration": 500},
+                                               {"replicas": 8, "pauseDuration": 500},
+                                               {"replicas": "100%", "pauseDuration": 500}]}
+    old, new = start_rollout(cp, api, policy)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    kills = 0
+    while sub(api).get("currentStepState") != "Completed" or kills < 20:
+        time.sleep(rng.uniform(0.3, 2.5))
+        runners[-1].stop(rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]))
+        kills += 1
+        runners.append(Runner(idle["kubeconfig"], idle["tmp"], f"runner-{kills}"))
+        if kills > 80:
+            break
+    eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
+    stop.set()
+    history.stop()
+    print(f"{kills} runner kills during the rollout; steps seen {steps_seen}")
+    assert kills >= 20
+    assert all_at(api, new)
+    assert steps_seen == [0, 1, 2, 3], f"a step was skipped or repeated: {steps_seen}"
+    per_node = history.deletions_per_node()
+    assert sorted(per_node) == nodes and set(per_node.values()) == {1}, per_node
+
+
+# -- where a version change comes from -----------------------------------------------------------
+
+def test_helm_upgrade_of_the_payload_version_starts_a_rollout(control_plane, api, idle):
+    cp = control_plane
+    patch_driver(api, {"upgradePolicy": QUICK_POLICY})
+    old = next(iter(revisions(api)))
+    version = new_version()
+    helm = idle["helm"]
+    run(*helm, "upgrade", RELEASE, str(CHART), "-n", NS, "--no-hooks", "--reuse-values",
+        "--set", f"driver.payload.version={version}", "--set-json",
+        f"driver.upgradePolicy={json.dumps(QUICK_POLICY)}")
+    bootstrap(cp, idle["tmp"], helm)  # the post-upgrade hook
+    eventually(lambda: upgrade_status(api).get("phase") == "Progressing", 30, "the rollout to start")
+    eventually(lambda: sub(api).get("currentStepState") == "Completed", 90, "Completed")
+    assert payload_image(api).endswith(f":{version}")
+    new = sub(api)["upgradingPodSpecRevision"]
+    assert new != old and all_at(api, new)
+
+
+def test_with_rollout_off_every_pod_is_replaced_at_once(control_plane, api, idle):
+    cp = control_plane
+    patch_driver(api, {"upgradePolicy": {"enableRollout": False}})
+    eventually(lambda: upgrade_status(api).get("phase") == "Disabled", 30, "Disabled")
+    history = PodHistory(api)
+    old = next(iter(revisions(api)))
+    started = time.monotonic()
+    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
+            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
+    eventually(lambda: (r := revisions(api)) and old not in r and all(ready(p) for p in driver_pods(api))
+               and len(driver_pods(api)) == NODES, 30, "every pod replaced")
+    took = time.monotonic() - started
+    history.stop()
+    print(f"10 driver pods replaced at once in {took:.1f} s")
+    assert set(history.deletions_per_node().values()) == {1}
+    deletes = [line for r in idle["runners"] for line in r.lines("rollout-delete")]
+    assert any(len(line["pods"]) == NODES for line in deletes), deletes
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
