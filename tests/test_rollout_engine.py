@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -18,6 +19,9 @@ from metax_operator.policy import validate
 CASES = yaml.safe_load((Path(__file__).resolve().parents[2] / "shared/cases/rollout-worked-examples.yaml")
                        .read_text())["cases"]
 T0 = 1_800_000_000.0
+CRD = yaml.safe_load((Path(__file__).resolve().parents[1] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
+UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
+    "properties"]["upgradeStatus"]
 TABLE_3_16 = {"lastAppliedSpec", "lastCoDriverSpec", "upgrading", "condition", "phase", "message", "status"}
 TABLE_3_16_STATUS = {"lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex",
                      "currentUpgradeReplicas", "currentUpgradeReadyReplicas", "currentFailureRetry",
@@ -51,6 +55,7 @@ class Cluster:
 
     def decide(self, pol, now: float) -> R.Decision:
         decision = R.decide(self.observed(), pol, self.status, now)
+        assert_fits_the_crd(decision.status)
         self.status = decision.status
         for ref in decision.delete:
             node = next(n for n, p in self.pods.items() if p.uid == ref.uid)
@@ -76,6 +81,13 @@ class Cluster:
         return out
 
 
+def assert_fits_the_crd(status: dict) -> None:
+    """The status as the API server would store it: valid for the CRD and nothing pruned."""
+    jsonschema.Draft7Validator(UPGRADE_STATUS_SCHEMA, format_checker=jsonschema.FormatChecker()).validate(status)
+    assert set(status) <= set(UPGRADE_STATUS_SCHEMA["properties"]), "fields the API server would prune"
+    assert set(status["status"]) <= set(UPGRADE_STATUS_SCHEMA["properties"]["status"]["properties"])
+
+
 def nodes_of(cluster: Cluster, decision: R.Decision) -> list[str]:
     return sorted(ref.name.split("-")[1] for ref in decision.delete)
 
@@ -86,7 +98,7 @@ def drive(cluster: Cluster, pol, now: float, passes: int = 200, step: float = 5.
         cluster.decide(pol, now)
         cluster.ready_all()
         now += step
-        if cluster.status["phase"] in (R.IDLING, R.DISABLED) and cluster.status["status"]["currentStepState"] \
+        if cluster.status["phase"] in (R.IDLING, R.DISABLED) and cluster.status["status"].get("currentStepState") \
                 in (R.COMPLETED, ""):
             break
     return now
@@ -105,8 +117,8 @@ def test_worked_examples_through_the_engine(case):
             rec = steps.setdefault(sub["currentStepIndex"], {"deletions": []})
             rec["deletions"].append(len(decision.delete))
             rec["target"] = sub["currentUpgradeReplicas"]
-        if sub["currentStepState"] == R.STEP_PAUSED:
-            rs = cluster.status["runnerState"]
+        if sub.get("currentStepState") == R.STEP_PAUSED:
+            rs = cluster.status["resume"]
             rec = steps[sub["currentStepIndex"]]
             rec.setdefault("after", "manual" if rs["pausedByRunner"] else int(
                 round((R.parse_time(sub["recheckTime"]) - now) * 1000)))
@@ -116,7 +128,7 @@ def test_worked_examples_through_the_engine(case):
                 spec_pause = False  # the admin confirms
         cluster.ready_all()
         now += 5
-        if sub["currentStepState"] == R.COMPLETED:
+        if sub.get("currentStepState") == R.COMPLETED:
             break
     got = [{"step": i, "target": s["target"], "deletions": s["deletions"], "after": s["after"]}
            for i, s in sorted(steps.items())]
@@ -172,7 +184,7 @@ def test_an_upgraded_ready_pod_is_never_deleted_and_the_rollout_completes():
         cluster.ready_all()
         now += 5
     assert len(deleted) == len(set(deleted)) == 7
-    assert cluster.status["status"]["currentStepState"] == R.COMPLETED
+    assert cluster.status["status"].get("currentStepState") == R.COMPLETED
     assert cluster.status["phase"] == R.IDLING and cluster.status["upgrading"] is False
     succeed = next(c for c in cluster.status["condition"] if c["type"] == "Succeed")
     assert succeed["status"] == "True"
@@ -187,12 +199,12 @@ def test_failed_pod_is_retried_then_fallback_pause():
     assert retry.status["status"]["currentFailureRetry"] == 1
     assert [e.reason for e in retry.events] == ["StepRetry"]
     assert nodes_of(cluster, retry) == ["n00"]  # the failed pod, recreated
-    assert retry.status["runnerState"]["waveKind"] == "retry"
+    assert retry.status["resume"]["waveKind"] == "retry"
     cluster.set("n00", phase="Failed")
     fallback = cluster.decide(pol, T0 + 10)
     assert fallback.delete == []
     assert fallback.set_pause is True
-    assert fallback.status["status"]["currentStepState"] == R.STEP_PAUSED
+    assert fallback.status["status"].get("currentStepState") == R.STEP_PAUSED
     failed = next(c for c in fallback.status["condition"] if c["type"] == "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "StepFailed")
     assert any(e.type == "Warning" and e.reason == "StepFailed" for e in fallback.events)
@@ -213,7 +225,7 @@ def test_toleration_lets_a_step_finish_with_failures():
     decision = cluster.decide(pol, T0 + 5)
     assert decision.status["status"]["currentStepIndex"] == 1
     assert nodes_of(cluster, decision) == ["n02", "n03"]
-    assert decision.status["runnerState"]["failedNodes"] == ["n01"]
+    assert decision.status["resume"]["failedNodes"] == ["n01"]
 
 
 def test_readiness_timeout_and_restarts_make_a_pod_failed():
@@ -221,9 +233,9 @@ def test_readiness_timeout_and_restarts_make_a_pod_failed():
     pol = policy(maxParallel=2, readinessTimeout="1m", upgradeSteps=[{"replicas": 2}, {"replicas": "100%"}])
     cluster.decide(pol, T0)
     cluster.set("n01", restart_count=3)
-    assert cluster.decide(pol, T0 + 30).status["runnerState"]["failedNodes"] == ["n01"]
+    assert cluster.decide(pol, T0 + 30).status["resume"]["failedNodes"] == ["n01"]
     decision = cluster.decide(pol, T0 + 61)  # n00 not Ready after 60 s either
-    assert decision.status["runnerState"]["failedNodeCount"] == 2
+    assert decision.status["resume"]["failedNodeCount"] == 2
     failed = next(c for c in decision.status["condition"] if c["type"] == "Failed")
     assert failed["status"] == "True"  # maxFailureThreshold 0: straight to the fallback
 
@@ -240,7 +252,7 @@ def test_fallback_rollback_restores_the_template_then_replaces_new_pods_in_waves
     assert decision.delete == []  # not before the template is back
     rollback = cluster.decide(pol, T0 + 10)
     assert nodes_of(cluster, rollback) == ["n00", "n01"]  # the failed one first
-    assert rollback.status["runnerState"]["waveKind"] == "rollback"
+    assert rollback.status["resume"]["waveKind"] == "rollback"
     cluster.ready_all()
     done = cluster.decide(pol, T0 + 15)
     assert done.status["phase"] == R.IDLING and done.status["upgrading"] is False
@@ -256,7 +268,7 @@ def test_max_unavailable_bounds_failures_at_the_end():
     cluster.ready_all()
     cluster.set("n03", phase="Failed", ready=False)
     decision = cluster.decide(pol, T0 + 5)
-    assert decision.status["status"]["currentStepState"] == R.STEP_PAUSED
+    assert decision.status["status"].get("currentStepState") == R.STEP_PAUSED
     assert next(c for c in decision.status["condition"] if c["type"] == "Failed")["status"] == "True"
 
 
@@ -266,13 +278,13 @@ def test_manual_pause_is_set_confirmed_and_released_by_the_admin():
     cluster.decide(pol, T0)
     cluster.ready_all()
     ready = cluster.decide(pol, T0 + 5)
-    assert ready.set_pause is True and ready.status["runnerState"]["pausedByRunner"]
+    assert ready.set_pause is True and ready.status["resume"]["pausedByRunner"]
     # the runner crashed before patching pause: the next pass asks again, deletes nothing
     again = cluster.decide(pol, T0 + 10)
     assert again.set_pause is True and again.delete == []
     paused = dataclasses.replace(pol, pause=True)
     confirmed = cluster.decide(paused, T0 + 15)
-    assert confirmed.status["runnerState"]["pauseConfirmed"] and confirmed.delete == []
+    assert confirmed.status["resume"]["pauseConfirmed"] and confirmed.delete == []
     assert cluster.decide(paused, T0 + 3600).delete == []
     resumed = cluster.decide(pol, T0 + 3605)
     assert resumed.status["status"]["currentStepIndex"] == 1 and nodes_of(cluster, resumed) == ["n01"]
@@ -299,7 +311,7 @@ def test_admin_pause_stops_new_deletions_at_any_time():
     paused = dataclasses.replace(pol, pause=True)
     decision = cluster.decide(paused, T0 + 5)
     assert decision.delete == [] and "paused" in decision.status["message"]
-    assert decision.set_pause is None and not decision.status["runnerState"]["pausedByRunner"]
+    assert decision.set_pause is None and not decision.status["resume"]["pausedByRunner"]
     assert nodes_of(cluster, cluster.decide(pol, T0 + 10)) == ["n02", "n03"]
 
 
@@ -315,7 +327,7 @@ def test_enable_rollout_false_mid_rollout_rolls_back_to_disabled():
     cluster.ready_all()
     done = cluster.decide(off, T0 + 15)
     assert done.status["phase"] == R.DISABLED and cluster.revisions() == {"old": 4}
-    assert done.status["runnerState"]["abandonedRevision"] == "new"
+    assert done.status["resume"]["abandonedRevision"] == "new"
 
 
 def test_enable_rollout_false_replaces_every_pod_at_once():
@@ -326,7 +338,7 @@ def test_enable_rollout_false_replaces_every_pod_at_once():
     assert decision.status["upgrading"] is False
     cluster.ready_all()
     cluster.decide(off, T0 + 5)
-    assert cluster.status["runnerState"]["stableRevision"] == "new"
+    assert cluster.status["resume"]["stableRevision"] == "new"
 
 
 def test_a_new_revision_mid_rollout_restarts_at_step_zero():
@@ -382,7 +394,7 @@ def test_nodes_joining_come_up_new_and_nodes_leaving_drop_out_of_n():
     cluster.ready_all()
     decision = cluster.decide(pol, T0 + 5)
     assert decision.status["status"]["totalUpgradeReplicas"] == 5
-    assert decision.status["status"]["currentStepState"] == R.STEP_PAUSED  # 4 upgraded >= ceil(50% x 5)
+    assert decision.status["status"].get("currentStepState") == R.STEP_PAUSED  # 4 upgraded >= ceil(50% x 5)
 
 
 def test_pod_stuck_terminating_fails_after_the_timeout():
@@ -395,7 +407,7 @@ def test_pod_stuck_terminating_fails_after_the_timeout():
     assert stuck.revision == "new" and decision.delete
     assert cluster.decide(pol, T0 + 30).delete == []  # still terminating: the wave waits
     late = cluster.decide(pol, T0 + 61)
-    assert late.status["runnerState"]["failedNodes"] == ["n00"]
+    assert late.status["resume"]["failedNodes"] == ["n00"]
     assert nodes_of(cluster, late) == ["n01"]  # tolerated: the next wave goes
 
 
@@ -405,7 +417,7 @@ def test_gpu_busy_nodes_are_held_back_and_reported():
     pol = policy(maxParallel=0, upgradeSteps=[{"replicas": "100%"}])
     decision = cluster.decide(pol, T0)
     assert nodes_of(cluster, decision) == ["n02"]
-    assert decision.status["runnerState"]["heldNodes"] == ["n00", "n01"]
+    assert decision.status["resume"]["heldNodes"] == ["n00", "n01"]
     assert [e.reason for e in decision.events if e.type == "Warning"] == ["NodesHeldBack"]
     cluster.ready_all()
     assert cluster.decide(pol, T0 + 5).delete == []

@@ -63,7 +63,7 @@ def check_safety(result, policy: Policy) -> None:
 def check_end_state(result, policy: Policy, nodes: int) -> None:
     status = result.status
     conditions = {c["type"]: c for c in status["condition"]}
-    if status["status"]["currentStepState"] == R.COMPLETED:
+    if status["status"].get("currentStepState") == R.COMPLETED:
         assert status["phase"] == R.IDLING and not status["upgrading"]
         assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
     elif conditions.get("Terminating", {}).get("reason") == "RolledBack":
@@ -71,7 +71,7 @@ def check_end_state(result, policy: Policy, nodes: int) -> None:
         assert policy.fallback == "rollback"
     else:  # the fallback pause, waiting for the admin
         assert policy.fallback == "pause"
-        assert status["status"]["currentStepState"] == R.STEP_PAUSED
+        assert status["status"].get("currentStepState") == R.STEP_PAUSED
         assert conditions["Failed"]["status"] == "True"
         assert status["status"]["currentFailureRetry"] == policy.max_failure_threshold
 
@@ -84,10 +84,12 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
     result = run(policy, Config(nodes=nodes, seed=seed, ready_latency=(latency[0], latency[0] + latency[1]),
                                 admin_delay=data.draw(st.floats(0, 600))))
     check_safety(result, policy)
-    assert result.status["status"]["currentStepState"] == R.COMPLETED
+    assert result.status["status"].get("currentStepState") == R.COMPLETED
     assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
     targets = policy.targets(nodes)
-    assert [r.target for r in result.steps] == targets[len(targets) - len(result.steps):]
+    assert [r.target for r in result.steps] == [targets[r.step] for r in result.steps]
+    # a step with nothing to do (target equal to the previous one) may pass within one pass, unrecorded
+    assert {r.step for r in result.steps} >= {i for i, t in enumerate(targets) if t > ([0] + targets)[i]}
     assert sum(sum(r.deletions) for r in result.steps) == nodes
 
 
@@ -115,7 +117,7 @@ def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, c
         check_safety(result, policy)
         check_end_state(result, policy, nodes)
     if fail == 0.0:
-        assert crashed.status["status"]["currentStepState"] == R.COMPLETED
+        assert crashed.status["status"].get("currentStepState") == R.COMPLETED
         assert crashed.pods == calm.pods
         assert [r.target for r in crashed.steps] == [r.target for r in calm.steps]
 

@@ -2,7 +2,7 @@
 
 It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
 nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
-returns a `Decision`: the new status (seed 000 table 3.16, plus `runnerState`, the bookkeeping a
+returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
 restarted runner needs), pods to delete, a revision to restore the template to, a value to set
 `spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
 clock, so every rule is tested without a cluster (DESIGN.md section 5).
@@ -96,10 +96,11 @@ def empty_status() -> dict:
         "phase": IDLING, "message": "",
         "status": {"lastPodSpecRevision": "", "upgradingPodSpecRevision": "", "currentStepIndex": 0,
                    "currentUpgradeReplicas": 0, "currentUpgradeReadyReplicas": 0,
-                   "currentFailureRetry": 0, "currentStepState": "", "totalUpgradeReplicas": 0,
+                   "currentFailureRetry": 0, "totalUpgradeReplicas": 0,
                    "totalUpgradeReadyReplicas": 0, "message": ""},
+        # currentStepState is absent until a rollout starts (the CRD's enum has no empty value).
         # What a restarted runner needs beyond the seed's fields (documented in docs/rollout.md).
-        "runnerState": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
+        "resume": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
                         "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
                         "pauseConfirmed": False, "heldNodes": [], "heldNodeCount": 0,
                         "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": ""},
@@ -166,7 +167,7 @@ class _Pass:
         self.obs, self.pol, self.now = observed, policy, now
         self.before = status or empty_status()
         self.st = _merged(empty_status(), copy.deepcopy(self.before))
-        self.sub, self.rs = self.st["status"], self.st["runnerState"]
+        self.sub, self.rs = self.st["status"], self.st["resume"]
         self.out = Decision(status=self.st)
         self.wakes: list[float] = []
 
@@ -477,7 +478,7 @@ class _Pass:
         busy = set() if self.pol.allow_gpu_workloads else self.obs.gpu_busy_nodes
         held = [p.node for p in pods if p.node in busy]
         self._list("heldNodes", held)
-        if held and len(held) != self.before.get("runnerState", {}).get("heldNodeCount"):
+        if held and len(held) != self.before.get("resume", {}).get("heldNodeCount"):
             self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads and are held "
                         f"back: {', '.join(sorted(held)[:LISTED_NODES])}")
         return sorted((p for p in pods if p.node not in busy), key=lambda p: (p.ready, p.node))

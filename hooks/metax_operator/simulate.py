@@ -188,7 +188,7 @@ class Simulation:
                 self.spec_pause, self.unpause_at = False, None
             decision = self._pass(now)
             status = self.status or rollout.empty_status()
-            rs = status["runnerState"]
+            rs = status["resume"]
             if rs["pausedByRunner"] and rs["pauseConfirmed"] and self.spec_pause and self.unpause_at is None \
                     and self.cfg.admin_delay is not None \
                     and (rs["pauseReason"] != "failure" or self.cfg.admin_resumes_failures):
@@ -216,7 +216,7 @@ class Simulation:
             actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
         upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
             if decision.status["phase"] == rollout.PROGRESSING else None
-        runner_paused = decision.status["runnerState"]["pausedByRunner"]
+        runner_paused = decision.status["resume"]["pausedByRunner"]
         for ref in decision.delete:
             actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
         self.actions_per_pass.append(len(actions) - 1)
@@ -232,9 +232,9 @@ class Simulation:
 
     def _record(self, status: dict, now: float) -> None:
         """The timeline, from the persisted status (what survives a crash)."""
-        sub, rs = status["status"], status["runnerState"]
+        sub, rs = status["status"], status["resume"]
         index = sub["currentStepIndex"]
-        state = sub["currentStepState"]
+        state = sub.get("currentStepState")
         completed = state == rollout.COMPLETED and sub["upgradingPodSpecRevision"] == self.revision
         if (status["phase"] == rollout.PROGRESSING or completed) and self.policy.steps:
             rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
