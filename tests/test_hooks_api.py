@@ -113,6 +113,47 @@ def managed(cr: dict) -> dict[str, dict]:
     return {m["manager"]: m["fieldsV1"] for m in cr["metadata"]["managedFields"]}
 
 
+# --- kube.py against the API server ---------------------------------------------------------
+
+def test_list_follows_continue_tokens(client, monkeypatch):
+    everything = client.list("v1", "Node")
+    monkeypatch.setattr(kube, "PAGE_SIZE", 5)
+    assert len(everything) >= 12
+    assert [n["metadata"]["name"] for n in client.list("v1", "Node")] == [n["metadata"]["name"] for n in everything]
+
+
+def test_delete_preconditions_refuse_another_object_of_the_same_name(client, namespace):
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": namespace},
+          "data": {"a": "1"}}
+    first = client.apply(cm, field_manager="test")
+    client.apply({**cm, "data": {"a": "2"}}, field_manager="test")
+    with pytest.raises(kube.ApiException) as err:  # changed since it was read
+        client.delete("v1", "ConfigMap", "probe", namespace, resource_version=first["metadata"]["resourceVersion"])
+    assert err.value.status == 409
+    with pytest.raises(kube.ApiException):  # not the object it was read as
+        client.delete("v1", "ConfigMap", "probe", namespace, uid="00000000-0000-0000-0000-000000000000")
+    assert client.delete("v1", "ConfigMap", "probe", namespace, uid=first["metadata"]["uid"]) is True
+    assert client.delete("v1", "ConfigMap", "probe", namespace) is False  # already gone
+    assert client.get("v1", "ConfigMap", "probe", namespace) is None
+
+
+def test_apply_conflicts_without_force_and_takes_over_with_it(client, namespace):
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned", "namespace": namespace},
+          "data": {"a": "1"}}
+    client.apply(cm, field_manager="first")
+    with pytest.raises(kube.ApiException) as err:
+        client.apply({**cm, "data": {"a": "2"}}, field_manager="second")
+    assert err.value.status == 409
+    taken = client.apply({**cm, "data": {"a": "2"}}, field_manager="second", force=True)
+    assert taken["data"] == {"a": "2"}
+    assert [m["manager"] for m in taken["metadata"]["managedFields"]] == ["second"]
+
+
+def test_unknown_kinds_are_named(client):
+    with pytest.raises(LookupError, match="does not serve Gadget in v1"):
+        client.get("v1", "Gadget", "x")
+
+
 # --- upgrade-crds ----------------------------------------------------------------------------
 
 def test_upgrade_crds_updates_an_older_crd_and_then_changes_nothing(client, hooks, crd):
