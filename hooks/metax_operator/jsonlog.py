@@ -33,6 +33,8 @@ def setup(level: str = "info") -> None:
     root.setLevel(level.upper())
     # The kubernetes client's leader election logs every retry at info; we log transitions ourselves.
     logging.getLogger("leaderelection").setLevel(logging.WARNING)
+    # Its REST layer logs every response body at debug.
+    logging.getLogger("kubernetes.client.rest").setLevel(logging.INFO)
 
 
 def event(logger: logging.Logger, action: str, level: int = logging.INFO, **fields) -> None:

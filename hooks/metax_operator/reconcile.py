@@ -42,6 +42,8 @@ FIELD_MANAGER = "metax-operator-runner"
 CR_API_VERSION = "gpu.metax-tech.com/v1"
 CR_KIND = "ClusterOperator"
 CR_NAME = "cluster-operator"
+#: Events about the cluster-scoped CR must live here (API server rule for cluster-scoped objects).
+EVENT_NAMESPACE = "default"
 PART_OF = "app.kubernetes.io/part-of=metax-operator"
 #: What admins may edit in place, and the shared parser of each (ConfigMap, key).
 CONFIGMAP_PARSERS = {
@@ -256,7 +258,8 @@ def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
         for var, path in ENV[key].items():
             value = _get(component, path)
             if var in present and value is not None:
-                env.append({"name": var, "value": _env_value(value)})
+                text = _env_value(value)  # the API drops an empty value: so do we, to compare alike
+                env.append({"name": var, "value": text} if text else {"name": var})
         if env:
             containers.append({"name": container["name"], "env": env})
     if containers:
@@ -487,22 +490,27 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
         break
     for kind, reason, message in events:
         check()
-        _emit(api, observed, cr, kind, reason, message, now(), identity)
-        writes += 1
+        writes += emit_event(api, cr, kind, reason, message, now(), identity)
     return writes
 
 
-def _emit(api: Client, observed: Observed, cr: dict, kind: str, reason: str, message: str,
-          now: str, identity: str) -> None:
-    """A core/v1 Event about the CR, in the runner's namespace (the CR is cluster-scoped and the
-    runner may write events only there); `kubectl describe clusteroperator` shows it."""
+def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "") -> bool:
+    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows). The API server
+    keeps events of cluster-scoped objects in namespace `default`. Best effort, as client-go's
+    recorder: a failed event is logged, never fails the pass."""
     body = {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{CR_NAME}.", "namespace": observed.namespace},
+            "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
             "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
                                "uid": cr["metadata"].get("uid")},
             "type": kind, "reason": reason, "message": message[:1024],
             "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
             "reportingInstance": identity or FIELD_MANAGER,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-    api.call("POST", api.resource("v1", "Event").path(namespace=observed.namespace), body=body)
+    try:
+        api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)
+    except Exception as err:  # noqa: BLE001 - events are best effort
+        event(log, "event-failed", logging.WARNING, type=kind, reason=reason, msg=message,
+              error=f"{type(err).__name__}: {getattr(err, 'reason', err)}")
+        return False
     event(log, "event", type=kind, reason=reason, msg=message)
+    return True

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.e2e
 
 NS = "runner-e2e"
 RELEASE = "metax"
+RELEASE_FULLNAME = "metax-operator"  # the chart's fullname: the runner's ServiceAccount is <fullname>-runner
 CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
 METAX = str(Path(sys.executable).with_name("metax-operator"))
 LEASE = dict(duration=4, renew=3, retry=1)  # seconds
@@ -58,6 +59,14 @@ def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
     return result.stdout
 
 
+def run(*command: str) -> str:
+    """Run a command; its stdout, or an AssertionError carrying its stderr."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    if result.returncode:
+        raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
+    return result.stdout
+
+
 def eventually(check, timeout: float, what: str, interval: float = 0.25):
     deadline = time.monotonic() + timeout
     while True:
@@ -70,13 +79,14 @@ def eventually(check, timeout: float, what: str, interval: float = 0.25):
 
 
 class Runner:
-    """A `metax-operator run` process with its JSON log in a file."""
+    """A `metax-operator run` process with its JSON log in a file, as the chart's runner
+    ServiceAccount (the kubeconfig `installed` yields), so the chart's RBAC is what it gets."""
 
-    def __init__(self, cp, tmp: Path, identity: str, *extra: str):
+    def __init__(self, kubeconfig: Path, tmp: Path, identity: str, *extra: str):
         self.identity = identity
         self.log_path = tmp / f"{identity}.log"
         self.proc = subprocess.Popen(
-            [METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig), "--identity", identity,
+            [METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig), "--identity", identity,
              "--interval", "1", "--lease-duration", str(LEASE["duration"]), "--renew-deadline",
              str(LEASE["renew"]), "--retry-period", str(LEASE["retry"]), "--log-level", "debug", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
@@ -128,11 +138,14 @@ def patch_cr(api, spec: dict) -> None:
 
 
 def versions(api) -> dict[str, str]:
-    """resourceVersions of every DaemonSet, the CR, and the number of events: what a write changes."""
+    """What a runner write changes: each DaemonSet's generation (bumped by spec writes only; the
+    DaemonSet controller keeps updating status and resourceVersion while pods roll), the CR's
+    resourceVersion, and the number of events the runner wrote."""
     dss = client.AppsV1Api(api).list_namespaced_daemon_set(NS).items
-    found = {ds.metadata.name: ds.metadata.resource_version for ds in dss}
+    found = {ds.metadata.name: str(ds.metadata.generation) for ds in dss}
     found["cr"] = get_cr(api)["metadata"]["resourceVersion"]
-    found["events"] = str(len(client.CoreV1Api(api).list_namespaced_event(NS).items))
+    events = client.CoreV1Api(api).list_namespaced_event("default", field_selector="source=metax-operator-runner").items
+    found["events"] = str(len(events))
     return found
 
 
@@ -178,18 +191,16 @@ def installed(control_plane, api, tmp_path_factory):
     values = tmp / "values.yaml"
     values.write_text(yaml.safe_dump(SEED_VALUES))
     helm = [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
-    subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks",
-                    "-f", str(values)], check=True, capture_output=True, text=True, timeout=120)
+    run(*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks", "-f", str(values))
     seed_default_templates(cp, api)
     # What Helm rendered (no post-renderer): the base only, so the CR's podTemplateSpec is not there yet.
     assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA]
     assert tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER]
-    merged = subprocess.run([*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json"],
-                            check=True, capture_output=True, text=True).stdout
+    merged = run(*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json")
     (tmp / "release-values.json").write_text(merged)
-    subprocess.run([METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
-                    "--kubeconfig", str(cp.kubeconfig)], check=True, capture_output=True, text=True, timeout=120)
-    yield tmp
+    run(METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
+        "--kubeconfig", str(cp.kubeconfig))
+    yield service_account_kubeconfig(cp, tmp, f"{RELEASE_FULLNAME}-runner")
     subprocess.run([*helm, "uninstall", RELEASE, "-n", NS, "--no-hooks"], capture_output=True, timeout=120)
     try:
         custom.delete_cluster_custom_object(*CR)
@@ -197,10 +208,22 @@ def installed(control_plane, api, tmp_path_factory):
         pass
 
 
+def service_account_kubeconfig(cp, tmp: Path, account: str) -> Path:
+    """A kubeconfig authenticating as ServiceAccount `account` of NS (a TokenRequest token)."""
+    token = kubectl(cp, "create", "token", account, "-n", NS, "--duration", "2h").strip()
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    path = tmp / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.fixture
-def runner(control_plane, installed, tmp_path):
+def runner(installed, tmp_path):
     """One runner for the test; stopped (SIGTERM) at the end."""
-    proc = Runner(control_plane, tmp_path, "runner-main")
+    proc = Runner(installed, tmp_path, "runner-main")
     yield proc
     proc.stop()
 
@@ -256,14 +279,14 @@ def test_kubectl_edit_of_the_cr_tolerations_changes_the_daemonsets(control_plane
     assert shown["metax-maca"] == [BASE, ROLE_MACA, GPU]  # custom tolerations win over deprecated ones
 
 
-def test_a_second_identical_pass_writes_nothing(control_plane, api, runner, tmp_path):
+def test_a_second_identical_pass_writes_nothing(installed, api, runner):
     patch_cr(api, seed_example_spec())
     eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "seed state")
     wait_converged(api, runner)
     assert runner.stop() == 0
     assert runner.lines("stopped")[-1]["released_lease"] is True
     before = versions(api)
-    once = subprocess.run([METAX, "run", "--once", "--namespace", NS, "--kubeconfig", str(control_plane.kubeconfig),
+    once = subprocess.run([METAX, "run", "--once", "--namespace", NS, "--kubeconfig", str(installed),
                            "--log-level", "debug"], capture_output=True, text=True, timeout=60)
     assert once.returncode == 0, once.stderr
     assert versions(api) == before
@@ -282,16 +305,21 @@ def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runn
     bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(?=0)", "gpus": "0"}]},
            "podTemplateSpec": {"spec": {"tolerations": [{**GENERAL, "value": "never-applied"}]}}}
     patch_cr(api, bad)
-    spec_valid = eventually(lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20,
-                            "SpecValid=False")
-    assert "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
-    assert condition(api, "Reconciled")["reason"] == "InvalidSpec"
-    events = client.CoreV1Api(api).list_namespaced_event(NS, field_selector="reason=InvalidSpec").items
-    assert any("spec.vfioManager.vfioConfig[0].nodeName" in e.message and e.type == "Warning"
-               and e.involved_object.name == "cluster-operator" for e in events)
-    time.sleep(3)  # several passes
-    assert {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before
-    patch_cr(api, {"vfioManager": {"vfioConfig": []}})
+    try:
+        spec_valid = eventually(lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20,
+                                "SpecValid=False")
+        assert "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
+        assert condition(api, "Reconciled")["reason"] == "InvalidSpec"
+        # Events of a cluster-scoped object live in namespace default (`kubectl describe` finds them).
+        events = eventually(lambda: [
+            e for e in client.CoreV1Api(api).list_namespaced_event("default", field_selector="reason=InvalidSpec").items
+            if "spec.vfioManager.vfioConfig[0].nodeName" in e.message and e.type == "Warning"
+            and e.involved_object.name == "cluster-operator"], 10, "a Warning event InvalidSpec naming the field")
+        assert events
+        time.sleep(3)  # several passes
+        assert {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before
+    finally:
+        patch_cr(api, {"vfioManager": {"vfioConfig": []}})
     eventually(lambda: condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
     eventually(lambda: {**GENERAL, "value": "never-applied"} in tolerations(api, "metax-driver"), 20,
                "the fixed spec applied")
@@ -327,7 +355,7 @@ def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, 
 
 def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane, api, installed, tmp_path):
     patch_cr(api, seed_example_spec())
-    a, b = Runner(control_plane, tmp_path, "runner-a"), Runner(control_plane, tmp_path, "runner-b")
+    a, b = Runner(installed, tmp_path, "runner-a"), Runner(installed, tmp_path, "runner-b")
     try:
         eventually(lambda: a.lines("lease-acquired") or b.lines("lease-acquired"), 20, "a leader")
         leader, follower = (a, b) if a.lines("lease-acquired") else (b, a)
