@@ -65,8 +65,8 @@ def test_gpu_node_with_old_runtime_fails_and_names_the_node():
         node("gpu-1"), node("gpu-2", runtime="docker://18.9.2", kubelet="v1.23.4"),
         node("cpu-1", runtime="cri-o://1.28.1", gpu=False)])
     assert [str(e) for e in findings.errors] == [
-        "node gpu-2: docker 18.9.2 is older than 18.09.3; "
-        "upgrade the node's container runtime to containerd >= 1.5.0"]
+        "node gpu-2: docker 18.9.2 is older than 18.09.3; move the node to containerd >= 1.5.0 "
+        "(docker >= 18.09.3 works only on Kubernetes 1.23), or keep MetaX components off it"]
     assert not any("cpu-1" in w for w in findings.warnings)  # not a GPU node: not checked
 
 

@@ -98,7 +98,8 @@ def check_node(node: dict, enforce: bool, findings: Findings) -> None:
     runtime = info.get("containerRuntimeVersion", "")
     problem = runtime_problem(runtime, info.get("kubeletVersion", ""))
     if problem:
-        fix = "upgrade the node's container runtime to containerd >= 1.5.0"
+        fix = ("move the node to containerd >= 1.5.0 (docker >= 18.09.3 works only on Kubernetes 1.23), "
+               "or keep MetaX components off it")
         if enforce:
             findings.errors.append(UserError(f"node {name}", problem, fix))
         else:
