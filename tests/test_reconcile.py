@@ -320,3 +320,34 @@ def test_owned_fields_projects_keyed_lists_and_atomic_fields():
     assert owned_fields(obj, FIELD_MANAGER) == {"spec": {"template": {"spec": {
         "tolerations": [GPU], "containers": [{"name": "a", "env": [{"name": "LOG_LEVEL", "value": "info"}]}]}}}}
     assert owned_fields(obj, "nobody") == {}
+
+
+# -- the runner's options and its lease lock (no cluster) ------------------------------------------
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--lease-duration", "10", "--renew-deadline", "10"], "--lease-duration: must exceed --renew-deadline"),
+    (["--renew-deadline", "2", "--retry-period", "2"], "--renew-deadline: must exceed 1.2 x --retry-period"),
+    (["--interval", "0"], "--interval: must be positive"),
+])
+def test_bad_runner_options_name_the_option(capsys, argv, fragment):
+    from metax_operator import cli
+    assert cli.main(["run", "--namespace", "ns", "--kubeconfig", "/nonexistent", *argv]) == 1
+    assert fragment in capsys.readouterr().err
+
+
+def test_the_runner_needs_a_namespace(capsys, monkeypatch):
+    from metax_operator import cli
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    assert cli.main(["run", "--kubeconfig", "/nonexistent"]) == 1
+    assert "--namespace: is not set; pass --namespace NS or set $POD_NAMESPACE" in capsys.readouterr().err
+
+
+def test_lease_times_round_trip_between_the_library_and_the_lease():
+    """The library keeps what it read and writes it back: a read-write-read must not drift."""
+    import datetime as dt
+    from metax_operator.leader import _from_record_time, _to_record_time
+    stamp = dt.datetime(2026, 11, 29, 21, 30, 1, 123456, tzinfo=dt.timezone.utc)
+    text = _to_record_time(stamp)
+    assert _from_record_time(text) == stamp and _to_record_time(_from_record_time(text)) == text
+    library = str(dt.datetime.fromtimestamp(stamp.timestamp()))  # what LeaderElection writes
+    assert _from_record_time(library) == stamp
