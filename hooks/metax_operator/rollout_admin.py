@@ -102,7 +102,7 @@ def render(cr: dict, output: str = "table") -> str:
     except (UserError, UserErrors) as err:
         return f"The upgrade policy is invalid, so the runner does not act on it:\n{err}"
     sub = status.get("status") or {}
-    resume = status.get("resume") or status.get("runnerState") or {}
+    resume = status.get("resume") or {}
     total = sub.get("totalUpgradeReplicas") or 0
     upgraded = sub.get("totalUpgradeReadyReplicas") or 0
     index, state = sub.get("currentStepIndex") or 0, sub.get("currentStepState") or ""
@@ -141,7 +141,7 @@ def render(cr: dict, output: str = "table") -> str:
 
 def next_action(status: dict, policy: policy_mod.Policy) -> str:
     sub = status.get("status") or {}
-    resume = status.get("resume") or status.get("runnerState") or {}
+    resume = status.get("resume") or {}
     phase, state = status.get("phase"), sub.get("currentStepState")
     if phase in (rollout.TERMINATING, rollout.DISABLING):
         return "the runner rolls every node back to the previous revision, wave by wave"

@@ -35,33 +35,10 @@ from .rollout_observe import DRIVER_DAEMONSET, Snapshot, Watches
 
 log = logging.getLogger("metax_operator.rollout")
 
-#: Where the engine's resume data lives in the CR (the CRD keeps unknown fields only there).
-RESUME_KEY = "resume"
 #: Seconds a pass waits for the caches' first LIST.
 SYNC_TIMEOUT = 60.0
 #: Pods deleted concurrently within a wave.
 DELETE_WORKERS = 8
-
-
-def status_from_cr(cr: dict) -> dict | None:
-    """The engine's view of the CR's `status.upgradeStatus` (None before the first rollout pass)."""
-    stored = (cr.get("status") or {}).get("upgradeStatus")
-    if not stored:
-        return None
-    status = json.loads(json.dumps(stored))
-    if RESUME_KEY in status and "runnerState" in rollout.empty_status():
-        status["runnerState"] = status.pop(RESUME_KEY)
-    return status
-
-
-def status_to_cr(status: dict) -> dict:
-    """The engine's status as the CR stores it."""
-    stored = dict(status)
-    if "runnerState" in stored:
-        stored[RESUME_KEY] = stored.pop("runnerState")
-    if status["status"].get("currentStepState") == "":  # the CRD's enum has no empty value
-        stored["status"] = {k: v for k, v in status["status"].items() if k != "currentStepState"}
-    return stored
 
 
 class RolloutExecutor:
@@ -93,14 +70,14 @@ class RolloutExecutor:
         except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
             return 0
-        before = status_from_cr(cr)
+        before = (cr.get("status") or {}).get("upgradeStatus") or None
         snap = self.watches.observe(cr, before)
         if snap is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return 0
         decision = rollout.decide(snap.observed, policy, before, self.clock())
         writes = 0
-        if status_to_cr(decision.status) != (cr.get("status") or {}).get("upgradeStatus"):
+        if decision.status != before:
             if not self._write_status(cr, decision.status):
                 return 0  # the CR changed since it was read: decide again next pass
             writes += 1
@@ -123,7 +100,7 @@ class RolloutExecutor:
         """PUT the status subresource with the resourceVersion read; False on a conflict."""
         self._check()
         body = json.loads(json.dumps(cr))
-        body.setdefault("status", {})["upgradeStatus"] = status_to_cr(status)
+        body.setdefault("status", {})["upgradeStatus"] = status
         path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME,
                                                                                   subresource="status")
         self.requests += 1
@@ -142,7 +119,7 @@ class RolloutExecutor:
     def _act(self, cr: dict, snap: Snapshot, decision: rollout.Decision, policy: policy_mod.Policy) -> int:
         writes = 0
         if decision.set_pause is not None and decision.set_pause != policy.pause:
-            writes += self._set_pause(decision.set_pause, policy.pause)
+            writes += self._set_pause(decision.set_pause, policy.pause, decision.status)
         if decision.restore_revision:
             writes += self._restore(cr, snap, decision.restore_revision, decision.status)
         writes += self._delete(decision.delete)
@@ -153,21 +130,30 @@ class RolloutExecutor:
                                            rollout.rfc3339(self.clock()), self.identity)
         return writes
 
-    def _set_pause(self, value: bool, seen: bool) -> int:
-        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw."""
+    def _set_pause(self, value: bool, seen: bool, status: dict) -> int:
+        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw.
+
+        Once the runner's own pause has landed, the status says so (`resume.pauseConfirmed`):
+        otherwise an admin's `pause: false` a moment later would look like the runner's pause not
+        applied yet, and the next pass would pause again.
+        """
         self._check()
         path = "/spec/driver/upgradePolicy/pause"
         patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
         self.requests += 1
         try:
-            self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
-                           patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+            patched = self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
+                                     patch_type="json", field_manager=reconcile.FIELD_MANAGER)
         except ApiException as err:
             if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
                 raise
             event(log, "rollout-pause-skipped", msg="spec.driver.upgradePolicy.pause changed meanwhile")
             return 0
         event(log, "rollout-set-pause", pause=value)
+        resume = status.get("resume") or {}
+        if value and resume.get("pausedByRunner") and not resume.get("pauseConfirmed"):
+            resume["pauseConfirmed"] = True
+            return 1 + self._write_status(patched, status)
         return 1
 
     def _restore(self, cr: dict, snap: Snapshot, revision: str, status: dict) -> int:

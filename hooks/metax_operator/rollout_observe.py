@@ -112,7 +112,7 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
     caught_up = bool(newest) and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get(
         "generation", 0)
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
-    wave = (((status or {}).get("resume") or (status or {}).get("runnerState") or {}).get("wave")) or []
+    wave = (((status or {}).get("resume") or {}).get("wave")) or []
     observed = rollout.Observed(
         current_revision=newest, caught_up=caught_up,
         nodes=frozenset(p.node for p in pods) | frozenset(wave),
