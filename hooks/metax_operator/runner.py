@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 
-from . import jsonlog, reconcile
+from . import jsonlog, reconcile, rollout_exec
 from .errors import UserError
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
@@ -41,16 +41,19 @@ class Runner:
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
+        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity)
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
         started = time.monotonic()
         observed = reconcile.observe(self.api, self.namespace)
         if observed.cr is None:
-            jsonlog.event(log, "no-cr", msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
+            jsonlog.event(log, "no-cr", logging.DEBUG,
+                          msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
         outcome = reconcile.plan(observed)
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
+        writes += self.rollout.run_pass()
         jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,
                       generation=observed.cr["metadata"].get("generation"),
                       seconds=round(time.monotonic() - started, 3))
