@@ -41,8 +41,17 @@ def policies(draw, nodes: int, min_parallel_percent: int = 1) -> Policy:
                   steps_key="random")
 
 
-def run(policy: Policy, config: Config):
-    sim = Simulation(config, policy)
+def admin_pauses(draw) -> list:
+    """Random windows in which the admin sets pause: true, then false."""
+    script = []
+    for start, length in draw(st.lists(st.tuples(st.floats(0, 3000), st.floats(1, 900)), max_size=2)):
+        script += [(start, lambda sim: setattr(sim, "spec_pause", True)),
+                   (start + length, lambda sim: setattr(sim, "spec_pause", False))]
+    return script
+
+
+def run(policy: Policy, config: Config, admin: list | None = None):
+    sim = Simulation(config, policy, admin)
     sim.set_revision(NEW)
     return sim.run()
 
@@ -82,7 +91,7 @@ def check_end_state(result, policy: Policy, nodes: int) -> None:
 def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latency):
     policy = data.draw(policies(nodes))
     result = run(policy, Config(nodes=nodes, seed=seed, ready_latency=(latency[0], latency[0] + latency[1]),
-                                admin_delay=data.draw(st.floats(0, 600))))
+                                admin_delay=data.draw(st.floats(0, 600))), admin_pauses(data.draw))
     check_safety(result, policy)
     assert result.status["status"].get("currentStepState") == R.COMPLETED
     assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes

@@ -426,7 +426,10 @@ class _Pass:
 
     # -- waves --------------------------------------------------------------------------------
     def _view(self, revision: str) -> _View:
-        return _View(self.obs, revision, set(self.rs["wave"]), self._timeout(), self.now)
+        view = _View(self.obs, revision, set(self.rs["wave"]), self._timeout(), self.now)
+        if view.deadline is not None:
+            self.wakes.append(view.deadline)  # a pending pod turns failed then
+        return view
 
     def _wave_busy(self, view: _View) -> bool:
         """True while the current wave is still coming back; repeats deletions a crash lost.
@@ -451,19 +454,17 @@ class _Pass:
                 continue
             busy.append(node)
         deadline = start + self._timeout()
-        if busy and self.now >= deadline:  # never came back: failed, and no longer in flight
-            stuck = [n for n in busy if n not in view.pending]
+        if busy and self.now >= deadline:  # deleted but never came back: failed, no longer in flight
+            undeleted = {p.node for p in lost}  # the runner's deletion never happened: not the node's fault
+            stuck = [n for n in busy if n not in view.pending and n not in undeleted]
             view.failed.update(stuck)
             view.coming.difference_update(stuck)
-            busy = [n for n in busy if n in view.pending]
-            lost = []
+            busy = [n for n in busy if n in view.pending or n in undeleted]
         if not busy:
             return False
         if lost and not self.pol.pause:
             self._delete(lost)
         self.wakes.append(deadline)
-        if view.deadline is not None:
-            self.wakes.append(view.deadline)
         self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready")
         return True
 
@@ -488,7 +489,10 @@ class _Pass:
 
     # -- small helpers --------------------------------------------------------------------------
     def _resume_index(self) -> int:
-        """The first step whose target is at least the pods already at the current revision."""
+        """The first step whose target is at least the pods already at the current revision.
+
+        Also records the step list it was computed for (`resume.stepsKey`).
+        """
         self.rs["stepsKey"] = self.pol.steps_key
         view = self._view(self.obs.current_revision)
         targets = self.pol.targets(view.n)
