@@ -1,0 +1,155 @@
+"""The staged rollout at scale on the real control plane: 500 kwok GPU nodes, then 5,000.
+
+For each size: a `metax-driver` DaemonSet (OnDelete, one pod per GPU node, pods Ready
+`READY_LATENCY` s after creation), the ClusterOperator CRD and CR with a 4-step policy, and one
+`metax-operator run` process (admin credentials, 1 s interval). The driver template changes; the
+runner rolls it out. Printed: wall time against the ideal schedule (the engine's simulator with
+the same Ready latency and pass interval), the runner's API requests and bytes per pass in steady
+state (its own request counter and watch-cache counters from its log, and the bytes it read from
+its sockets, /proc/PID/io rchar), its CPU seconds and peak memory. Each size is bounded in time:
+`python -m tests.bench rollout_cluster` (env METAX_BENCH_SIZES="500,5000" to choose).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from metax_operator import policy as policy_mod
+from metax_operator.simulate import simulate
+from tests.controlplane import GPU_LABEL, ControlPlane, stop_pid
+
+NS = "bench-rollout"
+READY_LATENCY = 2.0
+INTERVAL = 1.0
+POLICY = {"enableRollout": True, "maxParallel": "50%", "maxFailureThreshold": 0,
+          "upgradeSteps": [{"replicas": "10%", "pauseDuration": 0}, {"replicas": "30%", "pauseDuration": 0},
+                           {"replicas": "60%", "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
+CRD = Path(__file__).resolve().parents[2] / "crds" / "clusteroperators.gpu.metax-tech.com.yaml"
+METAX = str(Path(sys.executable).with_name("metax-operator"))
+CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
+STEADY_PASSES = 10
+
+
+def daemonset(image: str) -> dict:
+    labels = {"app.kubernetes.io/component": "driver", "app.kubernetes.io/name": "metax-operator"}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "metax-driver", "namespace": NS},
+            "spec": {"selector": {"matchLabels": labels}, "updateStrategy": {"type": "OnDelete"},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "nodeSelector": {GPU_LABEL: "true"},
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "driver-manager", "image": image}]}}}}
+
+
+def proc_stats(pid: int) -> dict:
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return {"cpu": (int(stat[11]) + int(stat[12])) / ticks, "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+            "peak_mb": int(status["VmHWM"].split()[0]) / 1024, "rchar": int(io["rchar"])}
+
+
+def passes(log: Path) -> list[dict]:
+    out = []
+    for line in log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("action") == "rollout-pass":
+            out.append(entry)
+    return out
+
+
+def run_size(nodes: int, budget: float) -> None:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        tmp = Path(tmp)
+        cp = ControlPlane.start(tmp / "cp", gpu_nodes=nodes, plain_nodes=0, timeout=120 + nodes / 10)
+        runner = None
+        try:
+            api = cp.api()
+            print(f"{nodes} nodes: control plane up in {time.monotonic() - started:.0f} s", flush=True)
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
+            subprocess.run([str(Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator"))
+                                / "bin" / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "apply",
+                            "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+            time.sleep(2)
+            client.CustomObjectsApi(api).create_cluster_custom_object(*CR[:3], {
+                "apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
+                "metadata": {"name": "cluster-operator"}, "spec": {"driver": {"upgradePolicy": POLICY}}})
+            apps = client.AppsV1Api(api)
+            apps.create_namespaced_daemon_set(NS, daemonset("registry.example/driver:1"))
+            core = client.CoreV1Api(api)
+
+            def pods_at(image: str | None = None) -> int:
+                items = core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=driver").items
+                return sum(1 for p in items if p.metadata.deletion_timestamp is None
+                           and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                           and (image is None or p.spec.containers[0].image == image))
+
+            while pods_at() < nodes:
+                if time.monotonic() - started > budget:
+                    raise TimeoutError(f"{pods_at()} of {nodes} driver pods Ready within the budget")
+                time.sleep(2)
+            cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
+            log = tmp / "runner.log"
+            runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
+                                       "--interval", str(INTERVAL), "--log-level", "debug"],
+                                      stdout=subprocess.DEVNULL, stderr=log.open("w"))
+            while not any(p["phase"] == "Idling" for p in passes(log)):
+                time.sleep(0.5)
+            idle_at = time.monotonic() - started
+            image = "registry.example/driver:2"
+            apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
+                "containers": [{"name": "driver-manager", "image": image}]}}}})
+            t0 = time.monotonic()
+            while not any(p.get("state") == "Completed" for p in passes(log)):
+                if time.monotonic() - started > budget:
+                    raise TimeoutError(f"not completed within the budget ({pods_at(image)} of {nodes} upgraded)")
+                time.sleep(0.5)
+            wall = time.monotonic() - t0
+            ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=INTERVAL)
+            during = proc_stats(runner.pid)
+            # Steady state: passes over an unchanged cluster.
+            before, first = proc_stats(runner.pid), passes(log)[-1]
+            count = len(passes(log))
+            while len(passes(log)) < count + STEADY_PASSES:
+                time.sleep(0.5)
+            after, last = proc_stats(runner.pid), passes(log)[-1]
+            n = len(passes(log)) - count
+            print(f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
+                  f"creation, pass every {INTERVAL:g} s:")
+            print(f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
+                  f"({wall / ideal.end_time:.2f}x); runner idle (caches listed) {idle_at:.0f} s into the run")
+            print(f"  steady state per pass: rollout requests "
+                  f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
+                  f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
+                  f"{(last['cache_bytes'] - first['cache_bytes']) / n:,.0f}; all sockets of the runner "
+                  f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
+            print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
+                  f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
+                  f"initial LIST+sync {first['cache_bytes'] / 1e6:.1f} MB received", flush=True)
+        except TimeoutError as err:
+            print(f"{nodes} nodes: stopped at the time budget ({budget:.0f} s): {err}", flush=True)
+        finally:
+            if runner is not None:
+                stop_pid(runner.pid, runner)
+            cp.stop()
+
+
+def main() -> None:
+    sizes = [int(s) for s in os.environ.get("METAX_BENCH_SIZES", "500,5000").split(",") if s]
+    for nodes in sizes:
+        run_size(nodes, budget=300 + nodes * 0.3)
+
+
+if __name__ == "__main__":
+    main()
