@@ -351,3 +351,17 @@ def test_lease_times_round_trip_between_the_library_and_the_lease():
     assert _from_record_time(text) == stamp and _to_record_time(_from_record_time(text)) == text
     library = str(dt.datetime.fromtimestamp(stamp.timestamp()))  # what LeaderElection writes
     assert _from_record_time(library) == stamp
+
+
+@pytest.mark.parametrize("mode", ["deployment", "cronjob"])
+def test_the_chart_s_runner_command_is_accepted_by_this_cli(mode):
+    from metax_operator import cli
+    objects = render_chart({**VALUES, "runner": {"mode": mode, "interval": 7}})
+    workload = next(o for o in objects if o["kind"] in ("Deployment", "CronJob")
+                    and o["metadata"]["name"] == "metax-operator-runner")
+    pod = workload["spec"]["template"]["spec"] if mode == "deployment" else \
+        workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    command = next(c for c in pod["containers"]).get("command")
+    args = cli.build_parser().parse_args(command[1:])
+    assert args.func.__module__ == "metax_operator.runner" and args.namespace == "metax-operator"
+    assert (args.once, args.interval) == ((False, 7.0) if mode == "deployment" else (True, 5.0))

@@ -72,3 +72,21 @@ def test_bad_arguments_name_the_option_and_the_fix(capsys, argv, fragment):
             args += [key, value]
     assert cli.main(args + argv + ["--kubeconfig", "/nonexistent"]) == 1
     assert fragment in capsys.readouterr().err
+
+
+def test_the_chart_s_wait_for_init_containers_call_this_command_with_each_component_s_prerequisites():
+    from metax_operator.validation import DEPENDENCIES
+    from tests.helm import render_chart
+    objects = render_chart({"registry": "r.example/metax", "driver": {"payload": {"version": "1"}},
+                            "exporter": {"deploy": True}})
+    seen = {}
+    for ds in (o for o in objects if o["kind"] == "DaemonSet"):
+        key = ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]
+        for init in ds["spec"]["template"]["spec"].get("initContainers") or []:
+            if init["name"] == "wait-for":
+                assert init["command"][0] == "metax-operator"
+                args = cli.build_parser().parse_args(init["command"][1:])
+                assert args.func.__module__ == "metax_operator.waitfor"
+                assert (args.namespace, args.node) == ("$(POD_NAMESPACE)", "$(NODE_NAME)")
+                seen[key] = sorted(args.component)
+    assert seen == {key: sorted(prereqs) for key, prereqs in DEPENDENCIES.items()}
