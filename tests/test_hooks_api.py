@@ -302,6 +302,24 @@ def test_runtime_controls_set_by_an_admin_survive_upgrades_that_do_not_set_them(
     assert policy()["enableRollout"] is False
 
 
+def test_bootstrap_waits_for_the_crd_to_be_served(client, hooks, no_cr, tmp_path):
+    """With hooks as plain resources (GitOps) bootstrap may start before the CRD is there."""
+    import threading
+
+    client.delete(*CRD)
+    client.wait_deleted(*CRD, timeout=60)
+    values = json.loads(values_file(tmp_path).read_text())
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(
+        cr=bootstrap.bootstrap(kube.Client.connect(hooks.kubeconfig), values, "metax", timeout=60)[0]))
+    worker.start()
+    time.sleep(3)
+    assert worker.is_alive()  # waiting, not failed
+    assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
+    worker.join(60)
+    assert result["cr"]["spec"]["registry"] == "cr.example.com/metax"
+
+
 def test_bootstrap_survives_a_concurrent_admin_edit(client, hooks, no_cr, tmp_path):
     """The apply carries the resourceVersion it decided on: an edit in between is re-read, not lost."""
     path = str(values_file(tmp_path))

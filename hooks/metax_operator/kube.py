@@ -188,11 +188,18 @@ class Client:
         key = (api_version, kind)
         if key not in self._resources and api_version not in self._discovered:
             path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-            for item in self.call("GET", path).get("resources", []):
+            try:
+                served = self.call("GET", path).get("resources", [])
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                served = []  # the group/version is not served (yet): a CRD being established
+            for item in served:
                 if "/" not in item["name"]:  # skip subresources such as pods/status
                     self._resources[(api_version, item["kind"])] = Resource(
                         api_version, item["kind"], item["name"], item["namespaced"])
-            self._discovered.add(api_version)
+            if served:
+                self._discovered.add(api_version)
         try:
             return self._resources[key]
         except KeyError:
