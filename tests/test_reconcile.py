@@ -274,6 +274,16 @@ def test_a_deploy_switch_flipped_in_the_cr_asks_for_helm_upgrade(rendered, cr_sp
     assert "spec.vfioManager.deploy is false but DaemonSet metax-vfio-manager exists" in message
 
 
+def test_changes_of_the_pod_structure_ask_for_helm_upgrade_and_are_not_applied(rendered, cr_spec):
+    spec = cr_spec(driver={"deployPolicy": "Never"}, maca={"payload": {"images": ["a:1", "b:2"]}})
+    out = plan(observed(rendered, spec))
+    message = conditions(out)["HelmUpgradeRequired"].message
+    assert "spec.driver.deployPolicy is Never but DaemonSet metax-driver has payload init container" in message
+    assert "spec.maca.payload.images lists 2 images but DaemonSet metax-maca has 1 payload init containers" in message
+    maca = next(a.body for a in out.applies if a.body["metadata"]["name"] == "metax-maca")
+    assert "initContainers" not in pod_spec(maca)
+
+
 def test_in_sync_deploy_switches_need_no_helm_upgrade(rendered, cr_spec):
     assert conditions(plan(observed(rendered, cr_spec())))["HelmUpgradeRequired"].status == "False"
 

@@ -120,23 +120,19 @@ class Outcome:
 # -- the core: pure functions of the observed state ----------------------------------------------
 
 def spec_errors(spec: dict) -> list[UserError]:
-    """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs."""
+    """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs
+    (the global podTemplateSpec is checked once per component: each problem is kept once)."""
     errors: list[UserError] = []
-    try:
-        validation.validate_cr_spec(spec)
-    except UserErrors as err:
-        errors += err.errors
-    except UserError as err:
-        errors.append(err)
-    for key in COMPONENTS:
+    checks = [lambda: validation.validate_cr_spec(spec)]
+    checks += [lambda key=key: merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.") for key in COMPONENTS]
+    for check in checks:
         try:
-            merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.")
+            check()
         except UserErrors as err:
-            errors += [e for e in err.errors if str(e) not in map(str, errors)]
+            errors += err.errors
         except UserError as err:
-            if str(err) not in map(str, errors):
-                errors.append(err)
-    return errors
+            errors.append(err)
+    return list({str(e): e for e in errors}.values())
 
 
 def reconcile_daemonsets(observed: Observed) -> Outcome:
@@ -194,7 +190,7 @@ def check_helm_owned(observed: Observed) -> Outcome:
     maca = observed.daemonsets.get("maca")
     images = ((spec.get("maca") or {}).get("payload") or {}).get("images")
     if maca is not None and images is not None:
-        count = len(_payload_containers(maca))
+        count = len(_payload_containers(_pod(maca)))
         if count != len(images):
             needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
                          f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
@@ -349,15 +345,15 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
         payload = (spec.get("maca") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
         images = payload.get("images")
-        containers = _payload_containers({"spec": {"template": {"spec": live}}})
+        containers = _payload_containers(live)
         if registry and images is not None and len(images) == len(containers):
             return [{"name": name, "image": f"{registry}/{image}"} for name, image in zip(containers, images)]
     return []
 
 
-def _payload_containers(ds: dict) -> list[str]:
-    """The MXMACA DaemonSet's `payload-N` init containers, in N order."""
-    names = [n for n in _names(_pod(ds).get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
+def _payload_containers(pod_spec: dict) -> list[str]:
+    """The MXMACA pod's `payload-N` init containers, in N order."""
+    names = [n for n in _names(pod_spec.get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
     return sorted(names, key=lambda n: int(n[8:]))
 
 
