@@ -5,9 +5,13 @@ The binaries come from `scripts/setup.d/20-control-plane` ($METAX_CACHE/controlp
 Everything listens on 127.0.0.1 at free ports; certificates, the admin kubeconfig, etcd's data
 and each component's log live in one work directory.
 
-kwok runs with its Stage API (`--enable-crds=Stage`): the stages are objects in the API server:
-our node-initialize (a GPU server's status), kwok's stock pod-ready and pod-delete, and one more
-Stage per injected fault, with a weight so that it wins over the stock stage for the nodes it names. The stock `pod-complete`
+kwok's stages come from its config file: our node-initialize (a GPU server's status) and
+node-not-ready (for nodes labelled so), kwok's stock pod-ready and pod-delete, and one more Stage
+per injected pod fault, with a weight so that it wins over the stock stage for the nodes it
+names. A pod fault rewrites the file and restarts kwok (about a second): kwok's Stage API
+(`--enable-crds=Stage`) would avoid that, but its stage cache can miss the latest change (it is
+keyed on the informer's resource version, which moves before the informer's store does), and a
+fault that silently does not apply makes a flaky test. The stock `pod-complete`
 stage is deliberately left out: a Job's pod would "succeed" without running anything, so a Helm
 hook Job stays Running here rather than faking success.
 
@@ -51,9 +55,7 @@ GPUS_ANNOTATION = "metax-operator.test/gpus"  # how many GPUs a simulated node r
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.1/16"  # kwok hands out pod IPs from it; nothing is ever sent to them
-FAULT_LABEL = "metax-operator.test/fault"  # on the Stages of pod faults
 NOT_READY_LABEL = "metax-operator.test/not-ready"  # on nodes made NotReady
-STAGE_API = ("kwok.x-k8s.io", "v1alpha1", "stages")
 
 
 class ControlPlaneError(Exception):
@@ -309,19 +311,19 @@ conditions:
 """
 
 
-def _stage(name: str, kind: str, selector: dict, next_: dict, delay_ms: int = 0, fault: bool = True) -> dict:
+def _stage(name: str, kind: str, selector: dict, next_: dict, delay_ms: int = 0) -> dict:
     spec = {"resourceRef": {"apiGroup": "v1", "kind": kind}, "selector": selector,
             "weight": 1, "next": next_}  # weight 1 beats the stock stages (weight 0)
     if delay_ms:
         spec["delay"] = {"durationMilliseconds": delay_ms}
     return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",
-            "metadata": {"name": name, "labels": {FAULT_LABEL: "true"} if fault else {}},
+            "metadata": {"name": name},
             "spec": spec}
 
 
 NODE_NOT_READY = _stage("node-not-ready", "Node", {"matchExpressions": [
     {"key": f'.metadata.labels["{NOT_READY_LABEL}"]', "operator": "In", "values": ["true"]}]},
-    {"statusTemplate": _NODE_NOT_READY_STATUS}, fault=False)  # permanent; the fault is the label
+    {"statusTemplate": _NODE_NOT_READY_STATUS})  # always there; the fault is the label
 
 
 # --- the control plane -------------------------------------------------------------------------
@@ -332,6 +334,7 @@ class ControlPlane:
     port: int = 0
     components: dict[str, Component] = field(default_factory=dict)
     _node_count: dict[str, int] = field(default_factory=dict)
+    _pod_faults: dict[str, dict] = field(default_factory=dict)  # Stage name -> Stage
     _fault_count: int = 0
 
     @property
@@ -398,12 +401,12 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC", "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",  # the default one refuses a loopback address
             "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
             f"--cert-dir={self.workdir / 'apiserver'}", "--profiling=false",
         ], health=f"{self.server}/readyz")
         self._wait_healthy(["kube-apiserver"], deadline)
-        self._install_stages()
-        kcm_port, sched_port, kwok_port = free_port(), free_port(), free_port()
+        kcm_port, sched_port = free_port(), free_port()
         self._run("kube-controller-manager", [
             f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
             "--node-monitor-grace-period=8760h", "--node-startup-grace-period=8760h",
@@ -424,16 +427,7 @@ class ControlPlane:
             f"--config={scheduler_config}", "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
             f"--cert-dir={self.workdir / 'scheduler'}",
         ], health=f"https://127.0.0.1:{sched_port}/healthz")
-        kwok_config = self.workdir / "kwok.yaml"
-        kwok_config.write_text(yaml.safe_dump({
-            "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-            "options": {"enableCRDs": ["Stage"], "cidr": POD_CIDR, "nodeLeaseDurationSeconds": 0,
-                        "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
-                        "serverAddress": f"127.0.0.1:{kwok_port}"}}))
-        self._run("kwok", [
-            f"--config={kwok_config}", f"--kubeconfig={self.kubeconfig}",
-            "--node-lease-duration-seconds=0",
-        ], health=f"http://127.0.0.1:{kwok_port}/healthz")
+        self._start_kwok()
         self.add_nodes(gpu_nodes, gpu=True, wait=False)
         self.add_nodes(plain_nodes, gpu=False, wait=False)
         self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
@@ -446,7 +440,7 @@ class ControlPlane:
     def _run(self, name: str, args: list[str], health: str) -> None:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
-        with log.open("wb") as out:
+        with log.open("ab") as out:
             process = subprocess.Popen([str(BIN_DIR / name), *args], stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
         self.components[name] = Component(name, process, log, health)
@@ -506,48 +500,45 @@ class ControlPlane:
     def rss(self) -> dict[str, int]:
         return {name: c.rss_bytes() for name, c in self.components.items()}
 
-    # -- kwok stages --
+    # -- kwok and faults --
 
-    def _install_stages(self) -> None:
-        from kubernetes import client, utils
-        api = self.api()
-        utils.create_from_yaml(api, str(BIN_DIR / "kwok-stages" / "stage-crd.yaml"))
-        extensions = client.ApiextensionsV1Api(api)
-        while not any(c.type == "Established" and c.status == "True" for c in
-                      (extensions.read_custom_resource_definition("stages.kwok.x-k8s.io").status.conditions or [])):
-            time.sleep(0.1)
-        self.create_stage(NODE_INITIALIZE)
-        self.create_stage(NODE_NOT_READY)
-        for stock in ("pod-ready", "pod-delete"):
-            self.create_stage(yaml.safe_load((BIN_DIR / "kwok-stages" / f"{stock}.yaml").read_text()))
+    def _start_kwok(self) -> None:
+        port = free_port()
+        config = self.workdir / "kwok.yaml"
+        stock = [yaml.safe_load((BIN_DIR / "kwok-stages" / f"{name}.yaml").read_text())
+                 for name in ("pod-ready", "pod-delete")]
+        config.write_text(yaml.safe_dump_all([
+            {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+             "options": {"cidr": POD_CIDR, "nodeLeaseDurationSeconds": 0,
+                         "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
+                         "serverAddress": f"127.0.0.1:{port}"}},
+            NODE_INITIALIZE, NODE_NOT_READY, *stock, *self._pod_faults.values()]))
+        self._run("kwok", [f"--config={config}", f"--kubeconfig={self.kubeconfig}",
+                           "--node-lease-duration-seconds=0"], health=f"http://127.0.0.1:{port}/healthz")
 
-    def create_stage(self, stage: dict) -> None:
-        from kubernetes import client
-        client.CustomObjectsApi(self.api()).create_cluster_custom_object(*STAGE_API, stage)
+    def _restart_kwok(self) -> None:
+        stop_pid(self.components["kwok"].process.pid, self.components.pop("kwok").process)
+        self._start_kwok()
+        self._wait_healthy(["kwok"], time.monotonic() + 30)
 
-    def delete_stage(self, name: str) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-        try:
-            client.CustomObjectsApi(self.api()).delete_cluster_custom_object(*STAGE_API, name)
-        except ApiException as error:
-            if error.status != 404:
-                raise
+    def _pod_fault(self, kind: str, stage: Callable[[str], dict]) -> Fault:
+        self._fault_count += 1
+        name = f"fault-{kind}-{self._fault_count}"
+        self._pod_faults[name] = stage(name)
+        self._restart_kwok()
+
+        def clear() -> None:
+            if self._pod_faults.pop(name, None):
+                self._restart_kwok()
+        return Fault(clear)
 
     def clear_faults(self) -> None:
         from kubernetes import client
-        stages = client.CustomObjectsApi(self.api()).list_cluster_custom_object(
-            *STAGE_API, label_selector=f"{FAULT_LABEL}=true")
-        for stage in stages["items"]:
-            self.delete_stage(stage["metadata"]["name"])
+        if self._pod_faults:
+            self._pod_faults.clear()
+            self._restart_kwok()
         down = client.CoreV1Api(self.api()).list_node(label_selector=f"{NOT_READY_LABEL}=true").items
         self._label_nodes([n.metadata.name for n in down], NOT_READY_LABEL, None)
-
-    def _fault(self, kind: str, make) -> Fault:
-        self._fault_count += 1
-        name = f"fault-{kind}-{self._fault_count}"
-        self.create_stage(make(name))
-        return Fault(lambda: self.delete_stage(name))
 
     def _label_nodes(self, nodes: list[str], key: str, value: str | None) -> None:
         from kubernetes import client
@@ -557,7 +548,7 @@ class ControlPlane:
 
     def pods_never_ready(self, nodes: list[str]) -> Fault:
         """New pods on these nodes run but never pass readiness."""
-        return self._fault("never-ready", lambda name: _stage(
+        return self._pod_fault("never-ready", lambda name: _stage(
             name, "Pod", _on_nodes(nodes, _NEW_POD),
             {"statusTemplate": _UNREADY_STATUS,
              "event": {"type": "Warning", "reason": "Unhealthy", "message": "Readiness probe failed (injected fault)"}}))
@@ -565,12 +556,12 @@ class ControlPlane:
     def pods_ready_after(self, nodes: list[str], seconds: float) -> Fault:
         """New pods on these nodes stay Pending, then become Ready after `seconds`."""
         ready = yaml.safe_load((BIN_DIR / "kwok-stages" / "pod-ready.yaml").read_text())
-        return self._fault("slow", lambda name: _stage(
+        return self._pod_fault("slow", lambda name: _stage(
             name, "Pod", _on_nodes(nodes, _NEW_POD), ready["spec"]["next"], delay_ms=int(seconds * 1000)))
 
     def pods_crash_loop(self, nodes: list[str], every: float = 2) -> Fault:
         """Pods on these nodes crash every `every` seconds: restartCount rises, never Ready."""
-        return self._fault("crash-loop", lambda name: _stage(
+        return self._pod_fault("crash-loop", lambda name: _stage(
             name, "Pod", _on_nodes(nodes), {"statusTemplate": _CRASH_STATUS,
                                             "event": {"type": "Warning", "reason": "BackOff",
                                                       "message": "Back-off restarting failed container (injected fault)"}},
@@ -578,7 +569,7 @@ class ControlPlane:
 
     def nodes_not_ready(self, nodes: list[str]) -> Fault:
         """These nodes report Ready=False (and get tainted not-ready) until the fault is cleared.
-        A label rather than a Stage per fault: kwok re-reads a node only when the node changes."""
+        A label, read by the permanent node-not-ready stage: no kwok restart needed."""
         self._label_nodes(nodes, NOT_READY_LABEL, "true")
         return Fault(lambda: self._label_nodes(nodes, NOT_READY_LABEL, None))
 
