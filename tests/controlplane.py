@@ -116,7 +116,7 @@ def check_port_free(port: int) -> None:
         except OSError:
             raise ControlPlaneError(
                 f"port {port} on 127.0.0.1 is in use: stop what listens there "
-                f"('scripts/cluster down' if it is an earlier cluster) or pick another port") from None
+                f"('scripts/cluster down' if it is an earlier cluster) or pick another (--port)") from None
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -663,6 +663,12 @@ def _ours(pid: int) -> bool:
     return False
 
 
+def running(workdir: Path) -> bool:
+    """Some process of the cluster recorded in workdir still runs (a stale record does not count)."""
+    state = workdir / "state.json"
+    return state.exists() and any(_ours(pid) for pid in json.loads(state.read_text())["pids"].values())
+
+
 def cluster_down(workdir: Path = CLUSTER_DIR) -> bool:
     state = workdir / "state.json"
     if not state.exists():
@@ -689,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "down":
             print("stopped" if cluster_down() else f"no cluster running (nothing in {CLUSTER_DIR})")
             return 0
-        if (CLUSTER_DIR / "state.json").exists():
+        if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()
