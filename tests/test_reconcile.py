@@ -234,6 +234,19 @@ def test_every_env_var_the_runner_governs_is_one_the_chart_renders(rendered):
         assert set(variables) <= names, f"{key}: the chart does not render {set(variables) - names}"
 
 
+def test_the_runner_applies_only_what_differs_or_what_it_already_owns(rendered, cr_spec):
+    """So Helm stays the only owner of what the CR does not change (no server-side conflicts)."""
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}})
+    body = next(a.body for a in plan(observed(rendered, spec)).applies if a.body["metadata"]["name"] == "metax-driver")
+    assert pod_spec(body) == {"tolerations": [BASE_TOLERATION, GENERAL]}
+    live = applied(rendered["driver"], body)
+    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}}, driver={"log": {"level": "debug"}})
+    body = next(a.body for a in plan(observed(rendered, spec, {**rendered, "driver": live})).applies
+                if a.body["metadata"]["name"] == "metax-driver")
+    assert pod_spec(body) == {"tolerations": [BASE_TOLERATION, GENERAL],  # owned: kept, or it would be removed
+                              "containers": [{"name": "driver-manager", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}]}
+
+
 def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
     desired, _ = desired_daemonset("driver", rendered["driver"], cr_spec())
     assert set(desired) == {"apiVersion", "kind", "metadata", "spec"}

@@ -156,7 +156,7 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
             problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
             continue
         if needs_write(desired, ds):
-            out.applies.append(Apply(desired, tuple(changed)))
+            out.applies.append(Apply(minimal(desired, ds), tuple(changed)))
     if problems:
         out.conditions.append(Condition(RECONCILED, "False", "BrokenDaemonSet", "; ".join(problems)))
     else:
@@ -279,6 +279,37 @@ def needs_write(desired: dict, live: dict) -> bool:
     """
     owned = owned_fields(live, FIELD_MANAGER)
     return not _covers(live.get("spec"), desired["spec"]) or not _covers(desired["spec"], owned.get("spec"))
+
+
+def minimal(desired: dict, live: dict) -> dict:
+    """`desired` cut to the fields the live object lacks plus those the runner already owns.
+
+    Owning no more than it must keeps the runner out of Helm's way: a field it co-owned at an
+    equal value would make the next server-side `helm upgrade` (Helm 4) that changes it conflict.
+    Owned fields stay in, or the API server would remove them.
+    """
+    want, have = desired["spec"]["template"]["spec"], _pod(live)
+    owned = _pod(owned_fields(live, FIELD_MANAGER))
+    pod = {f: v for f, v in want.items()
+           if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))}
+    for kind in ("containers", "initContainers"):
+        live_items = {c["name"]: c for c in have.get(kind) or []}
+        owned_items = {c.get("name"): c for c in owned.get(kind) or []}
+        items = []
+        for item in want.get(kind) or []:
+            live_item, owned_item = live_items.get(item["name"], {}), owned_items.get(item["name"], {})
+            kept = {}
+            if "image" in item and ("image" in owned_item or live_item.get("image") != item["image"]):
+                kept["image"] = item["image"]
+            env = [e for e in item.get("env") or [] if e["name"] in _names(owned_item.get("env"))
+                   or not _covers(live_item.get("env"), [e])]
+            if env:
+                kept["env"] = env
+            if kept:
+                items.append({"name": item["name"], **kept})
+        if items:
+            pod[kind] = items
+    return {**desired, "spec": {"template": {"spec": pod}}}
 
 
 def owned_fields(obj: dict, manager: str) -> dict:
