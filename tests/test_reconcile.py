@@ -388,3 +388,20 @@ def test_the_chart_s_runner_command_is_accepted_by_this_cli(mode):
     args = cli.build_parser().parse_args(command[1:])
     assert args.func.__module__ == "metax_operator.runner" and args.namespace == "metax-operator"
     assert (args.once, args.interval) == ((False, 7.0) if mode == "deployment" else (True, 5.0))
+
+
+def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
+    """Before its lease can expire (and another runner take over), not after."""
+    import time
+    from kubernetes import client
+    from metax_operator.leader import Elector, LeaseLock
+    lock = LeaseLock("lease", "ns", "me", client.ApiClient())
+    elector = Elector(lock, lease_duration=15, renew_deadline=10, retry_period=2)
+    elector._started()  # what the library calls once it holds the lease
+    lock.renewed_at = time.monotonic()
+    assert elector.is_leader()
+    lock.renewed_at = time.monotonic() - 10.5  # renewals failing for longer than the deadline
+    assert not elector.is_leader()
+    lock.renewed_at = time.monotonic()
+    elector._stopped()  # the library gave up renewing
+    assert not elector.is_leader()
