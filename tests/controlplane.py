@@ -510,6 +510,7 @@ class ControlPlane:
         config.write_text(yaml.safe_dump_all([
             {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
              "options": {"cidr": POD_CIDR, "nodeLeaseDurationSeconds": 0,
+                         "nodePlayStageParallelism": 16, "podPlayStageParallelism": 16,
                          "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
                          "serverAddress": f"127.0.0.1:{port}"}},
             NODE_INITIALIZE, NODE_NOT_READY, *stock, *self._pod_faults.values()]))
@@ -589,7 +590,8 @@ class ControlPlane:
         def create(name: str) -> None:
             if not hasattr(local, "core"):
                 local.core = client.CoreV1Api(self.api())
-            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints))
+            # The answer is not turned into a client model: at thousands of nodes that is most of the cost.
+            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints), _preload_content=False)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, n))) as pool:
             list(pool.map(create, names))
@@ -611,20 +613,23 @@ class ControlPlane:
         wanted = set(names) if names else None
         while True:
             self._check_alive()
-            nodes = core.list_node(label_selector="type=kwok").items
-            not_ready = [n.metadata.name for n in nodes if (wanted is None or n.metadata.name in wanted)
-                         and not is_schedulable(n)]
+            # Raw JSON: building client models for thousands of nodes costs seconds per poll.
+            response = core.list_node(label_selector="type=kwok", _preload_content=False)
+            nodes = json.loads(response.data)["items"]
+            not_ready = [n["metadata"]["name"] for n in nodes
+                         if (wanted is None or n["metadata"]["name"] in wanted) and not is_schedulable(n)]
             if not not_ready:
                 return
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{len(not_ready)} nodes not Ready in time (e.g. {not_ready[0]}); "
                                         f"kwok log: {self.components['kwok'].log}")
-            time.sleep(0.3)
+            time.sleep(0.3 if len(nodes) < 1000 else 2)
 
 
-def is_schedulable(node) -> bool:
-    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-    return ready and not any(t.key == NOT_READY_TAINT for t in node.spec.taints or [])
+def is_schedulable(node: dict) -> bool:
+    """A Node (as JSON) is Ready and free of the not-ready taint."""
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+    return ready and not any(t["key"] == NOT_READY_TAINT for t in node["spec"].get("taints", []))
 
 
 def stop_pid(pid: int, process: subprocess.Popen | None = None, grace: float = 10) -> None:

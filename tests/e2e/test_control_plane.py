@@ -181,7 +181,8 @@ def test_node_not_ready_is_tainted_then_recovers_when_cleared(faults):
     time.sleep(2)
     assert ready_status() == "False"  # stays down; kwok does not heal it behind our back
     others = node_names(faults, **{GPU_LABEL: "true"}) - {node}
-    assert all(controlplane.is_schedulable(n) for n in core.list_node().items if n.metadata.name in others)
+    assert all(controlplane.is_schedulable(core.api_client.sanitize_for_serialization(n))
+               for n in core.list_node().items if n.metadata.name in others)
     fault.clear()
     wait_for(lambda: ready_status() == "True", 30, f"{node} Ready again")
     wait_for(lambda: not not_ready_taints(), 30, f"{node} untainted")
