@@ -411,6 +411,18 @@ def test_pod_stuck_terminating_fails_after_the_timeout():
     assert nodes_of(cluster, late) == ["n01"]  # tolerated: the next wave goes
 
 
+def test_a_retry_gives_a_stuck_node_the_timeout_again_before_the_fallback():
+    cluster = Cluster(2)
+    pol = policy(readinessTimeout="1m", maxFailureThreshold=1, upgradeSteps=[{"replicas": "100%"}], maxParallel=1)
+    cluster.decide(pol, T0)
+    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000, deleting=T0)
+    retry = cluster.decide(pol, T0 + 61)
+    assert retry.status["status"]["currentFailureRetry"] == 1 and retry.delete == []
+    assert cluster.decide(pol, T0 + 90).status["status"].get("currentStepState") == R.STEP_UPGRADE
+    fallback = cluster.decide(pol, T0 + 122)
+    assert fallback.status["status"].get("currentStepState") == R.STEP_PAUSED and fallback.set_pause is True
+
+
 def test_gpu_busy_nodes_are_held_back_and_reported():
     cluster = Cluster(3)
     cluster.busy = {"n00", "n01"}

@@ -450,8 +450,8 @@ class _Pass:
                 continue
             if pod is not None and (pod.revision != view.revision or pod.uid in doomed):
                 lost.append(pod)
-            elif node in view.failed:
-                continue
+            elif node in view.failed and (pod is not None or self.rs["waveKind"] != "retry"):
+                continue  # failed; but a retried stuck node gets the timeout again
             busy.append(node)
         deadline = start + self._timeout()
         if busy and self.now >= deadline:  # deleted but never came back: failed, no longer in flight
