@@ -330,6 +330,25 @@ def test_enable_rollout_false_mid_rollout_rolls_back_to_disabled():
     assert done.status["resume"]["abandonedRevision"] == "new"
 
 
+def test_forced_rollback_during_the_fallback_pause_releases_the_runners_pause():
+    cluster = Cluster(3)
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%"}])
+    cluster.decide(pol, T0)
+    cluster.set("n00", phase="Failed")
+    assert cluster.decide(pol, T0 + 5).set_pause is True  # fallback pause
+    paused_off = dataclasses.replace(pol, pause=True, enable_rollout=False)  # the spec holds the runner's pause
+    disabling = cluster.decide(paused_off, T0 + 10)
+    assert disabling.status["phase"] == R.DISABLING and disabling.set_pause is False
+    assert disabling.restore_revision == "old"
+    # the runner crashed before patching pause back: the next pass asks again and goes on
+    again = cluster.decide(paused_off, T0 + 15)
+    assert again.set_pause is False and nodes_of(cluster, again) == ["n00"]
+    cluster.ready_all()
+    done = cluster.decide(dataclasses.replace(paused_off, pause=False), T0 + 20)
+    assert done.set_pause is None and not done.status["resume"]["releasePause"]
+    assert done.status["phase"] == R.DISABLED
+
+
 def test_enable_rollout_false_replaces_every_pod_at_once():
     cluster = Cluster(5)
     off = policy(enableRollout=False)

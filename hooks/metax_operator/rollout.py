@@ -102,7 +102,7 @@ def empty_status() -> dict:
         # What a restarted runner needs beyond the seed's fields (documented in docs/rollout.md).
         "resume": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
                         "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
-                        "pauseConfirmed": False, "heldNodes": [], "heldNodeCount": 0,
+                        "pauseConfirmed": False, "releasePause": False, "heldNodes": [], "heldNodeCount": 0,
                         "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": ""},
     }
 
@@ -170,6 +170,12 @@ class _Pass:
         self.sub, self.rs = self.st["status"], self.st["resume"]
         self.out = Decision(status=self.st)
         self.wakes: list[float] = []
+        self.pause = policy.pause  # the admin's pause: the spec's, unless it is the runner's being released
+        if self.rs["releasePause"]:
+            if policy.pause:
+                self.out.set_pause, self.pause = False, False
+            else:
+                self.rs["releasePause"] = False
 
     # -- driver ---------------------------------------------------------------------------
     def run(self) -> Decision:
@@ -212,7 +218,7 @@ class _Pass:
             self.rs["stableRevision"] = cur
             self._event("Normal", "Replaced", f"every driver pod is at revision {cur}")
             return True
-        if self.pol.pause:
+        if self.pause:
             return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
         pods = self._takeable(view.others)
         self._delete(pods)
@@ -285,7 +291,7 @@ class _Pass:
             return False
         queue = [n for n in self.rs["retryQueue"] if n in view.failed]
         if queue:
-            if self.pol.pause:
+            if self.pause:
                 return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
             wave = queue[:cap]
             self.rs["retryQueue"] = queue[cap:]
@@ -310,7 +316,7 @@ class _Pass:
                 message = f"step {index} is ready ({done} upgraded): continuing after {pause_ms} ms"
             self._event("Normal", "StepReady", message)
             return self._step_state(STEP_PAUSED, message)
-        if self.pol.pause:
+        if self.pause:
             return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
         remaining = target - done - len(view.coming)
         if remaining <= 0:
@@ -345,11 +351,11 @@ class _Pass:
         index = self.sub["currentStepIndex"]
         if self.rs["pausedByRunner"]:
             if not self.rs["pauseConfirmed"]:
-                if not self.pol.pause:
+                if not self.pause:
                     self.out.set_pause = True
                     return False
                 self.rs["pauseConfirmed"] = True
-            if self.pol.pause:
+            if self.pause:
                 return False
             reason = self.rs["pauseReason"]
             self._clear_runner_pause()
@@ -361,7 +367,7 @@ class _Pass:
                 return self._step_state(STEP_UPGRADE)
             return self._step_state(STEP_READY)
         recheck = parse_time(self.sub.get("recheckTime"))
-        if self.pol.pause:
+        if self.pause:
             return self._say(f"step {index}: paused by the admin (spec.driver.upgradePolicy.pause: true)")
         if recheck is not None and self.now < recheck:
             self.wakes.append(recheck)
@@ -413,7 +419,7 @@ class _Pass:
             self.st["phase"] = DISABLED if self.st["phase"] == DISABLING else IDLING
             self._say(message)
             return True
-        if self.pol.pause:
+        if self.pause:
             return self._say("rollback paused by the admin (spec.driver.upgradePolicy.pause: true)")
         pods = self._takeable(view.others)
         if not pods:
@@ -462,7 +468,7 @@ class _Pass:
             busy = [n for n in busy if n in view.pending or n in undeleted]
         if not busy:
             return False
-        if lost and not self.pol.pause:
+        if lost and not self.pause:
             self._delete(lost)
         self.wakes.append(deadline)
         self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready")
@@ -514,11 +520,15 @@ class _Pass:
         return True
 
     def _runner_pause(self, reason: str) -> None:
-        self.rs.update(pausedByRunner=True, pauseReason=reason, pauseConfirmed=self.pol.pause)
-        if not self.pol.pause:
+        self.rs.update(pausedByRunner=True, pauseReason=reason, pauseConfirmed=self.pause, releasePause=False)
+        if not self.pause:
             self.out.set_pause = True
 
     def _clear_runner_pause(self) -> None:
+        """Forget the runner's pause; if the spec still holds it (the rollout moved on without the
+        admin's answer: a rollback, a new revision, edited steps), set it back to false."""
+        if self.rs["pausedByRunner"] and self.pause:
+            self.rs["releasePause"], self.out.set_pause, self.pause = True, False, False
         self.rs.update(pausedByRunner=False, pauseReason="", pauseConfirmed=False)
 
     def _timeout(self) -> float:
