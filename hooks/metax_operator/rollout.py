@@ -196,9 +196,9 @@ class _Pass:
     # -- Idling / Disabled: nothing in flight ---------------------------------------------
     def _idle(self) -> bool:
         cur, stable = self.obs.current_revision, self.rs["stableRevision"]
-        live = [p for p in self.obs.pods if p.node in self.obs.nodes and p.deleting is None]
-        if not stable:
-            older = Counter(p.revision for p in live if p.revision != cur)
+        if not stable:  # the first pass ever: the pods' most common older revision, if any
+            older = Counter(p.revision for p in self.obs.pods
+                            if p.node in self.obs.nodes and p.deleting is None and p.revision != cur)
             stable = self.rs["stableRevision"] = older.most_common(1)[0][0] if older else cur
         self.st["phase"] = IDLING if self.pol.enable_rollout else DISABLED
         if cur == stable:
@@ -209,9 +209,9 @@ class _Pass:
         if self.pol.enable_rollout:
             return self._start(reason="RolloutStarted",
                                message=f"driver revision {cur} rolls out in {len(self.pol.steps)} steps")
-        return self._replace_all(cur, live)
+        return self._replace_all(cur)
 
-    def _replace_all(self, cur: str, live: list[Pod]) -> bool:
+    def _replace_all(self, cur: str) -> bool:
         """enableRollout false and nothing in flight: delete every old pod at once."""
         view = _View(self.obs, cur, set(), self._timeout(), self.now)
         if not view.others and not view.coming:
