@@ -92,7 +92,6 @@ class Simulation:
         self.spec_pause = policy.pause
         self.enable_rollout = policy.enable_rollout
         self.revision = OLD
-        self.revisions = [OLD]
         self.admin = sorted(admin or [], key=lambda a: a[0])
         self.nodes = {f"node-{i:05d}" for i in range(config.nodes)}
         self.pods: dict[str, SimPod] = {}
@@ -101,16 +100,14 @@ class Simulation:
         for node in sorted(self.nodes):
             self._create(node, 0.0, ready=True)
         self.status: dict | None = None
-        self.in_flight: dict[str, float] = {}  # node -> time the runner deleted its pod
+        self.in_flight: set[str] = set()  # nodes whose pod the runner deleted, replacement not back yet
         self.unpause_at: float | None = None
         self.deleted_ready_upgraded = 0
 
     # -- the cluster ------------------------------------------------------------------------
     def set_revision(self, revision: str) -> None:
-        """The admin changes the driver version (the DaemonSet template)."""
+        """The DaemonSet's template changes (a new driver version, or the runner's restore)."""
         self.revision = revision
-        if revision not in self.revisions:
-            self.revisions.append(revision)
 
     def add_node(self, name: str, now: float) -> None:
         self.nodes.add(name)
@@ -120,7 +117,7 @@ class Simulation:
         self.nodes.discard(name)
         for pod in self.by_node.pop(name, []):
             del self.pods[pod.uid]
-        self.in_flight.pop(name, None)
+        self.in_flight.discard(name)
 
     def _create(self, node: str, now: float, ready: bool = False) -> None:
         self._serial += 1
@@ -154,7 +151,7 @@ class Simulation:
                     (live.ready_at is not None and live.ready_at <= now)
                     or (live.failed_at is not None and live.failed_at <= now)
                     or now - live.created >= timeout):  # the engine's failed pods hold no slot
-                del self.in_flight[node]
+                self.in_flight.discard(node)
 
     def _live(self, node: str) -> SimPod | None:
         return next((p for p in self.by_node.get(node, ()) if p.deleting is None), None)
@@ -171,7 +168,7 @@ class Simulation:
                                 nodes=frozenset(self.nodes), pods=pods, gpu_busy_nodes=busy)
 
     # -- the runner ---------------------------------------------------------------------------
-    def run(self, until_idle: bool = True) -> Result:
+    def run(self) -> Result:
         """Runner passes until the rollout is over and the pods settled (or nothing can change)."""
         now, self.passes, self.crashes = 0.0, 0, 0
         self.steps: dict[int, StepRecord] = {}
@@ -195,7 +192,7 @@ class Simulation:
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
             self._record(status, now)
             started = started or status["phase"] not in (rollout.IDLING, rollout.DISABLED)
-            if until_idle and started and not status["upgrading"] and not self._changing(now):
+            if started and not status["upgrading"] and not self._changing(now):
                 break
             now = self._next_time(now, decision)
         return Result(steps=[self.steps[i] for i in sorted(self.steps)], rollback_waves=self.rollback_waves,
@@ -275,7 +272,7 @@ class Simulation:
         if pod.revision == upgrading and pod.ready_at is not None and pod.ready_at <= now:
             self.deleted_ready_upgraded += 1
         pod.deleting, pod.gone_at = now, now + self.cfg.terminate_latency
-        self.in_flight.setdefault(pod.node, now)
+        self.in_flight.add(pod.node)
 
     def _cap(self, status: dict) -> int | None:
         if status["phase"] not in (rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLING) \
