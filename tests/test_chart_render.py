@@ -407,9 +407,17 @@ def test_runner_rbac_is_the_contract(helm_bin):
         *{("apps", "controllerrevisions", v) for v in ("list", "watch")},
         ("", "pods", "delete"),
         *{("", "configmaps", v) for v in ("get", "list", "watch")},
-        *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
         *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
     }
+    # Events about the cluster-scoped CR live in namespace default (as client-go writes them).
+    events = find(objects, "Role", "metax-operator-runner-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert rules_of(objects, "Role", "metax-operator-runner-events") == {
+        (g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+    binding = find(objects, "RoleBinding", "metax-operator-runner-events")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["roleRef"]["name"] == "metax-operator-runner-events"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "metax-operator-runner", "namespace": NAMESPACE}]
 
 
 # --- exporter Service -------------------------------------------------------------------
