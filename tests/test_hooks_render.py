@@ -13,7 +13,7 @@ pytestmark = pytest.mark.helm
 
 BASE = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 PHASES = {"preflight": "pre-install,pre-upgrade", "upgrade-crds": "pre-install,pre-upgrade",
-          "bootstrap": "post-install,post-upgrade", "cleanup": "pre-delete", "test": "test"}
+          "bootstrap": "post-install,pre-upgrade,post-rollback", "cleanup": "pre-delete", "test": "test"}
 JOB_WEIGHTS = {"preflight": "0", "upgrade-crds": "1", "bootstrap": "2", "cleanup": "3"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
