@@ -95,16 +95,21 @@ def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, 
 
 
 def merge_values(base: object, custom: object) -> object:
-    """merge(base, custom): maps key by key, lists append unseen items, scalars replace."""
+    """merge(base, custom): maps key by key, lists append unseen items, scalars replace.
+
+    A field that base lacks merges as if empty, so a custom list never brings duplicates in
+    either way; a null in custom sets nothing.
+    """
     if custom is None:
         return base
-    if isinstance(base, dict) and isinstance(custom, dict):
-        merged = dict(base)
+    if isinstance(custom, dict):
+        merged = dict(base) if isinstance(base, dict) else {}
         for key, value in custom.items():
-            merged[key] = merge_values(base[key], value) if key in base else value
+            if value is not None:
+                merged[key] = merge_values(merged.get(key), value)
         return merged
-    if isinstance(base, list) and isinstance(custom, list):
-        merged = list(base)
+    if isinstance(custom, list):
+        merged = list(base) if isinstance(base, list) else []
         for item in custom:
             if item not in merged:
                 merged.append(item)
