@@ -103,6 +103,24 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
 
 
 @SMALL
+@given(data=st.data(), nodes=st.integers(2, 60), seed=st.integers(0, 2**16),
+       joins=st.lists(st.floats(0, 2000), max_size=3), leaves=st.lists(st.floats(0, 2000), max_size=3),
+       busy=st.dictionaries(st.integers(0, 59), st.floats(0, 3000), max_size=3))
+def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins, leaves, busy):
+    policy = data.draw(policies(nodes + len(joins)))
+    script = [(t, lambda sim, i=i, t=t: sim.add_node(f"joined-{i}", t)) for i, t in enumerate(joins)]
+    script += [(t, lambda sim, i=i: sim.remove_node(f"node-{i:05d}")) for i, t in enumerate(leaves)]
+    config = Config(nodes=nodes, seed=seed, ready_latency=(5, 60),
+                    busy_nodes={f"node-{i % nodes:05d}": until for i, until in busy.items()})
+    sim = Simulation(config, policy, script)
+    sim.set_revision(NEW)
+    result = sim.run()
+    check_safety(result, policy)
+    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.pods == dict.fromkeys(sim.nodes, NEW)  # every node there at the end, upgraded
+
+
+@SMALL
 @given(data=st.data(), nodes=st.integers(1, 80), seed=st.integers(0, 2**16),
        fail=st.floats(0, 0.4), hang=st.floats(0, 0.2))
 def test_with_failures_steps_hold_toleration_or_take_the_fallback(data, nodes, seed, fail, hang):

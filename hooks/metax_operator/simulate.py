@@ -73,7 +73,7 @@ class Result:
     status: dict
     pods: dict[str, str]  # node -> revision of its live pod
     deleted_ready_upgraded: int  # Ready pods at the upgrading revision the runner deleted (must be 0)
-    max_in_flight_over_cap: int  # most pods in flight beyond the step's cap (must be <= 0)
+    max_in_flight_over_cap: int  # after a pass that deleted: pods in flight beyond its cap (must be <= 0)
     deletions_while_paused: int  # deletions applied while spec pause was true (must be 0)
     actions_per_pass: list[int]
 
@@ -217,13 +217,14 @@ class Simulation:
         for ref in decision.delete:
             actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
         self.actions_per_pass.append(len(actions) - 1)
-        self.crashed = False
+        self.crashed = self.deleted_now = False
         for kind, act in actions:
             if self.cfg.crash_probability and self.crash_rng.random() < self.cfg.crash_probability:
                 self.crashes += 1
                 self.crashed = True  # the restarted runner runs its next pass one interval later
                 break
             self.paused_deletions += kind == "delete" and (self.spec_pause or runner_paused)
+            self.deleted_now |= kind == "delete"
             act()
         return decision
 
@@ -256,7 +257,7 @@ class Simulation:
             elif index in self.steps:
                 (self.steps[index].retries if kind == "retry" else self.steps[index].deletions).append(size)
         cap = self._cap(status)
-        if cap is not None:
+        if cap is not None and self.deleted_now:  # the cap of the pass that deleted (N may change later)
             self.over_cap = max(self.over_cap, len(self.in_flight) - cap)
 
     def _persist(self, status: dict) -> None:
