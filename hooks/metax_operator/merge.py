@@ -139,8 +139,9 @@ def inputs_from_annotations(annotations: dict) -> SchedulingInputs:
 
     component = annotations.get(ANNOTATION_COMPONENT)
     if component not in COMPONENTS:
-        raise UserError(f'metadata.annotations["{ANNOTATION_COMPONENT}"]',
-                        f"is {component!r}, not a component", f"use one of {', '.join(COMPONENTS)}")
+        problem = "is missing" if component is None else f"is {component!r}, not a component"
+        raise UserError(f'metadata.annotations["{ANNOTATION_COMPONENT}"]', problem,
+                        f"render the DaemonSet with the metax-operator chart, which sets one of {', '.join(COMPONENTS)}")
     base = load(ANNOTATION_BASE, "the pod template's nodeSelector, affinity, tolerations")
     recorded = load(ANNOTATION_INPUTS, '{"global": ..., "component": ..., "tolerations": ...}')
     return SchedulingInputs(component=component, base=base, global_pts=recorded.get("global"),

@@ -197,14 +197,16 @@ def _round_trip(body: str, current: dict, result: dict) -> str:
 
 
 def describe(piece: str) -> str:
-    """`DaemonSet/metax-maca (chart/templates/maca.yaml)`: kind/name and source, from the text."""
-    fields = {}
-    for key in ("kind", "name", _HELM4_FILENAME):
-        found = re.search(rf"^\s*['\"]?{re.escape(key)}['\"]?:[ \t]*['\"]?([^'\"\n#]+?)['\"]?[ \t]*$", piece, re.MULTILINE)
-        fields[key] = found.group(1) if found else "?"
+    """`DaemonSet/metax-maca (chart/templates/maca.yaml)`: kind/name and source, read from the text
+    (it may not parse)."""
+    def first(key: str) -> str | None:
+        found = re.search(rf"""(?:^|[{{,\s])['"]?{re.escape(key)}['"]?:[ \t]*['"]?([^'",}}\s#]+)""", piece, re.MULTILINE)
+        return found.group(1) if found else None
+
     source = _SOURCE.search(piece)
-    where = source.group(1).strip() if source else fields[_HELM4_FILENAME]
-    return f"{fields['kind']}/{fields['name']} ({where})"
+    where = source.group(1).strip() if source else first(_HELM4_FILENAME)
+    text = f"{first('kind') or 'document'}/{first('name') or '?'}"
+    return f"{text} ({where})" if where else text
 
 
 def error_document(message: str) -> str:
