@@ -279,6 +279,14 @@ def test_malformed_input_fails_naming_the_document(document, expected):
     assert result.stderr.startswith("error: " + expected), result.stderr
 
 
+def test_a_document_without_source_and_with_flow_metadata_is_still_named():
+    result = run_executable("kind: DaemonSet\nmetadata: {name: metax-x, annotations: "
+                            "{gpu.metax-tech.com/scheduling-inputs: '{}'}}\n")
+    assert result.returncode == 1
+    assert result.stderr.startswith('error: DaemonSet/metax-x: metadata.annotations["gpu.metax-tech.com/component"]: '
+                                    "is missing")
+
+
 def test_input_that_is_not_utf8_is_refused():
     result = subprocess.run([EXECUTABLE], input=b"\xff\xfe", capture_output=True)
     assert result.returncode == 1 and result.stderr.startswith(b"error: stdin: is not UTF-8 text")
