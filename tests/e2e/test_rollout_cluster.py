@@ -197,6 +197,8 @@ class PodHistory:
     def __init__(self, api):
         self.created: dict[str, set[str]] = defaultdict(set)
         self.deleted: set[str] = set()
+        self.deleted_at: dict[str, float] = {}  # uid -> when its deletion was first seen
+        self.ready_at: dict[str, float] = {}  # uid -> when it was first seen Ready
         self._stop = threading.Event()
         self._watch = watch.Watch()
         core = client.CoreV1Api(api)
@@ -217,8 +219,12 @@ class PodHistory:
             pod = change["object"]
             if pod.spec.node_name:
                 self.created[pod.spec.node_name].add(pod.metadata.uid)
+            uid = pod.metadata.uid
             if pod.metadata.deletion_timestamp is not None or change["type"] == "DELETED":
-                self.deleted.add(pod.metadata.uid)
+                self.deleted.add(uid)
+                self.deleted_at.setdefault(uid, time.monotonic())
+            elif ready(pod):
+                self.ready_at.setdefault(uid, time.monotonic())
 
     def stop(self) -> None:
         self._watch.stop()
@@ -523,6 +529,13 @@ def test_with_rollout_off_every_pod_is_replaced_at_once(control_plane, api, idle
     history.stop()
     print(f"10 driver pods replaced at once in {took:.1f} s")
     assert set(history.deletions_per_node().values()) == {1}
-    deletes = [line for r in idle["runners"] for line in r.lines("rollout-delete")]
-    assert any(len(line["pods"]) == NODES for line in deletes), deletes
+    # The DaemonSet controller replaces them (RollingUpdate, maxUnavailable 100%), not the runner:
+    # every old pod was being deleted before the first new pod became Ready.
+    strategy = client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy
+    assert strategy.type == "RollingUpdate" and strategy.rolling_update.max_unavailable == "100%"
+    assert [line for r in idle["runners"] for line in r.lines("rollout-delete")] == []
+    old_uids = history.before
+    assert old_uids <= set(history.deleted_at), "every old pod deleted"
+    first_new_ready = min(t for uid, t in history.ready_at.items() if uid not in old_uids)
+    assert max(history.deleted_at[uid] for uid in old_uids) < first_new_ready
     patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
