@@ -251,10 +251,48 @@ def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
     desired, _ = desired_daemonset("driver", rendered["driver"], cr_spec())
     assert set(desired) == {"apiVersion", "kind", "metadata", "spec"}
     assert desired["metadata"] == {"name": "metax-driver", "namespace": "metax-operator"}
-    assert set(desired["spec"]) == {"template"} and set(desired["spec"]["template"]) == {"spec"}
+    assert set(desired["spec"]) == {"template", "updateStrategy"} and set(desired["spec"]["template"]) == {"spec"}
     assert set(pod_spec(desired)) <= {"nodeSelector", "affinity", "tolerations", "containers", "initContainers"}
     for container in pod_spec(desired)["containers"]:
         assert set(container) == {"name", "env"}
+    maca, _ = desired_daemonset("maca", rendered["maca"], cr_spec())
+    assert set(maca["spec"]) == {"template"}
+
+
+# -- the driver's update strategy follows enableRollout (seed §3.2.8: `kubectl edit` of the CR) ------
+
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+
+
+def test_the_driver_strategy_the_runner_wants_is_what_the_chart_renders_for_the_same_values(rendered, cr_spec):
+    for enabled in (False, True):
+        policy = {"enableRollout": enabled, "upgradeSteps": [{"replicas": "100%"}]}
+        chart = render_chart({**VALUES, "driver": {**VALUES["driver"], "upgradePolicy": policy}},
+                             show_only=["templates/driver/daemonset.yaml"])[0]
+        spec = cr_spec(driver={"upgradePolicy": policy})
+        desired, changed = desired_daemonset("driver", chart, spec)
+        assert desired["spec"]["updateStrategy"] == ({"type": "OnDelete"} if enabled else ROLLING)
+        assert "updateStrategy" not in changed
+        assert not needs_write(desired, chart), "after an install with the same values nothing is written"
+
+
+def test_enabling_the_rollout_in_the_cr_switches_the_driver_to_on_delete(rendered, cr_spec):
+    policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
+    out = plan(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
+    driver = next(a for a in out.applies if a.body["metadata"]["name"] == "metax-driver")
+    assert driver.body["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert "updateStrategy" in driver.fields
+    assert all("updateStrategy" not in a.body["spec"] for a in out.applies if a is not driver)
+
+
+def test_the_driver_stays_on_delete_while_a_rollout_is_in_flight_even_with_enable_rollout_off(rendered, cr_spec):
+    spec = cr_spec(driver={"upgradePolicy": {"enableRollout": False}})
+    live = copy.deepcopy(rendered["driver"])
+    live["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    desired, changed = desired_daemonset("driver", live, spec, upgrading=True)
+    assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"} and "updateStrategy" not in changed
+    desired, changed = desired_daemonset("driver", live, spec, upgrading=False)
+    assert desired["spec"]["updateStrategy"] == ROLLING and "updateStrategy" in changed
 
 
 # -- what the runner reports -------------------------------------------------------------------------

@@ -16,7 +16,10 @@ creates or deletes objects):
   healthyInterval, the MXMACA payload list;
 - payload images: the driver's `payload` init container
   (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
-  init containers (`<payload.registry or registry>/<IMAGE>`).
+  init containers (`<payload.registry or registry>/<IMAGE>`);
+- the driver's `updateStrategy` (`driver_strategy`): `OnDelete` while `enableRollout` is on or a
+  staged rollout is still in flight (so a `kubectl edit` of `enableRollout`, as the seed
+  documents, takes effect), else the chart's `RollingUpdate` of every pod at once.
 
 Writes are server-side applies as field manager `metax-operator-runner` with `force` (the CR
 wins over what Helm rendered), and only when needed (`needs_write`): a second pass over an
@@ -151,7 +154,7 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
     problems = []
     for key, ds in sorted(observed.daemonsets.items()):
         try:
-            desired, changed = desired_daemonset(key, ds, observed.spec)
+            desired, changed = desired_daemonset(key, ds, observed.spec, _upgrading(observed.cr))
         except UserError as err:  # the chart's annotations on the DaemonSet are broken
             problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
             continue
@@ -235,8 +238,10 @@ def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
     return out
 
 
-def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
+def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -> tuple[dict, list[str]]:
     """The partial DaemonSet the runner applies for component `key`, and the fields it sets.
+
+    `upgrading`: a staged driver rollout is in flight (the CR's `status.upgradeStatus.upgrading`).
 
     Raises UserError when the chart's annotations on the DaemonSet are missing or broken.
     """
@@ -267,7 +272,27 @@ def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                "spec": {"template": {"spec": pod_spec}}}
     changed = [f for f in pod_spec if not _covers(live.get(f), pod_spec[f], f)]
+    if key == "driver":
+        strategy = driver_strategy(spec, upgrading)
+        desired["spec"]["updateStrategy"] = strategy
+        if not _covers((ds.get("spec") or {}).get("updateStrategy"), strategy):
+            changed.append("updateStrategy")
     return desired, changed
+
+
+def driver_strategy(spec: dict, upgrading: bool) -> dict:
+    """The driver DaemonSet's update strategy for a CR spec, as the chart renders it for the same
+    values: `OnDelete` for a staged rollout (the runner deletes pods wave by wave), else every
+    pod replaced at once. It stays `OnDelete` while a rollout is in flight, so that turning
+    `enableRollout` off rolls back in waves (Disabling) instead of all at once."""
+    policy = (spec.get("driver") or {}).get("upgradePolicy") or {}
+    if policy.get("enableRollout") or upgrading:
+        return {"type": "OnDelete"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+
+
+def _upgrading(cr: dict | None) -> bool:
+    return bool((((cr or {}).get("status") or {}).get("upgradeStatus") or {}).get("upgrading"))
 
 
 def needs_write(desired: dict, live: dict) -> bool:
@@ -289,7 +314,8 @@ def minimal(desired: dict, live: dict) -> dict:
     Owned fields stay in, or the API server would remove them.
     """
     want, have = desired["spec"]["template"]["spec"], _pod(live)
-    owned = _pod(owned_fields(live, FIELD_MANAGER))
+    owned_spec = owned_fields(live, FIELD_MANAGER).get("spec") or {}
+    owned = _pod({"spec": owned_spec})
     pod = {f: v for f, v in want.items()
            if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))}
     for kind in ("containers", "initContainers"):
@@ -309,7 +335,12 @@ def minimal(desired: dict, live: dict) -> dict:
                 items.append({"name": item["name"], **kept})
         if items:
             pod[kind] = items
-    return {**desired, "spec": {"template": {"spec": pod}}}
+    spec: dict[str, Any] = {"template": {"spec": pod}}
+    strategy = desired["spec"].get("updateStrategy")
+    if strategy is not None and ("updateStrategy" in owned_spec
+                                 or not _covers((live.get("spec") or {}).get("updateStrategy"), strategy)):
+        spec["updateStrategy"] = strategy
+    return {**desired, "spec": spec}
 
 
 def owned_fields(obj: dict, manager: str) -> dict:
