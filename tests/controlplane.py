@@ -24,6 +24,7 @@ Ready condition goes False (the node-not-ready fault), evicting pods that do not
 from __future__ import annotations
 
 import argparse
+import base64
 import concurrent.futures
 import contextlib
 import http.client
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from kubernetes import client, config
 
 K8S_VERSION = "v1.34.4"
 CACHE = Path(os.environ.get("METAX_CACHE") or Path.home() / ".cache" / "metax-operator")
@@ -67,7 +69,7 @@ class Component:
     name: str
     process: subprocess.Popen
     log: Path
-    health: str | None = None  # URL polled until it answers 200
+    health: str  # URL polled until it answers 200
 
     def tail(self, lines: int = 25) -> str:
         if not self.log.exists():
@@ -149,8 +151,6 @@ def make_certs(pki: Path) -> None:
 
 
 def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
-    import base64
-
     def b64(name: str) -> str:
         return base64.b64encode((pki / name).read_bytes()).decode()
 
@@ -347,7 +347,6 @@ class ControlPlane:
 
     def api(self):
         """A new kubernetes.client.ApiClient authenticated as cluster admin."""
-        from kubernetes import config
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     # -- lifecycle --
@@ -478,7 +477,6 @@ class ControlPlane:
                 time.sleep(0.2)
 
     def _wait_default_service_account(self, deadline: float) -> None:
-        from kubernetes import client
         core = client.CoreV1Api(self.api())
         while not core.list_namespaced_service_account("default", field_selector="metadata.name=default").items:
             self._check_alive()
@@ -534,7 +532,6 @@ class ControlPlane:
         return Fault(clear)
 
     def clear_faults(self) -> None:
-        from kubernetes import client
         if self._pod_faults:
             self._pod_faults.clear()
             self._restart_kwok()
@@ -542,7 +539,6 @@ class ControlPlane:
         self._label_nodes([n.metadata.name for n in down], NOT_READY_LABEL, None)
 
     def _label_nodes(self, nodes: list[str], key: str, value: str | None) -> None:
-        from kubernetes import client
         core = client.CoreV1Api(self.api())
         for node in nodes:
             core.patch_node(node, {"metadata": {"labels": {key: value}}})
@@ -580,7 +576,6 @@ class ControlPlane:
                   taints: list | None = None, gpus: int = 8, wait: bool = True) -> list[str]:
         """Create n simulated nodes (GPU nodes carry the gpu label and `gpus` allocatable GPUs)
         and return their names; with `wait`, return once kwok reports them Ready."""
-        from kubernetes import client
         prefix = prefix or ("gpu-node" if gpu else "cpu-node")
         first = self._node_count.get(prefix, 0)
         self._node_count[prefix] = first + n
@@ -600,7 +595,6 @@ class ControlPlane:
         return names
 
     def remove_nodes(self, names: list[str]) -> None:
-        from kubernetes import client
         core = client.CoreV1Api(self.api())
         for name in names:
             core.delete_node(name)
@@ -608,7 +602,6 @@ class ControlPlane:
     def wait_nodes_ready(self, deadline: float, names: list[str] | None = None) -> None:
         """Until the nodes (all by default) are Ready and the node-lifecycle controller has lifted
         the not-ready taint that every new node starts with."""
-        from kubernetes import client
         core = client.CoreV1Api(self.api())
         wanted = set(names) if names else None
         while True:
