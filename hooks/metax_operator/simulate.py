@@ -236,7 +236,8 @@ class Simulation:
         completed = state == rollout.COMPLETED and sub["upgradingPodSpecRevision"] == self.revision
         if (status["phase"] == rollout.PROGRESSING or completed) and self.policy.steps:
             rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
-            rec.target = sub["currentUpgradeReplicas"] or rec.target
+            if rec.ready is None:  # the target as the step met it (N may change later)
+                rec.target = sub["currentUpgradeReplicas"] or rec.target
             if rs["pausedByRunner"] and rs["pauseReason"] == "failure":
                 if rec.fallback_retries is None:
                     rec.fallback_retries = sub["currentFailureRetry"]
