@@ -237,7 +237,7 @@ class Simulation:
         if (status["phase"] == rollout.PROGRESSING or completed) and self.policy.steps:
             rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
             if rec.ready is None:  # the target as the step met it (N may change later)
-                rec.target = sub["currentUpgradeReplicas"] or rec.target
+                rec.target = sub["currentUpgradeReplicas"]
             if rs["pausedByRunner"] and rs["pauseReason"] == "failure":
                 if rec.fallback_retries is None:
                     rec.fallback_retries = sub["currentFailureRetry"]
