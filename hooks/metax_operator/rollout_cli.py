@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from . import policy as policy_mod
+from . import rollout_admin
 from .errors import UserError
 from .simulate import Result, simulate
 
@@ -41,7 +42,7 @@ def register_simulate(commands) -> None:
     parser.set_defaults(func=run_simulate)
 
 
-SUBCOMMANDS = [register_simulate]
+SUBCOMMANDS = [register_simulate, *rollout_admin.SUBCOMMANDS]
 
 
 def run_simulate(args: argparse.Namespace) -> int:
