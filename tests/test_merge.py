@@ -7,23 +7,15 @@ import yaml
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.merge import (ANNOTATION_BASE, ANNOTATION_COMPONENT, ANNOTATION_INPUTS, SchedulingInputs,
                                   inputs_from_annotations, merge_scheduling)
+from tests.cases import MERGE_CASES
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_CASES = REPO.parent / "shared" / "cases" / "podtemplatespec-merge.yaml"
-LOCAL_CASES = REPO / "tests" / "data" / "podtemplatespec-merge.yaml"
-CASES = yaml.safe_load((SHARED_CASES if SHARED_CASES.exists() else LOCAL_CASES).read_text())["cases"]
+CASES = MERGE_CASES
 
 
 def inputs(case: dict, component: str = "maca") -> SchedulingInputs:
     return SchedulingInputs(component=component, base=case["base"], global_pts=case.get("global"),
                             component_pts=case.get("component"),
                             deprecated_tolerations=case.get("deprecatedTolerations"))
-
-
-@pytest.mark.skipif(not SHARED_CASES.exists(), reason="../shared/ is not beside the clone")
-def test_local_copy_of_cases_equals_shared_original():
-    assert LOCAL_CASES.read_bytes() == SHARED_CASES.read_bytes(), \
-        f"cp {SHARED_CASES} {LOCAL_CASES}: the acceptance cases changed"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from metax_operator.errors import UserErrors
 from metax_operator.policy import IntOrPercent, Policy, Step, problems, validate
+from tests.cases import WORKED_EXAMPLES
 
-CASES = yaml.safe_load((Path(__file__).resolve().parents[2] / "shared/cases/rollout-worked-examples.yaml")
-                       .read_text())["cases"]
+CASES = WORKED_EXAMPLES
 
 
 def fields(policy, **kwargs) -> list[str]:

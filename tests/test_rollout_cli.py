@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.cases import WORKED_EXAMPLES
 
 CLI = Path(sys.executable).parent / "metax-operator"
-CASES = yaml.safe_load((Path(__file__).resolve().parents[2] / "shared/cases/rollout-worked-examples.yaml")
-                       .read_text())["cases"]
+CASES = WORKED_EXAMPLES
 # The seed's own text (000 section 3.2.8): steps written `pause:`, unquoted percentages.
 SEED_EXAMPLE = """\
 driver:

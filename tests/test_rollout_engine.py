@@ -15,9 +15,9 @@ import yaml
 
 from metax_operator import rollout as R
 from metax_operator.policy import validate
+from tests.cases import WORKED_EXAMPLES
 
-CASES = yaml.safe_load((Path(__file__).resolve().parents[2] / "shared/cases/rollout-worked-examples.yaml")
-                       .read_text())["cases"]
+CASES = WORKED_EXAMPLES
 T0 = 1_800_000_000.0
 CRD = yaml.safe_load((Path(__file__).resolve().parents[1] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
 UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][

@@ -9,9 +9,9 @@ import yaml
 from metax_operator import rollout as R
 from metax_operator.policy import validate
 from metax_operator.simulate import NEW, OLD, Config, Simulation, simulate
+from tests.cases import WORKED_EXAMPLES
 
-CASES = yaml.safe_load((Path(__file__).resolve().parents[2] / "shared/cases/rollout-worked-examples.yaml")
-                       .read_text())["cases"]
+CASES = WORKED_EXAMPLES
 
 
 def run(policy, **config):
