@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helm import CHART, find, helm_bin, render_chart, validate_objects  # noqa: F401 (fixture)
 

@@ -1,8 +1,6 @@
 """The podTemplateSpec merge against the acceptance cases (seed 000 §3.2.4-3.2.5) and its errors."""
-from pathlib import Path
 
 import pytest
-import yaml
 
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.merge import (ANNOTATION_BASE, ANNOTATION_COMPONENT, ANNOTATION_INPUTS, SchedulingInputs,

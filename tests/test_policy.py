@@ -1,7 +1,6 @@
 """driver.upgradePolicy parsing and validation (seed 000 table 3.11) and its integer arithmetic."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

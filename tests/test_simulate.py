@@ -1,10 +1,8 @@
 """The OnDelete simulator driving the engine: timelines, failures, hangs, crashes, admin scripts."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-import yaml
 
 from metax_operator import rollout as R
 from metax_operator.policy import validate
