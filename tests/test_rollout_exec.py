@@ -8,7 +8,7 @@ import json
 import pytest
 
 from metax_operator import rollout, rollout_admin
-from metax_operator.rollout_observe import (Revision, build, project_driver_pod, project_gpu_pod,
+from metax_operator.rollout_observe import (build, project_driver_pod, project_gpu_pod,
                                             project_revision)
 
 DS_UID = "ds-uid"
@@ -27,15 +27,24 @@ def pod(name: str, node: str, revision: str, ready: bool = True, owner: str = DS
                        "containerStatuses": [{"restartCount": 1}, {"restartCount": 4}]}}
 
 
-def revision(hash_: str, number: int, owner: str = DS_UID) -> dict:
+TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:1"}]}}
+
+
+def revision(hash_: str, number: int, owner: str = DS_UID, template: dict = TEMPLATE) -> dict:
+    """As the DaemonSet controller writes it: the template as a strategic merge patch."""
     return {"metadata": {"name": f"metax-driver-{hash_}", "labels": {"controller-revision-hash": hash_},
                          "ownerReferences": [{"kind": "DaemonSet", "uid": owner}]},
-            "revision": number, "data": {"spec": {"template": {"$patch": "replace"}}}}
+            "revision": number, "data": {"spec": {"template": {**template, "$patch": "replace"}}}}
 
 
-def daemonset(generation: int = 2, observed: int = 2) -> dict:
+def daemonset(generation: int = 2, observed: int = 2, template: dict = TEMPLATE) -> dict:
     return {"metadata": {"name": "metax-driver", "uid": DS_UID, "generation": generation},
-            "spec": {"template": {"spec": {"containers": [{"name": "driver-manager"}]}}},
+            "spec": {"template": template}, "status": {"observedGeneration": observed}}
+
+
+def applied_cr(generation: int = 4, observed: int = 4) -> dict:
+    """A CR whose spec.driver the runner's reconcile applied up to generation `observed`."""
+    return {"metadata": {"generation": generation}, "spec": {"driver": {"payload": {"version": "1"}}},
             "status": {"observedGeneration": observed}}
 
 
@@ -76,7 +85,7 @@ def test_an_unscheduled_gpu_pod_holds_no_node():
 def test_current_revision_is_the_newest_owned_controllerrevision():
     revs = [project_revision(r) for r in (revision("old", 1), revision("new", 3), revision("back", 2),
                                           revision("other", 9, owner="another-ds"))]
-    snap = build(daemonset(), revs, [], [], {"spec": {"driver": {"payload": {"version": "1"}}}}, None)
+    snap = build(daemonset(), revs, [], [], applied_cr(), None)
     assert snap.observed.current_revision == "new"
     assert set(snap.revisions) == {"old", "new", "back"}
     assert snap.observed.caught_up
@@ -84,15 +93,32 @@ def test_current_revision_is_the_newest_owned_controllerrevision():
 
 
 def test_not_caught_up_until_the_controller_observed_the_generation():
-    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [], {}, None)
+    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [],
+                 applied_cr(), None)
     assert not snap.observed.caught_up
+
+
+def test_not_caught_up_while_the_revision_cache_lags_the_daemonset_template():
+    newer = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
+    revs = [project_revision(revision("a", 1))]
+    assert not build(daemonset(template=newer), revs, [], [], applied_cr(), None).observed.caught_up
+    revs.append(project_revision(revision("b", 2, template=newer)))
+    snap = build(daemonset(template=newer), revs, [], [], applied_cr(), None)
+    assert snap.observed.caught_up and snap.observed.current_revision == "b"
+
+
+def test_not_caught_up_until_the_reconcile_applied_the_crs_generation():
+    """Else a version patched into the CR but not yet in the template would be recorded as the
+    stable revision's lastCoDriverSpec, and a rollback would restore it."""
+    revs = [project_revision(revision("a", 1))]
+    assert not build(daemonset(), revs, [], [], applied_cr(generation=5, observed=4), None).observed.caught_up
 
 
 def test_nodes_are_the_pods_nodes_plus_the_wave_in_flight():
     pods = [project_driver_pod(pod("p1", "n1", "a")), project_driver_pod(pod("p2", "n2", "a")),
             project_driver_pod(pod("x", "n9", "a", owner="someone-else"))]
     status = {"resume": {"wave": ["n3"]}}
-    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, ["n2"], {}, status)
+    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, ["n2"], applied_cr(), status)
     assert snap.observed.nodes == {"n1", "n2", "n3"}
     assert {p.name for p in snap.observed.pods} == {"p1", "p2"}
     assert snap.observed.gpu_busy_nodes == {"n2"}

@@ -1,6 +1,7 @@
 """The staged driver rollout's imperative shell: one step of every runner pass (DESIGN.md section 5).
 
-Each pass: read the CR (one GET), snapshot the watch caches (`rollout_observe`), let the engine
+Each pass: read the CR and the driver DaemonSet (two GETs), snapshot the watch caches
+(`rollout_observe`), let the engine
 decide (`rollout.decide`), write the intended `status.upgradeStatus` (a PUT of the status
 subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
 the pass stops without acting; the next pass decides again), then act:
@@ -71,10 +72,12 @@ class RolloutExecutor:
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
             return 0
         before = (cr.get("status") or {}).get("upgradeStatus") or None
-        snap = self.watches.observe(cr, before)
-        if snap is None:
+        self.requests += 1
+        ds = self.api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return 0
+        snap = self.watches.observe(ds, cr, before)
         decision = rollout.decide(snap.observed, policy, before, self.clock())
         writes = 0
         if decision.status != before:

@@ -1,7 +1,6 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Four caches, started once and kept across passes:
-- the `metax-driver` DaemonSet (one object, field selector on its name);
+Three caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `rollout.Pod` plus its owner's uid;
@@ -9,11 +8,21 @@ Four caches, started once and kept across passes:
   projected to its node name: the GPU-workload check. Kubernetes cannot select pods by resource,
   so this one watch sees every pod change of the cluster; what it stores is one string per GPU pod.
 
-`Watches.observe(cr, status)` turns a snapshot of them into `rollout.Observed` (DESIGN.md
+The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runner's reconcile may
+have changed its template a moment before in the same pass, and a cache could still show the
+template before that change.
+
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed` (DESIGN.md
 section 5): the current revision is the `controller-revision-hash` of the newest ControllerRevision
-owned by the DaemonSet's uid; `caught_up` is the DaemonSet controller having observed the latest
-generation. The engine's eligible nodes are the nodes of the DaemonSet's pods plus the nodes of
-the wave in flight (whose pod may be between deletion and re-creation).
+owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
+agree, since they come from separate reads:
+- the DaemonSet controller observed the latest generation;
+- the newest revision in the cache holds the DaemonSet's template (its watch may lag);
+- the runner's reconcile applied the CR's latest generation (`status.observedGeneration`), so the
+  CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
+  template came from.
+The engine's eligible nodes are the nodes of the DaemonSet's pods plus the nodes of the wave in
+flight (whose pod may be between deletion and re-creation).
 """
 from __future__ import annotations
 
@@ -62,16 +71,13 @@ class Watches:
     def __init__(self, api: Client, namespace: str, resync: float = 1800.0):
         core = api.resource("v1", "Pod")
         apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
-        self.daemonset = Informer(api, apps("DaemonSet").path(namespace=namespace),
-                                  field_selector=f"metadata.name={DRIVER_DAEMONSET}", resync=resync,
-                                  name="driver-daemonset")
         self.revisions = Informer(api, apps("ControllerRevision").path(namespace=namespace),
                                   project=project_revision, resync=resync, name="controllerrevisions")
         self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
                                     project=project_driver_pod, resync=resync, name="driver-pods")
         self.gpu_pods = Informer(api, "/api/v1/pods", field_selector="status.phase!=Succeeded,status.phase!=Failed",
                                  project=project_gpu_pod, resync=resync, name="gpu-workloads")
-        self.all = (self.daemonset, self.revisions, self.driver_pods, self.gpu_pods)
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods)
 
     def start(self) -> Watches:
         for informer in self.all:
@@ -95,12 +101,9 @@ class Watches:
                 setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
         return total
 
-    def observe(self, cr: dict, status: dict | None) -> Snapshot | None:
-        """The snapshot for one pass, or None while the driver DaemonSet does not exist."""
-        found = list(self.daemonset.snapshot().values())
-        if not found:
-            return None
-        return build(found[0], self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
+    def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
+        """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
+        return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
                      self.gpu_pods.snapshot().values(), cr, status)
 
 
@@ -108,18 +111,28 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
     """The pure part of `observe` (also what the unit tests call)."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
-    newest = max(own.values(), key=lambda r: r.number).hash if own else ""
-    caught_up = bool(newest) and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get(
-        "generation", 0)
+    newest = max(own.values(), key=lambda r: r.number) if own else None
+    cr_status = cr.get("status") or {}
+    caught_up = (newest is not None and revision_template(newest) == ds["spec"]["template"]
+                 and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
+                 and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation"))
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     observed = rollout.Observed(
-        current_revision=newest, caught_up=caught_up,
+        current_revision=newest.hash if newest else "", caught_up=caught_up,
         nodes=frozenset(p.node for p in pods) | frozenset(wave),
         pods=pods, gpu_busy_nodes=frozenset(gpu_nodes),
         template=canonical(ds["spec"]["template"]),
         driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
     return Snapshot(observed, ds, own)
+
+
+def revision_template(revision: Revision) -> dict:
+    """The pod template a DaemonSet ControllerRevision records (its data is a strategic merge
+    patch `{"spec": {"template": {..., "$patch": "replace"}}}`)."""
+    template = dict(((revision.data.get("spec") or {}).get("template")) or {})
+    template.pop("$patch", None)
+    return template
 
 
 def canonical(obj) -> str:
