@@ -360,7 +360,7 @@ class ControlPlane:
             if not os.access(BIN_DIR / binary, os.X_OK):
                 raise ControlPlaneError(
                     f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; "
-                    f"about 15 minutes the first time)")
+                    f"10-20 minutes the first time)")
         if port:
             check_port_free(port)
         cp = cls(workdir=Path(workdir), port=port or free_port())
@@ -432,6 +432,10 @@ class ControlPlane:
         self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
         self.wait_nodes_ready(deadline)
         self._wait_default_service_account(deadline)
+        self._write_state()
+
+    def _write_state(self) -> None:
+        """The pids `scripts/cluster down` stops."""
         (self.workdir / "state.json").write_text(json.dumps({
             "port": self.port, "kubeconfig": str(self.kubeconfig),
             "pids": {name: c.process.pid for name, c in self.components.items()}}))
@@ -519,6 +523,7 @@ class ControlPlane:
         stop_pid(self.components["kwok"].process.pid, self.components.pop("kwok").process)
         self._start_kwok()
         self._wait_healthy(["kwok"], time.monotonic() + 30)
+        self._write_state()
 
     def _pod_fault(self, kind: str, stage: Callable[[str], dict]) -> Fault:
         self._fault_count += 1
