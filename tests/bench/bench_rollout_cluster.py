@@ -84,7 +84,8 @@ def run_size(nodes: int, budget: float) -> None:
             time.sleep(2)
             client.CustomObjectsApi(api).create_cluster_custom_object(*CR[:3], {
                 "apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-                "metadata": {"name": "cluster-operator"}, "spec": {"driver": {"upgradePolicy": POLICY}}})
+                "metadata": {"name": "cluster-operator"},
+                "spec": {"registry": "registry.example", "driver": {"payload": {"version": "1"}, "upgradePolicy": POLICY}}})
             apps = client.AppsV1Api(api)
             apps.create_namespaced_daemon_set(NS, daemonset("registry.example/driver:1"))
             core = client.CoreV1Api(api)
