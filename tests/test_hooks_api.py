@@ -18,7 +18,7 @@ import pytest
 from metax_operator import cli, kube
 from metax_operator.hooks import bootstrap, cleanup, common
 from tests.controlplane import GPU_LABEL, wait_for
-from tests.helm import BIN, CHART, NAMESPACE, find, render_chart
+from tests.helm import BIN, CHART, find, render_chart
 
 pytestmark = pytest.mark.e2e
 

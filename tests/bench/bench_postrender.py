@@ -8,7 +8,6 @@ nodeSelector/affinity/tolerations, so both produce the same DaemonSets (checked)
 wall time, peak RSS of the child and the ratios, and what the post-renderer adds to
 `helm template` under Helm 3 and Helm 4.
 """
-import json
 import os
 import re
 import statistics
