@@ -51,7 +51,7 @@ class Cluster:
 
     def observed(self, caught_up: bool = True) -> R.Observed:
         return R.Observed(self.revision, caught_up, frozenset(self.nodes), tuple(self.pods.values()),
-                          frozenset(self.busy), template=f"template-{self.revision}", driver_spec="spec")
+                          frozenset(self.busy), template=f"template-{self.revision}", driver_spec=f"spec-{self.revision}")
 
     def decide(self, pol, now: float) -> R.Decision:
         decision = R.decide(self.observed(), pol, self.status, now)
@@ -487,4 +487,27 @@ def test_idle_records_the_settled_template_and_driver_spec():
     cluster = Cluster(2, old="new")
     decision = cluster.decide(policy(), T0)
     assert decision.status["phase"] == R.IDLING and decision.delete == []
-    assert (decision.status["lastAppliedSpec"], decision.status["lastCoDriverSpec"]) == ("template-new", "spec")
+    assert (decision.status["lastAppliedSpec"], decision.status["lastCoDriverSpec"]) == ("template-new", "spec-new")
+
+
+def test_a_rollout_started_right_after_a_completed_one_records_the_completed_revisions_spec():
+    """Regression (e2e: a forced rollback landed on the install-time driver version): the pass that
+    completes a rollout must record its template and spec.driver as lastAppliedSpec and
+    lastCoDriverSpec. When the next version arrives before any idle pass (a runner restarted, or an
+    admin quick to patch), the next rollout otherwise records the spec of the rollout BEFORE, and
+    its rollback writes that older spec.driver back to the CR while restoring the newer revision."""
+    cluster = Cluster(4)
+    pol = policy(maxParallel=2)
+    cluster.revision = "old"
+    assert cluster.decide(pol, T0).status["lastCoDriverSpec"] == "spec-old"  # idle at the install revision
+    cluster.revision = "new"
+    now = drive(cluster, pol, T0 + 5)  # stops at the pass that completes: no idle pass after it
+    assert cluster.status["status"]["currentStepState"] == R.COMPLETED and cluster.revisions() == {"new": 4}
+    cluster.revision = "newer"
+    started = cluster.decide(pol, now)
+    assert started.status["phase"] == R.PROGRESSING
+    assert started.status["status"]["lastPodSpecRevision"] == "new"
+    assert (started.status["lastAppliedSpec"], started.status["lastCoDriverSpec"]) == ("template-new", "spec-new")
+    cluster.ready_all()
+    rollback = cluster.decide(dataclasses.replace(pol, enable_rollout=False), now + 5)
+    assert rollback.restore_revision == "new" and rollback.status["lastCoDriverSpec"] == "spec-new"

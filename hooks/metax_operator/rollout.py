@@ -202,7 +202,7 @@ class _Pass:
             stable = self.rs["stableRevision"] = older.most_common(1)[0][0] if older else cur
         self.st["phase"] = IDLING if self.pol.enable_rollout else DISABLED
         if cur == stable:
-            self.st["lastAppliedSpec"], self.st["lastCoDriverSpec"] = self.obs.template, self.obs.driver_spec
+            self._record_stable_spec()
             self._say(f"all driver pods are at revision {cur}" if self.st["phase"] == IDLING
                       else "staged rollout is disabled; a new driver revision replaces every pod at once")
             return False
@@ -378,6 +378,7 @@ class _Pass:
         revision = self.sub["upgradingPodSpecRevision"]
         message = f"every driver pod is at revision {revision}"
         self.rs["stableRevision"] = revision
+        self._record_stable_spec()
         self.st["phase"] = IDLING
         self._condition("Progressing", "False", "Completed", message)
         self._condition("Succeed", "True", "Completed", message)
@@ -530,6 +531,17 @@ class _Pass:
         if self.rs["pausedByRunner"] and self.pause:
             self.rs["releasePause"], self.out.set_pause, self.pause = True, False, False
         self.rs.update(pausedByRunner=False, pauseReason="", pauseConfirmed=False)
+
+    def _record_stable_spec(self) -> None:
+        """Record the template and `spec.driver` observed now as those of the stable revision
+        (`lastAppliedSpec`, `lastCoDriverSpec`: what a rollback writes back to the CR).
+
+        Called only when the current revision is the stable one and the observation is caught up,
+        so both belong to it. The pass that completes a rollout records them too: the next version
+        may arrive before any idle pass, and its rollout must not inherit the spec of the rollout
+        before (a rollback would then restore an older driver version than its revision's).
+        """
+        self.st["lastAppliedSpec"], self.st["lastCoDriverSpec"] = self.obs.template, self.obs.driver_spec
 
     def _timeout(self) -> float:
         return self.pol.readiness_timeout_ms / 1000
