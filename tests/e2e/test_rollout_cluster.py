@@ -380,6 +380,53 @@ def test_admin_pause_stops_new_deletions(control_plane, api, idle):
     assert all_at(api, new)
 
 
+def first_cr_where(api, since: str, check, timeout: int = 90) -> dict:
+    """The first version of the CR after resourceVersion `since` that satisfies `check`, from a
+    watch: a status that a later pass overwrites within a second is still seen."""
+    stream = watch.Watch().stream(client.CustomObjectsApi(api).list_cluster_custom_object, *CR[:3],
+                                  field_selector=f"metadata.name={CR[3]}", resource_version=since,
+                                  timeout_seconds=timeout)
+    for change in stream:
+        if check(change["object"]):
+            return change["object"]
+    raise AssertionError(f"no version of the CR within {timeout}s satisfied the check")
+
+
+def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revision(control_plane, api, idle):
+    """Regression: a runner replaced right after a rollout completed, then a new version and
+    `enableRollout: false`, rolled the driver back to the version of the rollout BEFORE (the CR's
+    spec.driver restored from a stale lastCoDriverSpec), a revision nobody asked for."""
+    cp = control_plane
+    runners = idle["runners"]
+    since = get_cr(api)["metadata"]["resourceVersion"]
+    _, done = start_rollout(cp, api, QUICK_POLICY)
+    completed = first_cr_where(api, since, lambda cr: ((cr.get("status") or {}).get("upgradeStatus") or {}).get(
+        "status", {}).get("currentStepState") == "Completed")
+    runners[-1].stop(signal.SIGKILL)  # no idle pass after the one that completed
+    version = completed["spec"]["driver"]["payload"]["version"]
+    recorded = completed["status"]["upgradeStatus"]
+    # The very status that says Completed already records the completed revision's spec and template.
+    assert json.loads(recorded["lastCoDriverSpec"])["payload"]["version"] == version
+    init = json.loads(recorded["lastAppliedSpec"])["spec"]["initContainers"]
+    assert next(c["image"] for c in init if c["name"] == "payload").endswith(f":{version}")
+    eventually(lambda: all_at(api, done), 30, "every pod at the completed revision")
+    before = template(api)
+
+    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
+            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
+    runners.append(Runner(idle["kubeconfig"], idle["tmp"], "runner-1"))
+    eventually(lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, "", done)
+               and s["lastPodSpecRevision"] == done, 30, "the next rollout to start")
+    seed_patch(cp, "enableRollout", False)
+    eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, done), 90,
+               "rolled back to the completed revision")
+    assert template(api) == before
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
+    time.sleep(3)  # the runner's reconcile keeps the restored template
+    assert template(api) == before and all_at(api, done)
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
+
+
 # -- failures ----------------------------------------------------------------------------------
 
 FAILING = {"enableRollout": True, "upgradeSteps": [{"replicas": 3, "pauseDuration": 0},
