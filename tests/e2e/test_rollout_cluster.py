@@ -400,8 +400,9 @@ def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revisi
     runners = idle["runners"]
     since = get_cr(api)["metadata"]["resourceVersion"]
     _, done = start_rollout(cp, api, QUICK_POLICY)
-    completed = first_cr_where(api, since, lambda cr: ((cr.get("status") or {}).get("upgradeStatus") or {}).get(
-        "status", {}).get("currentStepState") == "Completed")
+    completed = first_cr_where(api, since, lambda cr: (
+        ((cr.get("status") or {}).get("upgradeStatus") or {}).get("status") or {}).items() >= {
+        "upgradingPodSpecRevision": done, "currentStepState": "Completed"}.items())
     runners[-1].stop(signal.SIGKILL)  # no idle pass after the one that completed
     version = completed["spec"]["driver"]["payload"]["version"]
     recorded = completed["status"]["upgradeStatus"]
