@@ -13,7 +13,6 @@ log lines (`rollout-pass`: the step and the pods deleted in that pass).
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
+from tests.e2e.tools import eventually, kubectl, run
 from tests.helm import BIN, CHART
 
 pytestmark = pytest.mark.e2e
@@ -57,31 +57,6 @@ SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def kubectl(cp, *args: str) -> str:
-    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
-                            capture_output=True, text=True, timeout=60)
-    if result.returncode:
-        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-    return result.stdout
-
-
-def run(*command: str) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    if result.returncode:
-        raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
-    return result.stdout
-
-
-def eventually(check, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
 
 
 def seed_patch(cp, field: str, value) -> None:

@@ -15,7 +15,6 @@ chart with the seed's templates would have rendered them.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import yaml
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
+from tests.e2e.tools import eventually, kubectl, run
 from tests.helm import BIN, CHART
 
 pytestmark = pytest.mark.e2e
@@ -50,32 +50,6 @@ SEED_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"versi
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
-    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
-                            capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60)
-    if check and result.returncode:
-        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-    return result.stdout
-
-
-def run(*command: str) -> str:
-    """Run a command; its stdout, or an AssertionError carrying its stderr."""
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    if result.returncode:
-        raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
-    return result.stdout
-
-
-def eventually(check, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Runner:
