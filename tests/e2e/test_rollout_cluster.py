@@ -16,25 +16,22 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client, watch
 
-from tests.e2e.tools import eventually, kubectl, run
-from tests.helm import BIN, CHART
+from tests.e2e.tools import (CR, METAX, bootstrap, eventually, helm3, install_chart, kubectl, release_values, run,
+                             service_account_kubeconfig, uninstall_chart)
+from tests.helm import CHART
 
 pytestmark = pytest.mark.e2e
 
 NS = "rollout-e2e"
 RELEASE = "metax"
-CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
-METAX = str(Path(sys.executable).with_name("metax-operator"))
 DRIVER_PODS = "app.kubernetes.io/component=driver"
 EVENTS_NS = "default"  # where the API server keeps events of cluster-scoped objects
 NODES = 10  # the control plane fixture's GPU nodes
@@ -112,17 +109,6 @@ def template(api) -> dict:
 def payload_image(api) -> str:
     init = template(api)["spec"]["initContainers"]
     return next(c["image"] for c in init if c["name"] == "payload")
-
-
-def service_account_kubeconfig(cp, tmp: Path, account: str) -> Path:
-    token = kubectl(cp, "create", "token", account, "-n", NS, "--duration", "2h").strip()
-    config = yaml.safe_load(cp.kubeconfig.read_text())
-    config["users"] = [{"name": account, "user": {"token": token}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = account
-    path = tmp / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 class Runner:
@@ -220,36 +206,15 @@ def installed(control_plane, api, tmp_path_factory):
     """The chart (rollout enabled, the seed policy) installed with Helm 3, the CR bootstrapped."""
     tmp = tmp_path_factory.mktemp("rollout-install")
     cp = control_plane
-    custom = client.CustomObjectsApi(api)
-    try:
-        custom.delete_cluster_custom_object(*CR)
-    except client.ApiException as err:
-        if err.status != 404:
-            raise
-    values = tmp / "values.yaml"
-    values.write_text(yaml.safe_dump({"registry": "cr.example.com/metax",
-                                      "driver": {"payload": {"version": "2.32.0.6"},
-                                                 "upgradePolicy": SEED_POLICY}}))
-    helm = [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
-    run(*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks", "-f", str(values))
-    bootstrap(cp, tmp, helm)
-    kubeconfig = service_account_kubeconfig(cp, tmp, "metax-operator-runner")
+    install_chart(cp, api, tmp, RELEASE, NS, {"registry": "cr.example.com/metax",
+                                              "driver": {"payload": {"version": "2.32.0.6"},
+                                                         "upgradePolicy": SEED_POLICY}})
+    bootstrap(cp, tmp, RELEASE, release_values(cp, RELEASE, NS))
+    kubeconfig = service_account_kubeconfig(cp, tmp, "metax-operator-runner", NS)
     eventually(lambda: len(driver_pods(api)) == NODES and all(ready(p) for p in driver_pods(api)), 60,
                "every driver pod Ready")
-    yield {"kubeconfig": kubeconfig, "helm": helm, "tmp": tmp}
-    subprocess.run([*helm, "uninstall", RELEASE, "-n", NS, "--no-hooks"], capture_output=True, timeout=120)
-    try:
-        custom.delete_cluster_custom_object(*CR)
-    except client.ApiException:
-        pass
-
-
-def bootstrap(cp, tmp: Path, helm: list[str]) -> None:
-    """What the post-install/post-upgrade hook does: the release's values into the CR."""
-    merged = run(*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json")
-    (tmp / "release-values.json").write_text(merged)
-    run(METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
-        "--kubeconfig", str(cp.kubeconfig))
+    yield {"kubeconfig": kubeconfig, "helm": helm3(cp), "tmp": tmp}
+    uninstall_chart(cp, api, RELEASE, NS)
 
 
 _versions = iter(range(1, 1000))
@@ -528,20 +493,23 @@ def test_helm_upgrade_of_the_payload_version_starts_a_rollout(control_plane, api
     old = next(iter(revisions(api)))
     history = PodHistory(api)
     version = new_version()
-    helm = idle["helm"]
-    run(*helm, "upgrade", RELEASE, str(CHART), "-n", NS, "--no-hooks", "--reuse-values",
+    # In the chart's order: the bootstrap hook (pre-upgrade) writes the new values into the CR,
+    # then Helm changes the DaemonSet (hooks run here as local commands: --no-hooks).
+    values = release_values(cp, RELEASE, NS)
+    values["driver"]["payload"]["version"] = version
+    values["driver"]["upgradePolicy"] = QUICK_POLICY
+    bootstrap(cp, idle["tmp"], RELEASE, values)
+    run(*idle["helm"], "upgrade", RELEASE, str(CHART), "-n", NS, "--no-hooks", "--reuse-values",
         "--set", f"driver.payload.version={version}", "--set-json",
         f"driver.upgradePolicy={json.dumps(QUICK_POLICY)}")
-    bootstrap(cp, idle["tmp"], helm)  # the post-upgrade hook
     eventually(lambda: upgrade_status(api).get("phase") == "Progressing", 30, "the rollout to start")
     eventually(lambda: sub(api).get("currentStepState") == "Completed", 90, "Completed")
     assert payload_image(api).endswith(f":{version}")
     new = sub(api)["upgradingPodSpecRevision"]
     assert new != old and all_at(api, new)
     history.stop()
-    # Helm changes the DaemonSet before the post-upgrade hook updates the CR, so the runner's
-    # reconcile briefly re-applies the old version (docs/rollout-admin.md): under OnDelete that
-    # flip creates no pods, and each node is still replaced exactly once.
+    # Each node is replaced exactly once: the CR had the new version before Helm changed the
+    # DaemonSet, so the runner never put the old one back.
     per_node = history.deletions_per_node()
     assert sorted(per_node) == [f"gpu-node-{i:04d}" for i in range(NODES)] and set(per_node.values()) == {1}, per_node
 

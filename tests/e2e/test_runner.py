@@ -22,20 +22,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
-from tests.e2e.tools import eventually, kubectl, run
-from tests.helm import BIN, CHART
+from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, release_values,
+                             service_account_kubeconfig, uninstall_chart)
 
 pytestmark = pytest.mark.e2e
 
 NS = "runner-e2e"
 RELEASE = "metax"
 RELEASE_FULLNAME = "metax-operator"  # the chart's fullname: the runner's ServiceAccount is <fullname>-runner
-CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
-METAX = str(Path(sys.executable).with_name("metax-operator"))
 LEASE = dict(duration=4, renew=3, retry=1)  # seconds
 
 BASE = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -156,42 +153,14 @@ def installed(control_plane, api, tmp_path_factory):
     """The chart installed with Helm 3 (no post-renderer, no hooks) and the CR bootstrapped."""
     tmp = tmp_path_factory.mktemp("runner-install")
     cp = control_plane
-    custom = client.CustomObjectsApi(api)
-    try:
-        custom.delete_cluster_custom_object(*CR)
-    except client.ApiException as err:
-        if err.status != 404:
-            raise
-    values = tmp / "values.yaml"
-    values.write_text(yaml.safe_dump(SEED_VALUES))
-    helm = [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
-    run(*helm, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--no-hooks", "-f", str(values))
+    install_chart(cp, api, tmp, RELEASE, NS, SEED_VALUES)
     seed_default_templates(cp, api)
     # What Helm rendered (no post-renderer): the base only, so the CR's podTemplateSpec is not there yet.
     assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA]
     assert tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER]
-    merged = run(*helm, "get", "values", RELEASE, "-n", NS, "--all", "-o", "json")
-    (tmp / "release-values.json").write_text(merged)
-    run(METAX, "bootstrap", "--values", str(tmp / "release-values.json"), "--release", RELEASE,
-        "--kubeconfig", str(cp.kubeconfig))
-    yield service_account_kubeconfig(cp, tmp, f"{RELEASE_FULLNAME}-runner")
-    subprocess.run([*helm, "uninstall", RELEASE, "-n", NS, "--no-hooks"], capture_output=True, timeout=120)
-    try:
-        custom.delete_cluster_custom_object(*CR)
-    except client.ApiException:
-        pass
-
-
-def service_account_kubeconfig(cp, tmp: Path, account: str) -> Path:
-    """A kubeconfig authenticating as ServiceAccount `account` of NS (a TokenRequest token)."""
-    token = kubectl(cp, "create", "token", account, "-n", NS, "--duration", "2h").strip()
-    config = yaml.safe_load(cp.kubeconfig.read_text())
-    config["users"] = [{"name": account, "user": {"token": token}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = account
-    path = tmp / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    bootstrap(cp, tmp, RELEASE, release_values(cp, RELEASE, NS))
+    yield service_account_kubeconfig(cp, tmp, f"{RELEASE_FULLNAME}-runner", NS)
+    uninstall_chart(cp, api, RELEASE, NS)
 
 
 @pytest.fixture

@@ -1,11 +1,18 @@
-"""Small helpers the e2e tests share: the real kubectl and other commands, and polling."""
+"""Small helpers the e2e tests share: the real kubectl and helm, installing the chart the way the
+tests do (no hooks: kwok runs no containers, so each hook's command runs here instead), polling."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from kubernetes import client
 
 from tests.controlplane import wait_for as eventually  # noqa: F401 (re-exported: poll until truthy)
-from tests.helm import BIN
+from tests.helm import BIN, CHART
 
 
 def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
@@ -23,3 +30,60 @@ def run(*command: str) -> str:
     if result.returncode:
         raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
     return result.stdout
+
+
+CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
+METAX = str(Path(sys.executable).with_name("metax-operator"))
+
+
+def helm3(cp) -> list[str]:
+    """The Helm 3.18 command line for control plane `cp`."""
+    return [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
+
+
+def delete_cr(api) -> None:
+    """Delete the cluster-operator CR if it is there (a module's leftover)."""
+    try:
+        client.CustomObjectsApi(api).delete_cluster_custom_object(*CR)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def install_chart(cp, api, tmp: Path, release: str, namespace: str, values: dict) -> None:
+    """`helm install --no-hooks` of the chart with `values` (hook Jobs cannot run under kwok)."""
+    delete_cr(api)
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    run(*helm3(cp), "install", release, str(CHART), "-n", namespace, "--create-namespace", "--no-hooks",
+        "-f", str(path))
+
+
+def uninstall_chart(cp, api, release: str, namespace: str) -> None:
+    subprocess.run([*helm3(cp), "uninstall", release, "-n", namespace, "--no-hooks"], capture_output=True,
+                   timeout=120)
+    delete_cr(api)
+
+
+def bootstrap(cp, tmp: Path, release: str, values: dict) -> None:
+    """What the bootstrap hook Job runs: `values` (a release's, all of them) into the CR."""
+    path = tmp / "release-values.json"
+    path.write_text(json.dumps(values))
+    run(METAX, "bootstrap", "--values", str(path), "--release", release, "--kubeconfig", str(cp.kubeconfig))
+
+
+def release_values(cp, release: str, namespace: str) -> dict:
+    """`helm get values --all`: the values the release's hooks get."""
+    return json.loads(run(*helm3(cp), "get", "values", release, "-n", namespace, "--all", "-o", "json"))
+
+
+def service_account_kubeconfig(cp, tmp: Path, account: str, namespace: str) -> Path:
+    """A kubeconfig authenticating as ServiceAccount `account` (a TokenRequest token)."""
+    token = kubectl(cp, "create", "token", account, "-n", namespace, "--duration", "2h").strip()
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    path = tmp / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
