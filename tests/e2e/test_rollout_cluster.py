@@ -247,10 +247,12 @@ def start_rollout(cp, api, policy: dict) -> tuple[str, str]:
     old = next(iter(revisions(api)))
     kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
             json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
-    new = eventually(lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, "", old)
-                     and upgrade_status(api).get("phase") == "Progressing" and s["upgradingPodSpecRevision"],
-                     30, "the rollout to start")
-    return old, new
+    def started() -> str | None:  # one read: the revision and the phase of the same status
+        status = upgrade_status(api)
+        revision = (status.get("status") or {}).get("upgradingPodSpecRevision")
+        return revision if status.get("phase") == "Progressing" and revision not in (None, "", old) else None
+
+    return old, eventually(started, 30, "the rollout to start")
 
 
 # -- the seed policy ---------------------------------------------------------------------------
