@@ -73,7 +73,9 @@ SPEC_VALID = "SpecValid"
 CONFIG_VALID = "ConfigMapsValid"
 RECONCILED = "Reconciled"
 HELM_UPGRADE = "HelmUpgradeRequired"
-HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False"}
+WORKLOADS_VALID = "WorkloadsValid"  # set by workload_check
+HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False",
+           WORKLOADS_VALID: "True"}
 
 
 @dataclass

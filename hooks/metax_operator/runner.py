@@ -18,10 +18,11 @@ import signal
 import threading
 import time
 
-from . import jsonlog, reconcile, rollout_exec
+from . import jsonlog, reconcile, rollout_exec, workload_check
 from .errors import UserError
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
+from .rollout_observe import Watches
 
 log = logging.getLogger("metax_operator.runner")
 
@@ -41,7 +42,11 @@ class Runner:
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
-        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity)
+        # One set of watch caches for the rollout and the workload check, started at the first pass.
+        self.watches = Watches(api, namespace)
+        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches)
+        self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.watching = False
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
@@ -51,7 +56,11 @@ class Runner:
             jsonlog.event(log, "no-cr", logging.DEBUG,
                           msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
-        outcome = reconcile.plan(observed)
+        if not self.watching:
+            self.watches.start()
+            self.workloads.start()
+            self.watching = True
+        outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
         writes += self.rollout.run_pass()
         jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,

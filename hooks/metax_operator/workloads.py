@@ -67,14 +67,18 @@ VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
 #: The MetaX PCI vendor ID (`lspci -nn` shows `[9999:4001]`: vendor 9999, device 4001).
 PCI_VENDOR_ID = "9999"
 
-#: How the checks recognise a running HAMi scheduler (the label HAMi's Helm chart sets).
-HAMI_SCHEDULER_SELECTOR = "app.kubernetes.io/component=hami-scheduler"
+#: How the checks recognise a running HAMi scheduler: a Ready pod with the label HAMi's Helm chart
+#: sets on its scheduler pods.
+HAMI_SCHEDULER_LABEL = ("app.kubernetes.io/component", "hami-scheduler")
+HAMI_SCHEDULER_SELECTOR = "=".join(HAMI_SCHEDULER_LABEL)
 
 MACA_VERSION_ENV = "METAX_MACA_VERSION"
 MACA_PREFIX = "maca-"
 #: Values the runtime refuses: they name no version.
 MACA_REFUSED = ("maca", "maca-")
 
+#: The pods the checks read when they list them: every pod not yet finished, in every namespace.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 #: Nodes or pods named in one problem before "and N more".
 SHOWN = 5
 
@@ -92,6 +96,11 @@ def maca_version(image: str) -> str | None:
 def version_key(version: str) -> tuple[int, ...]:
     """`maca-2.18.0.3` -> (2, 18, 0, 3): what "newest" sorts by."""
     return tuple(int(part) for part in version[len(MACA_PREFIX):].split("."))
+
+
+def payload_images(spec: Mapping) -> list[str]:
+    """`maca.payload.images` of the values or of the CR spec (the same shape)."""
+    return list(((spec.get("maca") or {}).get("payload") or {}).get("images") or [])
 
 
 def deployed_maca_versions(images: Iterable[str]) -> list[str]:
@@ -150,6 +159,12 @@ def node_labels(obj: Mapping) -> dict[str, str]:
 def pod_ready(obj: Mapping) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def hami_running(pods: Iterable[Mapping]) -> bool:
+    """Whether one of these Pod objects is a Ready HAMi scheduler."""
+    key, value = HAMI_SCHEDULER_LABEL
+    return any(((p.get("metadata") or {}).get("labels") or {}).get(key) == value and pod_ready(p) for p in pods)
 
 
 def vfio_gpus(annotation: str | None) -> tuple[list[str], list[str]]:
@@ -211,6 +226,14 @@ def problems(nodes: Mapping[str, Mapping[str, str]], pods: Iterable[GpuPod], *, 
             f"install HAMi or set the nodes back to native: {back}"))
     found += _maca_problems(pods, maca_images)
     return found
+
+
+def problems_of_objects(nodes: Iterable[Mapping], pods: Sequence[Mapping], *, runtime_deployed: bool,
+                        maca_images: Sequence[str] | None) -> list[WorkloadProblem]:
+    """`problems` over listed Node and Pod objects (every live pod of the cluster: the GPU pods and
+    HAMi's scheduler are found among them)."""
+    return problems({n["metadata"]["name"]: node_labels(n) for n in nodes}, filter(None, map(gpu_pod, pods)),
+                    runtime_deployed=runtime_deployed, maca_images=maca_images, hami_running=hami_running(pods))
 
 
 def _label_problems(nodes: Mapping[str, Mapping[str, str]]) -> list[WorkloadProblem]:
