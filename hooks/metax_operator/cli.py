@@ -27,6 +27,7 @@ COMMANDS = {
     "schema": "schema",
     "validate": "validate_cmd",
     "rollout": "rollout_cli",
+    "nodes": "node_view",
 }
 
 

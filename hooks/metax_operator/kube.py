@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+
+from .errors import UserError
 
 T = TypeVar("T")
 
@@ -63,9 +66,12 @@ class Resource:
     plural: str
     namespaced: bool
 
-    def path(self, name: str | None = None, namespace: str | None = None, subresource: str = "") -> str:
+    def path(self, name: str | None = None, namespace: str | None = None, subresource: str = "",
+             all_namespaces: bool = False) -> str:
+        """The object's (or the collection's) path; `all_namespaces`: a namespaced kind's collection
+        across every namespace."""
         prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        if self.namespaced:
+        if self.namespaced and not all_namespaces:
             if not namespace:
                 raise ValueError(f"{self.kind} is namespaced: a namespace is required")
             prefix += f"/namespaces/{namespace}"
@@ -146,11 +152,17 @@ class Client:
     def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Client:
         """In-cluster credentials when running in a pod and no kubeconfig is given, else the file."""
         configuration = k8s.Configuration()
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                        client_configuration=configuration)
+        if kubeconfig and not os.path.isfile(kubeconfig):
+            raise UserError("--kubeconfig", f"{kubeconfig} is not a file", "pass the path of a kubeconfig file")
+        try:
+            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                            client_configuration=configuration)
+        except (k8s_config.ConfigException, yaml.YAMLError) as err:
+            raise UserError("--kubeconfig", f"no usable cluster configuration ({err})".replace("\n", " "),
+                            "pass --kubeconfig FILE (and --context), or set $KUBECONFIG") from None
         return cls(k8s.ApiClient(configuration))
 
     @classmethod
@@ -240,9 +252,10 @@ class Client:
             raise
 
     def list(self, api_version: str, kind: str, namespace: str | None = None, *,
-             label_selector: str | None = None, field_selector: str | None = None) -> list[dict]:
-        """Every matching object, fetched in pages of PAGE_SIZE."""
-        path = self._path(api_version, kind, None, namespace)
+             label_selector: str | None = None, field_selector: str | None = None,
+             all_namespaces: bool = False) -> list[dict]:
+        """Every matching object (in every namespace with `all_namespaces`), fetched in pages of PAGE_SIZE."""
+        path = self.resource(api_version, kind).path(None, namespace, all_namespaces=all_namespaces)
         items: list[dict] = []
         token = None
         while True:

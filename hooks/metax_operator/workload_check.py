@@ -32,8 +32,8 @@ class WorkloadCheck:
 
     def __init__(self, api: Client, gpu_pods: Informer, resync: float = 1800.0):
         self.gpu_pods = gpu_pods
-        self.labelled = [Informer(api, "/api/v1/nodes", label_selector=label, project=workloads.node_labels, resync=resync,
-                                  name=f"nodes-{label.rsplit('.', 1)[-1]}")
+        self.labelled = [Informer(api, "/api/v1/nodes", label_selector=label, project=workloads.node_labels,
+                                  resync=resync, name=f"nodes-{label.rsplit('.', 1)[-1]}")
                          for label in (workloads.MODE_LABEL, workloads.QOS_LABEL)]
         self.hami = Informer(api, "/api/v1/pods", label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
                              project=workloads.pod_ready, resync=resync, name="hami-scheduler")

@@ -53,11 +53,11 @@ class Runner:
     """A `metax-operator run` process with its JSON log in a file, as the chart's runner
     ServiceAccount (the kubeconfig `installed` yields), so the chart's RBAC is what it gets."""
 
-    def __init__(self, kubeconfig: Path, tmp: Path, identity: str, *extra: str):
+    def __init__(self, kubeconfig: Path, tmp: Path, identity: str, *extra: str, namespace: str = NS):
         self.identity = identity
         self.log_path = tmp / f"{identity}.log"
         self.proc = subprocess.Popen(
-            [METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig), "--identity", identity,
+            [METAX, "run", "--namespace", namespace, "--kubeconfig", str(kubeconfig), "--identity", identity,
              "--interval", "1", "--lease-duration", str(LEASE["duration"]), "--renew-deadline",
              str(LEASE["renew"]), "--retry-period", str(LEASE["retry"]), "--log-level", "debug", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))

@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     _major, _minor, git_version = client.server_version()
     nodes = client.list("v1", "Node")
     findings = check_cluster(git_version, nodes)
-    check_workloads(values, nodes, client.list("v1", "Pod", field_selector=workloads.LIVE_PODS), findings)
+    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    check_workloads(values, nodes, pods, findings)
     for line in findings.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if findings.errors:

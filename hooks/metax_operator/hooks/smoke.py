@@ -157,7 +157,8 @@ def failures(client: kube.Client, namespace: str) -> list[str]:
     nodes = client.list("v1", "Node")
     if "gpuDevice" in enabled:
         lines += check_gpu_nodes(nodes)
-    lines += check_workloads(spec, enabled, nodes, client.list("v1", "Pod", field_selector=workloads.LIVE_PODS))
+    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    lines += check_workloads(spec, enabled, nodes, pods)
     return lines
 
 
