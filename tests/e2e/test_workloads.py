@@ -11,6 +11,7 @@ report them in the same words.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -24,7 +25,8 @@ from metax_operator import workloads as wl
 from tests.e2e.test_runner import Runner
 from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, release_values,
                              service_account_kubeconfig, uninstall_chart)
-from tests.helm import render_chart
+from tests.doc_blocks import blocks
+from tests.helm import BIN, CHART, render_chart
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +36,7 @@ IMAGES = ["maca-c500:2.18.0.3-ubuntu18.04-amd64", "maca-c500:2.24.0.5-ubuntu20.0
 VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}},
           "maca": {"payload": {"images": IMAGES}}}
 HAMI_NS = "hami-system"
+PAGE = CHART / "docs" / "workloads.md"
 ALL_TOLERATED = [{"operator": "Exists"}]
 
 
@@ -308,3 +311,39 @@ def _driver_revision(api, node: str) -> str:
                                                      field_selector=f"spec.nodeName={node}").items
     live = [p for p in pods if p.metadata.deletion_timestamp is None]
     return live[0].metadata.labels.get("controller-revision-hash", "") if live else ""
+
+
+# -- docs/workloads.md against the cluster -------------------------------------------------------
+
+def test_the_pages_commands_and_manifests_work_on_a_cluster(control_plane, cluster, tmp_path):
+    """Every `kubectl`/`metax-operator` block of docs/workloads.md, run in page order with the real
+    kubectl (`sample-node1` is a kwok node reporting 1 GPU, 16 sGPUs and 2 vfio GPUs, and
+    vfio-manager's annotation; the namespace is this module's), each output block compared with the
+    output of the command before it; every manifest admitted by the API server (server dry run)."""
+    cp = control_plane
+    node = cp.add_nodes(1, prefix="wl-doc", gpus=1, resources={wl.SGPU_RESOURCE: 16, wl.VFIO_RESOURCE: 2})[0]
+    kubectl(cp, "annotate", "node", node, f'{wl.VFIO_ANNOTATION}={{"0":1,"1":1,"3":0}}')
+    env = {**os.environ, "PATH": f"{BIN}:{Path(METAX).parent}:{os.environ['PATH']}", "KUBECONFIG": str(cp.kubeconfig)}
+    ran, last = [], ""
+    try:
+        for block in blocks(PAGE):
+            text = block.text.replace("sample-node1", node).replace("-n metax-operator", f"-n {NS}")
+            if block.kind in ("kubectl", "metax-operator"):
+                for line in text.splitlines():
+                    done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+                    assert done.returncode == 0, f"docs/workloads.md:{block.line}: {line}: {done.stderr}"
+                    ran.append(line)
+                    last = done.stdout
+            elif block.kind == "output":
+                assert last.strip() == text.strip(), f"docs/workloads.md:{block.line}"
+            elif block.kind == "manifest":
+                path = tmp_path / f"manifest-{block.line}.yaml"
+                path.write_text(text)
+                kubectl(cp, "apply", "--dry-run=server", "-n", "default", "-f", str(path))
+                ran.append(f"kubectl apply --dry-run=server -f {path.name}")
+        nodes_out = subprocess.run([METAX, "nodes", "-n", NS], env=env, capture_output=True, text=True,
+                                   timeout=60, check=True).stdout
+        assert any(line.startswith(node) for line in nodes_out.splitlines())
+        print(f"ran {len(ran)} commands of docs/workloads.md")
+    finally:
+        cp.remove_nodes([node])
