@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 
 from .. import kube
+from ..workloads import GPU_NODE_LABEL, VFIO_ANNOTATION
 from . import common
 
 #: Node labels our components set: gpu-label marks GPU nodes.
-NODE_LABELS = ("metax-tech.com/gpu.installed",)
+NODE_LABELS = (GPU_NODE_LABEL,)
 #: Node annotations our components set: vfio-manager's binding result (seed §3.2.6.1).
-NODE_ANNOTATIONS = ("metax-tech.com/gpu-vfio",)
+NODE_ANNOTATIONS = (VFIO_ANNOTATION,)
 #: DaemonSets whose pods write the keys above.
 NODE_WRITERS = ("metax-gpu-label", "metax-vfio-manager")
 
