@@ -19,7 +19,7 @@ import yaml
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (METAX, bootstrap, eventually, install_chart, release_values,
+from tests.e2e.tools import (METAX, bootstrap, eventually, install_chart, log_entries, release_values,
                              service_account_kubeconfig, uninstall_chart)
 
 pytestmark = pytest.mark.e2e
@@ -75,15 +75,7 @@ class HealthRunner:
             return 0, {"error": str(err)}
 
     def lines(self, action: str) -> list[dict]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("action") == action:
-                found.append(entry)
-        return found
+        return log_entries(self.log, action)
 
     def until(self, path: str, status: int, timeout: float, what: str, caches: bool = False) -> dict:
         """The body of `path` once it answers `status` (with `caches`: and lists the three caches)."""
