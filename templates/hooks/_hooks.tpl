@@ -90,12 +90,12 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: 16Mi
-  {{- include "metax-operator.apiAccess.volume" . | nindent 2 }}
   {{- range $volume, $configMap := .mounts }}
   - name: {{ $volume }}
     configMap:
       name: {{ $configMap }}
   {{- end }}
+  {{- include "metax-operator.apiAccess.volume" . | nindent 2 }}
 {{- end }}
 
 {{/* A hook Job running `metax-operator ARGS`. As a Helm hook it is named `<fullname>-<hook>`
