@@ -355,7 +355,8 @@ def test_runner_runs_its_command_under_pod_security_restricted(helm_bin, mode):
     command = spec["containers"][0]["command"]
     if mode == "deployment":
         assert runner["spec"]["replicas"] == 1 and runner["spec"]["strategy"] == {"type": "Recreate"}
-        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7"]
+        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7",
+                           "--health-port", "8081", "--stall-timeout", "300"]
     else:
         assert runner["spec"]["concurrencyPolicy"] == "Forbid"
         assert command == ["metax-operator", "run", "--once", "--namespace", NAMESPACE]

@@ -70,8 +70,9 @@ def test_delete_policy_and_job_limits_come_from_values(helm_bin):
         assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"],
                 job["spec"]["backoffLimit"]) == (60, 120, 1)
         [container] = pod_spec(job)["containers"]
-        # Helm merges maps: the default memory request stays
-        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "100Mi"}}
+        # Helm merges maps: the default memory request and CPU limit stay
+        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
+                                          "limits": {"cpu": "1", "memory": "100Mi"}}
 
 
 def test_pods_meet_pod_security_restricted(helm_bin):
@@ -83,7 +84,8 @@ def test_pods_meet_pod_security_restricted(helm_bin):
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["restartPolicy"] == "Never"
         assert not spec.get("hostNetwork") and not spec.get("hostPID")
-        assert all(v.get("configMap") or v.get("emptyDir") is not None for v in spec["volumes"])
+        assert all(v.get("configMap") or v.get("emptyDir") is not None
+                   or (v["name"] == "kube-api-access" and v["projected"]) for v in spec["volumes"])
         for container in spec["containers"]:
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False

@@ -26,7 +26,7 @@ CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
 CR_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin" / "helm-docs"
 CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
-              "priorityClassName", "tools", "runner", "hooks", "crds", "tests"}
+              "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy"}
 COMPONENTS = ("gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")
 
 

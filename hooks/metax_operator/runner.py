@@ -6,7 +6,8 @@ over an unchanged cluster writes nothing. Only the holder of a coordination.k8s.
 (`leader.Elector`); the others log that they wait. SIGTERM (or SIGINT) lets the current pass
 finish, then releases the lease so a successor takes over at once. `--once` makes one pass (the
 chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
-(up to `MAX_BACKOFF`) before the next pass.
+(up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
+`/readyz` for the kubelet's probes (`health`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 
 from . import jsonlog, reconcile, rollout_exec, workload_check
 from .errors import UserError
+from .health import Health, serve
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
 from .rollout_observe import Watches
@@ -69,17 +71,21 @@ class Runner:
         return writes
 
 
-def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event) -> None:
-    """Pass every `interval` seconds while leading, until `stop` is set; then release the lease."""
+def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
+         health: Health | None = None) -> None:
+    """Pass every `interval` seconds while leading, until `stop` is set; then release the lease.
+    Each finished iteration is reported to `health`."""
     failures = 0
     waiting_for = object()
     while not stop.is_set():
         delay = interval
+        passed = False
         if elector.is_leader():
             waiting_for = object()
             try:
                 runner.run_pass()
                 failures = 0
+                passed = True
             except reconcile.LostLeadership as err:
                 jsonlog.event(log, "lost-lease-mid-pass", logging.WARNING, msg=str(err))
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
@@ -92,6 +98,8 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
             jsonlog.event(log, "wait-lease", lease=elector.lock.name, holder=waiting_for,
                           identity=elector.lock.identity,
                           msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})")
+        if health is not None:
+            health.iteration_done(passed, delay)
         stop.wait(delay)
     released = elector.release()
     jsonlog.event(log, "stopped", released_lease=released, identity=elector.lock.identity)
@@ -111,6 +119,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds the leader keeps trying to renew before it stops acting (default 10)")
     parser.add_argument("--retry-period", type=int, default=2, help="seconds between lease attempts (default 2)")
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
+    parser.add_argument("--health-port", type=int, default=0,
+                        help="serve /healthz and /readyz on this port (default: none; not with --once)")
+    parser.add_argument("--health-host", default="",
+                        help="the address to serve them on (default: every address)")
+    parser.add_argument("--stall-timeout", type=float, default=300.0,
+                        help="seconds one iteration of the loop (a pass, API retries included) may run "
+                             "before /healthz fails (default 300)")
     parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
     add_arguments(parser)
     parser.set_defaults(func=_main)
@@ -127,6 +142,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError("--renew-deadline", "must exceed 1.2 x --retry-period", "use e.g. --renew-deadline 10")
     if not args.lease_duration > args.renew_deadline:
         raise UserError("--lease-duration", "must exceed --renew-deadline", "use e.g. --lease-duration 15")
+    if not 0 <= args.health_port <= 65535:
+        raise UserError("--health-port", f"must be a port number, not {args.health_port}", "use e.g. --health-port 8081")
+    if not args.stall_timeout > 0:
+        raise UserError("--stall-timeout", f"must be positive, not {args.stall_timeout:g}", "use e.g. --stall-timeout 300")
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -145,7 +164,14 @@ def _main(args: argparse.Namespace) -> int:
                   interval=args.interval, lease=args.lease_name)
     elector.start()
     if not args.once:
-        loop(runner, elector, args.interval, stop)
+        health = None
+        if args.health_port:
+            health = Health(elector, lambda: runner.rollout.watches.all if runner.rollout.watches else (),
+                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            server = serve(health, args.health_host, args.health_port)
+            jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
+                          msg=f"serving /healthz and /readyz on port {server.server_address[1]}")
+        loop(runner, elector, args.interval, stop, health)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.
     if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):

@@ -133,7 +133,7 @@ def _structural(node: dict) -> dict:
 
 
 K8S_SHAPES = Path(__file__).with_name("k8s_shapes.json")
-K8S_SHAPE_NAMES = ("Affinity", "Toleration")
+K8S_SHAPE_NAMES = ("Affinity", "Toleration", "networking.v1.NetworkPolicyPeer")
 
 
 @functools.cache
@@ -144,7 +144,8 @@ def _k8s_shapes() -> dict:
 
 
 def k8s_definition(name: str, strict: bool) -> dict:
-    """A Kubernetes OpenAPI definition (io.k8s.api.core.v1.NAME), references inlined.
+    """A Kubernetes OpenAPI definition (io.k8s.api.core.v1.NAME, or io.k8s.api.NAME when NAME
+    has a group and version such as networking.v1.NetworkPolicyPeer), references inlined.
 
     `strict` (the values schema) refuses unknown keys, so a typo such as `opertor` fails the
     render instead of being dropped silently; the CRD cannot say that (the API server prunes).
@@ -173,7 +174,7 @@ def render_k8s_shapes() -> str:
     definitions = json.loads(path.read_text())["$defs"]
     shapes = {}
     for name in K8S_SHAPE_NAMES:
-        shape = _inline_k8s(definitions, f"io.k8s.api.core.v1.{name}")
+        shape = _inline_k8s(definitions, f"io.k8s.api.{name}" if "." in name else f"io.k8s.api.core.v1.{name}")
         shapes[name] = {**_drop_descriptions(shape), "description": shape["description"]}
     return json.dumps(shapes, indent=1) + "\n"
 

@@ -87,3 +87,16 @@ def service_account_kubeconfig(cp, tmp: Path, account: str, namespace: str) -> P
     path = tmp / f"{account}.kubeconfig"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def log_entries(path: Path, action: str) -> list[dict]:
+    """The JSON log lines of a `metax-operator` process (its stderr in `path`) with this `action`."""
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("action") == action:
+            found.append(entry)
+    return found
