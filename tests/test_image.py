@@ -5,8 +5,10 @@ from __future__ import annotations
 import filecmp
 import json
 import re
+import subprocess
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -92,6 +94,27 @@ def test_two_builds_of_one_tree_give_one_digest_and_identical_files(tools_image,
     _, mismatch, errors = filecmp.cmpfiles(tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256",
                                            blobs.common_files, shallow=False)
     assert not mismatch and not errors
+
+
+def test_a_base_made_anew_from_the_mirror_gives_the_same_digest(tools_image, tmp_path):
+    """The Debian base too is reproducible: made again by mmdebstrap, not taken from the cache."""
+    fresh = build("--no-base-cache", "--output", str(tmp_path / "fresh"))
+    cached = Path(tools_image["layout"]).parent
+    packages = [(folder / "contents.txt").read_text() for folder in (cached, tmp_path / "fresh")]
+    if packages[0] != packages[1]:
+        pytest.fail("the Debian mirror published new package versions between the two builds: run the test again")
+    assert fresh["digest"] == tools_image["digest"]
+
+
+def test_skopeo_copies_it_keeping_its_digest(tools_image, tmp_path):
+    """What a user runs to publish it (here into an archive: no registry is reachable)."""
+    archive = f"oci-archive:{tmp_path / 'tools.tar'}:{tools_image['reference'].rsplit(':', 1)[1]}"
+    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", tools_image["reference"], archive],
+                   check=True, capture_output=True)
+    for reference in (tools_image["reference"], archive):
+        inspected = json.loads(subprocess.run(["skopeo", "inspect", reference], check=True,
+                                              capture_output=True, text=True).stdout)
+        assert inspected["Digest"] == tools_image["digest"], reference
 
 
 def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):

@@ -112,7 +112,7 @@ def app_version() -> str:
     raise BuildError("Chart.yaml has no appVersion: the image tag comes from it")
 
 
-def image_config(epoch: int, base_epoch: int, packages: str) -> dict:
+def image_config(epoch: int, base_epoch: int) -> dict:
     """The image config from hooks/Dockerfile's final stage (exec-form ENTRYPOINT and CMD)."""
     from dockerfile_parse import DockerfileParser
 
@@ -128,13 +128,16 @@ def image_config(epoch: int, base_epoch: int, packages: str) -> dict:
                 raise BuildError(f"hooks/Dockerfile: {name} {value}: write it in exec form, {name} [\"...\"]") from None
         elif name in ("USER", "WORKDIR"):
             facts[name] = value
+    missing = {"USER", "WORKDIR", "ENTRYPOINT", "CMD"} - facts.keys()
+    if missing:
+        raise BuildError(f"hooks/Dockerfile's final stage has no {', '.join(sorted(missing))}: the image config comes from it")
     return {
         "created": oci.rfc3339(epoch), **oci.PLATFORM,
         "config": {"User": facts["USER"], "WorkingDir": facts["WORKDIR"], "Entrypoint": facts["ENTRYPOINT"],
                    "Cmd": facts["CMD"], "Env": [PATH_ENV] + [f"{k}={v}" for k, v in parser.envs.items()],
                    "Labels": parser.labels},
         "history": [
-            {"created": oci.rfc3339(base_epoch), "created_by": f"hooks/image/mkbase: Debian bookworm, {packages}"},
+            {"created": oci.rfc3339(base_epoch), "created_by": "hooks/image/mkbase: Debian bookworm"},
             {"created": oci.rfc3339(epoch), "created_by": "hooks/image/build.py: metax-operator and hooks/image/pylock.toml"},
         ],
     }
@@ -238,6 +241,8 @@ def build(cache: Path, output: Path | None, fresh_base: bool) -> dict:
         builder = Builder(cache, Path(tmp))
         tag, key = app_version(), builder.key()
         result = output or cache / "builds" / key
+        if output and output.exists() and not (output / "digest").exists():
+            raise BuildError(f"--output {output} exists and is not an earlier image build: name a new directory")
         if output is None and fresh_base is False and (result / "digest").exists():
             os.utime(result)
             return _report(result, tag, cached=True)
@@ -245,7 +250,7 @@ def build(cache: Path, output: Path | None, fresh_base: bool) -> dict:
         step("package layer: the package's wheel and the locked wheels, installed and compiled")
         app = builder.package_layer(base / "rootfs", [builder.package_wheel(), *builder.wheels()])
         layer = oci.write_layer(app, builder.work, builder.epoch)
-        config = image_config(builder.epoch, builder.base_epoch, " ".join(sorted(_packages_listed())))
+        config = image_config(builder.epoch, builder.base_epoch)
         new = builder.work / "result"
         digest = oci.write_layout(new / "oci", [(Path(base_layer["path"]), base_layer),
                                                (oci.blob_path(builder.work, layer), layer)], config, tag)
@@ -254,17 +259,12 @@ def build(cache: Path, output: Path | None, fresh_base: bool) -> dict:
         if result.exists():
             shutil.rmtree(result)
         result.parent.mkdir(parents=True, exist_ok=True)
-        new.rename(result)
+        shutil.move(new, result)
         if output is None:
             _link_latest(cache, result, tag)
         step(f"built in {time.monotonic() - started:.0f} s; layers {base_layer['size'] / 1e6:.1f} MB + "
              f"{layer['size'] / 1e6:.1f} MB compressed")
         return _report(result, tag, cached=False)
-
-
-def _packages_listed() -> list[str]:
-    return [line.split("#")[0].strip() for line in (HERE / "packages").read_text().splitlines()
-            if line.split("#")[0].strip()]
 
 
 def _contents(base: Path, app: Path) -> str:
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BuildError("building the image needs root (mmdebstrap, chroot, a mount namespace): run it as root")
         cache = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator")) / "image"
         result = build(cache, args.output.resolve() if args.output else None, args.no_base_cache)
-    except BuildError as err:
+    except (BuildError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for name, value in result.items():
