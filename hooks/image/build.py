@@ -85,6 +85,9 @@ def git_time(*paths: Path) -> int | None:
 
 def source_date_epoch() -> int:
     if os.environ.get("SOURCE_DATE_EPOCH"):
+        if not os.environ["SOURCE_DATE_EPOCH"].isdigit():
+            raise BuildError(f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} is not a number of seconds since 1970:"
+                             " set it to one, or unset it to take the commit's time")
         return int(os.environ["SOURCE_DATE_EPOCH"])
     epoch = git_time()
     if epoch is None:
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="make the Debian base anew in a temporary directory, leaving the cached one alone")
     args = parser.parse_args(argv)
     os.umask(0o022)  # files the build writes get the same modes on every machine
+    os.environ["PATH"] += ":/usr/sbin:/sbin"  # chroot, where a user's PATH has no sbin
     try:
         if args.command == "lock":
             lock()
