@@ -202,6 +202,18 @@ def test_dockerfile_installs_the_same_wheels_and_account(image):
     assert "metax:x:65532:65532:metax-operator tools:/nonexistent:/usr/sbin/nologin\n" in passwd
 
 
+def test_docker_build_context_holds_what_the_dockerfile_uses():
+    """.dockerignore keeps .venv and the rest out of `docker build .`, but not what is copied."""
+    parser = DockerfileParser(path=str(REPO / "hooks/Dockerfile"))
+    used = set()
+    for instruction in parser.structure:
+        if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
+            used.update(instruction["value"].split()[:-1])
+        used.update(re.findall(r"--mount=type=bind,source=([^,\s]+)", instruction["value"]))
+    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert used and used <= allowed, f"add {sorted(used - allowed)} to .dockerignore as !PATH lines"
+
+
 def test_lock_pins_what_pyproject_pins():
     lock = {p["name"]: p.get("version") for p in tomllib.loads((REPO / "hooks/image/pylock.toml").read_text())["packages"]}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
