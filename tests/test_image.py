@@ -69,6 +69,8 @@ def bundle(tools_image, tmp_path_factory):
 
 
 def run_image(bundle, preflight, args, **kwargs):
+    """Runs `metax-operator ARGS` as the chart runs the preflight hook: its securityContext and its
+    emptyDir at /tmp (its ConfigMap volume is left out: there is no API server here)."""
     spec, container = preflight
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
     tmp_only = {**container, "volumeMounts": [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]}
