@@ -1,0 +1,150 @@
+"""The user's path on the local cluster: the control plane with its real node and local OCI
+registry, the tools image of this working tree (`scripts/image build`) and the chart pushed
+there, Helm run as a user runs it, and what the tests observe of the tools pods.
+
+The chart is installed from `oci://127.0.0.1:PORT/metax/metax-operator` exactly as the seed's
+command does; the user's values keep the tools pods (hook Jobs, runner, helm test) on the real
+node with the chart's own scheduling values, while every MetaX component stays on kwok nodes.
+"""
+from __future__ import annotations
+
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, watch
+
+from tests import registry
+from tests.controlplane import REPO, ControlPlane
+from tests.helm import BIN, CHART
+from tests.realnode import NODE_NAME, TOOLS_NODE
+
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+NS = "metax-operator"  # the seed's namespace
+GPU_NODES = 4
+HOOK_LABEL = "gpu.metax-tech.com/hook"
+RUNNER_PODS = "app.kubernetes.io/component=runner"
+TOOLS_UID = 65532
+
+# What an administrator adds to the seed's command (-f) to run the tools pods on a node pool of
+# their choice: here the real node, tainted so that nothing else lands there.
+TOLERATE_TOOLS_NODE = {"key": TOOLS_NODE, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+ON_TOOLS_NODE = {"nodeSelector": {TOOLS_NODE: "true"}, "tolerations": [TOLERATE_TOOLS_NODE]}
+
+
+def build_tools_image() -> dict[str, str]:
+    """`scripts/image build`: the tools image of this working tree, cached by a hash of every
+    input (a warm call only checks); {layout, reference, digest} from its output."""
+    done = subprocess.run([str(REPO / "scripts" / "image"), "build"], capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        pytest.fail(f"scripts/image build failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}",
+                    pytrace=False)
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+@dataclass
+class ToolsCluster:
+    cp: ControlPlane
+    chart: str  # oci://127.0.0.1:PORT/metax/metax-operator
+    image: str  # 127.0.0.1:PORT/metax/metax-operator-tools:APPVERSION
+    digest: str  # the image's manifest digest, as scripts/image built it
+    helm_home: Path
+
+    @property
+    def registry(self) -> str:
+        """The `registry` value a user sets: DOMAIN/PROJECT."""
+        return f"{self.cp.registry}/{registry.PROJECT}"
+
+    @classmethod
+    def start(cls, work: Path) -> ToolsCluster:
+        image = build_tools_image()
+        cp = ControlPlane.start(work / "cluster", gpu_nodes=GPU_NODES, plain_nodes=1, real_node=True, timeout=180)
+        try:
+            pushed = f"{cp.registry}/{registry.PROJECT}/metax-operator-tools:{APP_VERSION}"
+            registry.push_image(Path(image["layout"]), image["reference"].rsplit(":", 1)[1], pushed, cp.ca)
+            chart = registry.push_chart(BIN / "helm3", CHART, cp.registry, cp.ca, work / "chart")
+        except BaseException:
+            cp.stop()
+            raise
+        return cls(cp, chart, pushed, image["digest"], work / "helm")
+
+    def helm(self, which: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """`helm3`/`helm4` ARGS as a user runs it: the cluster's kubeconfig, the registry's CA
+        trusted through SSL_CERT_FILE, Helm's own homes in a temporary directory."""
+        env = {**registry.helm_env(self.cp.ca), "KUBECONFIG": str(self.cp.kubeconfig),
+               "HELM_CONFIG_HOME": str(self.helm_home / "config"), "HELM_CACHE_HOME": str(self.helm_home / "cache"),
+               "HELM_DATA_HOME": str(self.helm_home / "data")}
+        return subprocess.run([str(BIN / which), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+    @staticmethod
+    def user_values(tmp: Path, runner: dict | None = None, **more) -> Path:
+        """The values file the administrator passes with -f: the tools pods' scheduling, plus
+        `runner` settings and `more` top-level values."""
+        path = tmp / "my-values.yaml"
+        path.write_text(yaml.safe_dump({"hooks": ON_TOOLS_NODE, "runner": {**ON_TOOLS_NODE, **(runner or {})},
+                                        **more}))
+        return path
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    """stdout of a command that must succeed; else an AssertionError with what it printed."""
+    assert done.returncode == 0, f"{done.args[0]} {done.args[1]} failed ({done.returncode}):\n{done.stderr}{done.stdout}"
+    return done.stdout
+
+
+@dataclass
+class PodWatch:
+    """Every pod of a namespace as last seen by a watch started before the action: hook pods are
+    deleted with their Job once they succeed, so their final status is only seen this way."""
+    api: object
+    namespace: str
+    pods: dict[str, client.V1Pod] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._watch = watch.Watch()
+        core = client.CoreV1Api(self.api)
+        start = core.list_namespaced_pod(self.namespace)
+        for pod in start.items:
+            self.pods[pod.metadata.name] = pod
+        self._thread = threading.Thread(target=self._follow, args=(core, start.metadata.resource_version),
+                                        daemon=True)
+        self._thread.start()
+
+    def _follow(self, core, version: str) -> None:
+        try:
+            for change in self._watch.stream(core.list_namespaced_pod, self.namespace, resource_version=version,
+                                             timeout_seconds=1800):
+                pod = change["object"]
+                self.pods[pod.metadata.name] = pod
+        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
+            pass
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+    def hook(self, name: str) -> list[client.V1Pod]:
+        """The pods of hook `name` seen so far."""
+        return [p for p in self.pods.values() if (p.metadata.labels or {}).get(HOOK_LABEL) == name]
+
+
+def terminated(pod: client.V1Pod):
+    """The container's terminated state, or None while it has not ended."""
+    statuses = pod.status.container_statuses or []
+    return statuses[0].state.terminated if statuses and statuses[0].state else None
+
+
+def assert_ran_as_tools_pod(pod: client.V1Pod, cluster: ToolsCluster, exit_code: int = 0) -> None:
+    """The pod ran the pushed tools image on the real node, as UID 65532 with a read-only root
+    filesystem, and its container exited with `exit_code`."""
+    name = pod.metadata.name
+    assert pod.spec.node_name == NODE_NAME, f"{name} ran on {pod.spec.node_name}, not on the real node"
+    status = pod.status.container_statuses[0]
+    assert status.image == cluster.image, f"{name} ran {status.image}"
+    assert status.image_id.endswith(cluster.digest), f"{name}: image {status.image_id}, built {cluster.digest}"
+    end = status.state.terminated
+    assert end is not None and end.exit_code == exit_code, f"{name} ended {end}"
+    assert pod.spec.security_context.run_as_user == TOOLS_UID
+    assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
