@@ -141,9 +141,12 @@ class RealNode:
 
         certs = self.workdir / "certs.d" / registry
         certs.mkdir(parents=True, exist_ok=True)
-        (certs / "hosts.toml").write_text(
-            f'server = "https://{registry}"\n[host."https://{registry}"]\n'
-            f'  capabilities = ["pull", "resolve"]\n  ca = "{pki / "ca.crt"}"\n')
+        # The CA on both entries: containerd tries the [host] entry, then falls back to the server
+        # (after a 404 too, whose "not found" must not turn into an x509 error); the [host]
+        # entry makes it speak TLS to a loopback address, which it would otherwise try as HTTP.
+        ca = pki / "ca.crt"
+        (certs / "hosts.toml").write_text(f'server = "https://{registry}"\nca = "{ca}"\n\n[host."https://{registry}"]\n'
+                                          f'  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n')
         (self.workdir / "containerd.toml").write_text(f"""\
 version = 2
 [metrics]

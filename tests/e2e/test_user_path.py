@@ -13,102 +13,34 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL, wait_for as eventually
 from tests.e2e.tools import CR, kubectl
-from tests.e2e.userpath import (GPU_NODES, NS, RUNNER_PODS, TOOLS_UID, PodWatch, assert_ran_as_tools_pod, ok,
-                                terminated)
+from tests.e2e.userpath import (CHART_OBJECTS, CRD, GPU_NODES, NS, POLICY, TOOLS_UID, PodWatch,
+                                assert_ran_as_tools_pod, driver_pods, get_cr, ok, runner_pod, seed_install,
+                                terminated, upgrade_status)
 from tests.realnode import NODE_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
-CRD = "clusteroperators.gpu.metax-tech.com"
 EVENTS_NS = "default"  # where the API server keeps events of the cluster-scoped CR
 LEASE = "metax-operator-runner"
-DRIVER_PODS = "app.kubernetes.io/component=driver"
-CHART_OBJECTS = "app.kubernetes.io/name=metax-operator"
-# Two steps over the 4 GPU nodes, no pauses: 1 pod, then the other 3 in waves of 2 (maxParallel 50%).
-POLICY = {"enableRollout": True, "pause": False, "maxParallel": "50%", "maxUnavailable": 0,
-          "maxFailureThreshold": 3, "fallback": "pause",
-          "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
-
-
-def seed_install(cluster, which: str, values, *more: str) -> subprocess.CompletedProcess:
-    """The seed's command (§3.2.1) with the administrator's values file."""
-    return cluster.helm(which, "install", cluster.chart, "--create-namespace", "-n", NS, "--generate-name",
-                        "--wait", "--timeout", "5m", "--set", f"registry={cluster.registry}",
-                        "--set", "driver.payload.version=2.32.0.6", "-f", str(values), *more)
-
 
 def release_name(output: str) -> str:
     return re.search(r"^NAME: (\S+)$", output, re.M).group(1)
-
-
-def get_cr(api) -> dict | None:
-    try:
-        return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def upgrade_status(api) -> dict:
-    return ((get_cr(api) or {}).get("status") or {}).get("upgradeStatus") or {}
 
 
 def conditions(api) -> dict[str, str]:
     return {c["type"]: c["status"] for c in ((get_cr(api) or {}).get("status") or {}).get("conditions") or []}
 
 
-def runner_pod(api) -> client.V1Pod | None:
-    pods = [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=RUNNER_PODS).items
-            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
-    return pods[0] if len(pods) == 1 else None
-
-
 def runner_log(cluster) -> list[dict]:
     """The runner's JSON log lines, read as a user does (`kubectl logs`, through the kubelet)."""
     out = kubectl(cluster.cp, "logs", "-n", NS, "deployment/metax-operator-runner")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def driver_pods(api) -> list[client.V1Pod]:
-    return [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-            if p.metadata.deletion_timestamp is None]
-
-
-@pytest.fixture
-def clean_slate(tools_cluster, tools_api):
-    """Whatever the test leaves (a failed install's release and hook objects, the CRD Helm keeps,
-    the namespace) is removed after it, and the GPU nodes get their gpu-label label back (the
-    cleanup hook removes it; on a real cluster gpu-label's pods set it again)."""
-    yield
-    cluster, api = tools_cluster, tools_api
-    for release in cluster.helm("helm3", "list", "-n", NS, "-q").stdout.split():
-        cluster.helm("helm3", "uninstall", release, "-n", NS, "--no-hooks", "--wait")
-    custom, rbac = client.CustomObjectsApi(api), client.RbacAuthorizationV1Api(api)
-    if get_cr(api):
-        custom.delete_cluster_custom_object(*CR)
-    for role in rbac.list_cluster_role(label_selector=CHART_OBJECTS).items:
-        rbac.delete_cluster_role(role.metadata.name)
-    for binding in rbac.list_cluster_role_binding(label_selector=CHART_OBJECTS).items:
-        rbac.delete_cluster_role_binding(binding.metadata.name)
-    core, extensions = client.CoreV1Api(api), client.ApiextensionsV1Api(api)
-    if any(n.metadata.name == NS for n in core.list_namespace().items):
-        core.delete_namespace(NS)
-    if any(c.metadata.name == CRD for c in extensions.list_custom_resource_definition().items):
-        extensions.delete_custom_resource_definition(CRD)
-    for node in core.list_node(label_selector="type=kwok").items:
-        if node.metadata.name.startswith("gpu-node-"):
-            core.patch_node(node.metadata.name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
-    eventually(lambda: NS not in {n.metadata.name for n in core.list_namespace().items}, 120, f"namespace {NS} gone")
-    eventually(lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items}, 60,
-               "the CRD gone")
 
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])

@@ -19,6 +19,7 @@ from kubernetes import client, watch
 
 from tests import registry
 from tests.controlplane import REPO, ControlPlane
+from tests.e2e.tools import CR
 from tests.helm import BIN, CHART
 from tests.realnode import NODE_NAME, TOOLS_NODE
 
@@ -27,12 +28,20 @@ NS = "metax-operator"  # the seed's namespace
 GPU_NODES = 4
 HOOK_LABEL = "gpu.metax-tech.com/hook"
 RUNNER_PODS = "app.kubernetes.io/component=runner"
+DRIVER_PODS = "app.kubernetes.io/component=driver"
+CRD = "clusteroperators.gpu.metax-tech.com"
+CHART_OBJECTS = "app.kubernetes.io/name=metax-operator"  # label of every object the chart renders
 TOOLS_UID = 65532
 
 # What an administrator adds to the seed's command (-f) to run the tools pods on a node pool of
 # their choice: here the real node, tainted so that nothing else lands there.
 TOLERATE_TOOLS_NODE = {"key": TOOLS_NODE, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 ON_TOOLS_NODE = {"nodeSelector": {TOOLS_NODE: "true"}, "tolerations": [TOLERATE_TOOLS_NODE]}
+
+# Two steps over the 4 GPU nodes, no pauses: 1 pod, then the other 3 in waves of 2 (maxParallel 50%).
+POLICY = {"enableRollout": True, "pause": False, "maxParallel": "50%", "maxUnavailable": 0,
+          "maxFailureThreshold": 3, "fallback": "pause",
+          "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
 
 
 def build_tools_image() -> dict[str, str]:
@@ -148,3 +157,34 @@ def assert_ran_as_tools_pod(pod: client.V1Pod, cluster: ToolsCluster, exit_code:
     assert end is not None and end.exit_code == exit_code, f"{name} ended {end}"
     assert pod.spec.security_context.run_as_user == TOOLS_UID
     assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
+
+
+def seed_install(cluster, which: str, values, *more: str) -> subprocess.CompletedProcess:
+    """The seed's command (§3.2.1) with the administrator's values file."""
+    return cluster.helm(which, "install", cluster.chart, "--create-namespace", "-n", NS, "--generate-name",
+                        "--wait", "--timeout", "5m", "--set", f"registry={cluster.registry}",
+                        "--set", "driver.payload.version=2.32.0.6", "-f", str(values), *more)
+
+
+def get_cr(api) -> dict | None:
+    try:
+        return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def upgrade_status(api) -> dict:
+    return ((get_cr(api) or {}).get("status") or {}).get("upgradeStatus") or {}
+
+
+def runner_pod(api) -> client.V1Pod | None:
+    pods = [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=RUNNER_PODS).items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+    return pods[0] if len(pods) == 1 else None
+
+
+def driver_pods(api) -> list[client.V1Pod]:
+    return [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
+            if p.metadata.deletion_timestamp is None]
