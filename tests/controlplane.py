@@ -822,7 +822,8 @@ def cluster_down(workdir: Path = CLUSTER_DIR) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/cluster", description=(
-        "A local Kubernetes control plane with kwok-simulated GPU nodes, for trying the chart."))
+        "A local Kubernetes control plane with kwok-simulated GPU nodes, a real node for the tools "
+        "image's pods and a local OCI registry, for trying the chart."))
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start it (in the background) and print the KUBECONFIG line")
     up.add_argument("--nodes", type=int, default=10, help="simulated GPU nodes (default 10)")
@@ -831,10 +832,21 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-real-node", dest="real_node", action="store_false",
                     help="without the local OCI registry and the real node (no root needed; kwok nodes only)")
     sub.add_parser("down", help="stop it and delete its files")
+    sub.add_parser("publish", help="build the tools image (scripts/image), push it and the chart to the cluster's "
+                                   "registry; print chart=, registry=, image=, digest=, ca=")
     args = parser.parse_args(argv)
     try:
         if args.command == "down":
             print("stopped" if cluster_down() else f"no cluster running (nothing in {CLUSTER_DIR})")
+            return 0
+        if args.command == "publish":
+            state = json.loads((CLUSTER_DIR / "state.json").read_text()) if running(CLUSTER_DIR) else {}
+            if not state.get("registry"):
+                raise ControlPlaneError("no cluster with a registry is running: 'scripts/cluster up' first")
+            ca = CLUSTER_DIR / "pki" / "ca.crt"
+            published = registry.publish(CACHE / "bin" / "helm3", state["registry"], ca, CLUSTER_DIR / "chart")
+            for key, value in {**published, "ca": str(ca)}.items():
+                print(f"{key}={value}")
             return 0
         if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
@@ -842,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         cp = ControlPlane.start(CLUSTER_DIR, gpu_nodes=args.nodes, plain_nodes=args.plain_nodes, port=args.port,
                                 real_node=args.real_node, timeout=180 if args.real_node else 90)
-    except ControlPlaneError as error:
+    except (ControlPlaneError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "

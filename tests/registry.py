@@ -15,7 +15,10 @@ from pathlib import Path
 
 import yaml
 
+REPO = Path(__file__).resolve().parent.parent
 PROJECT = "metax"  # the registry path the chart and the images go under (the seed's PROJECT)
+TOOLS_IMAGE = "metax-operator-tools"
+APP_VERSION = yaml.safe_load((REPO / "Chart.yaml").read_text())["appVersion"]
 
 
 class RegistryError(Exception):
@@ -71,3 +74,24 @@ def push_chart(helm: Path, chart: Path, host: str, ca: Path, workdir: Path) -> s
     package = Path(out.strip().rsplit(": ", 1)[-1])
     _run([str(helm), "push", str(package), f"oci://{host}/{PROJECT}"], "helm push", env=helm_env(ca))
     return f"oci://{host}/{PROJECT}/{yaml.safe_load((chart / 'Chart.yaml').read_text())['name']}"
+
+
+def build_tools_image() -> dict[str, str]:
+    """`scripts/image build`: the tools image of this working tree, cached by a hash of every
+    input (a warm call only checks); {layout, reference, digest} from its output."""
+    done = subprocess.run([str(REPO / "scripts" / "image"), "build"], capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        raise RegistryError(f"scripts/image build failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def publish(helm: Path, host: str, ca: Path, workdir: Path) -> dict[str, str]:
+    """What a user publishes before the seed's install: the tools image (built from this tree) as
+    `host/PROJECT/metax-operator-tools:APPVERSION` and the chart as `oci://host/PROJECT/...`.
+    Returns {chart, image, digest, registry (the `registry` value to set)}."""
+    image = build_tools_image()
+    target = f"{host}/{PROJECT}/{TOOLS_IMAGE}:{APP_VERSION}"
+    push_image(Path(image["layout"]), image["reference"].rsplit(":", 1)[1], target, ca)
+    return {"chart": push_chart(helm, REPO, host, ca, workdir), "image": target, "digest": image["digest"],
+            "registry": f"{host}/{PROJECT}"}
+

@@ -2,7 +2,8 @@
 registry, the tools image of this working tree (`scripts/image build`) and the chart pushed
 there, Helm run as a user runs it, and what the tests observe of the tools pods.
 
-The chart is installed from `oci://127.0.0.1:PORT/metax/metax-operator` exactly as the seed's
+The tools image is built once per session (tests/registry.py: `scripts/image build`, cached by
+a hash of its inputs, so a test never runs a stale image). The chart is installed from `oci://127.0.0.1:PORT/metax/metax-operator` exactly as the seed's
 command does; the user's values keep the tools pods (hook Jobs, runner, helm test) on the real
 node with the chart's own scheduling values, while every MetaX component stays on kwok nodes.
 """
@@ -13,17 +14,15 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 import yaml
 from kubernetes import client, watch
 
 from tests import registry
-from tests.controlplane import REPO, ControlPlane
+from tests.controlplane import ControlPlane
 from tests.e2e.tools import CR
-from tests.helm import BIN, CHART
+from tests.helm import BIN
 from tests.realnode import NODE_NAME, TOOLS_NODE
 
-APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 NS = "metax-operator"  # the seed's namespace
 GPU_NODES = 4
 HOOK_LABEL = "gpu.metax-tech.com/hook"
@@ -44,22 +43,12 @@ POLICY = {"enableRollout": True, "pause": False, "maxParallel": "50%", "maxUnava
           "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
 
 
-def build_tools_image() -> dict[str, str]:
-    """`scripts/image build`: the tools image of this working tree, cached by a hash of every
-    input (a warm call only checks); {layout, reference, digest} from its output."""
-    done = subprocess.run([str(REPO / "scripts" / "image"), "build"], capture_output=True, text=True, cwd=REPO)
-    if done.returncode:
-        pytest.fail(f"scripts/image build failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}",
-                    pytrace=False)
-    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-
-
 @dataclass
 class ToolsCluster:
     cp: ControlPlane
     chart: str  # oci://127.0.0.1:PORT/metax/metax-operator
     image: str  # 127.0.0.1:PORT/metax/metax-operator-tools:APPVERSION
-    digest: str  # the image's manifest digest, as scripts/image built it
+    digest: str  # the image's manifest digest, as scripts/image built it (pushed unchanged)
     helm_home: Path
 
     @property
@@ -69,16 +58,13 @@ class ToolsCluster:
 
     @classmethod
     def start(cls, work: Path) -> ToolsCluster:
-        image = build_tools_image()
         cp = ControlPlane.start(work / "cluster", gpu_nodes=GPU_NODES, plain_nodes=1, real_node=True, timeout=180)
         try:
-            pushed = f"{cp.registry}/{registry.PROJECT}/metax-operator-tools:{APP_VERSION}"
-            registry.push_image(Path(image["layout"]), image["reference"].rsplit(":", 1)[1], pushed, cp.ca)
-            chart = registry.push_chart(BIN / "helm3", CHART, cp.registry, cp.ca, work / "chart")
+            published = registry.publish(BIN / "helm3", cp.registry, cp.ca, work / "chart")
         except BaseException:
             cp.stop()
             raise
-        return cls(cp, chart, pushed, image["digest"], work / "helm")
+        return cls(cp, published["chart"], published["image"], published["digest"], work / "helm")
 
     def helm(self, which: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """`helm3`/`helm4` ARGS as a user runs it: the cluster's kubeconfig, the registry's CA
