@@ -525,7 +525,8 @@ class ControlPlane:
         egress.write_text(yaml.safe_dump({
             "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
             "egressSelections": [{"name": "cluster", "connection": {
-                "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(self.workdir / "egress.sock")}}}}]}))
+                "proxyProtocol": "HTTPConnect",
+                "transport": {"uds": {"udsName": str(self.workdir / "egress.sock")}}}}]}))
         return [f"--advertise-address={APISERVER_IP}", "--endpoint-reconciler-type=lease",
                 f"--egress-selector-config-file={egress}", "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",

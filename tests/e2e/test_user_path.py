@@ -97,8 +97,8 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     assert step["totalUpgradeReplicas"] == step["totalUpgradeReadyReplicas"] == GPU_NODES
     assert step["currentStepIndex"] == 1 and done["lastAppliedSpec"] and done["lastCoDriverSpec"]
     assert {c["type"]: c["status"] for c in done["condition"]}["Succeed"] == "True"
-    new = [p for p in driver_pods(api) if p.metadata.labels["controller-revision-hash"] == step["upgradingPodSpecRevision"]]
-    assert len(new) == GPU_NODES
+    revisions = [p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)]
+    assert revisions == [step["upgradingPodSpecRevision"]] * GPU_NODES
     events = core.list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items
     reasons = {e.reason for e in events if e.reporting_component == "metax-operator-runner"}
     assert {"RolloutStarted", "StepReady", "Completed"} <= reasons, reasons

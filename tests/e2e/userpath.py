@@ -3,9 +3,10 @@ registry, the tools image of this working tree (`scripts/image build`) and the c
 there, Helm run as a user runs it, and what the tests observe of the tools pods.
 
 The tools image is built once per session (tests/registry.py: `scripts/image build`, cached by
-a hash of its inputs, so a test never runs a stale image). The chart is installed from `oci://127.0.0.1:PORT/metax/metax-operator` exactly as the seed's
-command does; the user's values keep the tools pods (hook Jobs, runner, helm test) on the real
-node with the chart's own scheduling values, while every MetaX component stays on kwok nodes.
+a hash of its inputs, so a test never runs a stale image). The chart is installed from
+`oci://127.0.0.1:PORT/metax/metax-operator` exactly as the seed's command does; the user's
+values keep the tools pods (hook Jobs, runner, helm test) on the real node with the chart's own
+scheduling values, while every MetaX component stays on kwok nodes.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ class ToolsCluster:
 
 def ok(done: subprocess.CompletedProcess) -> str:
     """stdout of a command that must succeed; else an AssertionError with what it printed."""
-    assert done.returncode == 0, f"{done.args[0]} {done.args[1]} failed ({done.returncode}):\n{done.stderr}{done.stdout}"
+    assert done.returncode == 0, (f"{done.args[0]} {done.args[1]} failed ({done.returncode}):\n"
+                                  f"{done.stderr}{done.stdout}")
     return done.stdout
 
 
