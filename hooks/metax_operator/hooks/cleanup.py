@@ -8,7 +8,12 @@ Helm deletes what it rendered; this removes the rest, in this order:
    another key, not even one under `metax-tech.com/`: `gpu-device.mode` and
    `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
 4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
-   need it.
+   need it;
+5. the runner's Deployment or CronJob (`--runner`), waiting for its pods, then its Lease of the
+   same name (the runner creates it, Helm does not know it; stopped first, no runner can
+   re-create it);
+6. the `helm test` pod (`--test-pod`): kept after a pass for `helm test --logs`, and Helm never
+   deletes test hooks on uninstall.
 Every step is idempotent: a second run finds nothing to do.
 """
 from __future__ import annotations
@@ -66,7 +71,8 @@ def clean_node(client: kube.Client, name: str) -> bool:
     return kube.retry_on_conflict(attempt)
 
 
-def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120) -> list[str]:
+def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: str | None = None,
+            test_pod: str | None = None, timeout: float = 120) -> list[str]:
     """Run the steps of the module docstring; returns what was done, one line each."""
     done: list[str] = []
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
@@ -83,12 +89,20 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: f
     if delete_crd and crd is not None and delete_and_wait(
             client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
         done.append(f"deleted CRD {common.CRD_NAME}")
+    if runner:
+        for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")):
+            if delete_and_wait(client, api_version, kind, runner, namespace, timeout, "Foreground"):
+                done.append(f"deleted {kind} {namespace}/{runner} and its pods")
+        if delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, timeout):
+            done.append(f"deleted Lease {namespace}/{runner}")
+    if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, timeout):
+        done.append(f"deleted Pod {namespace}/{test_pod}")
     return done
 
 
 def run(args: argparse.Namespace) -> int:
     done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
-                   timeout=args.timeout)
+                   runner=args.runner, test_pod=args.test_pod, timeout=args.timeout)
     for line in done or ["nothing to clean up"]:
         print(f"cleanup: {line}")
     return 0
@@ -99,6 +113,9 @@ def register(subparsers) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
                         help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
+    parser.add_argument("--runner", metavar="NAME",
+                        help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
+    parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds to wait for each deletion (default: 120)")
     common.add_api_arguments(parser)
