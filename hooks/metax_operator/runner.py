@@ -70,6 +70,11 @@ class Runner:
                       seconds=round(time.monotonic() - started, 3))
         return writes
 
+    def caches(self) -> tuple:
+        """The watch caches this runner has started (none before its first pass over a CR):
+        what its readiness waits for."""
+        return (*self.watches.all, *self.workloads.informers) if self.watching else ()
+
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
          health: Health | None = None) -> None:
@@ -166,7 +171,7 @@ def _main(args: argparse.Namespace) -> int:
     if not args.once:
         health = None
         if args.health_port:
-            health = Health(elector, lambda: runner.rollout.watches.all if runner.rollout.watches else (),
+            health = Health(elector, runner.caches,
                             stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
             server = serve(health, args.health_host, args.health_port)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
