@@ -443,3 +443,58 @@ def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
     lock.renewed_at = time.monotonic()
     elector._stopped()  # the library gave up renewing
     assert not elector.is_leader()
+
+
+# -- the shell's status write, against a fake API ----------------------------------------------------
+
+class ConflictOnceApi:
+    """What `execute` calls, recorded; the first status patch fails with 409 as the API server
+    answers when the CR changed since it was read (the CR now at generation 4)."""
+
+    def __init__(self, cr_after: dict):
+        self.cr_after, self.status_patches, self.conflicts = cr_after, [], 1
+
+    def apply(self, body, **_):
+        return body
+
+    def patch(self, api_version, kind, name, patch, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+        assert kwargs.get("subresource") == "status"
+        if self.conflicts:
+            self.conflicts -= 1
+            raise ApiException(status=409, reason="Conflict")
+        self.status_patches.append(patch)
+        return {}
+
+    def get(self, *args, **kwargs):
+        return copy.deepcopy(self.cr_after)
+
+    def resource(self, *args):
+        class Resource:
+            @staticmethod
+            def path(**_):
+                return "/api/v1/namespaces/default/events"
+        return Resource
+
+    def call(self, *args, **kwargs):
+        return {}
+
+
+def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_not_plan(rendered, cr_spec):
+    """Regression: on a 409 the shell re-read the CR and wrote its NEW generation as observed with
+    the conditions planned from the OLD spec: the rollout's `caught_up` then trusted a spec the
+    reconcile never applied. Now the pass stops; the next one plans from the new CR."""
+    seen = observed(rendered, cr_spec())
+    edited = copy.deepcopy(seen.cr)
+    edited["metadata"].update(generation=4, resourceVersion="11")
+    edited["spec"]["vfioManager"]["vfioConfig"] = [{"nodeName": "worknode(", "gpus": "all"}]
+    api = ConflictOnceApi(edited)
+    reconcile.execute(api, seen, plan(seen), lambda: True, lambda: "2026-01-01T00:00:00Z")
+    assert api.status_patches == []  # nothing written for a spec this pass did not plan from
+
+    again = Observed(seen.namespace, edited, seen.daemonsets, {})
+    reconcile.execute(api, again, plan(again), lambda: True, lambda: "2026-01-01T00:00:05Z")
+    [patch] = api.status_patches
+    assert patch["status"]["observedGeneration"] == 4
+    spec_valid = next(c for c in patch["status"]["conditions"] if c["type"] == "SpecValid")
+    assert spec_valid["status"] == "False" and "vfioConfig[0].nodeName" in spec_valid["message"]

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from . import validation
 from .errors import UserError, UserErrors
 from .jsonlog import event
@@ -522,30 +524,28 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     if observed.cr is None:
         return writes
     cr = observed.cr
-    for attempt in range(5):
-        status = cr.get("status") or {}
-        generation = cr["metadata"].get("generation")
-        existing = status.get("conditions") or []
-        conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
-        if conditions == existing and status.get("observedGeneration") == generation:
-            break
+    status = cr.get("status") or {}
+    generation = cr["metadata"].get("generation")
+    existing = status.get("conditions") or []
+    conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
+    if conditions != existing or status.get("observedGeneration") != generation:
         check()
         patch = {"metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
                  "status": {"conditions": conditions, "observedGeneration": generation}}
         try:
             api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
                       field_manager=FIELD_MANAGER)
-        except Exception as err:  # 409: the CR changed since it was read; read it again
-            if getattr(err, "status", None) != 409 or attempt == 4:
+        except ApiException as err:
+            if err.status != 409:
                 raise
-            cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
-            if cr is None:
-                return writes
-            continue
-        writes += 1
-        events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
-        event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
-        break
+            # The CR changed since it was read: these conditions were planned from the spec of
+            # generation `generation`, which may no longer be the CR's. Writing them under the new
+            # generation would claim a spec this pass never applied; the next pass plans again.
+            event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
+        else:
+            writes += 1
+            events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
+            event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
     for kind, reason, message in events:
         check()
         writes += emit_event(api, cr, kind, reason, message, now(), identity)
