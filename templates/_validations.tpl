@@ -79,6 +79,25 @@ Helm 3 and Helm 4.
   {{- $errors = append $errors (printf "exporter.service.externalName: is only valid with type ExternalName, not %s; remove it, or set exporter.service.type=ExternalName" $service.type) -}}
 {{- end -}}
 
+{{- /* Image repositories (registry/name): the schema checks each part, not their length together
+(hooks/metax_operator/images.py). */ -}}
+{{- $sites := list (list "tools.image" $v.tools.image) (list "driver.payload" $v.driver.payload) -}}
+{{- range $component := include "metax-operator.components" . | fromJsonArray -}}
+  {{- $sites = append $sites (list (printf "%s.image" (index $component 0)) (get $v (index $component 0)).image) -}}
+{{- end -}}
+{{- range $i, $entry := $v.maca.payload.images -}}
+  {{- $sites = append $sites (list (printf "maca.payload.images[%d]" $i) (dict "registry" $v.maca.payload.registry "name" (regexReplaceAll "[:@].*$" (toString $entry) ""))) -}}
+{{- end -}}
+{{- range $site := $sites -}}
+  {{- $image := index $site 1 -}}
+  {{- if $image.name -}}
+    {{- $length := add (len ($image.registry | default $v.registry | default "")) 1 (len $image.name) -}}
+    {{- if gt $length 255 -}}
+      {{- $errors = append $errors (printf "%s: the image repository (registry/name) is %d characters long, more than 255; shorten the registry or the image name" (index $site 0) $length) -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+
 {{- /* The deprecated `tolerations` from `--set-file tolerations=FILE`: the schema sees only a string. */ -}}
 {{- if kindIs "string" $v.tolerations -}}
   {{- $known := list "effect" "key" "operator" "tolerationSeconds" "value" -}}

@@ -10,7 +10,7 @@ reading it (`kubectl get pods -o wide`) and is ignored for the pull.
 
 The grammar is the distribution project's (github.com/distribution/reference): the schema
 (schema_source.yaml) checks each part; what it cannot check alone, that `registry/name` (the
-repository) is at most 255 characters, is `repository_problem`, applied by `validation` and by
+repository) is at most MAX_REPOSITORY characters, is a rule of `validation.image_problems` and of
 templates/_validations.tpl.
 """
 from __future__ import annotations
@@ -38,11 +38,3 @@ def split(ref: str) -> tuple[str, str, str]:
     else:
         tag = ""
     return repository, tag, digest
-
-
-def repository_problem(registry: str, name: str) -> str | None:
-    """Why `registry/name` is not a valid repository length, or None."""
-    length = len(registry) + 1 + len(name)
-    if length > MAX_REPOSITORY:
-        return f"makes the image repository {registry}/{name[:20]}... {length} characters long, more than {MAX_REPOSITORY}"
-    return None

@@ -21,8 +21,9 @@ import jsonschema
 import re2
 import yaml
 
-from . import policy
+from . import images, policy
 from .errors import UserError, UserErrors
+from .merge import COMPONENTS
 from .schema import fragment
 
 # Component prerequisites (seed §3.2.3): a component needs these deployed first.
@@ -86,6 +87,27 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [],
                                    "vfioManager.vfioConfig")
     errors += _service_problems((values.get("exporter") or {}).get("service") or {})
+    errors += image_problems(values)
+    return errors
+
+
+def image_problems(values: Mapping) -> list[UserError]:
+    """Every image reference's repository (`registry/name`) within the distribution grammar's
+    length; the schema checks each part alone. Images absent from the mapping (a CR spec has only
+    the payloads) are not checked."""
+    common = values.get("registry") or ""
+    sites = [(f"{key}.image", (values.get(key) or {}).get("image")) for key in (*COMPONENTS, "tools")]
+    sites.append(("driver.payload", (values.get("driver") or {}).get("payload")))
+    maca = (values.get("maca") or {}).get("payload") or {}
+    sites += [(f"maca.payload.images[{i}]", {"registry": maca.get("registry"), "name": images.split(entry)[0]})
+              for i, entry in enumerate(maca.get("images") or []) if isinstance(entry, str)]
+    errors = []
+    for field, image in sites:
+        if isinstance(image, Mapping) and image.get("name"):
+            length = len(image.get("registry") or common) + 1 + len(image["name"])
+            if length > images.MAX_REPOSITORY:
+                errors.append(UserError(field, f"the image repository (registry/name) is {length} characters long, "
+                                               f"more than {images.MAX_REPOSITORY}", "shorten the registry or the image name"))
     return errors
 
 
