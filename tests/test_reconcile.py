@@ -478,7 +478,7 @@ def test_owned_fields_projects_keyed_lists_and_atomic_fields():
 @pytest.mark.parametrize("argv, fragment", [
     (["--lease-duration", "10", "--renew-deadline", "10"], "--lease-duration: must exceed --renew-deadline"),
     (["--renew-deadline", "2", "--retry-period", "2"], "--renew-deadline: must exceed 1.2 x --retry-period"),
-    (["--interval", "0"], "--interval: must be positive"),
+    (["--interval", "0"], "argument --interval: 0 is not a number from 0.1 to 3600"),
 ])
 def test_bad_runner_options_name_the_option(capsys, argv, fragment):
     from metax_operator import cli

@@ -1,4 +1,4 @@
-"""`metax-operator run`: the in-cluster loop that makes CR edits take effect (DESIGN §1, §3, §4).
+"""`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: every `--interval` seconds one pass observes the CR, the DaemonSets and the
 ConfigMaps, decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
@@ -19,6 +19,7 @@ import threading
 import time
 
 from . import jsonlog, reconcile, rollout_exec
+from .cli import bounded
 from .errors import UserError
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
@@ -93,14 +94,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
                         help="the release namespace (default: $POD_NAMESPACE)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between passes (default 5)")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
+                        help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
-    parser.add_argument("--lease-duration", type=int, default=15,
+    parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
                         help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
-    parser.add_argument("--renew-deadline", type=int, default=10,
+    parser.add_argument("--renew-deadline", type=bounded(int, 1, 3600), default=10,
                         help="seconds the leader keeps trying to renew before it stops acting (default 10)")
-    parser.add_argument("--retry-period", type=int, default=2, help="seconds between lease attempts (default 2)")
+    parser.add_argument("--retry-period", type=bounded(int, 1, 3600), default=2,
+                        help="seconds between lease attempts (default 2)")
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
     parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
     add_arguments(parser)
@@ -110,10 +113,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not args.namespace:
         raise UserError("--namespace", "is not set", "pass --namespace NS or set $POD_NAMESPACE")
-    if args.interval <= 0:
-        raise UserError("--interval", f"must be positive, not {args.interval:g}", "use e.g. --interval 5")
-    if not args.retry_period >= 1:
-        raise UserError("--retry-period", "must be at least 1 second", "use e.g. --retry-period 2")
     if not args.renew_deadline > 1.2 * args.retry_period:
         raise UserError("--renew-deadline", "must exceed 1.2 x --retry-period", "use e.g. --renew-deadline 10")
     if not args.lease_duration > args.renew_deadline:
@@ -121,9 +120,10 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    jsonlog.setup(args.log_level)
     _check(args)
     api = Client.from_args(args)
+    api.server_version()  # an API server that cannot be reached is a one-line error now, not a loop of them
+    jsonlog.setup(args.log_level)
     identity = args.identity or default_identity()
     lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
     elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)

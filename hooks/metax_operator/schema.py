@@ -506,6 +506,9 @@ def load_values_schema(chart: Path = REPO_ROOT) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.chart)
+    if not (root / "values.yaml").is_file():
+        raise UserError("--chart", f"{root} is not the chart's directory (no values.yaml)",
+                        "pass --chart with the metax-operator chart's directory")
     if args.check:
         paths = stale(root)
         for path in paths:

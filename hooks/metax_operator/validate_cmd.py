@@ -33,7 +33,7 @@ import yaml
 from . import validation
 from .errors import UserError, UserErrors
 from .schema import REPO_ROOT, load_values_schema
-from .yamltext import duplicate_keys, nesting_problem
+from .yamltext import load_one, read_text
 
 #: Helm's value flags, passed to Helm as given (Helm applies them in its own order).
 SET_FLAGS = ("set", "set-string", "set-json", "set-literal", "set-file")
@@ -123,42 +123,18 @@ def values_flags(args, tmp: Path) -> list[str]:
 
 
 def checked_values_file(name: str, tmp: Path) -> str:
-    """The path Helm should read for `-f name`, after refusing what Helm would take silently."""
+    """The path Helm should read for `-f name` (`-`: stdin), after refusing what Helm would take
+    silently (yamltext.load_one)."""
     if "://" in name:
         raise UserError(f"-f {name}", "is a URL", "download it first: validate reads local files only")
-    try:
-        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-    except OSError as err:
-        raise UserError(name, f"cannot be read: {err.strerror}", "check the path") from None
+    text = read_text(name, "check the path")
     where = "stdin" if name == "-" else name
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(where, f"is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})",
-                        "save it as UTF-8") from None
-    if problem := nesting_problem(text):
-        raise UserError(where, problem, "flatten it: values are a few levels deep")
-    try:
-        documents = [node for node in yaml.compose_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-                     if node is not None]
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f"{where}:{mark.line + 1}" if mark else where
-        raise UserError(at, f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax") from None
-    if len(documents) > 1:
-        raise UserError(where, f"holds {len(documents)} YAML documents",
-                        "keep one (remove the `---` between them): Helm 3 reads only the first, Helm 4 only the last")
-    if documents and documents[0].id != "mapping":
+    if not isinstance(load_one(text, where), (dict, type(None))):
         raise UserError(where, "must be a mapping of values", "write `key: value` lines at the top level")
-    repeated = [UserError(f"{where}:{line}", f"key {key!r} is repeated (first at line {first})",
-                          "remove one of them: Helm would keep only the last, silently")
-                for key, line, first in (duplicate_keys(documents[0]) if documents else [])]
-    if repeated:
-        raise UserErrors(repeated)
     if name != "-":
         return name
     copy = tmp / "stdin-values.yaml"
-    copy.write_bytes(data)
+    copy.write_text(text)
     return str(copy)
 
 

@@ -1,4 +1,7 @@
-"""Checks of YAML text a user hands us, before and after PyYAML composes it.
+"""YAML text a user hands us: read it, and refuse what a parser would take silently or die of.
+
+`read_text` and `load_one` are what every command reading a user's YAML file uses (values files,
+policies, the CRD, the hook values); the post-renderer uses the two checks below directly.
 
 - `nesting_problem`: a cheap upper bound of the nesting depth, checked BEFORE the text reaches
   PyYAML's C composer, which recurses once per level and kills the process with SIGSEGV somewhere
@@ -14,6 +17,11 @@ Imported by the post-renderer inside every `helm template`: nothing heavier than
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError, UserErrors
 
 #: Deeper documents are refused; the chart's own are under 30 levels.
 MAX_DEPTH = 1000
@@ -57,3 +65,45 @@ def duplicate_keys(node) -> list[tuple[str, int, int]]:
         elif current.id == "sequence":
             stack += current.value
     return sorted(found, key=lambda item: item[1])
+
+
+def read_text(path: str | Path, fix: str) -> str:
+    """The UTF-8 text of the file at `path` (`-`: stdin); a UserError naming it when it cannot be read."""
+    where = "stdin" if str(path) == "-" else str(path)
+    try:
+        data = sys.stdin.buffer.read() if where == "stdin" else Path(path).read_bytes()
+    except OSError as err:
+        raise UserError(where, f"cannot be read: {err.strerror}", fix) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(where, f"is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})",
+                        "save it as UTF-8") from None
+
+
+def load_one(text: str, where: str) -> Any:
+    """The one YAML document of `text` (None when empty). UserErrors naming `where` (and the line)
+    for text nested too deeply, not YAML, of several documents, or repeating a key."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if problem := nesting_problem(text):
+        raise UserError(where, problem, "flatten it")
+    try:
+        documents = [node for node in yaml.compose_all(text, Loader=loader) if node is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise UserError(f"{where}:{mark.line + 1}" if mark else where,
+                        f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax") from None
+    if len(documents) > 1:
+        raise UserError(where, f"holds {len(documents)} YAML documents",
+                        "keep one (remove the `---` between them): tools disagree on which one counts "
+                        "(Helm 3 reads the first, Helm 4 the last)")
+    if not documents:
+        return None
+    repeated = [UserError(f"{where}:{line}", f"key {key!r} is repeated (first at line {first})",
+                          "remove one of them: a parser would keep only the last, silently")
+                for key, line, first in duplicate_keys(documents[0])]
+    if repeated:
+        raise UserErrors(repeated)
+    return yaml.load(text, Loader=loader)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from .. import kube
+from ..cli import bounded
 from . import common
 
 #: Node labels our components set: gpu-label marks GPU nodes.
@@ -98,7 +99,7 @@ def register(subparsers) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
                         help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
-    parser.add_argument("--timeout", type=float, default=120,
+    parser.add_argument("--timeout", type=bounded(float, 1, 3600), default=120,
                         help="seconds to wait for each deletion (default: 120)")
     common.add_api_arguments(parser)
     parser.set_defaults(func=run)
