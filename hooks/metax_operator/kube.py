@@ -42,6 +42,9 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 REQUEST_TIMEOUT = (5, 30)
 #: Page size of list calls (10,000 nodes = 20 requests, each a bounded response).
 PAGE_SIZE = 500
+#: Requests one process sends at once (pod deletions, node patches): the connection pool the
+#: kubernetes client keeps per host is 5 x CPUs, at least 10 on the hook's 2-CPU nodes.
+PARALLEL_REQUESTS = 8
 
 
 class NotServed(LookupError):

@@ -1,4 +1,4 @@
-"""The staged driver rollout's imperative shell: one step of every runner pass (DESIGN.md section 5).
+"""The staged driver rollout's imperative shell: one step of every runner pass.
 
 Each pass: read the CR and the driver DaemonSet (two GETs), snapshot the watch caches
 (`rollout_observe`), let the engine
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from . import policy as policy_mod
-from . import reconcile, rollout
+from . import kube, reconcile, rollout
 from .errors import UserError, UserErrors
 from .jsonlog import event
 from .kube import Client
@@ -39,8 +39,6 @@ log = logging.getLogger("metax_operator.rollout")
 
 #: Seconds a pass waits for the caches' first LIST.
 SYNC_TIMEOUT = 60.0
-#: Pods deleted concurrently within a wave.
-DELETE_WORKERS = 8
 
 
 class RolloutExecutor:
@@ -211,7 +209,7 @@ class RolloutExecutor:
                     return False
                 raise
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(DELETE_WORKERS, len(pods))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(pods))) as pool:
             done = list(pool.map(delete, pods))
         self.requests += len(pods)
         event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(done))

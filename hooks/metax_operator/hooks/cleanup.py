@@ -1,19 +1,26 @@
 """`metax-operator cleanup`: the pre-delete hook that removes what the release added outside Helm.
 
-Helm deletes what it rendered; this removes the rest, in this order:
-1. the `cluster-operator` CR (bootstrap created it), waiting until it is gone;
+Helm deletes what it rendered; this removes the rest:
+1. the `cluster-operator` CR (bootstrap created it), and at the same time
 2. the DaemonSets that write to nodes (metax-gpu-label, metax-vfio-manager), waiting for their
    pods, so none of them re-adds a node key after step 3 (Helm would delete them next anyway);
-3. on every node, exactly the keys our components set (NODE_LABELS, NODE_ANNOTATIONS) — never
-   another key, not even one under `metax-tech.com/`: `gpu-device.mode` and
-   `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
-4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
-   need it.
-Every step is idempotent: a second run finds nothing to do.
+3. once those pods are gone, on every node, exactly the keys our components set (NODE_LABELS,
+   NODE_ANNOTATIONS) — never another key, not even one under `metax-tech.com/`:
+   `gpu-device.mode` and `gpu-device.qos-policy` (seed §3.2.10) are the admin's. The nodes are
+   patched NODE_WORKERS at a time, each from the list (one request; re-read only on a conflict);
+4. once the CR is gone, the CRD, only when `crds.keep` is false (`--delete-crd`): other
+   releases or kept data may need it.
+The whole run has one time budget (`--timeout`, which the chart sets to the Job's deadline less
+the time its pod may take to start: docs/hooks.md has the arithmetic for 10,000 nodes); a wait
+that outlasts it ends the run with a line naming what is still there. Every step is idempotent:
+a second run finds nothing to do.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import time
 
 from .. import kube
 from ..cli import bounded
@@ -25,6 +32,8 @@ NODE_LABELS = ("metax-tech.com/gpu.installed",)
 NODE_ANNOTATIONS = ("metax-tech.com/gpu-vfio",)
 #: DaemonSets whose pods write the keys above.
 NODE_WRITERS = ("metax-gpu-label", "metax-vfio-manager")
+#: Node patches in flight at once: the client's connection pool size (kube.PARALLEL_REQUESTS).
+NODE_WORKERS = kube.PARALLEL_REQUESTS
 
 
 def node_patch(node: dict) -> dict | None:
@@ -53,35 +62,42 @@ def delete_and_wait(client: kube.Client, api_version: str, kind: str, name: str,
     return True
 
 
-def clean_node(client: kube.Client, name: str) -> bool:
-    """Remove our keys from node `name` (re-read on conflict); True if it had any."""
+def clean_node(client: kube.Client, node: dict) -> bool:
+    """Remove our keys from `node` (as listed; re-read on a conflict); True if it had any."""
+    listed = [node]
+
     def attempt() -> bool:
-        node = client.get("v1", "Node", name)
-        patch = node_patch(node) if node else None
+        current = listed.pop() if listed else client.get("v1", "Node", node["metadata"]["name"])
+        patch = node_patch(current) if current else None
         if patch is None:
             return False
-        client.patch("v1", "Node", name, patch)  # resourceVersion in the patch: 409 if it moved
+        client.patch("v1", "Node", current["metadata"]["name"], patch)  # resourceVersion in it: 409 if it moved
         return True
 
     return kube.retry_on_conflict(attempt)
 
 
-def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120) -> list[str]:
-    """Run the steps of the module docstring; returns what was done, one line each."""
-    done: list[str] = []
+def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 240) -> list[str]:
+    """Run the steps of the module docstring within `timeout` seconds; what was done, one line each."""
+    deadline = time.monotonic() + timeout
+    left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
-    if crd is not None and delete_and_wait(client, common.CR_API_VERSION, common.CR_KIND,
-                                           common.CR_NAME, None, timeout):
-        done.append(f"deleted {common.CR_KIND} {common.CR_NAME}")
-    for name in NODE_WRITERS:
-        # Foreground: the DaemonSet disappears only after its pods did.
-        if delete_and_wait(client, "apps/v1", "DaemonSet", name, namespace, timeout, "Foreground"):
-            done.append(f"deleted DaemonSet {namespace}/{name} and its pods")
-    for node in client.list("v1", "Node"):
-        if node_patch(node) is not None and clean_node(client, node["metadata"]["name"]):
-            done.append(f"removed our labels/annotations from node {node['metadata']['name']}")
+    waits = {f"deleted DaemonSet {namespace}/{name} and its pods":  # Foreground: gone only after its pods
+             functools.partial(delete_and_wait, client, "apps/v1", "DaemonSet", name, namespace, left(), "Foreground")
+             for name in NODE_WRITERS}
+    if crd is not None:
+        waits[f"deleted {common.CR_KIND} {common.CR_NAME}"] = functools.partial(
+            delete_and_wait, client, common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, None, left())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
+        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values())))
+    done = [line for line, deleted in happened.items() if deleted]
+    nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
+        cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
+    done += [f"removed our labels/annotations from node {node['metadata']['name']}"
+             for node, had in zip(nodes, cleaned) if had]
     if delete_crd and crd is not None and delete_and_wait(
-            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
+            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, left()):
         done.append(f"deleted CRD {common.CRD_NAME}")
     return done
 
@@ -99,7 +115,7 @@ def register(subparsers) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
                         help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
-    parser.add_argument("--timeout", type=bounded(float, 1, 3600), default=120,
-                        help="seconds to wait for each deletion (default: 120)")
+    parser.add_argument("--timeout", type=bounded(float, 1, 86400), default=240,
+                        help="seconds the whole cleanup may take (default: 240)")
     common.add_api_arguments(parser)
     parser.set_defaults(func=run)
