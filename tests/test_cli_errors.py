@@ -28,13 +28,13 @@ UNREACHABLE = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
 
 
-def commands() -> list[tuple[str, ...]]:
-    """Every command path: the top-level commands, and the subcommands of those that have them."""
-    parser = cli.build_parser()
-    out = []
-    for name, sub in _choices(parser).items():
+def commands() -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every command path (the top-level commands, and the subcommands of those that have them)
+    and its parser."""
+    out = {}
+    for name, sub in _choices(cli.build_parser()).items():
         nested = _choices(sub)
-        out += [(name, child) for child in nested] if nested else [(name,)]
+        out.update({(name, child): parser for child, parser in nested.items()} if nested else {(name,): sub})
     return out
 
 
@@ -114,10 +114,11 @@ def files(tmp_path_factory) -> dict[str, str]:
             "crd": str(CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml")}
 
 
-def test_every_command_has_an_unknown_option_case_and_the_api_commands_kubeconfig_cases():
+def test_every_command_has_an_unknown_option_case_and_every_api_command_kubeconfig_cases():
     assert {tuple(argv[:-1]) for name, argv, _ in CASES if name.endswith("unknown option")} == set(commands())
-    assert ("rollout", "simulate") in commands() and len(commands()) == len(cli.COMMANDS) - 1 + len(
-        rollout_cli.SUBCOMMANDS)
+    assert len(commands()) == len(cli.COMMANDS) - 1 + len(rollout_cli.SUBCOMMANDS)
+    takes_kubeconfig = {path for path, parser in commands().items() if "--kubeconfig" in parser._option_string_actions}  # noqa: SLF001
+    assert takes_kubeconfig == set(API_ARGS)
 
 
 @pytest.mark.parametrize("name, argv, stdin", CASES, ids=[c[0] for c in CASES])

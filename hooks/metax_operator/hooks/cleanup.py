@@ -7,7 +7,7 @@ Helm deletes what it rendered; this removes the rest:
 3. once those pods are gone, on every node, exactly the keys our components set (NODE_LABELS,
    NODE_ANNOTATIONS) — never another key, not even one under `metax-tech.com/`:
    `gpu-device.mode` and `gpu-device.qos-policy` (seed §3.2.10) are the admin's. The nodes are
-   patched NODE_WORKERS at a time, each from the list (one request; re-read only on a conflict);
+   patched NODE_WORKERS at a time, one request each, from the list;
 4. once the CR is gone, the CRD, only when `crds.keep` is false (`--delete-crd`): other
    releases or kept data may need it.
 The whole run has one time budget (`--timeout`, which the chart sets to the Job's deadline less
@@ -43,7 +43,7 @@ def node_patch(node: dict) -> dict | None:
     annotations = [k for k in NODE_ANNOTATIONS if k in (meta.get("annotations") or {})]
     if not labels and not annotations:
         return None
-    patch: dict = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+    patch: dict = {"metadata": {}}
     if labels:
         patch["metadata"]["labels"] = dict.fromkeys(labels)
     if annotations:
@@ -63,18 +63,20 @@ def delete_and_wait(client: kube.Client, api_version: str, kind: str, name: str,
 
 
 def clean_node(client: kube.Client, node: dict) -> bool:
-    """Remove our keys from `node` (as listed; re-read on a conflict); True if it had any."""
-    listed = [node]
-
-    def attempt() -> bool:
-        current = listed.pop() if listed else client.get("v1", "Node", node["metadata"]["name"])
-        patch = node_patch(current) if current else None
-        if patch is None:
-            return False
-        client.patch("v1", "Node", current["metadata"]["name"], patch)  # resourceVersion in it: 409 if it moved
-        return True
-
-    return kube.retry_on_conflict(attempt)
+    """Remove our keys from `node` as listed; True if it had any. The merge patch names only those
+    keys, so it loses no concurrent change to the node and needs no re-read (a resourceVersion
+    precondition made every node whose status moved since the list conflict and cost two more
+    requests). A node deleted meanwhile is skipped."""
+    patch = node_patch(node)
+    if patch is None:
+        return False
+    try:
+        client.patch("v1", "Node", node["metadata"]["name"], patch)
+    except Exception as err:  # noqa: BLE001 - only a vanished node is expected
+        if not kube.is_status(err, 404):
+            raise
+        return False
+    return True
 
 
 def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 240) -> list[str]:
