@@ -6,6 +6,7 @@ the CR-spec variant the runner uses, and the parsers of the two ConfigMaps.
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,27 @@ def test_helm_bin_is_the_helm_validate_runs(capsys, monkeypatch):
     assert cli.main(["validate", "--set", "registry=cr.example.com/metax", "--set-string",
                      "driver.payload.version=2.32.0.6"]) == 0
     assert capsys.readouterr().out == "values are valid\n"
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("helm", ["helm3", "helm4"])
+def test_helm_refusals_become_one_line_each_naming_the_field(helm, tmp_path):
+    """What `validate` shows when the chart's render refuses values the Python checks let through:
+    Helm's real output, its schema lines with the field in our spelling, the chart's rules as they are."""
+    from metax_operator.validate_cmd import helm_problems
+
+    def stderr(*flags: str) -> str:
+        result = subprocess.run([BIN / helm, "template", "metax", ROOT, *flags], capture_output=True, text=True)
+        assert result.returncode == 1
+        return result.stderr
+
+    schema = helm_problems(stderr("--set", "driver.deployPolicy=Sometimes",
+                                  "--set", "driver.upgradePolicy.upgradeSteps[0].replicas=abc"))
+    assert {e.field for e in schema} >= {"driver.deployPolicy", "driver.upgradePolicy.upgradeSteps[0].replicas"}
+    rules = helm_problems(stderr("--set", "driver.payload.version=v1", "--set", "gpuLabel.deploy=false"))
+    assert sorted(str(e) for e in rules) == sorted(
+        ["registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax"]
+        + [str(validation.dependency_problem(c, "gpuLabel")) for c, ps in validation.DEPENDENCIES.items()
+           if "gpuLabel" in ps and c != "exporter"])  # the exporter is off by default
+    [other] = helm_problems(stderr("--set", "a[99999999]=1"))
+    assert other.field == "helm" and "greater than maximum supported index" in other.problem
