@@ -78,7 +78,7 @@ Helm 3 and Helm 4.
 {{- if and (ne $service.type "ExternalName") $service.externalName -}}
   {{- $errors = append $errors (printf "exporter.service.externalName: is only valid with type ExternalName, not %s; remove it, or set exporter.service.type=ExternalName" $service.type) -}}
 {{- end -}}
-{{- $ports := $service.nodePortRange | default "30000-32767" -}}
+{{- $ports := $service.nodePortRange | toString -}}
 {{- $low := splitList "-" $ports | first | atoi -}}
 {{- $high := splitList "-" $ports | last | atoi -}}
 {{- if or (gt $low $high) (gt $high 65535) -}}

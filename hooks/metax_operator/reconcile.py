@@ -301,8 +301,10 @@ def restored_driver_spec(ds: dict, template: dict, spec: dict, recorded: str = "
     at = {**ds, "spec": {**(ds.get("spec") or {}), "template": template}}
     current = spec.get("driver") or {}
     candidates = []
-    if recorded:
+    try:
         candidates.append({**json.loads(recorded), "upgradePolicy": current.get("upgradePolicy", {})})
+    except (TypeError, ValueError):  # none recorded (or not a JSON object): the template decides
+        pass
     try:
         candidates.append(_driver_spec_of(at, spec))
         return next((c for c in candidates if _reproduces(at, {**spec, "driver": c})), None)

@@ -37,8 +37,6 @@ DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "vfioManager": ("gpuLabel",),
 }
 SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
-#: Kubernetes' default --service-node-port-range (values.yaml's exporter.service.nodePortRange).
-DEFAULT_NODE_PORTS = "30000-32767"
 
 
 def dependency_problem(component: str, prerequisite: str) -> UserError:
@@ -132,9 +130,9 @@ def _deployed(values: Mapping, component: str) -> bool:
 def _service_problems(service: Mapping) -> list[UserError]:
     errors = []
     kind = service.get("type", "ClusterIP")
-    port, ports = service.get("port"), service.get("nodePortRange") or DEFAULT_NODE_PORTS
+    port, ports = service.get("port"), str(service.get("nodePortRange") or "")
     low, _, high = ports.partition("-")
-    if not (low.isdigit() and high.isdigit()):  # the schema (and the CRD) refuse the format
+    if not (low.isdigit() and high.isdigit()):  # the schema and the CRD require it, in this format
         pass
     elif int(low) > int(high) or int(high) > 65535:
         errors.append(UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
