@@ -404,6 +404,7 @@ def test_runner_rbac_is_the_contract(helm_bin):
         *{("gpu.metax-tech.com", "clusteroperators", v) for v in ("get", "list", "watch", "patch")},
         *{("gpu.metax-tech.com", "clusteroperators/status", v) for v in ("get", "update", "patch")},
         *{("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")},
+        ("", "nodes", "patch"),  # cordon and uncordon around a driver swap
     }
     assert rules_of(objects, "Role", "metax-operator-runner") == {
         *{("apps", "daemonsets", v) for v in ("get", "list", "watch", "patch")},

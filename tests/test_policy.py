@@ -21,7 +21,8 @@ def test_defaults_are_table_3_11():
     policy = validate({})
     assert policy == Policy(enable_rollout=False, steps=(), pause=False, max_parallel=IntOrPercent(100, True),
                             max_unavailable=IntOrPercent(0), max_failure_threshold=0, fallback="pause",
-                            readiness_timeout_ms=600_000, allow_gpu_workloads=False)
+                            readiness_timeout_ms=600_000, allow_gpu_workloads=False, cordon=True)
+    assert validate({"cordon": False}).cordon is False
 
 
 def test_missing_policy_is_the_defaults():
@@ -74,7 +75,7 @@ def test_bad_replicas_are_rejected_naming_the_step(replicas):
                                        ("maxParallel", -1), ("maxUnavailable", "x"), ("maxUnavailable", -2),
                                        ("maxFailureThreshold", -1), ("maxFailureThreshold", "3"),
                                        ("fallback", "retry"), ("pause", "false"), ("enableRollout", 1),
-                                       ("allowGpuWorkloads", "yes")])
+                                       ("allowGpuWorkloads", "yes"), ("cordon", "true")])
 def test_bad_top_level_fields_are_rejected(key, value):
     assert fields({key: value}) == [f"driver.upgradePolicy.{key}"]
 

@@ -46,19 +46,25 @@ class Cluster:
         self.pods = {node: R.Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000)
                      for node in self.nodes}
         self.busy: set[str] = set()
+        self.skipped: set[str] = set()  # as rollout_observe.build: out of `nodes`, listed
+        self.cordoned: set[str] = set()  # the runner's cordons: each deletion adds, each uncordon removes
         self.status: dict | None = None
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> R.Observed:
-        return R.Observed(self.revision, caught_up, frozenset(self.nodes), tuple(self.pods.values()),
-                          frozenset(self.busy), template=f"template-{self.revision}", driver_spec=f"spec-{self.revision}")
+        return R.Observed(self.revision, caught_up, frozenset(self.nodes - self.skipped), tuple(self.pods.values()),
+                          frozenset(self.busy), frozenset(self.skipped), frozenset(self.cordoned),
+                          template=f"template-{self.revision}", driver_spec=f"spec-{self.revision}")
 
     def decide(self, pol, now: float) -> R.Decision:
         decision = R.decide(self.observed(), pol, self.status, now)
         assert_fits_the_crd(decision.status)
         self.status = decision.status
+        self.cordoned -= set(decision.uncordon)
         for ref in decision.delete:
             node = next(n for n, p in self.pods.items() if p.uid == ref.uid)
+            assert ref.node == node
+            self.cordoned.add(node)
             self.serial += 1
             self.pods[node] = R.Pod(f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision,
                                     False, "Running", 0, now)
@@ -511,3 +517,76 @@ def test_a_rollout_started_right_after_a_completed_one_records_the_completed_rev
     cluster.ready_all()
     rollback = cluster.decide(dataclasses.replace(pol, enable_rollout=False), now + 5)
     assert rollback.restore_revision == "new" and rollback.status["lastCoDriverSpec"] == "spec-new"
+
+
+# -- node safety: cordons, re-deletions, skipped nodes -------------------------------------------
+
+def test_a_cordoned_node_is_uncordoned_once_its_new_pod_is_ready():
+    cluster = Cluster(3)
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    first = cluster.decide(pol, T0)
+    assert nodes_of(cluster, first) == ["n00"] and cluster.cordoned == {"n00"}
+    assert cluster.decide(pol, T0 + 1).uncordon == []  # the new pod is not Ready yet
+    assert cluster.status["resume"]["cordonedNodes"] == ["n00"]
+    cluster.ready_all()
+    second = cluster.decide(pol, T0 + 2)
+    assert second.uncordon == ["n00"] and nodes_of(cluster, second) == ["n01"]
+    drive(cluster, pol, T0 + 3)
+    assert cluster.status["status"]["currentStepState"] == R.COMPLETED
+    assert cluster.decide(pol, T0 + 100).uncordon == [] and cluster.cordoned == set()
+
+
+def test_a_node_whose_new_driver_fails_stays_cordoned():
+    cluster = Cluster(2)
+    pol = policy(maxParallel=0, readinessTimeout="1m", upgradeSteps=[{"replicas": "100%", "toleration": 1, "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    cluster.set("n00", ready=False, phase="Failed")
+    done = cluster.decide(pol, T0 + 5)
+    assert done.status["status"]["currentStepState"] in (R.STEP_PAUSED, R.STEP_READY, R.COMPLETED)
+    assert done.uncordon == ["n01"]
+    assert cluster.decide(pol, T0 + 10).uncordon == [] and cluster.cordoned == {"n00"}
+
+
+def test_a_cordon_found_on_a_node_outside_any_swap_is_released():
+    """A runner killed after the uncordon decision, before the uncordon: the next one finishes it."""
+    cluster = Cluster(2, old="new")
+    cluster.cordoned = {"n01", "gone-node"}
+    assert sorted(cluster.decide(policy(), T0).uncordon) == ["gone-node", "n01"]
+
+
+def test_a_wave_node_whose_pod_is_still_to_be_replaced_stays_cordoned():
+    """The runner cordoned, then died before deleting: its pod is Ready at the old revision, and
+    stays cordoned while the pause holds the re-deletion."""
+    cluster = Cluster(2)
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
+    paused = cluster.decide(dataclasses.replace(pol, pause=True), T0 + 1)
+    assert paused.delete == [] and paused.uncordon == []
+    again = cluster.decide(pol, T0 + 2)
+    assert [ref.uid for ref in again.delete] == ["u-n00-0"] and again.uncordon == []
+
+
+def test_a_re_deletion_passes_the_same_busy_node_check_as_a_first_deletion():
+    cluster = Cluster(2)
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
+    cluster.busy = {"n00"}  # a GPU pod landed meanwhile
+    held = cluster.decide(pol, T0 + 1)
+    assert held.delete == [] and "held back by GPU workloads" in held.status["message"]
+    cluster.busy = set()
+    assert [ref.uid for ref in cluster.decide(pol, T0 + 2).delete] == ["u-n00-0"]
+
+
+def test_skipped_nodes_keep_their_driver_are_listed_and_the_rollout_completes():
+    cluster = Cluster(4)
+    cluster.skipped = {"n01", "n03"}
+    pol = policy(maxParallel=0, upgradeSteps=[{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}])
+    first = cluster.decide(pol, T0)
+    assert first.status["resume"]["skippedNodes"] == ["n01", "n03"] and first.status["resume"]["skippedNodeCount"] == 2
+    drive(cluster, pol, T0 + 1)
+    assert cluster.status["status"]["currentStepState"] == R.COMPLETED
+    assert cluster.status["status"]["totalUpgradeReplicas"] == 2 == cluster.status["status"]["totalUpgradeReadyReplicas"]
+    assert {n: p.revision for n, p in cluster.pods.items()} == {"n00": "new", "n01": "old", "n02": "new", "n03": "old"}

@@ -158,3 +158,20 @@ def test_next_action_after_a_runner_pause_is_resume():
 def test_status_json_is_the_upgrade_status():
     status = {"phase": "Idling"}
     assert json.loads(rollout_admin.render(cr(status), "json")) == status
+
+
+def test_status_table_lists_skipped_and_cordoned_nodes():
+    status = rollout.empty_status()
+    status["resume"].update(skippedNodes=["n2", "n7"], skippedNodeCount=2, cordonedNodes=["n3"] * 20,
+                            cordonedNodeCount=25)
+    text = rollout_admin.render(cr(status))
+    assert "Skipped (label metax-tech.com/driver-upgrade.skip=true): 2: n2, n7" in text.splitlines()
+    assert "Cordoned by the runner: 25: " in text and text.count("(+5 more)") == 1
+
+
+def test_skipped_nodes_are_not_eligible_unless_their_pod_is_in_the_wave_in_flight():
+    pods = [project_driver_pod(pod(f"p{i}", f"n{i}", "a")) for i in (1, 2, 3)]
+    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, [], applied_cr(),
+                 {"resume": {"wave": ["n3"]}}, skipped=["n2", "n3"], cordoned=["n3"])
+    assert snap.observed.nodes == {"n1", "n3"}
+    assert snap.observed.skipped == {"n2", "n3"} and snap.observed.cordoned == {"n3"}

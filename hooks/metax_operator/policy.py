@@ -1,6 +1,6 @@
 """`driver.upgradePolicy`: parsing, validation and the staged rollout's integer arithmetic.
 
-Seed 000 table 3.11 plus two knobs (`readinessTimeout`, `allowGpuWorkloads`). `validate` is
+Seed 000 table 3.11 plus three knobs (`readinessTimeout`, `allowGpuWorkloads`, `cordon`). `validate` is
 shared with the chart's validation module and the runner: a pure function, no I/O, that
 returns the parsed `Policy` or raises `UserErrors` with one `UserError` per problem.
 """
@@ -22,7 +22,7 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _POLICY_KEYS = ("enableRollout", "upgradeSteps", "pause", "maxParallel", "maxUnavailable",
-                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads")
+                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads", "cordon")
 _STEP_KEYS = ("replicas", "pauseDuration", "pause", "toleration")
 
 
@@ -59,6 +59,7 @@ class Policy:
     fallback: str = "pause"
     readiness_timeout_ms: int = DEFAULT_READINESS_TIMEOUT_MS
     allow_gpu_workloads: bool = False
+    cordon: bool = True  # cordon a node while its driver pod is replaced
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
 
@@ -128,7 +129,7 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
         if key not in _POLICY_KEYS:
             errors.append(UserError(f"{path}.{key}", "unknown field",
                                     f"use one of: {', '.join(_POLICY_KEYS)}"))
-    for key in ("enableRollout", "pause", "allowGpuWorkloads"):
+    for key in ("enableRollout", "pause", "allowGpuWorkloads", "cordon"):
         if key in policy and not isinstance(policy[key], bool):
             errors.append(UserError(f"{path}.{key}", f"must be true or false, not {policy[key]!r}",
                                     "write true or false without quotes"))
@@ -231,6 +232,7 @@ def _build(raw: Mapping) -> Policy:
         fallback=raw.get("fallback", "pause"),
         readiness_timeout_ms=readiness,
         allow_gpu_workloads=raw.get("allowGpuWorkloads", False),
+        cordon=raw.get("cordon", True),
         steps_key=key,
     )
 

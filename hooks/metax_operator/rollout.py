@@ -3,8 +3,8 @@
 It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
 nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
 returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
-restarted runner needs), pods to delete, a revision to restore the template to, a value to set
-`spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
+restarted runner needs), pods to delete, nodes to uncordon, a revision to restore the template
+to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
 clock, so every rule is tested without a cluster.
 
 The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
@@ -55,16 +55,20 @@ class Observed:
     nodes: frozenset[str]  # nodes that should run the driver (the DaemonSet's node selector)
     pods: tuple[Pod, ...]  # the DaemonSet's pods
     gpu_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that request metax-tech.com/*
+    skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
+    cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
     template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
     driver_spec: str = ""  # the CR's spec.driver, serialized: recorded as lastCoDriverSpec
 
 
 @dataclass(frozen=True)
 class PodRef:
-    """A pod to delete; the runner deletes with a uid precondition, so a repeat is harmless."""
+    """A pod to delete; the runner cordons its node, then deletes with a uid precondition, so a
+    repeat is harmless."""
 
     name: str
     uid: str
+    node: str
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Event:
 class Decision:
     status: dict  # the new status.upgradeStatus: write it before acting
     delete: list[PodRef] = field(default_factory=list)
+    uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
     restore_revision: str | None = None  # patch the template back to this ControllerRevision's
     set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this
     events: list[Event] = field(default_factory=list)
@@ -103,7 +108,8 @@ def empty_status() -> dict:
         "resume": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
                         "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
                         "pauseConfirmed": False, "releasePause": False, "heldNodes": [], "heldNodeCount": 0,
-                        "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": ""},
+                        "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": "",
+                        "skippedNodes": [], "skippedNodeCount": 0, "cordonedNodes": [], "cordonedNodeCount": 0},
     }
 
 
@@ -188,6 +194,9 @@ class _Pass:
                 if not handler():
                     break
         self.st["upgrading"] = self.st["phase"] in (PROGRESSING, TERMINATING, DISABLING)
+        self._list("skippedNodes", self.obs.skipped)
+        self._list("cordonedNodes", self.obs.cordoned)
+        self.out.uncordon = sorted(self._driver_back())
         if _without_update_time(self.st) != _without_update_time(_merged(empty_status(), self.before)):
             self.sub["lastUpdateTime"] = rfc3339(self.now)
         self.out.wake_at = min(self.wakes) if self.wakes else None
@@ -469,10 +478,12 @@ class _Pass:
             busy = [n for n in busy if n in view.pending or n in undeleted]
         if not busy:
             return False
+        held = [p for p in lost if p.node in self._busy_nodes()]
         if lost and not self.pause:
-            self._delete(lost)
+            self._delete([p for p in lost if p not in held])
         self.wakes.append(deadline)
-        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready")
+        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready"
+                  + (f" ({len(held)} held back by GPU workloads)" if held else ""))
         return True
 
     def _start_wave(self, kind: str, nodes: list[str], pods: list[Pod]) -> None:
@@ -483,7 +494,7 @@ class _Pass:
 
     def _takeable(self, pods: list[Pod]) -> list[Pod]:
         """Pods that may be deleted now, not-ready first, then by node; lists the held-back nodes."""
-        busy = set() if self.pol.allow_gpu_workloads else self.obs.gpu_busy_nodes
+        busy = self._busy_nodes()
         held = [p.node for p in pods if p.node in busy]
         self._list("heldNodes", held)
         if held and len(held) != self.before.get("resume", {}).get("heldNodeCount"):
@@ -491,8 +502,40 @@ class _Pass:
                         f"back: {', '.join(sorted(held)[:LISTED_NODES])}")
         return sorted((p for p in pods if p.node not in busy), key=lambda p: (p.ready, p.node))
 
+    def _busy_nodes(self) -> frozenset[str]:
+        """Nodes whose driver pod must not be deleted now: those running GPU workloads."""
+        return frozenset() if self.pol.allow_gpu_workloads else self.obs.gpu_busy_nodes
+
     def _delete(self, pods: list[Pod]) -> None:
-        self.out.delete.extend(PodRef(p.name, p.uid) for p in pods)
+        self.out.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
+
+    def _driver_back(self) -> set[str]:
+        """The nodes the runner cordoned that it may uncordon now.
+
+        A node stays cordoned while its driver is being swapped: a pod of it is to be deleted in
+        this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
+        node whose new driver fails stays cordoned until an admin looks at it), or it is in the
+        wave with a pod the wave has yet to replace (another revision, or a uid a retry
+        deletes). A node with no driver pod at all that no wave waits for has nothing coming.
+        """
+        deleting = {ref.node for ref in self.out.delete}
+        live: dict[str, Pod] = {}
+        for pod in self.obs.pods:
+            if pod.deleting is not None:
+                deleting.add(pod.node)
+            elif pod.node not in live or pod.created > live[pod.node].created:
+                live[pod.node] = pod
+        wave, doomed = set(self.rs["wave"]), set(self.rs.get("waveUids") or ())
+        back = set()
+        for node in self.obs.cordoned - deleting:
+            pod = live.get(node)
+            if pod is None:
+                if node not in wave:
+                    back.add(node)
+            elif pod.ready and (node not in wave or (pod.revision == self.obs.current_revision
+                                                     and pod.uid not in doomed)):
+                back.add(node)
+        return back
 
     # -- small helpers --------------------------------------------------------------------------
     def _resume_index(self) -> int:

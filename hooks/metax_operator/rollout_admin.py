@@ -3,8 +3,8 @@
 Each command is the documented `kubectl` command made safe to type (docs/rollout-admin.md):
 `pause`/`resume` set `spec.driver.upgradePolicy.pause` to true/false, `undo` sets `enableRollout`
 to false (the seed's forced rollback: the runner restores the previous driver revision on every
-node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed and
-held-back nodes and what happens next; `--watch` prints it again at every change.
+node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed,
+held-back, skipped and cordoned nodes and what happens next; `--watch` prints it again at every change.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 
 from . import policy as policy_mod
 from . import reconcile, rollout
+from .cordon import SKIP_LABEL
 from .cli import bounded
 from .errors import UserError, UserErrors
 from .kube import Backoff, Client, add_arguments
@@ -130,7 +131,9 @@ def render(cr: dict, output: str = "table") -> str:
     if resume.get("wave"):
         lines.append(f"Wave ({resume.get('waveKind') or 'upgrade'}, since {resume.get('waveStartTime', '-')}): "
                      + ", ".join(resume["wave"]))
-    for key, label in (("failedNodes", "Failed nodes"), ("heldNodes", "Held back (GPU workloads)")):
+    for key, label in (("failedNodes", "Failed nodes"), ("heldNodes", "Held back (GPU workloads)"),
+                       ("skippedNodes", f"Skipped (label {SKIP_LABEL}=true)"),
+                       ("cordonedNodes", "Cordoned by the runner")):
         count = resume.get(key.replace("Nodes", "NodeCount")) or 0
         if count:
             more = f" (+{count - len(resume[key])} more)" if count > len(resume[key]) else ""

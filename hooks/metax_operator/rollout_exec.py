@@ -12,7 +12,10 @@ the pass stops without acting; the next pass decides again), then act:
   template (`reconcile.restored_driver_spec`: `lastCoDriverSpec`, or what the template itself
   says), so the runner's reconcile does not re-apply the abandoned version, then patch the
   DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
-- delete pods with a uid precondition (404 or a failed precondition: already done);
+- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then delete the
+  pod with a uid precondition (404 or a failed precondition: already done); a node that could
+  not be cordoned keeps its pod until a later pass;
+- uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
 - emit the engine's Events on the CR.
 
 Every action is safe to repeat: a runner killed between any two of them resumes from the status
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from . import policy as policy_mod
-from . import kube, reconcile, rollout
+from . import cordon, kube, reconcile, rollout
 from .errors import UserError, UserErrors
 from .jsonlog import event
 from .kube import Client
@@ -124,7 +127,8 @@ class RolloutExecutor:
             writes += self._set_pause(decision.set_pause, policy.pause, decision.status)
         if decision.restore_revision:
             writes += self._restore(cr, snap, decision.restore_revision, decision.status)
-        writes += self._delete(decision.delete)
+        writes += self._delete(decision.delete, policy.cordon)
+        writes += self._uncordon(decision.uncordon)
         for item in decision.events:
             self._check()
             self.requests += 1
@@ -196,24 +200,46 @@ class RolloutExecutor:
         event(log, "rollout-restore-template", revision=revision, controllerrevision=found.name)
         return writes + 1
 
-    def _delete(self, pods: list[rollout.PodRef]) -> int:
+    def _delete(self, pods: list[rollout.PodRef], cordon_first: bool) -> int:
+        """Cordon each pod's node (when `cordon_first`), then delete the pod; the number of writes."""
         if not pods:
             return 0
         self._check()
 
-        def delete(pod: rollout.PodRef) -> bool:
+        def delete(pod: rollout.PodRef) -> tuple[str, str]:
+            found = cordon.cordon(self.api, pod.node) if cordon_first else ""
+            if found == cordon.NOT_NOW:
+                return found, ""
             try:
-                return self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid)
+                return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) \
+                    else "gone"
             except ApiException as err:
                 if err.status == 409:  # the uid precondition failed: that pod is already gone
-                    return False
+                    return found, "gone"
                 raise
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(pods))) as pool:
-            done = list(pool.map(delete, pods))
-        self.requests += len(pods)
-        event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(done))
-        return len(pods)
+        outcomes = self._parallel(delete, pods)
+        cordons = [c for c, _ in outcomes]
+        deletes = sum(1 for _, d in outcomes if d)
+        self.requests += deletes + len(pods) * cordon_first + cordons.count(cordon.CORDONED)
+        not_now = [p.node for p, c in zip(pods, cordons) if c == cordon.NOT_NOW]
+        event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
+              cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
+        return deletes + cordons.count(cordon.CORDONED)
+
+    def _uncordon(self, nodes: list[str]) -> int:
+        if not nodes:
+            return 0
+        self._check()
+        done = self._parallel(lambda node: cordon.uncordon(self.api, node), nodes)
+        self.requests += len(nodes)
+        event(log, "rollout-uncordon", nodes=nodes, uncordoned=sum(done))
+        return sum(done)
+
+    @staticmethod
+    def _parallel(fn, items: list) -> list:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(items))) as pool:
+            return list(pool.map(fn, items))
 
     def _check(self) -> None:
         if not self.guard():

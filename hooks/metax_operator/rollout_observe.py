@@ -1,6 +1,6 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Three caches, started once and kept across passes:
+Five caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `rollout.Pod` plus its owner's uid;
@@ -8,7 +8,9 @@ Three caches, started once and kept across passes:
   projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
   resource, so this one watch sees every pod change of the cluster; what it stores is a few
-  strings per GPU pod.
+  strings per GPU pod;
+- the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout) and the
+  nodes the runner cordoned (`cordon.py`), by label selector: names only.
 
 The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runner's reconcile may
 have changed its template a moment before in the same pass, and a cache could still show the
@@ -23,15 +25,15 @@ agree, since they come from separate reads:
 - the runner's reconcile applied the CR's latest generation (`status.observedGeneration`), so the
   CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
   template came from.
-The engine's eligible nodes are the nodes of the DaemonSet's pods plus the nodes of the wave in
-flight (whose pod may be between deletion and re-creation).
+The engine's eligible nodes are the nodes of the DaemonSet's pods, less the skipped ones, plus
+the nodes of the wave in flight (whose pod may be between deletion and re-creation).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from . import rollout, workloads
+from . import cordon, rollout, workloads
 from .informer import Informer, Stats
 from .kube import Client
 
@@ -78,7 +80,12 @@ class Watches:
                                     project=project_driver_pod, resync=resync, name="driver-pods")
         self.gpu_pods = Informer(api, "/api/v1/pods", field_selector="status.phase!=Succeeded,status.phase!=Failed",
                                  project=workloads.gpu_pod, resync=resync, name="gpu-workloads")
-        self.all = (self.revisions, self.driver_pods, self.gpu_pods)
+        nodes = api.resource("v1", "Node").path()
+        self.skipped = Informer(api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name,
+                                resync=resync, name="skipped-nodes")
+        self.cordoned = Informer(api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name,
+                                 resync=resync, name="cordoned-nodes")
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned)
 
     def start(self) -> Watches:
         for informer in self.all:
@@ -105,10 +112,12 @@ class Watches:
     def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
         return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
-                     (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status)
+                     (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status,
+                     skipped=self.skipped.snapshot().values(), cordoned=self.cordoned.snapshot().values())
 
 
-def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None) -> Snapshot:
+def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None,
+          skipped=(), cordoned=()) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call)."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -119,10 +128,11 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
                  and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation"))
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
+    skipped = frozenset(skipped)
     observed = rollout.Observed(
         current_revision=newest.hash if newest else "", caught_up=caught_up,
-        nodes=frozenset(p.node for p in pods) | frozenset(wave),
-        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes),
+        nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
+        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), skipped=skipped, cordoned=frozenset(cordoned),
         template=canonical(ds["spec"]["template"]),
         driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
     return Snapshot(observed, ds, own)
@@ -142,6 +152,10 @@ def canonical(obj) -> str:
 
 
 # -- projections: what each cache keeps of an object -------------------------------------------
+
+def node_name(obj: dict) -> str:
+    return obj["metadata"]["name"]
+
 
 def project_revision(obj: dict) -> Revision | None:
     meta = obj["metadata"]

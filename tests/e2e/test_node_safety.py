@@ -1,0 +1,186 @@
+"""Node safety around a driver swap, on the real control plane: `metax-operator run` processes (the
+chart's runner ServiceAccount) cordon each node before deleting its driver pod and uncordon it once
+the new pod is Ready; an admin's cordon survives; a runner SIGKILLed mid-wave leaves no node
+cordoned; a forced rollback neither; nodes labelled `metax-tech.com/driver-upgrade.skip=true` keep
+their driver while the rollout completes.
+
+Evidence: a watch of the nodes and of the driver pods in one thread each, their events ordered by
+resourceVersion (one etcd: its revision orders every write), and the runners' JSON logs.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from collections import defaultdict
+
+import pytest
+from kubernetes import client, watch
+
+from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
+    DRIVER_PODS, NODES, NS, QUICK_POLICY, SEED_POLICY, Runner, all_at, api, driver_pods, idle, installed,
+    patch_driver, revisions, seed_patch, start_rollout, sub, upgrade_status)
+from tests.e2e.tools import METAX, eventually, kubectl, run
+
+pytestmark = pytest.mark.e2e
+
+CORDONED = "metax-tech.com/driver-upgrade.cordoned"
+SKIP = "metax-tech.com/driver-upgrade.skip"
+GPU_NODES = [f"gpu-node-{i:04d}" for i in range(NODES)]
+
+
+class Witness:
+    """Every change of the nodes' `spec.unschedulable` and every driver pod deletion, with the
+    resourceVersion of the write that made it."""
+
+    def __init__(self, api):
+        self.core = client.CoreV1Api(api)
+        self.unschedulable: dict[str, list[tuple[int, bool]]] = defaultdict(list)
+        self.deleted: dict[str, tuple[int, str]] = {}  # uid -> (resourceVersion, node)
+        self.watches = [watch.Watch(), watch.Watch()]
+        nodes = self.core.list_node()
+        for node in nodes.items:
+            self.unschedulable[node.metadata.name].append((0, bool(node.spec.unschedulable)))
+        pods = self.core.list_namespaced_pod(NS, label_selector=DRIVER_PODS)
+        self.threads = [
+            threading.Thread(target=self._follow_nodes, args=(nodes.metadata.resource_version,), daemon=True),
+            threading.Thread(target=self._follow_pods, args=(pods.metadata.resource_version,), daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _follow_nodes(self, since: str) -> None:
+        try:
+            for change in self.watches[0].stream(self.core.list_node, resource_version=since, timeout_seconds=600):
+                node = change["object"]
+                history = self.unschedulable[node.metadata.name]
+                if history[-1][1] != bool(node.spec.unschedulable):
+                    history.append((int(node.metadata.resource_version), bool(node.spec.unschedulable)))
+        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
+            pass
+
+    def _follow_pods(self, since: str) -> None:
+        try:
+            for change in self.watches[1].stream(self.core.list_namespaced_pod, NS, label_selector=DRIVER_PODS,
+                                                 resource_version=since, timeout_seconds=600):
+                pod = change["object"]
+                if pod.metadata.deletion_timestamp is not None and pod.metadata.uid not in self.deleted:
+                    self.deleted[pod.metadata.uid] = (int(pod.metadata.resource_version), pod.spec.node_name)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def stop(self) -> None:
+        for w in self.watches:
+            w.stop()
+
+    def cordoned_at(self, node: str, version: int) -> bool:
+        """Whether `node` was unschedulable just before the write at `version`."""
+        state = False
+        for at, value in self.unschedulable[node]:
+            if at >= version:
+                break
+            state = value
+        return state
+
+
+def nodes(api) -> dict:
+    return {n.metadata.name: n for n in client.CoreV1Api(api).list_node().items}
+
+
+def runner_cordoned(api) -> list[str]:
+    return sorted(n.metadata.name for n in client.CoreV1Api(api).list_node(label_selector=f"{CORDONED}=true").items)
+
+
+def unschedulable(api) -> list[str]:
+    return sorted(name for name, n in nodes(api).items() if n.spec.unschedulable)
+
+
+def no_runner_cordon_left(api) -> bool:
+    return runner_cordoned(api) == [] and unschedulable(api) == []
+
+
+def set_label(api, node: str, key: str, value: str | None) -> None:
+    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {key: value}}})
+
+
+def test_each_node_is_cordoned_while_its_driver_is_swapped_and_an_admins_cordon_survives(control_plane, api, idle):
+    cp = control_plane
+    admins = "gpu-node-0004"
+    kubectl(cp, "cordon", admins)
+    witness = Witness(api)
+    try:
+        old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 2})
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
+        eventually(lambda: runner_cordoned(api) == [] and unschedulable(api) == [admins], 30,
+                   "every node the runner cordoned uncordoned, the admin's cordon kept")
+        witness.stop()
+        assert all_at(api, new)
+        swapped = {node for _, node in witness.deleted.values()}
+        assert swapped == set(GPU_NODES)
+        for uid, (version, node) in witness.deleted.items():
+            assert witness.cordoned_at(node, version), f"{node}'s driver pod {uid} deleted while schedulable"
+        for node in set(GPU_NODES) - {admins}:  # cordoned once, uncordoned once
+            assert [v for _, v in witness.unschedulable[node]] == [False, True, False], (
+                node, witness.unschedulable[node])
+        assert [v for _, v in witness.unschedulable[admins]] == [True], "the admin's cordon was touched"
+        assert CORDONED not in (nodes(api)[admins].metadata.labels or {})
+        lines = [line for r in idle["runners"] for line in r.lines("rollout-uncordon")]
+        assert sorted(n for line in lines for n in line["nodes"]) == sorted(set(GPU_NODES) - {admins})
+    finally:
+        witness.stop()
+        kubectl(cp, "uncordon", admins)
+
+
+def test_a_runner_killed_mid_wave_leaves_no_node_cordoned(control_plane, api, idle, faults):
+    cp = control_plane
+    runners = idle["runners"]
+    faults.pods_ready_after(GPU_NODES, 4.0)  # each wave stays in flight long enough to kill the runner
+    old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 3})
+    cordoned = eventually(lambda: runner_cordoned(api), 30, "a wave's nodes cordoned by the runner")
+    runners[-1].stop(signal.SIGKILL)
+    assert set(cordoned) <= set(unschedulable(api))
+    runners.append(Runner(idle["kubeconfig"], idle["tmp"], "runner-after-kill"))
+    eventually(lambda: sub(api).get("currentStepState") == "Completed", 180, "Completed by the next leader")
+    eventually(lambda: no_runner_cordon_left(api), 30, "no node left cordoned")
+    uncordoned = {n for line in runners[-1].lines("rollout-uncordon") for n in line["nodes"]}
+    assert set(cordoned) & uncordoned, "the next leader uncordons the nodes its predecessor cordoned"
+    assert all_at(api, new)
+
+
+def test_a_forced_rollback_leaves_no_node_cordoned(control_plane, api, idle, faults):
+    cp = control_plane
+    faults.pods_ready_after(GPU_NODES, 2.0)
+    old, new = start_rollout(cp, api, SEED_POLICY)
+    eventually(lambda: runner_cordoned(api), 30, "the first wave cordoned")
+    seed_patch(cp, "enableRollout", False)  # mid-wave
+    eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 120, "rolled back")
+    eventually(lambda: no_runner_cordon_left(api), 30, "no node left cordoned")
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False}})
+
+
+def test_skipped_nodes_keep_their_driver_and_the_rollout_completes(control_plane, api, idle):
+    cp = control_plane
+    skipped = ["gpu-node-0002", "gpu-node-0007"]
+    for node in skipped:
+        kubectl(cp, "label", "node", node, f"{SKIP}=true")
+    try:
+        eventually(lambda: upgrade_status(api).get("resume", {}).get("skippedNodes") == skipped, 30,
+                   "the skipped nodes listed while idle")
+        old, new = start_rollout(cp, api, QUICK_POLICY)
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
+        at = {p.spec.node_name: p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}
+        assert {n: r for n, r in at.items() if r == old} == {n: old for n in skipped}
+        assert sum(r == new for r in at.values()) == NODES - len(skipped)
+        status = upgrade_status(api)
+        assert status["status"]["totalUpgradeReplicas"] == NODES - len(skipped) == \
+            status["status"]["totalUpgradeReadyReplicas"]
+        assert status["resume"]["skippedNodeCount"] == len(skipped)
+        shown = run(METAX, "rollout", "status", "--kubeconfig", str(cp.kubeconfig))
+        assert f"Skipped (label {SKIP}=true): 2: {', '.join(skipped)}" in shown, shown
+        assert no_runner_cordon_left(api)
+    finally:
+        for node in skipped:
+            set_label(api, node, SKIP, None)
+        # The skipped nodes take the current driver when their pod is replaced: here, by hand.
+        for pod in driver_pods(api):
+            if pod.spec.node_name in skipped:
+                client.CoreV1Api(api).delete_namespaced_pod(pod.metadata.name, NS)
+        eventually(lambda: len(revisions(api)) == 1 and len(driver_pods(api)) == NODES, 60, "one revision again")
