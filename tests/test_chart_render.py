@@ -456,6 +456,7 @@ def test_package_holds_only_the_chart(tmp_path):
     with tarfile.open(next(tmp_path.glob("metax-operator-*.tgz"))) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames()}
     top = {name.split("/")[0] for name in names}
-    assert top <= {"Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates"}
+    assert top <= {"Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates",
+                   "dashboards"}
     assert {"Chart.yaml", "values.yaml", "templates"} <= top
     assert "templates/driver/daemonset.yaml" in names

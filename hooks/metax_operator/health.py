@@ -12,7 +12,9 @@
   (a first install: the bootstrap hook creates it after `helm install --wait` saw the runner
   Ready) there is nothing to wait for.
 
-Both answer a JSON object with what they decided from: the leader, the lease holder, how long
+`GET /metrics` is the runner's Prometheus metrics (`metrics.py`), when it has them.
+
+Both probes answer a JSON object with what they decided from: the leader, the lease holder, how long
 the current iteration has run, the ages (seconds) of the last successful pass and of the last
 API answer, and each cache's state. The server is the standard library's `ThreadingHTTPServer` in a daemon
 thread: two read-only routes need no framework.
@@ -30,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .informer import Informer
 from .leader import Elector
+from .metrics import Metrics
 
 
 class Health:
@@ -77,18 +80,26 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        metrics = self.server.metrics
+        if metrics is not None and self.path.split("?", 1)[0] == "/metrics":
+            data, content_type = metrics.exposition()
+            self._send(HTTPStatus.OK, data, content_type)
+            return
         probe = {"/healthz": self.server.health.liveness, "/readyz": self.server.health.readiness}.get(
             self.path.split("?", 1)[0])
         if probe is None:
-            self._answer(HTTPStatus.NOT_FOUND, {"error": f"no {self.path}: use /healthz or /readyz"})
+            routes = "/healthz, /readyz or /metrics" if metrics is not None else "/healthz or /readyz"
+            self._answer(HTTPStatus.NOT_FOUND, {"error": f"no {self.path}: use {routes}"})
             return
         ok, detail = probe()
         self._answer(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, {"ok": ok, **detail})
 
     def _answer(self, status: HTTPStatus, body: dict) -> None:
-        data = json.dumps(body, sort_keys=True).encode() + b"\n"
+        self._send(status, json.dumps(body, sort_keys=True).encode() + b"\n", "application/json")
+
+    def _send(self, status: HTTPStatus, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -100,9 +111,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], health: Health, family: socket.AddressFamily):
+    def __init__(self, address: tuple[str, int], health: Health, family: socket.AddressFamily,
+                 metrics: Metrics | None = None):
         self.address_family = family
-        self.health = health
+        self.health, self.metrics = health, metrics
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -112,16 +124,16 @@ class _Server(ThreadingHTTPServer):
         super().server_bind()
 
 
-def serve(health: Health, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve `health` on host:port (every IPv6 and IPv4 address when `host` is empty) in a daemon
-    thread; the server's `server_address` holds the port bound (for `port` 0)."""
+def serve(health: Health, host: str, port: int, metrics: Metrics | None = None) -> ThreadingHTTPServer:
+    """Serve `health` (and `metrics`) on host:port (every IPv6 and IPv4 address when `host` is
+    empty) in a daemon thread; the server's `server_address` holds the port bound (for `port` 0)."""
     if host:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        server = _Server((host, port), health, family)
+        server = _Server((host, port), health, family, metrics)
     else:
         try:
-            server = _Server(("::", port), health, socket.AF_INET6)
+            server = _Server(("::", port), health, socket.AF_INET6, metrics)
         except OSError:  # no IPv6 in this network namespace
-            server = _Server(("0.0.0.0", port), health, socket.AF_INET)
+            server = _Server(("0.0.0.0", port), health, socket.AF_INET, metrics)
     threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
     return server

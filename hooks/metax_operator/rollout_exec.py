@@ -36,6 +36,7 @@ from . import cordon, kube, reconcile, rollout
 from .errors import UserError, UserErrors
 from .jsonlog import event
 from .kube import Client
+from .metrics import Metrics
 from .rollout_observe import DRIVER_DAEMONSET, Snapshot, Watches, revision_template
 
 log = logging.getLogger("metax_operator.rollout")
@@ -48,9 +49,10 @@ class RolloutExecutor:
     """The rollout step of the runner; keeps its watch caches between passes."""
 
     def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
-                 clock: Callable[[], float] = time.time, watches: Watches | None = None):
+                 clock: Callable[[], float] = time.time, watches: Watches | None = None,
+                 metrics: Metrics | None = None):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
-        self.watches = watches
+        self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
 
     def close(self) -> None:
@@ -86,6 +88,8 @@ class RolloutExecutor:
             if not self._write_status(cr, decision.status):
                 return 0  # the CR changed since it was read: decide again next pass
             writes += 1
+        if self.metrics is not None:
+            self.metrics.rollout_pass(before, decision.status, self.clock())
         writes += self._act(cr, snap, decision, policy)
         sub = decision.status["status"]
         event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,

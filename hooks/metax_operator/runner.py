@@ -7,7 +7,7 @@ over an unchanged cluster writes nothing. Only the holder of a coordination.k8s.
 finish, then releases the lease so a successor takes over at once. `--once` makes one pass (the
 chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
 (up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
-`/readyz` for the kubelet's probes (`health`).
+`/readyz` for the kubelet's probes (`health`) and `/metrics` for Prometheus (`metrics`).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .errors import UserError
 from .health import Health, serve
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
+from .metrics import Metrics
 from .rollout_observe import Watches
 
 log = logging.getLogger("metax_operator.runner")
@@ -40,14 +41,16 @@ def utc_now() -> str:
 class Runner:
     """One pass at a time, acting only while `is_leader()` holds."""
 
-    def __init__(self, api: Client, namespace: str, is_leader, identity: str = ""):
+    def __init__(self, api: Client, namespace: str, is_leader, identity: str = "", metrics: Metrics | None = None):
         self.api = api
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
+        self.metrics = metrics
         # One set of watch caches for the rollout and the workload check, started at the first pass.
         self.watches = Watches(api, namespace)
-        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches)
+        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches,
+                                                    metrics=metrics)
         self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
@@ -66,9 +69,11 @@ class Runner:
         outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
         writes += self.rollout.run_pass()
+        seconds = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.pass_seconds.observe(seconds)
         jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,
-                      generation=observed.cr["metadata"].get("generation"),
-                      seconds=round(time.monotonic() - started, 3))
+                      generation=observed.cr["metadata"].get("generation"), seconds=round(seconds, 3))
         return writes
 
     def caches(self) -> tuple:
@@ -128,7 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds between lease attempts (default 2)")
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
     parser.add_argument("--health-port", type=bounded(int, 0, 65535), default=0,
-                        help="serve /healthz and /readyz on this port (default: none; not with --once)")
+                        help="serve /healthz, /readyz and /metrics on this port (default: none; not with --once)")
     parser.add_argument("--health-host", default="",
                         help="the address to serve them on (default: every address)")
     parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
@@ -156,7 +161,12 @@ def _main(args: argparse.Namespace) -> int:
     identity = args.identity or default_identity()
     lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
     elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)
-    runner = Runner(api, args.namespace, elector.is_leader, identity)
+    metrics = None
+    if args.health_port and not args.once:
+        metrics = Metrics()
+        metrics.count_requests(api.api_client)
+        metrics.leader.set_function(lambda: float(elector.is_leader()))
+    runner = Runner(api, args.namespace, elector.is_leader, identity, metrics)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: (jsonlog.event(log, "stopping", signal=signal.Signals(signum).name),
@@ -169,9 +179,9 @@ def _main(args: argparse.Namespace) -> int:
         if args.health_port:
             health = Health(elector, runner.caches,
                             stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
-            server = serve(health, args.health_host, args.health_port)
+            server = serve(health, args.health_host, args.health_port, metrics)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
-                          msg=f"serving /healthz and /readyz on port {server.server_address[1]}")
+                          msg=f"serving /healthz, /readyz and /metrics on port {server.server_address[1]}")
         loop(runner, elector, args.interval, stop, health)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.

@@ -2,7 +2,7 @@
 chart's runner ServiceAccount) cordon each node before deleting its driver pod and uncordon it once
 the new pod is Ready; an admin's cordon survives; a runner SIGKILLed mid-wave leaves no node
 cordoned; a forced rollback neither; nodes labelled `metax-tech.com/driver-upgrade.skip=true` keep
-their driver while the rollout completes.
+their driver while the rollout completes; the runner's /metrics, scraped during a rollout, follow it.
 
 Evidence: a watch of the nodes and of the driver pods in one thread each, their events ordered by
 resourceVersion (one etcd: its revision orders every write), and the runners' JSON logs.
@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
+import urllib.request
 from collections import defaultdict
 
 import pytest
 from kubernetes import client, watch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
     DRIVER_PODS, NODES, NS, QUICK_POLICY, SEED_POLICY, Runner, all_at, api, driver_pods, idle, installed,
     patch_driver, revisions, seed_patch, start_rollout, sub, upgrade_status)
+from tests.controlplane import free_port
 from tests.e2e.tools import METAX, eventually, kubectl, run
 
 pytestmark = pytest.mark.e2e
@@ -184,3 +188,60 @@ def test_skipped_nodes_keep_their_driver_and_the_rollout_completes(control_plane
             if pod.spec.node_name in skipped:
                 client.CoreV1Api(api).delete_namespaced_pod(pod.metadata.name, NS)
         eventually(lambda: len(revisions(api)) == 1 and len(driver_pods(api)) == NODES, 60, "one revision again")
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def phase_of(sample: dict) -> str:
+    return next(dict(labels)["metax_operator_rollout_phase"] for (name, labels), value in sample.items()
+                if name == "metax_operator_rollout_phase" and value == 1)
+
+
+def nodes_in(sample: dict, state: str) -> float:
+    return sample[("metax_operator_rollout_nodes", (("state", state),))]
+
+
+def test_metrics_scraped_during_a_rollout_follow_its_progress(control_plane, api, idle):
+    cp = control_plane
+    runners = idle["runners"]
+    runners[-1].stop()  # SIGTERM: the lease is released at once
+    port = free_port()
+    runners.append(Runner(idle["kubeconfig"], idle["tmp"], "runner-metrics", "--health-port", str(port),
+                          "--health-host", "127.0.0.1"))
+    def leading() -> bool:
+        try:
+            return scrape(port)[("metax_operator_leader", ())] == 1
+        except OSError:  # not serving yet
+            return False
+
+    eventually(leading, 30, "the scraped runner serving /metrics and leading")
+    before = scrape(port)
+    old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 2})
+    seen = []
+    while sub(api).get("currentStepState") != "Completed":
+        seen.append(scrape(port))
+        assert len(seen) < 600, "no completion within 2 minutes of scrapes"
+        time.sleep(0.2)
+    last = eventually(lambda: (s := scrape(port)) and phase_of(s) == "Idling" and s, 10, "Idling scraped")
+    seen.append(last)
+    phases = [phase_of(s) for s in seen]
+    assert "Progressing" in phases and phases[-1] == "Idling"
+    upgraded = [nodes_in(s, "upgraded") for s in seen if phase_of(s) == "Progressing"]
+    assert upgraded == sorted(upgraded) and len(set(upgraded)) >= 3, upgraded  # rises, in several steps
+    assert nodes_in(last, "upgraded") == nodes_in(last, "total") == NODES
+    assert max(nodes_in(s, "cordoned") for s in seen) >= 1 and max(nodes_in(s, "in_wave") for s in seen) >= 1
+    assert last[("metax_operator_rollout_step_state", (("metax_operator_rollout_step_state", "Completed"),))] == 1
+    waves = last[("metax_operator_rollout_wave_duration_seconds_count", ())] \
+        - before[("metax_operator_rollout_wave_duration_seconds_count", ())]
+    assert waves >= NODES // 2, waves  # waves of at most 2 nodes
+    requests = {m: last[("metax_operator_api_requests_total", (("method", m),))]
+                - before[("metax_operator_api_requests_total", (("method", m),))] for m in ("DELETE", "PATCH", "GET")}
+    assert requests["DELETE"] >= NODES and requests["PATCH"] >= 2 * NODES and requests["GET"] >= NODES, requests
+    assert last[("metax_operator_runner_pass_duration_seconds_count", ())] > \
+        before[("metax_operator_runner_pass_duration_seconds_count", ())]
+    assert last[("metax_operator_nodes_need_reboot", ())] == 0

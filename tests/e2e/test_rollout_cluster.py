@@ -120,12 +120,12 @@ def payload_image(api) -> str:
 class Runner:
     """A `metax-operator run` process (the chart's runner ServiceAccount), JSON log in a file."""
 
-    def __init__(self, kubeconfig: Path, tmp: Path, identity: str):
+    def __init__(self, kubeconfig: Path, tmp: Path, identity: str, *more: str):
         self.log_path = tmp / f"{identity}.log"
         self.proc = subprocess.Popen(
             [METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig), "--identity", identity,
              "--interval", "1", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "1",
-             "--log-level", "debug"],
+             "--log-level", "debug", *more],
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
 
     def lines(self, action: str) -> list[dict]:
