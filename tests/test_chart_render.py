@@ -405,6 +405,7 @@ def test_runner_rbac_is_the_contract(helm_bin):
         *{("gpu.metax-tech.com", "clusteroperators/status", v) for v in ("get", "update", "patch")},
         *{("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")},
         ("", "nodes", "patch"),  # cordon and uncordon around a driver swap
+        ("", "pods/eviction", "create"),  # drain
     }
     assert rules_of(objects, "Role", "metax-operator-runner") == {
         *{("apps", "daemonsets", v) for v in ("get", "list", "watch", "patch")},
@@ -417,7 +418,8 @@ def test_runner_rbac_is_the_contract(helm_bin):
     events = find(objects, "Role", "metax-operator-runner-events")
     assert events["metadata"]["namespace"] == "default"
     assert rules_of(objects, "Role", "metax-operator-runner-events") == {
-        (g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+        *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+        *{("", "events", v) for v in ("list", "watch")}}  # NodeNeedReboot and Rebooted
     binding = find(objects, "RoleBinding", "metax-operator-runner-events")
     assert binding["metadata"]["namespace"] == "default"
     assert binding["roleRef"]["name"] == "metax-operator-runner-events"

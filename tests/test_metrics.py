@@ -31,7 +31,7 @@ def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: l
     st["status"].update(currentStepIndex=step, currentStepState=state, totalUpgradeReplicas=total,
                         totalUpgradeReadyReplicas=upgraded)
     st["resume"].update(wave=wave, waveStartTime=rollout.rfc3339(start), failedNodeCount=1, heldNodeCount=2,
-                        skippedNodeCount=3, cordonedNodeCount=len(wave))
+                        skippedNodeCount=3, cordonedNodeCount=len(wave), needRebootNodeCount=5)
     return st
 
 
@@ -45,6 +45,7 @@ def test_a_pass_sets_phase_step_and_node_counts():
     assert got[("metax_operator_rollout_step_state", (("metax_operator_rollout_step_state", "StepUpgrade"),))] == 1
     nodes = {state: got[("metax_operator_rollout_nodes", (("state", state),))] for state in NODE_STATES}
     assert nodes == {"total": 10, "upgraded": 4, "failed": 1, "held": 2, "skipped": 3, "cordoned": 2, "in_wave": 2}
+    assert got[("metax_operator_nodes_need_reboot", ())] == 5
 
 
 def test_a_wave_is_timed_from_its_start_to_the_pass_that_saw_it_done():

@@ -164,3 +164,27 @@ def test_targets_rise_reach_all_nodes_and_caps_are_positive(raw, nodes, parallel
     assert targets[-1] == nodes
     assert all(t >= min(1, nodes) for t in targets)
     assert all(c >= 1 for c in policy.caps(nodes))
+
+
+def test_wait_drain_and_on_timeout_parse_with_their_defaults():
+    policy = validate({"waitForCompletion": {"podSelector": "team in (ml, hpc),!batch", "timeout": "2h"},
+                       "drain": {"enable": True}, "onTimeout": "fail"})
+    assert (policy.wait_selector, policy.wait_timeout_ms) == ("team in (ml, hpc),!batch", 7_200_000)
+    assert (policy.drain, policy.drain_timeout_ms, policy.on_timeout) == (True, 300_000, "fail")
+    defaults = validate({})
+    assert (defaults.wait_selector, defaults.wait_timeout_ms, defaults.drain, defaults.on_timeout) == ("", 0, False, "hold")
+
+
+@pytest.mark.parametrize("policy, field", [
+    ({"waitForCompletion": {"podSelector": "app training"}}, "waitForCompletion.podSelector"),
+    ({"waitForCompletion": {"podSelector": 3}}, "waitForCompletion.podSelector"),
+    ({"waitForCompletion": {"timeout": "soon"}}, "waitForCompletion.timeout"),
+    ({"waitForCompletion": {"selector": "a=b"}}, "waitForCompletion.selector"),
+    ({"waitForCompletion": "a=b"}, "waitForCompletion"),
+    ({"drain": {"enable": "yes"}}, "drain.enable"),
+    ({"drain": {"timeout": 0}}, "drain.timeout"),
+    ({"drain": True}, "drain"),
+    ({"onTimeout": "evict"}, "onTimeout"),
+])
+def test_bad_wait_and_drain_fields_are_named(policy, field):
+    assert fields(policy) == [f"driver.upgradePolicy.{field}"]

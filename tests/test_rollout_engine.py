@@ -47,13 +47,16 @@ class Cluster:
                      for node in self.nodes}
         self.busy: set[str] = set()
         self.skipped: set[str] = set()  # as rollout_observe.build: out of `nodes`, listed
-        self.cordoned: set[str] = set()  # the runner's cordons: each deletion adds, each uncordon removes
+        self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
+        self.waiting: set[str] = set()  # nodes running pods that match waitForCompletion.podSelector
+        self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: dict | None = None
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> R.Observed:
         return R.Observed(self.revision, caught_up, frozenset(self.nodes - self.skipped), tuple(self.pods.values()),
-                          frozenset(self.busy), frozenset(self.skipped), frozenset(self.cordoned),
+                          frozenset(self.busy), wait_busy_nodes=frozenset(self.waiting),
+                          skipped=frozenset(self.skipped), cordoned=frozenset(self.cordoned),
                           template=f"template-{self.revision}", driver_spec=f"spec-{self.revision}")
 
     def decide(self, pol, now: float) -> R.Decision:
@@ -61,6 +64,8 @@ class Cluster:
         assert_fits_the_crd(decision.status)
         self.status = decision.status
         self.cordoned -= set(decision.uncordon)
+        self.cordoned |= set(decision.cordon)
+        self.evicted += decision.evict
         for ref in decision.delete:
             node = next(n for n, p in self.pods.items() if p.uid == ref.uid)
             assert ref.node == node
@@ -590,3 +595,75 @@ def test_skipped_nodes_keep_their_driver_are_listed_and_the_rollout_completes():
     assert cluster.status["status"]["currentStepState"] == R.COMPLETED
     assert cluster.status["status"]["totalUpgradeReplicas"] == 2 == cluster.status["status"]["totalUpgradeReadyReplicas"]
     assert {n: p.revision for n, p in cluster.pods.items()} == {"n00": "new", "n01": "old", "n02": "new", "n03": "old"}
+
+
+def test_drain_takes_a_busy_node_last_cordons_it_evicts_its_gpu_pods_then_swaps_its_driver():
+    cluster = Cluster(2)
+    cluster.busy = {"n00"}
+    pol = policy(maxParallel=1, drain={"enable": True}, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    assert nodes_of(cluster, cluster.decide(pol, T0)) == ["n01"]  # the free node first
+    cluster.ready_all()
+    taken = cluster.decide(pol, T0 + 5)
+    assert taken.delete == [] and taken.cordon == ["n00"] and taken.status["resume"]["wave"] == ["n00"]
+    assert taken.status["resume"]["heldNodes"] == []
+    draining = cluster.decide(pol, T0 + 6)
+    assert draining.delete == [] and draining.evict == ["n00"] and draining.cordon == []
+    assert "waiting for their work to end" in draining.status["message"]
+    assert cluster.decide(dataclasses.replace(pol, pause=True), T0 + 7).evict == []  # a pause stops the drain
+    cluster.busy = set()  # the evicted GPU pods are gone
+    assert [ref.node for ref in cluster.decide(pol, T0 + 8).delete] == ["n00"]
+    drive(cluster, pol, T0 + 9)
+    assert cluster.status["status"]["currentStepState"] == R.COMPLETED and cluster.cordoned == set()
+
+
+def test_a_wait_that_times_out_holds_the_node_back_uncordoned_until_its_work_ends():
+    cluster = Cluster(2)
+    cluster.waiting = {"n00"}
+    pol = policy(maxParallel=0, waitForCompletion={"podSelector": "app=training", "timeout": "1m"},
+                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    first = cluster.decide(pol, T0)
+    assert nodes_of(cluster, first) == ["n01"] and first.cordon == ["n00"] and first.evict == []
+    cluster.ready_all()
+    assert cluster.decide(pol, T0 + 30).delete == []  # still waiting, drain off: nothing evicted
+    assert cluster.evicted == []
+    late = cluster.decide(pol, T0 + 61)
+    assert [(e.type, e.reason) for e in late.events] == [("Warning", "WaitTimeout"), ("Warning", "NodesHeldBack")]
+    assert late.status["resume"]["timedOutNodes"] == ["n00"] and late.uncordon == ["n00"]
+    again = cluster.decide(pol, T0 + 70)
+    assert again.delete == [] and again.status["resume"]["heldNodes"] == ["n00"]
+    assert again.status["status"]["currentStepState"] == R.STEP_UPGRADE  # not complete without n00
+    cluster.waiting = set()
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 80)) == ["n00"]
+
+
+def test_a_drain_that_times_out_with_on_timeout_fail_counts_against_the_toleration():
+    cluster = Cluster(3)
+    cluster.busy = {"n00"}
+    pol = policy(maxParallel=0, drain={"enable": True, "timeout": "30s"}, onTimeout="fail", maxUnavailable=1,
+                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0, "toleration": 1}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    assert cluster.decide(pol, T0 + 1).evict == ["n00"]
+    late = cluster.decide(pol, T0 + 32)
+    assert [e.reason for e in late.events if e.type == "Warning"] == ["DrainTimeout"]
+    assert late.status["resume"]["failedNodes"] == ["n00"]
+    assert late.status["status"]["currentStepState"] in (R.STEP_PAUSED, R.STEP_READY, R.COMPLETED)
+    drive(cluster, pol, T0 + 33)
+    assert cluster.status["status"]["currentStepState"] == R.COMPLETED
+    assert cluster.pods["n00"].revision == "old" and cluster.cordoned == set()
+
+
+def test_a_drain_timeout_beyond_the_toleration_is_retried_with_a_new_drain():
+    cluster = Cluster(2)
+    cluster.busy = {"n00"}
+    pol = policy(maxParallel=0, drain={"enable": True, "timeout": "30s"}, onTimeout="fail", maxFailureThreshold=1,
+                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    cluster.decide(pol, T0 + 1)
+    retry = cluster.decide(pol, T0 + 32)
+    assert retry.status["status"]["currentFailureRetry"] == 1 and retry.delete == []
+    assert cluster.decide(pol, T0 + 33).status["resume"]["waveKind"] == "retry"
+    assert cluster.decide(pol, T0 + 34).evict == ["n00"]  # drained again, with a new timeout
+    cluster.busy = set()
+    assert [ref.node for ref in cluster.decide(pol, T0 + 40).delete] == ["n00"]

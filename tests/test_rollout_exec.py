@@ -8,7 +8,7 @@ import json
 import pytest
 
 from metax_operator import rollout, rollout_admin
-from metax_operator.rollout_observe import build, project_driver_pod, project_revision
+from metax_operator.rollout_observe import build, need_reboot, node_event, project_driver_pod, project_revision
 from metax_operator.workloads import gpu_pod
 
 DS_UID = "ds-uid"
@@ -175,3 +175,22 @@ def test_skipped_nodes_are_not_eligible_unless_their_pod_is_in_the_wave_in_fligh
                  {"resume": {"wave": ["n3"]}}, skipped=["n2", "n3"], cordoned=["n3"])
     assert snap.observed.nodes == {"n1", "n3"}
     assert snap.observed.skipped == {"n2", "n3"} and snap.observed.cordoned == {"n3"}
+
+
+def event(node: str, reason: str, last: str) -> dict:
+    return {"metadata": {"name": f"{node}.{reason}", "creationTimestamp": last}, "reason": reason,
+            "involvedObject": {"kind": "Node", "name": node}, "lastTimestamp": last}
+
+
+def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
+    asked = [node_event(event("n1", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+             node_event(event("n2", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+             node_event(event("n3", "NodeNeedReboot", "2026-01-01T12:00:00Z"))]
+    rebooted = [node_event(event("n2", "Rebooted", "2026-01-01T11:00:00Z")),
+                node_event(event("n3", "Rebooted", "2026-01-01T11:00:00Z"))]  # before its firmware upgrade
+    assert need_reboot(asked, rebooted) == {"n1", "n3"}
+    snap = build(daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None,
+                 need_reboot=need_reboot(asked, rebooted))
+    status = rollout.decide(snap.observed, rollout_admin.policy_mod.validate({}), None, 0.0).status
+    assert (status["resume"]["needRebootNodes"], status["resume"]["needRebootNodeCount"]) == (["n1", "n3"], 2)
+    assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in rollout_admin.render(cr(status))

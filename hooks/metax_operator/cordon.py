@@ -1,4 +1,4 @@
-"""Cordoning a node around its driver swap, and the node labels the rollout reads.
+"""Cordoning and draining a node around its driver swap, and the node labels the rollout reads.
 
 Before the runner deletes a driver pod it cordons the pod's node (`spec.unschedulable: true`),
 so that no GPU pod is scheduled onto a node whose driver is being replaced; once the new driver
@@ -15,6 +15,10 @@ Both writes are conditional, so nothing an admin does meanwhile is overwritten: 
 merge patch carrying the resourceVersion the runner read (409 when the node changed since: the
 deletion waits for the next pass); the uncordon is a JSON patch whose first op tests the label
 (422 when an admin removed it, which is how an admin keeps a node the runner cordoned cordoned).
+
+A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does: the API server
+refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
+next pass, until the drain times out (`upgradePolicy.drain.timeout`).
 """
 from __future__ import annotations
 
@@ -53,6 +57,25 @@ def cordon(api: Client, node: str) -> str:
             return NOT_NOW
         raise
     return CORDONED
+
+
+#: What `evict` found or did.
+EVICTED, BLOCKED, GONE = "evicted", "blocked-by-disruption-budget", "gone"
+
+
+def evict(api: Client, namespace: str, name: str) -> str:
+    """Ask the API server to evict a pod: EVICTED, BLOCKED (a PodDisruptionBudget allows no
+    disruption now) or GONE."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    try:
+        api.call("POST", api.resource("v1", "Pod").path(name, namespace, "eviction"), body=body)
+    except ApiException as err:
+        if err.status == 429:
+            return BLOCKED
+        if err.status == 404:
+            return GONE
+        raise
+    return EVICTED
 
 
 def uncordon(api: Client, node: str) -> bool:

@@ -92,6 +92,7 @@ class Metrics:
                   "in_wave": len(resume.get("wave") or ())}
         for state, value in counts.items():
             self.nodes.labels(state).set(value or 0)
+        self.need_reboot.set(resume.get("needRebootNodeCount") or 0)
         was = (before or {}).get("resume") or {}
         started = rollout.parse_time(was.get("waveStartTime"))
         if was.get("wave") and started is not None and (

@@ -1,6 +1,7 @@
 """`driver.upgradePolicy`: parsing, validation and the staged rollout's integer arithmetic.
 
-Seed 000 table 3.11 plus three knobs (`readinessTimeout`, `allowGpuWorkloads`, `cordon`). `validate` is
+Seed 000 table 3.11 plus the knobs beyond it: `readinessTimeout`, `allowGpuWorkloads`, and the
+node-safety ones (`cordon`, `waitForCompletion`, `drain`, `onTimeout`). `validate` is
 shared with the chart's validation module and the runner: a pure function, no I/O, that
 returns the parsed `Policy` or raises `UserErrors` with one `UserError` per problem.
 """
@@ -15,6 +16,14 @@ from typing import Any, Mapping
 from .errors import UserError, UserErrors
 
 DEFAULT_READINESS_TIMEOUT_MS = 600_000
+DEFAULT_DRAIN_TIMEOUT_MS = 300_000
+# A label selector as the API server parses it: `k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
+# `k notin (a,b)`, comma-separated (keys may carry a DNS prefix).
+_SELECTOR_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_SELECTOR_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SELECTOR_TERM = (rf"\s*(!\s*{_SELECTOR_KEY}|{_SELECTOR_KEY}\s*((==?|!=)\s*{_SELECTOR_VALUE}"
+                  rf"|\s(not)?in\s*\(\s*{_SELECTOR_VALUE}(\s*,\s*{_SELECTOR_VALUE})*\s*\))?)\s*")
+_SELECTOR = re.compile(rf"{_SELECTOR_TERM}(,{_SELECTOR_TERM})*")
 # ASCII digits and whole-string matches only: the grammar of the schema's patterns (Go regexp).
 _PERCENT = re.compile(r"(0|[1-9][0-9]*)%")
 _MILLISECONDS = re.compile(r"[0-9]+")
@@ -22,7 +31,10 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _POLICY_KEYS = ("enableRollout", "upgradeSteps", "pause", "maxParallel", "maxUnavailable",
-                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads", "cordon")
+                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads", "cordon",
+                "waitForCompletion", "drain", "onTimeout")
+_WAIT_KEYS = ("podSelector", "timeout")
+_DRAIN_KEYS = ("enable", "timeout")
 _STEP_KEYS = ("replicas", "pauseDuration", "pause", "toleration")
 
 
@@ -60,6 +72,11 @@ class Policy:
     readiness_timeout_ms: int = DEFAULT_READINESS_TIMEOUT_MS
     allow_gpu_workloads: bool = False
     cordon: bool = True  # cordon a node while its driver pod is replaced
+    wait_selector: str = ""  # a wave node's pods matching it must end before its driver is swapped
+    wait_timeout_ms: int = 0  # 0: no limit
+    drain: bool = False  # evict a wave node's GPU pods before its driver is swapped
+    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
+    on_timeout: str = "hold"  # a node whose wait or drain timed out: hold it back, or count it failed
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
 
@@ -129,7 +146,7 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
         if key not in _POLICY_KEYS:
             errors.append(UserError(f"{path}.{key}", "unknown field",
                                     f"use one of: {', '.join(_POLICY_KEYS)}"))
-    for key in ("enableRollout", "pause", "allowGpuWorkloads", "cordon"):
+    for key in ("enableRollout", "pause", "allowGpuWorkloads"):
         if key in policy and not isinstance(policy[key], bool):
             errors.append(UserError(f"{path}.{key}", f"must be true or false, not {policy[key]!r}",
                                     "write true or false without quotes"))
@@ -144,6 +161,7 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
     if policy.get("fallback", "pause") not in ("pause", "rollback"):
         errors.append(UserError(f"{path}.fallback", f"must be pause or rollback, not {policy['fallback']!r}",
                                 "set fallback: pause (wait for the admin) or fallback: rollback"))
+    errors.extend(_node_safety_problems(policy, path))
     if "readinessTimeout" in policy:
         ms, problem = _duration_ms(policy["readinessTimeout"])
         if problem or not ms:
@@ -151,6 +169,40 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
                                     "give milliseconds (600000) or a duration such as \"10m\""))
     errors.extend(_step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps",
                                  policy.get("enableRollout") is True, nodes))
+    return errors
+
+
+def _node_safety_problems(policy: Mapping, path: str) -> list[UserError]:
+    """`cordon`, `onTimeout`, `waitForCompletion` and `drain`."""
+    errors: list[UserError] = []
+    if "cordon" in policy and not isinstance(policy["cordon"], bool):
+        errors.append(UserError(f"{path}.cordon", f"must be true or false, not {policy['cordon']!r}",
+                                "write true or false without quotes"))
+    if policy.get("onTimeout", "hold") not in ("hold", "fail"):
+        errors.append(UserError(f"{path}.onTimeout", f"must be hold or fail, not {policy['onTimeout']!r}",
+                                "set onTimeout: hold (keep the node's driver, hold it back) or onTimeout: fail"))
+    for key, keys in (("waitForCompletion", _WAIT_KEYS), ("drain", _DRAIN_KEYS)):
+        section = policy.get(key, {})
+        where = f"{path}.{key}"
+        if not isinstance(section, Mapping):
+            errors.append(UserError(where, f"must be a mapping, not {_kind(section)}",
+                                    f"write its fields ({', '.join(keys)}) under it"))
+            continue
+        errors.extend(UserError(f"{where}.{k}", "unknown field", f"use one of: {', '.join(keys)}")
+                      for k in section if k not in keys)
+        if "timeout" in section:
+            ms, problem = _duration_ms(section["timeout"])
+            if problem or (key == "drain" and not ms):
+                errors.append(UserError(f"{where}.timeout", problem or "must be more than 0",
+                                        "give milliseconds (300000) or a duration such as \"5m\""
+                                        + (" (0: no limit)" if key == "waitForCompletion" else "")))
+        selector = section.get("podSelector", "")
+        if not isinstance(selector, str) or (selector and not _SELECTOR.fullmatch(selector)):
+            errors.append(UserError(f"{where}.podSelector", f"is not a label selector: {selector!r}",
+                                    "write a label selector such as \"app=training\" or \"team in (ml,hpc)\""))
+        if not isinstance(section.get("enable", False), bool):
+            errors.append(UserError(f"{where}.enable", f"must be true or false, not {section['enable']!r}",
+                                    "write true or false without quotes"))
     return errors
 
 
@@ -233,6 +285,11 @@ def _build(raw: Mapping) -> Policy:
         readiness_timeout_ms=readiness,
         allow_gpu_workloads=raw.get("allowGpuWorkloads", False),
         cordon=raw.get("cordon", True),
+        wait_selector=(raw.get("waitForCompletion") or {}).get("podSelector", ""),
+        wait_timeout_ms=_duration_ms((raw.get("waitForCompletion") or {}).get("timeout", 0))[0],
+        drain=(raw.get("drain") or {}).get("enable", False),
+        drain_timeout_ms=_duration_ms((raw.get("drain") or {}).get("timeout", DEFAULT_DRAIN_TIMEOUT_MS))[0],
+        on_timeout=raw.get("onTimeout", "hold"),
         steps_key=key,
     )
 

@@ -3,8 +3,8 @@
 It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
 nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
 returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
-restarted runner needs), pods to delete, nodes to uncordon, a revision to restore the template
-to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
+restarted runner needs), pods to delete, nodes to cordon, drain or uncordon, a revision to
+restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
 clock, so every rule is tested without a cluster.
 
 The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
@@ -55,8 +55,10 @@ class Observed:
     nodes: frozenset[str]  # nodes that should run the driver (the DaemonSet's node selector)
     pods: tuple[Pod, ...]  # the DaemonSet's pods
     gpu_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that request metax-tech.com/*
+    wait_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that match waitForCompletion.podSelector
     skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
     cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
+    need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
     template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
     driver_spec: str = ""  # the CR's spec.driver, serialized: recorded as lastCoDriverSpec
 
@@ -83,6 +85,8 @@ class Decision:
     status: dict  # the new status.upgradeStatus: write it before acting
     delete: list[PodRef] = field(default_factory=list)
     uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
+    cordon: list[str] = field(default_factory=list)  # wave nodes whose work must end first: cordon now
+    evict: list[str] = field(default_factory=list)  # nodes whose GPU pods to evict (drain), once cordoned
     restore_revision: str | None = None  # patch the template back to this ControllerRevision's
     set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this
     events: list[Event] = field(default_factory=list)
@@ -109,7 +113,8 @@ def empty_status() -> dict:
                         "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
                         "pauseConfirmed": False, "releasePause": False, "heldNodes": [], "heldNodeCount": 0,
                         "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": "",
-                        "skippedNodes": [], "skippedNodeCount": 0, "cordonedNodes": [], "cordonedNodeCount": 0},
+                        "skippedNodes": [], "skippedNodeCount": 0, "cordonedNodes": [], "cordonedNodeCount": 0,
+                        "drainStart": {}, "timedOutNodes": [], "needRebootNodes": [], "needRebootNodeCount": 0},
     }
 
 
@@ -196,6 +201,7 @@ class _Pass:
         self.st["upgrading"] = self.st["phase"] in (PROGRESSING, TERMINATING, DISABLING)
         self._list("skippedNodes", self.obs.skipped)
         self._list("cordonedNodes", self.obs.cordoned)
+        self._list("needRebootNodes", self.obs.need_reboot)
         self.out.uncordon = sorted(self._driver_back())
         if _without_update_time(self.st) != _without_update_time(_merged(empty_status(), self.before)):
             self.sub["lastUpdateTime"] = rfc3339(self.now)
@@ -237,7 +243,7 @@ class _Pass:
         self.sub["lastPodSpecRevision"] = self.rs["stableRevision"]
         self.sub["upgradingPodSpecRevision"] = self.obs.current_revision
         self.st["phase"] = PROGRESSING
-        self.rs.update(wave=[], waveKind="", retryQueue=[], abandonedRevision="")
+        self.rs.update(wave=[], waveKind="", retryQueue=[], abandonedRevision="", timedOutNodes=[])
         self._clear_runner_pause()
         for kind in ("Succeed", "Failed", "Terminating"):
             self._condition(kind, "False", reason, message)
@@ -259,7 +265,7 @@ class _Pass:
             self._event("Normal", "NewRevision",
                         f"driver revision {cur} replaces {sub['upgradingPodSpecRevision']}: restarting at step 0")
             sub["upgradingPodSpecRevision"] = cur
-            self.rs.update(wave=[], retryQueue=[])
+            self.rs.update(wave=[], retryQueue=[], timedOutNodes=[])
             self._clear_runner_pause()
             self._enter_step(self._resume_index())
             return True
@@ -310,7 +316,8 @@ class _Pass:
         self.rs["retryQueue"] = []
         if len(view.failed) > allowed:
             return self._failed_step(view, index, allowed, "toleration")
-        done = view.at_rev + sum(1 for n in view.failed if n not in view.live)
+        # Failed nodes count as done: at the revision, stuck without a pod, or timed out before the swap.
+        done = view.at_rev + sum(1 for n in view.failed if n not in view.live or view.live[n].revision != view.revision)
         if done >= target and not view.coming:
             unavailable = self.pol.max_unavailable.of(view.n)
             if index == len(self.pol.steps) - 1 and len(view.failed) > unavailable:
@@ -398,7 +405,8 @@ class _Pass:
     # -- Terminating / Disabling: back to lastPodSpecRevision --------------------------------
     def _begin_rollback(self, phase: str, reason: str, message: str) -> bool:
         self.st["phase"] = phase
-        self.rs.update(wave=[], retryQueue=[], abandonedRevision=self.sub["upgradingPodSpecRevision"])
+        self.rs.update(wave=[], retryQueue=[], abandonedRevision=self.sub["upgradingPodSpecRevision"],
+                       timedOutNodes=[])
         self._clear_runner_pause()
         self._condition("Terminating", "True", reason, message)
         self._event("Warning", reason, message)
@@ -445,6 +453,10 @@ class _Pass:
         view = _View(self.obs, revision, set(self.rs["wave"]), self._timeout(), self.now)
         if view.deadline is not None:
             self.wakes.append(view.deadline)  # a pending pod turns failed then
+        if self.st["phase"] == PROGRESSING and self.pol.on_timeout == "fail":
+            timed_out = {n for n in self.rs["timedOutNodes"] if n in view.live and view.live[n].revision != revision}
+            view.failed.update(timed_out)  # failed before the swap: not taken again unless retried
+            view.others = [p for p in view.others if p.node not in timed_out]
         return view
 
     def _wave_busy(self, view: _View) -> bool:
@@ -452,7 +464,9 @@ class _Pass:
 
         A wave node is back when its pod is at the wave's revision and Ready or failed (failed
         nodes hold no slot), or when it is stuck. A pod the wave meant to delete (another
-        revision, or a uid in `waveUids` for a retry) that is still there is deleted again.
+        revision, or a uid in `waveUids` for a retry) that is still there is deleted again, after
+        the same checks as a first deletion: GPU work holds it back, work to wait for or drain
+        must end first (`_prepare`).
         """
         start = parse_time(self.rs.get("waveStartTime"))
         wave = [n for n in self.rs["wave"] if n in self.obs.nodes]
@@ -476,35 +490,102 @@ class _Pass:
             view.failed.update(stuck)
             view.coming.difference_update(stuck)
             busy = [n for n in busy if n in view.pending or n in undeleted]
+        held = [p for p in lost if self._held(p.node)]
+        ready = self._prepare([p for p in lost if p not in held], view, start, busy)
         if not busy:
             return False
-        held = [p for p in lost if p.node in self._busy_nodes()]
-        if lost and not self.pause:
-            self._delete([p for p in lost if p not in held])
+        if ready and not self.pause:
+            self._delete(ready)
         self.wakes.append(deadline)
+        preparing = len(lost) - len(held) - len(ready)
+        notes = [f"{len(held)} held back by GPU workloads"] * bool(held) + \
+            [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
         self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready"
-                  + (f" ({len(held)} held back by GPU workloads)" if held else ""))
+                  + (f" ({'; '.join(notes)})" if notes else ""))
         return True
 
     def _start_wave(self, kind: str, nodes: list[str], pods: list[Pod]) -> None:
-        self.rs.update(wave=sorted(nodes), waveKind=kind, waveStartTime=rfc3339(self.now),
-                       waveUids=sorted(p.uid for p in pods) if kind == "retry" else [])
-        self._delete(pods)
+        """Start a wave: delete the pods of its free nodes now; the others are cordoned and
+        deleted by `_wave_busy` once their work has ended (`_prepare`)."""
+        self.rs.update(wave=sorted(nodes), waveKind=kind, waveStartTime=rfc3339(self.now), drainStart={},
+                       waveUids=sorted(p.uid for p in pods) if kind == "retry" else [],
+                       timedOutNodes=[n for n in self.rs["timedOutNodes"] if n not in nodes])
+        self._delete([p for p in pods if not self._to_prepare(p.node)])
+        self.out.cordon.extend(p.node for p in pods if self._to_prepare(p.node))
         self.wakes.append(self.now + self._timeout())
 
+    def _prepare(self, pods: list[Pod], view: _View, start: float, busy: list[str]) -> list[Pod]:
+        """Of the wave's pods still to delete, those whose node is free of the work that must end
+        first. For the others: keep them cordoned, evict their GPU pods (drain, once no pod to
+        wait for is left), and apply `onTimeout` to those whose wait or drain ran out (taken out
+        of `busy`)."""
+        free = []
+        for pod in pods:
+            stage = self._to_prepare(pod.node)
+            if not stage:
+                free.append(pod)
+                continue
+            if pod.node in self.rs["timedOutNodes"]:  # failed before the swap (a held node left the wave)
+                view.failed.add(pod.node)
+                busy.remove(pod.node)
+                continue
+            if stage == "wait":
+                deadline = start + self.pol.wait_timeout_ms / 1000 if self.pol.wait_timeout_ms else None
+            else:
+                began = self.rs["drainStart"].setdefault(pod.node, rfc3339(self.now))
+                deadline = parse_time(began) + self.pol.drain_timeout_ms / 1000
+            if deadline is not None and self.now >= deadline:
+                self._timed_out(pod.node, stage, view)
+                busy.remove(pod.node)
+                continue
+            if deadline is not None:
+                self.wakes.append(deadline)
+            if pod.node not in self.obs.cordoned:
+                self.out.cordon.append(pod.node)  # again, should the cordon have been lost
+            if stage == "drain" and not self.pause:
+                self.out.evict.append(pod.node)
+        return free
+
+    def _timed_out(self, node: str, stage: str, view: _View) -> None:
+        """`node`'s wait or drain ran out: hold it back (out of the wave, uncordoned, its driver
+        kept) or count it failed (`onTimeout`)."""
+        self.rs["drainStart"].pop(node, None)
+        if node not in self.rs["timedOutNodes"]:
+            self.rs["timedOutNodes"] = sorted([*self.rs["timedOutNodes"], node])
+            what = "waiting for its pods matching waitForCompletion.podSelector" if stage == "wait" \
+                else "draining its GPU pods"
+            then = "held back" if self.pol.on_timeout == "hold" else "counted failed"
+            self._event("Warning", "WaitTimeout" if stage == "wait" else "DrainTimeout",
+                        f"node {node}: {what} timed out; {then} (onTimeout: {self.pol.on_timeout})")
+        if self.pol.on_timeout == "hold":
+            self.rs["wave"] = [n for n in self.rs["wave"] if n != node]
+        else:
+            view.failed.add(node)
+
     def _takeable(self, pods: list[Pod]) -> list[Pod]:
-        """Pods that may be deleted now, not-ready first, then by node; lists the held-back nodes."""
-        busy = self._busy_nodes()
-        held = [p.node for p in pods if p.node in busy]
+        """Pods that may be deleted now (or once their node's work ends): nodes without work to
+        wait for first, then not-ready first, then by node; lists the held-back nodes."""
+        timed_out = set(self.rs["timedOutNodes"])
+        held = [p.node for p in pods if self._held(p.node) or (p.node in timed_out and self._to_prepare(p.node))]
         self._list("heldNodes", held)
         if held and len(held) != self.before.get("resume", {}).get("heldNodeCount"):
-            self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads and are held "
-                        f"back: {', '.join(sorted(held)[:LISTED_NODES])}")
-        return sorted((p for p in pods if p.node not in busy), key=lambda p: (p.ready, p.node))
+            self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads (or their wait or drain "
+                        f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}")
+        return sorted((p for p in pods if p.node not in held),
+                      key=lambda p: (bool(self._to_prepare(p.node)), p.ready, p.node))
 
-    def _busy_nodes(self) -> frozenset[str]:
-        """Nodes whose driver pod must not be deleted now: those running GPU workloads."""
-        return frozenset() if self.pol.allow_gpu_workloads else self.obs.gpu_busy_nodes
+    def _held(self, node: str) -> bool:
+        """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
+        return node in self.obs.gpu_busy_nodes and not self.pol.allow_gpu_workloads and not self.pol.drain
+
+    def _to_prepare(self, node: str) -> str:
+        """What must end on `node` before its driver pod is deleted: "wait" (pods matching
+        waitForCompletion.podSelector), "drain" (GPU pods, evicted) or "" (nothing)."""
+        if self.pol.wait_selector and node in self.obs.wait_busy_nodes:
+            return "wait"
+        if self.pol.drain and not self.pol.allow_gpu_workloads and node in self.obs.gpu_busy_nodes:
+            return "drain"
+        return ""
 
     def _delete(self, pods: list[Pod]) -> None:
         self.out.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
@@ -516,7 +597,8 @@ class _Pass:
         this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
         node whose new driver fails stays cordoned until an admin looks at it), or it is in the
         wave with a pod the wave has yet to replace (another revision, or a uid a retry
-        deletes). A node with no driver pod at all that no wave waits for has nothing coming.
+        deletes), its work still to end (wait, drain). A node with no driver pod at all that no
+        wave waits for has nothing coming.
         """
         deleting = {ref.node for ref in self.out.delete}
         live: dict[str, Pod] = {}
@@ -525,7 +607,9 @@ class _Pass:
                 deleting.add(pod.node)
             elif pod.node not in live or pod.created > live[pod.node].created:
                 live[pod.node] = pod
-        wave, doomed = set(self.rs["wave"]), set(self.rs.get("waveUids") or ())
+        # A node whose wait or drain timed out keeps its driver: its swap is given up.
+        wave = set(self.rs["wave"]) - set(self.rs["timedOutNodes"])
+        doomed = set(self.rs.get("waveUids") or ())
         back = set()
         for node in self.obs.cordoned - deleting:
             pod = live.get(node)

@@ -4,7 +4,7 @@ Each command is the documented `kubectl` command made safe to type (docs/rollout
 `pause`/`resume` set `spec.driver.upgradePolicy.pause` to true/false, `undo` sets `enableRollout`
 to false (the seed's forced rollback: the runner restores the previous driver revision on every
 node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed,
-held-back, skipped and cordoned nodes and what happens next; `--watch` prints it again at every change.
+held-back, skipped and cordoned nodes, nodes that need a reboot, and what happens next; `--watch` prints it again at every change.
 """
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ def render(cr: dict, output: str = "table") -> str:
                      + ", ".join(resume["wave"]))
     for key, label in (("failedNodes", "Failed nodes"), ("heldNodes", "Held back (GPU workloads)"),
                        ("skippedNodes", f"Skipped (label {SKIP_LABEL}=true)"),
-                       ("cordonedNodes", "Cordoned by the runner")):
+                       ("cordonedNodes", "Cordoned by the runner"),
+                       ("needRebootNodes", "Need a reboot (NodeNeedReboot: firmware upgraded)")):
         count = resume.get(key.replace("Nodes", "NodeCount")) or 0
         if count:
             more = f" (+{count - len(resume[key])} more)" if count > len(resume[key]) else ""

@@ -12,6 +12,9 @@ the pass stops without acting; the next pass decides again), then act:
   template (`reconcile.restored_driver_spec`: `lastCoDriverSpec`, or what the template itself
   says), so the runner's reconcile does not re-apply the abandoned version, then patch the
   DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+- cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU pods of
+  those being drained (`Decision.evict`, only once cordoned; the Eviction API respects
+  PodDisruptionBudgets);
 - cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then delete the
   pod with a uid precondition (404 or a failed precondition: already done); a node that could
   not be cordoned keeps its pod until a later pass;
@@ -76,6 +79,12 @@ class RolloutExecutor:
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
             return 0
         before = (cr.get("status") or {}).get("upgradeStatus") or None
+        waited = self.watches.wait_for(policy.wait_selector)
+        if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
+            event(log, "rollout-wait-cache", logging.WARNING,
+                  msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} "
+                      "has not listed yet")
+            return 0
         self.requests += 1
         ds = self.api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
@@ -131,6 +140,7 @@ class RolloutExecutor:
             writes += self._set_pause(decision.set_pause, policy.pause, decision.status)
         if decision.restore_revision:
             writes += self._restore(cr, snap, decision.restore_revision, decision.status)
+        writes += self._drain(decision.cordon, decision.evict)
         writes += self._delete(decision.delete, policy.cordon)
         writes += self._uncordon(decision.uncordon)
         for item in decision.events:
@@ -231,6 +241,23 @@ class RolloutExecutor:
               cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
         return deletes + cordons.count(cordon.CORDONED)
 
+    def _drain(self, cordons: list[str], drains: list[str]) -> int:
+        """Cordon `cordons`, then evict the GPU pods on `drains` that are cordoned; the number of writes."""
+        if not cordons and not drains:
+            return 0
+        self._check()
+        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node), cordons)))
+        self.requests += len(cordons) + list(found.values()).count(cordon.CORDONED)
+        ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
+        pods = self.watches.gpu_pods_on(ready)
+        outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)
+        self.requests += len(pods)
+        event(log, "rollout-drain", cordoned=sorted(n for n, c in found.items() if c == cordon.CORDONED),
+              evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes) if o == cordon.EVICTED],
+              blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes) if o == cordon.BLOCKED],
+              **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}))
+        return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
+
     def _uncordon(self, nodes: list[str]) -> int:
         if not nodes:
             return 0
@@ -242,6 +269,8 @@ class RolloutExecutor:
 
     @staticmethod
     def _parallel(fn, items: list) -> list:
+        if not items:
+            return []
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(items))) as pool:
             return list(pool.map(fn, items))
 

@@ -10,7 +10,14 @@ Five caches, started once and kept across passes:
   resource, so this one watch sees every pod change of the cluster; what it stores is a few
   strings per GPU pod;
 - the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout) and the
-  nodes the runner cordoned (`cordon.py`), by label selector: names only.
+  nodes the runner cordoned (`cordon.py`), by label selector: names only;
+- the Node events of namespace `default` (where node events are kept) with reason
+  `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
+  finds a new boot id), by field selector: node name and time. A node needs a reboot while its
+  latest `NodeNeedReboot` is newer than its latest `Rebooted`.
+
+With `upgradePolicy.waitForCompletion.podSelector` set, a sixth cache follows the running pods
+that match it (their nodes only); it is replaced when the selector changes.
 
 The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runner's reconcile may
 have changed its template a moment before in the same pass, and a cache could still show the
@@ -40,6 +47,8 @@ from .kube import Client
 DRIVER_DAEMONSET = "metax-driver"
 DRIVER_POD_SELECTOR = "app.kubernetes.io/component=driver"
 REVISION_LABEL = "controller-revision-hash"
+RUNNING = "status.phase!=Succeeded,status.phase!=Failed"
+NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
 
 
 @dataclass(frozen=True)
@@ -72,25 +81,46 @@ class Watches:
     """The rollout's caches for `namespace`; `start()` once, `observe()` every pass."""
 
     def __init__(self, api: Client, namespace: str, resync: float = 1800.0):
+        self.api, self.resync = api, resync
+        self.waited: Informer | None = None
         core = api.resource("v1", "Pod")
         apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
         self.revisions = Informer(api, apps("ControllerRevision").path(namespace=namespace),
                                   project=project_revision, resync=resync, name="controllerrevisions")
         self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
                                     project=project_driver_pod, resync=resync, name="driver-pods")
-        self.gpu_pods = Informer(api, "/api/v1/pods", field_selector="status.phase!=Succeeded,status.phase!=Failed",
+        self.gpu_pods = Informer(api, "/api/v1/pods", field_selector=RUNNING,
                                  project=workloads.gpu_pod, resync=resync, name="gpu-workloads")
         nodes = api.resource("v1", "Node").path()
         self.skipped = Informer(api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name,
                                 resync=resync, name="skipped-nodes")
         self.cordoned = Informer(api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name,
                                  resync=resync, name="cordoned-nodes")
-        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned)
+        events = "/api/v1/namespaces/default/events"
+        self.reboot_asked = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={NEED_REBOOT}",
+                                     project=node_event, resync=resync, name="node-need-reboot")
+        self.rebooted = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={REBOOTED}",
+                                 project=node_event, resync=resync, name="node-rebooted")
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned,
+                    self.reboot_asked, self.rebooted)
 
     def start(self) -> Watches:
         for informer in self.all:
             informer.start()
         return self
+
+    def wait_for(self, selector: str) -> Informer | None:
+        """The cache of running pods matching `selector` (started, or replaced when the selector
+        changed; None and stopped when it is empty)."""
+        current = self.waited
+        if current is not None and current.label_selector != selector:
+            current.stop()
+            current = None
+        if current is None and selector:
+            current = Informer(self.api, "/api/v1/pods", label_selector=selector, field_selector=RUNNING,
+                               project=pod_node, resync=self.resync, name="wait-for-completion").start()
+        self.waited = current
+        return current
 
     def synced(self) -> bool:
         return all(i.synced for i in self.all)
@@ -99,7 +129,7 @@ class Watches:
         return all(i.wait_synced(timeout) for i in self.all)
 
     def stop(self) -> None:
-        for informer in self.all:
+        for informer in (*self.all, *([self.waited] if self.waited else [])):
             informer.stop()
 
     def stats(self) -> Stats:
@@ -111,13 +141,20 @@ class Watches:
 
     def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
+        waited = self.waited.snapshot().values() if self.waited else ()
         return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
                      (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status,
-                     skipped=self.skipped.snapshot().values(), cordoned=self.cordoned.snapshot().values())
+                     skipped=self.skipped.snapshot().values(), cordoned=self.cordoned.snapshot().values(),
+                     waited=(node for node in waited if node),
+                     need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()))
+
+    def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
+        """The GPU pods the cache holds on `nodes` (what a drain evicts)."""
+        return [p for p in self.gpu_pods.snapshot().values() if p.node in nodes]
 
 
 def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None,
-          skipped=(), cordoned=()) -> Snapshot:
+          skipped=(), cordoned=(), waited=(), need_reboot=()) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call)."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -132,7 +169,8 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
     observed = rollout.Observed(
         current_revision=newest.hash if newest else "", caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
-        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), skipped=skipped, cordoned=frozenset(cordoned),
+        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), wait_busy_nodes=frozenset(waited), skipped=skipped,
+        cordoned=frozenset(cordoned), need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
         driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
     return Snapshot(observed, ds, own)
@@ -155,6 +193,25 @@ def canonical(obj) -> str:
 
 def node_name(obj: dict) -> str:
     return obj["metadata"]["name"]
+
+
+def pod_node(obj: dict) -> str:
+    return (obj.get("spec") or {}).get("nodeName") or ""
+
+
+def node_event(obj: dict) -> tuple[str, float]:
+    """A Node event's node and the last time it happened."""
+    when = obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") \
+        or obj["metadata"].get("creationTimestamp")
+    return (obj.get("involvedObject") or {}).get("name", ""), rollout.parse_time(when) or 0.0
+
+
+def need_reboot(asked, rebooted) -> set[str]:
+    """The nodes whose latest NodeNeedReboot event is newer than their latest Rebooted event."""
+    last_boot: dict[str, float] = {}
+    for node, when in rebooted:
+        last_boot[node] = max(when, last_boot.get(node, 0.0))
+    return {node for node, when in asked if node and when > last_boot.get(node, -1.0)}
 
 
 def project_revision(obj: dict) -> Revision | None:

@@ -245,3 +245,87 @@ def test_metrics_scraped_during_a_rollout_follow_its_progress(control_plane, api
     assert last[("metax_operator_runner_pass_duration_seconds_count", ())] > \
         before[("metax_operator_runner_pass_duration_seconds_count", ())]
     assert last[("metax_operator_nodes_need_reboot", ())] == 0
+
+    # driver-manager reports a firmware upgrade done; the kubelet later reports the reboot.
+    node = "gpu-node-0009"
+    report_node_event(api, node, "NodeNeedReboot", "firmware upgrade done, need reboot machine to take effect")
+    eventually(lambda: scrape(port)[("metax_operator_nodes_need_reboot", ())] == 1, 30, "the metric counts the node")
+    assert upgrade_status(api)["resume"]["needRebootNodes"] == [node]
+    shown = run(METAX, "rollout", "status", "--kubeconfig", str(cp.kubeconfig))
+    assert f"Need a reboot (NodeNeedReboot: firmware upgraded): 1: {node}" in shown, shown
+    time.sleep(1.1)  # event times have whole seconds: the reboot comes after
+    report_node_event(api, node, "Rebooted", f"Node {node} has been rebooted, boot id: 6f1f0c3a")
+    eventually(lambda: scrape(port)[("metax_operator_nodes_need_reboot", ())] == 0, 30, "the rebooted node dropped")
+    assert upgrade_status(api)["resume"]["needRebootNodes"] == []
+
+
+def report_node_event(api, node: str, reason: str, message: str) -> None:
+    """A Node event in namespace default, as driver-manager (NodeNeedReboot) or the kubelet
+    (Rebooted) posts it."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    client.CoreV1Api(api).create_namespaced_event("default", {
+        "metadata": {"generateName": f"{node}."}, "type": "Normal", "reason": reason, "message": message,
+        "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+        "source": {"component": "driver-manager" if reason == "NodeNeedReboot" else "kubelet", "host": node},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+
+
+def gpu_pod(name: str, node: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [{
+                "name": "app", "image": "registry.example/app:1.0",
+                "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}
+
+
+def pod_state(api, name: str) -> str:
+    try:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, "default")
+    except client.ApiException as err:
+        if err.status == 404:
+            return "gone"
+        raise
+    return "terminating" if pod.metadata.deletion_timestamp else pod.status.phase
+
+
+def test_drain_evicts_gpu_pods_respects_a_disruption_budget_and_holds_the_node_on_timeout(control_plane, api, idle):
+    cp, core, policy = control_plane, client.CoreV1Api(api), client.PolicyV1Api(api)
+    free, guarded = ("gpu-node-0001", "train-free"), ("gpu-node-0002", "train-guarded")
+    for node, name in (free, guarded):
+        core.create_namespaced_pod("default", gpu_pod(name, node))
+    policy.create_namespaced_pod_disruption_budget("default", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train-guarded"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-guarded"}}}})
+    try:
+        eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "Running", 30,
+                   "both GPU pods running")
+        eventually(lambda: (s := policy.read_namespaced_pod_disruption_budget("train-guarded", "default").status)
+                   and s.current_healthy == 1, 30, "the disruption controller counts the guarded pod")
+        old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 3, "onTimeout": "hold",
+                                           "drain": {"enable": True, "timeout": "15s"}})
+        eventually(lambda: pod_state(api, "train-free") in ("gone", "terminating"), 60, "the free GPU pod evicted")
+        held = eventually(lambda: guarded[0] in upgrade_status(api).get("resume", {}).get("heldNodes", []), 90,
+                          "the guarded node held back after its drain timed out")
+        assert held and pod_state(api, "train-guarded") == "Running", "the budget must keep the guarded pod"
+        events = client.CoreV1Api(api).list_namespaced_event(
+            "default", field_selector="involvedObject.name=cluster-operator,reason=DrainTimeout").items
+        assert any(guarded[0] in e.message and "held back" in e.message for e in events)
+        eventually(lambda: guarded[0] not in unschedulable(api), 30, "the held node uncordoned")
+        eventually(lambda: revisions(api)[new] == NODES - 1, 90, "every other node upgraded")
+        at = {p.spec.node_name: p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}
+        assert at[guarded[0]] == old and at[free[0]] == new
+        assert sub(api).get("currentStepState") != "Completed"
+        lines = [line for r in idle["runners"] for line in r.lines("rollout-drain")]
+        assert any("default/train-free" in line.get("evicted", []) for line in lines), lines
+        assert any("default/train-guarded" in line.get("blocked", []) for line in lines), lines
+        core.delete_namespaced_pod("train-guarded", "default", grace_period_seconds=0)  # the job ends
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 90, "Completed once the node is free")
+        assert all_at(api, new)
+        eventually(lambda: no_runner_cordon_left(api), 30, "no node left cordoned")
+    finally:
+        for _, name in (free, guarded):
+            if pod_state(api, name) != "gone":
+                core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        policy.delete_namespaced_pod_disruption_budget("train-guarded", "default")
+        patch_driver(api, {"upgradePolicy": {"drain": {"enable": False}, "onTimeout": "hold"}})
+        eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "gone", 30,
+                   "the GPU pods gone")

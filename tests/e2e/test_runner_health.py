@@ -27,8 +27,8 @@ pytestmark = pytest.mark.e2e
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
-CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "nodes-mode",
-          "nodes-qos-policy", "hami-scheduler"}
+CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "node-need-reboot",
+          "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
 
 
 @pytest.fixture(scope="module")
