@@ -113,3 +113,32 @@ def test_the_runner_is_probed_on_its_health_port(helm_bin):
     command = container["command"]
     assert command[command.index("--health-port") + 1] == "8081"
     assert command[command.index("--stall-timeout") + 1] == "300"
+
+
+VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+SEED = ("--set", "registry=domain.example/project", "--set", "driver.payload.version=2.32.0.6")
+
+
+def node_write_policy(helm: str, *args: str) -> list[dict]:
+    return [o for o in render_chart(helm=helm, args=SEED + args) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_the_node_write_policy_names_every_component_that_patches_nodes_when_the_cluster_serves_it(helm_bin):
+    policy, binding = node_write_policy(helm_bin, "--api-versions", VAP, "--set", "vfioManager.deploy=true")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (condition,) = policy["spec"]["matchConditions"]
+    named = set(condition["expression"].split(" in ", 1)[1].strip("[]").replace('"', "").split(","))
+    assert named == {f"system:serviceaccount:metax-operator:metax-{c}"
+                     for c in ("gpu-label", "driver", "gpu-device", "vfio-manager")}
+    patchers = {o["metadata"]["name"] for o in render_chart(helm=helm_bin, args=SEED + ("--set", "vfioManager.deploy=true"))
+                if o["kind"] == "ClusterRole" and any("nodes" in r["resources"] and "patch" in r["verbs"]
+                                                      for r in o["rules"])}
+    assert patchers == {"metax-operator-gpu-label", "metax-operator-driver", "metax-operator-gpu-device",
+                        "metax-operator-vfio-manager",
+                        "metax-operator-runner", "metax-operator-cleanup"}  # cordons; the uninstall hook's unlabelling
+    assert 'k.startsWith(p)' in str(policy["spec"]["variables"]) and '["metax-tech.com/"]' in str(policy["spec"])
+
+
+def test_the_node_write_policy_is_left_out_where_it_is_not_served_or_turned_off(helm_bin):
+    assert node_write_policy(helm_bin) == []  # `helm template` without --api-versions: a pre-1.30 cluster
+    assert node_write_policy(helm_bin, "--api-versions", VAP, "--set", "nodeWritePolicy.enabled=false") == []

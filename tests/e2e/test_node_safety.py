@@ -9,6 +9,7 @@ resourceVersion (one etcd: its revision orders every write), and the runners' JS
 """
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -329,3 +330,54 @@ def test_drain_evicts_gpu_pods_respects_a_disruption_budget_and_holds_the_node_o
         patch_driver(api, {"upgradePolicy": {"drain": {"enable": False}, "onTimeout": "hold"}})
         eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "gone", 30,
                    "the GPU pods gone")
+
+
+# -- node writes of the components' ServiceAccounts --------------------------------------------
+
+def token_client(cp, token: str):
+    configuration = client.Configuration(host=cp.server, api_key={"authorization": f"Bearer {token}"})
+    configuration.ssl_ca_cert = str(cp.ca)
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def refusal(call) -> str:
+    """The API server's message refusing `call`; an AssertionError when it is accepted."""
+    try:
+        call()
+    except client.ApiException as err:
+        assert err.status in (403, 422), err
+        return json.loads(err.body)["message"]
+    raise AssertionError("the request was accepted")
+
+
+def test_a_component_token_patches_only_its_own_node_and_only_metax_keys(control_plane, api, installed):
+    cp = control_plane
+    policies = client.AdmissionregistrationV1Api(api).list_validating_admission_policy().items
+    assert [p.metadata.name for p in policies if p.metadata.name.endswith(f"{NS}-node-writes")], \
+        "helm install on a 1.30+ cluster renders the policy"
+    pod = next(p for p in driver_pods(api) if p.spec.node_name == "gpu-node-0003")
+    token = kubectl(cp, "create", "token", "metax-driver", "-n", NS, "--duration", "10m", "--bound-object-kind",
+                    "Pod", "--bound-object-name", pod.metadata.name, "--bound-object-uid", pod.metadata.uid).strip()
+    driver = token_client(cp, token)
+    own, other = "gpu-node-0003", "gpu-node-0004"
+    try:
+        # The policy's binding takes effect within a moment of its creation: its own node's
+        # metax-tech.com/ keys pass, another node is refused.
+        eventually(lambda: "may change only the node its pod runs on (gpu-node-0003), not gpu-node-0004" in refusal(
+            lambda: driver.patch_node(other, {"metadata": {"annotations": {"metax-tech.com/driver": "ready"}}})),
+            30, "another node refused")
+        driver.patch_node(own, {"metadata": {"annotations": {"metax-tech.com/driver": "ready"},
+                                             "labels": {"metax-tech.com/driver.version": "2.33"}}})
+        assert nodes(api)[own].metadata.annotations["metax-tech.com/driver"] == "ready"
+        message = refusal(lambda: driver.patch_node(own, {"metadata": {"labels": {"team": "ml"}}}))
+        assert "may change only labels and annotations under metax-tech.com/ on its node, not team" in message
+        assert "may not change its node's spec" in refusal(
+            lambda: driver.patch_node(own, {"spec": {"unschedulable": True}}))
+        unbound = token_client(cp, kubectl(cp, "create", "token", "metax-driver", "-n", NS, "--duration", "10m").strip())
+        assert "its token names no node" in refusal(
+            lambda: unbound.patch_node(own, {"metadata": {"labels": {"metax-tech.com/x": "1"}}}))
+        client.CoreV1Api(api).patch_node(other, {"metadata": {"labels": {"team": "ml"}}})  # an admin: not matched
+    finally:
+        client.CoreV1Api(api).patch_node(own, {"metadata": {"annotations": {"metax-tech.com/driver": None},
+                                                            "labels": {"metax-tech.com/driver.version": None}}})
+        client.CoreV1Api(api).patch_node(other, {"metadata": {"labels": {"team": None}}})
