@@ -235,7 +235,7 @@ class _Pass:
             return True
         if self.pause:
             return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
-        pods = self._takeable(view.others)
+        pods = [p for p in self._takeable(view.others) if not self._to_prepare(p.node)]  # no waves: no wait, no drain
         self._delete(pods)
         return self._say(f"replacing {len(view.others)} driver pods with revision {cur} at once")
 

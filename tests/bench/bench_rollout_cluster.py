@@ -11,12 +11,14 @@ its sockets, /proc/PID/io rchar), its CPU seconds and peak memory. Each size is 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kubernetes import client
@@ -68,80 +70,111 @@ def passes(log: Path) -> list[dict]:
     return out
 
 
-def run_size(nodes: int, budget: float) -> None:
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
-        tmp = Path(tmp)
-        cp = ControlPlane.start(tmp / "cp", gpu_nodes=nodes, plain_nodes=0, timeout=120 + nodes / 10)
-        runner = None
-        try:
-            api = cp.api()
-            print(f"{nodes} nodes: control plane up in {time.monotonic() - started:.0f} s", flush=True)
-            client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-            subprocess.run([str(Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator"))
-                                / "bin" / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "apply",
-                            "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+def start_cluster(tmp: Path, nodes: int, policy: dict, started: float, budget: float) -> tuple[ControlPlane, object]:
+    """A control plane with `nodes` GPU nodes, the CRD, the CR (`policy`) and the driver
+    DaemonSet, every driver pod Ready; the caller stops it. TimeoutError past `budget`."""
+    cp = ControlPlane.start(tmp / "cp", gpu_nodes=nodes, plain_nodes=0, timeout=120 + nodes / 10)
+    try:
+        api = cp.api()
+        print(f"{nodes} nodes: control plane up in {time.monotonic() - started:.0f} s", flush=True)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
+        subprocess.run([str(Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator"))
+                            / "bin" / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "apply",
+                        "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+        time.sleep(2)
+        client.CustomObjectsApi(api).create_cluster_custom_object(*CR[:3], {
+            "apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
+            "metadata": {"name": "cluster-operator"},
+            "spec": {"registry": "registry.example", "driver": {"payload": {"version": "1"}, "upgradePolicy": policy}}})
+        client.AppsV1Api(api).create_namespaced_daemon_set(NS, daemonset("registry.example/driver:1"))
+        while pods_at(api) < nodes:
+            if time.monotonic() - started > budget:
+                raise TimeoutError(f"{pods_at(api)} of {nodes} driver pods Ready within the budget")
             time.sleep(2)
-            client.CustomObjectsApi(api).create_cluster_custom_object(*CR[:3], {
-                "apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-                "metadata": {"name": "cluster-operator"},
-                "spec": {"registry": "registry.example", "driver": {"payload": {"version": "1"}, "upgradePolicy": POLICY}}})
-            apps = client.AppsV1Api(api)
-            apps.create_namespaced_daemon_set(NS, daemonset("registry.example/driver:1"))
-            core = client.CoreV1Api(api)
+    except BaseException:
+        cp.stop()
+        raise
+    return cp, api
 
-            def pods_at(image: str | None = None) -> int:
-                items = core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=driver").items
-                return sum(1 for p in items if p.metadata.deletion_timestamp is None
-                           and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-                           and (image is None or p.spec.containers[0].image == image))
 
-            while pods_at() < nodes:
-                if time.monotonic() - started > budget:
-                    raise TimeoutError(f"{pods_at()} of {nodes} driver pods Ready within the budget")
-                time.sleep(2)
-            cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
-            log = tmp / "runner.log"
-            runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
-                                       "--interval", str(INTERVAL), "--log-level", "debug"],
-                                      stdout=subprocess.DEVNULL, stderr=log.open("w"))
-            while not any(p["phase"] == "Idling" for p in passes(log)):
-                time.sleep(0.5)
-            idle_at = time.monotonic() - started
-            image = "registry.example/driver:2"
-            apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
-                "containers": [{"name": "driver-manager", "image": image}]}}}})
-            t0 = time.monotonic()
-            while not any(p.get("state") == "Completed" for p in passes(log)):
-                if time.monotonic() - started > budget:
-                    raise TimeoutError(f"not completed within the budget ({pods_at(image)} of {nodes} upgraded)")
-                time.sleep(0.5)
-            wall = time.monotonic() - t0
-            ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=INTERVAL)
-            during = proc_stats(runner.pid)
-            # Steady state: passes over an unchanged cluster.
-            before, first = proc_stats(runner.pid), passes(log)[-1]
-            count = len(passes(log))
-            while len(passes(log)) < count + STEADY_PASSES:
-                time.sleep(0.5)
-            after, last = proc_stats(runner.pid), passes(log)[-1]
-            n = len(passes(log)) - count
-            print(f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
-                  f"creation, pass every {INTERVAL:g} s:")
-            print(f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
-                  f"({wall / ideal.end_time:.2f}x); runner idle (caches listed) {idle_at:.0f} s into the run")
-            print(f"  steady state per pass: rollout requests "
-                  f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
-                  f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
-                  f"{(last['cache_bytes'] - first['cache_bytes']) / n:,.0f}; all sockets of the runner "
-                  f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
-            print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
-                  f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
-                  f"initial LIST+sync {first['cache_bytes'] / 1e6:.1f} MB received", flush=True)
+def pods_at(api, image: str | None = None) -> int:
+    """Driver pods Ready (at `image`, if given)."""
+    items = client.CoreV1Api(api).list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=driver").items
+    return sum(1 for p in items if p.metadata.deletion_timestamp is None
+               and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+               and (image is None or p.spec.containers[0].image == image))
+
+
+def run_size(nodes: int, budget: float) -> None:
+    with cluster_session(nodes, budget, "bench-rollout-") as session:
+        if session is None:
+            return
+        cp, api, tmp, started, runners = session
+        apps = client.AppsV1Api(api)
+        cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
+        log = tmp / "runner.log"
+        runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
+                                   "--interval", str(INTERVAL), "--log-level", "debug"],
+                                  stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        runners.append(runner)
+        while not any(p["phase"] == "Idling" for p in passes(log)):
+            time.sleep(0.5)
+        idle_at = time.monotonic() - started
+        image = "registry.example/driver:2"
+        apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
+            "containers": [{"name": "driver-manager", "image": image}]}}}})
+        t0 = time.monotonic()
+        while not any(p.get("state") == "Completed" for p in passes(log)):
+            if time.monotonic() - started > budget:
+                raise TimeoutError(f"not completed within the budget ({pods_at(api, image)} of {nodes} upgraded)")
+            time.sleep(0.5)
+        wall = time.monotonic() - t0
+        ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=INTERVAL)
+        during = proc_stats(runner.pid)
+        # Steady state: passes over an unchanged cluster.
+        before, first = proc_stats(runner.pid), passes(log)[-1]
+        count = len(passes(log))
+        while len(passes(log)) < count + STEADY_PASSES:
+            time.sleep(0.5)
+        after, last = proc_stats(runner.pid), passes(log)[-1]
+        n = len(passes(log)) - count
+        print(f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
+              f"creation, pass every {INTERVAL:g} s:")
+        print(f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
+              f"({wall / ideal.end_time:.2f}x); runner idle (caches listed) {idle_at:.0f} s into the run")
+        print(f"  steady state per pass: rollout requests "
+              f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
+              f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
+              f"{(last['cache_bytes'] - first['cache_bytes']) / n:,.0f}; all sockets of the runner "
+              f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
+        print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
+              f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
+              f"initial LIST+sync {first['cache_bytes'] / 1e6:.1f} MB received", flush=True)
+
+def over_budget(nodes: int, budget: float, err: TimeoutError) -> None:
+    print(f"{nodes} nodes: stopped at the time budget ({budget:.0f} s): {err}", flush=True)
+
+
+@contextlib.contextmanager
+def cluster_session(nodes: int, budget: float, prefix: str) -> Iterator[tuple | None]:
+    """A benchmark's cluster (`start_cluster` with POLICY, in a temporary directory): yields
+    (cp, api, tmp, started, runners), or None when it did not start within `budget` seconds.
+    The runners the body appends are stopped, then the cluster; a TimeoutError is reported."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        try:
+            cp, api = start_cluster(Path(tmp), nodes, POLICY, started, budget)
         except TimeoutError as err:
-            print(f"{nodes} nodes: stopped at the time budget ({budget:.0f} s): {err}", flush=True)
+            over_budget(nodes, budget, err)
+            yield None
+            return
+        runners: list[subprocess.Popen] = []
+        try:
+            yield cp, api, Path(tmp), started, runners
+        except TimeoutError as err:
+            over_budget(nodes, budget, err)
         finally:
-            if runner is not None:
+            for runner in runners:
                 stop_pid(runner.pid, runner)
             cp.stop()
 
