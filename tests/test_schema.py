@@ -27,7 +27,8 @@ CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
 CR_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin" / "helm-docs"
 CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
-              "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy"}
+              "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy",
+              "nodeWritePolicy"}
 COMPONENTS = ("gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")
 
 

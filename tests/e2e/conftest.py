@@ -44,6 +44,11 @@ def clean_slate(tools_cluster, tools_api):
         rbac.delete_cluster_role(role.metadata.name)
     for binding in rbac.list_cluster_role_binding(label_selector=CHART_OBJECTS).items:
         rbac.delete_cluster_role_binding(binding.metadata.name)
+    admission = client.AdmissionregistrationV1Api(api)  # the node write policy, cluster-scoped too
+    for policy in admission.list_validating_admission_policy(label_selector=CHART_OBJECTS).items:
+        admission.delete_validating_admission_policy(policy.metadata.name)
+    for binding in admission.list_validating_admission_policy_binding(label_selector=CHART_OBJECTS).items:
+        admission.delete_validating_admission_policy_binding(binding.metadata.name)
     core, extensions = client.CoreV1Api(api), client.ApiextensionsV1Api(api)
     if any(n.metadata.name == NS for n in core.list_namespace().items):
         core.delete_namespace(NS)

@@ -24,7 +24,7 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     DRIVER_PODS, NODES, NS, QUICK_POLICY, SEED_POLICY, Runner, all_at, api, driver_pods, idle, installed,
     patch_driver, revisions, seed_patch, start_rollout, sub, upgrade_status)
 from tests.controlplane import free_port
-from tests.e2e.tools import METAX, eventually, kubectl, run
+from tests.e2e.tools import METAX, consistently, eventually, kubectl, run
 
 pytestmark = pytest.mark.e2e
 
@@ -381,3 +381,32 @@ def test_a_component_token_patches_only_its_own_node_and_only_metax_keys(control
         client.CoreV1Api(api).patch_node(own, {"metadata": {"annotations": {"metax-tech.com/driver": None},
                                                             "labels": {"metax-tech.com/driver.version": None}}})
         client.CoreV1Api(api).patch_node(other, {"metadata": {"labels": {"team": None}}})
+
+
+def test_a_wave_node_waits_cordoned_for_its_pods_matching_the_wait_selector(control_plane, api, idle):
+    cp, core = control_plane, client.CoreV1Api(api)
+    node = "gpu-node-0004"
+    training = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "training", "labels": {"app": "training"}},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "app", "image": "registry.example/app:1.0"}]}}  # no GPU: not held
+    core.create_namespaced_pod("default", training)
+    try:
+        eventually(lambda: pod_state(api, "training") == "Running", 30, "the training pod running")
+        old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 0,
+                                           "waitForCompletion": {"podSelector": "app=training"}})
+        eventually(lambda: revisions(api)[new] == NODES - 1, 90, "every other node upgraded")
+        assert node in runner_cordoned(api) and node in unschedulable(api)
+        at = lambda: {p.spec.node_name: p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}  # noqa: E731
+        runner = idle["runners"][-1]
+        passes = len(runner.lines("rollout-pass"))
+        consistently(lambda: at()[node] == old and node in unschedulable(api), lambda: len(runner.lines("rollout-pass"))
+                     >= passes + 3, 30, "the waiting node cordoned with its old driver while the job runs")
+        assert "waiting for their work to end" in upgrade_status(api)["message"]
+        core.delete_namespaced_pod("training", "default", grace_period_seconds=0)  # the job ends
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 90, "Completed once the job ended")
+        assert all_at(api, new)
+        eventually(lambda: no_runner_cordon_left(api), 30, "no node left cordoned")
+    finally:
+        if pod_state(api, "training") != "gone":
+            core.delete_namespaced_pod("training", "default", grace_period_seconds=0)
+        patch_driver(api, {"upgradePolicy": {"waitForCompletion": {"podSelector": ""}}})
