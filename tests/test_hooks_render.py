@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -194,6 +195,60 @@ def test_plain_job_names_change_with_their_inputs(helm_bin):
     changed = names({"hooks": {"useHelmHooks": False}, "driver": {"payload": {"version": "2.33.0.1"}}})
     assert [n for n in changed if n.startswith("metax-operator-bootstrap")] != \
            [n for n in first if n.startswith("metax-operator-bootstrap")]
+
+
+def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
+    """A new chart version (a new tools image tag) changes the Jobs' templates, which Kubernetes
+    refuses to update in place: the Jobs get new names."""
+    chart = tmp_path / "chart"
+    top = {"Chart.yaml", "values.yaml", "values.schema.json", "crds", "templates"}
+    shutil.copytree(CHART, chart, ignore=lambda d, names: [n for n in names if d == str(CHART) and n not in top])
+    meta = chart / "Chart.yaml"
+    meta.write_text(meta.read_text().replace('appVersion: "0.10.0"', 'appVersion: "0.10.1"'))
+
+    def jobs(path) -> dict[str, str]:
+        objects = render_chart({**BASE, "hooks": {"useHelmHooks": False}}, helm=helm_bin, chart=path)
+        return {o["metadata"]["name"].rsplit("-", 1)[0]: o["metadata"]["name"] for o in objects
+                if o["kind"] == "Job" and "argocd.argoproj.io/hook" not in annotations(o)}
+
+    before, after = jobs(CHART), jobs(chart)
+    assert before.keys() == after.keys() == {"metax-operator-preflight", "metax-operator-upgrade-crds",
+                                             "metax-operator-bootstrap"}
+    assert all(before[k] != after[k] for k in before)
+
+
+# Argo CD's sync waves in GitOps mode: preflight, then the CRD (static in crds/) and upgrade-crds,
+# then bootstrap, each wave's Jobs complete before the next; everything else is wave 0.
+WAVES = {"preflight": "-3", "values": "-3", "upgrade-crds": "-2", "crds": "-2", "bootstrap": "-1"}
+
+
+def test_plain_hooks_run_in_argo_cd_sync_waves_before_everything_else(helm_bin):
+    objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin, tests=False)
+    waves = {}
+    for obj in objects:
+        if "argocd.argoproj.io/hook" in annotations(obj):
+            continue
+        name = hook_of(obj)
+        hook = name if obj["kind"] != "Job" else name.rsplit("-", 1)[0]
+        waves[f"{obj['kind']}/{hook}"] = annotations(obj).get("argocd.argoproj.io/sync-wave")
+        assert waves[f"{obj['kind']}/{hook}"] == WAVES[hook], obj["metadata"]["name"]
+    assert len(waves) == 3 * 4 + 2  # each hook's Job, ServiceAccount, ClusterRole and binding; two ConfigMaps
+    crd = next(o for o in render_chart(BASE, helm=helm_bin, args=["--include-crds"])
+               if o["kind"] == "CustomResourceDefinition")
+    assert annotations(crd)["argocd.argoproj.io/sync-wave"] == WAVES["crds"]
+    # as Helm hooks they carry no wave (Argo CD would take helm.sh/hook-weight instead)
+    assert not [o for o in render(helm=helm_bin) if "argocd.argoproj.io/sync-wave" in annotations(o)]
+
+
+def test_cleanup_is_an_argo_cd_post_delete_hook(helm_bin):
+    """Argo CD ignores pre-delete hooks; it runs PostDelete ones after deleting the application."""
+    for use_helm_hooks in (True, False):
+        objects = render({"hooks": {"useHelmHooks": use_helm_hooks}}, helm=helm_bin)
+        post_delete = {f"{o['kind']}/{o['metadata']['name']}" for o in objects
+                       if annotations(o).get("argocd.argoproj.io/hook") == "PostDelete"}
+        cleanup = {f"{o['kind']}/{o['metadata']['name']}" for o in objects if hook_of(o) == "cleanup"}
+        assert post_delete == cleanup and "Job/metax-operator-cleanup" in cleanup
+        assert all(annotations(o)["helm.sh/hook"] == "pre-delete" for o in objects if hook_of(o) == "cleanup")
 
 
 def test_tests_enabled_false_renders_no_test_pod(helm_bin):

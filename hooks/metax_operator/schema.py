@@ -328,7 +328,9 @@ def build_crd(values_text: str) -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        # Argo CD applies the CRD in sync wave -2: after the preflight Job (-3), before the
+        # bootstrap Job (-1) that creates the CR (templates/hooks/_hooks.tpl, docs/gitops.md).
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "annotations": {"argocd.argoproj.io/sync-wave": "-2"}},
         "spec": {
             "group": GROUP,
             "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
