@@ -171,7 +171,7 @@ def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(he
     objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
     for obj in objects:
         hook = hook_of(obj)
-        if hook.startswith(("cleanup", "test")):
+        if hook == "test" or (hook == "cleanup" and obj["kind"] not in ("ClusterRole", "ClusterRoleBinding")):
             assert "helm.sh/hook" in annotations(obj)  # a plain cleanup Job would run at install
         else:
             assert not any(k.startswith("helm.sh/hook") for k in annotations(obj)), obj["metadata"]["name"]
@@ -226,9 +226,9 @@ def test_plain_hooks_run_in_argo_cd_sync_waves_before_everything_else(helm_bin):
     objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin, tests=False)
     waves = {}
     for obj in objects:
-        if "argocd.argoproj.io/hook" in annotations(obj):
-            continue
         name = hook_of(obj)
+        if name == "cleanup":
+            continue
         hook = name if obj["kind"] != "Job" else name.rsplit("-", 1)[0]
         waves[f"{obj['kind']}/{hook}"] = annotations(obj).get("argocd.argoproj.io/sync-wave")
         assert waves[f"{obj['kind']}/{hook}"] == WAVES[hook], obj["metadata"]["name"]
@@ -240,15 +240,27 @@ def test_plain_hooks_run_in_argo_cd_sync_waves_before_everything_else(helm_bin):
     assert not [o for o in render(helm=helm_bin) if "argocd.argoproj.io/sync-wave" in annotations(o)]
 
 
-def test_cleanup_is_an_argo_cd_post_delete_hook(helm_bin):
-    """Argo CD ignores pre-delete hooks; it runs PostDelete ones after deleting the application."""
-    for use_helm_hooks in (True, False):
-        objects = render({"hooks": {"useHelmHooks": use_helm_hooks}}, helm=helm_bin)
-        post_delete = {f"{o['kind']}/{o['metadata']['name']}" for o in objects
-                       if annotations(o).get("argocd.argoproj.io/hook") == "PostDelete"}
-        cleanup = {f"{o['kind']}/{o['metadata']['name']}" for o in objects if hook_of(o) == "cleanup"}
-        assert post_delete == cleanup and "Job/metax-operator-cleanup" in cleanup
-        assert all(annotations(o)["helm.sh/hook"] == "pre-delete" for o in objects if hook_of(o) == "cleanup")
+def test_cleanup_is_an_argo_cd_post_delete_hook_that_removes_its_own_cluster_rbac(helm_bin):
+    """Argo CD ignores pre-delete hooks and runs PostDelete ones after deleting the application;
+    before 3.4 it never finishes when one of them is cluster-scoped, so the cleanup's ClusterRole
+    and binding are plain resources Argo CD keeps (Delete=false), which the cleanup deletes."""
+    objects = {f"{o['kind']}/{hook_of(o)}": o for o in render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
+               if hook_of(o) == "cleanup"}
+    for key in ("ServiceAccount/cleanup", "Role/cleanup", "RoleBinding/cleanup", "Job/cleanup"):
+        assert annotations(objects[key])["argocd.argoproj.io/hook"] == "PostDelete", key
+        assert annotations(objects[key])["helm.sh/hook"] == "pre-delete", key
+    for key in ("ClusterRole/cleanup", "ClusterRoleBinding/cleanup"):
+        assert annotations(objects[key]) == {"argocd.argoproj.io/sync-options": "Delete=false"}, key
+    assert pod_spec(objects["Job/cleanup"])["containers"][0]["args"][-2:] == ["--delete-own-rbac", "metax-operator-cleanup"]
+    own = [r for r in objects["ClusterRole/cleanup"]["rules"] if r["apiGroups"] == ["rbac.authorization.k8s.io"]]
+    assert own == [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "delete"]},
+                   {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
+                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "patch"]}]
+    # as Helm hooks (the Helm CLI, Flux): Helm deletes them; nothing of Argo CD's
+    helm_mode = [o for o in render(helm=helm_bin) if hook_of(o) == "cleanup"]
+    assert not [o for o in helm_mode if any(k.startswith("argocd.argoproj.io/") for k in annotations(o))]
+    assert "--delete-own-rbac" not in pod_spec(find(helm_mode, "Job", "metax-operator-cleanup"))["containers"][0]["args"]
 
 
 def test_tests_enabled_false_renders_no_test_pod(helm_bin):

@@ -17,9 +17,9 @@ resources they would run at install), else `hooks.useHelmHooks`. Takes (dict "ro
 {{/* A hook object's annotations as a dict (JSON; `fromJson` it), then `hooks.annotations` on top.
 As a Helm hook: Helm's hook annotations. As a plain resource (`hooks.useHelmHooks: false`): Argo
 CD's sync wave `wave`, so that Argo CD runs the hooks in order before everything else (wave 0),
-waiting for each wave's Jobs to complete, as Helm runs pre-upgrade hooks. The pre-delete cleanup
-is also an Argo CD PostDelete hook: Argo CD has no pre-delete hook, and runs PostDelete ones once
-the application's resources are deleted. Takes (dict "root" $ "phases" STRING "weight" INT
+waiting for each wave's Jobs to complete, as Helm runs pre-upgrade hooks; and the pre-delete
+cleanup is also an Argo CD PostDelete hook (Argo CD has no pre-delete hook; it runs PostDelete
+ones once the application's resources are deleted). Takes (dict "root" $ "phases" STRING "weight" INT
 ["wave" INT] ["deletePolicy" STRING]). */}}
 {{- define "metax-operator.hooks.annotations" -}}
 {{- $annotations := dict -}}
@@ -30,7 +30,7 @@ the application's resources are deleted. Takes (dict "root" $ "phases" STRING "w
 {{- else if hasKey . "wave" -}}
   {{- $_ := set $annotations "argocd.argoproj.io/sync-wave" (toString .wave) -}}
 {{- end -}}
-{{- if eq .phases "pre-delete" -}}
+{{- if and (eq .phases "pre-delete") (not .root.Values.hooks.useHelmHooks) -}}
   {{- $_ := set $annotations "argocd.argoproj.io/hook" "PostDelete" -}}
 {{- end -}}
 {{- merge (dict) .root.Values.hooks.annotations $annotations | toJson -}}
@@ -38,18 +38,21 @@ the application's resources are deleted. Takes (dict "root" $ "phases" STRING "w
 
 {{/* A hook's ServiceAccount and RBAC (weight -5): a ClusterRole for the cluster-scoped
 `clusterRules`, a Role in the release namespace for `rules`; either may be empty.
-Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST ["key" COMPONENT_LABEL] ["wave" INT]). */}}
+`clusterAnnotations`, when given, replace the hook annotations of the ClusterRole and its binding.
+Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST ["key" COMPONENT_LABEL]
+["wave" INT] ["clusterAnnotations" DICT]). */}}
 {{- define "metax-operator.hooks.rbac" -}}
 {{- $name := include "metax-operator.hooks.name" . -}}
 {{- $annotations := include "metax-operator.hooks.annotations" (merge (dict "weight" -5) (pick . "root" "phases" "wave")) | fromJson -}}
 {{- $ctx := dict "root" .root "key" (.key | default "hooks") "name" $name "roleName" $name "annotations" $annotations -}}
+{{- $clusterAnnotations := .clusterAnnotations | default $annotations -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
   {{- include "metax-operator.metadata" $ctx | nindent 2 }}
 {{- with .clusterRules }}
 ---
-{{ include "metax-operator.roleWithBinding" (merge (dict "clusterScoped" true "rules" .) $ctx) }}
+{{ include "metax-operator.roleWithBinding" (merge (dict "clusterScoped" true "rules" . "annotations" $clusterAnnotations) (omit $ctx "annotations")) }}
 {{- end }}
 {{- with .rules }}
 ---

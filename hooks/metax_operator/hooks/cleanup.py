@@ -8,7 +8,14 @@ Helm deletes what it rendered; this removes the rest, in this order:
    another key, not even one under `metax-tech.com/`: `gpu-device.mode` and
    `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
 4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
-   need it.
+   need it;
+5. with `--delete-own-rbac NAME`, its own ClusterRole and ClusterRoleBinding NAME. Under Argo CD
+   the cleanup is a PostDelete hook, but its cluster-scoped RBAC cannot be one (Argo CD before
+   3.4 re-creates cluster-scoped PostDelete hooks forever: "already exists", and the
+   Application is never deleted), so the chart renders them as resources Argo CD keeps
+   (`Delete=false`) and this step removes them. The binding is made a dependent of the role
+   (ownerReference), then the role is deleted while the binding still grants that right, and
+   the garbage collector deletes the binding.
 Every step is idempotent: a second run finds nothing to do.
 """
 from __future__ import annotations
@@ -65,7 +72,20 @@ def clean_node(client: kube.Client, name: str) -> bool:
     return kube.retry_on_conflict(attempt)
 
 
-def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120) -> list[str]:
+def delete_own_rbac(client: kube.Client, name: str) -> bool:
+    """Step 5: delete ClusterRole `name`, ClusterRoleBinding `name` going with it."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    role = client.get(rbac, "ClusterRole", name)
+    if role is None:
+        return False
+    owner = {"apiVersion": rbac, "kind": "ClusterRole", "name": name, "uid": role["metadata"]["uid"]}
+    if client.get(rbac, "ClusterRoleBinding", name) is not None:
+        client.patch(rbac, "ClusterRoleBinding", name, {"metadata": {"ownerReferences": [owner]}})
+    return client.delete(rbac, "ClusterRole", name, uid=owner["uid"])
+
+
+def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120,
+            own_rbac: str | None = None) -> list[str]:
     """Run the steps of the module docstring; returns what was done, one line each."""
     done: list[str] = []
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
@@ -82,12 +102,14 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: f
     if delete_crd and crd is not None and delete_and_wait(
             client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
         done.append(f"deleted CRD {common.CRD_NAME}")
+    if own_rbac and delete_own_rbac(client, own_rbac):
+        done.append(f"deleted its ClusterRole and ClusterRoleBinding {own_rbac}")
     return done
 
 
 def run(args: argparse.Namespace) -> int:
     done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
-                   timeout=args.timeout)
+                   timeout=args.timeout, own_rbac=args.delete_own_rbac)
     for line in done or ["nothing to clean up"]:
         print(f"cleanup: {line}")
     return 0
@@ -98,6 +120,9 @@ def register(subparsers) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
                         help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
+    parser.add_argument("--delete-own-rbac", metavar="NAME",
+                        help="last, delete ClusterRole and ClusterRoleBinding NAME that grant this command "
+                             "its rights (where they are not Helm hooks: Argo CD)")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds to wait for each deletion (default: 120)")
     common.add_api_arguments(parser)
