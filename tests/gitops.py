@@ -1,0 +1,467 @@
+"""GitOps tools against the local control plane (tests/controlplane.py), for the GitOps tests.
+
+`ArgoCD.start(cp, workdir)` runs Argo CD's application-controller and repo-server (one binary
+built by `scripts/setup.d/30-argocd` from the argo-cd Go module) and Redis (Debian's
+redis-server, no persistence) as local processes on 127.0.0.1, after applying what an Argo CD
+install puts in the cluster for them: its CRDs (Application, AppProject: from the same argo-cd
+module), the `argocd` namespace, the `argocd-cm`, `argocd-rbac-cm` and `argocd-tls-certs-cm`
+ConfigMaps, the `argocd-secret` Secret and the `default` AppProject (Argo CD's API server, which
+the tests do not run, would create it). The in-cluster destination
+(`https://kubernetes.default.svc`) is the control plane itself: `ARGOCD_FAKE_IN_CLUSTER` makes
+the controller use the kubeconfig there instead of a pod's ServiceAccount.
+
+`ChartRepository` serves the chart as a Helm HTTP repository on loopback (`helm package` +
+`helm repo index`), the source Argo CD and Flux pull from when no OCI registry is given.
+
+`snippet(name)` returns a code block of docs/gitops.md marked `<!-- snippet: NAME -->`: the
+tests apply exactly what the docs tell users to write.
+
+Logs of every process are in the work directory; failures raise GitOpsError with one line.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+
+from tests.controlplane import CACHE, REPO, Component, ControlPlane, free_port, stop_pid, wait_for
+from tests.helm import BIN
+
+ARGOCD_VERSION = "v3.2.6"
+ARGOCD_DIR = Path(os.environ.get("METAX_ARGOCD_DIR") or CACHE / "argocd" / ARGOCD_VERSION)
+ARGOCD_NAMESPACE = "argocd"
+APPLICATIONS = ("argoproj.io", "v1alpha1", ARGOCD_NAMESPACE, "applications")
+DOCS = REPO / "docs" / "gitops.md"
+
+
+class GitOpsError(Exception):
+    """A GitOps tool could not start or act; the message is one line saying what to do."""
+
+
+def snippet(name: str, doc: Path = DOCS) -> str:
+    """The fenced code block that follows the line `<!-- snippet: NAME -->` in `doc`."""
+    match = re.search(rf"^<!-- snippet: {re.escape(name)} -->\n```[a-z]*\n(.*?)^```", doc.read_text(),
+                      re.MULTILINE | re.DOTALL)
+    if not match:
+        raise GitOpsError(f"{doc} has no code block marked '<!-- snippet: {name} -->'")
+    return match.group(1)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _redis_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class Processes:
+    """Local processes with logs in `workdir/logs`, each with a readiness check."""
+    workdir: Path
+    components: dict[str, Component] = field(default_factory=dict)
+    _ready: dict[str, object] = field(default_factory=dict)
+
+    def run(self, name: str, argv: list[str], ready, env: dict | None = None) -> None:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       cwd=self.workdir, env={**os.environ, **(env or {})}, start_new_session=True)
+        self.components[name] = Component(name, process, log, health="")
+        self._ready[name] = ready
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(self.components)
+        while pending:
+            for c in self.components.values():
+                code = c.process.poll()
+                if code is not None:
+                    last = next((line for line in reversed(c.tail(40).splitlines()) if line.strip()), "no output")
+                    raise GitOpsError(f"{c.name} exited with status {code} ({last[:300]}); log: {c.log}")
+            pending = [name for name in pending if not self._ready[name]()]
+            if pending and time.monotonic() > deadline:
+                raise GitOpsError(f"{', '.join(pending)} not ready after {timeout:.0f} s; logs in {self.workdir / 'logs'}")
+            if pending:
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for c in reversed(list(self.components.values())):
+            stop_pid(c.process.pid, c.process)
+        self.components.clear()
+
+    def rss(self) -> dict[str, int]:
+        return {name: c.rss_bytes() for name, c in self.components.items()}
+
+
+def _settings(reconciliation: str) -> list[dict]:
+    """What Argo CD's install manifests put in its namespace that the controller and the
+    repo-server read, with the `default` AppProject its API server would create."""
+    part_of = {"app.kubernetes.io/part-of": "argocd"}
+
+    def configmap(name: str, data: dict) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "data": data,
+                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE, "labels": part_of}}
+
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ARGOCD_NAMESPACE}},
+        configmap("argocd-cm", {"timeout.reconciliation": reconciliation, "timeout.reconciliation.jitter": "0s"}),
+        configmap("argocd-rbac-cm", {}),
+        configmap("argocd-tls-certs-cm", {}),
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": "argocd-secret", "namespace": ARGOCD_NAMESPACE, "labels": part_of},
+         "stringData": {"server.secretkey": secrets.token_urlsafe(32)}},
+        {"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+         "metadata": {"name": "default", "namespace": ARGOCD_NAMESPACE},
+         "spec": {"sourceRepos": ["*"], "destinations": [{"server": "*", "namespace": "*"}],
+                  "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]}},
+    ]
+
+
+@dataclass
+class ArgoCD:
+    cp: ControlPlane
+    processes: Processes
+    metrics_port: int
+    start_seconds: float = 0.0
+
+    @property
+    def workdir(self) -> Path:
+        return self.processes.workdir
+
+    @classmethod
+    def start(cls, cp: ControlPlane, workdir: Path, reconciliation: str = "120s", timeout: float = 120) -> ArgoCD:
+        """Apply Argo CD's CRDs and settings to `cp`, start Redis, the repo-server and the
+        application-controller, and return once all three answer; on failure stop what was
+        started and raise GitOpsError."""
+        binary = ARGOCD_DIR / "argocd"
+        for needed in (binary, ARGOCD_DIR / "crds", BIN / "helm3", BIN / "kubectl"):
+            if not needed.exists():
+                raise GitOpsError(f"{needed} is missing: run 'make setup' (builds Argo CD {ARGOCD_VERSION})")
+        redis = shutil.which("redis-server")
+        if redis is None:
+            raise GitOpsError("redis-server is not on PATH: run 'make setup' (apt-get install redis-server)")
+        workdir = Path(workdir)
+        argocd = cls(cp, Processes(workdir), metrics_port=free_port())
+        try:
+            argocd._start(binary, redis, reconciliation, timeout)
+        except BaseException:
+            argocd.stop()
+            raise
+        return argocd
+
+    def _start(self, binary: Path, redis: str, reconciliation: str, timeout: float) -> None:
+        started = time.monotonic()
+        self.kubectl("apply", "--server-side", "-f", str(ARGOCD_DIR / "crds"))
+        self._wait_established(["applications.argoproj.io", "appprojects.argoproj.io"], started + timeout)
+        self.apply(_settings(reconciliation))
+        for d in ("home", "tmp", "tls", "path"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        # The repo-server runs `helm` (Argo CD 3.2 renders with Helm 3) and `git` from PATH.
+        with contextlib.suppress(FileExistsError):
+            (self.workdir / "path" / "helm").symlink_to(BIN / "helm3")
+        redis_port, repo_port, repo_metrics = free_port(), free_port(), free_port()
+        common = {
+            "HOME": str(self.workdir / "home"), "TMPDIR": str(self.workdir / "tmp"),
+            "PATH": f"{self.workdir / 'path'}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(self.cp.kubeconfig), "ARGOCD_FAKE_IN_CLUSTER": "true",
+            "ARGOCD_GPG_ENABLED": "false", "ARGOCD_TLS_DATA_PATH": str(self.workdir / "tls"),
+            "ARGOCD_CONTROLLER_REPLICAS": "1", "ARGOCD_CONTROLLER_SHARD": "0",
+        }
+        p = self.processes
+        p.run("redis", [redis, "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
+                        "--appendonly", "no", "--dir", str(self.workdir)], lambda: _redis_ok(redis_port))
+        p.run("repo-server", [str(binary), "--address", "127.0.0.1", "--port", str(repo_port),
+                              "--metrics-address", "127.0.0.1", "--metrics-port", str(repo_metrics),
+                              "--redis", f"127.0.0.1:{redis_port}", "--disable-tls", "--loglevel", "info"],
+              lambda: _http_ok(f"http://127.0.0.1:{repo_metrics}/healthz"),
+              env={**common, "ARGOCD_BINARY_NAME": "argocd-repo-server"})
+        p.run("application-controller", [
+            str(binary), "--kubeconfig", str(self.cp.kubeconfig), "--namespace", ARGOCD_NAMESPACE,
+            "--repo-server", f"127.0.0.1:{repo_port}", "--repo-server-plaintext",
+            "--redis", f"127.0.0.1:{redis_port}", "--metrics-port", str(self.metrics_port),
+            "--status-processors", "4", "--operation-processors", "2", "--loglevel", "info",
+            "--persist-resource-health"],  # each resource's health in the Application, for the tests' messages
+            lambda: _http_ok(f"http://127.0.0.1:{self.metrics_port}/healthz"),
+            # timeout.reconciliation of argocd-cm, as Argo CD's StatefulSet passes it: how often
+            # each Application is compared with its source (Argo CD's default: 120 s + up to 60 s).
+            env={**common, "ARGOCD_BINARY_NAME": "argocd-application-controller",
+                 "ARGOCD_RECONCILIATION_TIMEOUT": reconciliation, "ARGOCD_RECONCILIATION_JITTER": "0s"})
+        p.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
+        self.start_seconds = time.monotonic() - started
+
+    def _wait_established(self, names: list[str], deadline: float) -> None:
+        crds = client.ApiextensionsV1Api(self.cp.api())
+
+        def established(name: str) -> bool:
+            conditions = crds.read_custom_resource_definition(name).status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+        while not all(established(name) for name in names):
+            if time.monotonic() > deadline:
+                raise GitOpsError(f"the CRDs {', '.join(names)} were not Established in time: see the API server's log")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.processes.stop()
+
+    def rss(self) -> dict[str, int]:
+        return self.processes.rss()
+
+    # -- the cluster side --
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(self.cp.kubeconfig), *args],
+                                input=stdin, capture_output=True, text=True, timeout=120)
+        if result.returncode:
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise GitOpsError(f"kubectl {' '.join(args[:2])} failed: {last}")
+        return result.stdout
+
+    def apply(self, objects: list[dict], manager: str = "metax-gitops-test") -> None:
+        self.kubectl("apply", "--server-side", f"--field-manager={manager}", "--force-conflicts", "-f", "-",
+                     stdin=yaml.safe_dump_all(objects))
+
+    def trust(self, host: str, ca_pem: str) -> None:
+        """Trust `ca_pem` for TLS to `host` (a registry or repository), as an entry of
+        argocd-tls-certs-cm does: the repo-server reads them from ARGOCD_TLS_DATA_PATH, where
+        a pod has that ConfigMap mounted."""
+        self.apply([{"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "argocd-tls-certs-cm", "namespace": ARGOCD_NAMESPACE},
+                     "data": {host: ca_pem}}])
+        (self.workdir / "tls" / host).write_text(ca_pem)
+
+    def application(self, name: str) -> dict | None:
+        api = self.cp.api()
+        try:
+            return client.CustomObjectsApi(api).get_namespaced_custom_object(*APPLICATIONS, name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def wait_application(self, name: str, check, timeout: float, what: str) -> dict:
+        """Poll Application `name` until `check(app)` is truthy; AssertionError naming `what`
+        and the Application's sync, health and conditions otherwise."""
+        def state() -> dict | None:
+            app = self.application(name)
+            return app if app is not None and check(app) else None
+        try:
+            return wait_for(state, timeout, what, interval=1)
+        except AssertionError:
+            raise AssertionError(f"Application {name}: timed out after {timeout:.0f} s waiting for {what}; "
+                                 f"now {summary(self.application(name))}; logs in {self.workdir / 'logs'}") from None
+
+    def metrics(self) -> dict[str, float]:
+        """The application-controller's Prometheus metrics, summed by name and the labels
+        given in the series (`name{label="value",...}`)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                series, _, value = line.rpartition(" ")
+                values[series] = values.get(series, 0) + float(value)
+        return values
+
+
+def synced_healthy(app: dict) -> bool:
+    status = app.get("status") or {}
+    return ((status.get("sync") or {}).get("status") == "Synced"
+            and (status.get("health") or {}).get("status") == "Healthy"
+            and (status.get("operationState") or {}).get("phase") in (None, "Succeeded"))
+
+
+def summary(app: dict | None) -> str:
+    """One line: sync and health status, the last operation, and any conditions."""
+    if app is None:
+        return "no Application"
+    status = app.get("status") or {}
+    operation = status.get("operationState") or {}
+    unhealthy = [f"{r['kind']}/{r['name']}: {(r.get('health') or {}).get('status')}"
+                 for r in status.get("resources") or []
+                 if (r.get("health") or {}).get("status") not in (None, "Healthy")]
+    out_of_sync = [f"{r['kind']}/{r['name']}" for r in status.get("resources") or [] if r.get("status") == "OutOfSync"]
+    return json.dumps({"sync": (status.get("sync") or {}).get("status"),
+                       "health": (status.get("health") or {}).get("status"),
+                       "operation": [operation.get("phase"), (operation.get("message") or "")[:300]],
+                       "unhealthy": unhealthy[:8], "outOfSync": out_of_sync[:8],
+                       "conditions": [c.get("message", "")[:300] for c in status.get("conditions") or []]})
+
+
+class ChartRepository:
+    """The chart as a Helm HTTP repository on 127.0.0.1: `publish()` packages the chart and
+    re-indexes; `url` is the repository's URL."""
+
+    def __init__(self, workdir: Path):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = (self.dir.parent / f"{self.dir.name}.log").open("a")
+        directory = str(self.dir)
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=directory, **kwargs)
+
+            def log_message(self, format, *args):  # noqa: A002 - the base class's name
+                log.write(f"{self.address_string()} {format % args}\n")
+                log.flush()
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def publish(self, chart: Path = REPO, version: str | None = None) -> str:
+        """Package `chart` (at `version`, else its own) into the repository; the version."""
+        helm = str(BIN / "helm3")
+        args = [helm, "package", str(chart), "-d", str(self.dir)] + (["--version", version] if version else [])
+        for command in (args, [helm, "repo", "index", str(self.dir), "--url", self.url]):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if result.returncode:
+                raise GitOpsError(f"{' '.join(command[:2])} failed: {result.stderr.strip()}")
+        return version or yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class ToolsPods:
+    """Stand-in for a node that runs the tools image, until the control plane has one: runs the
+    command of every pod of the tools image in `namespace` (the hook Jobs' and the runner's,
+    which kwok would leave Running forever) as a local process, with the pod's arguments and
+    environment, its ConfigMap volumes written to a directory (paths under /etc/metax-operator
+    rewritten there) and its ServiceAccount's token (a TokenRequest), so the API server applies
+    the pod's own RBAC. A finished command ends its pod as the kubelet would (phase Succeeded or
+    Failed, the exit code in the container status), which completes or fails its Job; a
+    long-running one (the runner) is restarted if it exits and stopped when its pod is deleted.
+    Each process's output is in `workdir/<pod>.log`."""
+
+    MOUNTS = "/etc/metax-operator/"
+
+    def __init__(self, cp: ControlPlane, namespace: str, workdir: Path, image: str = "metax-operator-tools"):
+        self.cp, self.namespace, self.image = cp, namespace, image
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.core = client.CoreV1Api(cp.api())
+        self.running: dict[str, subprocess.Popen] = {}  # pod uid -> process
+        self.finished: dict[str, int] = {}  # pod name -> exit code
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(client.ApiException, OSError):
+                self._pass()
+
+    def _pass(self) -> None:
+        pods = {p.metadata.uid: p for p in self.core.list_namespaced_pod(self.namespace).items
+                if any(self.image in c.image for c in p.spec.containers)}
+        for uid, process in list(self.running.items()):
+            pod = pods.get(uid)
+            if pod is None or pod.metadata.deletion_timestamp is not None:
+                stop_pid(process.pid, process)
+                del self.running[uid]
+            elif process.poll() is not None:
+                if pod.spec.restart_policy == "Always":
+                    self.running[uid] = self._start(pod)
+                else:
+                    self._finish(pod, process.returncode)
+                    del self.running[uid]
+        for uid, pod in pods.items():
+            if (uid not in self.running and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+                    and pod.metadata.name not in self.finished):
+                self.running[uid] = self._start(pod)
+
+    def _start(self, pod) -> subprocess.Popen:
+        root = self.workdir / pod.metadata.name
+        root.mkdir(exist_ok=True)
+        container = pod.spec.containers[0]
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        for mount in container.volume_mounts or []:
+            config_map = volumes[mount.name].config_map
+            if config_map is not None and mount.mount_path.startswith(self.MOUNTS):
+                target = root / mount.mount_path.removeprefix(self.MOUNTS)
+                target.mkdir(parents=True, exist_ok=True)
+                data = self.core.read_namespaced_config_map(config_map.name, self.namespace).data or {}
+                for key, text in data.items():
+                    (target / key).write_text(text)
+        argv = [str(root / a.removeprefix(self.MOUNTS)) if a.startswith(self.MOUNTS) else a
+                for a in (container.command or []) + (container.args or [])]
+        if argv[0] == "metax-operator":
+            argv[0] = str(Path(sys.executable).with_name("metax-operator"))
+        if (root / "values").is_dir() and "--values" not in argv:
+            argv += ["--values", str(root / "values" / "values.json")]
+        env = {"KUBECONFIG": str(self._kubeconfig(pod, root))}
+        for var in container.env or []:
+            if var.value_from is None:
+                env[var.name] = var.value
+            elif var.value_from.field_ref is not None:
+                field = var.value_from.field_ref.field_path
+                env[var.name] = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
+                                 "spec.nodeName": pod.spec.node_name}[field]
+        with (self.workdir / f"{pod.metadata.name}.log").open("ab") as log:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=root, env={**os.environ, **env}, start_new_session=True)
+
+    def _kubeconfig(self, pod, root: Path) -> Path:
+        token = self.core.create_namespaced_service_account_token(
+            pod.spec.service_account_name, self.namespace, {"spec": {"expirationSeconds": 7200}}).status.token
+        config = yaml.safe_load(self.cp.kubeconfig.read_text())
+        config["users"] = [{"name": "pod", "user": {"token": token}}]
+        for context in config["contexts"]:
+            context["context"]["user"] = "pod"
+        path = root / "kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def _finish(self, pod, code: int) -> None:
+        self.finished[pod.metadata.name] = code
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        container = pod.spec.containers[0]
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
+            "containerStatuses": [{
+                "name": container.name, "image": container.image, "imageID": "", "ready": False, "restartCount": 0,
+                "started": False, "state": {"terminated": {
+                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": now, "finishedAt": now}}}]}})
+
+    def logs(self, prefix: str) -> str:
+        """The output of the processes of the pods whose names start with `prefix`, oldest first."""
+        paths = sorted(self.workdir.glob(f"{prefix}*.log"), key=lambda p: p.stat().st_mtime)
+        return "".join(p.read_text(errors="replace") for p in paths)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for process in self.running.values():
+            stop_pid(process.pid, process)
+        self.running.clear()
