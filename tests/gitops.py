@@ -79,6 +79,40 @@ def _redis_ok(port: int) -> bool:
         return False
 
 
+def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
+    """The real kubectl against `cp`; its stdout, or GitOpsError with kubectl's last line."""
+    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
+                            input=stdin, capture_output=True, text=True, timeout=120)
+    if result.returncode:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GitOpsError(f"kubectl {' '.join(args[:2])} failed: {last}")
+    return result.stdout
+
+
+def apply(cp: ControlPlane, objects: list[dict], manager: str = "metax-gitops-test") -> None:
+    """Server-side apply `objects` (as a GitOps tool's installer would)."""
+    kubectl(cp, "apply", "--server-side", f"--field-manager={manager}", "--force-conflicts", "-f", "-",
+            stdin=yaml.safe_dump_all(objects))
+
+
+def install_crds(cp: ControlPlane, path: Path, deadline: float) -> None:
+    """Apply the CRDs in `path` (a file or directory) and wait until each is Established."""
+    names = kubectl(cp, "apply", "--server-side", "--force-conflicts", "-f", str(path), "-o", "name").split()
+    crds = client.ApiextensionsV1Api(cp.api())
+
+    def established(name: str) -> bool:
+        conditions = crds.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+    pending = [n.split("/", 1)[1] for n in names]
+    while True:
+        pending = [name for name in pending if not established(name)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise GitOpsError(f"the CRDs {', '.join(pending)} were not Established in time: see the API server's log")
+        time.sleep(0.2)
+
+
 @dataclass
 class Processes:
     """Local processes with logs in `workdir/logs`, each with a readiness check."""
@@ -177,8 +211,7 @@ class ArgoCD:
 
     def _start(self, binary: Path, redis: str, reconciliation: str, timeout: float) -> None:
         started = time.monotonic()
-        self.kubectl("apply", "--server-side", "-f", str(ARGOCD_DIR / "crds"))
-        self._wait_established(["applications.argoproj.io", "appprojects.argoproj.io"], started + timeout)
+        install_crds(self.cp, ARGOCD_DIR / "crds", started + timeout)
         self.apply(_settings(reconciliation))
         for d in ("home", "tmp", "tls", "path"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
@@ -215,17 +248,6 @@ class ArgoCD:
         p.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
         self.start_seconds = time.monotonic() - started
 
-    def _wait_established(self, names: list[str], deadline: float) -> None:
-        crds = client.ApiextensionsV1Api(self.cp.api())
-
-        def established(name: str) -> bool:
-            conditions = crds.read_custom_resource_definition(name).status.conditions or []
-            return any(c.type == "Established" and c.status == "True" for c in conditions)
-        while not all(established(name) for name in names):
-            if time.monotonic() > deadline:
-                raise GitOpsError(f"the CRDs {', '.join(names)} were not Established in time: see the API server's log")
-            time.sleep(0.2)
-
     def stop(self) -> None:
         self.processes.stop()
 
@@ -234,17 +256,8 @@ class ArgoCD:
 
     # -- the cluster side --
 
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(self.cp.kubeconfig), *args],
-                                input=stdin, capture_output=True, text=True, timeout=120)
-        if result.returncode:
-            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise GitOpsError(f"kubectl {' '.join(args[:2])} failed: {last}")
-        return result.stdout
-
-    def apply(self, objects: list[dict], manager: str = "metax-gitops-test") -> None:
-        self.kubectl("apply", "--server-side", f"--field-manager={manager}", "--force-conflicts", "-f", "-",
-                     stdin=yaml.safe_dump_all(objects))
+    def apply(self, objects: list[dict]) -> None:
+        apply(self.cp, objects)
 
     def trust(self, host: str, ca_pem: str) -> None:
         """Trust `ca_pem` for TLS to `host` (a registry or repository), as an entry of
@@ -287,6 +300,87 @@ class ArgoCD:
                 series, _, value = line.rpartition(" ")
                 values[series] = values.get(series, 0) + float(value)
         return values
+
+
+# Flux: helm-controller is not on the Go module proxy, so `make setup` cannot build it; the Flux
+# tests run where these point at a source-controller and a helm-controller binary and at a
+# directory with both controllers' CRDs (docs/gitops.md says how they were built).
+FLUX_ENV = ("METAX_SOURCE_CONTROLLER_BIN", "METAX_HELM_CONTROLLER_BIN", "METAX_FLUX_CRDS")
+FLUX_NAMESPACE = "flux-system"
+HELMRELEASES = ("helm.toolkit.fluxcd.io", "v2")
+
+
+def flux_unavailable() -> str | None:
+    """Why the Flux controllers cannot run here (one line), or None."""
+    unset = [name for name in FLUX_ENV if not os.environ.get(name)]
+    if unset:
+        return (f"{', '.join(unset)} not set: Flux's helm-controller is not on the Go module proxy, so CI "
+                f"cannot build it; docs/gitops.md shows how to build it and run this test")
+    for name in FLUX_ENV:
+        path = Path(os.environ[name])
+        if not (path.is_dir() if name == "METAX_FLUX_CRDS" else os.access(path, os.X_OK)):
+            return f"{name}={path} is not {'a directory' if name == 'METAX_FLUX_CRDS' else 'an executable'}"
+    return None
+
+
+@dataclass
+class Flux:
+    cp: ControlPlane
+    processes: Processes
+    start_seconds: float = 0.0
+
+    @property
+    def workdir(self) -> Path:
+        return self.processes.workdir
+
+    @classmethod
+    def start(cls, cp: ControlPlane, workdir: Path, timeout: float = 120) -> Flux:
+        """Apply Flux's CRDs, start source-controller and helm-controller (binaries from
+        FLUX_ENV) watching all namespaces, and return once both are ready."""
+        reason = flux_unavailable()
+        if reason:
+            raise GitOpsError(reason)
+        flux = cls(cp, Processes(Path(workdir)))
+        try:
+            flux._start(timeout)
+        except BaseException:
+            flux.stop()
+            raise
+        return flux
+
+    def _start(self, timeout: float) -> None:
+        started = time.monotonic()
+        install_crds(self.cp, Path(os.environ["METAX_FLUX_CRDS"]), started + timeout)
+        apply(self.cp, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}}])
+        env = {"KUBECONFIG": str(self.cp.kubeconfig), "RUNTIME_NAMESPACE": FLUX_NAMESPACE,
+               "HOME": str(self.workdir), "TMPDIR": str(self.workdir)}
+        storage = free_port()
+        for name, extra in (("source-controller", [
+                f"--storage-path={self.workdir / 'storage'}", f"--storage-addr=127.0.0.1:{storage}",
+                f"--storage-adv-addr=127.0.0.1:{storage}"]), ("helm-controller", [])):
+            health = free_port()
+            self.processes.run(name, [
+                os.environ[f"METAX_{name.upper().replace('-', '_')}_BIN"], *extra,
+                f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-addr=127.0.0.1:{health}",
+                "--enable-leader-election=false", "--watch-all-namespaces=true", "--log-level=info"],
+                lambda health=health: _http_ok(f"http://127.0.0.1:{health}/readyz"), env=env)
+        self.processes.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
+        self.start_seconds = time.monotonic() - started
+
+    def stop(self) -> None:
+        self.processes.stop()
+
+    def rss(self) -> dict[str, int]:
+        return self.processes.rss()
+
+    def helm_release(self, name: str, namespace: str) -> dict | None:
+        try:
+            return client.CustomObjectsApi(self.cp.api()).get_namespaced_custom_object(
+                *HELMRELEASES, namespace, "helmreleases", name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
 
 
 def synced_healthy(app: dict) -> bool:

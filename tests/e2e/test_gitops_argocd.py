@@ -236,7 +236,9 @@ def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(control_
     changed = {k: (v, after["generations"][k]) for k, v in before["generations"].items() if after["generations"][k] != v}
     figures = (f"window {QUIET_WINDOW} s: {after['reconciles'] - before['reconciles']:.0f} reconciles, "
                f"{len(events)} Application updates, {after['history'] - before['history']} syncs, "
-               f"spec changes {changed}, sync statuses {synced}")
+               f"spec changes {changed}, sync statuses {synced}; Argo CD started in {argocd.start_seconds:.1f} s, "
+               f"install {installed['install_seconds']:.0f} s, RSS MB "
+               f"{ {k: round(v / 2**20) for k, v in argocd.rss().items()} }")
     print(figures)
     assert synced == {"Synced"}, figures
     assert after["history"] == before["history"], figures
