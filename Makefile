@@ -10,7 +10,7 @@ setup:
 	@scripts/setup
 
 test: setup
-	$(PYTEST) -n 2 tests
+	$(PYTEST) -n 2 --dist loadgroup tests
 
 demo: setup
 	@scripts/demo
