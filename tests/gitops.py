@@ -70,6 +70,18 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus metrics at `url`: value by series (`name{label="value",...}`)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            values[series] = float(value)
+    return values
+
+
 def _redis_ok(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
@@ -290,17 +302,8 @@ class ArgoCD:
                                  f"now {summary(self.application(name))}; logs in {self.workdir / 'logs'}") from None
 
     def metrics(self) -> dict[str, float]:
-        """The application-controller's Prometheus metrics, summed by name and the labels
-        given in the series (`name{label="value",...}`)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                series, _, value = line.rpartition(" ")
-                values[series] = values.get(series, 0) + float(value)
-        return values
-
+        """The application-controller's Prometheus metrics."""
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 # Flux: helm-controller is not on the Go module proxy, so `make setup` cannot build it; the Flux
 # tests run where these point at a source-controller and a helm-controller binary and at a
@@ -327,6 +330,7 @@ def flux_unavailable() -> str | None:
 class Flux:
     cp: ControlPlane
     processes: Processes
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     start_seconds: float = 0.0
 
     @property
@@ -358,10 +362,10 @@ class Flux:
         for name, extra in (("source-controller", [
                 f"--storage-path={self.workdir / 'storage'}", f"--storage-addr=127.0.0.1:{storage}",
                 f"--storage-adv-addr=127.0.0.1:{storage}"]), ("helm-controller", [])):
-            health = free_port()
+            health, self.metrics_ports[name] = free_port(), free_port()
             self.processes.run(name, [
                 os.environ[f"METAX_{name.upper().replace('-', '_')}_BIN"], *extra,
-                f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-addr=127.0.0.1:{health}",
+                f"--metrics-addr=127.0.0.1:{self.metrics_ports[name]}", f"--health-addr=127.0.0.1:{health}",
                 "--enable-leader-election=false", "--watch-all-namespaces=true", "--log-level=info"],
                 lambda health=health: _http_ok(f"http://127.0.0.1:{health}/readyz"), env=env)
         self.processes.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
@@ -373,14 +377,11 @@ class Flux:
     def rss(self) -> dict[str, int]:
         return self.processes.rss()
 
-    def helm_release(self, name: str, namespace: str) -> dict | None:
-        try:
-            return client.CustomObjectsApi(self.cp.api()).get_namespaced_custom_object(
-                *HELMRELEASES, namespace, "helmreleases", name)
-        except client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+    def reconciles(self, release: str) -> int:
+        """How many times helm-controller has reconciled HelmRelease `release`."""
+        metrics = scrape(f"http://127.0.0.1:{self.metrics_ports['helm-controller']}/metrics")
+        return int(sum(v for k, v in metrics.items() if k.startswith("gotk_reconcile_duration_seconds_count{")
+                       and 'kind="HelmRelease"' in k and f'name="{release}"' in k))
 
 
 def synced_healthy(app: dict) -> bool:
@@ -547,6 +548,10 @@ class ToolsPods:
                 "started": False, "state": {"terminated": {
                     "exitCode": code, "reason": "Completed" if code == 0 else "Error",
                     "startedAt": now, "finishedAt": now}}}]}})
+
+    def finished_as(self, prefix: str) -> list[int]:
+        """The exit codes of the finished pods whose names start with `prefix`."""
+        return [code for name, code in self.finished.items() if name.startswith(prefix)]
 
     def logs(self, prefix: str) -> str:
         """The output of the processes of the pods whose names start with `prefix`, oldest first."""

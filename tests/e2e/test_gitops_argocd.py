@@ -14,27 +14,25 @@ images.
 """
 from __future__ import annotations
 
-import json
-import threading
 import time
 
 import pytest
 import yaml
-from kubernetes import client, watch
+from kubernetes import client
 
-from tests.controlplane import GPU_LABEL, REPO
+from tests.controlplane import GPU_LABEL
+from tests.e2e.gitops_scenario import (NS, POLICY, POLICY_WAVES, RunnerLog, StatusWatch, driver_revisions, generations,
+                                       get_cr, left_behind, reconciled, runner_applied, runtime_edit, seed_patch,
+                                       step_status, window)
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import CR, delete_cr, eventually, kubectl
+from tests.e2e.tools import delete_cr, eventually, kubectl
 from tests.gitops import APPLICATIONS, ArgoCD, ChartRepository, GitOpsError, ToolsPods, snippet, summary, synced_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("gitops")]
 
-NS = APP = "metax-operator"
-POLICY = yaml.safe_load((REPO / "examples" / "rollout-10-nodes.yaml").read_text())["driver"]["upgradePolicy"]
+APP = "metax-operator"
 RECONCILIATION = 30  # seconds: how often Argo CD compares the Application with its source
 QUIET_WINDOW = 150  # seconds the installed application is watched while nothing changes in Git
-DRIVER = "app.kubernetes.io/component=driver"
-SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -102,19 +100,6 @@ def installed(control_plane, api, argocd, source, tools_pods):
 
 # -- helpers -----------------------------------------------------------------------------------
 
-def get_cr(api) -> dict:
-    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
-
-
-def step_status(api) -> dict:
-    return ((get_cr(api).get("status") or {}).get("upgradeStatus") or {}).get("status") or {}
-
-
-def driver_revisions(api) -> set[str]:
-    return {r.metadata.name for r in client.AppsV1Api(api).list_namespaced_controller_revision(
-        NS, label_selector=DRIVER).items}
-
-
 def jobs(api) -> dict[str, client.V1Job]:
     return {j.metadata.name: j for j in client.BatchV1Api(api).list_namespaced_job(NS).items}
 
@@ -129,51 +114,12 @@ def history(argocd) -> list:
     return (argocd.application(APP).get("status") or {}).get("history") or []
 
 
-def runner_passes(tools_pods) -> list[dict]:
-    """The runner's JSON log lines (`rollout-pass` and the others)."""
-    lines = []
-    for line in tools_pods.logs("metax-operator-runner-").splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue
-    return lines
+def sync_status(app: dict) -> str | None:
+    return ((app.get("status") or {}).get("sync") or {}).get("status")
 
 
-class RunnerLog:
-    """The runner's log as tests/e2e/test_rollout_cluster's `deletions_per_step` reads it."""
-
-    def __init__(self, tools_pods):
-        self.tools_pods = tools_pods
-
-    def lines(self, action: str) -> list[dict]:
-        return [line for line in runner_passes(self.tools_pods) if line.get("action") == action]
-
-
-class ApplicationWatch:
-    """Every sync and health status the Application shows, from a watch, until `stop()`."""
-
-    def __init__(self, api):
-        self.seen: list[tuple[str, str]] = []
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(api,), daemon=True)
-        self._thread.start()
-
-    def _run(self, api) -> None:
-        objects = client.CustomObjectsApi(api)
-        try:
-            for event in self._watch.stream(objects.list_namespaced_custom_object, *APPLICATIONS,
-                                            field_selector=f"metadata.name={APP}", timeout_seconds=1800):
-                status = event["object"].get("status") or {}
-                self.seen.append(((status.get("sync") or {}).get("status"), (status.get("health") or {}).get("status")))
-        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
-            pass
-
-    def stop(self) -> set[str]:
-        """The sync statuses seen."""
-        self._watch.stop()
-        self._thread.join(5)
-        return {sync for sync, _ in self.seen}
+def watch_sync(api) -> StatusWatch:
+    return StatusWatch(api, APPLICATIONS, APP, sync_status)
 
 
 def reconciles(argocd) -> float:
@@ -196,9 +142,7 @@ def test_install_runs_the_hooks_in_sync_waves_before_everything_else(api, argocd
     cr = get_cr(api)
     assert cr["spec"]["driver"]["payload"]["version"] == "2.32.0.6"
     assert cr["spec"]["driver"]["upgradePolicy"]["upgradeSteps"] == POLICY["upgradeSteps"]
-    eventually(lambda: any(c["type"] == "Reconciled" and c["status"] == "True"
-                           for c in (get_cr(api).get("status") or {}).get("conditions") or []), 60,
-               "the runner to reconcile the CR")
+    eventually(lambda: reconciled(api), 60, "the runner to reconcile the CR")
     assert len(history(argocd)) == 1  # one sync did it all
 
 
@@ -206,41 +150,25 @@ def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(control_
     """An admin's edit of the CR, applied by the runner to a DaemonSet, is not drift for Argo CD;
     over the window Argo CD compares the application every RECONCILIATION seconds and nothing
     syncs, and nothing but the runner's one change is written to the chart's objects."""
-    apps = client.AppsV1Api(api)
+    before = {"generations": generations(api), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
+              "history": len(history(argocd)), "reconciles": reconciles(argocd)}
+    sync = watch_sync(api)
+    runtime_edit(control_plane, 9)
+    eventually(lambda: runner_applied(api, 9), 60, "the runner to apply the CR's healthyInterval to metax-gpu-device")
 
-    def generations() -> dict[str, int]:
-        return {f"DaemonSet/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_daemon_set(NS).items} | {
-            f"Deployment/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_deployment(NS).items}
-
-    before = {"generations": generations(), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
-              "history": len(history(argocd)), "reconciles": reconciles(argocd),
-              "cr": int(get_cr(api)["metadata"]["resourceVersion"])}
-    app_watch = ApplicationWatch(api)
-    kubectl(control_plane, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=merge",
-            "-p", json.dumps({"spec": {"gpuDevice": {"healthyInterval": 9}}}))
-
-    def runner_applied() -> bool:
-        ds = apps.read_namespaced_daemon_set("metax-gpu-device", NS)
-        env = {e.name: e.value for c in ds.spec.template.spec.containers for e in c.env or []}
-        return env.get("HEALTHY_INTERVAL") == "9" and any(
-            m.manager == "metax-operator-runner" for m in ds.metadata.managed_fields)
-    eventually(runner_applied, 60, "the runner to apply the CR's healthyInterval to metax-gpu-device")
-
-    # The window: watch the Application's status until it ends (nothing is waited for).
-    events = list(watch.Watch().stream(client.CustomObjectsApi(api).list_namespaced_custom_object, *APPLICATIONS,
-                                       field_selector=f"metadata.name={APP}", timeout_seconds=QUIET_WINDOW))
-    synced = app_watch.stop()
-    after = {"generations": generations(), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
-             "history": len(history(argocd)), "reconciles": reconciles(argocd),
-             "cr": int(get_cr(api)["metadata"]["resourceVersion"])}
+    window(QUIET_WINDOW)
+    updates = len(sync.seen)
+    synced = sync.stop()
+    after = {"generations": generations(api), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
+             "history": len(history(argocd)), "reconciles": reconciles(argocd)}
     changed = {k: (v, after["generations"][k]) for k, v in before["generations"].items() if after["generations"][k] != v}
     figures = (f"window {QUIET_WINDOW} s: {after['reconciles'] - before['reconciles']:.0f} reconciles, "
-               f"{len(events)} Application updates, {after['history'] - before['history']} syncs, "
+               f"{updates} Application updates, {after['history'] - before['history']} syncs, "
                f"spec changes {changed}, sync statuses {synced}; Argo CD started in {argocd.start_seconds:.1f} s, "
                f"install {installed['install_seconds']:.0f} s, RSS MB "
                f"{ {k: round(v / 2**20) for k, v in argocd.rss().items()} }")
     print(figures)
-    assert synced == {"Synced"}, figures
+    assert synced == ["Synced"], figures
     assert after["history"] == before["history"], figures
     assert changed == {"DaemonSet/metax-gpu-device": (before["generations"]["DaemonSet/metax-gpu-device"],
                                                       before["generations"]["DaemonSet/metax-gpu-device"] + 1)}, figures
@@ -253,34 +181,27 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(cont
                                                                          installed):
     before = driver_revisions(api)
     synced_before = len(history(argocd))
-    app_watch = ApplicationWatch(api)
+    sync = watch_sync(api)
     patch_values(api, {"driver": {"payload": {"version": "2.33.0.1"}}})
     argocd.wait_application(APP, lambda a: len((a.get("status") or {}).get("history") or []) > synced_before
                             and synced_healthy(a), 180, "the new values synced")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
 
-    def seed_resume() -> None:  # the admin confirms a step that waits for them (the seed's command)
-        kubectl(control_plane, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
-                "-p", SEED_PATCH % ("pause", "false"))
-
-    for step in (0, 3):  # the policy's first and last steps wait for the admin
+    for step in (0, 3):  # the policy's first and last steps wait for the admin's confirmation
         eventually(lambda: step_status(api).get("currentStepState") == "StepPaused"
                    and step_status(api).get("currentStepIndex") == step, 120, f"step {step} paused")
-        seed_resume()
+        seed_patch(control_plane, "pause", False)
     eventually(lambda: step_status(api).get("currentStepState") == "Completed", 60, "the rollout Completed")
-    app_watch.stop()
+    synced = sync.stop()
     assert len(driver_revisions(api) - before) == 1, sorted(driver_revisions(api))
-    assert deletions_per_step([RunnerLog(tools_pods)]) == {0: [1, 1], 1: [2, 1], 2: [2, 1], 3: [1, 1]}
+    assert deletions_per_step([RunnerLog(tools_pods.logs("metax-operator-runner-"))]) == POLICY_WAVES
     # OutOfSync only until the new values were synced, never during the rollout
-    statuses = [sync for sync, _ in app_watch.seen]
-    collapsed = [sync for i, sync in enumerate(statuses) if i == 0 or statuses[i - 1] != sync]
-    assert collapsed in (["Synced", "OutOfSync", "Synced"], ["OutOfSync", "Synced"]), collapsed
+    assert synced in (["Synced", "OutOfSync", "Synced"], ["OutOfSync", "Synced"]), synced
     argocd.wait_application(APP, synced_healthy, 60, "Synced and Healthy after the rollout")
 
 
 def test_a_runtime_pause_survives_the_next_syncs(control_plane, api, argocd, installed):
-    kubectl(control_plane, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
-            "-p", SEED_PATCH % ("pause", "true"))
+    seed_patch(control_plane, "pause", True)
     try:
         # a sync with nothing new (as `argocd app sync` starts it)
         synced_before = len(history(argocd))
@@ -299,8 +220,7 @@ def test_a_runtime_pause_survives_the_next_syncs(control_plane, api, argocd, ins
         assert cr["spec"]["gpuDevice"]["healthyInterval"] == 11
         assert cr["spec"]["driver"]["upgradePolicy"]["pause"] is True
     finally:
-        kubectl(control_plane, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
-                "-p", SEED_PATCH % ("pause", "false"))
+        seed_patch(control_plane, "pause", False)
 
 
 def test_deleting_the_application_cleans_up_as_helm_uninstall_does(control_plane, api, argocd, tools_pods, installed):
@@ -310,14 +230,6 @@ def test_deleting_the_application_cleans_up_as_helm_uninstall_does(control_plane
     except AssertionError:
         raise AssertionError(f"Application not deleted: {summary(argocd.application(APP))}; "
                              f"logs in {argocd.workdir / 'logs'}") from None
-    ours = "app.kubernetes.io/part-of=metax-operator"
-    left = kubectl(control_plane, "get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", NS,
-                   "-l", ours, "-o", "name")
-    left += kubectl(control_plane, "get", "clusterroles,clusterrolebindings", "-l", ours, "-o", "name")
-    assert left == ""
-    with pytest.raises(client.ApiException) as gone:
-        get_cr(api)
-    assert gone.value.status == 404
-    assert not client.CoreV1Api(api).list_node(label_selector=GPU_LABEL).items
+    assert left_behind(control_plane, api) == []
     assert kubectl(control_plane, "get", "crd", "clusteroperators.gpu.metax-tech.com", "-o", "name")  # crds.keep
     eventually(lambda: not tools_pods.running, 30, "the runner stopped with its pod")
