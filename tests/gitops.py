@@ -359,6 +359,7 @@ class Flux:
         env = {"KUBECONFIG": str(self.cp.kubeconfig), "RUNTIME_NAMESPACE": FLUX_NAMESPACE,
                "HOME": str(self.workdir), "TMPDIR": str(self.workdir)}
         storage = free_port()
+        (self.workdir / "storage").mkdir(parents=True, exist_ok=True)
         for name, extra in (("source-controller", [
                 f"--storage-path={self.workdir / 'storage'}", f"--storage-addr=127.0.0.1:{storage}",
                 f"--storage-adv-addr=127.0.0.1:{storage}"]), ("helm-controller", [])):
