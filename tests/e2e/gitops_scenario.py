@@ -1,16 +1,21 @@
-"""What the Argo CD and Flux scenarios (test_gitops_*.py) observe and do alike: the CR, the
-driver's revisions, the runner's log, the admin's seed commands, what a deletion must leave."""
+"""What the Argo CD and Flux scenarios (test_gitops_*.py) share: their fixtures (the chart in a
+Helm repository on loopback, the tools image's pods) and what they observe and do alike: the CR,
+the driver's revisions, the runner's log, the admin's seed commands, what a deletion must leave."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 
+import pytest
 import yaml
 from kubernetes import client, watch
 
 from tests.controlplane import GPU_LABEL, REPO
-from tests.e2e.tools import CR, kubectl
+from tests.e2e.test_rollout_cluster import deletions_per_step
+from tests.e2e.tools import CR, delete_cr, eventually, kubectl
+from tests.gitops import ChartRepository, ToolsPods
 
 NS = "metax-operator"
 # The seed's 10-node staged policy: steps of 2, 5, 8 and 100% of the nodes, the first and the
@@ -21,6 +26,42 @@ POLICY_WAVES = {0: [1, 1], 1: [2, 1], 2: [2, 1], 3: [1, 1]}
 DRIVER = "app.kubernetes.io/component=driver"
 OURS = "app.kubernetes.io/part-of=metax-operator"
 SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
+
+
+@pytest.fixture(scope="module")
+def api(control_plane):
+    return control_plane.api()
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory):
+    """This checkout's chart in a Helm repository on loopback: its URL and the chart's version."""
+    repository = ChartRepository(tmp_path_factory.mktemp("charts"))
+    version = repository.publish()
+    yield {"url": repository.url, "version": version}
+    repository.stop()
+
+
+@pytest.fixture(scope="module")
+def tools_pods(control_plane, tmp_path_factory):
+    pods = ToolsPods(control_plane, NS, tmp_path_factory.mktemp("tools-pods"))
+    yield pods
+    pods.stop()
+
+
+@contextlib.contextmanager
+def release_scope(api):
+    """Around a module's release: no CR before and after it, and the GPU nodes' label (which the
+    cleanup removes) put back for the session's other tests."""
+    core = client.CoreV1Api(api)
+    gpu_nodes = [n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items]
+    delete_cr(api)
+    try:
+        yield
+    finally:
+        delete_cr(api)
+        for name in gpu_nodes:
+            core.patch_node(name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
 
 
 def window(seconds: float) -> None:
@@ -59,6 +100,22 @@ def seed_patch(cp, field: str, value) -> None:
     """The seed's admin command on spec.driver.upgradePolicy.<field> (docs/rollout-admin.md)."""
     kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
             "-p", SEED_PATCH % (field, json.dumps(value)))
+
+
+def confirm_rollout(cp, api) -> None:
+    """Act as the admin through POLICY's rollout: confirm, with the seed's command, the first and
+    the last step, which wait for it; return once the rollout is Completed."""
+    for step in (0, 3):
+        eventually(lambda: step_status(api).get("currentStepState") == "StepPaused"
+                   and step_status(api).get("currentStepIndex") == step, 120, f"step {step} paused")
+        seed_patch(cp, "pause", False)
+    eventually(lambda: step_status(api).get("currentStepState") == "Completed", 60, "the rollout Completed")
+
+
+def assert_one_staged_rollout(api, tools_pods, revisions_before: set[str]) -> None:
+    """Exactly one new driver revision, rolled out by the runner with POLICY's waves."""
+    assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
+    assert deletions_per_step([RunnerLog(tools_pods.logs("metax-operator-runner-"))]) == POLICY_WAVES
 
 
 def runtime_edit(cp, interval: int) -> None:

@@ -20,13 +20,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.controlplane import GPU_LABEL
-from tests.e2e.gitops_scenario import (NS, POLICY, POLICY_WAVES, RunnerLog, StatusWatch, driver_revisions, generations,
-                                       get_cr, left_behind, reconciled, runner_applied, runtime_edit, seed_patch,
-                                       step_status, window)
-from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import delete_cr, eventually, kubectl
-from tests.gitops import APPLICATIONS, ArgoCD, ChartRepository, GitOpsError, ToolsPods, snippet, summary, synced_healthy
+from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, api, assert_one_staged_rollout, chart,  # noqa: F401
+                                       confirm_rollout, driver_revisions, generations, get_cr, left_behind,
+                                       reconciled, release_scope, runner_applied, runtime_edit, seed_patch,
+                                       tools_pods, window)
+from tests.e2e.tools import eventually, kubectl
+from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("gitops")]
 
@@ -38,11 +37,6 @@ QUIET_WINDOW = 150  # seconds the installed application is watched while nothing
 # -- fixtures ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def api(control_plane):
-    return control_plane.api()
-
-
-@pytest.fixture(scope="module")
 def argocd(control_plane, tmp_path_factory):
     try:
         argo = ArgoCD.start(control_plane, tmp_path_factory.mktemp("argocd"), reconciliation=f"{RECONCILIATION}s")
@@ -52,27 +46,12 @@ def argocd(control_plane, tmp_path_factory):
     argo.stop()
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    """The chart in a Helm repository on loopback, as the Application's source."""
-    repository = ChartRepository(tmp_path_factory.mktemp("charts"))
-    version = repository.publish()
-    yield {"repoURL": repository.url, "chart": "metax-operator", "targetRevision": version}
-    repository.stop()
-
-
-@pytest.fixture(scope="module")
-def tools_pods(control_plane, tmp_path_factory):
-    pods = ToolsPods(control_plane, NS, tmp_path_factory.mktemp("tools-pods"))
-    yield pods
-    pods.stop()
-
-
-def application(source: dict) -> dict:
+def application(chart: dict) -> dict:
     """The docs' Application with the local chart source and the test's values."""
     app = yaml.safe_load(snippet("argocd-application"))
     helm = app["spec"]["source"]["helm"]
-    app["spec"]["source"] = {**source, "helm": helm}
+    app["spec"]["source"] = {"repoURL": chart["url"], "chart": "metax-operator", "targetRevision": chart["version"],
+                             "helm": helm}
     values = helm["valuesObject"]
     values["registry"] = "cr.example.com/metax"  # the docs' DOMAIN/PROJECT
     values["driver"]["upgradePolicy"] = POLICY
@@ -80,22 +59,16 @@ def application(source: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def installed(control_plane, api, argocd, source, tools_pods):
-    """The docs' Application applied, Synced and Healthy; deleted at the end if a test did not,
-    and the GPU nodes' label (removed by the cleanup) put back for the session's other tests."""
-    core = client.CoreV1Api(api)
-    gpu_nodes = [n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items]
-    delete_cr(api)
-    started = time.monotonic()
-    argocd.apply([application(source)])
-    argocd.wait_application(APP, synced_healthy, 300, "Synced and Healthy after the install")
-    yield {"install_seconds": time.monotonic() - started, "version": source["targetRevision"]}
-    if argocd.application(APP) is not None:
-        kubectl(control_plane, "delete", "application", "-n", "argocd", APP, "--wait=false")
-        eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
-    delete_cr(api)
-    for name in gpu_nodes:
-        core.patch_node(name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
+def installed(control_plane, api, argocd, chart, tools_pods):
+    """The docs' Application applied, Synced and Healthy; deleted at the end if a test did not."""
+    with release_scope(api):
+        started = time.monotonic()
+        argocd.apply([application(chart)])
+        argocd.wait_application(APP, synced_healthy, 300, "Synced and Healthy after the install")
+        yield {"install_seconds": time.monotonic() - started, "version": chart["version"]}
+        if argocd.application(APP) is not None:
+            kubectl(control_plane, "delete", "application", "-n", "argocd", APP, "--wait=false")
+            eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -191,14 +164,9 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(cont
                             and synced_healthy(a), 180, "the new values synced")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
 
-    for step in (0, 3):  # the policy's first and last steps wait for the admin's confirmation
-        eventually(lambda: step_status(api).get("currentStepState") == "StepPaused"
-                   and step_status(api).get("currentStepIndex") == step, 120, f"step {step} paused")
-        seed_patch(control_plane, "pause", False)
-    eventually(lambda: step_status(api).get("currentStepState") == "Completed", 60, "the rollout Completed")
+    confirm_rollout(control_plane, api)
     seen = sync.stop()
-    assert len(driver_revisions(api) - before) == 1, sorted(driver_revisions(api))
-    assert deletions_per_step([RunnerLog(tools_pods.logs("metax-operator-runner-"))]) == POLICY_WAVES
+    assert_one_staged_rollout(api, tools_pods, before)
     # OutOfSync only until the new values were synced, never during the rollout: one sync operation
     synced = [status for i, (status, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != status]
     assert synced in (["Synced", "OutOfSync", "Synced"], ["OutOfSync", "Synced"]), seen

@@ -18,14 +18,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.controlplane import GPU_LABEL
-from tests.e2e.gitops_scenario import (NS, POLICY, POLICY_WAVES, RunnerLog, StatusWatch, driver_revisions, generations,
-                                       get_cr, left_behind, reconciled, runner_applied, runtime_edit, seed_patch,
-                                       step_status, window)
-from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import delete_cr, eventually, kubectl
-from tests.gitops import (FLUX_NAMESPACE, HELMRELEASES, ChartRepository, Flux, GitOpsError, ToolsPods, apply,
-                          flux_unavailable, snippet)
+from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, api, assert_one_staged_rollout, chart,  # noqa: F401
+                                       confirm_rollout, driver_revisions, generations, get_cr, left_behind,
+                                       reconciled, release_scope, runner_applied, runtime_edit, seed_patch,
+                                       tools_pods, window)
+from tests.e2e.tools import eventually, kubectl
+from tests.gitops import FLUX_NAMESPACE, HELMRELEASES, Flux, GitOpsError, apply, flux_unavailable, snippet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("gitops")]
 
@@ -36,11 +34,6 @@ HELMRELEASE = (*HELMRELEASES, FLUX_NAMESPACE, "helmreleases")
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def api(control_plane):
-    return control_plane.api()
-
 
 @pytest.fixture(scope="session", autouse=True)  # session: decided before the control plane starts
 def flux_binaries():
@@ -60,26 +53,11 @@ def flux(control_plane, tmp_path_factory):
     controllers.stop()
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    repository = ChartRepository(tmp_path_factory.mktemp("charts"))
-    version = repository.publish()
-    yield {"url": repository.url, "version": version}
-    repository.stop()
-
-
-@pytest.fixture(scope="module")
-def tools_pods(control_plane, tmp_path_factory):
-    pods = ToolsPods(control_plane, NS, tmp_path_factory.mktemp("tools-pods"))
-    yield pods
-    pods.stop()
-
-
-def manifests(source: dict) -> list[dict]:
+def manifests(chart: dict) -> list[dict]:
     """The docs' HelmRepository and HelmRelease with the local chart source and the test's values."""
     repository, release = yaml.safe_load_all(snippet("flux-helmrelease"))
-    repository["spec"] = {"url": source["url"], "interval": repository["spec"]["interval"]}  # an HTTP repository
-    release["spec"]["chart"]["spec"]["version"] = source["version"]
+    repository["spec"] = {"url": chart["url"], "interval": repository["spec"]["interval"]}  # an HTTP repository
+    release["spec"]["chart"]["spec"]["version"] = chart["version"]
     release["spec"]["interval"] = f"{INTERVAL}s"
     release["spec"]["values"]["registry"] = "cr.example.com/metax"  # the docs' DOMAIN/PROJECT
     release["spec"]["values"]["driver"]["upgradePolicy"] = POLICY
@@ -126,25 +104,22 @@ def watch_ready(api) -> StatusWatch:
 
 
 @pytest.fixture(scope="module")
-def installed(control_plane, api, flux, source, tools_pods):
-    core = client.CoreV1Api(api)
-    gpu_nodes = [n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items]
-    delete_cr(api)
-    started = time.monotonic()
-    apply(control_plane, manifests(source))
-    try:
-        eventually(lambda: is_ready(api), 300, "the HelmRelease Ready after the install")
-    except AssertionError:
-        raise AssertionError(f"HelmRelease not Ready: {ready(helm_release(api))}: "
-                             f"{(helm_release(api).get('status') or {}).get('conditions')}; logs in {flux.workdir}") from None
-    yield {"install_seconds": time.monotonic() - started}
-    kubectl(control_plane, "delete", "helmrelease", "-n", FLUX_NAMESPACE, RELEASE, "--ignore-not-found", "--wait=false")
-    eventually(lambda: not kubectl(control_plane, "get", "helmrelease", "-n", FLUX_NAMESPACE, "-o", "name"), 180,
-               "the HelmRelease deleted")
-    kubectl(control_plane, "delete", "helmrepository", "-n", FLUX_NAMESPACE, "metax", "--ignore-not-found")
-    delete_cr(api)
-    for name in gpu_nodes:
-        core.patch_node(name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
+def installed(control_plane, api, flux, chart, tools_pods):
+    """The docs' HelmRelease applied and Ready; deleted at the end if a test did not."""
+    with release_scope(api):
+        started = time.monotonic()
+        apply(control_plane, manifests(chart))
+        try:
+            eventually(lambda: is_ready(api), 300, "the HelmRelease Ready after the install")
+        except AssertionError:
+            raise AssertionError(f"HelmRelease not Ready: {(helm_release(api).get('status') or {}).get('conditions')}; "
+                                 f"logs in {flux.workdir / 'logs'}") from None
+        yield {"install_seconds": time.monotonic() - started}
+        kubectl(control_plane, "delete", "helmrelease", "-n", FLUX_NAMESPACE, RELEASE, "--ignore-not-found",
+                "--wait=false")
+        eventually(lambda: not kubectl(control_plane, "get", "helmrelease", "-n", FLUX_NAMESPACE, "-o", "name"), 180,
+                   "the HelmRelease deleted")
+        kubectl(control_plane, "delete", "helmrepository", "-n", FLUX_NAMESPACE, "metax", "--ignore-not-found")
 
 
 # -- the scenario, in order --------------------------------------------------------------------
@@ -193,15 +168,10 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(cont
     patch_values(api, {"driver": {"payload": {"version": "2.33.0.1"}}})
     eventually(lambda: revisions(api)[-1] == release[-1] + 1 and is_ready(api), 180, "the upgrade")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
-    for step in (0, 3):  # the policy's first and last steps wait for the admin's confirmation
-        eventually(lambda: step_status(api).get("currentStepState") == "StepPaused"
-                   and step_status(api).get("currentStepIndex") == step, 120, f"step {step} paused")
-        seed_patch(control_plane, "pause", False)
-    eventually(lambda: step_status(api).get("currentStepState") == "Completed", 60, "the rollout Completed")
+    confirm_rollout(control_plane, api)
     seen = readiness.stop()
-    assert len(driver_revisions(api) - before) == 1, sorted(driver_revisions(api))
+    assert_one_staged_rollout(api, tools_pods, before)
     assert revisions(api)[-1] == release[-1] + 1  # one upgrade, no drift correction after it
-    assert deletions_per_step([RunnerLog(tools_pods.logs("metax-operator-runner-"))]) == POLICY_WAVES
     assert seen[-1].startswith("True"), seen
 
 
