@@ -5,7 +5,7 @@ export METAX_CACHE ?= $(HOME)/.cache/metax-operator
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup test test-fast demo bench lint
+.PHONY: setup test test-fast demo bench lint image
 setup:
 	@scripts/setup
 
@@ -17,3 +17,7 @@ demo: setup
 
 bench: setup
 	$(PY) -m tests.bench
+
+# The tools image as an OCI layout under $(METAX_CACHE)/image (docs/image.md); needs root.
+image: setup
+	@scripts/image build

@@ -266,6 +266,23 @@ subjects:
     namespace: {{ .root.Release.Namespace }}
 {{- end }}
 
+{{/* The nodeSelector, affinity and tolerations of a tools-image pod (runner, hook Jobs, helm
+test) from the values map holding them (`runner` or `hooks`); empty ones are left out. */}}
+{{- define "metax-operator.podScheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{/* The runner's pod spec (Deployment or CronJob), meeting Pod Security "restricted".
 Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST). */}}
 {{- define "metax-operator.runnerPod" -}}
@@ -281,18 +298,7 @@ securityContext:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $runner.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $runner.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $runner.runnerTolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "metax-operator.podScheduling" $runner }}
 containers:
   - name: runner
     image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}

@@ -30,6 +30,7 @@ import contextlib
 import http.client
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -44,6 +45,11 @@ from typing import Callable
 
 import yaml
 from kubernetes import client, config
+
+from tests import netns, registry
+from tests.netns import NetnsError
+from tests.realnode import APISERVER_IP, NODE_NAME, PAUSE_TAG, PORTS, TOOLS_NODE, RealNode
+from tests.registry import RegistryError
 
 K8S_VERSION = "v1.34.4"
 CACHE = Path(os.environ.get("METAX_CACHE") or Path.home() / ".cache" / "metax-operator")
@@ -69,7 +75,8 @@ class Component:
     name: str
     process: subprocess.Popen
     log: Path
-    health: str  # URL polled until it answers 200
+    healthy: Callable[[], bool]  # polled until True
+    exe: str  # what /proc/<pid>/exe shows once it runs: `scripts/cluster down` stops only that
 
     def tail(self, lines: int = 25) -> str:
         if not self.log.exists():
@@ -129,22 +136,27 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise ControlPlaneError(f"openssl {args[0]} failed: {done.stderr.strip().splitlines()[-1]}")
 
 
-def make_certs(pki: Path) -> None:
-    """A CA, the API server's serving certificate, an admin client certificate
-    (group system:masters) and the service-account signing key, all EC P-256."""
+_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def issue_cert(pki: Path, name: str, subject: str, usage: str = "clientAuth", names: str = "") -> None:
+    """`name.crt`/`name.key` signed by the CA in `pki`: a client (`clientAuth`, the subject's O is
+    the group) or a server (`serverAuth`, `names` its subjectAltName)."""
+    extensions = ["-addext", f"extendedKeyUsage={usage}"] + (["-addext", f"subjectAltName={names}"] if names else [])
+    _openssl("req", "-x509", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "365", *_EC,
+             "-keyout", f"{name}.key", "-out", f"{name}.crt", "-subj", subject, *extensions, cwd=pki)
+
+
+def make_certs(pki: Path, apiserver_ips: tuple[str, ...] = ()) -> None:
+    """A CA, the API server's serving certificate (also for `apiserver_ips`), an admin client
+    certificate (group system:masters) and the service-account signing key, all EC P-256."""
     pki.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+    _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
              "-subj", "/CN=metax-operator-test-ca", cwd=pki)
-    signed = ["-x509", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "365"]
-    _openssl("req", *signed, *ec, "-keyout", "apiserver.key", "-out", "apiserver.crt",
-             "-subj", "/CN=kube-apiserver",
-             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-                        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1",
-             "-addext", "extendedKeyUsage=serverAuth", cwd=pki)
-    _openssl("req", *signed, *ec, "-keyout", "admin.key", "-out", "admin.crt",
-             "-subj", "/O=system:masters/CN=metax-admin",
-             "-addext", "extendedKeyUsage=clientAuth", cwd=pki)
+    issue_cert(pki, "apiserver", "/CN=kube-apiserver", "serverAuth",
+               "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+               "IP:10.96.0.1" + "".join(f",IP:{ip}" for ip in apiserver_ips))
+    issue_cert(pki, "admin", "/O=system:masters/CN=metax-admin")
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
              "-out", "sa.key", cwd=pki)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
@@ -166,7 +178,7 @@ def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
     path.chmod(0o600)
 
 
-def _status(url: str, context: ssl.SSLContext | None) -> int:
+def _status(url: str, context: ssl.SSLContext | None = None) -> int:
     """HTTP status of a GET on loopback, 0 if nothing answers yet."""
     scheme, rest = url.split("://", 1)
     hostport, _, urlpath = rest.partition("/")
@@ -180,6 +192,28 @@ def _status(url: str, context: ssl.SSLContext | None) -> int:
         return 0
     finally:
         conn.close()
+
+
+def _accepts(path: Path) -> bool:
+    """A unix socket at `path` accepts connections."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _check_node_prerequisites() -> None:
+    """What the real node needs of this machine, named with the fix."""
+    if os.geteuid():
+        raise ControlPlaneError("the real node needs root (network namespaces, mounts, cgroups): run as root, "
+                                "or start without it (scripts/cluster up --no-real-node)")
+    missing = [tool for tool in ("containerd", "runc", "iptables", "skopeo", "nsenter", "unshare", "ip")
+               if shutil.which(tool) is None]
+    if missing:
+        raise ControlPlaneError(f"{', '.join(missing)} not on PATH: run 'make setup' (scripts/setup.d/15-node-packages "
+                                f"installs them)")
 
 
 def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None) -> dict:
@@ -332,6 +366,8 @@ NODE_NOT_READY = _stage("node-not-ready", "Node", {"matchExpressions": [
 class ControlPlane:
     workdir: Path
     port: int = 0
+    node: RealNode | None = None  # the real node, when started with real_node=True
+    registry_port: int = 0
     components: dict[str, Component] = field(default_factory=dict)
     _node_count: dict[str, int] = field(default_factory=dict)
     _pod_faults: dict[str, dict] = field(default_factory=dict)  # Stage name -> Stage
@@ -345,6 +381,15 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
+    @property
+    def ca(self) -> Path:
+        return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def registry(self) -> str:
+        """The local OCI registry's host:port (the same on the host and on the real node)."""
+        return f"127.0.0.1:{self.registry_port}"
+
     def api(self):
         """A new kubernetes.client.ApiClient authenticated as cluster admin."""
         return config.new_client_from_config(config_file=str(self.kubeconfig))
@@ -353,33 +398,48 @@ class ControlPlane:
 
     @classmethod
     def start(cls, workdir: Path, gpu_nodes: int = 10, plain_nodes: int = 2, port: int = 0,
-              timeout: float = 90) -> ControlPlane:
+              timeout: float = 90, real_node: bool = False) -> ControlPlane:
         """Start everything and return once the nodes are Ready; on failure stop what was
-        started, print each component's log tail and raise ControlPlaneError."""
-        for binary in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        started, print each component's log tail and raise ControlPlaneError. With `real_node`,
+        also the local OCI registry and the real node (tests/realnode.py)."""
+        binaries = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+        for binary in binaries + (["kubelet", "kube-proxy", "pause-image"] if real_node else []):
             if not os.access(BIN_DIR / binary, os.X_OK):
                 raise ControlPlaneError(
                     f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; "
                     f"10-20 minutes the first time)")
+        if real_node:
+            _check_node_prerequisites()
         if port:
             check_port_free(port)
         cp = cls(workdir=Path(workdir), port=port or free_port())
         cp.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            cp._start(gpu_nodes, plain_nodes, time.monotonic() + timeout)
+            cp._start(gpu_nodes, plain_nodes, time.monotonic() + timeout, real_node)
         except BaseException as error:
-            if isinstance(error, ControlPlaneError):
+            if isinstance(error, (ControlPlaneError, NetnsError, RegistryError)):
                 cp.print_log_tails()
             cp.stop()
+            if isinstance(error, (NetnsError, RegistryError)):
+                raise ControlPlaneError(str(error)) from None
             raise
         return cp
 
-    def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float) -> None:
+    def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float, real_node: bool) -> None:
         pki = self.workdir / "pki"
-        make_certs(pki)
+        make_certs(pki, (APISERVER_IP,) if real_node else ())
         write_kubeconfig(self.kubeconfig, pki, self.server)
+        if real_node:
+            self._start_registry(pki, deadline)
+            self.node = RealNode(self.workdir / "node", f"metax-node-{secrets.token_hex(4)}")
+            self.node.create()
+            self._run("node-relay", [sys.executable, "-m", "tests.noderelay", f"--netns={self.node.netns}",
+                                     f"--forward={APISERVER_IP}:{self.port}=127.0.0.1:{self.port}",
+                                     f"--forward={self.registry}={self.registry}",
+                                     f"--connect-proxy={self.workdir / 'egress.sock'}"],
+                      healthy=lambda: _accepts(self.workdir / "egress.sock"), exe=os.path.realpath(sys.executable))
         etcd_port, etcd_peer = free_port(), free_port()
-        self._run("etcd", [
+        self._run_binary("etcd", [
             "--name=metax-test", f"--data-dir={self.workdir / 'etcd'}",
             f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
             f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
@@ -390,23 +450,25 @@ class ControlPlane:
             "--auto-compaction-retention=1", "--log-level=warn",
         ], health=f"http://127.0.0.1:{etcd_port}/health")
         self._wait_healthy(["etcd"], deadline)
-        self._run("kube-apiserver", [
+        self._run_binary("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.port}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC", "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",  # the default one refuses a loopback address
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+            *(self._node_apiserver_flags(pki) if real_node else
+              ["--advertise-address=127.0.0.1",
+               "--endpoint-reconciler-type=none"]),  # the default one refuses a loopback address
             "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
             f"--cert-dir={self.workdir / 'apiserver'}", "--profiling=false",
-        ], health=f"{self.server}/readyz")
+        ], health=f"{self.server}/readyz", tls=self._admin_tls())
         self._wait_healthy(["kube-apiserver"], deadline)
         kcm_port, sched_port = free_port(), free_port()
-        self._run("kube-controller-manager", [
+        self._run_binary("kube-controller-manager", [
             f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
             "--node-monitor-grace-period=8760h", "--node-startup-grace-period=8760h",
             "--node-monitor-period=1s",
@@ -422,7 +484,7 @@ class ControlPlane:
             "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 1000, "burst": 2000},
             "leaderElection": {"leaderElect": False}}))
-        self._run("kube-scheduler", [
+        self._run_binary("kube-scheduler", [
             f"--config={scheduler_config}", "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
             f"--cert-dir={self.workdir / 'scheduler'}",
         ], health=f"https://127.0.0.1:{sched_port}/healthz")
@@ -430,32 +492,99 @@ class ControlPlane:
         self.add_nodes(gpu_nodes, gpu=True, wait=False)
         self.add_nodes(plain_nodes, gpu=False, wait=False)
         self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
+        if real_node:
+            self._start_real_node(pki, deadline)
         self.wait_nodes_ready(deadline)
         self._wait_default_service_account(deadline)
         self._write_state()
 
+    # -- the registry and the real node --
+
+    def _start_registry(self, pki: Path, deadline: float) -> None:
+        """The local OCI registry on 127.0.0.1 (TLS from our CA), with the node's pause image."""
+        self.registry_port = free_port()
+        issue_cert(pki, "registry", "/CN=registry", "serverAuth", "IP:127.0.0.1,DNS:localhost")
+        binary = CACHE / "bin" / "registry"
+        if not os.access(binary, os.X_OK):
+            raise ControlPlaneError(f"{binary} is missing: run 'make setup' (builds the distribution registry)")
+        context = ssl.create_default_context(cafile=str(self.ca))
+        self._run("registry", [str(binary), "serve",
+                               str(registry.config(self.workdir, self.registry_port, pki / "registry.crt",
+                                                   pki / "registry.key"))],
+                  healthy=lambda: _status(f"https://{self.registry}/v2/", context) == 200, exe=str(binary))
+        self._wait_healthy(["registry"], deadline)
+        registry.push_image(BIN_DIR / "pause-image", PAUSE_TAG, RealNode.pause_image(self.registry), self.ca)
+
+    def _node_apiserver_flags(self, pki: Path) -> list[str]:
+        """The API server advertises an address inside the node's namespace (the `kubernetes`
+        Service's endpoint, relayed to its loopback port), reaches kubelets through the relay's
+        CONNECT proxy (its egress to the cluster) by their InternalIP, and authenticates to
+        them with a client certificate in system:masters."""
+        issue_cert(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+        egress = self.workdir / "egress.yaml"
+        egress.write_text(yaml.safe_dump({
+            "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
+            "egressSelections": [{"name": "cluster", "connection": {
+                "proxyProtocol": "HTTPConnect",
+                "transport": {"uds": {"udsName": str(self.workdir / "egress.sock")}}}}]}))
+        return [f"--advertise-address={APISERVER_IP}", "--endpoint-reconciler-type=lease",
+                f"--egress-selector-config-file={egress}", "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}"]
+
+    def _start_real_node(self, pki: Path, deadline: float) -> None:
+        """containerd, then the kubelet and kube-proxy in its mount namespace; returns once the
+        node is Ready and kube-proxy serves."""
+        node = self.node
+        issue_cert(pki, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
+        issue_cert(pki, "kube-proxy", "/CN=system:kube-proxy")
+        node.write_config(pki, f"https://{APISERVER_IP}:{self.port}", self.registry)
+
+        def inside(port: int, urlpath: str) -> Callable[[], bool]:
+            return lambda: netns.call_in(node.netns, _status, f"http://127.0.0.1:{port}/{urlpath}") == 200
+
+        self._run("containerd", node.containerd_command(), inside(PORTS["containerd-metrics"], "v1/metrics"),
+                  exe=shutil.which("containerd") or "containerd", preexec_fn=node.join_system_cgroup)
+        self._wait_healthy(["containerd"], deadline)
+        holder = self.components["containerd"].process.pid
+        for name, args, health in (
+                ("kubelet", node.kubelet_args(), inside(PORTS["kubelet-healthz"], "healthz")),
+                ("kube-proxy", node.kube_proxy_args(), inside(PORTS["kube-proxy-healthz"], "healthz"))):
+            self._run(name, node.joined(holder, BIN_DIR / name, *args), health, exe=str(BIN_DIR / name),
+                      preexec_fn=node.join_system_cgroup)
+        self._wait_healthy(["kubelet", "kube-proxy"], deadline)
+        self.wait_nodes_ready(deadline, [NODE_NAME], selector=f"{TOOLS_NODE}=true")
+
+    # -- processes --
+
     def _write_state(self) -> None:
-        """The pids `scripts/cluster down` stops."""
+        """What `scripts/cluster down` stops: each process (pid and binary) and the real node."""
         (self.workdir / "state.json").write_text(json.dumps({
             "port": self.port, "kubeconfig": str(self.kubeconfig),
-            "pids": {name: c.process.pid for name, c in self.components.items()}}))
+            "node": self.node.id if self.node else None, "registry": self.registry if self.node else None,
+            "pids": {name: [c.process.pid, c.exe] for name, c in self.components.items()}}))
 
-    def _run(self, name: str, args: list[str], health: str) -> None:
+    def _run_binary(self, name: str, args: list[str], health: str, tls: ssl.SSLContext | None = None) -> None:
+        """A control-plane binary of BIN_DIR, healthy once `health` answers 200."""
+        if tls is None and health.startswith("https"):
+            tls = ssl.create_default_context()  # self-signed serving certs on loopback
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
+        self._run(name, [str(BIN_DIR / name), *args], lambda: _status(health, tls) == 200, str(BIN_DIR / name))
+
+    def _run(self, name: str, command: list[str], healthy: Callable[[], bool], exe: str,
+             preexec_fn: Callable[[], None] | None = None) -> None:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
-            process = subprocess.Popen([str(BIN_DIR / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
-        self.components[name] = Component(name, process, log, health)
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       cwd=self.workdir, start_new_session=True, preexec_fn=preexec_fn,
+                                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.components[name] = Component(name, process, log, healthy, exe)
 
-    def _tls(self, name: str) -> ssl.SSLContext:
-        if name == "kube-apiserver":
-            context = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
-            context.load_cert_chain(self.workdir / "pki" / "admin.crt", self.workdir / "pki" / "admin.key")
-            return context
-        context = ssl.create_default_context()  # self-signed serving certs on loopback
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
+    def _admin_tls(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(self.workdir / "pki" / "admin.crt", self.workdir / "pki" / "admin.key")
         return context
 
     def _check_alive(self) -> None:
@@ -474,7 +603,7 @@ class ControlPlane:
         pending = list(names)
         while pending:
             self._check_alive()
-            pending = [n for n in pending if _status(self.components[n].health, self._tls(n)) != 200]
+            pending = [n for n in pending if not self.components[n].healthy()]
             if pending and time.monotonic() > deadline:
                 raise ControlPlaneError(f"{', '.join(pending)} not healthy in time; logs in {self.workdir / 'logs'}")
             if pending:
@@ -490,10 +619,13 @@ class ControlPlane:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        """Stop the components, newest first: SIGTERM, then SIGKILL after 10 s."""
+        """Stop the components, newest first: SIGTERM, then SIGKILL after 10 s; then whatever
+        still runs on the real node (its pods), and remove its network namespace and cgroups."""
         for c in reversed(list(self.components.values())):
             stop_pid(c.process.pid, c.process)
         self.components.clear()
+        if self.node:
+            self.node.destroy()
 
     def print_log_tails(self, lines: int = 25, stream=sys.stderr) -> None:
         for c in self.components.values():
@@ -516,7 +648,7 @@ class ControlPlane:
                          "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
                          "serverAddress": f"127.0.0.1:{port}"}},
             NODE_INITIALIZE, NODE_NOT_READY, *stock, *self._pod_faults.values()]))
-        self._run("kwok", [f"--config={config}", f"--kubeconfig={self.kubeconfig}",
+        self._run_binary("kwok", [f"--config={config}", f"--kubeconfig={self.kubeconfig}",
                            "--node-lease-duration-seconds=0"], health=f"http://127.0.0.1:{port}/healthz")
 
     def _restart_kwok(self) -> None:
@@ -604,23 +736,26 @@ class ControlPlane:
         for name in names:
             core.delete_node(name)
 
-    def wait_nodes_ready(self, deadline: float, names: list[str] | None = None) -> None:
-        """Until the nodes (all by default) are Ready and the node-lifecycle controller has lifted
-        the not-ready taint that every new node starts with."""
+    def wait_nodes_ready(self, deadline: float, names: list[str] | None = None,
+                         selector: str = "type=kwok") -> None:
+        """Until the nodes matching `selector` (all of them, or `names`) exist, are Ready and the
+        node-lifecycle controller has lifted the not-ready taint every new node starts with."""
         core = client.CoreV1Api(self.api())
         wanted = set(names) if names else None
         while True:
             self._check_alive()
             # Raw JSON: building client models for thousands of nodes costs seconds per poll.
-            response = core.list_node(label_selector="type=kwok", _preload_content=False)
+            response = core.list_node(label_selector=selector, _preload_content=False)
             nodes = json.loads(response.data)["items"]
-            not_ready = [n["metadata"]["name"] for n in nodes
-                         if (wanted is None or n["metadata"]["name"] in wanted) and not is_schedulable(n)]
+            not_ready = sorted((wanted or set()) - {n["metadata"]["name"] for n in nodes}) + [
+                n["metadata"]["name"] for n in nodes
+                if (wanted is None or n["metadata"]["name"] in wanted) and not is_schedulable(n)]
             if not not_ready:
                 return
             if time.monotonic() > deadline:
+                log = self.components["kubelet" if NODE_NAME in not_ready else "kwok"].log
                 raise ControlPlaneError(f"{len(not_ready)} nodes not Ready in time (e.g. {not_ready[0]}); "
-                                        f"kwok log: {self.components['kwok'].log}")
+                                        f"log: {log}")
             time.sleep(0.3 if len(nodes) < 1000 else 2)
 
 
@@ -659,55 +794,75 @@ def _is_zombie(pid: int) -> bool:
 CLUSTER_DIR = Path(os.environ.get("METAX_CLUSTER_DIR") or CACHE / "cluster")
 
 
-def _ours(pid: int) -> bool:
-    """The pid still runs one of our binaries (not a reused pid)."""
+def _ours(pid: int, exe: str) -> bool:
+    """The pid still runs the binary we started there (not a reused pid)."""
     with contextlib.suppress(OSError):
-        return os.readlink(f"/proc/{pid}/exe").startswith(str(BIN_DIR))
+        return os.readlink(f"/proc/{pid}/exe") == exe
     return False
 
 
 def running(workdir: Path) -> bool:
     """Some process of the cluster recorded in workdir still runs (a stale record does not count)."""
     state = workdir / "state.json"
-    return state.exists() and any(_ours(pid) for pid in json.loads(state.read_text())["pids"].values())
+    return state.exists() and any(_ours(pid, exe) for pid, exe in json.loads(state.read_text())["pids"].values())
 
 
 def cluster_down(workdir: Path = CLUSTER_DIR) -> bool:
-    state = workdir / "state.json"
-    if not state.exists():
+    state_file = workdir / "state.json"
+    if not state_file.exists():
         return False
-    pids = json.loads(state.read_text())["pids"]
-    for pid in reversed(list(pids.values())):
-        if _ours(pid):
+    state = json.loads(state_file.read_text())
+    for pid, exe in reversed(list(state["pids"].values())):
+        if _ours(pid, exe):
             stop_pid(pid)
+    if state.get("node"):
+        RealNode(workdir / "node", state["node"]).destroy()
     shutil.rmtree(workdir, ignore_errors=True)
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/cluster", description=(
-        "A local Kubernetes control plane with kwok-simulated GPU nodes, for trying the chart."))
+        "A local Kubernetes control plane with kwok-simulated GPU nodes, a real node for the tools "
+        "image's pods and a local OCI registry, for trying the chart."))
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start it (in the background) and print the KUBECONFIG line")
     up.add_argument("--nodes", type=int, default=10, help="simulated GPU nodes (default 10)")
     up.add_argument("--plain-nodes", type=int, default=2, help="simulated nodes without GPUs (default 2)")
     up.add_argument("--port", type=int, default=6443, help="API server port on 127.0.0.1 (default 6443)")
+    up.add_argument("--no-real-node", dest="real_node", action="store_false",
+                    help="without the local OCI registry and the real node (no root needed; kwok nodes only)")
     sub.add_parser("down", help="stop it and delete its files")
+    sub.add_parser("publish", help="build the tools image (scripts/image), push it and the chart to the cluster's "
+                                   "registry; print chart=, registry=, image=, digest=, ca=")
     args = parser.parse_args(argv)
     try:
         if args.command == "down":
             print("stopped" if cluster_down() else f"no cluster running (nothing in {CLUSTER_DIR})")
             return 0
+        if args.command == "publish":
+            state = json.loads((CLUSTER_DIR / "state.json").read_text()) if running(CLUSTER_DIR) else {}
+            if not state.get("registry"):
+                raise ControlPlaneError("no cluster with a registry is running: 'scripts/cluster up' first")
+            ca = CLUSTER_DIR / "pki" / "ca.crt"
+            published = registry.publish(CACHE / "bin" / "helm3", state["registry"], ca, CLUSTER_DIR / "chart")
+            for key, value in {**published, "ca": str(ca)}.items():
+                print(f"{key}={value}")
+            return 0
         if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()
-        cp = ControlPlane.start(CLUSTER_DIR, gpu_nodes=args.nodes, plain_nodes=args.plain_nodes, port=args.port)
-    except ControlPlaneError as error:
+        cp = ControlPlane.start(CLUSTER_DIR, gpu_nodes=args.nodes, plain_nodes=args.plain_nodes, port=args.port,
+                                real_node=args.real_node, timeout=180 if args.real_node else 90)
+    except (ControlPlaneError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
           f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}")
+    if cp.node:
+        print(f"real node {NODE_NAME} (tainted {TOOLS_NODE}=true:NoSchedule), OCI registry {cp.registry} "
+              f"(trust {cp.ca}: export SSL_CERT_FILE={cp.ca} for helm)")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     print("stop it with: scripts/cluster down")
     return 0

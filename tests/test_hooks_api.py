@@ -375,6 +375,26 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
     assert code == 0 and out.strip() == "cleanup: nothing to clean up"
 
 
+def test_cleanup_stops_the_runner_then_deletes_its_lease_and_the_kept_test_pod(client, hooks, namespace, gpu_nodes):
+    labels = {"app": "runner"}
+    pod_spec = {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}
+    client.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "r", "namespace": namespace},
+                  "spec": {"selector": {"matchLabels": labels},
+                           "template": {"metadata": {"labels": labels}, "spec": pod_spec}}}, field_manager="helm")
+    client.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "r", "namespace": namespace},
+                  "spec": {"holderIdentity": "r-0_abc"}}, field_manager="metax-operator-runner")
+    client.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t", "namespace": namespace},
+                  "spec": pod_spec}, field_manager="helm")
+    wait_for(lambda: len(client.list("v1", "Pod", namespace)) == 2, 60, "the runner's and the test pod")
+    code, out, err = hooks("cleanup", "--namespace", namespace, "--runner", "r", "--test-pod", "t")
+    assert code == 0, err
+    assert out.splitlines()[-3:] == [f"cleanup: deleted Deployment {namespace}/r and its pods",
+                                     f"cleanup: deleted Lease {namespace}/r", f"cleanup: deleted Pod {namespace}/t"]
+    assert client.list("v1", "Pod", namespace) == [] and client.get("coordination.k8s.io/v1", "Lease", "r", namespace) is None
+    code, out, _ = hooks("cleanup", "--namespace", namespace, "--runner", "r", "--test-pod", "t")  # idempotent
+    assert code == 0 and "Deployment" not in out and "Lease" not in out and "Pod" not in out
+
+
 def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, gpu_nodes):
     try:
         code, out, err = hooks("cleanup", "--namespace", namespace, "--delete-crd")

@@ -61,7 +61,8 @@ metadata:
 {{- end }}
 
 {{/* The pod spec of a hook Job or test pod: the tools image running `metax-operator ARGS`,
-Pod Security "restricted", `hooks.resources`, the ConfigMaps in `mounts` ({volume name:
+Pod Security "restricted", `hooks.resources` and scheduling (`hooks.nodeSelector`, `.affinity`,
+`.tolerations`), the ConfigMaps in `mounts` ({volume name:
 ConfigMap name}) under /etc/metax-operator/<volume name>, and a writable /tmp.
 Takes (dict "root" $ "name" SERVICE_ACCOUNT "args" LIST ["mounts" DICT] ["restartPolicy" STRING]). */}}
 {{- define "metax-operator.hooks.podSpec" -}}
@@ -77,6 +78,7 @@ securityContext:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- include "metax-operator.podScheduling" .root.Values.hooks }}
 containers:
   - name: {{ index .args 0 }}
     image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}

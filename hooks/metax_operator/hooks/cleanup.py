@@ -9,7 +9,12 @@ Helm deletes what it rendered; this removes the rest, in this order:
    `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
 4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
    need it;
-5. with `--delete-own-rbac NAME`, its own ClusterRole and ClusterRoleBinding NAME. Under Argo CD
+5. the runner's Deployment or CronJob (`--runner`), waiting for its pods, then its Lease of the
+   same name (the runner creates it, Helm does not know it; stopped first, no runner can
+   re-create it);
+6. the `helm test` pod (`--test-pod`): kept after a pass for `helm test --logs`, and Helm never
+   deletes test hooks on uninstall;
+7. with `--delete-own-rbac NAME`, its own ClusterRole and ClusterRoleBinding NAME. Under Argo CD
    the cleanup is a PostDelete hook, but its cluster-scoped RBAC cannot be one (Argo CD before
    3.4 re-creates cluster-scoped PostDelete hooks forever: "already exists", and the
    Application is never deleted), so the chart renders them as resources Argo CD keeps
@@ -73,7 +78,7 @@ def clean_node(client: kube.Client, name: str) -> bool:
 
 
 def delete_own_rbac(client: kube.Client, name: str) -> bool:
-    """Step 5: delete ClusterRole `name`, ClusterRoleBinding `name` going with it."""
+    """Step 7: delete ClusterRole `name`, ClusterRoleBinding `name` going with it."""
     rbac = "rbac.authorization.k8s.io/v1"
     role = client.get(rbac, "ClusterRole", name)
     if role is None:
@@ -84,8 +89,8 @@ def delete_own_rbac(client: kube.Client, name: str) -> bool:
     return client.delete(rbac, "ClusterRole", name, uid=owner["uid"])
 
 
-def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: float = 120,
-            own_rbac: str | None = None) -> list[str]:
+def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: str | None = None,
+            test_pod: str | None = None, timeout: float = 120, own_rbac: str | None = None) -> list[str]:
     """Run the steps of the module docstring; returns what was done, one line each."""
     done: list[str] = []
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
@@ -102,6 +107,14 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: f
     if delete_crd and crd is not None and delete_and_wait(
             client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
         done.append(f"deleted CRD {common.CRD_NAME}")
+    if runner:
+        for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")):
+            if delete_and_wait(client, api_version, kind, runner, namespace, timeout, "Foreground"):
+                done.append(f"deleted {kind} {namespace}/{runner} and its pods")
+        if delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, timeout):
+            done.append(f"deleted Lease {namespace}/{runner}")
+    if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, timeout):
+        done.append(f"deleted Pod {namespace}/{test_pod}")
     if own_rbac and delete_own_rbac(client, own_rbac):
         done.append(f"deleted its ClusterRole and ClusterRoleBinding {own_rbac}")
     return done
@@ -109,7 +122,8 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, timeout: f
 
 def run(args: argparse.Namespace) -> int:
     done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
-                   timeout=args.timeout, own_rbac=args.delete_own_rbac)
+                   runner=args.runner, test_pod=args.test_pod, timeout=args.timeout,
+                   own_rbac=args.delete_own_rbac)
     for line in done or ["nothing to clean up"]:
         print(f"cleanup: {line}")
     return 0
@@ -120,6 +134,9 @@ def register(subparsers) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
                         help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
+    parser.add_argument("--runner", metavar="NAME",
+                        help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
+    parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")
     parser.add_argument("--delete-own-rbac", metavar="NAME",
                         help="last, delete ClusterRole and ClusterRoleBinding NAME that grant this command "
                              "its rights (where they are not Helm hooks: Argo CD)")

@@ -1,0 +1,122 @@
+"""An OCI image layout written byte for byte the same from the same files.
+
+Why not umoci or skopeo for this: their layers take the files' times, owners' names and the
+build's clock from wherever they ran, and their gzip and JSON settings are theirs to change;
+here each byte of a layer and of the JSON is fixed by the inputs, which is what makes two builds
+give one digest. (umoci and skopeo read the result in the tests and publish it.) A layer is a tar
+with entries in sorted order, numeric owners only, no user or group names, times clamped to
+an epoch, no device nodes, then gzip with no name and no time in its header.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+CONFIG = "application/vnd.oci.image.config.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+PLATFORM = {"architecture": "amd64", "os": "linux"}
+
+
+def rfc3339(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def canonical_json(data) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+class _Hashing:
+    """A write-only file that hashes what it passes on."""
+
+    def __init__(self, target):
+        self.target, self.sha256 = target, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.target.write(data)
+
+
+def _sorted_tree(root: Path, skip_contents: frozenset[str], rel: str = ""):
+    """Every path under root, each directory followed by its contents, names in sorted order."""
+    for entry in sorted(os.scandir(root / rel), key=lambda entry: entry.name):
+        path = f"{rel}/{entry.name}" if rel else entry.name
+        yield Path(entry.path), path
+        if entry.is_dir(follow_symlinks=False) and path not in skip_contents:
+            yield from _sorted_tree(root, skip_contents, path)
+
+
+def write_layer(root: Path, blobs: Path, epoch: int, skip_contents: frozenset[str] = frozenset()) -> dict:
+    """Writes the tree under root as a layer blob into blobs/sha256/; returns its descriptor and,
+    under "diff_id", the digest of the uncompressed tar. The directories named in skip_contents
+    (relative to root) are kept, empty."""
+    (blobs / "sha256").mkdir(parents=True, exist_ok=True)
+    partial = blobs / "sha256" / ".layer.partial"
+    with open(partial, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+        uncompressed = _Hashing(gz)
+        with tarfile.open(fileobj=uncompressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for path, arcname in _sorted_tree(root, skip_contents):
+                info = tar.gettarinfo(str(path), arcname)
+                if info is None or info.ischr() or info.isblk() or info.isfifo():
+                    continue  # sockets and device nodes: the runtime provides /dev
+                info.uname = info.gname = ""
+                info.mtime = min(int(info.mtime), epoch)
+                if info.isreg():
+                    with open(path, "rb") as data:
+                        tar.addfile(info, data)
+                else:
+                    tar.addfile(info)
+    descriptor = _store(blobs, partial, LAYER)
+    descriptor["diff_id"] = "sha256:" + uncompressed.sha256.hexdigest()
+    return descriptor
+
+
+def blob_path(blobs: Path, descriptor: dict) -> Path:
+    return blobs / "sha256" / descriptor["digest"].removeprefix("sha256:")
+
+
+def _store(blobs: Path, partial: Path, media_type: str) -> dict:
+    sha256 = hashlib.sha256()
+    with open(partial, "rb") as blob:
+        for chunk in iter(lambda: blob.read(1 << 20), b""):
+            sha256.update(chunk)
+    size = partial.stat().st_size
+    partial.rename(blobs / "sha256" / sha256.hexdigest())
+    return {"mediaType": media_type, "digest": "sha256:" + sha256.hexdigest(), "size": size}
+
+
+def write_blob(blobs: Path, data: bytes, media_type: str) -> dict:
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / "sha256").mkdir(parents=True, exist_ok=True)
+    (blobs / "sha256" / digest).write_bytes(data)
+    return {"mediaType": media_type, "digest": "sha256:" + digest, "size": len(data)}
+
+
+def write_layout(out: Path, layers: list[tuple[Path, dict]], config: dict, tag: str) -> str:
+    """Writes an OCI image layout into out (which must not exist): the layer blobs (each a file
+    path and its descriptor from write_layer), the image config (its rootfs is filled in here),
+    the manifest, and index.json naming the manifest `tag`. Returns the manifest digest."""
+    blobs = out / "blobs"
+    (blobs / "sha256").mkdir(parents=True)
+    descriptors = []
+    for path, layer in layers:
+        shutil.copyfile(path, blob_path(blobs, layer))
+        descriptors.append({key: layer[key] for key in ("mediaType", "digest", "size")})
+    config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for _, layer in layers]}}
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST,
+                "config": write_blob(blobs, canonical_json(config), CONFIG), "layers": descriptors}
+    manifest_descriptor = write_blob(blobs, canonical_json(manifest), MANIFEST)
+    index = {"schemaVersion": 2, "mediaType": INDEX,
+             "manifests": [{**manifest_descriptor, "platform": PLATFORM, "annotations": {REF_NAME: tag}}]}
+    (out / "index.json").write_bytes(canonical_json(index))
+    (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    return manifest_descriptor["digest"]

@@ -1,0 +1,108 @@
+"""The tools image for tests: build it with `scripts/image`, read its OCI layout, run it under runc.
+
+    result = build()                        # {"layout", "reference", "digest"}; cached by inputs
+    image = Layout(result["layout"])        # .config, .layers (tarfile members by path), .read(path)
+    bundle = unpack(result, tmp_path)       # umoci unpack: rootfs + the runtime spec from the config
+    out = runc(bundle)                      # run it as the spec says (the image config alone)
+    out = run_as_pod(bundle, container, pod_security, args=[...], volumes={...}, mounts=[...])
+
+`run_as_pod` turns the bundle's spec into what a kubelet asks the runtime for, from a container of
+the rendered chart: its command and args, user and group, read-only root, dropped capabilities,
+no privilege escalation, and each emptyDir it mounts as a tmpfs of its size limit. Other mounts
+are given as (host path, container path) pairs, read-only.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNC_STATE = Path("/run/metax-operator-tests/runc")
+
+
+def build(*args: str) -> dict:
+    result = subprocess.run([REPO / "scripts/image", "build", *args], capture_output=True, text=True)
+    assert result.returncode == 0, f"scripts/image build {' '.join(args)} failed:\n{result.stderr}"
+    return dict(line.split("=", 1) for line in result.stdout.splitlines())
+
+
+class Layout:
+    """An OCI image layout with one image (what `scripts/image build` writes)."""
+
+    def __init__(self, layout: str | Path):
+        self.root = Path(layout)
+        (descriptor,) = self.json("index.json")["manifests"]
+        self.manifest = self.blob_json(descriptor["digest"])
+        self.config = self.blob_json(self.manifest["config"]["digest"])
+        self.layers = [self._members(layer["digest"]) for layer in self.manifest["layers"]]
+
+    def json(self, name: str):
+        return json.loads((self.root / name).read_text())
+
+    def blob(self, digest: str) -> Path:
+        return self.root / "blobs" / digest.replace(":", "/")
+
+    def blob_json(self, digest: str):
+        return json.loads(self.blob(digest).read_bytes())
+
+    def _members(self, digest: str) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
+        with gzip.open(self.blob(digest)) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+            return {member.name: (member, tar.extractfile(member).read() if member.isreg() else None)
+                    for member in tar}
+
+    def files(self) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
+        """The image's paths as the layers stack them (a later layer's entry wins)."""
+        merged = {}
+        for layer in self.layers:
+            merged.update(layer)
+        return merged
+
+
+def unpack(result: dict, folder: Path) -> Path:
+    """The image unpacked by umoci into a runtime bundle; the spec umoci derived from the image
+    config is kept as image-spec.json, which each run starts from."""
+    bundle = folder / "bundle"
+    subprocess.run(["umoci", "unpack", "--image", result["reference"].removeprefix("oci:"), bundle],
+                   check=True, capture_output=True)
+    (bundle / "config.json").rename(bundle / "image-spec.json")
+    return bundle
+
+
+def run_as_pod(bundle: Path, container: dict, pod_security: dict, args: list[str] | None = None,
+               volumes: dict | None = None, mounts: list[tuple[Path, str]] = ()) -> subprocess.CompletedProcess:
+    """Runs the bundle under runc as the kubelet would run `container` (a rendered pod container
+    with the pod's securityContext `pod_security` and `volumes` by name); `args` replace its args.
+    Returns the completed process (stdout and stderr as text)."""
+    spec = json.loads((bundle / "image-spec.json").read_text())
+    security = {**pod_security, **container.get("securityContext", {})}
+    process = spec["process"]
+    process["args"] = list(container.get("command", [])) + list(container.get("args", []) if args is None else args)
+    process["user"] = {"uid": security["runAsUser"], "gid": security["runAsGroup"]}
+    process["noNewPrivileges"] = security.get("allowPrivilegeEscalation") is False
+    if security.get("capabilities", {}).get("drop") == ["ALL"]:
+        process["capabilities"] = {kind: [] for kind in process["capabilities"]}
+    spec["root"]["readonly"] = bool(security.get("readOnlyRootFilesystem"))
+    for mount in container.get("volumeMounts", []):
+        source = (volumes or {})[mount["name"]]
+        assert "emptyDir" in source, f"volume {mount['name']}: only emptyDir volumes are run here"
+        size = source["emptyDir"].get("sizeLimit", "16Mi").removesuffix("i").lower()
+        spec["mounts"].append({"destination": mount["mountPath"], "type": "tmpfs", "source": "tmpfs",
+                               "options": ["nosuid", "nodev", f"size={size}", "mode=1777"]})
+    for host, path in mounts:
+        spec["mounts"].append({"destination": path, "type": "bind", "source": str(host), "options": ["rbind", "ro"]})
+    return runc(bundle, spec)
+
+
+def runc(bundle: Path, spec: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs the bundle with spec (default: the image's) to completion, without a terminal;
+    stdout and stderr as text."""
+    spec = spec or json.loads((bundle / "image-spec.json").read_text())
+    spec["process"]["terminal"] = False
+    (bundle / "config.json").write_text(json.dumps(spec))
+    RUNC_STATE.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["runc", "--root", RUNC_STATE, "run", "--bundle", bundle, f"metax-test-{uuid.uuid4().hex[:12]}"],
+                          capture_output=True, text=True, timeout=120)

@@ -1,0 +1,294 @@
+"""The tools image built by `scripts/image` (`make image`): reproducible, small, the config of
+hooks/Dockerfile, and running under runc exactly as the chart's pods run it."""
+from __future__ import annotations
+
+import filecmp
+import json
+import re
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from tests.helm import render_chart
+from tests.image import REPO, Layout, build, run_as_pod, runc, unpack
+
+pytestmark = pytest.mark.image
+
+VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
+PACKAGE_LAYER = "usr/local/"
+MAX_COMPRESSED_MB = 60  # the whole image as pulled: Debian base + package layer
+
+
+@pytest.fixture(scope="module")
+def tools_image():
+    return build()
+
+
+@pytest.fixture(scope="module")
+def image(tools_image) -> Layout:
+    return Layout(tools_image["layout"])
+
+
+@pytest.fixture(scope="module")
+def pods() -> list[dict]:
+    """The pods of the rendered chart: those of the tools image are the hook Jobs, the test pod,
+    the runner and the components' wait-for init containers."""
+    specs = []
+    for obj in render_chart(VALUES, helm="helm3"):
+        spec = {"Pod": lambda o: o["spec"], "Job": lambda o: o["spec"]["template"]["spec"],
+                "Deployment": lambda o: o["spec"]["template"]["spec"],
+                "DaemonSet": lambda o: o["spec"]["template"]["spec"],
+                "CronJob": lambda o: o["spec"]["jobTemplate"]["spec"]["template"]["spec"]}.get(obj["kind"])
+        if spec:
+            specs.append(spec(obj))
+    return specs
+
+
+def tools_containers(pods: list[dict]):
+    for spec in pods:
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if "/metax-operator-tools:" in container["image"]:
+                yield spec, container
+
+
+@pytest.fixture(scope="module")
+def preflight(pods) -> tuple[dict, dict]:
+    """The preflight hook Job's pod spec and container: the way the chart runs the image."""
+    return next((spec, c) for spec, c in tools_containers(pods) if c.get("args", [""])[0] == "preflight")
+
+
+@pytest.fixture(scope="module")
+def bundle(tools_image, tmp_path_factory):
+    return unpack(tools_image, tmp_path_factory.mktemp("image"))
+
+
+def run_image(bundle, preflight, args, **kwargs):
+    spec, container = preflight
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    tmp_only = {**container, "volumeMounts": [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]}
+    return run_as_pod(bundle, tmp_only, spec["securityContext"], args=args, volumes=volumes, **kwargs)
+
+
+def dockerfile_final_stage() -> tuple[DockerfileParser, list[dict]]:
+    parser = DockerfileParser(path=str(REPO / "hooks/Dockerfile"))
+    stages = [i for i, instruction in enumerate(parser.structure) if instruction["instruction"] == "FROM"]
+    return parser, parser.structure[stages[-1]:]
+
+
+# --- reproducible -------------------------------------------------------------------------------
+
+def test_two_builds_of_one_tree_give_one_digest_and_identical_files(tools_image, tmp_path):
+    """Each --output build redoes every step the package goes through (wheel, install, compile,
+    layer, config); only the Debian base layer comes from the cache (keyed by its inputs)."""
+    first, second = build("--output", str(tmp_path / "a")), build("--output", str(tmp_path / "b"))
+    assert first["digest"] == second["digest"] == tools_image["digest"]
+    comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
+    assert not comparison.left_only and not comparison.right_only and not comparison.diff_files
+    blobs = filecmp.dircmp(tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256")
+    assert not blobs.left_only and not blobs.right_only
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256",
+                                           blobs.common_files, shallow=False)
+    assert not mismatch and not errors
+
+
+def test_a_base_made_anew_from_the_mirror_gives_the_same_digest(tools_image, tmp_path):
+    """The Debian base too is reproducible: made again by mmdebstrap, not taken from the cache."""
+    fresh = build("--no-base-cache", "--output", str(tmp_path / "fresh"))
+    cached = Path(tools_image["layout"]).parent
+    packages = [(folder / "contents.txt").read_text() for folder in (cached, tmp_path / "fresh")]
+    if packages[0] != packages[1]:
+        pytest.fail("the Debian mirror published new package versions between the two builds: run the test again")
+    assert fresh["digest"] == tools_image["digest"]
+
+
+def test_skopeo_copies_it_keeping_its_digest(tools_image, tmp_path):
+    """What a user runs to publish it (here into an archive: no registry is reachable)."""
+    archive = f"oci-archive:{tmp_path / 'tools.tar'}:{tools_image['reference'].rsplit(':', 1)[1]}"
+    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", tools_image["reference"], archive],
+                   check=True, capture_output=True)
+    for reference in (tools_image["reference"], archive):
+        inspected = json.loads(subprocess.run(["skopeo", "inspect", reference], check=True,
+                                              capture_output=True, text=True).stdout)
+        assert inspected["Digest"] == tools_image["digest"], reference
+
+
+def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):
+    created = [int(time.mktime(time.strptime(h["created"], "%Y-%m-%dT%H:%M:%SZ"))) - time.timezone
+               for h in image.config["history"]]
+    for layer, epoch in zip(image.layers, created):
+        names = list(layer)
+        assert names == sorted(names, key=lambda name: name.split("/"))
+        for info, _ in layer.values():
+            assert info.uname == info.gname == "" and info.mtime <= epoch, info.name
+
+
+def test_no_machine_specific_or_timestamped_files(image):
+    files = image.files()
+    for path in ("etc/machine-id", "etc/hostname", "etc/resolv.conf", "var/lib/dbus/machine-id",
+                 "var/cache/ldconfig/aux-cache", "var/log/dpkg.log", "var/log/apt/history.log"):
+        assert path not in files or not files[path][1], f"{path} is in the image"
+    pycs = {name: data for name, (_, data) in files.items() if name.endswith(".pyc")}
+    assert len(pycs) > 1000
+    # PEP 552 flags: 0b11 = validated by source hash; 0 would embed the source's mtime.
+    assert {name for name, data in pycs.items() if data[4:8] != b"\x03\x00\x00\x00"} == set()
+
+
+def test_every_module_is_compiled_so_no_import_compiles(image):
+    files = image.files()
+    for name in files:
+        if name.startswith(PACKAGE_LAYER) and name.endswith(".py") and "/" in name:
+            folder, _, module = name.rpartition("/")
+            assert f"{folder}/__pycache__/{module[:-3]}.cpython-311.pyc" in files, name
+
+
+# --- small --------------------------------------------------------------------------------------
+
+def test_image_is_small_with_no_package_manager_caches_docs_or_compilers(image, capsys):
+    files = image.files()
+    forbidden = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.|usr/share/(doc|man|info|locale)/.*[^/]$"
+                           r"|usr/bin/(gcc|cc|c\+\+|g\+\+|make|pip3?)$|usr/lib/gcc/)")
+    assert sorted(name for name in files if forbidden.match(name)) == []
+    sizes = [layer["size"] / 1e6 for layer in image.manifest["layers"]]
+    unpacked = sum(info.size for info, _ in files.values()) / 1e6
+    with capsys.disabled():
+        print(f"\ntools image: {sum(sizes):.1f} MB compressed (base {sizes[0]:.1f} MB, package "
+              f"{sizes[1]:.1f} MB), {unpacked:.0f} MB unpacked")
+    assert sum(sizes) < MAX_COMPRESSED_MB
+
+
+# --- one config: hooks/Dockerfile, the image, the chart -----------------------------------------
+
+def test_config_is_the_dockerfiles_final_stage(image):
+    parser, final = dockerfile_final_stage()
+    facts = {instruction["instruction"]: instruction["value"] for instruction in final}
+    config = image.config["config"]
+    assert config["User"] == facts["USER"] == "65532:65532"
+    assert config["WorkingDir"] == facts["WORKDIR"] == "/tmp"
+    assert config["Entrypoint"] == yaml.safe_load(facts["ENTRYPOINT"]) == ["metax-operator"]
+    assert config["Cmd"] == yaml.safe_load(facts["CMD"]) == ["--help"]
+    assert parser.envs == {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    assert config["Env"][1:] == [f"{k}={v}" for k, v in parser.envs.items()]
+    assert config["Env"][0].startswith("PATH=/usr/local/sbin:/usr/local/bin:")
+    assert config["Labels"] == parser.labels
+    assert image.config["architecture"] == "amd64" and image.config["os"] == "linux"
+
+
+def test_dockerfile_installs_the_same_wheels_and_account(image):
+    """Both recipes install the package and exactly the wheels of hooks/image/pylock.toml, checked
+    by hash, and the account of hooks/image/add-user."""
+    parser, final = dockerfile_final_stage()
+    text = (REPO / "hooks/Dockerfile").read_text()
+    assert "python hooks/image/lock.py > /tmp/requirements.txt" in text
+    assert "pip download --no-deps --require-hashes --dest /wheels --requirement /tmp/requirements.txt" in text
+    assert "pip wheel --no-deps --wheel-dir /wheels ." in text
+    run = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
+    assert "pip install --no-index --no-deps /wheels/*.whl" in run and "sh /add-user" in run
+    assert "source=hooks/image/add-user" in run
+
+    lock = tomllib.loads((REPO / "hooks/image/pylock.toml").read_text())
+    locked = {(p["name"].replace("-", "_").replace(".", "_").lower(), p["version"]) for p in lock["packages"]
+              if p["name"] != "metax-operator"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    dist_info = re.compile(r".*/([^/]+)-([^-/]+)\.dist-info$")
+    installed = {(match[1].replace(".", "_").lower(), match[2]) for name, (info, _) in image.layers[1].items()
+                 if info.isdir() and (match := dist_info.match(name))}
+    assert installed == locked | {("metax_operator", project["version"])}
+    passwd = image.files()["etc/passwd"][1].decode()
+    assert "metax:x:65532:65532:metax-operator tools:/nonexistent:/usr/sbin/nologin\n" in passwd
+
+
+def test_docker_build_context_holds_what_the_dockerfile_uses():
+    """.dockerignore keeps .venv and the rest out of `docker build .`, but not what is copied."""
+    parser = DockerfileParser(path=str(REPO / "hooks/Dockerfile"))
+    used = set()
+    for instruction in parser.structure:
+        if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
+            used.update(instruction["value"].split()[:-1])
+        used.update(re.findall(r"--mount=type=bind,source=([^,\s]+)", instruction["value"]))
+    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert used and used <= allowed, f"add {sorted(used - allowed)} to .dockerignore as !PATH lines"
+
+
+def test_lock_pins_what_pyproject_pins():
+    lock = {p["name"]: p.get("version") for p in tomllib.loads((REPO / "hooks/image/pylock.toml").read_text())["packages"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        name, version = dependency.split("==")
+        assert lock.get(name.lower().replace(".", "-")) == version, \
+            f"{dependency} is not what hooks/image/pylock.toml holds: run 'scripts/image lock'"
+
+
+def test_chart_runs_the_image_as_its_config_says(image, pods):
+    config = image.config["config"]
+    uid, gid = (int(n) for n in config["User"].split(":"))
+    containers = list(tools_containers(pods))
+    commands = {(c["command"] + c.get("args", []))[1] for _, c in containers}
+    assert commands >= {"preflight", "upgrade-crds", "bootstrap", "cleanup", "test", "run", "wait-for"}
+    for spec, container in containers:
+        security = {**spec.get("securityContext", {}), **container["securityContext"]}
+        assert container["command"][:1] == config["Entrypoint"], container["name"]
+        assert (security["runAsUser"], security["runAsGroup"]) == (uid, gid), container["name"]
+        assert security["readOnlyRootFilesystem"] is True
+        if container["name"] != "wait-for":  # reads pods only: it has no volume, nothing is writable
+            assert config["WorkingDir"] in {m["mountPath"] for m in container["volumeMounts"]}, \
+                f"{container['name']}: the working directory must be its writable emptyDir"
+
+
+# --- runs under runc as the chart runs it --------------------------------------------------------
+
+def test_default_command_prints_help_as_the_images_user(bundle):
+    """No pod settings: the runtime spec umoci derives from the image config alone."""
+    out = runc(bundle)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: metax-operator") and "validate" in out.stdout
+    process = json.loads((bundle / "image-spec.json").read_text())["process"]
+    assert process["user"] == {"uid": 65532, "gid": 65532} and process["cwd"] == "/tmp"
+    assert "HOME=/nonexistent" in process["env"]  # umoci found the account in /etc/passwd
+
+
+def test_runs_as_65532_with_only_tmp_writable(bundle, preflight):
+    out = run_image(bundle, preflight, ["--help"])
+    assert out.returncode == 0 and out.stdout.startswith("usage: metax-operator"), out.stderr
+    probe = ("id -u; id -g; echo ok > /tmp/probe && cat /tmp/probe; "
+             "for path in /probe /etc/probe /usr/local/probe /nonexistent/probe; do "
+             "  (echo x > $path) 2>&1 | sed 's/^.*: //'; done")
+    spec, container = preflight
+    out = run_image(bundle, ({**spec}, {**container, "command": ["sh", "-c", probe]}), [])
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["65532", "65532", "ok"], out.stdout + out.stderr
+    assert lines[3:] == ["Read-only file system"] * 3 + ["Directory nonexistent"], out.stdout
+
+
+def test_validate_with_the_chart_mounted_read_only(bundle, preflight, tmp_path):
+    values = tmp_path / "values"
+    values.mkdir()
+    (values / "good.yaml").write_text(yaml.safe_dump(VALUES))
+    out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "--chart", "/chart"],
+                    mounts=[(REPO, "/chart"), (values, "/values")])
+    assert (out.returncode, out.stdout.strip()) == (0, "values are valid"), out.stderr
+    (values / "bad.yaml").write_text("driver: {deployPolicy: Sometimes}\n")
+    out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "-f", "/values/bad.yaml",
+                                        "--chart", "/chart"], mounts=[(REPO, "/chart"), (values, "/values")])
+    assert out.returncode == 1 and out.stderr.startswith("error: ") and "driver.deployPolicy" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_every_module_and_extension_imports_in_the_image(bundle, preflight):
+    """Each module of the package and each compiled extension of its dependencies loads: no
+    system library a wheel needs is missing from the Debian base."""
+    code = ("import importlib, pathlib, pkgutil, metax_operator\n"
+            "for m in pkgutil.walk_packages(metax_operator.__path__, 'metax_operator.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "site = pathlib.Path(metax_operator.__path__[0]).parent\n"
+            "for so in sorted(site.rglob('*.cpython-311-*.so')) + sorted(site.rglob('*.abi3.so')):\n"
+            "    importlib.import_module('.'.join(so.relative_to(site).with_suffix('').with_suffix('').parts))\n"
+            "    print(so.name)\n")
+    spec, container = preflight
+    out = run_image(bundle, (spec, {**container, "command": ["python3", "-c", code]}), [])
+    assert out.returncode == 0, out.stderr
+    assert any(line.startswith("_re2.") for line in out.stdout.splitlines()), out.stdout
