@@ -10,8 +10,8 @@ the tests do not run, would create it). The in-cluster destination
 (`https://kubernetes.default.svc`) is the control plane itself: `ARGOCD_FAKE_IN_CLUSTER` makes
 the controller use the kubeconfig there instead of a pod's ServiceAccount.
 
-`ChartRepository` serves the chart as a Helm HTTP repository on loopback (`helm package` +
-`helm repo index`), the source Argo CD and Flux pull from when no OCI registry is given.
+`Flux.start(cp, workdir)` runs Flux's source-controller and helm-controller, from binaries given
+by environment variables (FLUX_ENV: helm-controller cannot be built from the Go module proxy).
 
 `snippet(name)` returns a code block of docs/gitops.md marked `<!-- snippet: NAME -->`: the
 tests apply exactly what the docs tell users to write.
@@ -21,7 +21,6 @@ Logs of every process are in the work directory; failures raise GitOpsError with
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import re
@@ -29,8 +28,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -130,7 +127,6 @@ class Processes:
     """Local processes with logs in `workdir/logs`, each with a readiness check."""
     workdir: Path
     components: dict[str, Component] = field(default_factory=dict)
-    _ready: dict[str, object] = field(default_factory=dict)
 
     def run(self, name: str, argv: list[str], ready, env: dict | None = None) -> None:
         log = self.workdir / "logs" / f"{name}.log"
@@ -138,8 +134,7 @@ class Processes:
         with log.open("ab") as out:
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        cwd=self.workdir, env={**os.environ, **(env or {})}, start_new_session=True)
-        self.components[name] = Component(name, process, log, health="")
-        self._ready[name] = ready
+        self.components[name] = Component(name, process, log, healthy=ready, exe=argv[0])
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -150,7 +145,7 @@ class Processes:
                 if code is not None:
                     last = next((line for line in reversed(c.tail(40).splitlines()) if line.strip()), "no output")
                     raise GitOpsError(f"{c.name} exited with status {code} ({last[:300]}); log: {c.log}")
-            pending = [name for name in pending if not self._ready[name]()]
+            pending = [name for name in pending if not self.components[name].healthy()]
             if pending and time.monotonic() > deadline:
                 raise GitOpsError(f"{', '.join(pending)} not ready after {timeout:.0f} s; logs in {self.workdir / 'logs'}")
             if pending:
@@ -407,161 +402,3 @@ def summary(app: dict | None) -> str:
                        "operation": [operation.get("phase"), (operation.get("message") or "")[:300]],
                        "unhealthy": unhealthy[:8], "outOfSync": out_of_sync[:8],
                        "conditions": [c.get("message", "")[:300] for c in status.get("conditions") or []]})
-
-
-class ChartRepository:
-    """The chart as a Helm HTTP repository on 127.0.0.1: `publish()` packages the chart and
-    re-indexes; `url` is the repository's URL."""
-
-    def __init__(self, workdir: Path):
-        self.dir = Path(workdir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        log = (self.dir.parent / f"{self.dir.name}.log").open("a")
-        directory = str(self.dir)
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, directory=directory, **kwargs)
-
-            def log_message(self, format, *args):  # noqa: A002 - the base class's name
-                log.write(f"{self.address_string()} {format % args}\n")
-                log.flush()
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def publish(self, chart: Path = REPO, version: str | None = None) -> str:
-        """Package `chart` (at `version`, else its own) into the repository; the version."""
-        helm = str(BIN / "helm3")
-        args = [helm, "package", str(chart), "-d", str(self.dir)] + (["--version", version] if version else [])
-        for command in (args, [helm, "repo", "index", str(self.dir), "--url", self.url]):
-            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            if result.returncode:
-                raise GitOpsError(f"{' '.join(command[:2])} failed: {result.stderr.strip()}")
-        return version or yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-class ToolsPods:
-    """Stand-in for a node that runs the tools image, until the control plane has one: runs the
-    command of every pod of the tools image in `namespace` (the hook Jobs' and the runner's,
-    which kwok would leave Running forever) as a local process, with the pod's arguments and
-    environment, its ConfigMap volumes written to a directory (paths under /etc/metax-operator
-    rewritten there) and its ServiceAccount's token (a TokenRequest), so the API server applies
-    the pod's own RBAC. A finished command ends its pod as the kubelet would (phase Succeeded or
-    Failed, the exit code in the container status), which completes or fails its Job; a
-    long-running one (the runner) is restarted if it exits and stopped when its pod is deleted.
-    Each process's output is in `workdir/<pod>.log`."""
-
-    MOUNTS = "/etc/metax-operator/"
-
-    def __init__(self, cp: ControlPlane, namespace: str, workdir: Path, image: str = "metax-operator-tools"):
-        self.cp, self.namespace, self.image = cp, namespace, image
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.core = client.CoreV1Api(cp.api())
-        self.running: dict[str, subprocess.Popen] = {}  # pod uid -> process
-        self.finished: dict[str, int] = {}  # pod name -> exit code
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(client.ApiException, OSError):
-                self._pass()
-
-    def _pass(self) -> None:
-        pods = {p.metadata.uid: p for p in self.core.list_namespaced_pod(self.namespace).items
-                if any(self.image in c.image for c in p.spec.containers)}
-        for uid, process in list(self.running.items()):
-            pod = pods.get(uid)
-            if pod is None or pod.metadata.deletion_timestamp is not None:
-                stop_pid(process.pid, process)
-                del self.running[uid]
-            elif process.poll() is not None:
-                if pod.spec.restart_policy == "Always":
-                    self.running[uid] = self._start(pod)
-                else:
-                    self._finish(pod, process.returncode)
-                    del self.running[uid]
-        for uid, pod in pods.items():
-            if (uid not in self.running and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
-                    and pod.metadata.name not in self.finished):
-                self.running[uid] = self._start(pod)
-
-    def _start(self, pod) -> subprocess.Popen:
-        root = self.workdir / pod.metadata.name
-        root.mkdir(exist_ok=True)
-        container = pod.spec.containers[0]
-        volumes = {v.name: v for v in pod.spec.volumes or []}
-        for mount in container.volume_mounts or []:
-            config_map = volumes[mount.name].config_map
-            if config_map is not None and mount.mount_path.startswith(self.MOUNTS):
-                target = root / mount.mount_path.removeprefix(self.MOUNTS)
-                target.mkdir(parents=True, exist_ok=True)
-                data = self.core.read_namespaced_config_map(config_map.name, self.namespace).data or {}
-                for key, text in data.items():
-                    (target / key).write_text(text)
-        argv = [str(root / a.removeprefix(self.MOUNTS)) if a.startswith(self.MOUNTS) else a
-                for a in (container.command or []) + (container.args or [])]
-        if argv[0] == "metax-operator":
-            argv[0] = str(Path(sys.executable).with_name("metax-operator"))
-        if (root / "values").is_dir() and "--values" not in argv:
-            argv += ["--values", str(root / "values" / "values.json")]
-        env = {"KUBECONFIG": str(self._kubeconfig(pod, root))}
-        for var in container.env or []:
-            if var.value_from is None:
-                env[var.name] = var.value
-            elif var.value_from.field_ref is not None:
-                field = var.value_from.field_ref.field_path
-                env[var.name] = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                                 "spec.nodeName": pod.spec.node_name}[field]
-        with (self.workdir / f"{pod.metadata.name}.log").open("ab") as log:
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=root, env={**os.environ, **env}, start_new_session=True)
-
-    def _kubeconfig(self, pod, root: Path) -> Path:
-        token = self.core.create_namespaced_service_account_token(
-            pod.spec.service_account_name, self.namespace, {"spec": {"expirationSeconds": 7200}}).status.token
-        config = yaml.safe_load(self.cp.kubeconfig.read_text())
-        config["users"] = [{"name": "pod", "user": {"token": token}}]
-        for context in config["contexts"]:
-            context["context"]["user"] = "pod"
-        path = root / "kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        return path
-
-    def _finish(self, pod, code: int) -> None:
-        self.finished[pod.metadata.name] = code
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        container = pod.spec.containers[0]
-        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
-            "phase": "Succeeded" if code == 0 else "Failed",
-            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
-            "containerStatuses": [{
-                "name": container.name, "image": container.image, "imageID": "", "ready": False, "restartCount": 0,
-                "started": False, "state": {"terminated": {
-                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": now, "finishedAt": now}}}]}})
-
-    def finished_as(self, prefix: str) -> list[int]:
-        """The exit codes of the finished pods whose names start with `prefix`."""
-        return [code for name, code in self.finished.items() if name.startswith(prefix)]
-
-    def logs(self, prefix: str) -> str:
-        """The output of the processes of the pods whose names start with `prefix`, oldest first."""
-        paths = sorted(self.workdir.glob(f"{prefix}*.log"), key=lambda p: p.stat().st_mtime)
-        return "".join(p.read_text(errors="replace") for p in paths)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        for process in self.running.values():
-            stop_pid(process.pid, process)
-        self.running.clear()

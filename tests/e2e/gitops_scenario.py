@@ -1,6 +1,10 @@
-"""What the Argo CD and Flux scenarios (test_gitops_*.py) share: their fixtures (the chart in a
-Helm repository on loopback, the tools image's pods) and what they observe and do alike: the CR,
-the driver's revisions, the runner's log, the admin's seed commands, what a deletion must leave."""
+"""What the Argo CD and Flux scenarios (test_gitops_*.py) share. Both run on the cluster of the
+user's path (tests/e2e/userpath.py: the control plane with its real node and local OCI registry,
+the tools image of this working tree and the chart pushed there), with the values a user would
+give: the seed's registry and driver version, the tools pods' scheduling on the real node, and a
+staged rollout policy. Then what they observe and do alike: the CR, the driver's revisions, the
+runner's log, the admin's seed commands, what a deletion must leave.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,59 +13,55 @@ import threading
 import time
 
 import pytest
-import yaml
 from kubernetes import client, watch
 
-from tests.controlplane import GPU_LABEL, REPO
+from tests.controlplane import GPU_LABEL
+from tests.e2e.conftest import remove_leftovers
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import CR, delete_cr, eventually, kubectl
-from tests.gitops import ChartRepository, ToolsPods
+from tests.e2e.tools import CR, eventually, kubectl
+from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod
 
-NS = "metax-operator"
-# The seed's 10-node staged policy: steps of 2, 5, 8 and 100% of the nodes, the first and the
-# last waiting for the admin, maxParallel 50%.
-POLICY = yaml.safe_load((REPO / "examples" / "rollout-10-nodes.yaml").read_text())["driver"]["upgradePolicy"]
-# Pods the runner deletes per pass in each step of POLICY on 10 nodes (tests/e2e/test_rollout_cluster).
-POLICY_WAVES = {0: [1, 1], 1: [2, 1], 2: [2, 1], 3: [1, 1]}
-DRIVER = "app.kubernetes.io/component=driver"
+# Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
+POLICY_WAVES = {0: [1], 1: [2, 1]}
 OURS = "app.kubernetes.io/part-of=metax-operator"
 SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
+HOOKS = ("preflight", "upgrade-crds", "bootstrap")
+
+
+def user_values(cluster, values: dict) -> dict:
+    """The docs' values with the cluster's registry for DOMAIN/PROJECT, plus what the user adds
+    here: the tools pods on the real node, a 1 s runner interval and the staged policy."""
+    return {**values, "registry": cluster.registry, "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
+            "runner": {**ON_TOOLS_NODE, "interval": 1},
+            "driver": {**values["driver"], "upgradePolicy": POLICY}}
 
 
 @pytest.fixture(scope="module")
-def api(control_plane):
-    return control_plane.api()
-
-
-@pytest.fixture(scope="module")
-def chart(tmp_path_factory):
-    """This checkout's chart in a Helm repository on loopback: its URL and the chart's version."""
-    repository = ChartRepository(tmp_path_factory.mktemp("charts"))
-    version = repository.publish()
-    yield {"url": repository.url, "version": version}
-    repository.stop()
-
-
-@pytest.fixture(scope="module")
-def tools_pods(control_plane, tmp_path_factory):
-    pods = ToolsPods(control_plane, NS, tmp_path_factory.mktemp("tools-pods"))
-    yield pods
-    pods.stop()
+def pods(tools_api):
+    """The release namespace's pods as last seen (hook pods go with their Jobs)."""
+    watcher = PodWatch(tools_api, NS)
+    yield watcher
+    watcher.stop()
 
 
 @contextlib.contextmanager
-def release_scope(api):
-    """Around a module's release: no CR before and after it, and the GPU nodes' label (which the
-    cleanup removes) put back for the session's other tests."""
-    core = client.CoreV1Api(api)
-    gpu_nodes = [n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items]
-    delete_cr(api)
+def release_scope(cluster, api):
+    """Around a module's release: nothing of it before, and nothing left after it for the
+    session's other tests (the namespace and the CRD, which a GitOps deletion keeps, too)."""
+    remove_leftovers(cluster, api)
     try:
         yield
     finally:
-        delete_cr(api)
-        for name in gpu_nodes:
-            core.patch_node(name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
+        remove_leftovers(cluster, api)
+
+
+def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HOOKS) -> None:
+    """Each of `hooks` ran, as a container of the tools image on the real node, and succeeded."""
+    for hook in hooks:
+        ran = pods.hook(hook)
+        assert ran, f"no pod of the {hook} hook seen"
+        for pod in ran:
+            assert_ran_as_tools_pod(pod, cluster)
 
 
 def window(seconds: float) -> None:
@@ -85,7 +85,7 @@ def reconciled(api) -> bool:
 
 def driver_revisions(api) -> set[str]:
     return {r.metadata.name for r in client.AppsV1Api(api).list_namespaced_controller_revision(
-        NS, label_selector=DRIVER).items}
+        NS, label_selector="app.kubernetes.io/component=driver").items}
 
 
 def generations(api) -> dict[str, int]:
@@ -100,22 +100,6 @@ def seed_patch(cp, field: str, value) -> None:
     """The seed's admin command on spec.driver.upgradePolicy.<field> (docs/rollout-admin.md)."""
     kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
             "-p", SEED_PATCH % (field, json.dumps(value)))
-
-
-def confirm_rollout(cp, api) -> None:
-    """Act as the admin through POLICY's rollout: confirm, with the seed's command, the first and
-    the last step, which wait for it; return once the rollout is Completed."""
-    for step in (0, 3):
-        eventually(lambda: step_status(api).get("currentStepState") == "StepPaused"
-                   and step_status(api).get("currentStepIndex") == step, 120, f"step {step} paused")
-        seed_patch(cp, "pause", False)
-    eventually(lambda: step_status(api).get("currentStepState") == "Completed", 60, "the rollout Completed")
-
-
-def assert_one_staged_rollout(api, tools_pods, revisions_before: set[str]) -> None:
-    """Exactly one new driver revision, rolled out by the runner with POLICY's waves."""
-    assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
-    assert deletions_per_step([RunnerLog(tools_pods.logs("metax-operator-runner-"))]) == POLICY_WAVES
 
 
 def runtime_edit(cp, interval: int) -> None:
@@ -133,26 +117,34 @@ def runner_applied(api, interval: int) -> bool:
 
 
 class RunnerLog:
-    """The runner's JSON log lines, read as tests/e2e/test_rollout_cluster's `deletions_per_step`
-    reads a runner's."""
+    """The in-cluster runner's JSON log lines (`kubectl logs`), read as tests/e2e/
+    test_rollout_cluster's `deletions_per_step` reads a runner's."""
 
-    def __init__(self, text: str):
-        self.entries = []
-        for line in text.splitlines():
-            try:
-                self.entries.append(json.loads(line))
-            except ValueError:
-                continue
+    def __init__(self, cp):
+        text = kubectl(cp, "logs", "-n", NS, "deployment/metax-operator-runner")
+        self.entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
     def lines(self, action: str) -> list[dict]:
         return [e for e in self.entries if e.get("action") == action]
 
 
+def assert_one_staged_rollout(cp, api, revisions_before: set[str]) -> None:
+    """Once the rollout is Completed: exactly one new driver revision, rolled out by the runner
+    with POLICY's waves."""
+    eventually(lambda: step_status(api).get("currentStepState") == "Completed"
+               and step_status(api).get("upgradingPodSpecRevision") not in revisions_before, 180,
+               "the rollout of the new revision Completed")
+    assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
+    assert deletions_per_step([RunnerLog(cp)]) == POLICY_WAVES
+
+
 def left_behind(cp, api) -> list[str]:
     """What of the release is still there after an uninstall, besides the CRD and namespace
-    that are kept on purpose: our objects, the CR, the GPU label on nodes."""
-    left = kubectl(cp, "get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", NS, "-l", OURS,
-                   "-o", "name").split()
+    that are kept on purpose: anything in the namespace, our cluster-scoped objects, the CR,
+    the GPU label on nodes."""
+    kept = {"configmap/kube-root-ca.crt", "serviceaccount/default"}  # every namespace's own
+    left = [name for name in kubectl(cp, "get", "all,configmaps,serviceaccounts,roles,rolebindings,leases", "-n", NS,
+                                     "-o", "name").split() if name not in kept]
     left += kubectl(cp, "get", "clusterroles,clusterrolebindings", "-l", OURS, "-o", "name").split()
     try:
         get_cr(api)
@@ -162,7 +154,7 @@ def left_behind(cp, api) -> list[str]:
             raise
     left += [f"node/{n.metadata.name} label {GPU_LABEL}"
              for n in client.CoreV1Api(api).list_node(label_selector=GPU_LABEL).items]
-    return left
+    return sorted(set(left))
 
 
 class StatusWatch:

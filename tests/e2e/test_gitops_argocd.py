@@ -1,16 +1,11 @@
-"""Argo CD installs, keeps, upgrades and deletes the chart on the local control plane, from the
+"""Argo CD installs, keeps, upgrades and deletes the chart on the local cluster, from the
 Application in docs/gitops.md (read from the docs, so they cannot drift).
 
 Argo CD v3.2.6 (application-controller, repo-server, Redis) runs as local processes against the
-session's control plane (tests/gitops.py). The chart comes from a Helm repository on loopback
-(`helm package` of this checkout) in place of the docs' OCI registry; the values are the seed's
-(registry, driver version) plus its 10-node staged rollout policy (examples/rollout-10-nodes.yaml).
-
-Until the control plane has a node that runs containers, the pods of the tools image (the hook
-Jobs' and the runner's) are run by `ToolsPods` as local processes with their pod's arguments,
-ConfigMaps and ServiceAccount token; everything else is real: Argo CD's rendering, sync waves,
-health, pruning and PostDelete hooks, the Job and DaemonSet controllers, kwok's pods of the MetaX
-images.
+cluster of the user's path (tests/gitops.py, tests/e2e/gitops_scenario.py): it pulls the chart
+from the local OCI registry (`oci://127.0.0.1:PORT/metax/metax-operator`, the registry's CA in
+argocd-tls-certs-cm), the hook Jobs and the runner run as containers of the tools image on the
+real node, the MetaX components on kwok nodes.
 """
 from __future__ import annotations
 
@@ -20,14 +15,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, api, assert_one_staged_rollout, chart,  # noqa: F401
-                                       confirm_rollout, driver_revisions, generations, get_cr, left_behind,
-                                       reconciled, release_scope, runner_applied, runtime_edit, seed_patch,
-                                       tools_pods, window)
+from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, assert_hooks_ran_on_the_real_node,  # noqa: F401
+                                       assert_one_staged_rollout, driver_revisions, generations, get_cr,
+                                       left_behind, pods, reconciled, release_scope, runner_applied, runtime_edit,
+                                       seed_patch, user_values, window)
 from tests.e2e.tools import eventually, kubectl
 from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("gitops")]
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 APP = "metax-operator"
 RECONCILIATION = 30  # seconds: how often Argo CD compares the Application with its source
@@ -37,37 +32,34 @@ QUIET_WINDOW = 150  # seconds the installed application is watched while nothing
 # -- fixtures ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def argocd(control_plane, tmp_path_factory):
+def argocd(tools_cluster, tmp_path_factory):
     try:
-        argo = ArgoCD.start(control_plane, tmp_path_factory.mktemp("argocd"), reconciliation=f"{RECONCILIATION}s")
+        argo = ArgoCD.start(tools_cluster.cp, tmp_path_factory.mktemp("argocd"), reconciliation=f"{RECONCILIATION}s")
+        argo.trust("127.0.0.1", tools_cluster.cp.ca.read_text())  # the registry's CA, by host name
     except GitOpsError as error:
         pytest.fail(f"Argo CD: {error}", pytrace=False)
     yield argo
     argo.stop()
 
 
-def application(chart: dict) -> dict:
-    """The docs' Application with the local chart source and the test's values."""
-    app = yaml.safe_load(snippet("argocd-application"))
+def application(cluster) -> dict:
+    """The docs' Application, DOMAIN/PROJECT being the local registry, with the user's values."""
+    app = yaml.safe_load(snippet("argocd-application").replace("DOMAIN/PROJECT", cluster.registry))
     helm = app["spec"]["source"]["helm"]
-    app["spec"]["source"] = {"repoURL": chart["url"], "chart": "metax-operator", "targetRevision": chart["version"],
-                             "helm": helm}
-    values = helm["valuesObject"]
-    values["registry"] = "cr.example.com/metax"  # the docs' DOMAIN/PROJECT
-    values["driver"]["upgradePolicy"] = POLICY
+    helm["valuesObject"] = user_values(cluster, helm["valuesObject"])
     return app
 
 
 @pytest.fixture(scope="module")
-def installed(control_plane, api, argocd, chart, tools_pods):
+def installed(tools_cluster, tools_api, argocd, pods):
     """The docs' Application applied, Synced and Healthy; deleted at the end if a test did not."""
-    with release_scope(api):
+    with release_scope(tools_cluster, tools_api):
         started = time.monotonic()
-        argocd.apply([application(chart)])
+        argocd.apply([application(tools_cluster)])
         argocd.wait_application(APP, synced_healthy, 300, "Synced and Healthy after the install")
-        yield {"install_seconds": time.monotonic() - started, "version": chart["version"]}
+        yield {"install_seconds": time.monotonic() - started}
         if argocd.application(APP) is not None:
-            kubectl(control_plane, "delete", "application", "-n", "argocd", APP, "--wait=false")
+            kubectl(tools_cluster.cp, "delete", "application", "-n", "argocd", APP, "--wait=false")
             eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
 
 
@@ -104,11 +96,14 @@ def reconciles(argocd) -> float:
 
 # -- the scenario, in order --------------------------------------------------------------------
 
-def test_install_runs_the_hooks_in_sync_waves_before_everything_else(api, argocd, installed):
+def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_cluster, tools_api, argocd, pods,
+                                                                   installed):
+    api = tools_api
     found = jobs(api)
     by_hook = {name.rsplit("-", 1)[0].removeprefix("metax-operator-"): job for name, job in found.items()}
     assert sorted(by_hook) == ["bootstrap", "preflight", "upgrade-crds"], sorted(found)
     assert all(job.status.succeeded == 1 for job in by_hook.values())
+    assert_hooks_ran_on_the_real_node(pods, tools_cluster)
     # each wave starts when the one before is complete (timestamps have 1 s resolution)
     waves = [by_hook["preflight"], by_hook["upgrade-crds"], by_hook["bootstrap"]]
     for before, after in zip(waves, waves[1:]):
@@ -122,16 +117,17 @@ def test_install_runs_the_hooks_in_sync_waves_before_everything_else(api, argocd
     assert len(history(argocd)) == 1  # one sync did it all
 
 
-def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(control_plane, api, argocd, installed):
+def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cluster, tools_api, argocd,
+                                                                       installed):
     """An admin's edit of the CR, applied by the runner to a DaemonSet, is not drift for Argo CD;
     over the window Argo CD compares the application every RECONCILIATION seconds and nothing
     syncs, and nothing but the runner's one change is written to the chart's objects."""
+    api = tools_api
     before = {"generations": generations(api), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
               "reconciles": reconciles(argocd)}
     sync = watch_sync(api)
-    runtime_edit(control_plane, 9)
+    runtime_edit(tools_cluster.cp, 9)
     eventually(lambda: runner_applied(api, 9), 60, "the runner to apply the CR's healthyInterval to metax-gpu-device")
-
     window(QUIET_WINDOW)
     updates = len(sync.seen)
     seen = sync.stop()
@@ -147,15 +143,16 @@ def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(control_
                f"{ {k: round(v / 2**20) for k, v in argocd.rss().items()} }")
     print(figures)
     assert synced == ["Synced"] and operations == 0, figures
-    assert changed == {"DaemonSet/metax-gpu-device": (before["generations"]["DaemonSet/metax-gpu-device"],
-                                                      before["generations"]["DaemonSet/metax-gpu-device"] + 1)}, figures
+    gpu_device = before["generations"]["DaemonSet/metax-gpu-device"]
+    assert changed == {"DaemonSet/metax-gpu-device": (gpu_device, gpu_device + 1)}, figures
     assert after["revisions"] == before["revisions"] and after["jobs"] == before["jobs"], figures
     assert after["reconciles"] - before["reconciles"] >= QUIET_WINDOW // RECONCILIATION - 1, figures
     argocd.wait_application(APP, synced_healthy, 60, "Synced and Healthy after the window")
 
 
-def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(control_plane, api, argocd, tools_pods,
+def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tools_cluster, tools_api, argocd,
                                                                          installed):
+    api = tools_api
     before = driver_revisions(api)
     synced_before = len(history(argocd))
     sync = watch_sync(api)
@@ -163,10 +160,8 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(cont
     argocd.wait_application(APP, lambda a: len((a.get("status") or {}).get("history") or []) > synced_before
                             and synced_healthy(a), 180, "the new values synced")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
-
-    confirm_rollout(control_plane, api)
+    assert_one_staged_rollout(tools_cluster.cp, api, before)
     seen = sync.stop()
-    assert_one_staged_rollout(api, tools_pods, before)
     # OutOfSync only until the new values were synced, never during the rollout: one sync operation
     synced = [status for i, (status, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != status]
     assert synced in (["Synced", "OutOfSync", "Synced"], ["OutOfSync", "Synced"]), seen
@@ -174,13 +169,15 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(cont
     argocd.wait_application(APP, synced_healthy, 60, "Synced and Healthy after the rollout")
 
 
-def test_a_runtime_pause_survives_the_next_syncs(control_plane, api, argocd, installed):
-    seed_patch(control_plane, "pause", True)
+def test_a_runtime_pause_survives_the_next_syncs(tools_cluster, tools_api, argocd, installed):
+    api, cp = tools_api, tools_cluster.cp
+    seed_patch(cp, "pause", True)
     try:
         # a sync with nothing new (as `argocd app sync` starts it)
         synced_before = len(history(argocd))
+        revision = argocd.application(APP)["spec"]["source"]["targetRevision"]
         client.CustomObjectsApi(api).patch_namespaced_custom_object(*APPLICATIONS, APP, {"operation": {
-            "initiatedBy": {"username": "admin"}, "sync": {"revision": installed["version"], "prune": True}}})
+            "initiatedBy": {"username": "admin"}, "sync": {"revision": revision, "prune": True}}})
         argocd.wait_application(APP, lambda a: len((a.get("status") or {}).get("history") or []) > synced_before
                                 and synced_healthy(a), 120, "the manual sync")
         assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
@@ -194,16 +191,17 @@ def test_a_runtime_pause_survives_the_next_syncs(control_plane, api, argocd, ins
         assert cr["spec"]["gpuDevice"]["healthyInterval"] == 11
         assert cr["spec"]["driver"]["upgradePolicy"]["pause"] is True
     finally:
-        seed_patch(control_plane, "pause", False)
+        seed_patch(cp, "pause", False)
 
 
-def test_deleting_the_application_cleans_up_as_helm_uninstall_does(control_plane, api, argocd, tools_pods, installed):
-    kubectl(control_plane, "delete", "application", "-n", "argocd", APP, "--wait=false")
+def test_deleting_the_application_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, argocd, pods,
+                                                                   installed):
+    kubectl(tools_cluster.cp, "delete", "application", "-n", "argocd", APP, "--wait=false")
     try:
         eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
     except AssertionError:
         raise AssertionError(f"Application not deleted: {summary(argocd.application(APP))}; "
                              f"logs in {argocd.workdir / 'logs'}") from None
-    assert left_behind(control_plane, api) == []
-    assert kubectl(control_plane, "get", "crd", "clusteroperators.gpu.metax-tech.com", "-o", "name")  # crds.keep
-    eventually(lambda: not tools_pods.running, 30, "the runner stopped with its pod")
+    assert_hooks_ran_on_the_real_node(pods, tools_cluster, ("cleanup",))
+    assert left_behind(tools_cluster.cp, tools_api) == []
+    assert kubectl(tools_cluster.cp, "get", "crd", "clusteroperators.gpu.metax-tech.com", "-o", "name")  # crds.keep
