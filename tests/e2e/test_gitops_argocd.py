@@ -196,12 +196,14 @@ def test_a_runtime_pause_survives_the_next_syncs(tools_cluster, tools_api, argoc
 
 def test_deleting_the_application_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, argocd, pods,
                                                                    installed):
+    started = time.monotonic()
     kubectl(tools_cluster.cp, "delete", "application", "-n", "argocd", APP, "--wait=false")
     try:
         eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
     except AssertionError:
         raise AssertionError(f"Application not deleted: {summary(argocd.application(APP))}; "
                              f"logs in {argocd.workdir / 'logs'}") from None
+    print(f"Application deleted in {time.monotonic() - started:.0f} s")
     assert_hooks_ran_on_the_real_node(pods, tools_cluster, ("cleanup",))
     assert left_behind(tools_cluster.cp, tools_api) == []
     assert kubectl(tools_cluster.cp, "get", "crd", "clusteroperators.gpu.metax-tech.com", "-o", "name")  # crds.keep
