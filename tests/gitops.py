@@ -40,7 +40,7 @@ from tests.controlplane import CACHE, REPO, Component, ControlPlane, free_port, 
 from tests.helm import BIN
 
 ARGOCD_VERSION = "v3.2.6"
-ARGOCD_DIR = Path(os.environ.get("METAX_ARGOCD_DIR") or CACHE / "argocd" / ARGOCD_VERSION)
+ARGOCD_DIR = CACHE / "argocd" / ARGOCD_VERSION  # built by scripts/setup.d/30-argocd
 ARGOCD_NAMESPACE = "argocd"
 APPLICATIONS = ("argoproj.io", "v1alpha1", ARGOCD_NAMESPACE, "applications")
 DOCS = REPO / "docs" / "gitops.md"
