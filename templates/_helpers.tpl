@@ -67,10 +67,13 @@ Takes (dict "root" $ "registry" OWN_REGISTRY). */}}
 {{- .registry | default .root.Values.registry -}}
 {{- end }}
 
-{{/* An image reference `<registry>/<name>:<tag>`, the tag defaulting to the appVersion.
-Takes (dict "root" $ "image" {registry, name, tag}). */}}
+{{/* An image reference `<registry>/<name>:<tag>[@<digest>]`, the tag defaulting to the
+appVersion; with a digest the runtime pulls by digest (the format of hooks/metax_operator/images.py,
+which the runner uses for the payloads; tests/test_images.py checks they agree).
+Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- define "metax-operator.image" -}}
 {{- printf "%s/%s:%s" (include "metax-operator.registry" (dict "root" .root "registry" .image.registry)) .image.name (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
 
 {{/* The components as a JSON list of [values key, DaemonSet name], in install order. */}}
@@ -196,9 +199,11 @@ renders nothing for a component without prerequisites. */}}
           fieldPath: metadata.namespace
   resources:
     requests: {cpu: 10m, memory: 32Mi}
-    limits: {memory: 128Mi}
+    limits: {cpu: "1", memory: 128Mi}
   securityContext:
     {{- include "metax-operator.podSecurityRestricted" .root | nindent 4 }}
+  volumeMounts:
+    {{- include "metax-operator.apiAccess.mount" . | nindent 4 }}
 {{- end }}
 {{- end }}
 
@@ -215,9 +220,14 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* Pod-level fields every component pod shares: service account, priority, pull secrets. */}}
+{{/* Pod-level fields every component pod shares: service account (its token only in the
+containers that mount `apiAccess.volume`), seccomp, priority, pull secrets. */}}
 {{- define "metax-operator.podCommon" -}}
 serviceAccountName: {{ .name }}
+automountServiceAccountToken: false
+securityContext:
+  seccompProfile:
+    type: RuntimeDefault
 {{- with .root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
@@ -228,16 +238,26 @@ imagePullSecrets:
 {{- end }}
 
 {{/* A container security context for a root process that writes root-owned host or volume
-files without privilege: no escalation, only the file-ownership capabilities. */}}
+files without privilege: no escalation, only the file-ownership capabilities, its own files
+read-only. */}}
 {{- define "metax-operator.rootNoPrivileges" -}}
 runAsUser: 0
 privileged: false
 allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
   add: [CHOWN, DAC_OVERRIDE, FOWNER]
 seccompProfile:
   type: RuntimeDefault
+{{- end }}
+
+{{/* The container security context of a component that changes the host's kernel or services.
+It says what the runtime does anyway: a privileged container runs without a seccomp filter. */}}
+{{- define "metax-operator.privileged" -}}
+privileged: true
+seccompProfile:
+  type: Unconfined
 {{- end }}
 
 {{/* A ClusterRole or Role with its binding to the component's ServiceAccount. Takes
@@ -283,11 +303,13 @@ tolerations:
 {{- end }}
 {{- end }}
 
-{{/* The runner's pod spec (Deployment or CronJob), meeting Pod Security "restricted".
-Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST). */}}
+{{/* The runner's pod spec (Deployment or CronJob), meeting Pod Security "restricted". With
+`health` (the Deployment) it serves its health endpoint, which the kubelet probes.
+Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST ["health" true]). */}}
 {{- define "metax-operator.runnerPod" -}}
 {{- $runner := .root.Values.runner -}}
 serviceAccountName: {{ .name }}
+automountServiceAccountToken: false
 securityContext:
   runAsNonRoot: true
   runAsUser: 65532
@@ -320,10 +342,34 @@ containers:
     resources:
       {{- toYaml . | nindent 6 }}
     {{- end }}
+    {{- if .health }}
+    ports:
+      - name: health
+        containerPort: {{ $runner.health.port }}
+        protocol: TCP
+    # Restarted when its loop stops finishing iterations (runner.health.stallTimeout); not
+    # Ready while the API server or its watches are out of reach (docs/runner.md).
+    livenessProbe:
+      httpGet:
+        path: /healthz
+        port: health
+      periodSeconds: 10
+      timeoutSeconds: 5
+      failureThreshold: 3
+    readinessProbe:
+      httpGet:
+        path: /readyz
+        port: health
+      periodSeconds: 10
+      timeoutSeconds: 5
+      failureThreshold: 3
+    {{- end }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp
+      {{- include "metax-operator.apiAccess.mount" . | nindent 6 }}
 volumes:
   - name: tmp
     emptyDir: {}
+  {{- include "metax-operator.apiAccess.volume" . | nindent 2 }}
 {{- end }}

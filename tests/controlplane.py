@@ -60,6 +60,7 @@ GPU_LABEL = "metax-tech.com/gpu.installed"
 GPU_RESOURCE = "metax-tech.com/gpu"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPUS_ANNOTATION = "metax-operator.test/gpus"  # how many GPUs a simulated node reports
+RESOURCES_ANNOTATION = "metax-operator.test/resources"  # JSON {resource: count} it also reports
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.1/16"  # kwok hands out pod IPs from it; nothing is ever sent to them
@@ -216,13 +217,17 @@ def _check_node_prerequisites() -> None:
                                 f"installs them)")
 
 
-def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None) -> dict:
+def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None,
+                  resources: dict | None = None) -> dict:
     all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "amd64", "type": "kwok", **(labels or {})}
     annotations = {KWOK_NODE_ANNOTATION: "fake"}
-    if gpus:
+    if gpus or resources:
         all_labels[GPU_LABEL] = "true"
+    if gpus:
         annotations[GPUS_ANNOTATION] = str(gpus)
+    if resources:
+        annotations[RESOURCES_ANNOTATION] = json.dumps({k: str(v) for k, v in resources.items()})
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": all_labels, "annotations": annotations},
             "spec": {"taints": taints or []}}
@@ -234,6 +239,7 @@ _NODE_INITIALIZE_STATUS = """\
 {{ $now := Now }}
 {{ $since := or .metadata.creationTimestamp $now }}
 {{ $gpus := index (or .metadata.annotations dict) "%(gpus)s" }}
+{{ $resources := fromJson (or (index (or .metadata.annotations dict) "%(resources)s") "{}") }}
 conditions:
 {{ range NodeConditions }}
 - {type: {{ .type | Quote }}, status: {{ .status | Quote }}, reason: {{ .reason | Quote }},
@@ -248,6 +254,9 @@ addresses:
   ephemeral-storage: 1874079380Ki
   pods: "110"
   {{ with $gpus }}%(resource)s: {{ . | Quote }}{{ end }}
+{{ range $name, $count := $resources }}
+  {{ $name }}: {{ $count | Quote }}
+{{ end }}
 {{ end }}
 nodeInfo:
   architecture: amd64
@@ -261,7 +270,8 @@ nodeInfo:
   systemUUID: {{ .metadata.uid | Quote }}
   bootID: {{ .metadata.uid | Quote }}
 phase: Running
-""" % {"gpus": GPUS_ANNOTATION, "resource": GPU_RESOURCE, "version": K8S_VERSION}
+""" % {"gpus": GPUS_ANNOTATION, "resources": RESOURCES_ANNOTATION, "resource": GPU_RESOURCE,
+       "version": K8S_VERSION}
 
 NODE_INITIALIZE = {
     "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": "node-initialize"},
@@ -710,9 +720,11 @@ class ControlPlane:
     # -- nodes --
 
     def add_nodes(self, n: int, gpu: bool = True, prefix: str | None = None, labels: dict | None = None,
-                  taints: list | None = None, gpus: int = 8, wait: bool = True) -> list[str]:
-        """Create n simulated nodes (GPU nodes carry the gpu label and `gpus` allocatable GPUs)
-        and return their names; with `wait`, return once kwok reports them Ready."""
+                  taints: list | None = None, gpus: int = 8, wait: bool = True,
+                  resources: dict | None = None) -> list[str]:
+        """Create n simulated nodes (GPU nodes carry the gpu label, `gpus` allocatable GPUs and the
+        other allocatable `resources`, e.g. {"metax-tech.com/sgpu": 16}) and return their names;
+        with `wait`, return once kwok reports them Ready."""
         prefix = prefix or ("gpu-node" if gpu else "cpu-node")
         first = self._node_count.get(prefix, 0)
         self._node_count[prefix] = first + n
@@ -723,7 +735,8 @@ class ControlPlane:
             if not hasattr(local, "core"):
                 local.core = client.CoreV1Api(self.api())
             # The answer is not turned into a client model: at thousands of nodes that is most of the cost.
-            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints), _preload_content=False)
+            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints,
+                                                 resources if gpu else None), _preload_content=False)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, n))) as pool:
             list(pool.map(create, names))

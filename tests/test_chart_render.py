@@ -14,7 +14,9 @@ from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, li
 
 pytestmark = pytest.mark.helm
 
-SEED_INSTALL = ("--set", "registry=DOMAIN/PROJECT", "--set", "driver.payload.version=2.32.0.6")
+# The seed's install command, its DOMAIN/PROJECT placeholder filled in (an image path must be
+# lowercase: `DOMAIN/PROJECT` itself is refused, as the kubelet would refuse its images).
+SEED_INSTALL = ("--set", "registry=domain.example/project", "--set", "driver.payload.version=2.32.0.6")
 ALL_ON = ("--values", str(CHART / "tests/data/values-all.yaml"))
 # Seed §3.2.6.1, as a shell passes `--set ...nodeName='worknode\\d+' --set ...gpus='0\,1\,2'`.
 SEED_VFIO = SEED_INSTALL + (
@@ -355,7 +357,8 @@ def test_runner_runs_its_command_under_pod_security_restricted(helm_bin, mode):
     command = spec["containers"][0]["command"]
     if mode == "deployment":
         assert runner["spec"]["replicas"] == 1 and runner["spec"]["strategy"] == {"type": "Recreate"}
-        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7"]
+        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7",
+                           "--health-port", "8081", "--stall-timeout", "300"]
     else:
         assert runner["spec"]["concurrencyPolicy"] == "Forbid"
         assert command == ["metax-operator", "run", "--once", "--namespace", NAMESPACE]

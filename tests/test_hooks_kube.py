@@ -81,5 +81,6 @@ def test_resource_paths():
     assert co.path("cluster-operator", subresource="status") == \
         "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator/status"
     assert co.path() == "/apis/gpu.metax-tech.com/v1/clusteroperators"
+    assert cm.path(all_namespaces=True) == "/api/v1/configmaps"
     with pytest.raises(ValueError, match="namespace is required"):
         cm.path("x")

@@ -71,8 +71,9 @@ def test_delete_policy_and_job_limits_come_from_values(helm_bin):
         assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"],
                 job["spec"]["backoffLimit"]) == (60, 120, 1)
         [container] = pod_spec(job)["containers"]
-        # Helm merges maps: the default memory request stays
-        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "100Mi"}}
+        # Helm merges maps: the default memory request and CPU limit stay
+        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
+                                          "limits": {"cpu": "1", "memory": "100Mi"}}
 
 
 def test_pods_meet_pod_security_restricted(helm_bin):
@@ -84,7 +85,8 @@ def test_pods_meet_pod_security_restricted(helm_bin):
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["restartPolicy"] == "Never"
         assert not spec.get("hostNetwork") and not spec.get("hostPID")
-        assert all(v.get("configMap") or v.get("emptyDir") is not None for v in spec["volumes"])
+        assert all(v.get("configMap") or v.get("emptyDir") is not None
+                   or (v["name"] == "kube-api-access" and v["projected"]) for v in spec["volumes"])
         for container in spec["containers"]:
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False
@@ -146,6 +148,19 @@ def test_crds_keep_false_lets_cleanup_delete_the_crd(helm_bin):
     assert verbs == {"get"} and "--delete-crd" not in args
     verbs, args = cleanup(False)
     assert verbs == {"get", "delete"} and "--delete-crd" in args
+
+
+def test_cleanup_budget_fits_its_job_deadline_and_the_test_pod_has_one(helm_bin):
+    """The cleanup's waits share one budget, a minute under the Job's deadline, so it ends with a
+    line naming what is left instead of being killed; the test pod stops when `helm test` stops
+    waiting (docs/hooks.md)."""
+    for deadline, budget in ((300, "240"), (1200, "1140"), (45, "30")):
+        objects = render({"hooks": {"activeDeadlineSeconds": deadline}}, helm=helm_bin)
+        job = find(objects, "Job", "metax-operator-cleanup")
+        args = pod_spec(job)["containers"][0]["args"]
+        assert job["spec"]["activeDeadlineSeconds"] == deadline and args[args.index("--timeout") + 1] == budget
+    test_pod = find(render({"tests": {"activeDeadlineSeconds": 600}}, helm=helm_bin), "Pod", "metax-operator-test")
+    assert test_pod["spec"]["activeDeadlineSeconds"] == 600
 
 
 def test_values_configmap_carries_the_values_with_tolerations_as_a_list(helm_bin, tmp_path):

@@ -167,7 +167,7 @@ def test_node_patch_removes_only_our_keys():
     n = node("gpu-1", labels={"metax-tech.com/gpu-device.mode": "sgpu", "team": "a"},
              annotations={"metax-tech.com/gpu-vfio": '{"0":1}', "other": "x"})
     assert cleanup.node_patch(n) == {"metadata": {
-        "resourceVersion": "7", "labels": {"metax-tech.com/gpu.installed": None},
+        "labels": {"metax-tech.com/gpu.installed": None},
         "annotations": {"metax-tech.com/gpu-vfio": None}}}
     assert cleanup.node_patch(node("cpu-1", gpu=False, labels={"metax-tech.com/gpu-device.mode": "sgpu"})) is None
 
@@ -233,3 +233,33 @@ def test_exporter_answering_passes_and_silence_fails(metrics_server):
     server.server_close()
     [line] = smoke.check_http("Service ns/x", "127.0.0.1", closed, 2)
     assert line.startswith(f"Service ns/x: http://127.0.0.1:{closed}/metrics does not answer")
+
+
+# --- the workload checks in preflight and helm test ---------------------------------------------
+
+SGPU_NODE = node("n1", labels={"metax-tech.com/gpu-device.mode": "sgpu", "metax-tech.com/gpu-device.qos-policy": "fair"})
+GPU_POD = {"metadata": {"name": "job", "namespace": "team"},
+           "spec": {"nodeName": "n1", "containers": [{"name": "c", "env": [{"name": "METAX_MACA_VERSION", "value": "maca-3"}],
+                                                      "resources": {"limits": {"metax-tech.com/sgpu": "1"}}}]}}
+HAMI = {"metadata": {"name": "hami-scheduler-0", "namespace": "kube-system",
+                     "labels": {"app.kubernetes.io/component": "hami-scheduler"}},
+        "spec": {"containers": []}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+VALUES = {"runtime": {"deploy": True}, "maca": {"deploy": True, "payload": {"images": ["maca-c500:2.18.0.3-amd64"]}}}
+
+
+def test_preflight_fails_only_on_what_the_values_cause_and_warns_of_the_rest():
+    findings = preflight.Findings()
+    preflight.check_workloads({**VALUES, "runtime": {"deploy": False}}, [SGPU_NODE], [GPU_POD], findings)
+    assert [e.rule for e in findings.errors] == ["sgpu-without-runtime"]
+    assert str(findings.errors[0]).startswith("node n1: labelled metax-tech.com/gpu-device.mode=sgpu, but sGPU "
+                                              "needs the container-runtime component")
+    assert len(findings.warnings) == 3  # the QoS value, no HAMi, METAX_MACA_VERSION=maca-3
+    assert any("METAX_MACA_VERSION=maca-3 matches none of the MXMACA versions deployed (maca-2.18.0.3)" in w
+               for w in findings.warnings)
+
+
+def test_preflight_and_helm_test_say_the_same_words():
+    findings = preflight.Findings()
+    preflight.check_workloads(VALUES, [SGPU_NODE], [GPU_POD, HAMI], findings)
+    assert smoke.check_workloads(VALUES, ["runtime", "maca"], [SGPU_NODE], [GPU_POD, HAMI]) == findings.warnings
+    assert not findings.errors and len(findings.warnings) == 2

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from metax_operator import rollout, rollout_admin
-from metax_operator.rollout_observe import (build, project_driver_pod, project_gpu_pod,
-                                            project_revision)
+from metax_operator.rollout_observe import build, project_driver_pod, project_revision
+from metax_operator.workloads import gpu_pod
 
 DS_UID = "ds-uid"
 SEED_POLICY = {"enableRollout": True,
@@ -74,12 +74,13 @@ def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():
 ])
 def test_gpu_workload_projection_keeps_only_pods_requesting_metax_resources(resources, kept):
     obj = {"metadata": {"name": "w"}, "spec": {"nodeName": "n7", "containers": [{"resources": resources}]}}
-    assert project_gpu_pod(obj) == ("n7" if kept else None)
+    projected = gpu_pod(obj)
+    assert (projected.node if projected else None) == ("n7" if kept else None)
 
 
 def test_an_unscheduled_gpu_pod_holds_no_node():
     obj = {"metadata": {"name": "w"}, "spec": {"containers": [{"resources": {"limits": {"metax-tech.com/gpu": 1}}}]}}
-    assert project_gpu_pod(obj) is None
+    assert gpu_pod(obj).node == ""
 
 
 def test_current_revision_is_the_newest_owned_controllerrevision():

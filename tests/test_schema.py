@@ -17,6 +17,7 @@ import yaml
 from hypothesis import given, strategies as st
 
 from metax_operator import schema, validation
+from tests.helm import overlay
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_CASES = ROOT.parent / "shared" / "cases"
@@ -26,7 +27,7 @@ CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
 CR_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin" / "helm-docs"
 CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
-              "priorityClassName", "tools", "runner", "hooks", "crds", "tests"}
+              "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy"}
 COMPONENTS = ("gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")
 
 
@@ -154,12 +155,9 @@ EXAMPLES = _examples()
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_is_valid(name):
-    from metax_operator.validate_cmd import coalesce
-
-    values = coalesce(VALUES, EXAMPLES[name])
+    values = overlay(VALUES, EXAMPLES[name])
     assert validation.schema_problems(values, VALUES_SCHEMA) == []
-    values = coalesce(values, {"registry": "cr.example.com/metax",
-                               "driver": {"payload": {"version": "2.32.0.6"}}})
+    values = overlay(values, {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}})
     validation.validate_values(values)
 
 

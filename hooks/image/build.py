@@ -1,11 +1,12 @@
 """`make image`: builds the tools image without Docker, reproducibly, as an OCI image layout.
 
-    build.py [--output DIR] [--no-base-cache]     build (default)
-    build.py lock                                 rewrite hooks/image/pylock.toml from pyproject.toml
+    build.py [build] [--output DIR] [--base cached|refresh|fresh]
+    build.py lock        rewrite hooks/image/pylock.toml from pyproject.toml
 
 Two layers. The base: Debian bookworm by hooks/image/mkbase (mmdebstrap), cached under
 $METAX_CACHE/image/base/<key> with its layer blob; the key hashes mkbase, the package list and
-the account script, so the cache holds exactly what those inputs make from the mirror. The
+the account script, so the cache holds what those inputs made from the mirror (`--base refresh`
+makes it anew to take Debian's updates). The
 package layer, /usr/local, is made anew by every build that is not cached: the package's wheel
 built from the source tree, the locked wheels (downloads checked by sha256, kept in
 $METAX_CACHE/image/wheels), installed for the base's python3 and compiled to hash-checked .pyc
@@ -153,18 +154,20 @@ class Builder:
         self.base_epoch = git_time(*BASE_INPUTS) or self.epoch
         self.base_key = hashlib.sha256(f"{hash_files(BASE_INPUTS)} {self.base_epoch}".encode()).hexdigest()[:16]
 
-    def key(self) -> str:
+    def key(self, base_layer: dict) -> str:
         """Every input of the image: a build with the same key gives the same digest."""
         inputs = [*HERE.glob("*"), DOCKERFILE, REPO / "pyproject.toml", REPO / "Chart.yaml", *source_files()]
         tools = " ".join(f"{tool}=={importlib.metadata.version(tool)}" for tool in BUILD_TOOLS)
         files = [path for path in inputs if path.is_file() and path.suffix != ".pyc"]
-        return hashlib.sha256(f"{hash_files(files)} {tools} {self.epoch} {self.base_key}".encode()).hexdigest()[:16]
+        return hashlib.sha256(f"{hash_files(files)} {tools} {self.epoch} {base_layer['digest']}".encode()).hexdigest()[:16]
 
-    def base(self, fresh: bool) -> tuple[Path, dict]:
+    def base(self, mode: str) -> tuple[Path, dict]:
         """The base's directory (rootfs/ and packages.txt, made by mkbase once per key) and its
-        layer's descriptor, the blob cached beside it under layer-<key of the layer writer>/."""
-        base = self.work / "base" if fresh else self.cache / "base" / self.base_key
-        if not (base / "packages.txt").exists():
+        layer's descriptor, the blob cached beside it under layer-<key of the layer writer>/.
+        mode "cached" uses the cached one, "refresh" makes it anew, "fresh" makes one in the work
+        directory and leaves the cache alone."""
+        base = self.work / "base" if mode == "fresh" else self.cache / "base" / self.base_key
+        if mode != "cached" or not (base / "packages.txt").exists():
             log = self.cache / f"base-{self.base_key}.log"
             log.unlink(missing_ok=True)
             step(f"Debian base by hooks/image/mkbase (1-2 minutes; log: {log})")
@@ -172,7 +175,7 @@ class Builder:
             base.mkdir(parents=True)
             run([HERE / "mkbase", base / "rootfs"], log=log, env={**os.environ, "SOURCE_DATE_EPOCH": str(self.base_epoch)})
             (base / "packages.txt").write_text(run(["chroot", base / "rootfs", "dpkg-query", "--show"]))
-            if not fresh:
+            if mode != "fresh":
                 _prune(base.parent, KEEP_BASES)
         writer = hashlib.sha256((HERE / "oci.py").read_bytes() + repr(sorted(EMPTY_IN_IMAGE)).encode()).hexdigest()[:16]
         blobs = base / f"layer-{writer}"
@@ -180,9 +183,10 @@ class Builder:
             step("base layer")
             shutil.rmtree(blobs, ignore_errors=True)
             layer = oci.write_layer(base / "rootfs", blobs, self.base_epoch, EMPTY_IN_IMAGE)
-            (blobs / "layer.json").write_text(json.dumps({**layer, "path": str(oci.blob_path(blobs, layer))}))
+            (blobs / "layer.json").write_text(json.dumps(layer))
         os.utime(base)
-        return base, json.loads((blobs / "layer.json").read_text())
+        layer = json.loads((blobs / "layer.json").read_text())
+        return base, {**layer, "path": oci.blob_path(blobs, layer)}
 
     def wheels(self) -> list[Path]:
         """The locked wheels, downloaded once (pip checks each against the lock's sha256)."""
@@ -236,26 +240,26 @@ class Builder:
         return app
 
 
-def build(cache: Path, output: Path | None, fresh_base: bool) -> dict:
+def build(cache: Path, output: Path | None, base_mode: str) -> dict:
     started = time.monotonic()
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock, tempfile.TemporaryDirectory(dir=cache, prefix="work-") as tmp:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: they share the base and the wheels
         builder = Builder(cache, Path(tmp))
-        tag, key = app_version(), builder.key()
-        result = output or cache / "builds" / key
+        tag = app_version()
         if output and output.exists() and not (output / "digest").exists():
             raise BuildError(f"--output {output} exists and is not an earlier image build: name a new directory")
-        if output is None and fresh_base is False and (result / "digest").exists():
+        base, base_layer = builder.base(base_mode)
+        result = output or cache / "builds" / builder.key(base_layer)
+        if output is None and (result / "digest").exists():
             os.utime(result)
             return _report(result, tag, cached=True)
-        base, base_layer = builder.base(fresh_base)
         step("package layer: the package's wheel and the locked wheels, installed and compiled")
         app = builder.package_layer(base / "rootfs", [builder.package_wheel(), *builder.wheels()])
         layer = oci.write_layer(app, builder.work, builder.epoch)
         config = image_config(builder.epoch, builder.base_epoch)
         new = builder.work / "result"
-        digest = oci.write_layout(new / "oci", [(Path(base_layer["path"]), base_layer),
+        digest = oci.write_layout(new / "oci", [(base_layer["path"], base_layer),
                                                (oci.blob_path(builder.work, layer), layer)], config, tag)
         (new / "digest").write_text(digest + "\n")
         (new / "contents.txt").write_text(_contents(base, app))
@@ -318,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/image", description=__doc__.splitlines()[0])
     parser.add_argument("command", nargs="?", default="build", choices=["build", "lock"])
     parser.add_argument("--output", type=Path, help="write the result here (not cached; replaced if it exists)")
-    parser.add_argument("--no-base-cache", action="store_true",
-                        help="make the Debian base anew in a temporary directory, leaving the cached one alone")
+    parser.add_argument("--base", choices=["cached", "refresh", "fresh"], default="cached",
+                        help="the Debian base: the cached one (default); refresh: make the cached one anew from the"
+                             " mirror (takes Debian's updates); fresh: make one in a temporary directory, leaving"
+                             " the cache alone")
     args = parser.parse_args(argv)
     os.umask(0o022)  # files the build writes get the same modes on every machine
     os.environ["PATH"] += ":/usr/sbin:/sbin"  # chroot, where a user's PATH has no sbin
@@ -330,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise BuildError("building the image needs root (mmdebstrap, chroot, a mount namespace): run it as root")
         cache = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator")) / "image"
-        result = build(cache, args.output.resolve() if args.output else None, args.no_base_cache)
+        result = build(cache, args.output.resolve() if args.output else None, args.base)
     except (BuildError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

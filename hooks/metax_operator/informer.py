@@ -8,7 +8,7 @@ event cannot live longer than that. Each object is stored as `project(obj)`, a s
 value (or skipped when it returns None), so a cluster-wide pod watch costs little memory.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
-which is what a pass costs the API server in steady state (DESIGN.md section 5).
+which is what a pass costs the API server in steady state.
 """
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ class Informer:
         self._store: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
+        self._failing = False  # the last LIST or WATCH failed; the next successful LIST clears it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._response = None  # the open watch, closed by stop()
@@ -86,6 +87,16 @@ class Informer:
     @property
     def synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def state(self) -> str:
+        """"synced" (listed, following its watch), "listing" (first LIST not done), "failing"
+        (the API failed its last LIST or WATCH: the store may be stale) or "stopped"."""
+        if self._thread is None or not self._thread.is_alive():
+            return "stopped"
+        if self._failing:
+            return "failing"
+        return "synced" if self.synced else "listing"
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -117,6 +128,7 @@ class Informer:
             except Exception as err:  # noqa: BLE001 - the cache must outlive any API failure
                 if self._stop.is_set():
                     return
+                self._failing = True
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** failures) * random.uniform(0.5, 1.0)
                 event(log, "informer-error", logging.WARNING, informer=self.name,
@@ -140,6 +152,7 @@ class Informer:
         with self._lock:
             self._store = store
         self.resource_version = version
+        self._failing = False
         if self._synced.is_set():
             self.stats.relists += 1
         self._synced.set()

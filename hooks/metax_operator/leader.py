@@ -54,6 +54,7 @@ class LeaseLock:
         self.api = client.CoordinationV1Api(api_client)
         self.holder: str | None = None          # the holder seen on the last read
         self.renewed_at = 0.0                   # time.monotonic() of our last successful write
+        self.answered_at: float | None = None   # time.monotonic() the API server last answered us
         self._lease: client.V1Lease | None = None
         self._closed = False
         self._mutex = threading.Lock()
@@ -62,9 +63,12 @@ class LeaseLock:
         try:
             lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=10)
         except ApiException as err:
+            if err.status == 404:  # no lease yet: the server answered
+                self.answered_at = time.monotonic()
             return False, err
         except Exception as err:  # network errors: the library expects an ApiException-like body
             return False, _unavailable(err)
+        self.answered_at = time.monotonic()
         with self._mutex:
             self._lease = lease
         spec = lease.spec
@@ -124,15 +128,18 @@ class LeaseLock:
             try:
                 self._lease = call()
             except ApiException as err:
-                if err.status != 409:  # 409: another candidate wrote first
+                if err.status == 409:  # another candidate wrote first
+                    self.answered_at = time.monotonic()
+                else:
                     event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status,
                           reason=err.reason)
                 return False
             except Exception as err:
                 event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=str(err))
                 return False
+            self.answered_at = time.monotonic()
             if record.holder_identity == self.identity:
-                self.renewed_at = time.monotonic()
+                self.renewed_at = self.answered_at
             self.holder = record.holder_identity
             return True
 
@@ -151,6 +158,10 @@ class Elector:
 
     def start(self) -> None:
         self._thread.start()
+
+    def alive(self) -> bool:
+        """The election thread runs (started and not dead)."""
+        return self._thread.is_alive()
 
     def is_leader(self) -> bool:
         return (self._leading.is_set() and not self._stopping.is_set()

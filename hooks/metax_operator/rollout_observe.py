@@ -5,15 +5,17 @@ Three caches, started once and kept across passes:
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `rollout.Pod` plus its owner's uid;
 - every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
-  projected to its node name: the GPU-workload check. Kubernetes cannot select pods by resource,
-  so this one watch sees every pod change of the cluster; what it stores is one string per GPU pod.
+  projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
+  runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
+  resource, so this one watch sees every pod change of the cluster; what it stores is a few
+  strings per GPU pod.
 
 The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runner's reconcile may
 have changed its template a moment before in the same pass, and a cache could still show the
 template before that change.
 
-`Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed` (DESIGN.md
-section 5): the current revision is the `controller-revision-hash` of the newest ControllerRevision
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed`: the current
+revision is the `controller-revision-hash` of the newest ControllerRevision
 owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
 agree, since they come from separate reads:
 - the DaemonSet controller observed the latest generation;
@@ -29,13 +31,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from . import rollout
+from . import rollout, workloads
 from .informer import Informer, Stats
 from .kube import Client
 
 DRIVER_DAEMONSET = "metax-driver"
 DRIVER_POD_SELECTOR = "app.kubernetes.io/component=driver"
-GPU_RESOURCE_PREFIX = "metax-tech.com/"
 REVISION_LABEL = "controller-revision-hash"
 
 
@@ -76,7 +77,7 @@ class Watches:
         self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
                                     project=project_driver_pod, resync=resync, name="driver-pods")
         self.gpu_pods = Informer(api, "/api/v1/pods", field_selector="status.phase!=Succeeded,status.phase!=Failed",
-                                 project=project_gpu_pod, resync=resync, name="gpu-workloads")
+                                 project=workloads.gpu_pod, resync=resync, name="gpu-workloads")
         self.all = (self.revisions, self.driver_pods, self.gpu_pods)
 
     def start(self) -> Watches:
@@ -104,7 +105,7 @@ class Watches:
     def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
         return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
-                     self.gpu_pods.snapshot().values(), cr, status)
+                     (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status)
 
 
 def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None) -> Snapshot:
@@ -164,17 +165,3 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
         phase=status.get("phase") or "Pending", restart_count=restarts,
         created=rollout.parse_time(meta.get("creationTimestamp")) or 0.0,
         deleting=rollout.parse_time(meta.get("deletionTimestamp"))))
-
-
-def project_gpu_pod(obj: dict) -> str | None:
-    """The node of a scheduled pod that requests a `metax-tech.com/*` resource, else None."""
-    spec = obj.get("spec") or {}
-    node = spec.get("nodeName")
-    if not node:
-        return None
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = container.get("resources") or {}
-        for section in ("requests", "limits"):
-            if any(name.startswith(GPU_RESOURCE_PREFIX) for name in resources.get(section) or {}):
-                return node
-    return None

@@ -1,4 +1,4 @@
-"""`metax-operator run`: the in-cluster loop that makes CR edits take effect (DESIGN §1, §3, §4).
+"""`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: every `--interval` seconds one pass observes the CR, the DaemonSets and the
 ConfigMaps, decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
@@ -6,7 +6,8 @@ over an unchanged cluster writes nothing. Only the holder of a coordination.k8s.
 (`leader.Elector`); the others log that they wait. SIGTERM (or SIGINT) lets the current pass
 finish, then releases the lease so a successor takes over at once. `--once` makes one pass (the
 chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
-(up to `MAX_BACKOFF`) before the next pass.
+(up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
+`/readyz` for the kubelet's probes (`health`).
 """
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ import signal
 import threading
 import time
 
-from . import jsonlog, reconcile, rollout_exec
+from . import jsonlog, reconcile, rollout_exec, workload_check
+from .cli import bounded
 from .errors import UserError
+from .health import Health, serve
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
+from .rollout_observe import Watches
 
 log = logging.getLogger("metax_operator.runner")
 
@@ -41,7 +45,11 @@ class Runner:
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
-        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity)
+        # One set of watch caches for the rollout and the workload check, started at the first pass.
+        self.watches = Watches(api, namespace)
+        self.rollout = rollout_exec.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches)
+        self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.watching = False
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
@@ -51,7 +59,11 @@ class Runner:
             jsonlog.event(log, "no-cr", logging.DEBUG,
                           msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
-        outcome = reconcile.plan(observed)
+        if not self.watching:
+            self.watches.start()
+            self.workloads.start()
+            self.watching = True
+        outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
         writes += self.rollout.run_pass()
         jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,
@@ -59,18 +71,27 @@ class Runner:
                       seconds=round(time.monotonic() - started, 3))
         return writes
 
+    def caches(self) -> tuple:
+        """The watch caches this runner has started (none before its first pass over a CR):
+        what its readiness waits for."""
+        return (*self.watches.all, *self.workloads.informers) if self.watching else ()
 
-def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event) -> None:
-    """Pass every `interval` seconds while leading, until `stop` is set; then release the lease."""
+
+def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
+         health: Health | None = None) -> None:
+    """Pass every `interval` seconds while leading, until `stop` is set; then release the lease.
+    Each finished iteration is reported to `health`."""
     failures = 0
     waiting_for = object()
     while not stop.is_set():
         delay = interval
+        passed = False
         if elector.is_leader():
             waiting_for = object()
             try:
                 runner.run_pass()
                 failures = 0
+                passed = True
             except reconcile.LostLeadership as err:
                 jsonlog.event(log, "lost-lease-mid-pass", logging.WARNING, msg=str(err))
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
@@ -83,6 +104,8 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
             jsonlog.event(log, "wait-lease", lease=elector.lock.name, holder=waiting_for,
                           identity=elector.lock.identity,
                           msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})")
+        if health is not None:
+            health.iteration_done(passed, delay)
         stop.wait(delay)
     released = elector.release()
     jsonlog.event(log, "stopped", released_lease=released, identity=elector.lock.identity)
@@ -93,15 +116,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
                         help="the release namespace (default: $POD_NAMESPACE)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between passes (default 5)")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
+                        help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
-    parser.add_argument("--lease-duration", type=int, default=15,
+    parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
                         help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
-    parser.add_argument("--renew-deadline", type=int, default=10,
+    parser.add_argument("--renew-deadline", type=bounded(int, 1, 3600), default=10,
                         help="seconds the leader keeps trying to renew before it stops acting (default 10)")
-    parser.add_argument("--retry-period", type=int, default=2, help="seconds between lease attempts (default 2)")
+    parser.add_argument("--retry-period", type=bounded(int, 1, 3600), default=2,
+                        help="seconds between lease attempts (default 2)")
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
+    parser.add_argument("--health-port", type=bounded(int, 0, 65535), default=0,
+                        help="serve /healthz and /readyz on this port (default: none; not with --once)")
+    parser.add_argument("--health-host", default="",
+                        help="the address to serve them on (default: every address)")
+    parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
+                        help="seconds one iteration of the loop (a pass, API retries included) may run "
+                             "before /healthz fails (default 300)")
     parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
     add_arguments(parser)
     parser.set_defaults(func=_main)
@@ -110,10 +142,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not args.namespace:
         raise UserError("--namespace", "is not set", "pass --namespace NS or set $POD_NAMESPACE")
-    if args.interval <= 0:
-        raise UserError("--interval", f"must be positive, not {args.interval:g}", "use e.g. --interval 5")
-    if not args.retry_period >= 1:
-        raise UserError("--retry-period", "must be at least 1 second", "use e.g. --retry-period 2")
     if not args.renew_deadline > 1.2 * args.retry_period:
         raise UserError("--renew-deadline", "must exceed 1.2 x --retry-period", "use e.g. --renew-deadline 10")
     if not args.lease_duration > args.renew_deadline:
@@ -121,9 +149,10 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    jsonlog.setup(args.log_level)
     _check(args)
     api = Client.from_args(args)
+    api.server_version()  # an API server that cannot be reached is a one-line error now, not a loop of them
+    jsonlog.setup(args.log_level)
     identity = args.identity or default_identity()
     lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
     elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)
@@ -136,7 +165,14 @@ def _main(args: argparse.Namespace) -> int:
                   interval=args.interval, lease=args.lease_name)
     elector.start()
     if not args.once:
-        loop(runner, elector, args.interval, stop)
+        health = None
+        if args.health_port:
+            health = Health(elector, runner.caches,
+                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            server = serve(health, args.health_host, args.health_port)
+            jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
+                          msg=f"serving /healthz and /readyz on port {server.server_address[1]}")
+        loop(runner, elector, args.interval, stop, health)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.
     if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):

@@ -67,6 +67,7 @@ ConfigMap name}) under /etc/metax-operator/<volume name>, and a writable /tmp.
 Takes (dict "root" $ "name" SERVICE_ACCOUNT "args" LIST ["mounts" DICT] ["restartPolicy" STRING]). */}}
 {{- define "metax-operator.hooks.podSpec" -}}
 serviceAccountName: {{ .name }}
+automountServiceAccountToken: false
 restartPolicy: {{ .restartPolicy | default "Never" }}
 securityContext:
   runAsNonRoot: true
@@ -93,6 +94,7 @@ containers:
     volumeMounts:
       - name: tmp
         mountPath: /tmp
+      {{- include "metax-operator.apiAccess.mount" . | nindent 6 }}
       {{- range $volume, $_ := .mounts }}
       - name: {{ $volume }}
         mountPath: /etc/metax-operator/{{ $volume }}
@@ -107,6 +109,7 @@ volumes:
     configMap:
       name: {{ $configMap }}
   {{- end }}
+  {{- include "metax-operator.apiAccess.volume" . | nindent 2 }}
 {{- end }}
 
 {{/* A hook Job running `metax-operator ARGS`. As a Helm hook it is named `<fullname>-<hook>`
@@ -123,10 +126,12 @@ Takes (dict "root" $ "hook" NAME "phases" STRING "weight" INT "args" LIST ["moun
 {{- $annotations := include "metax-operator.hooks.annotations" . | fromJson -}}
 {{- $spec := include "metax-operator.hooks.jobSpec" (merge (dict "name" $name "isHook" $isHook) .) -}}
 {{- $jobName := ternary $name (printf "%s-%s" ($name | trunc 52 | trimSuffix "-") (print .checksum $spec | sha256sum | trunc 10)) (eq $isHook "true") -}}
+{{- $skips := include "metax-operator.checkov.skips" (dict "root" .root "object" "hooks" "images" (list .root.Values.tools.image) "resources" .root.Values.hooks.resources) | fromJson -}}
+{{- $ctx := dict "root" .root "key" "hooks" "name" $jobName "annotations" (merge $annotations $skips) -}}
 apiVersion: batch/v1
 kind: Job
 metadata:
-  {{- include "metax-operator.metadata" (dict "root" .root "key" "hooks" "name" $jobName "annotations" $annotations) | nindent 2 }}
+  {{- include "metax-operator.metadata" $ctx | nindent 2 }}
 spec:
   {{- $spec | nindent 2 }}
 {{- end }}

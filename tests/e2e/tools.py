@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,18 @@ from kubernetes import client
 
 from tests.controlplane import wait_for as eventually  # noqa: F401 (re-exported: poll until truthy)
 from tests.helm import BIN, CHART
+
+
+def consistently(check, until, timeout: float, what: str, interval: float = 0.3) -> None:
+    """Assert `check()` is truthy at every poll until `until()` is (e.g. "five more runner
+    passes"), which must happen within `timeout` seconds: the opposite of `eventually`."""
+    end = time.monotonic() + timeout
+    while not until():
+        value = check()
+        assert value, f"{what} stopped holding (last: {value!r})"
+        assert time.monotonic() < end, f"timed out after {timeout:.0f} s waiting for the end of: {what}"
+        time.sleep(interval)
+    assert check(), f"{what} stopped holding"
 
 
 def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
@@ -87,3 +100,16 @@ def service_account_kubeconfig(cp, tmp: Path, account: str, namespace: str) -> P
     path = tmp / f"{account}.kubeconfig"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def log_entries(path: Path, action: str) -> list[dict]:
+    """The JSON log lines of a `metax-operator` process (its stderr in `path`) with this `action`."""
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("action") == action:
+            found.append(entry)
+    return found

@@ -1,7 +1,8 @@
 """`metax-operator preflight`: the pre-install/pre-upgrade hook that validates a release.
 
-Two parts: the values (the same cross-field rules as the offline `metax-operator validate`, from
-`validation.validate_values`), and the cluster prerequisites of seed 000 §3:
+Two parts: the values (values.schema.json's rules, then the cross-field rules, from
+`validation.validate_values`: what the offline `metax-operator validate` and `helm template`
+check, so all three give the same verdict), and the cluster prerequisites of seed 000 §3:
 
 | Kubernetes | container runtime            |
 | 1.23       | docker >= 18.09.3, containerd >= 1.5.0 |
@@ -18,6 +19,12 @@ What fails and what only warns (one line per node either way):
 GPU nodes are those labelled `metax-tech.com/gpu.installed=true`. Before gpu-label has ever run
 (first install) no node has the label: then every node is checked but problems only warn, since
 a node without GPUs may well run another runtime.
+
+Then the workload rules (`workloads.problems`, in the runner's and `helm test`'s words) over the
+nodes and every live pod, with the values' `runtime.deploy` and `maca.payload.images`: sGPU nodes
+while the values leave container-runtime out fail (the release would cause it); the rest warns
+(node labels and pods are the admins' and users', and a pod whose `METAX_MACA_VERSION` matches
+no version may have been broken before this release).
 """
 from __future__ import annotations
 
@@ -26,12 +33,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from .. import kube
+from .. import kube, workloads
 from ..errors import UserError, UserErrors
 from ..validation import validate_values
+from ..workloads import GPU_NODE_LABEL
 from . import common
 
-GPU_NODE_LABEL = "metax-tech.com/gpu.installed"
 MIN_KUBERNETES = (1, 23)
 MIN_CONTAINERD = (1, 5, 0)
 MIN_DOCKER = (18, 9, 3)
@@ -39,6 +46,8 @@ MIN_DOCKER = (18, 9, 3)
 SUPPORTED_OS = {"ubuntu": ("18.04", "20.04", "22.04"), "centos": ("8", "9"),
                 "openeuler": ("20.03", "22.03")}
 SUPPORTED_OS_TEXT = "Ubuntu 18.04/20.04/22.04, CentOS 8/9, openEuler 20.03/22.03 or a derivative"
+#: Workload problems that stop a release: those its values cause.
+BLOCKING = (workloads.SGPU_WITHOUT_RUNTIME,)
 
 
 def version_tuple(text: str) -> tuple[int, ...] | None:
@@ -126,11 +135,27 @@ def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     return findings
 
 
+def check_workloads(values: dict, nodes: list[dict], pods: list[dict], findings: Findings) -> None:
+    """The workload rules with the values' components (pure)."""
+    deployed = lambda key: bool((values.get(key) or {}).get("deploy"))  # noqa: E731
+    for problem in workloads.problems_of_objects(
+            nodes, pods, runtime_deployed=deployed("runtime"),
+            maca_images=workloads.payload_images(values) if deployed("maca") else None):
+        if problem.rule in BLOCKING:
+            findings.errors.append(problem)
+        else:
+            findings.warnings.append(str(problem))
+
+
 def run(args: argparse.Namespace) -> int:
-    validate_values(common.load_values(args.values))
+    values = common.load_values(args.values)
+    validate_values(values)
     client = kube.Client.from_args(args)
     _major, _minor, git_version = client.server_version()
-    findings = check_cluster(git_version, client.list("v1", "Node"))
+    nodes = client.list("v1", "Node")
+    findings = check_cluster(git_version, nodes)
+    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    check_workloads(values, nodes, pods, findings)
     for line in findings.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if findings.errors:

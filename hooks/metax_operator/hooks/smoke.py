@@ -7,7 +7,9 @@ Checks, each failure printed as one line naming what is wrong and where, exit 1 
 - the exporter Service answers on /metrics, when the exporter is enabled;
 - every GPU node (`metax-tech.com/gpu.installed=true`) shows allocatable `metax-tech.com/gpu`
   (or `metax-tech.com/sgpu` in sGPU mode, seed §3.2.10): the seed's proof that every component
-  works on it.
+  works on it;
+- the workload rules (`workloads.problems`, the runner's `WorkloadsValid` condition in the same
+  words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`.
 The component list comes from the CR, not the values: the CR is what the runner applies.
 """
 from __future__ import annotations
@@ -17,15 +19,14 @@ import http.client
 import sys
 from collections.abc import Callable
 
-from .. import kube
+from .. import kube, workloads
 from ..errors import UserError, UserErrors
 from ..merge import COMPONENTS
 from ..validation import (parse_module_params, parse_node_module_params, parse_node_vfnums,
                           parse_vfio_config, validate_cr_spec)
 from . import common
-from .preflight import GPU_NODE_LABEL
 
-GPU_RESOURCES = ("metax-tech.com/gpu", "metax-tech.com/sgpu")
+GPU_RESOURCES = (workloads.GPU_RESOURCE, workloads.SGPU_RESOURCE)
 EXPORTER_SERVICE = "metax-data-exporter"
 #: Node names listed per failing DaemonSet before "and N more".
 SHOWN_NODES = 5
@@ -90,9 +91,9 @@ def check_configmap(namespace: str, name: str, cm: dict | None,
 
 
 def check_gpu_nodes(nodes: list[dict]) -> list[str]:
-    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
+    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(workloads.GPU_NODE_LABEL) == "true"]
     if not gpu_nodes:
-        return [f"nodes: none is labelled {GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
+        return [f"nodes: none is labelled {workloads.GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
     lines = []
     for node in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"]):
         allocatable = (node.get("status") or {}).get("allocatable") or {}
@@ -100,6 +101,12 @@ def check_gpu_nodes(nodes: list[dict]) -> list[str]:
             lines.append(f"node {node['metadata']['name']}: no allocatable metax-tech.com/gpu "
                          "(a component is not working there)")
     return lines
+
+
+def check_workloads(spec: dict, enabled: list[str], nodes: list[dict], pods: list[dict]) -> list[str]:
+    return [str(p) for p in workloads.problems_of_objects(
+        nodes, pods, runtime_deployed="runtime" in enabled,
+        maca_images=workloads.payload_images(spec) if "maca" in enabled else None)]
 
 
 def _quantity(text: str) -> int:
@@ -147,8 +154,11 @@ def failures(client: kube.Client, namespace: str) -> list[str]:
             lines += check_configmap(namespace, name, client.get("v1", "ConfigMap", name, namespace), parsers)
     if "exporter" in enabled:
         lines += check_exporter(namespace, client.get("v1", "Service", EXPORTER_SERVICE, namespace))
+    nodes = client.list("v1", "Node")
     if "gpuDevice" in enabled:
-        lines += check_gpu_nodes(client.list("v1", "Node"))
+        lines += check_gpu_nodes(nodes)
+    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    lines += check_workloads(spec, enabled, nodes, pods)
     return lines
 
 
