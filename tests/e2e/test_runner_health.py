@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,8 +18,8 @@ import yaml
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (METAX, bootstrap, eventually, install_chart, log_entries, release_values,
-                             service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (METAX, bootstrap, consistently, eventually, install_chart, log_entries,
+                             release_values, service_account_kubeconfig, uninstall_chart)
 
 pytestmark = pytest.mark.e2e
 
@@ -100,14 +99,6 @@ def start(installed, relay, tmp_path):
     yield start
     for runner in runners:
         runner.stop()
-
-
-def consistently(check, seconds: float, what: str, interval: float = 0.3) -> None:
-    """`check()` stays truthy for `seconds` (polled every `interval`)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        assert check(), f"{what}: it did not hold"
-        time.sleep(interval)
 
 
 def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(relay, start):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,15 @@ def run(*command: str) -> str:
     if result.returncode:
         raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
     return result.stdout
+
+
+def consistently(check, seconds: float, what: str, interval: float = 0.3) -> None:
+    """`check()` stays truthy for `seconds` (polled every `interval`); AssertionError naming
+    `what` the first time it is not."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert check(), f"{what}: it did not hold"
+        time.sleep(interval)
 
 
 CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
