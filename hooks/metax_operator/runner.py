@@ -50,6 +50,12 @@ class Runner:
         self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
+    def caches(self) -> tuple:
+        """The watch caches readiness waits for: none until the first pass that finds the CR
+        starts them (before the bootstrap hook creates it, a runner with nothing to watch is
+        ready; `helm install --wait` waits for it before running that post-install hook)."""
+        return self.watches.all if self.watching else ()
+
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
         started = time.monotonic()
@@ -166,8 +172,7 @@ def _main(args: argparse.Namespace) -> int:
     if not args.once:
         health = None
         if args.health_port:
-            health = Health(elector, lambda: runner.rollout.watches.all if runner.rollout.watches else (),
-                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            health = Health(elector, runner.caches, stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
             server = serve(health, args.health_host, args.health_port)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
                           msg=f"serving /healthz and /readyz on port {server.server_address[1]}")
