@@ -67,10 +67,13 @@ Takes (dict "root" $ "registry" OWN_REGISTRY). */}}
 {{- .registry | default .root.Values.registry -}}
 {{- end }}
 
-{{/* An image reference `<registry>/<name>:<tag>`, the tag defaulting to the appVersion.
-Takes (dict "root" $ "image" {registry, name, tag}). */}}
+{{/* An image reference `<registry>/<name>:<tag>[@<digest>]`, the tag defaulting to the
+appVersion; with a digest the runtime pulls by digest (the format of hooks/metax_operator/images.py,
+which the runner uses for the payloads; tests/test_images.py checks they agree).
+Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- define "metax-operator.image" -}}
 {{- printf "%s/%s:%s" (include "metax-operator.registry" (dict "root" .root "registry" .image.registry)) .image.name (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
 
 {{/* The components as a JSON list of [values key, DaemonSet name], in install order. */}}

@@ -78,6 +78,48 @@ Helm 3 and Helm 4.
 {{- if and (ne $service.type "ExternalName") $service.externalName -}}
   {{- $errors = append $errors (printf "exporter.service.externalName: is only valid with type ExternalName, not %s; remove it, or set exporter.service.type=ExternalName" $service.type) -}}
 {{- end -}}
+{{- $ports := $service.nodePortRange | toString -}}
+{{- $low := splitList "-" $ports | first | atoi -}}
+{{- $high := splitList "-" $ports | last | atoi -}}
+{{- if or (gt $low $high) (gt $high 65535) -}}
+  {{- $errors = append $errors (printf "exporter.service.nodePortRange: %s is not a range of ports; write LOW-HIGH within 1-65535, as the API server's --service-node-port-range" $ports) -}}
+{{- else if and (eq $service.type "NodePort") (not (kindIs "invalid" $service.port)) (or (lt (int $service.port) $low) (gt (int $service.port) $high)) -}}
+  {{- $errors = append $errors (printf "exporter.service.port: %d is outside the node port range %s; use a port in the range, leave it empty to let Kubernetes choose, or set exporter.service.nodePortRange to the cluster's --service-node-port-range" (int $service.port) $ports) -}}
+{{- end -}}
+
+{{- /* The runner's cron schedule: ranges run forwards (the schema checks the rest of its grammar). */ -}}
+{{- $cronNames := dict "jan" 1 "feb" 2 "mar" 3 "apr" 4 "may" 5 "jun" 6 "jul" 7 "aug" 8 "sep" 9 "oct" 10 "nov" 11 "dec" 12 "sun" 0 "mon" 1 "tue" 2 "wed" 3 "thu" 4 "fri" 5 "sat" 6 -}}
+{{- range $part := $v.runner.schedule | default "" | replace "," " " | splitList " " -}}
+  {{- $range := splitList "/" $part | first | splitList "-" -}}
+  {{- if eq (len $range) 2 -}}
+    {{- $bounds := list -}}
+    {{- range $range -}}
+      {{- $bounds = append $bounds (hasKey $cronNames (lower .) | ternary (get $cronNames (lower .)) (atoi .)) -}}
+    {{- end -}}
+    {{- if gt (index $bounds 0) (index $bounds 1) -}}
+      {{- $errors = append $errors (printf "runner.schedule: the range %s-%s runs backwards; write the smaller value first: %s-%s" (index $range 0) (index $range 1) (index $range 1) (index $range 0)) -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+
+{{- /* Image repositories (registry/name): the schema checks each part, not their length together
+(hooks/metax_operator/images.py). */ -}}
+{{- $sites := list (list "tools.image" $v.tools.image) (list "driver.payload" $v.driver.payload) -}}
+{{- range $component := include "metax-operator.components" . | fromJsonArray -}}
+  {{- $sites = append $sites (list (printf "%s.image" (index $component 0)) (get $v (index $component 0)).image) -}}
+{{- end -}}
+{{- range $i, $entry := $v.maca.payload.images -}}
+  {{- $sites = append $sites (list (printf "maca.payload.images[%d]" $i) (dict "registry" $v.maca.payload.registry "name" (regexReplaceAll "[:@].*$" (toString $entry) ""))) -}}
+{{- end -}}
+{{- range $site := $sites -}}
+  {{- $image := index $site 1 -}}
+  {{- if $image.name -}}
+    {{- $length := add (len ($image.registry | default $v.registry | default "")) 1 (len $image.name) -}}
+    {{- if gt $length 255 -}}
+      {{- $errors = append $errors (printf "%s: the image repository (registry/name) is %d characters long, more than 255; shorten the registry or the image name" (index $site 0) $length) -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
 
 {{- /* The deprecated `tolerations` from `--set-file tolerations=FILE`: the schema sees only a string. */ -}}
 {{- if kindIs "string" $v.tolerations -}}

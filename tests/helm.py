@@ -94,6 +94,20 @@ def validate_objects(objects: Iterable[dict]) -> None:
             raise AssertionError(f"{name} is not a valid object: {error.message} at {list(error.path)}")
 
 
+def overlay(base: dict, changes: dict) -> dict:
+    """`changes` over a copy of `base` the way Helm merges values (maps key by key, anything
+    else replaced, None deletes): for unit tests that build values without running Helm."""
+    out = dict(base)
+    for key, value in changes.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = overlay(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def find(objects: Iterable[dict], kind: str, name: str) -> dict:
     """The one object of `kind` named `name`."""
     matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]

@@ -1,8 +1,14 @@
-"""Every bad input of tests/data/bad_values.yaml is refused, naming the field, by `helm template`
-under Helm 3.18 and Helm 4.1 and by `metax-operator validate`: one test per case per tool.
+"""One verdict per values file: every case of tests/data/bad_values.yaml goes through each path that
+judges values, and the test fails when a path disagrees with the case (a bad case accepted, a good
+one refused) or does not name the field:
 
-Cross-field rules must print the same sentence from the template (templates/_validations.tpl)
-and from Python (validation.py); every component prerequisite is checked too.
+- `helm template` of the chart under Helm 3.18 and Helm 4.1 (values.schema.json, then
+  templates/_validations.tpl);
+- `metax-operator validate` (Helm merges; the schema and validation.py; then the render);
+- the pre-install hook's check: `validation.values_problems` on the values Helm merged, what
+  `metax-operator preflight` runs on the hook values ConfigMap.
+
+Cross-field rules print the same sentence from all of them; every component prerequisite is a case.
 """
 from __future__ import annotations
 
@@ -14,13 +20,29 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metax_operator import cli
+from metax_operator import cli, validation
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.validate_cmd import merged_values
 from metax_operator.validation import DEPENDENCIES, dependency_problem
-from tests.helm import HELM_VERSIONS, HelmError, render_chart
+from tests.helm import BIN, CHART, HELM_VERSIONS, HelmError, render_chart
 
-TABLE = yaml.safe_load((Path(__file__).parent / "data" / "bad_values.yaml").read_text())
+DATA = Path(__file__).parent / "data"
+TABLE = yaml.safe_load((DATA / "bad_values.yaml").read_text())
 BASE_SET = TABLE["base"]["set"]
 SCHEMA_FAILURE = "values don't meet the specifications of the schema"
+PATHS = (*HELM_VERSIONS, "validate", "preflight")
+_REPEAT = re.compile(r"<(.{1,2})\*(\d+)>")
+
+
+def expand(node):
+    """The table's `<x*N>` (x repeated N times) written out, in every string of `node`."""
+    if isinstance(node, str):
+        return _REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), node)
+    if isinstance(node, list):
+        return [expand(item) for item in node]
+    if isinstance(node, dict):
+        return {expand(key): expand(value) for key, value in node.items()}
+    return node
 
 
 def _dependency_cases() -> list[dict]:
@@ -35,24 +57,55 @@ def _dependency_cases() -> list[dict]:
     return cases
 
 
-CASES = TABLE["cases"] + _dependency_cases()
+CASES = [expand(case) for case in TABLE["cases"]] + _dependency_cases()
 IDS = [case["name"] for case in CASES]
 
 
 def case_args(case: dict, tmp_path: Path) -> list[str]:
-    """The case as helm-style flags: --set ..., -f FILE, --set-file KEY=FILE."""
+    """The case as helm-style flags: -f FILE, --set ..., --set-string, --set-json, --set-file."""
     args = []
-    for flag in ([] if case.get("bare") else BASE_SET) + case.get("set", []):
-        args += ["--set", flag]
-    if "values" in case:
-        path = tmp_path / "case-values.yaml"
-        path.write_text(yaml.safe_dump(case["values"]))
-        args += ["-f", str(path)]
+    if "valuesFile" in case:
+        args += ["-f", str(DATA / case["valuesFile"])]
+    files = {"values": lambda v: yaml.safe_dump(v).encode(), "valuesText": str.encode,
+             "valuesLatin1": lambda v: v.encode("latin-1")}
+    for key, encode in files.items():
+        if key in case:
+            path = tmp_path / f"case-{key}.yaml"
+            path.write_bytes(encode(case[key]))
+            args += ["-f", str(path)]
+    for key, flag in (("set", "--set"), ("setString", "--set-string"), ("setJson", "--set-json")):
+        for value in ([] if case.get("bare") or key != "set" else BASE_SET) + case.get(key, []):
+            args += [flag, value]
     for key, content in case.get("setFile", {}).items():
         path = tmp_path / f"{key}.file"
         path.write_text(content)
         args += ["--set-file", f"{key}={path}"]
     return args
+
+
+def helm_verdict(helm: str, args: list[str]) -> str | None:
+    try:
+        render_chart(helm=helm, args=args)
+    except HelmError as err:
+        return str(err)
+    return None
+
+
+def preflight_verdict(args: list[str]) -> list[str] | None:
+    """What the pre-install hook says about the values Helm merged (None when Helm cannot merge
+    them: the install stops at Helm, before any hook)."""
+    try:
+        values = merged_values(CHART, args, str(BIN / "helm3"))
+    except (UserError, UserErrors):
+        return None
+    return [str(e) for e in validation.values_problems(values)] or None
+
+
+def expected_refusals(case: dict) -> dict[str, bool]:
+    if case["by"] == "file":  # only validate reads the file itself; Helm (and so the hook) takes it its way
+        helm_refuses = case["helm"] == "refuses"
+        return {**dict.fromkeys(HELM_VERSIONS, helm_refuses), "validate": True, "preflight": False}
+    return dict.fromkeys(PATHS, case["by"] != "accept")
 
 
 def helm_field(field: str, helm: str) -> str:
@@ -63,52 +116,47 @@ def helm_field(field: str, helm: str) -> str:
 
 
 @pytest.mark.helm
-@pytest.mark.parametrize("helm", HELM_VERSIONS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_helm_template_refuses(case, helm, tmp_path):
-    with pytest.raises(HelmError) as failure:
-        render_chart(helm=helm, args=case_args(case, tmp_path))
-    message = str(failure.value)
-    if case["by"] == "rule":
-        assert case["expect"] in message.splitlines(), message
-        return
-    assert SCHEMA_FAILURE in message
-    where = case.get("helmField", case["field"])
-    if where is not None:
-        assert helm_field(where, helm) in message, message
-    if "helmExpect" in case:
-        assert case["helmExpect"] in message, message
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_validate_command_refuses(case, tmp_path, capsys):
-    status = cli.main(["validate", *case_args(case, tmp_path)])
+def test_every_path_gives_the_case_its_verdict(case, tmp_path, capsys):
+    args = case_args(case, tmp_path)
+    said = {helm: helm_verdict(helm, args) for helm in HELM_VERSIONS}
+    status = cli.main(["validate", "--helm", str(BIN / "helm3"), *args])
     errors = capsys.readouterr().err.splitlines()
-    assert status == 1
+    said["validate"] = errors if status else None
+    said["preflight"] = preflight_verdict(args)
+    refused = {path: said[path] is not None for path in PATHS}
+    assert refused == expected_refusals(case), f"the paths disagree: {said}"
+    if case["by"] == "accept":
+        return
+    if case["by"] == "file":
+        assert any(case["expect"] in line for line in errors), errors
+        return
     if case["by"] == "rule":
+        for helm in HELM_VERSIONS:
+            assert case["expect"] in said[helm].splitlines(), said[helm]
         assert f"error: {case['expect']}" in errors, errors
-    else:
-        assert any(line.startswith(f"error: {case['field']}: ") and case["expect"] in line
-                   for line in errors), errors
+        assert case["expect"] in said["preflight"], said["preflight"]
+        return
+    for helm in HELM_VERSIONS:
+        assert SCHEMA_FAILURE in said[helm]
+        where = case.get("helmField", case["field"])
+        if where is not None:
+            assert helm_field(where, helm) in said[helm], said[helm]
+        if "helmExpect" in case:
+            assert case["helmExpect"] in said[helm], said[helm]
+    for lines in (errors, said["preflight"]):
+        assert any(f"{case['field']}: " in line and case["expect"] in line for line in lines), lines
 
 
-@pytest.mark.helm
-@pytest.mark.parametrize("helm", HELM_VERSIONS)
-def test_base_values_render(helm, tmp_path):
-    """The cases fail because of what they add, not because the base is broken."""
-    assert render_chart(helm=helm, args=case_args({"set": []}, tmp_path))
+def test_the_table_covers_every_verdict():
+    assert {case["by"] for case in CASES} == {"accept", "schema", "rule", "file"}
 
 
-def test_base_values_validate(capsys):
-    assert cli.main(["validate", *sum((["--set", s] for s in BASE_SET), [])]) == 0
-    assert capsys.readouterr().out.strip() == "values are valid"
-
-
-def test_validate_entry_point_prints_one_line_per_problem(tmp_path):
-    """The installed `metax-operator` script, as a user runs it."""
+def test_validate_entry_point_prints_one_line_per_problem():
+    """The installed `metax-operator` script, as a user runs it, Helm found through $HELM_BIN."""
     script = Path(sys.executable).with_name("metax-operator")
-    result = subprocess.run([script, "validate", "--set", "gpuLabel.deploy=false",
-                             "--set", "driver.deployPolicy=Never"], capture_output=True, text=True)
+    result = subprocess.run([script, "validate", "--set", "gpuLabel.deploy=false", "--set", "driver.deployPolicy=Never"],
+                            capture_output=True, text=True, env={"HELM_BIN": str(BIN / "helm4"), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert lines[0] == ("error: registry: is required; set it to DOMAIN/PROJECT, "

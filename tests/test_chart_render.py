@@ -14,7 +14,9 @@ from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, li
 
 pytestmark = pytest.mark.helm
 
-SEED_INSTALL = ("--set", "registry=DOMAIN/PROJECT", "--set", "driver.payload.version=2.32.0.6")
+# The seed's install command, its DOMAIN/PROJECT placeholder filled in (an image path must be
+# lowercase: `DOMAIN/PROJECT` itself is refused, as the kubelet would refuse its images).
+SEED_INSTALL = ("--set", "registry=domain.example/project", "--set", "driver.payload.version=2.32.0.6")
 ALL_ON = ("--values", str(CHART / "tests/data/values-all.yaml"))
 # Seed §3.2.6.1, as a shell passes `--set ...nodeName='worknode\\d+' --set ...gpus='0\,1\,2'`.
 SEED_VFIO = SEED_INSTALL + (

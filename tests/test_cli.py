@@ -1,10 +1,12 @@
 """The `metax-operator` entry point: every subcommand is registered by the module COMMANDS names."""
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 
 from metax_operator import cli
+from tests.helm import BIN
 
 
 def test_commands_name_the_module_that_registers_each_subcommand():
@@ -33,7 +35,7 @@ def test_a_user_error_is_one_line_and_exit_status_1(tmp_path):
     values.write_text("driver: {deployPolicy: Sometimes}\n")
     out = subprocess.run([sys.executable, "-m", "metax_operator.cli", "validate", "-f", str(values),
                           "--set", "registry=r.example/metax", "--set-string", "driver.payload.version=1"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env={**os.environ, "HELM_BIN": str(BIN / "helm3")})
     assert out.returncode == 1
     assert out.stderr.startswith("error: ") and "driver.deployPolicy" in out.stderr
     assert "Traceback" not in out.stderr

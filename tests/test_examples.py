@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cases import WORKED_EXAMPLES
+from tests.helm import BIN
 
 REPO = Path(__file__).resolve().parent.parent
 METAX = REPO / ".venv" / "bin" / "metax-operator"
@@ -21,8 +22,9 @@ def test_every_example_is_listed():
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_the_example_is_valid_values(name):
-    result = subprocess.run([METAX, "validate", "-f", REPO / "examples" / name, "--set", "registry=r.example/metax",
-                             "--set-string", "driver.payload.version=2.32.0.6"], capture_output=True, text=True)
+    result = subprocess.run([METAX, "validate", "--helm", BIN / "helm3", "-f", REPO / "examples" / name,
+                             "--set", "registry=r.example/metax", "--set-string", "driver.payload.version=2.32.0.6"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -149,6 +149,19 @@ def test_crds_keep_false_lets_cleanup_delete_the_crd(helm_bin):
     assert verbs == {"get", "delete"} and "--delete-crd" in args
 
 
+def test_cleanup_budget_fits_its_job_deadline_and_the_test_pod_has_one(helm_bin):
+    """The cleanup's waits share one budget, a minute under the Job's deadline, so it ends with a
+    line naming what is left instead of being killed; the test pod stops when `helm test` stops
+    waiting (docs/hooks.md)."""
+    for deadline, budget in ((300, "240"), (1200, "1140"), (45, "30")):
+        objects = render({"hooks": {"activeDeadlineSeconds": deadline}}, helm=helm_bin)
+        job = find(objects, "Job", "metax-operator-cleanup")
+        args = pod_spec(job)["containers"][0]["args"]
+        assert job["spec"]["activeDeadlineSeconds"] == deadline and args[args.index("--timeout") + 1] == budget
+    test_pod = find(render({"tests": {"activeDeadlineSeconds": 600}}, helm=helm_bin), "Pod", "metax-operator-test")
+    assert test_pod["spec"]["activeDeadlineSeconds"] == 600
+
+
 def test_values_configmap_carries_the_values_with_tolerations_as_a_list(helm_bin, tmp_path):
     file = tmp_path / "tolerations.yaml"
     file.write_text("tolerations:\n- key: node-type\n  operator: Equal\n  value: gpu\n  effect: NoSchedule\n")

@@ -167,7 +167,7 @@ def test_node_patch_removes_only_our_keys():
     n = node("gpu-1", labels={"metax-tech.com/gpu-device.mode": "sgpu", "team": "a"},
              annotations={"metax-tech.com/gpu-vfio": '{"0":1}', "other": "x"})
     assert cleanup.node_patch(n) == {"metadata": {
-        "resourceVersion": "7", "labels": {"metax-tech.com/gpu.installed": None},
+        "labels": {"metax-tech.com/gpu.installed": None},
         "annotations": {"metax-tech.com/gpu-vfio": None}}}
     assert cleanup.node_patch(node("cpu-1", gpu=False, labels={"metax-tech.com/gpu-device.mode": "sgpu"})) is None
 

@@ -287,6 +287,33 @@ def test_a_document_without_source_and_with_flow_metadata_is_still_named():
                                     "is missing")
 
 
+ANNOTATED = ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
+             "    gpu.metax-tech.com/scheduling-inputs: '{}'\n")
+
+
+@pytest.mark.parametrize("nesting", ["  deep: " + "[" * 50_000 + "]" * 50_000 + "\n",
+                                     "  deep:\n" + "".join("  " * i + "- \n" for i in range(1, 600))],
+                         ids=["flow", "block"])
+def test_an_over_deep_document_is_refused_with_a_message_not_a_crash(nesting):
+    """Regression: PyYAML's C composer recursed once per level and died with SIGSEGV (no message,
+    Helm only saw the plugin vanish) on a 50,000-deep nesting inside an annotated document."""
+    result = run_executable("---\n# Source: templates/m.yaml\n" + ANNOTATED + "spec:\n" + nesting)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: DaemonSet/metax-maca (templates/m.yaml): is nested more than 1000 levels deep; "
+        "fix the template or values that produced it"]
+
+
+def test_a_repeated_key_in_a_daemonset_is_refused_with_its_line():
+    """YAML forbids duplicate keys; a parser that keeps the last one silently drops the first."""
+    result = run_executable("---\n# Source: templates/m.yaml\n" + ANNOTATED
+                            + "spec:\n  template:\n    spec:\n      nodeSelector: {a: b}\n      nodeSelector: {c: d}\n")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: DaemonSet/metax-maca (templates/m.yaml): line 11: key 'nodeSelector' is repeated (first at "
+        "line 10); remove one of them: YAML forbids duplicate keys and Helm keeps only the last"]
+
+
 def test_input_that_is_not_utf8_is_refused():
     result = subprocess.run([EXECUTABLE], input=b"\xff\xfe", capture_output=True)
     assert result.returncode == 1 and result.stderr.startswith(b"error: stdin: is not UTF-8 text")

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metax_operator import reconcile
+from metax_operator import images, reconcile
 from metax_operator.reconcile import (FIELD_MANAGER, Condition, Observed, desired_daemonset, merge_conditions,
                                       needs_write, owned_fields, plan, transition_events)
 from metax_operator.hooks.bootstrap import prune, spec_schema
@@ -193,6 +193,96 @@ def test_applying_what_the_runner_wants_makes_the_next_pass_write_nothing(render
     live = applied(rendered["driver"], desired)
     again, _ = desired_daemonset("driver", live, spec)
     assert again == desired and not needs_write(again, live)
+
+
+# -- a rollback's spec.driver: the inverse of the driver mapping --------------------------------------
+
+def at_template(ds: dict, template: dict) -> dict:
+    """`ds` with its pod template set to `template` (what the rollback's strategic patch does)."""
+    return {**ds, "spec": {**ds["spec"], "template": copy.deepcopy(template)}}
+
+
+def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered, cr_spec):
+    """Regression: a runner whose first pass finds the pods at an older revision records no
+    lastCoDriverSpec for it; a forced rollback then left the CR at the new version, and each pass
+    the reconcile re-applied it (re-creating the abandoned revision) and the rollout restored the
+    template again, for ever. The CR is now set back to a spec that gives the old template."""
+    from metax_operator import rollout
+    from metax_operator.policy import validate as policy
+    from metax_operator.rollout_observe import canonical
+
+    old_spec, new_spec = cr_spec(), cr_spec(driver={"payload": {"version": "2.33.0.1"}})
+    stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
+    abandoned = applied(stable, desired_daemonset("driver", stable, new_spec)[0])
+    nodes = frozenset({"n0", "n1", "n2"})
+    pods = tuple(rollout.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
+    observed_pass = rollout.Observed("r-new", True, nodes, pods, template=canonical(abandoned["spec"]["template"]),
+                                     driver_spec=canonical(new_spec["driver"]))
+    steps = [{"replicas": "100%", "pauseDuration": 0}]
+    started = rollout.decide(observed_pass, policy({"enableRollout": True, "upgradeSteps": steps}), None, 1e9).status
+    assert started["phase"] == "Progressing" and started["lastCoDriverSpec"] == ""  # nothing recorded r-old's spec
+    forced = rollout.decide(observed_pass, policy({"enableRollout": False, "upgradeSteps": steps}), started, 1e9 + 5)
+    assert forced.restore_revision == "r-old" and forced.status["phase"] == "Disabling"
+
+    # Left as it was, the CR would make the reconcile turn the restored template back into r-new's:
+    back = at_template(abandoned, stable["spec"]["template"])
+    assert "initContainers" in desired_daemonset("driver", back, new_spec)[1]
+    driver = reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec,
+                                            forced.status["lastCoDriverSpec"])
+    assert driver["payload"]["version"] == "2.32.0.6"
+    assert driver["upgradePolicy"] == new_spec["driver"]["upgradePolicy"]
+    _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})
+    assert set(changed) <= {"updateStrategy"}, "the reconcile would change the restored template"
+
+
+def test_a_recorded_spec_that_no_longer_gives_the_template_is_not_restored(rendered, cr_spec):
+    """A lastCoDriverSpec left from before a change made while no runner ran would restore a
+    version the stable revision never ran: the template decides."""
+    stable_spec, stale = cr_spec(driver={"payload": {"version": "2.32.0.7"}}), cr_spec()
+    stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], stable_spec)[0])
+    new_spec = cr_spec(driver={"payload": {"version": "2.33.0.1"}})
+    driver = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec,
+                                            json.dumps(stale["driver"]))
+    assert driver["payload"]["version"] == "2.32.0.7"
+    recorded = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec,
+                                              json.dumps(stable_spec["driver"]))
+    assert recorded == {**stable_spec["driver"], "upgradePolicy": new_spec["driver"]["upgradePolicy"]}
+
+
+TOLERATION = st.fixed_dictionaries({"key": st.sampled_from(["a", "node-type"]), "operator": st.just("Equal"),
+                                    "value": st.sampled_from(["x", "y"]), "effect": st.just("NoSchedule")})
+DRIVER_FIELDS = st.fixed_dictionaries({
+    "deployPolicy": st.sampled_from(["PreferCloud", "PreferHost", "PreferNewer"]),
+    "fwUpgradePolicy": st.sampled_from(["PreferCloud", "Never"]), "fwEnableVirt": st.booleans(),
+    "log": st.fixed_dictionaries({"level": st.sampled_from(["debug", "info"]), "format": st.sampled_from(["text", "json"])}),
+    "payload": st.fixed_dictionaries({
+        "name": st.sampled_from(["driver-image", "metax/driver"]),
+        "version": st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}\Z"),
+        "registry": st.sampled_from(["", "own.example:5000/x", "r.example/metax"]),
+        "digest": st.sampled_from(["", "sha256:" + "a" * 64])}),
+    "podTemplateSpec": st.one_of(st.just({}), st.builds(lambda t: {"spec": {"tolerations": t}},
+                                                        st.lists(TOLERATION, max_size=2)))})
+
+
+@settings(max_examples=60, deadline=None)
+@given(old=DRIVER_FIELDS, new=DRIVER_FIELDS, global_tolerations=st.lists(TOLERATION, max_size=2))
+def test_the_spec_read_back_from_any_rendered_template_gives_that_template(rendered, cr_spec, old, new,
+                                                                           global_tolerations):
+    """The inverse of the driver mapping, whatever changed between the two revisions (inside
+    spec.driver or, for the global podTemplateSpec, outside it)."""
+    old_spec = cr_spec(driver=old)
+    new_spec = cr_spec(driver=new, podTemplateSpec={"spec": {"tolerations": global_tolerations}})
+    stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
+    abandoned = applied(stable, desired_daemonset("driver", stable, new_spec)[0])
+    driver = reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec)
+    assert driver is not None
+    back = at_template(abandoned, stable["spec"]["template"])
+    _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})
+    assert set(changed) <= {"updateStrategy"}
+    effective = lambda d: (images.reference(d["payload"].get("registry") or "r.example/metax",  # noqa: E731
+                                            d["payload"]["name"], d["payload"]["version"], d["payload"].get("digest")),
+                           d["log"], d["deployPolicy"], d["fwUpgradePolicy"], d["fwEnableVirt"])
+    assert effective(driver) == effective({**old_spec["driver"], **old})
 
 
 # -- what the CR governs besides scheduling ---------------------------------------------------------
@@ -388,7 +478,7 @@ def test_owned_fields_projects_keyed_lists_and_atomic_fields():
 @pytest.mark.parametrize("argv, fragment", [
     (["--lease-duration", "10", "--renew-deadline", "10"], "--lease-duration: must exceed --renew-deadline"),
     (["--renew-deadline", "2", "--retry-period", "2"], "--renew-deadline: must exceed 1.2 x --retry-period"),
-    (["--interval", "0"], "--interval: must be positive"),
+    (["--interval", "0"], "argument --interval: 0 is not a number from 0.1 to 3600"),
 ])
 def test_bad_runner_options_name_the_option(capsys, argv, fragment):
     from metax_operator import cli
@@ -443,3 +533,58 @@ def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
     lock.renewed_at = time.monotonic()
     elector._stopped()  # the library gave up renewing
     assert not elector.is_leader()
+
+
+# -- the shell's status write, against a fake API ----------------------------------------------------
+
+class ConflictOnceApi:
+    """What `execute` calls, recorded; the first status patch fails with 409 as the API server
+    answers when the CR changed since it was read (the CR now at generation 4)."""
+
+    def __init__(self, cr_after: dict):
+        self.cr_after, self.status_patches, self.conflicts = cr_after, [], 1
+
+    def apply(self, body, **_):
+        return body
+
+    def patch(self, api_version, kind, name, patch, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+        assert kwargs.get("subresource") == "status"
+        if self.conflicts:
+            self.conflicts -= 1
+            raise ApiException(status=409, reason="Conflict")
+        self.status_patches.append(patch)
+        return {}
+
+    def get(self, *args, **kwargs):
+        return copy.deepcopy(self.cr_after)
+
+    def resource(self, *args):
+        class Resource:
+            @staticmethod
+            def path(**_):
+                return "/api/v1/namespaces/default/events"
+        return Resource
+
+    def call(self, *args, **kwargs):
+        return {}
+
+
+def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_not_plan(rendered, cr_spec):
+    """Regression: on a 409 the shell re-read the CR and wrote its NEW generation as observed with
+    the conditions planned from the OLD spec: the rollout's `caught_up` then trusted a spec the
+    reconcile never applied. Now the pass stops; the next one plans from the new CR."""
+    seen = observed(rendered, cr_spec())
+    edited = copy.deepcopy(seen.cr)
+    edited["metadata"].update(generation=4, resourceVersion="11")
+    edited["spec"]["vfioManager"]["vfioConfig"] = [{"nodeName": "worknode(", "gpus": "all"}]
+    api = ConflictOnceApi(edited)
+    reconcile.execute(api, seen, plan(seen), lambda: True, lambda: "2026-01-01T00:00:00Z")
+    assert api.status_patches == []  # nothing written for a spec this pass did not plan from
+
+    again = Observed(seen.namespace, edited, seen.daemonsets, {})
+    reconcile.execute(api, again, plan(again), lambda: True, lambda: "2026-01-01T00:00:05Z")
+    [patch] = api.status_patches
+    assert patch["status"]["observedGeneration"] == 4
+    spec_valid = next(c for c in patch["status"]["conditions"] if c["type"] == "SpecValid")
+    assert spec_valid["status"] == "False" and "vfioConfig[0].nodeName" in spec_valid["message"]

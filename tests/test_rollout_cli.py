@@ -105,13 +105,25 @@ def test_bad_arguments_name_the_flag(args, field, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(SEED_EXAMPLE)
     done = cli(*args, "--policy", str(path))
-    assert done.returncode == 1 and done.stderr.startswith(f"error: {field}: ")
+    assert done.returncode == 1 and done.stderr.startswith(f"error: metax-operator rollout simulate: argument {field}: ")
 
 
 def test_unreadable_or_broken_file(tmp_path):
     missing = cli("--nodes", "3", "--policy", str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 1 and missing.stderr.startswith("error: --policy: cannot read")
+    assert missing.returncode == 1 and missing.stderr.startswith(f"error: {tmp_path / 'nope.yaml'}: cannot be read")
     broken = tmp_path / "broken.yaml"
     broken.write_text("driver: [unclosed\n")
     done = cli("--nodes", "3", "--policy", str(broken))
-    assert done.returncode == 1 and done.stderr.startswith("error: --policy: ")
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {broken}:2: is not valid YAML")
+
+
+def test_a_dry_run_too_large_to_compute_says_so(tmp_path):
+    """Regression: --nodes 10000000 ran out of memory; a policy of one pod per wave on 50,000
+    nodes would compute for hours."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"upgradePolicy": {"enableRollout": True, "maxParallel": 1,
+                                                      "upgradeSteps": [{"replicas": "100%"}]}}))
+    done = cli("--nodes", "50000", "--policy", str(path))
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        "error: --nodes: 50000 nodes in 50000 waves is more than this dry run computes (nodes x waves at most "
+        "2,000,000); simulate fewer nodes (percentages keep the shape of the steps) or a larger maxParallel"]

@@ -17,6 +17,7 @@ import yaml
 from hypothesis import given, strategies as st
 
 from metax_operator import schema, validation
+from tests.helm import overlay
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_CASES = ROOT.parent / "shared" / "cases"
@@ -154,12 +155,9 @@ EXAMPLES = _examples()
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_is_valid(name):
-    from metax_operator.validate_cmd import coalesce
-
-    values = coalesce(VALUES, EXAMPLES[name])
+    values = overlay(VALUES, EXAMPLES[name])
     assert validation.schema_problems(values, VALUES_SCHEMA) == []
-    values = coalesce(values, {"registry": "cr.example.com/metax",
-                               "driver": {"payload": {"version": "2.32.0.6"}}})
+    values = overlay(values, {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}})
     validation.validate_values(values)
 
 

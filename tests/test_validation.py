@@ -1,4 +1,4 @@
-"""The Python rules (validation.py) and the values merge of `metax-operator validate`, unit by unit.
+"""The Python rules (validation.py) and `metax-operator validate`'s use of Helm, unit by unit.
 
 The same rules under Helm are tested case by case in test_bad_values.py; here each rule's edges,
 the CR-spec variant the runner uses, and the parsers of the two ConfigMaps.
@@ -6,6 +6,7 @@ the CR-spec variant the runner uses, and the parsers of the two ConfigMaps.
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ from hypothesis import given, strategies as st
 
 from metax_operator import validation
 from metax_operator.errors import UserErrors
-from metax_operator.validate_cmd import coalesce, merged_values, parse_set
-from tests.helm import render_chart
+from metax_operator import cli
+from metax_operator.validate_cmd import merged_values
+from tests.helm import BIN, overlay, render_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = yaml.safe_load((ROOT / "values.yaml").read_text())
@@ -25,9 +27,8 @@ CHART_ONLY = {"imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnno
 
 def values(**changes) -> dict:
     """The default values with a registry and a driver version, plus `changes` merged in."""
-    base = coalesce(DEFAULTS, {"registry": "cr.example.com/metax",
-                               "driver": {"payload": {"version": "2.32.0.6"}}})
-    return coalesce(base, changes)
+    base = overlay(DEFAULTS, {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}})
+    return overlay(base, changes)
 
 
 def problems(vals: dict) -> list[str]:
@@ -154,9 +155,9 @@ def test_deprecated_tolerations_file_problems(text, field):
 def test_driver_config_checked_like_the_configmap():
     config = {"nodeVfnums": {"node-a": {"vfnum": 0}}, "moduleParams": {"xcore_page_size": "10"},
               "nodeModuleParams": {"Node_B": {"gpu_model": "x"}}}
-    assert fields(values(driver={"config": config})) == [
-        "driver.config.nodeVfnums.node-a.vfnum", "driver.config.moduleParams.xcore_page_size",
-        "driver.config.nodeModuleParams.Node_B"]
+    assert sorted(fields(values(driver={"config": config}))) == [
+        "driver.config.moduleParams.xcore_page_size", "driver.config.nodeModuleParams.Node_B",
+        "driver.config.nodeVfnums.node-a.vfnum"]
 
 
 # --- the CR spec, as the runner checks it ---------------------------------------------------------
@@ -224,35 +225,82 @@ def test_rendered_configmaps_parse_back_to_the_values():
     assert validation.parse_vfio_config(maps["metax-vfio-config"]["config"]) == vfio
 
 
-# --- merging values like Helm ----------------------------------------------------------------------
+# --- Helm merges the values for `validate` ------------------------------------------------------
 
-@pytest.mark.parametrize("flag, expected", [
-    ("a.b=1", [(["a", "b"], 1)]),
-    ("a=true,b=null,c=0,d=007,e=1.5", [(["a"], True), (["b"], None), (["c"], 0), (["d"], "007"), (["e"], "1.5")]),
-    (r"v.c[1].nodeName=worknode\\d+", [(["v", "c", 1, "nodeName"], r"worknode\d+")]),
-    (r"v.c[0].gpus=0\,1\,2", [(["v", "c", 0, "gpus"], "0,1,2")]),
-    ("m.images={a:1,b:2}", [(["m", "images"], ["a:1", "b:2"])]),
-    (r"labels.app\.kubernetes\.io/x=y", [(["labels", "app.kubernetes.io/x"], "y")]),
-])
-def test_parse_set_like_helm(flag, expected):
-    assert parse_set(flag) == expected
+HELM = str(BIN / "helm3")
 
 
-def test_set_string_keeps_strings():
-    assert parse_set("a=10,b=true", typed=False) == [(["a"], "10"), (["b"], "true")]
-
-
-def test_merge_order_and_semantics(tmp_path):
+@pytest.mark.helm
+def test_helm_merges_files_and_every_set_flag_in_its_own_order(tmp_path):
     first = tmp_path / "a.yaml"
     first.write_text("registry: one\ndriver:\n  payload:\n    version: '1'\npriorityClassName: null\n")
     second = tmp_path / "b.yaml"
     second.write_text("registry: two\n")
     tolerations = tmp_path / "t.yaml"
     tolerations.write_text(SEED_TOLERATIONS_FILE)
-    merged = merged_values(ROOT, [str(first), str(second)], ["vfioManager.vfioConfig[1].gpus=all"],
-                           ["driver.payload.version=2.32"], [f"tolerations={tolerations}"])
+    merged = merged_values(ROOT, ["--values", str(first), "--values", str(second),
+                                  "--set", "vfioManager.vfioConfig[1].gpus=all",
+                                  "--set-string", "driver.payload.version=2.32",
+                                  "--set-json", 'driver.upgradePolicy.upgradeSteps=[{"replicas": "100%"}]',
+                                  "--set-literal", "commonAnnotations.note=a,b\\c",
+                                  "--set-file", f"tolerations={tolerations}"], HELM)
     assert merged["registry"] == "two"
-    assert merged["driver"]["payload"] == {"name": "driver-image", "version": "2.32", "registry": ""}
+    assert merged["driver"]["payload"] == {"name": "driver-image", "version": "2.32", "registry": "", "digest": ""}
+    assert merged["driver"]["upgradePolicy"]["upgradeSteps"] == [{"replicas": "100%"}]
+    assert merged["commonAnnotations"] == {"note": "a,b\\c"}
     assert "priorityClassName" not in merged
     assert merged["vfioManager"]["vfioConfig"] == [None, {"gpus": "all"}]
     assert merged["tolerations"] == SEED_TOLERATIONS_FILE
+
+
+@pytest.mark.helm
+def test_an_index_helm_refuses_is_refused_at_once(capsys):
+    """Regression: validate's own --set parser built a list of 100 million items (1.6 GB) for
+    `a[99999999]=1`; Helm refuses indexes over 65536."""
+    assert cli.main(["validate", "--helm", HELM, "--set", "a[99999999]=1"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: helm: failed parsing --set data: index of 99999999 is greater than maximum supported index "
+        "of 65536; fix the values or flags Helm names"]
+
+
+def test_without_helm_validate_says_how_to_get_it(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    assert cli.main(["validate"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: helm: is not on PATH; install Helm 3 (3.18 or later) or Helm 4, or pass --helm PATH (or set $HELM_BIN)"]
+    monkeypatch.setenv("HELM_BIN", str(tmp_path / "helm"))
+    assert cli.main(["validate"]) == 1
+    assert capsys.readouterr().err.startswith(f"error: $HELM_BIN: {tmp_path / 'helm'} is not an executable file")
+
+
+@pytest.mark.helm
+def test_helm_bin_is_the_helm_validate_runs(capsys, monkeypatch):
+    monkeypatch.setenv("HELM_BIN", str(BIN / "helm4"))
+    assert cli.main(["validate", "--set", "registry=cr.example.com/metax", "--set-string",
+                     "driver.payload.version=2.32.0.6"]) == 0
+    assert capsys.readouterr().out == "values are valid\n"
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("helm", ["helm3", "helm4"])
+def test_helm_refusals_become_one_line_each_naming_the_field(helm, tmp_path):
+    """What `validate` shows when the chart's render refuses values the Python checks let through:
+    Helm's real output, its schema lines with the field in our spelling, the chart's rules as they are."""
+    from metax_operator.validate_cmd import helm_problems
+
+    def stderr(*flags: str) -> str:
+        result = subprocess.run([BIN / helm, "template", "metax", ROOT, *flags], capture_output=True, text=True)
+        assert result.returncode == 1
+        return result.stderr
+
+    schema = helm_problems(stderr("--set", "driver.deployPolicy=Sometimes",
+                                  "--set", "driver.upgradePolicy.upgradeSteps[0].replicas=abc"))
+    assert {e.field for e in schema} >= {"driver.deployPolicy", "driver.upgradePolicy.upgradeSteps[0].replicas"}
+    rules = helm_problems(stderr("--set", "driver.payload.version=v1", "--set", "gpuLabel.deploy=false"))
+    assert sorted(str(e) for e in rules) == sorted(
+        ["registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax"]
+        + [str(validation.dependency_problem(c, "gpuLabel")) for c, ps in validation.DEPENDENCIES.items()
+           if "gpuLabel" in ps and c != "exporter"])  # the exporter is off by default
+    [other] = helm_problems(stderr("--set", "a[99999999]=1"))
+    assert other.field == "helm" and "greater than maximum supported index" in other.problem

@@ -7,8 +7,10 @@
   dead thread. An unreachable API server does not fail it: its passes fail and the loop goes on,
   and a restart would not bring the API server back.
 - `GET /readyz` (readiness): 200 while the API server answers (the last lease read or write is
-  younger than `api_timeout`) and the watch caches it has started (none before its first pass
-  that finds the CR) are listed and connected; 503 otherwise.
+  younger than `api_timeout`) and the watch caches it has started are listed and connected; 503
+  otherwise. The runner starts its caches at its first pass over the CR: before the CR exists
+  (a first install: the bootstrap hook creates it after `helm install --wait` saw the runner
+  Ready) there is nothing to wait for.
 
 Both answer a JSON object with what they decided from: the leader, the lease holder, how long
 the current iteration has run, the ages (seconds) of the last successful pass and of the last

@@ -8,7 +8,7 @@ event cannot live longer than that. Each object is stored as `project(obj)`, a s
 value (or skipped when it returns None), so a cluster-wide pod watch costs little memory.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
-which is what a pass costs the API server in steady state (DESIGN.md section 5).
+which is what a pass costs the API server in steady state.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import email.utils
+import json
 import os
 import random
 import time
@@ -42,6 +43,13 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 REQUEST_TIMEOUT = (5, 30)
 #: Page size of list calls (10,000 nodes = 20 requests, each a bounded response).
 PAGE_SIZE = 500
+#: Requests one process sends at once (pod deletions, node patches): the connection pool the
+#: kubernetes client keeps per host is 5 x CPUs, at least 10 on the hook's 2-CPU nodes.
+PARALLEL_REQUESTS = 8
+
+
+class NotServed(LookupError):
+    """The API server does not serve a kind (a CRD not installed, or not established yet)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,28 @@ def with_backoff(fn: Callable[[], T], backoff: Backoff = Backoff(),
     return fn()
 
 
+def api_problem(err: BaseException) -> UserError | None:
+    """A failure of the API server or of the way to it, as one line for the user (the kubeconfig
+    points nowhere, the server is down, the credentials or RBAC refuse, a CRD is not installed);
+    None for anything else, which is a bug."""
+    fix = "check --kubeconfig/--context (or $KUBECONFIG) and that the cluster is up"
+    if isinstance(err, NotServed):
+        return UserError("API server", str(err), "install the chart (its CRD) first, or check --context")
+    if isinstance(err, ApiException):
+        message = err.reason or ""
+        try:
+            message = json.loads(err.body).get("message") or message
+        except (TypeError, ValueError, AttributeError):
+            pass
+        if err.status in (401, 403):
+            fix = "check the credentials of --kubeconfig/--context and their RBAC"
+        return UserError("API server", f"answered {err.status}: {message}", fix)
+    if isinstance(err, urllib3.exceptions.HTTPError):
+        reason = getattr(err, "reason", None) or err
+        return UserError("API server", f"cannot be reached: {reason}", fix)
+    return None
+
+
 def retry_on_conflict(fn: Callable[[], T], attempts: int = 5) -> T:
     """Call `fn` again while it fails with 409 Conflict: `fn` must re-read what it writes."""
     for _ in range(attempts - 1):
@@ -149,25 +179,33 @@ class Client:
         self._discovered: set[str] = set()
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Client:
-        """In-cluster credentials when running in a pod and no kubeconfig is given, else the file."""
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None,
+                backoff: Backoff = Backoff()) -> Client:
+        """In-cluster credentials when running in a pod and no kubeconfig is given, else the file.
+
+        A kubeconfig that cannot be used (missing, not YAML, no such context) is the user's
+        UserError, named with the path.
+        """
         configuration = k8s.Configuration()
-        if kubeconfig and not os.path.isfile(kubeconfig):
-            raise UserError("--kubeconfig", f"{kubeconfig} is not a file", "pass the path of a kubeconfig file")
+        in_cluster = kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
+        where = "in-cluster service account" if in_cluster else kubeconfig or "~/.kube/config"
         try:
-            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
                 k8s_config.load_kube_config(config_file=kubeconfig, context=context,
                                             client_configuration=configuration)
-        except (k8s_config.ConfigException, yaml.YAMLError) as err:
-            raise UserError("--kubeconfig", f"no usable cluster configuration ({err})".replace("\n", " "),
-                            "pass --kubeconfig FILE (and --context), or set $KUBECONFIG") from None
-        return cls(k8s.ApiClient(configuration))
+        except Exception as err:  # noqa: BLE001 - everything here comes from the user's file
+            detail = " ".join(str(err).split()) or type(err).__name__
+            raise UserError("--kubeconfig", f"{where} cannot be used: {detail}",
+                            "pass a working kubeconfig with --kubeconfig (or $KUBECONFIG) and --context") from None
+        if backoff.attempts == 1:  # fail fast: no retry by urllib3 either
+            configuration.retries = 0
+        return cls(k8s.ApiClient(configuration), backoff)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Client:
-        return cls.connect(args.kubeconfig, args.context)
+    def from_args(cls, args: argparse.Namespace, backoff: Backoff = Backoff()) -> Client:
+        return cls.connect(args.kubeconfig, args.context, backoff)
 
     # -- raw calls ---------------------------------------------------------------------------
 
@@ -215,7 +253,7 @@ class Client:
         try:
             return self._resources[key]
         except KeyError:
-            raise LookupError(f"the API server does not serve {kind} in {api_version}") from None
+            raise NotServed(f"the API server does not serve {kind} in {api_version}") from None
 
     def forget(self, api_version: str) -> None:
         """Drop cached discovery of a group/version (after creating or deleting its CRD)."""
@@ -301,7 +339,7 @@ class Client:
     def wait_deleted(self, api_version: str, kind: str, name: str, namespace: str | None = None,
                      *, uid: str | None = None, timeout: float = 120.0, interval: float = 0.5,
                      sleep: Callable[[float], None] = time.sleep) -> None:
-        """Return once the object (with `uid`, if given) is gone; TimeoutError after `timeout`."""
+        """Return once the object (with `uid`, if given) is gone; a UserError after `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             current = self.get(api_version, kind, name, namespace)
@@ -309,7 +347,7 @@ class Client:
                 return
             if time.monotonic() >= deadline:
                 finalizers = current["metadata"].get("finalizers") or []
-                raise TimeoutError(
-                    f"{kind} {name} still exists after {timeout:g}s"
-                    + (f" (finalizers: {', '.join(finalizers)})" if finalizers else ""))
+                raise UserError(f"{kind} {name}", f"still exists after {timeout:g}s"
+                                + (f" (finalizers: {', '.join(finalizers)})" if finalizers else ""),
+                                "find what holds it (kubectl describe), then run the command again")
             sleep(interval)

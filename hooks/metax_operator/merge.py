@@ -1,4 +1,4 @@
-"""The podTemplateSpec rules (seed 000 §3.2.4-3.2.5, DESIGN §3): one pure function.
+"""The podTemplateSpec rules (seed 000 §3.2.4-3.2.5): one pure function.
 
 Both the post-renderer (inputs read from a DaemonSet's annotations, named by their
 values keys) and the runner (inputs read from the ClusterOperator CR, named by their
@@ -34,7 +34,7 @@ ANNOTATION_COMPONENT = "gpu.metax-tech.com/component"
 ANNOTATION_BASE = "gpu.metax-tech.com/scheduling-base"
 ANNOTATION_INPUTS = "gpu.metax-tech.com/scheduling-inputs"
 
-# values key -> DaemonSet name (DESIGN §2).
+# values key -> DaemonSet name.
 COMPONENTS = {
     "gpuLabel": "metax-gpu-label",
     "runtime": "metax-container-runtime",

@@ -6,16 +6,20 @@ returns the parsed `Policy` or raises `UserErrors` with one `UserError` per prob
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Mapping
 
 from .errors import UserError, UserErrors
 
 DEFAULT_READINESS_TIMEOUT_MS = 600_000
-_PERCENT = re.compile(r"^(\d+)%$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h))+$")
+# ASCII digits and whole-string matches only: the grammar of the schema's patterns (Go regexp).
+_PERCENT = re.compile(r"(0|[1-9][0-9]*)%")
+_MILLISECONDS = re.compile(r"[0-9]+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _POLICY_KEYS = ("enableRollout", "upgradeSteps", "pause", "maxParallel", "maxUnavailable",
                 "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads")
@@ -255,7 +259,7 @@ def _int_or_percent(mapping: Mapping, key: str, path: str, errors: list[UserErro
 def _parse_int_or_percent(raw: Any) -> IntOrPercent | None:
     if _is_int(raw):
         return IntOrPercent(raw)  # the caller checks the range
-    if isinstance(raw, str) and (m := _PERCENT.match(raw.strip())):
+    if isinstance(raw, str) and (m := _PERCENT.fullmatch(raw)):
         return IntOrPercent(int(m.group(1)), True)
     return None
 
@@ -271,12 +275,11 @@ def _duration_ms(raw: Any) -> tuple[int | None, str | None]:
     if _is_int(raw):
         return (raw, None) if raw >= 0 else (None, f"must not be negative, not {raw}")
     if isinstance(raw, str):
-        text = raw.strip()
-        if text.isdigit():
-            return int(text), None
-        if _DURATION.match(text):
-            total = sum(float(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(text))
-            return int(total), None
+        if _MILLISECONDS.fullmatch(raw):
+            return int(raw), None
+        if _DURATION.fullmatch(raw):  # exact arithmetic, rounded up: "0.3s" is 300 ms, "0.1ms" 1 ms
+            total = sum(Fraction(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(raw))
+            return math.ceil(total), None
     return None, f"must be milliseconds or a duration such as \"10s\", not {raw!r}"
 
 

@@ -23,6 +23,9 @@ parsing; candidates are parsed with PyYAML's C loader, whose node marks locate t
 to edit. Nothing else is imported on this path (no argparse, dataclasses, ruamel.yaml or
 kubernetes client), since it runs inside every `helm template`.
 
+A candidate is refused, not parsed, when it is nested too deeply for the C parser (which would
+crash with SIGSEGV), and refused after parsing when a mapping repeats a key (`yamltext`).
+
 Errors name the document (kind/name and its `# Source:` file) and the field. Helm 3 shows
 our stderr; Helm 4 throws a plugin's stderr away and prints only "plugin exited with
 error", so the plugin runs with `--error-document`: on error it exits 0 and outputs one
@@ -36,6 +39,7 @@ import sys
 
 from .errors import UserError, UserErrors
 from .merge import ANNOTATION_INPUTS, MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
+from .yamltext import duplicate_keys, nesting_problem
 
 # A YAML document marker at the start of a line (`---`, `--- # c`, `--- |`), with its line end.
 _SEPARATOR = re.compile(r"^---(?=[ \t\r\n]|$)[^\n]*(?:\n|$)", re.MULTILINE)
@@ -80,9 +84,17 @@ def render_document(body: str) -> tuple[str | None, list[str]]:
         return None, []
     import yaml
 
+    if problem := nesting_problem(body):
+        raise UserError("", problem, "fix the template or values that produced it")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(body)
     try:
         root = loader.get_single_node()
+        if root is not None:
+            repeated = [UserError(f"line {line}", f"key {key!r} is repeated (first at line {first})",
+                                  "remove one of them: YAML forbids duplicate keys and Helm keeps only the last")
+                        for key, line, first in duplicate_keys(root)]
+            if repeated:
+                raise repeated[0] if len(repeated) == 1 else UserErrors(repeated)
         doc = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as err:
         raise UserError("", f"is not valid YAML: {err}".replace("\n", " "),

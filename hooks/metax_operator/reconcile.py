@@ -27,17 +27,20 @@ unchanged CR issues no request that writes.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validation
+from kubernetes.client.exceptions import ApiException
+
+from . import images, validation
 from .errors import UserError, UserErrors
 from .jsonlog import event
 from .kube import Client
-from .merge import COMPONENTS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+from .merge import COMPONENTS, MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
 
 log = logging.getLogger("metax_operator.reconcile")
 
@@ -282,6 +285,87 @@ def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -
     return desired, changed
 
 
+def restored_driver_spec(ds: dict, template: dict, spec: dict, recorded: str = "") -> dict | None:
+    """The CR's `spec.driver` to write back when a rollback restores the driver DaemonSet to the
+    pod `template` of an older ControllerRevision: one under which this reconcile leaves that
+    template exactly as it is. Anything else would re-create the abandoned revision at the next
+    pass and the rollback would flip between the two revisions forever.
+
+    `recorded` (`lastCoDriverSpec`, JSON) is used when it reproduces the template. It is empty
+    when the runner first met the pods already at an older revision (nothing recorded the older
+    revision's spec), and stale if the CR changed while no runner ran; then the fields this
+    reconcile maps into the template are read back from it: the payload reference, the
+    environment variables of `ENV["driver"]` and, when the CR's podTemplateSpec no longer gives
+    the template's scheduling fields, those fields themselves as `spec.driver.podTemplateSpec`.
+    Everything else (deploy, config, upgradePolicy...) stays as the CR has it. None when neither
+    reproduces the template (a DaemonSet the chart did not render).
+    """
+    at = {**ds, "spec": {**(ds.get("spec") or {}), "template": template}}
+    current = spec.get("driver") or {}
+    candidates = []
+    try:
+        candidates.append({**json.loads(recorded), "upgradePolicy": current.get("upgradePolicy", {})})
+    except (TypeError, ValueError):  # none recorded (or not a JSON object): the template decides
+        pass
+    try:
+        candidates.append(_driver_spec_of(at, spec))
+        return next((c for c in candidates if _reproduces(at, {**spec, "driver": c})), None)
+    except UserError:  # the chart's annotations on the DaemonSet are broken
+        return None
+
+
+def _driver_spec_of(ds: dict, spec: dict) -> dict:
+    """The CR's spec.driver with every field the reconcile maps into `ds`'s template read back
+    from that template (the inverse of `desired_daemonset` for the driver)."""
+    driver = copy.deepcopy(spec.get("driver") or {})
+    pod = _pod(ds)
+    env = {e["name"]: e.get("value", "") for c in pod.get("containers") or [] for e in c.get("env") or []
+           if "valueFrom" not in e}
+    for var, path in ENV["driver"].items():
+        if var in env:
+            _set(driver, path, _from_env(env[var], _get(driver, path)))
+    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == "payload"), None)
+    if image:
+        payload = driver.setdefault("payload", {})
+        repository, tag, digest = images.split(image)
+        own, common = payload.get("registry") or "", spec.get("registry") or ""
+        # The split between registry and name is ambiguous (both may hold slashes): prefer the
+        # registries the CR names, so that only what changed is written.
+        registry = next((r for r in (own or common, common) if r and repository.startswith(r + "/")),
+                        repository.rpartition("/")[0])
+        if registry != (own or common):
+            payload["registry"] = "" if registry == common else registry
+        payload.update(name=repository[len(registry) + 1:], version=tag)
+        if digest or "digest" in payload:
+            payload["digest"] = digest
+    scheduling = {f: pod[f] for f in MANAGED_FIELDS if f in pod}
+    merged, _ = merge_scheduling(_scheduling_inputs({**spec, "driver": driver}, "driver",
+                                                    inputs_from_annotations(ds["metadata"].get("annotations") or {})),
+                                 prefix="spec.")
+    if merged != scheduling:
+        driver["podTemplateSpec"] = {"spec": scheduling}
+    return driver
+
+
+def _reproduces(ds: dict, spec: dict) -> bool:
+    """Whether the reconcile of `spec` leaves `ds`'s pod template as it is."""
+    desired, changed = desired_daemonset("driver", ds, spec)
+    pod, live = desired["spec"]["template"]["spec"], _pod(ds)
+    return set(changed) <= {"updateStrategy"} and all(pod.get(f) == live.get(f) for f in MANAGED_FIELDS)
+
+
+def _from_env(text: str, like: Any) -> Any:
+    """The CR value an environment variable holds (the inverse of `_env_value`), typed like the
+    value the CR has there now."""
+    if isinstance(like, bool):
+        return text == "true"
+    if isinstance(like, int) and text.lstrip("-").isdigit():
+        return int(text)
+    if isinstance(like, list):
+        return text.split(",") if text else []
+    return text
+
+
 def driver_strategy(spec: dict, upgrading: bool) -> dict:
     """The driver DaemonSet's update strategy for a CR spec, as the chart renders it for the same
     values: `OnDelete` for a staged rollout (the runner deletes pods wave by wave), else every
@@ -404,14 +488,15 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
         registry = payload.get("registry") or registry
         if "payload" in _names(live.get("initContainers")) and registry and payload.get("name") \
                 and payload.get("version"):
-            return [{"name": "payload", "image": f"{registry}/{payload['name']}:{payload['version']}"}]
+            return [{"name": "payload", "image": images.reference(registry, payload["name"], payload["version"],
+                                                                  payload.get("digest") or "")}]
     if key == "maca":
         payload = (spec.get("maca") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
-        images = payload.get("images")
+        entries = payload.get("images")
         containers = _payload_containers(live)
-        if registry and images is not None and len(images) == len(containers):
-            return [{"name": name, "image": f"{registry}/{image}"} for name, image in zip(containers, images)]
+        if registry and entries is not None and len(entries) == len(containers):
+            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries)]
     return []
 
 
@@ -435,6 +520,12 @@ def _get(obj: dict, path: tuple[str, ...]) -> Any:
             return None
         obj = obj[part]
     return obj
+
+
+def _set(obj: dict, path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        obj = obj.setdefault(part, {})
+    obj[path[-1]] = value
 
 
 def _env_value(value: Any) -> str:
@@ -524,30 +615,28 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     if observed.cr is None:
         return writes
     cr = observed.cr
-    for attempt in range(5):
-        status = cr.get("status") or {}
-        generation = cr["metadata"].get("generation")
-        existing = status.get("conditions") or []
-        conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
-        if conditions == existing and status.get("observedGeneration") == generation:
-            break
+    status = cr.get("status") or {}
+    generation = cr["metadata"].get("generation")
+    existing = status.get("conditions") or []
+    conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
+    if conditions != existing or status.get("observedGeneration") != generation:
         check()
         patch = {"metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
                  "status": {"conditions": conditions, "observedGeneration": generation}}
         try:
             api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
                       field_manager=FIELD_MANAGER)
-        except Exception as err:  # 409: the CR changed since it was read; read it again
-            if getattr(err, "status", None) != 409 or attempt == 4:
+        except ApiException as err:
+            if err.status != 409:
                 raise
-            cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
-            if cr is None:
-                return writes
-            continue
-        writes += 1
-        events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
-        event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
-        break
+            # The CR changed since it was read: these conditions were planned from the spec of
+            # generation `generation`, which may no longer be the CR's. Writing them under the new
+            # generation would claim a spec this pass never applied; the next pass plans again.
+            event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
+        else:
+            writes += 1
+            events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
+            event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
     for kind, reason, message in events:
         check()
         writes += emit_event(api, cr, kind, reason, message, now(), identity)

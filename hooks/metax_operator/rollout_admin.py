@@ -14,8 +14,12 @@ import time
 
 from . import policy as policy_mod
 from . import reconcile, rollout
+from .cli import bounded
 from .errors import UserError, UserErrors
-from .kube import Client, add_arguments
+from .kube import Backoff, Client, add_arguments
+
+#: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
+AT_ONCE = Backoff(attempts=1)
 
 POLICY_PATH = "/spec/driver/upgradePolicy"
 
@@ -24,7 +28,8 @@ def register_status(commands) -> None:
     parser = commands.add_parser("status", help="show the driver rollout: steps, wave, failed nodes, next action",
                                  description="Show the staged driver rollout from the cluster-operator CR.")
     parser.add_argument("--watch", "-w", action="store_true", help="print again at every change (Ctrl-C stops)")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --watch")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=2.0,
+                        help="seconds between reads with --watch (default 2)")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     add_arguments(parser)
     parser.set_defaults(func=run_status)
@@ -53,7 +58,7 @@ def _switch(commands, name: str, help_text: str, field: str, value: bool) -> Non
 
 
 def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
-    api = Client.from_args(args)
+    api = Client.from_args(args, AT_ONCE)
     cr = _get_cr(api)
     if (((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy") or {}).get("enableRollout") is not True \
             and field == "pause":
@@ -66,7 +71,7 @@ def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    api = Client.from_args(args)
+    api = Client.from_args(args, AT_ONCE)
     shown = None
     while True:
         text = render(_get_cr(api), args.output)

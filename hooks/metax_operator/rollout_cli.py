@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
-import yaml
 
 from . import policy as policy_mod
 from . import rollout_admin
+from .cli import bounded
 from .errors import UserError
 from .simulate import Result, simulate
+from .yamltext import load_one, read_text
+
+#: The most nodes `simulate` models (it keeps every node's pods in memory: ~250 MB at this size).
+MAX_NODES = 100_000
+#: The most node-waves (nodes x waves) `simulate` takes on: about a minute of computing.
+MAX_WORK = 2_000_000
 
 
 def register(subparsers) -> None:
@@ -30,15 +34,16 @@ def register_simulate(commands) -> None:
         "simulate", help="dry-run an upgrade policy on N nodes",
         description="Show, step by step, the batches a policy deletes and the pauses it takes on N "
                     "nodes, with no failures, and estimate the duration.")
-    parser.add_argument("--nodes", type=int, required=True, help="number of GPU nodes")
+    parser.add_argument("--nodes", type=bounded(int, 1, MAX_NODES), required=True,
+                        help=f"number of GPU nodes (1 to {MAX_NODES})")
     parser.add_argument("--policy", required=True, metavar="FILE",
                         help="YAML with an upgradePolicy mapping, or values/CR YAML holding "
                              "driver.upgradePolicy or spec.driver.upgradePolicy")
     parser.add_argument("--output", choices=("table", "json"), default="table")
-    parser.add_argument("--ready-latency", type=float, default=60.0, metavar="SECONDS",
-                        help="seconds a new driver pod takes to become Ready (default 60)")
-    parser.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
-                        help="seconds between runner passes (default 5)")
+    parser.add_argument("--ready-latency", type=bounded(float, 0.001, 86400), default=60.0, metavar="SECONDS",
+                        help="seconds a new driver pod takes to become Ready (default 60, at most a day)")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0, metavar="SECONDS",
+                        help="seconds between runner passes (default 5, 0.1 to 3600)")
     parser.set_defaults(func=run_simulate)
 
 
@@ -46,13 +51,13 @@ SUBCOMMANDS = [register_simulate, *rollout_admin.SUBCOMMANDS]
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
-        raise UserError("--nodes", f"must be at least 1, not {args.nodes}", "give the number of GPU nodes")
-    for flag, value in (("--ready-latency", args.ready_latency), ("--interval", args.interval)):
-        if value <= 0:
-            raise UserError(flag, f"must be more than 0, not {value}", "give a number of seconds")
     raw, prefix = load_policy(args.policy)
     policy = policy_mod.validate(raw, field_prefix=prefix, nodes=args.nodes)
+    waves = wave_count(policy, args.nodes)
+    if waves * args.nodes > MAX_WORK:
+        raise UserError("--nodes", f"{args.nodes} nodes in {waves} waves is more than this dry run computes "
+                        f"(nodes x waves at most {MAX_WORK:,})",
+                        "simulate fewer nodes (percentages keep the shape of the steps) or a larger maxParallel")
     result = simulate(policy, args.nodes, ready_latency=args.ready_latency, interval=args.interval)
     if args.output == "json":
         print(json.dumps(result.as_json()))
@@ -61,14 +66,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def wave_count(policy: policy_mod.Policy, nodes: int) -> int:
+    """The waves the policy deletes pods in on `nodes` nodes with no failure."""
+    targets, caps = policy.targets(nodes), policy.caps(nodes)
+    return sum(-(-(target - previous) // cap) for target, previous, cap in zip(targets, [0, *targets], caps))
+
+
 def load_policy(path: str) -> tuple[object, str]:
     """The upgradePolicy mapping in FILE and its field path (for error messages)."""
-    try:
-        doc = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except OSError as err:
-        raise UserError("--policy", f"cannot read {path}: {err.strerror}", "give a readable YAML file") from None
-    except yaml.YAMLError as err:
-        raise UserError("--policy", f"{path} is not valid YAML: {err}", "fix the YAML syntax") from None
+    doc = load_one(read_text(path, "give a readable YAML file with --policy"), path)
     if not isinstance(doc, dict):
         raise UserError("--policy", f"{path} does not hold a mapping",
                         "write an upgradePolicy mapping, or values/CR YAML with driver.upgradePolicy")

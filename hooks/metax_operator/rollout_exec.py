@@ -1,4 +1,4 @@
-"""The staged driver rollout's imperative shell: one step of every runner pass (DESIGN.md section 5).
+"""The staged driver rollout's imperative shell: one step of every runner pass.
 
 Each pass: read the CR and the driver DaemonSet (two GETs), snapshot the watch caches
 (`rollout_observe`), let the engine
@@ -8,9 +8,10 @@ the pass stops without acting; the next pass decides again), then act:
 
 - set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
   saw, so an admin's concurrent edit wins);
-- roll back: first set the CR's `spec.driver` (all but `upgradePolicy`) back to
-  `lastCoDriverSpec`, so the runner's reconcile does not re-apply the abandoned payload version,
-  then patch the DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+- roll back: first set the CR's `spec.driver` back to one that gives the stable revision's
+  template (`reconcile.restored_driver_spec`: `lastCoDriverSpec`, or what the template itself
+  says), so the runner's reconcile does not re-apply the abandoned version, then patch the
+  DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
 - delete pods with a uid precondition (404 or a failed precondition: already done);
 - emit the engine's Events on the CR.
 
@@ -28,18 +29,16 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from . import policy as policy_mod
-from . import reconcile, rollout
+from . import kube, reconcile, rollout
 from .errors import UserError, UserErrors
 from .jsonlog import event
 from .kube import Client
-from .rollout_observe import DRIVER_DAEMONSET, Snapshot, Watches
+from .rollout_observe import DRIVER_DAEMONSET, Snapshot, Watches, revision_template
 
 log = logging.getLogger("metax_operator.rollout")
 
 #: Seconds a pass waits for the caches' first LIST.
 SYNC_TIMEOUT = 60.0
-#: Pods deleted concurrently within a wave.
-DELETE_WORKERS = 8
 
 
 class RolloutExecutor:
@@ -160,20 +159,32 @@ class RolloutExecutor:
         return 1
 
     def _restore(self, cr: dict, snap: Snapshot, revision: str, status: dict) -> int:
+        """Set the CR's spec.driver back to the one of `revision`, then the template to it.
+
+        The spec comes first: the reconcile of the next pass must find a CR that gives the
+        restored template, not the abandoned one (`reconcile.restored_driver_spec`).
+        """
         writes = 0
-        old = status.get("lastCoDriverSpec")
-        driver = (cr.get("spec") or {}).get("driver") or {}
-        if old:
-            wanted = {**json.loads(old), "upgradePolicy": driver.get("upgradePolicy", {})}
-            if wanted != driver:
-                self._check()
-                self.requests += 1
-                self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
-                               [{"op": "replace", "path": "/spec/driver", "value": wanted}],
-                               patch_type="json", field_manager=reconcile.FIELD_MANAGER)
-                event(log, "rollout-restore-cr", msg="spec.driver set back to lastCoDriverSpec")
-                writes += 1
+        spec = cr.get("spec") or {}
+        driver = spec.get("driver") or {}
         found = snap.revisions.get(revision)
+        recorded = status.get("lastCoDriverSpec") or ""
+        if found is not None:
+            wanted = reconcile.restored_driver_spec(snap.daemonset, revision_template(found), spec, recorded)
+        else:  # the template cannot be restored; the recorded spec still brings the version back
+            wanted = {**json.loads(recorded), "upgradePolicy": driver.get("upgradePolicy", {})} if recorded else None
+        if wanted is None:
+            event(log, "rollout-restore-cr-unknown", logging.ERROR, revision=revision,
+                  msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself")
+        elif wanted != driver:
+            self._check()
+            self.requests += 1
+            self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
+                           [{"op": "replace", "path": "/spec/driver", "value": wanted}],
+                           patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+            event(log, "rollout-restore-cr", revision=revision,
+                  msg=f"spec.driver set back to revision {revision}'s")
+            writes += 1
         if found is None:
             event(log, "rollout-revision-missing", logging.ERROR, revision=revision,
                   msg=f"no ControllerRevision with hash {revision}: cannot restore the template")
@@ -198,7 +209,7 @@ class RolloutExecutor:
                     return False
                 raise
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(DELETE_WORKERS, len(pods))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(pods))) as pool:
             done = list(pool.map(delete, pods))
         self.requests += len(pods)
         event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(done))

@@ -14,8 +14,8 @@ The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runne
 have changed its template a moment before in the same pass, and a cache could still show the
 template before that change.
 
-`Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed` (DESIGN.md
-section 5): the current revision is the `controller-revision-hash` of the newest ControllerRevision
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed`: the current
+revision is the `controller-revision-hash` of the newest ControllerRevision
 owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
 agree, since they come from separate reads:
 - the DaemonSet controller observed the latest generation;

@@ -1,4 +1,4 @@
-"""`metax-operator run`: the in-cluster loop that makes CR edits take effect (DESIGN §1, §3, §4).
+"""`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: every `--interval` seconds one pass observes the CR, the DaemonSets and the
 ConfigMaps, decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
@@ -20,6 +20,7 @@ import threading
 import time
 
 from . import jsonlog, reconcile, rollout_exec, workload_check
+from .cli import bounded
 from .errors import UserError
 from .health import Health, serve
 from .kube import Client, add_arguments
@@ -50,12 +51,6 @@ class Runner:
         self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
-    def caches(self) -> tuple:
-        """The watch caches readiness waits for: none until the first pass that finds the CR
-        starts them (before the bootstrap hook creates it, a runner with nothing to watch is
-        ready; `helm install --wait` waits for it before running that post-install hook)."""
-        return self.watches.all if self.watching else ()
-
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
         started = time.monotonic()
@@ -75,6 +70,11 @@ class Runner:
                       generation=observed.cr["metadata"].get("generation"),
                       seconds=round(time.monotonic() - started, 3))
         return writes
+
+    def caches(self) -> tuple:
+        """The watch caches this runner has started (none before its first pass over a CR):
+        what its readiness waits for."""
+        return (*self.watches.all, *self.workloads.informers) if self.watching else ()
 
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
@@ -116,20 +116,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
                         help="the release namespace (default: $POD_NAMESPACE)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between passes (default 5)")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
+                        help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
-    parser.add_argument("--lease-duration", type=int, default=15,
+    parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
                         help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
-    parser.add_argument("--renew-deadline", type=int, default=10,
+    parser.add_argument("--renew-deadline", type=bounded(int, 1, 3600), default=10,
                         help="seconds the leader keeps trying to renew before it stops acting (default 10)")
-    parser.add_argument("--retry-period", type=int, default=2, help="seconds between lease attempts (default 2)")
+    parser.add_argument("--retry-period", type=bounded(int, 1, 3600), default=2,
+                        help="seconds between lease attempts (default 2)")
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
-    parser.add_argument("--health-port", type=int, default=0,
+    parser.add_argument("--health-port", type=bounded(int, 0, 65535), default=0,
                         help="serve /healthz and /readyz on this port (default: none; not with --once)")
     parser.add_argument("--health-host", default="",
                         help="the address to serve them on (default: every address)")
-    parser.add_argument("--stall-timeout", type=float, default=300.0,
+    parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
                         help="seconds one iteration of the loop (a pass, API retries included) may run "
                              "before /healthz fails (default 300)")
     parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
@@ -140,24 +142,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not args.namespace:
         raise UserError("--namespace", "is not set", "pass --namespace NS or set $POD_NAMESPACE")
-    if args.interval <= 0:
-        raise UserError("--interval", f"must be positive, not {args.interval:g}", "use e.g. --interval 5")
-    if not args.retry_period >= 1:
-        raise UserError("--retry-period", "must be at least 1 second", "use e.g. --retry-period 2")
     if not args.renew_deadline > 1.2 * args.retry_period:
         raise UserError("--renew-deadline", "must exceed 1.2 x --retry-period", "use e.g. --renew-deadline 10")
     if not args.lease_duration > args.renew_deadline:
         raise UserError("--lease-duration", "must exceed --renew-deadline", "use e.g. --lease-duration 15")
-    if not 0 <= args.health_port <= 65535:
-        raise UserError("--health-port", f"must be a port number, not {args.health_port}", "use e.g. --health-port 8081")
-    if not args.stall_timeout > 0:
-        raise UserError("--stall-timeout", f"must be positive, not {args.stall_timeout:g}", "use e.g. --stall-timeout 300")
 
 
 def _main(args: argparse.Namespace) -> int:
-    jsonlog.setup(args.log_level)
     _check(args)
     api = Client.from_args(args)
+    api.server_version()  # an API server that cannot be reached is a one-line error now, not a loop of them
+    jsonlog.setup(args.log_level)
     identity = args.identity or default_identity()
     lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
     elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)
@@ -172,7 +167,8 @@ def _main(args: argparse.Namespace) -> int:
     if not args.once:
         health = None
         if args.health_port:
-            health = Health(elector, runner.caches, stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            health = Health(elector, runner.caches,
+                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
             server = serve(health, args.health_host, args.health_port)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
                           msg=f"serving /healthz and /readyz on port {server.server_address[1]}")

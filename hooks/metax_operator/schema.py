@@ -52,6 +52,23 @@ def percent_pattern(zero_ok: bool) -> str:
     return r"^(100|[1-9]?[0-9])%$" if zero_ok else r"^(100|[1-9][0-9]?)%$"
 
 
+def cron_schedule_pattern() -> str:
+    """A CronJob schedule as Kubernetes parses it (robfig/cron's standard parser): a macro, or
+    five fields of comma-separated `*`, `?`, a value or a range, each with an optional `/step`
+    of at least 1, every value within its field's range (names for months and weekdays). That a
+    range does not run backwards is a rule of validation.py (a pattern cannot compare)."""
+    def field(value: str) -> str:
+        item = rf"(\*|\?|{value}(-{value})?)(/0*[1-9][0-9]*)?"
+        return rf"{item}(,{item})*"
+
+    fields = [r"0*([0-9]|[1-5][0-9])", r"0*([0-9]|1[0-9]|2[0-3])", r"0*([1-9]|[12][0-9]|3[01])",
+              r"(0*([1-9]|1[0-2])|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))",
+              r"(0*[0-6]|(?i:sun|mon|tue|wed|thu|fri|sat))"]
+    macros = "@(annually|yearly|monthly|weekly|daily|midnight|hourly)"
+    blank = r"[ \t]"
+    return rf"^{blank}*({macros}|{(blank + '+').join(field(f) for f in fields)}){blank}*$"
+
+
 class _Expander:
     """Expands the source's extensions for one target: "values" (draft-07) or "crd" (structural)."""
 
@@ -80,6 +97,11 @@ class _Expander:
         if "x-int-or-percent" in node:
             return self.node({**self._int_or_percent(node["x-int-or-percent"]),
                               **{k: v for k, v in node.items() if k != "x-int-or-percent"}})
+        if node.get("x-cron-schedule"):
+            return self.node({"pattern": cron_schedule_pattern(),
+                              "x-hint": "a cron schedule of five fields (minute hour day-of-month month day-of-week) "
+                                        "such as \"*/5 * * * *\", or a macro such as @hourly",
+                              **{k: v for k, v in node.items() if k != "x-cron-schedule"}})
         out = {}
         for key, value in node.items():
             if key == "properties":
@@ -485,6 +507,9 @@ def load_values_schema(chart: Path = REPO_ROOT) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.chart)
+    if not (root / "values.yaml").is_file():
+        raise UserError("--chart", f"{root} is not the chart's directory (no values.yaml)",
+                        "pass --chart with the metax-operator chart's directory")
     if args.check:
         paths = stale(root)
         for path in paths:

@@ -15,15 +15,17 @@ Python's `re` accepts but Go refuses (lookarounds, backreferences) is refused he
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Mapping
 
 import jsonschema
 import re2
 import yaml
 
-from . import policy
+from . import images, policy
 from .errors import UserError, UserErrors
-from .schema import fragment
+from .merge import COMPONENTS
+from .schema import build_values_schema, fragment
 
 # Component prerequisites (seed §3.2.3): a component needs these deployed first.
 DEPENDENCIES: dict[str, tuple[str, ...]] = {
@@ -43,16 +45,27 @@ def dependency_problem(component: str, prerequisite: str) -> UserError:
                      f"set {prerequisite}.deploy=true or {component}.deploy=false")
 
 
-def validate_values(values: Mapping) -> None:
-    """Check merged chart values (already valid against values.schema.json) against the
-    cross-field rules; raise `UserErrors` listing every problem."""
-    _raise(values_problems(values))
+def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
+    """Check merged chart values as `helm template` does; raise `UserErrors` listing every problem."""
+    _raise(values_problems(values, schema))
 
 
-def values_problems(values: Mapping) -> list[UserError]:
+def values_problems(values: Mapping, schema: Mapping | None = None) -> list[UserError]:
+    """values.schema.json's problems (`schema`, else the package's own copy), or when there are
+    none, the rules templates/_validations.tpl applies at render time: what a render refuses."""
+    errors = schema_problems(values, values_schema() if schema is None else schema)
+    if errors:  # the rules assume the schema's shapes, as the render does
+        return errors
     errors = _spec_problems(values)
+    errors += _schedule_problems((values.get("runner") or {}).get("schedule"))
     errors += _deprecated_tolerations_problems(values.get("tolerations"))
     return errors
+
+
+@functools.cache
+def values_schema() -> dict:
+    """values.schema.json as generated from the package's schema source (without descriptions)."""
+    return build_values_schema("")
 
 
 def validate_cr_spec(spec: Mapping) -> None:
@@ -86,6 +99,27 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [],
                                    "vfioManager.vfioConfig")
     errors += _service_problems((values.get("exporter") or {}).get("service") or {})
+    errors += image_problems(values)
+    return errors
+
+
+def image_problems(values: Mapping) -> list[UserError]:
+    """Every image reference's repository (`registry/name`) within the distribution grammar's
+    length; the schema checks each part alone. Images absent from the mapping (a CR spec has only
+    the payloads) are not checked."""
+    common = values.get("registry") or ""
+    sites = [(f"{key}.image", (values.get(key) or {}).get("image")) for key in (*COMPONENTS, "tools")]
+    sites.append(("driver.payload", (values.get("driver") or {}).get("payload")))
+    maca = (values.get("maca") or {}).get("payload") or {}
+    sites += [(f"maca.payload.images[{i}]", {"registry": maca.get("registry"), "name": images.split(entry)[0]})
+              for i, entry in enumerate(maca.get("images") or []) if isinstance(entry, str)]
+    errors = []
+    for field, image in sites:
+        if isinstance(image, Mapping) and image.get("name"):
+            length = len(image.get("registry") or common) + 1 + len(image["name"])
+            if length > images.MAX_REPOSITORY:
+                errors.append(UserError(field, f"the image repository (registry/name) is {length} characters long, "
+                                               f"more than {images.MAX_REPOSITORY}", "shorten the registry or the image name"))
     return errors
 
 
@@ -96,6 +130,17 @@ def _deployed(values: Mapping, component: str) -> bool:
 def _service_problems(service: Mapping) -> list[UserError]:
     errors = []
     kind = service.get("type", "ClusterIP")
+    port, ports = service.get("port"), str(service.get("nodePortRange") or "")
+    low, _, high = ports.partition("-")
+    if not (low.isdigit() and high.isdigit()):  # the schema and the CRD require it, in this format
+        pass
+    elif int(low) > int(high) or int(high) > 65535:
+        errors.append(UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
+                                "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range"))
+    elif kind == "NodePort" and port is not None and not int(low) <= port <= int(high):
+        errors.append(UserError("exporter.service.port", f"{port} is outside the node port range {ports}",
+                                "use a port in the range, leave it empty to let Kubernetes choose, or set "
+                                "exporter.service.nodePortRange to the cluster's --service-node-port-range"))
     if service.get("port") is not None and kind not in SERVICE_TYPES_WITH_PORT:
         errors.append(UserError("exporter.service.port", f"is only valid with type NodePort or LoadBalancer, not {kind}",
                                 "remove the port, or set exporter.service.type=NodePort or LoadBalancer"))
@@ -106,6 +151,26 @@ def _service_problems(service: Mapping) -> list[UserError]:
         errors.append(UserError("exporter.service.externalName", f"is only valid with type ExternalName, not {kind}",
                                 "remove it, or set exporter.service.type=ExternalName"))
     return errors
+
+
+_CRON_NAMES = {name: number for names, first in (("jan feb mar apr may jun jul aug sep oct nov dec", 1),
+                                                   ("sun mon tue wed thu fri sat", 0))
+               for number, name in enumerate(names.split(), first)}
+
+
+def _schedule_problems(schedule: Any) -> list[UserError]:
+    """The ranges of a cron schedule run forwards (the schema checks the rest of its grammar)."""
+    errors = []
+    for part in (schedule or "").replace(",", " ").split():
+        low, dash, high = part.partition("/")[0].partition("-")
+        if dash and _cron_value(low) > _cron_value(high):
+            errors.append(UserError("runner.schedule", f"the range {low}-{high} runs backwards",
+                                    f"write the smaller value first: {high}-{low}"))
+    return errors
+
+
+def _cron_value(text: str) -> int:
+    return _CRON_NAMES[text.lower()] if text.lower() in _CRON_NAMES else int(text)
 
 
 def _deprecated_tolerations_problems(value: Any) -> list[UserError]:
@@ -226,7 +291,7 @@ def parse_vfio_config(text: str | None) -> list[dict[str, str]]:
 def schema_problems(instance: Any, schema: Mapping, prefix: str = "") -> list[UserError]:
     """Validate `instance` against a draft-07 schema; one `UserError` per problem, naming the
     field path under `prefix` and, where the schema has an `x-hint`, the valid values."""
-    validator = jsonschema.Draft7Validator(schema, format_checker=_FORMATS)
+    validator = _Draft7Re2(schema, format_checker=_FORMATS)
     errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     out: list[UserError] = []
     for error in errors:
@@ -235,6 +300,21 @@ def schema_problems(instance: Any, schema: Mapping, prefix: str = "") -> list[Us
 
 
 _FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@functools.lru_cache(maxsize=None)
+def _re2(pattern: str):
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _re2_pattern(validator, pattern: str, instance: Any, schema: Mapping):
+    """`pattern` matched as Helm matches it, with Go's regexp syntax (RE2): Python's `re` would
+    also accept a trailing newline before `$`, and Unicode digits for `\\d`."""
+    if validator.is_type(instance, "string") and not _re2(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Draft7Re2 = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _re2_pattern})
 
 
 @_FORMATS.checks("regex", raises=ValueError)

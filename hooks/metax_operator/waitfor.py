@@ -17,6 +17,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from . import jsonlog
+from .cli import bounded
 from .errors import UserError
 from .kube import Backoff, Client, add_arguments, is_transient
 from .merge import COMPONENTS
@@ -137,7 +138,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node", required=True, help="this pod's node (downward API spec.nodeName)")
     parser.add_argument("--component", action="append", required=True, metavar="KEY",
                         help=f"a prerequisite's values key ({', '.join(COMPONENTS)}); repeat for several")
-    parser.add_argument("--timeout", type=float, default=0,
+    parser.add_argument("--timeout", type=bounded(float, 0, 7 * 86400), default=0,
                         help="give up (exit 1) after this many seconds; 0 (default) waits as long as it takes")
     parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
     add_arguments(parser)

@@ -38,12 +38,17 @@ class WorkloadCheck:
         self.hami = Informer(api, "/api/v1/pods", label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
                              project=workloads.pod_ready, resync=resync, name="hami-scheduler")
 
+    @property
+    def informers(self) -> tuple[Informer, ...]:
+        """The caches of its own (the GPU-pod cache is the rollout's)."""
+        return (*self.labelled, self.hami)
+
     def start(self) -> None:
-        for informer in (*self.labelled, self.hami):
+        for informer in self.informers:
             informer.start()
 
     def stop(self) -> None:
-        for informer in (*self.labelled, self.hami):
+        for informer in self.informers:
             informer.stop()
 
     def reconcile(self, observed: reconcile.Observed) -> reconcile.Outcome:

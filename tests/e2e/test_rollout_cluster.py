@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from tests.e2e.tools import (CR, METAX, bootstrap, eventually, helm3, install_chart, kubectl, log_entries,
-                             release_values, run, service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (CR, METAX, bootstrap, consistently, delete_cr, eventually, helm3, install_chart, kubectl,
+                             log_entries, release_values, run, service_account_kubeconfig, uninstall_chart)
 from tests.helm import CHART
 
 pytestmark = pytest.mark.e2e
@@ -104,6 +104,12 @@ def all_at(api, revision: str) -> bool:
 def template(api) -> dict:
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
     return api.sanitize_for_serialization(ds.spec.template)
+
+
+def newest_revision_number(api) -> int:
+    """The highest ControllerRevision number of the driver DaemonSet."""
+    revisions_ = client.AppsV1Api(api).list_namespaced_controller_revision(NS).items
+    return max(r.revision for r in revisions_ if r.metadata.name.startswith("metax-driver-"))
 
 
 def payload_image(api) -> str:
@@ -360,6 +366,53 @@ def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revisi
     time.sleep(3)  # the runner's reconcile keeps the restored template
     assert template(api) == before and all_at(api, done)
     patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
+
+
+def test_a_forced_rollback_of_a_rollout_first_met_in_flight_converges(control_plane, api, installed, tmp_path):
+    """Regression: a runner whose first pass meets the pods at an older revision records no
+    lastCoDriverSpec for it; a forced rollback then restored the template but not the CR, so
+    every other pass the reconcile re-applied the abandoned version and the rollout restored the
+    template again, for ever. The CR now goes back to the old revision's spec and stays there."""
+    cp = control_plane
+    setup = Runner(installed["kubeconfig"], tmp_path, "runner-setup")
+    try:  # settle whatever an earlier test left, then no runner: nothing records anything
+        eventually(lambda: upgrade_status(api).get("phase") in ("Idling", "Disabled")
+                   and not upgrade_status(api).get("upgrading") and len(revisions(api)) == 1
+                   and all(ready(p) for p in driver_pods(api)), 90, "an idle rollout")
+    finally:
+        setup.stop()
+    old, before = next(iter(revisions(api))), template(api)
+    version = get_cr(api)["spec"]["driver"]["payload"]["version"]
+    # A fresh CR (no status) naming a new version: the pods sit at the older revision when the
+    # runner's first pass sees them.
+    values = release_values(cp, RELEASE, NS)
+    values["driver"]["payload"]["version"] = new_version()
+    values["driver"]["upgradePolicy"] = SEED_POLICY
+    delete_cr(api)
+    bootstrap(cp, tmp_path, RELEASE, values)
+    runner = Runner(installed["kubeconfig"], tmp_path, "runner-first")
+    try:
+        new = eventually(lambda: (s := upgrade_status(api)).get("phase") == "Progressing"
+                         and s["status"]["lastPodSpecRevision"] == old and s["status"]["upgradingPodSpecRevision"],
+                         60, "a rollout from the pods' revision")
+        assert upgrade_status(api)["lastCoDriverSpec"] == ""  # the case: nothing recorded the old revision's spec
+        eventually(lambda: sub(api).get("currentStepState") == "StepPaused" and revisions(api)[new] == 2, 60,
+                   "step 0 paused with two pods upgraded")
+        seed_patch(cp, "enableRollout", False)  # the forced rollback
+        eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 90,
+                   "rolled back to the pods' first revision")
+        assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
+        assert template(api) == before
+        # Every template change, even one undone a second later, bumps a ControllerRevision's number.
+        latest = newest_revision_number(api)
+        passes = len(runner.lines("pass"))
+        consistently(lambda: template(api) == before and all_at(api, old) and newest_revision_number(api) == latest,
+                     lambda: len(runner.lines("pass")) >= passes + 6, 30,
+                     "the template at the old revision while the runner passes")
+        assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
+    finally:
+        runner.stop()
+        patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False}})
 
 
 # -- failures ----------------------------------------------------------------------------------

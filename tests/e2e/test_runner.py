@@ -303,6 +303,52 @@ def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, 
     eventually(lambda: condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
 
 
+def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_from_it(api, installed):
+    """Regression: an edit landing between the reconcile's read of the CR and its status write
+    (a 409) made the pass re-read the CR and stamp the NEW generation as observed, with conditions
+    planned from the OLD spec, here SpecValid=True for a spec the runner refuses. The race is
+    driven, not timed: the runner's own client makes the edit right before its status write."""
+    from metax_operator import reconcile
+    from metax_operator.kube import Client
+    from metax_operator.runner import utc_now
+
+    runner_api = Client.connect(str(installed))  # the runner's ServiceAccount, in process
+    bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(", "gpus": "0"}]}}  # the CRD accepts it
+    raced: list[int] = []
+    status_patch = runner_api.patch
+
+    def edit_then_patch(*args, **kwargs):
+        if kwargs.get("subresource") == "status" and not raced:
+            patch_cr(api, bad)
+            raced.append(get_cr(api)["metadata"]["generation"])
+        return status_patch(*args, **kwargs)
+
+    def one_pass() -> None:
+        seen = reconcile.observe(runner_api, NS)
+        reconcile.execute(runner_api, seen, reconcile.plan(seen), lambda: True, utc_now)
+
+    patch_cr(api, {"gpuLabel": {"log": {"level": "debug"}}})  # a new generation for the pass to stamp
+    planned = get_cr(api)["metadata"]["generation"]
+    runner_api.patch = edit_then_patch
+    try:
+        one_pass()
+        [edited] = raced
+        assert edited > planned
+        status = get_cr(api).get("status") or {}
+        assert status.get("observedGeneration") != edited, "the edit was stamped as observed by a pass that never read it"
+        assert all(c.get("observedGeneration") != edited for c in status.get("conditions") or [])
+
+        one_pass()  # plans from the edited CR
+        status = get_cr(api)["status"]
+        spec_valid = next(c for c in status["conditions"] if c["type"] == "SpecValid")
+        assert status["observedGeneration"] == edited == spec_valid["observedGeneration"]
+        assert spec_valid["status"] == "False" and "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
+    finally:
+        patch_cr(api, {"vfioManager": {"vfioConfig": []}, "gpuLabel": {"log": {"level": "info"}}})
+        runner_api.patch = status_patch
+        one_pass()
+
+
 # -- leader election -----------------------------------------------------------------------------
 
 def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane, api, installed, tmp_path):

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.e2e
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
-CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads"}
+# The rollout's caches, then the workload check's.
+CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
 # A pass the API server refuses fails within one call's retries: Backoff's sleeps at their longest
 # (7.75 s), plus a second for the refused requests themselves.
 REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2 ** n) for n in range(Backoff.attempts - 1)) + 1
@@ -124,8 +125,9 @@ def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(r
     eventually(lambda: (body := runner.get("/readyz")[1])["lastApiAnswerSeconds"] >= 4
                and "failing" in body["caches"].values(), 30, "both the lease and the caches to see it")
     # Alive all along: it lost the lease, and its loop goes on as a follower's.
-    consistently(lambda: (r := runner.get("/healthz"))[0] == 200
-                 and r[1]["iterationRunningSeconds"] < REFUSED_PASS, 10, "/healthz to pass")
+    consistently(lambda: (r := runner.get("/healthz"))[0] == 200 and r[1]["iterationRunningSeconds"] < REFUSED_PASS,
+                 lambda: runner.get("/readyz")[1]["lastApiAnswerSeconds"] >= 4 + 10, 30,
+                 "/healthz to pass while the API server is out of reach for 10 s more")
     assert runner.lines("lease-lost")
 
     relay.up()

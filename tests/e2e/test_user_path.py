@@ -64,8 +64,9 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     lease = client.CoordinationV1Api(api)
     eventually(lambda: (lease.read_namespaced_lease(LEASE, NS).spec.holder_identity or "")
                .startswith(f"{runner.metadata.name}_"), 60, "the runner pod holding the Lease")
-    eventually(lambda: conditions(api) == {"SpecValid": "True", "ConfigMapsValid": "True", "Reconciled": "True",
-                                           "HelmUpgradeRequired": "False"}, 60, "the runner's conditions on the CR")
+    healthy = {"SpecValid": "True", "ConfigMapsValid": "True", "Reconciled": "True", "HelmUpgradeRequired": "False",
+               "WorkloadsValid": "True"}
+    eventually(lambda: conditions(api) == healthy, 60, "the runner's conditions on the CR")
     assert kubectl(cluster.cp, "exec", "-n", NS, runner.metadata.name, "--", "id", "-u").strip() == str(TOOLS_UID)
     touched = kubectl(cluster.cp, "exec", "-n", NS, runner.metadata.name, "--", "touch", "/probe", check=False)
     assert touched == "", touched

@@ -16,6 +16,18 @@ from tests.controlplane import wait_for as eventually  # noqa: F401 (re-exported
 from tests.helm import BIN, CHART
 
 
+def consistently(check, until, timeout: float, what: str, interval: float = 0.3) -> None:
+    """Assert `check()` is truthy at every poll until `until()` is (e.g. "five more runner
+    passes"), which must happen within `timeout` seconds: the opposite of `eventually`."""
+    end = time.monotonic() + timeout
+    while not until():
+        value = check()
+        assert value, f"{what} stopped holding (last: {value!r})"
+        assert time.monotonic() < end, f"timed out after {timeout:.0f} s waiting for the end of: {what}"
+        time.sleep(interval)
+    assert check(), f"{what} stopped holding"
+
+
 def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
     """The real kubectl against control plane `cp`; its stdout, or an AssertionError with stderr."""
     result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
@@ -31,15 +43,6 @@ def run(*command: str) -> str:
     if result.returncode:
         raise AssertionError(f"{' '.join(command)} failed: {result.stderr or result.stdout}")
     return result.stdout
-
-
-def consistently(check, seconds: float, what: str, interval: float = 0.3) -> None:
-    """`check()` stays truthy for `seconds` (polled every `interval`); AssertionError naming
-    `what` the first time it is not."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        assert check(), f"{what}: it did not hold"
-        time.sleep(interval)
 
 
 CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")

@@ -28,6 +28,7 @@ import json
 import time
 
 from .. import kube
+from ..errors import UserError
 from . import common
 
 FIELD_MANAGER = "metax-operator-bootstrap"
@@ -119,8 +120,8 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
         except LookupError:
             client.forget(common.CR_API_VERSION)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the API server does not serve {common.CRD_NAME} after {timeout:g}s: "
-                               "is the CRD installed (helm install without --skip-crds)?")
+            raise UserError(common.CRD_NAME, f"is not served by the API server after {timeout:g}s",
+                            "install the CRD (helm install without --skip-crds), then run the hook again")
         time.sleep(1)
 
 

@@ -1,26 +1,34 @@
 """`metax-operator cleanup`: the pre-delete hook that removes what the release added outside Helm.
 
-Helm deletes what it rendered; this removes the rest, in this order:
-1. the `cluster-operator` CR (bootstrap created it), waiting until it is gone;
+Helm deletes what it rendered; this removes the rest:
+1. the `cluster-operator` CR (bootstrap created it), and at the same time
 2. the DaemonSets that write to nodes (metax-gpu-label, metax-vfio-manager), waiting for their
    pods, so none of them re-adds a node key after step 3 (Helm would delete them next anyway);
-3. on every node, exactly the keys our components set (NODE_LABELS, NODE_ANNOTATIONS) — never
-   another key, not even one under `metax-tech.com/`: `gpu-device.mode` and
-   `gpu-device.qos-policy` (seed §3.2.10) are the admin's;
-4. the CRD, only when `crds.keep` is false (`--delete-crd`): other releases or kept data may
-   need it;
-5. the runner's Deployment or CronJob (`--runner`), waiting for its pods, then its Lease of the
-   same name (the runner creates it, Helm does not know it; stopped first, no runner can
-   re-create it);
+3. once those pods are gone, on every node, exactly the keys our components set (NODE_LABELS,
+   NODE_ANNOTATIONS) — never another key, not even one under `metax-tech.com/`:
+   `gpu-device.mode` and `gpu-device.qos-policy` (seed §3.2.10) are the admin's. The nodes are
+   patched NODE_WORKERS at a time, one request each, from the list;
+4. once the CR is gone, the CRD, only when `crds.keep` is false (`--delete-crd`): other
+   releases or kept data may need it;
+5. the runner's Deployment or CronJob (`--runner`), at the same time as 1 and 2, waiting for its
+   pods; once they are gone, its Lease of the same name (the runner creates it, Helm does not
+   know it; stopped first, no runner can re-create it);
 6. the `helm test` pod (`--test-pod`): kept after a pass for `helm test --logs`, and Helm never
    deletes test hooks on uninstall.
-Every step is idempotent: a second run finds nothing to do.
+The whole run has one time budget (`--timeout`, which the chart sets to the Job's deadline less
+the time its pod may take to start: docs/hooks.md has the arithmetic for 10,000 nodes); a wait
+that outlasts it ends the run with a line naming what is still there. Every step is idempotent:
+a second run finds nothing to do.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import time
 
 from .. import kube
+from ..cli import bounded
 from ..workloads import GPU_NODE_LABEL, VFIO_ANNOTATION
 from . import common
 
@@ -30,6 +38,8 @@ NODE_LABELS = (GPU_NODE_LABEL,)
 NODE_ANNOTATIONS = (VFIO_ANNOTATION,)
 #: DaemonSets whose pods write the keys above.
 NODE_WRITERS = ("metax-gpu-label", "metax-vfio-manager")
+#: Node patches in flight at once: the client's connection pool size (kube.PARALLEL_REQUESTS).
+NODE_WORKERS = kube.PARALLEL_REQUESTS
 
 
 def node_patch(node: dict) -> dict | None:
@@ -39,7 +49,7 @@ def node_patch(node: dict) -> dict | None:
     annotations = [k for k in NODE_ANNOTATIONS if k in (meta.get("annotations") or {})]
     if not labels and not annotations:
         return None
-    patch: dict = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+    patch: dict = {"metadata": {}}
     if labels:
         patch["metadata"]["labels"] = dict.fromkeys(labels)
     if annotations:
@@ -58,44 +68,52 @@ def delete_and_wait(client: kube.Client, api_version: str, kind: str, name: str,
     return True
 
 
-def clean_node(client: kube.Client, name: str) -> bool:
-    """Remove our keys from node `name` (re-read on conflict); True if it had any."""
-    def attempt() -> bool:
-        node = client.get("v1", "Node", name)
-        patch = node_patch(node) if node else None
-        if patch is None:
-            return False
-        client.patch("v1", "Node", name, patch)  # resourceVersion in the patch: 409 if it moved
-        return True
-
-    return kube.retry_on_conflict(attempt)
+def clean_node(client: kube.Client, node: dict) -> bool:
+    """Remove our keys from `node` as listed; True if it had any. The merge patch names only those
+    keys, so it loses no concurrent change to the node and needs no re-read (a resourceVersion
+    precondition made every node whose status moved since the list conflict and cost two more
+    requests). A node deleted meanwhile is skipped."""
+    patch = node_patch(node)
+    if patch is None:
+        return False
+    try:
+        client.patch("v1", "Node", node["metadata"]["name"], patch)
+    except Exception as err:  # noqa: BLE001 - only a vanished node is expected
+        if not kube.is_status(err, 404):
+            raise
+        return False
+    return True
 
 
 def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: str | None = None,
-            test_pod: str | None = None, timeout: float = 120) -> list[str]:
-    """Run the steps of the module docstring; returns what was done, one line each."""
-    done: list[str] = []
+            test_pod: str | None = None, timeout: float = 240) -> list[str]:
+    """Run the steps of the module docstring within `timeout` seconds; what was done, one line each."""
+    deadline = time.monotonic() + timeout
+    left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
-    if crd is not None and delete_and_wait(client, common.CR_API_VERSION, common.CR_KIND,
-                                           common.CR_NAME, None, timeout):
-        done.append(f"deleted {common.CR_KIND} {common.CR_NAME}")
-    for name in NODE_WRITERS:
-        # Foreground: the DaemonSet disappears only after its pods did.
-        if delete_and_wait(client, "apps/v1", "DaemonSet", name, namespace, timeout, "Foreground"):
-            done.append(f"deleted DaemonSet {namespace}/{name} and its pods")
-    for node in client.list("v1", "Node"):
-        if node_patch(node) is not None and clean_node(client, node["metadata"]["name"]):
-            done.append(f"removed our labels/annotations from node {node['metadata']['name']}")
+    waits = {f"deleted DaemonSet {namespace}/{name} and its pods":  # Foreground: gone only after its pods
+             functools.partial(delete_and_wait, client, "apps/v1", "DaemonSet", name, namespace, left(), "Foreground")
+             for name in NODE_WRITERS}
+    if crd is not None:
+        waits[f"deleted {common.CR_KIND} {common.CR_NAME}"] = functools.partial(
+            delete_and_wait, client, common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, None, left())
+    for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")) if runner else ():
+        waits[f"deleted {kind} {namespace}/{runner} and its pods"] = functools.partial(
+            delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
+        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values())))
+    done = [line for line, deleted in happened.items() if deleted]
+    nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
+        cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
+    done += [f"removed our labels/annotations from node {node['metadata']['name']}"
+             for node, had in zip(nodes, cleaned) if had]
     if delete_crd and crd is not None and delete_and_wait(
-            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, timeout):
+            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, left()):
         done.append(f"deleted CRD {common.CRD_NAME}")
-    if runner:
-        for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")):
-            if delete_and_wait(client, api_version, kind, runner, namespace, timeout, "Foreground"):
-                done.append(f"deleted {kind} {namespace}/{runner} and its pods")
-        if delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, timeout):
-            done.append(f"deleted Lease {namespace}/{runner}")
-    if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, timeout):
+    if runner and delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, left()):
+        done.append(f"deleted Lease {namespace}/{runner}")
+    if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, left()):
         done.append(f"deleted Pod {namespace}/{test_pod}")
     return done
 
@@ -116,7 +134,7 @@ def register(subparsers) -> None:
     parser.add_argument("--runner", metavar="NAME",
                         help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
     parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")
-    parser.add_argument("--timeout", type=float, default=120,
-                        help="seconds to wait for each deletion (default: 120)")
+    parser.add_argument("--timeout", type=bounded(float, 1, 86400), default=240,
+                        help="seconds the whole cleanup may take (default: 240)")
     common.add_api_arguments(parser)
     parser.set_defaults(func=run)

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-
-import yaml
 
 from .. import kube
 from ..errors import UserError
+from ..yamltext import load_one, read_text
 
 CR_GROUP = "gpu.metax-tech.com"
 CR_API_VERSION = f"{CR_GROUP}/v1"
@@ -33,16 +31,9 @@ def add_values_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def load_values(path: Path) -> dict:
-    """The values document (the hook ConfigMap holds them as JSON; YAML is accepted too)."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UserError(str(path), f"cannot read the values file ({err.strerror})",
-                        "mount the hook values ConfigMap or pass --values FILE") from None
-    try:
-        values = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as err:
-        raise UserError(str(path), f"is not valid JSON/YAML ({err})", "pass the chart's values") from None
+    """The values document (the hook ConfigMap holds them as JSON, a YAML document)."""
+    text = read_text(path, "mount the hook values ConfigMap or pass --values FILE")
+    values = load_one(text, str(path))
     if not isinstance(values, dict):
         raise UserError(str(path), "must hold a mapping of values", "pass the chart's values")
     return values

@@ -1,7 +1,8 @@
 """`metax-operator preflight`: the pre-install/pre-upgrade hook that validates a release.
 
-Two parts: the values (the same cross-field rules as the offline `metax-operator validate`, from
-`validation.validate_values`), and the cluster prerequisites of seed 000 §3:
+Two parts: the values (values.schema.json's rules, then the cross-field rules, from
+`validation.validate_values`: what the offline `metax-operator validate` and `helm template`
+check, so all three give the same verdict), and the cluster prerequisites of seed 000 §3:
 
 | Kubernetes | container runtime            |
 | 1.23       | docker >= 18.09.3, containerd >= 1.5.0 |

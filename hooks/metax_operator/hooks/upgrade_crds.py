@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from .. import kube
 from ..errors import UserError
+from ..yamltext import load_one, read_text
 from . import common
 
 FIELD_MANAGER = "metax-operator-upgrade-crds"
@@ -26,11 +25,7 @@ DEFAULT_CRD_FILE = f"/etc/metax-operator/crds/{common.CRD_NAME}.yaml"
 
 
 def load_crd(path: Path) -> dict:
-    try:
-        crd = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise UserError(str(path), f"cannot read the CRD ({err.strerror})",
-                        "mount the CRD ConfigMap or pass --crd FILE") from None
+    crd = load_one(read_text(path, "mount the CRD ConfigMap or pass --crd FILE"), str(path))
     if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition" \
             or crd.get("metadata", {}).get("name") != common.CRD_NAME:
         raise UserError(str(path), f"is not the {common.CRD_NAME} CustomResourceDefinition",
@@ -50,7 +45,8 @@ def wait_established(client: kube.Client, generation: int, timeout: float) -> No
     while not established(client.get(common.CRD_API_VERSION, "CustomResourceDefinition",
                                       common.CRD_NAME), generation):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"CRD {common.CRD_NAME} not Established after {timeout:g}s")
+            raise UserError(f"CRD {common.CRD_NAME}", f"is not Established after {timeout:g}s",
+                            "see its status conditions (kubectl describe crd), then run the hook again")
         time.sleep(0.5)
 
 
