@@ -194,8 +194,8 @@ def test_a_hung_pass_fails_liveness_while_the_endpoint_still_answers_and_recover
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--health-port", "70000"], "--health-port: must be a port number, not 70000"),
-    (["--stall-timeout", "0"], "--stall-timeout: must be positive, not 0"),
+    (["--health-port", "70000"], "argument --health-port: 70000 is not an integer from 0 to 65535"),
+    (["--stall-timeout", "0"], "argument --stall-timeout: 0 is not a number from 1 to 86400"),
 ])
 def test_bad_health_options_name_the_option(capsys, argv, fragment):
     from metax_operator import cli
