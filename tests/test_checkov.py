@@ -40,7 +40,7 @@ pytestmark = pytest.mark.helm
 PINS = CHART / "scripts" / "checkov" / "requirements.txt"
 CHECKOV = BIN.parent / "checkov" / hashlib.sha256(PINS.read_bytes()).hexdigest()[:16] / "bin" / "checkov"
 SKIP_KEY = re.compile(r"^checkov\.io/skip\d+$")
-SEED_INSTALL = ("--set", "registry=DOMAIN/PROJECT", "--set", "driver.payload.version=2.32.0.6")
+SEED_INSTALL = ("--set", "registry=domain.example/project", "--set", "driver.payload.version=2.32.0.6")
 ALL_ON = ("--values", str(CHART / "tests" / "data" / "values-all.yaml"))
 POLICIES = ("--set", "networkPolicy.enabled=true")
 SCENARIOS = {
@@ -133,7 +133,7 @@ def report(tmp_path_factory, request) -> dict:
         cached = shared / "checkov-report.json"
         if not cached.exists():
             directory = shared / "checkov-renders"
-            directory.mkdir()
+            directory.mkdir(exist_ok=True)  # a worker whose scan failed may have made it
             report = scan(directory)
             print(f"\nCheckov: {len(report['renders'])} renders in {report['timing']['renders']} s; "
                   f"{report['timing']['files']} files (distinct renders and their twins), "

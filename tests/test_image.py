@@ -15,7 +15,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from tests.helm import render_chart
+from tests.helm import helm_path, render_chart
 from tests.image import REPO, Layout, build, run_as_pod, runc, unpack
 
 pytestmark = pytest.mark.image
@@ -270,16 +270,18 @@ def test_runs_as_65532_with_only_tmp_writable(bundle, preflight):
     assert lines[3:] == ["Read-only file system"] * 3 + ["Directory nonexistent"], out.stdout
 
 
-def test_validate_with_the_chart_mounted_read_only(bundle, preflight, tmp_path):
+def test_validate_with_the_chart_and_helm_mounted_read_only(bundle, preflight, tmp_path):
+    """`validate` in the image: Helm merges the values (the image carries no Helm: a user mounts
+    theirs), then the shared rules run; nothing is written outside /tmp."""
     values = tmp_path / "values"
     values.mkdir()
     (values / "good.yaml").write_text(yaml.safe_dump(VALUES))
-    out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "--chart", "/chart"],
-                    mounts=[(REPO, "/chart"), (values, "/values")])
+    mounts = [(REPO, "/chart"), (values, "/values"), (helm_path("helm3"), "/usr/local/bin/helm")]
+    out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "--chart", "/chart"], mounts=mounts)
     assert (out.returncode, out.stdout.strip()) == (0, "values are valid"), out.stderr
     (values / "bad.yaml").write_text("driver: {deployPolicy: Sometimes}\n")
     out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "-f", "/values/bad.yaml",
-                                        "--chart", "/chart"], mounts=[(REPO, "/chart"), (values, "/values")])
+                                        "--chart", "/chart"], mounts=mounts)
     assert out.returncode == 1 and out.stderr.startswith("error: ") and "driver.deployPolicy" in out.stderr
     assert "Traceback" not in out.stderr
 

@@ -16,7 +16,7 @@ import yaml
 from metax_operator import node_view, validation
 from metax_operator import workloads as wl
 from tests.doc_blocks import blocks, table_rows, unmarked_code_blocks
-from tests.helm import CHART, find, render_chart, validate_objects
+from tests.helm import CHART, find, helm_path, render_chart, validate_objects
 
 PAGE = CHART / "docs" / "workloads.md"
 BLOCKS = blocks(PAGE)
@@ -126,7 +126,8 @@ def test_kubevirt_schemas_refuse_what_kubevirt_would():
 def test_values_pass_validation_and_render_into_metax_vfio_config(block, tmp_path):
     path = tmp_path / "values.yaml"
     path.write_text(block.text)
-    done = subprocess.run([sys.executable, "-m", "metax_operator.cli", "validate", "-f", str(path), "--set",
+    done = subprocess.run([sys.executable, "-m", "metax_operator.cli", "validate", "--helm", str(helm_path("helm3")),
+                           "-f", str(path), "--set",
                            "registry=r.example/metax", "--set-string", "driver.payload.version=2.32.0.6"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

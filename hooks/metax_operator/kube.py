@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
-import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -189,6 +188,8 @@ class Client:
         configuration = k8s.Configuration()
         in_cluster = kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
         where = "in-cluster service account" if in_cluster else kubeconfig or "~/.kube/config"
+        if kubeconfig and not os.path.isfile(kubeconfig):
+            raise UserError("--kubeconfig", f"{kubeconfig} is not a file", "pass the path of a kubeconfig file")
         try:
             if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
