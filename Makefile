@@ -5,7 +5,7 @@ export METAX_CACHE ?= $(HOME)/.cache/metax-operator
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup test test-fast demo bench lint image
+.PHONY: setup test demo bench image
 setup:
 	@scripts/setup
 

@@ -169,7 +169,7 @@ its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
 {{- end }}
 
 {{/* The `wait-for` init container of a component with prerequisites: it waits until the
-prerequisites' pods on the same node are Ready (DESIGN §2). Takes (dict "root" $ "key" COMPONENT);
+prerequisites' pods on the same node are Ready (docs/chart.md). Takes (dict "root" $ "key" COMPONENT);
 renders nothing for a component without prerequisites. */}}
 {{- define "metax-operator.waitFor" -}}
 {{- $prerequisites := get (include "metax-operator.prerequisites" .root | fromJson) .key -}}

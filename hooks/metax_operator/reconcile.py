@@ -2,7 +2,7 @@
 
 Functional core, imperative shell: `observe` reads the cluster into an `Observed`; every function
 in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
-without calling the API; `execute` writes. The staged driver rollout (issue 7) plugs in as one
+without calling the API; `execute` writes. The staged driver rollout plugs in as one
 more reconciler.
 
 What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm

@@ -1,7 +1,7 @@
 """Rollout engine figures at 10,000 nodes: cost of one decision, API actions per pass, and the
 simulated duration of the seed's 100-node policy scaled to 10,000 nodes against the ideal schedule.
 
-Targets (issue 5): one decision <= 0.2 s CPU and <= 100 MB peak; the simulated rollout within one
+Targets: one decision <= 0.2 s CPU and <= 100 MB peak; the simulated rollout within one
 loop interval per wave of the ideal (sum of waves x pod-ready latency + timed pauses).
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client, watch
 
 from tests.e2e.tools import (CR, METAX, bootstrap, consistently, delete_cr, eventually, helm3, install_chart, kubectl,
-                             release_values, run, service_account_kubeconfig, uninstall_chart)
+                             log_entries, release_values, run, service_account_kubeconfig, uninstall_chart)
 from tests.helm import CHART
 
 pytestmark = pytest.mark.e2e
@@ -129,15 +129,7 @@ class Runner:
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
 
     def lines(self, action: str) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("action") == action:
-                out.append(entry)
-        return out
+        return log_entries(self.log_path, action)
 
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc.poll() is None:
