@@ -189,14 +189,7 @@ renders nothing for a component without prerequisites. */}}
     - {{ . }}
     {{- end }}
   env:
-    - name: NODE_NAME
-      valueFrom:
-        fieldRef:
-          fieldPath: spec.nodeName
-    - name: POD_NAMESPACE
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.namespace
+    {{- include "metax-operator.commonEnv" . | nindent 4 }}
   resources:
     requests: {cpu: 10m, memory: 32Mi}
     limits: {cpu: "1", memory: 128Mi}

@@ -140,13 +140,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"a prerequisite's values key ({', '.join(COMPONENTS)}); repeat for several")
     parser.add_argument("--timeout", type=bounded(float, 0, 7 * 86400), default=0,
                         help="give up (exit 1) after this many seconds; 0 (default) waits as long as it takes")
-    parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
+    jsonlog.add_arguments(parser)
     add_arguments(parser)
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    jsonlog.setup(args.log_level)
+    jsonlog.setup(args.log_level, args.log_format)
     unknown = [c for c in args.component if c not in COMPONENTS]
     if unknown:
         raise UserError("--component", f"{', '.join(unknown)} is not a component",
