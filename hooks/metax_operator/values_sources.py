@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -67,10 +67,16 @@ class Source:
     flags: tuple[str, ...] = ()  # Helm flags the manifest adds (Argo CD's parameters)
     node: yaml.Node | None = field(default=None, compare=False)  # the values' node, for positions
     offset: tuple[int, int] = (0, 0)  # lines and columns to add to the node's marks
+    parameters: tuple[tuple[str, yaml.Node], ...] = field(default=(), compare=False)  # (name, its item)
 
     def locate(self, error: UserError) -> Problem:
-        """`error` at the key or list item its field path names, else at the values themselves
-        (a rule about a field the file does not set, such as `registry: is required`)."""
+        """`error` at the parameter that sets its field (parameters win over values), else at the
+        key or list item its field path names, else at the values themselves (a rule about a field
+        the file does not set, such as `registry: is required`)."""
+        parameter = next((node for name, node in self.parameters
+                          if error.field == name or error.field.startswith((f"{name}.", f"{name}["))), None)
+        if parameter is not None:
+            return Problem(self.file, parameter.start_mark.line + 1, parameter.start_mark.column + 1, error)
         found = _find(self.node, error.field) if self.node is not None else None
         if found is None:
             return Problem(self.file, self.line, self.column, error)
@@ -181,19 +187,19 @@ class _Reader:
             source_node = _child(node, keys)
             helm = source.get("helm") if isinstance(source.get("helm"), dict) else {}
             helm_node = _child(source_node, ["helm"])
-            flags = tuple(_parameter_flags(helm.get("parameters")))
+            flags, parameters = _parameters(helm.get("parameters"), _child(helm_node, ["parameters"]))
             if helm.get("valuesObject") is not None:
                 if helm.get("values"):
                     self.problem(_key(helm_node, "values"), f"{where}.helm.values",
                                  "is not read by Argo CD when valuesObject is set",
                                  "move these values into valuesObject, or remove one of the two")
                 self.add_object(f"Application {name}", f"{where}.helm.valuesObject", _key(helm_node, "valuesObject"),
-                                _child(helm_node, ["valuesObject"]), helm["valuesObject"], flags)
+                                _child(helm_node, ["valuesObject"]), helm["valuesObject"], flags, parameters)
             elif helm.get("values") is not None:
                 self.add_text(f"Application {name}", f"{where}.helm.values", _key(helm_node, "values"),
-                              _child(helm_node, ["values"]), helm["values"], flags)
+                              _child(helm_node, ["values"]), helm["values"], flags, parameters)
             else:
-                self.add_object(f"Application {name}", f"{where} (no helm values)", source_node or node, None, {}, flags)
+                self.add_object(f"Application {name}", f"{where} (no helm values)", source_node or node, None, {}, flags, parameters)
 
     def helm_release(self, node: yaml.Node, data: dict) -> None:
         """The HelmRelease's `spec.values` when its chart is this one. (`spec.valuesFrom` names
@@ -206,19 +212,20 @@ class _Reader:
             return
         spec_node = _child(node, ["spec"])
         self.add_object(f"HelmRelease {name}", "spec.values", _key(spec_node, "values") or spec_node or node,
-                        _child(spec_node, ["values"]), spec.get("values") or {}, ())
+                        _child(spec_node, ["values"]), spec.get("values") or {})
 
     def add_object(self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node | None, values: Any,
-                   flags: tuple[str, ...]) -> None:
+                   flags: tuple[str, ...] = (), parameters: tuple = ()) -> None:
         """Values written as YAML inside the manifest: Kubernetes hands them to Helm as JSON."""
         if not isinstance(values, dict):
             self.problem(key, field_name, "must be a mapping of values", "write `key: value` lines under it")
             return
         self.found.sources.append(Source(self.path, f"{owner} {field_name}", key.start_mark.line + 1,
-                                         key.start_mark.column + 1, json.dumps(values, default=str), flags, node))
+                                         key.start_mark.column + 1, json.dumps(values, default=str), flags, node,
+                                         parameters=parameters))
 
     def add_text(self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node, values: Any,
-                 flags: tuple[str, ...]) -> None:
+                 flags: tuple[str, ...], parameters: tuple) -> None:
         """Values written as a YAML string (Argo CD's `helm.values`), which Helm reads as a values
         file. A literal or folded block (`values: |`) keeps its lines, so a field inside it is
         located exactly; the fields of a quoted string are located at the string."""
@@ -239,7 +246,8 @@ class _Reader:
             self.problem(key, field_name, "must be a mapping of values", "write `key: value` lines in it")
             return
         self.found.sources.append(Source(self.path, f"{owner} {field_name}", key.start_mark.line + 1,
-                                         key.start_mark.column + 1, values, flags, inner if block else None, offset))
+                                         key.start_mark.column + 1, values, flags, inner if block else None, offset,
+                                         parameters))
 
     def indent(self, line: int, item: bool = False) -> int:
         """The indentation of the first non-blank line from `line` (1-based) on, with a list
@@ -256,12 +264,19 @@ class _Reader:
         self.found.problems.append(Problem(self.path, line, column, UserError(field_name, problem, fix)))
 
 
-def _parameter_flags(parameters: Any) -> Iterator[str]:
-    """Argo CD's `helm.parameters` as the --set / --set-string flags Argo CD passes Helm."""
-    for parameter in parameters if isinstance(parameters, list) else []:
+def _parameters(parameters: Any, node: yaml.Node | None) -> tuple[tuple[str, ...], tuple[tuple[str, yaml.Node], ...]]:
+    """Argo CD's `helm.parameters`: the --set / --set-string flags Argo CD passes Helm, and the
+    (name, list item) of each, for positions."""
+    items = node.value if node is not None and node.id == "sequence" else []
+    if not isinstance(parameters, list) or len(items) != len(parameters):
+        return (), ()
+    flags, positions = [], []
+    for parameter, item in zip(parameters, items):
         if isinstance(parameter, dict) and parameter.get("name"):
             flag = "--set-string" if parameter.get("forceString") else "--set"
-            yield from (flag, f"{parameter['name']}={parameter.get('value', '')}")
+            flags += [flag, f"{parameter['name']}={parameter.get('value', '')}"]
+            positions.append((str(parameter["name"]), item))
+    return tuple(flags), tuple(positions)
 
 
 def _argo_chart(source: dict) -> str | None:
