@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from metax_operator import values_sources
+from metax_operator import validate_cmd, values_sources
 from metax_operator.errors import UserError
-from tests.helm import BIN, HELM_VERSIONS
+from tests.helm import BIN, CHART, HELM_VERSIONS
 
 SCRIPT = Path(sys.executable).with_name("metax-operator")
 BAD_STEP = 'replicas: "150%"'
@@ -265,3 +265,12 @@ def test_a_field_path_is_found_through_keys_holding_dots():
     assert str(source.locate(UserError("list[1].x.y.z", "p"))) == "f.yaml:7:9: list[1].x.y.z: p"
     assert str(source.locate(UserError("list[5].x", "p"))) == "f.yaml:5:1: list[5].x: p"
     assert str(source.locate(UserError("other", "p"))) == "f.yaml:1:1: other: p"
+
+
+def test_an_installed_package_finds_the_chart_it_was_installed_from(monkeypatch, tmp_path):
+    """Outside a checkout, the chart is the directory pip installed the package from (PEP 610's
+    direct_url.json), as in a pre-commit hook's environment; this venv's editable install records
+    this repository."""
+    monkeypatch.setattr(validate_cmd, "REPO_ROOT", tmp_path)
+    assert validate_cmd.installed_chart() == CHART
+    assert validate_cmd.chart_dir(None) == CHART
