@@ -142,7 +142,7 @@ def text_output(report: Report) -> int:
     for line in report.skipped:
         print(f"{line}: skipped")
     if report.problems:
-        raise UserErrors([UserError(p.where, str(p.error)) if p.where else p.error for p in report.problems])
+        raise UserErrors([UserError("", str(problem)) for problem in report.problems])
     return 0
 
 

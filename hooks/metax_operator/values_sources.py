@@ -83,9 +83,6 @@ class Source:
         return Problem(self.file, found.start_mark.line + 1 + self.offset[0],
                        found.start_mark.column + 1 + self.offset[1], error)
 
-    def as_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "column": self.column, "what": self.what}
-
 
 @dataclass
 class FileValues:
