@@ -274,3 +274,18 @@ def test_an_installed_package_finds_the_chart_it_was_installed_from(monkeypatch,
     monkeypatch.setattr(validate_cmd, "REPO_ROOT", tmp_path)
     assert validate_cmd.installed_chart() == CHART
     assert validate_cmd.chart_dir(None) == CHART
+
+
+@pytest.mark.parametrize("values, expect", [
+    ('"registry: a\\nregistry: b\\n"\n', "key 'registry' is repeated"),
+    ("'registry: ['\n", "is not valid YAML"),
+    (">\n          registry: a\n          driver:\n            deployPolicy: Sometimes\n", "is not valid YAML"),
+])
+def test_the_problems_of_values_in_a_quoted_or_folded_string_are_at_the_string(tmp_path, values, expect):
+    """A quoted string's or a folded block's lines are not the file's: its problems are at its key."""
+    text = APPLICATION.replace("values: |\n          registry: cr.example.com/metax\n          driver:\n"
+                               "            deployPolicy: Sometimes\n", f"values: {values}")
+    assert text != APPLICATION
+    name = write(tmp_path, "app.yaml", text)
+    result = validate(name, cwd=tmp_path)
+    assert result.stderr.startswith(f"error: {name}:{at(text, 'values: ')}: {expect}"), result.stderr

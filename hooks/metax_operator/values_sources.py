@@ -109,7 +109,7 @@ class _Reader:
         self.found = FileValues()
 
     def read(self) -> FileValues:
-        documents = self.documents(self.text, (0, 0))
+        documents = self.documents(self.text)
         if documents is None:
             return self.found
         if len(documents) <= 1 and not any(_is_object(data) for _, data in documents):
@@ -135,12 +135,19 @@ class _Reader:
                          "or name the chart with --chart-name")
         return self.found
 
-    def documents(self, text: str, offset: tuple[int, int]) -> list[tuple[yaml.Node, Any]] | None:
-        """Every non-empty document of `text` (written `offset` lines and columns into the file):
-        its composed node and its value; None, with the problems recorded, for text nested too
-        deeply, not YAML, or repeating a key."""
+    def documents(self, text: str, offset: tuple[int, int] = (0, 0),
+                  anchor: yaml.Node | None = None) -> list[tuple[yaml.Node, Any]] | None:
+        """Every non-empty document of `text`: its composed node and its value; None, with the
+        problems recorded, for text nested too deeply, not YAML, or repeating a key. `text` is
+        written `offset` lines and columns into the file, or, when its lines are not the file's
+        (a quoted string), at `anchor`, where its problems are reported."""
+        def place(line: int, column: int) -> tuple[int, int]:  # 0-based in `text` -> 1-based in the file
+            if anchor is not None:
+                return anchor.start_mark.line + 1, anchor.start_mark.column + 1
+            return line + 1 + offset[0], column + 1 + offset[1]
+
         if problem := nesting_problem(text):
-            self.problem(None, "", problem, "flatten it")
+            self.problem(anchor, "", problem, "flatten it")
             return None
         loader = _LOADER(text)
         documents = []
@@ -151,16 +158,19 @@ class _Reader:
                     documents.append((node, loader.construct_document(node)))
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
-            self.found.problems.append(Problem(
-                self.path, mark.line + 1 + offset[0] if mark else None, mark.column + 1 + offset[1] if mark else None,
-                UserError("", f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax")))
+            line, column = place(mark.line, mark.column) if mark else (None, None)
+            self.found.problems.append(Problem(self.path, line, column, UserError(
+                "", f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax")))
             return None
         finally:
             loader.dispose()
         repeated = [(key, line, first) for node, _ in documents for key, line, first in duplicate_keys(node)]
         for key, line, first in repeated:
-            self.found.problems.append(Problem(self.path, line + offset[0], self.indent(line + offset[0], item=True) + 1, UserError(
-                "", f"key {key!r} is repeated (first at line {first + offset[0]})",
+            line, column = place(line - 1, 0)
+            if anchor is None:
+                column = self.indent(line, item=True) + 1
+            self.found.problems.append(Problem(self.path, line, column, UserError(
+                "", f"key {key!r} is repeated (first at line {place(first - 1, 0)[0]})",
                 "remove one of them: a parser would keep only the last, silently")))
         return None if repeated else documents
 
@@ -224,14 +234,15 @@ class _Reader:
     def add_text(self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node, values: Any,
                  flags: tuple[str, ...], parameters: tuple) -> None:
         """Values written as a YAML string (Argo CD's `helm.values`), which Helm reads as a values
-        file. A literal or folded block (`values: |`) keeps its lines, so a field inside it is
-        located exactly; the fields of a quoted string are located at the string."""
+        file. A literal block (`values: |`) keeps its lines, so a field inside it is located
+        exactly; the fields of another string (quoted, or a folded `>` block, whose lines are
+        joined) are located at the string."""
         if not isinstance(values, str):
             self.problem(key, field_name, "must be a string of YAML values", "write `values: |` and the values under it")
             return
-        block = node.style in ("|", ">")
-        offset = (node.start_mark.line + 1, self.indent(node.start_mark.line + 2)) if block else (0, 0)
-        documents = self.documents(values, offset)
+        literal = node.style == "|"
+        offset = (node.start_mark.line + 1, self.indent(node.start_mark.line + 2))  # of a literal block's lines
+        documents = self.documents(values, offset) if literal else self.documents(values, anchor=key)
         if documents is None:
             return
         if len(documents) > 1:
@@ -243,8 +254,8 @@ class _Reader:
             self.problem(key, field_name, "must be a mapping of values", "write `key: value` lines in it")
             return
         self.found.sources.append(Source(self.path, f"{owner} {field_name}", key.start_mark.line + 1,
-                                         key.start_mark.column + 1, values, flags, inner if block else None, offset,
-                                         parameters))
+                                         key.start_mark.column + 1, values, flags, inner if literal else None,
+                                         offset, parameters))
 
     def indent(self, line: int, item: bool = False) -> int:
         """The indentation of the first non-blank line from `line` (1-based) on, with a list
