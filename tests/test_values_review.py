@@ -183,6 +183,8 @@ def test_releases_of_other_charts_are_skipped_and_a_file_without_this_chart_is_r
     result = validate(name, cwd=tmp_path)
     assert result.returncode == 1
     assert result.stdout.splitlines() == [f"{name}:6: HelmRelease metax-operator/metax (chart cert-manager): skipped"]
+    assert json.loads(validate("--output", "json", name, cwd=tmp_path).stdout)["skipped"] == [
+        {"file": name, "line": 6, "what": "HelmRelease metax-operator/metax", "chart": "cert-manager"}]
     assert result.stderr.splitlines() == [
         f"error: {name}:1:1: file: holds no values of the metax-operator chart (neither a values file nor an Argo "
         "CD Application or Flux HelmRelease of chart metax-operator); give only the files that do (the pre-commit "
@@ -229,7 +231,7 @@ def test_json_output(tmp_path):
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["valid"] is False
-    assert report["checked"] == [f"{good}:1:1: values file: values are valid"]
+    assert report["checked"] == [{"file": good, "line": 1, "column": 1, "what": "values file"}]
     line, column = map(int, at(HELM_RELEASE, "version: 2.32").split(":"))
     assert report["problems"][0] == {
         "file": name, "line": line, "column": column, "field": "driver.payload.version",
@@ -243,6 +245,8 @@ def test_without_files_the_flags_are_checked_together_as_before(tmp_path):
     good = write(tmp_path, "good.yaml", 'registry: r.example/m\ndriver: {payload: {version: "1"}}\n')
     result = validate("-f", good, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (0, "values are valid\n")
+    assert json.loads(validate("-f", good, "--output", "json", cwd=tmp_path).stdout)["checked"] == [
+        {"file": None, "line": None, "column": None, "what": "the -f files and --set flags"}]
     result = validate("-f", good, "--set", "driver.deployPolicy=Later", "--output", "json", cwd=tmp_path)
     assert result.returncode == 1
     assert json.loads(result.stdout)["problems"][0]["file"] is None

@@ -97,7 +97,8 @@ def run(args) -> int:
             errors = problems(chart, helm, [*files, *sets])
             if errors and args.output == "text":
                 raise UserErrors(errors)
-            report = Report(checked=["values are valid"] if not errors else [],
+            report = Report(checked=[] if errors else [{"file": None, "line": None, "column": None,
+                                                         "what": "the -f files and --set flags"}],
                             problems=[values_sources.Problem(None, None, None, e) for e in errors])
         else:
             report = Report()
@@ -111,8 +112,8 @@ def run(args) -> int:
                     errors = problems(chart, helm, [*files, "--values", str(values), *source.flags, *sets])
                     report.problems += [source.locate(e) for e in errors]
                     if not errors:
-                        report.checked.append(f"{source.file}:{source.line}:{source.column}: {source.what}: "
-                                              "values are valid")
+                        report.checked.append({"file": source.file, "line": source.line, "column": source.column,
+                                               "what": source.what})
     return OUTPUTS[args.output](report)
 
 
@@ -129,18 +130,24 @@ def problems(chart: Path, helm: str, flags: list[str]) -> list[UserError]:
 
 @dataclass
 class Report:
-    """What `validate` found: the sources it checked and found valid, the problems, and the
-    Applications and HelmReleases of other charts it skipped."""
-    checked: list[str] = field(default_factory=list)
+    """What `validate` found: the sets of values it found valid (file, line, column, what), the
+    problems, and the Applications and HelmReleases of other charts it skipped (file, line, what,
+    chart)."""
+    checked: list[dict] = field(default_factory=list)
     problems: list[values_sources.Problem] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The valid and skipped sets of values, one line each."""
+        return [*(f"{e['file']}:{e['line']}:{e['column']}: {e['what']}: values are valid" if e["file"]
+                  else "values are valid" for e in self.checked),
+                *(f"{e['file']}:{e['line']}: {e['what']} (chart {e['chart'] or 'not named'}): skipped"
+                  for e in self.skipped)]
 
 
 def text_output(report: Report) -> int:
-    for line in report.checked:
+    for line in report.lines():
         print(line)
-    for line in report.skipped:
-        print(f"{line}: skipped")
     if report.problems:
         raise UserErrors([UserError("", str(problem)) for problem in report.problems])
     return 0
@@ -148,15 +155,13 @@ def text_output(report: Report) -> int:
 
 def github_output(report: Report) -> int:
     """GitHub Actions workflow commands: an `::error` annotation per problem (on the file's line
-    and column in the pull request's diff), a `::notice` per skipped release."""
+    and column in the pull request's diff), then the lines of the text output."""
     for problem in report.problems:
         where = {"file": problem.file, "line": problem.line, "col": problem.column}
         properties = ",".join(f"{key}={_escape(str(value), True)}" for key, value in where.items() if value is not None)
         properties += ("," if properties else "") + "title=metax-operator validate"
         print(f"::error {properties}::{_escape(str(problem.error))}")
-    for line in report.skipped:
-        print(f"::notice title=metax-operator validate::{_escape(line)}: skipped")
-    for line in report.checked:
+    for line in report.lines():
         print(line)
     return 1 if report.problems else 0
 

@@ -89,7 +89,7 @@ class FileValues:
     """What `read` found in one file."""
     sources: list[Source] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # "file:line: HelmRelease x/y (chart other)"
+    skipped: list[dict] = field(default_factory=list)  # releases of other charts: file, line, what, chart
 
 
 def read(path: str, chart: str = CHART_NAME) -> FileValues:
@@ -264,7 +264,7 @@ class _Reader:
         return len(first) - len(first.lstrip(" -" if item else " "))
 
     def skip(self, node: yaml.Node, what: str, chart: str | None) -> None:
-        self.found.skipped.append(f"{self.path}:{node.start_mark.line + 1}: {what} (chart {chart or 'not named'})")
+        self.found.skipped.append({"file": self.path, "line": node.start_mark.line + 1, "what": what, "chart": chart})
 
     def problem(self, node: yaml.Node | None, field_name: str, problem: str, fix: str) -> None:
         """A problem at `node` (None: the file's start)."""
