@@ -95,8 +95,6 @@ def run(args) -> int:
         files, sets = values_flags(args, Path(tmp))
         if not args.files:
             errors = problems(chart, helm, [*files, *sets])
-            if errors and args.output == "text":
-                raise UserErrors(errors)
             report = Report(checked=[] if errors else [{"file": None, "line": None, "column": None,
                                                          "what": "the -f files and --set flags"}],
                             problems=[values_sources.Problem(None, None, None, e) for e in errors])
