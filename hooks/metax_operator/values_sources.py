@@ -10,10 +10,10 @@ A file is one of:
   another chart) are skipped.
 
 The documents are parsed once with PyYAML, the parser `validate` already uses for values files: its
-composed nodes give the line and column of every key and list item, and its YAML 1.1 reading
-(`yes` and `on` are booleans, `010` is octal) is the one Helm's and Kubernetes' Go YAML library
-share. A second parser for the positions (ruamel.yaml reads YAML 1.2 by default) could disagree
-with the first about what a value is.
+composed nodes give the line and column of every key and list item, and it reads YAML 1.1 (`yes`
+and `on` are booleans), as the Go YAML library of Helm and Kubernetes does. A second parser for the
+positions (ruamel.yaml reads YAML 1.2 by default) could disagree with the first about what a value
+is.
 
 `read(path, chart)` returns each `Source` (the values as the text Helm should read, and
 `Source.locate` turning a problem's field path into file:line:column) and the file's own
@@ -206,7 +206,8 @@ class _Reader:
                 self.add_text(f"Application {name}", f"{where}.helm.values", _key(helm_node, "values"),
                               _child(helm_node, ["values"]), helm["values"], flags, parameters)
             else:
-                self.add_object(f"Application {name}", f"{where} (no helm values)", source_node or node, None, {}, flags, parameters)
+                self.add_object(f"Application {name}", f"{where} (no helm values)", source_node or node, None, {},
+                                flags, parameters)
 
     def helm_release(self, node: yaml.Node, data: dict) -> None:
         """The HelmRelease's `spec.values` when its chart is this one. (`spec.valuesFrom` names
