@@ -293,3 +293,12 @@ def test_the_problems_of_values_in_a_quoted_or_folded_string_are_at_the_string(t
     name = write(tmp_path, "app.yaml", text)
     result = validate(name, cwd=tmp_path)
     assert result.stderr.startswith(f"error: {name}:{at(text, 'values: ')}: {expect}"), result.stderr
+
+
+def test_a_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    (tmp_path / "latin1.yaml").write_bytes(b"registry: caf\xe9\n")
+    result = validate("latin1.yaml", "missing.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: latin1.yaml: is not UTF-8 text (byte 13 is 0xe9); save it as UTF-8",
+        "error: missing.yaml: cannot be read: No such file or directory; check the path"]
