@@ -19,7 +19,7 @@ from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
 from tests.e2e.test_rollout_cluster import deletions_per_step
 from tests.e2e.tools import CR, eventually, kubectl
-from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod
+from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
 
 # Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
 POLICY_WAVES = {0: [1], 1: [2, 1]}
@@ -56,11 +56,15 @@ def release_scope(cluster, api):
 
 
 def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HOOKS) -> None:
-    """Each of `hooks` ran, as a container of the tools image on the real node, and succeeded."""
+    """Each of `hooks` ran, as a container of the tools image on the real node, and succeeded.
+    The pod watch may lag behind the tool that saw the hook finish (Flux's deletion ends as soon
+    as the Job completed): wait until it has seen the pods end."""
+    def ended(hook: str) -> list | None:
+        seen = pods.hook(hook)
+        return seen if seen and all(map(terminated, seen)) else None
+
     for hook in hooks:
-        ran = pods.hook(hook)
-        assert ran, f"no pod of the {hook} hook seen"
-        for pod in ran:
+        for pod in eventually(lambda: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
             assert_ran_as_tools_pod(pod, cluster)
 
 
