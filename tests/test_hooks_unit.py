@@ -213,7 +213,7 @@ def test_configmap_problems_are_one_line_each():
 @pytest.fixture
 def metrics_server():
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200 if self.path == "/metrics" else 404)
             self.end_headers()
 

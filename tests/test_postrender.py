@@ -120,7 +120,7 @@ def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tm
     output, _ = postrender(rendered)
     before, after = split_documents(rendered), split_documents(output)
     assert len(before) == len(after)
-    for old, new in zip(before, after):
+    for old, new in zip(before, after, strict=True):
         if ANNOTATION_INPUTS not in old or "kind: DaemonSet" not in old:
             assert new == old
             continue

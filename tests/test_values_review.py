@@ -262,7 +262,7 @@ def test_the_chart_is_found_beside_the_package_or_named(tmp_path):
 
 def test_a_field_path_is_found_through_keys_holding_dots():
     text = "a.b:\n  c: 1\na:\n  b.c: 2\nlist:\n  - x: 1\n  - x: {y.z: 3}\n"
-    found = values_sources._Reader("f.yaml", text, "metax-operator").read()  # noqa: SLF001
+    found = values_sources._Reader("f.yaml", text, "metax-operator").read()
     source = found.sources[0]
     assert str(source.locate(UserError("a.b.c", "p"))) == "f.yaml:2:3: a.b.c: p"
     assert str(source.locate(UserError("a.b.c.d", "p"))) == "f.yaml:2:3: a.b.c.d: p"  # the deepest written

@@ -45,7 +45,7 @@ def written_at(text: str, line: int, column: int) -> str:
 
 
 def check(text: str, top: dict, where: tuple = ()) -> None:
-    found = values_sources._Reader("f.yaml", text, "metax-operator").read()  # noqa: SLF001
+    found = values_sources._Reader("f.yaml", text, "metax-operator").read()
     assert not found.problems, found.problems
     (source,) = found.sources
     for path in paths(top):

@@ -76,7 +76,7 @@ class Health:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+    def do_GET(self) -> None:  # the http.server API
         probe = {"/healthz": self.server.health.liveness, "/readyz": self.server.health.readiness}.get(
             self.path.split("?", 1)[0])
         if probe is None:
@@ -93,7 +93,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - probes every few seconds: no log
+    def log_message(self, format: str, *args) -> None:  # probes every few seconds: no log
         pass
 
 

@@ -87,7 +87,7 @@ class Policy:
 
     def tolerations(self, nodes: int) -> list[int]:
         """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
-        return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes))]
+        return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes), strict=True)]
 
     def last_step_problem(self, nodes: int) -> str | None:
         """Why the last step cannot upgrade all `nodes` pods (an int below N), or None."""

@@ -496,7 +496,7 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
         entries = payload.get("images")
         containers = _payload_containers(live)
         if registry and entries is not None and len(entries) == len(containers):
-            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries)]
+            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries, strict=False)]
     return []
 
 

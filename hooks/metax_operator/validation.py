@@ -366,7 +366,8 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]
                           f"use {hint}" if hint else "write it in Go (RE2) syntax")]
     if kind in ("minimum", "maximum"):
         word = "at least" if kind == "minimum" else "at most"
-        return [UserError(field, f"{value!r} is out of range", f"use {hint}" if hint else f"use a number {word} {error.validator_value}")]
+        fix = f"use {hint}" if hint else f"use a number {word} {error.validator_value}"
+        return [UserError(field, f"{value!r} is out of range", fix)]
     if hint:
         return [UserError(field, f"{value!r} is not valid", f"use {hint}")]
     return [UserError(field, f"{value!r} is not valid: {error.message}")]

@@ -280,7 +280,7 @@ def _parameters(parameters: Any, node: yaml.Node | None) -> tuple[tuple[str, ...
     if not isinstance(parameters, list) or len(items) != len(parameters):
         return (), ()
     flags, positions = [], []
-    for parameter, item in zip(parameters, items):
+    for parameter, item in zip(parameters, items, strict=False):
         if isinstance(parameter, dict) and parameter.get("name"):
             flag = "--set-string" if parameter.get("forceString") else "--set"
             flags += [flag, f"{parameter['name']}={parameter.get('value', '')}"]

@@ -57,8 +57,11 @@ def pending(pods: dict[str, dict], components: list[str]) -> dict[str, str]:
     return why
 
 
+WAIT_BACKOFF = Backoff(attempts=MAX_FAILURES, base=0.5, cap=30.0)
+
+
 def wait_for(api: Client, namespace: str, node: str, components: list[str], timeout: float = 0,
-             backoff: Backoff = Backoff(attempts=MAX_FAILURES, base=0.5, cap=30.0)) -> bool:
+             backoff: Backoff = WAIT_BACKOFF) -> bool:
     """Block until every component's pod on `node` is Ready: True, or False after `timeout` (0 = none).
 
     Raises the last API error after MAX_FAILURES consecutive failures.
@@ -107,7 +110,7 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
                 if not pending(pods, components):
                     break
             failures, delays = 0, iter(())
-        except Exception as err:  # noqa: BLE001 - transient ones retried below, others raised
+        except Exception as err:  # transient ones retried below, others raised
             if isinstance(err, ApiException) and err.status == 410:  # our version is too old: list again
                 version = None
                 continue

@@ -64,7 +64,7 @@ def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HO
         return seen if seen and all(map(terminated, seen)) else None
 
     for hook in hooks:
-        for pod in eventually(lambda: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
+        for pod in eventually(lambda hook=hook: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
             assert_ran_as_tools_pod(pod, cluster)
 
 

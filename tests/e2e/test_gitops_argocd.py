@@ -106,7 +106,7 @@ def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_clust
     assert_hooks_ran_on_the_real_node(pods, tools_cluster)
     # each wave starts when the one before is complete (timestamps have 1 s resolution)
     waves = [by_hook["preflight"], by_hook["upgrade-crds"], by_hook["bootstrap"]]
-    for before, after in zip(waves, waves[1:]):
+    for before, after in zip(waves, waves[1:], strict=False):
         assert after.metadata.creation_timestamp >= before.status.completion_time
     driver = client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
     assert driver.metadata.creation_timestamp >= by_hook["bootstrap"].status.completion_time

@@ -46,7 +46,7 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     # The seed's install command: every hook runs, as a pod of the tools image on the real node.
     release = release_name(ok(seed_install(cluster, which, values)))
     for hook in ("preflight", "upgrade-crds", "bootstrap"):
-        eventually(lambda: [p for p in pods.hook(hook) if terminated(p)], 30, f"the {hook} hook's pod seen ended")
+        eventually(lambda hook=hook: [p for p in pods.hook(hook) if terminated(p)], 30, f"the {hook} hook's pod seen ended")
         for pod in pods.hook(hook):
             assert_ran_as_tools_pod(pod, cluster)
 

@@ -85,7 +85,7 @@ def clean_node(client: kube.Client, node: dict) -> bool:
         return False
     try:
         client.patch("v1", "Node", node["metadata"]["name"], patch)
-    except Exception as err:  # noqa: BLE001 - only a vanished node is expected
+    except Exception as err:  # only a vanished node is expected
         if not kube.is_status(err, 404):
             raise
         return False
@@ -120,13 +120,13 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
         waits[f"deleted {kind} {namespace}/{runner} and its pods"] = functools.partial(
             delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground")
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
-        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values())))
+        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values()), strict=True))
     done = [line for line, deleted in happened.items() if deleted]
     nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
     with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
         cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
     done += [f"removed our labels/annotations from node {node['metadata']['name']}"
-             for node, had in zip(nodes, cleaned) if had]
+             for node, had in zip(nodes, cleaned, strict=True) if had]
     if delete_crd and crd is not None and delete_and_wait(
             client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, left()):
         done.append(f"deleted CRD {common.CRD_NAME}")
