@@ -128,7 +128,7 @@ class _Expander:
         if self.target == "crd":
             return {"x-kubernetes-int-or-string": True,
                     "anyOf": [{"type": "integer"}, {"type": "string"}],
-                    "minimum": minimum, "pattern": percent_pattern(zero_ok)}
+                    "minimum": minimum, "pattern": percent_pattern(zero_ok), "maxLength": len("100%")}
         return {"anyOf": [{"type": "integer", "minimum": minimum},
                           {"type": "string", "pattern": percent_pattern(zero_ok)}],
                 "x-hint": hint}
@@ -151,6 +151,8 @@ def _structural(node: dict) -> dict:
             node["x-kubernetes-preserve-unknown-fields"] = True
     if "enum" in node and "type" not in node:
         node = {"type": "string", **node}
+    if node.get("type") == "string" and "enum" in node:  # bounds the cost of CEL rules that read it
+        node["maxLength"] = max(len(value) for value in node["enum"])
     return node
 
 
@@ -325,9 +327,13 @@ def build_crd(values_text: str) -> dict:
     spec["description"] = ("Desired state of the MetaX GPU stack: the chart values of seed tables "
                            "3.1-3.15. The bootstrap hook writes it from the values at every "
                            "install/upgrade; edits take effect through the runner.")
-    spec["x-kubernetes-validations"] = _cel_spec_rules()
-    for key, rules in _cel_component_rules().items():
-        spec["properties"][key]["x-kubernetes-validations"] = rules
+    from .admission import crd_rules  # it builds its messages from validation.py, which imports us
+
+    for path, rules in crd_rules().items():
+        node = spec
+        for key in path:
+            node = node["properties"][key]
+        node["x-kubernetes-validations"] = rules
     status = _Expander("crd").node(source()["status"])
     root = {
         "type": "object",
@@ -411,39 +417,6 @@ def _default(node: dict, value: Any, top: bool = False) -> None:
         node["default"] = value
 
 
-def _cel_spec_rules() -> list[dict]:
-    """The cross-field rules CEL can say, in validation.py's words. Every field is guarded with
-    has(): the API server also checks the rules against the schema's `{}` defaults."""
-    from .validation import DEPENDENCIES, dependency_problem
-
-    deployed = "(has(self.{0}) && has(self.{0}.deploy) && self.{0}.deploy)".format
-    rules = [{"rule": "has(self.registry) && size(self.registry) > 0",
-              "message": "registry is required: set it to DOMAIN/PROJECT"}]
-    for component, prerequisites in DEPENDENCIES.items():
-        for prerequisite in prerequisites:
-            rules.append({"rule": f"!{deployed(component)} || {deployed(prerequisite)}",
-                          "message": str(dependency_problem(component, prerequisite))})
-    return rules
-
-
-def _cel_component_rules() -> dict[str, list[dict]]:
-    service_type = "(has(self.service.type) ? self.service.type : 'ClusterIP')"
-    external_name = "(has(self.service.externalName) && size(self.service.externalName) > 0)"
-    return {
-        "driver": [{
-            "rule": "!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
-                    " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
-            "message": "driver.payload.version is required unless driver.deployPolicy is Never",
-        }],
-        "exporter": [
-            {"rule": f"!has(self.service) || !has(self.service.port) || {service_type} in ['NodePort', 'LoadBalancer']",
-             "message": "exporter.service.port is only valid with type NodePort or LoadBalancer"},
-            {"rule": f"!has(self.service) || ({service_type} == 'ExternalName') == {external_name}",
-             "message": "exporter.service.externalName is required with, and only valid with, type ExternalName"},
-        ],
-    }
-
-
 def render_values_schema(values_text: str) -> str:
     return json.dumps(build_values_schema(values_text), indent=2, ensure_ascii=False) + "\n"
 
@@ -456,10 +429,12 @@ def render_crd(values_text: str) -> str:
 
 def outputs(root: Path = REPO_ROOT) -> dict[Path, str]:
     """The generated files' paths and what their contents should be."""
+    from . import admission
     values_text = (root / "values.yaml").read_text()
     return {K8S_SHAPES: render_k8s_shapes(),
             root / VALUES_SCHEMA: render_values_schema(values_text),
-            root / CRD_FILE: render_crd(values_text)}
+            root / CRD_FILE: render_crd(values_text),
+            root / admission.TEMPLATE: admission.render_template()}
 
 
 def stale(root: Path = REPO_ROOT) -> list[Path]:
