@@ -77,6 +77,8 @@ def client(control_plane) -> kube.Client:
     spec = {"registry": "r.example.com/m", "driver": {"payload": {"version": "1"},
                                                       "upgradePolicy": {"upgradeSteps": [{"replicas": 1, "pauseDuration": "x"}]}}}
     wait_for(lambda: not admit(api, spec)[0], 30, "the ValidatingAdmissionPolicy in force")
+    api.runner_user = next(v["expression"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                           for v in o["spec"].get("variables", []) if v["name"] == "runnerUser").strip("'")
     yield api
     for obj in reversed(objects):
         api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
@@ -162,3 +164,90 @@ def test_generated_policies_get_the_same_verdict(raw, client):
     if not any(firsts):
         firsts = [next((line for line in said if _POLICY_RULE in line), None)]
     assert all(first in lines for first in firsts if first), (firsts, lines)
+
+
+# --- kubectl patch of the live CR ----------------------------------------------------------------
+
+POLICY_CASES = [case for case in CASES if case.get("field", "").startswith("driver.upgradePolicy")
+                and case["by"] in ("rule", "schema")]
+
+
+@pytest.fixture(scope="module")
+def live_cr(client, spec_schema, tmp_path_factory):
+    """The CR as the bootstrap hook writes it from the base values; deleted afterwards."""
+    values = case_values({"set": [], "name": "base"}, tmp_path_factory.mktemp("base"))
+    cr = bootstrap.bootstrap(client, values, "metax")[0]
+    yield cr
+    client.delete(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+    client.wait_deleted(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, timeout=60)
+
+
+def kubectl(control_plane, *args: str) -> subprocess.CompletedProcess:
+    """The real kubectl, with the HTTP status of each request in its log (-v=6)."""
+    return subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "-v=6", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def patch(control_plane, operations: list[dict], *flags: str) -> subprocess.CompletedProcess:
+    return kubectl(control_plane, "patch", "clusteroperator", common.CR_NAME, "--type=json",
+                   "-p", json.dumps(operations), *flags)
+
+
+@pytest.mark.parametrize("case", POLICY_CASES, ids=[case["name"] for case in POLICY_CASES])
+def test_kubectl_patch_with_a_bad_policy_fails_with_422_naming_the_field(case, control_plane, live_cr,
+                                                                           spec_schema, tmp_path):
+    values = case_values(case, tmp_path)
+    said = [str(e) for e in validation.values_problems(values)]
+    bad = bootstrap.prune(values, spec_schema)["driver"]["upgradePolicy"]
+    result = patch(control_plane, [{"op": "replace", "path": "/spec/driver/upgradePolicy", "value": bad}])
+    assert result.returncode == 1 and 'status="422 Unprocessable Entity"' in result.stderr, result.stderr
+    refusal = result.stderr
+    if case["by"] == "rule" or any(line in refusal for line in said):
+        assert case["expect" if case["by"] == "rule" else "field"] in refusal and any(line in refusal for line in said)
+    else:  # a single-field check: the schema's words, naming the field
+        assert f"spec.{case['field']}" in refusal, refusal
+
+
+def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(control_plane, client, live_cr):
+    def status(upgrading: bool, phase: str) -> None:
+        client.patch(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME,
+                     {"status": {"upgradeStatus": {"upgrading": upgrading, "phase": phase}}}, subresource="status")
+
+    version = [{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.1"}]
+    assert patch(control_plane, [{"op": "replace", "path": "/spec/driver/upgradePolicy/upgradeSteps", "value": [{"replicas": "100%"}]},
+                                 {"op": "replace", "path": "/spec/driver/upgradePolicy/enableRollout", "value": True}]).returncode == 0
+    status(True, "Progressing")
+    try:
+        result = patch(control_plane, version)
+        assert 'status="422 Unprocessable Entity"' in result.stderr
+        assert str(admission.frozen_during_rollout("driver.payload", "Progressing")) in result.stderr
+        firmware = patch(control_plane, [{"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"}])
+        assert "driver.fwUpgradePolicy: cannot change while a driver rollout is in progress" in firmware.stderr
+        for control, value in zip(admission.ROLLOUT_CONTROLS, (True, False)):  # the admin's switches
+            assert patch(control_plane, [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{control}",
+                                          "value": value}]).returncode == 0
+        # the runner itself (its rollback writes spec.driver back; its RBAC is not the point here)
+        assert patch(control_plane, version, f"--as={client.runner_user}", "--as-group=system:masters").returncode == 0
+    finally:
+        status(False, "Idling")
+    assert patch(control_plane, [{**version[0], "value": "2.33.0.2"}]).returncode == 0  # done: anything goes
+
+
+def test_firmware_rules(control_plane, client, live_cr):
+    """Seed §3.2.9: no upgrade from non-virtualised to virtualised firmware; seed 001: no firmware
+    upgrade of GPUs bound to vfio-pci (a warning: the other GPUs are upgraded)."""
+    virt = [{"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"},
+            {"op": "replace", "path": "/spec/driver/fwEnableVirt", "value": True}]
+    result = patch(control_plane, virt)
+    assert 'status="422 Unprocessable Entity"' in result.stderr and str(admission.virt_firmware_upgrade()) in result.stderr
+    # a fresh install may ask for virtualised firmware (no old object to compare)
+    spec = {**live_cr["spec"], "driver": {**live_cr["spec"]["driver"], "fwUpgradePolicy": "PreferCloud", "fwEnableVirt": True}}
+    client.delete(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+    client.wait_deleted(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, timeout=60)
+    assert admit(client, spec)[0]
+    bootstrap.bootstrap(client, {**spec}, "metax")
+    vfio = [{"op": "replace", "path": "/spec/vfioManager/deploy", "value": True},
+            {"op": "replace", "path": "/spec/vfioManager/vfioConfig", "value": [{"nodeName": "gpu-node-1", "gpus": "all"}]}]
+    result = patch(control_plane, vfio)
+    assert result.returncode == 0 and f"Warning: Validation failed for ValidatingAdmissionPolicy" in result.stderr
+    assert str(admission.vfio_firmware_warning()) in result.stderr
