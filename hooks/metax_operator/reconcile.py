@@ -643,17 +643,19 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     return writes
 
 
-def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "") -> bool:
-    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows). The API server
-    keeps events of cluster-scoped objects in namespace `default`. Best effort, as client-go's
-    recorder: a failed event is logged, never fails the pass."""
+def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "",
+               component: str = FIELD_MANAGER) -> bool:
+    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
+    (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
+    namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never
+    fails the pass."""
     body = {"apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
             "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
                                "uid": cr["metadata"].get("uid")},
             "type": kind, "reason": reason, "message": message[:1024],
-            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "reportingInstance": identity or FIELD_MANAGER,
+            "source": {"component": component}, "reportingComponent": component,
+            "reportingInstance": identity or component,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
     try:
         api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)

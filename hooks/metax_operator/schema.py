@@ -93,7 +93,10 @@ class _Expander:
             if self.target == "values":  # defined once under `definitions`, referenced locally
                 self.k8s_used.add(node["x-k8s"])
                 return {"$ref": f"#/definitions/{node['x-k8s']}", **rest}
-            return {**k8s_definition(node["x-k8s"], strict=False), **rest}
+            shape = k8s_definition(node["x-k8s"], strict=False)
+            if shape.get("type") == "object":  # one field, owned by one manager (as a list is)
+                shape["x-kubernetes-map-type"] = "atomic"
+            return {**shape, **rest}
         if "x-int-or-percent" in node:
             return self.node({**self._int_or_percent(node["x-int-or-percent"]),
                               **{k: v for k, v in node.items() if k != "x-int-or-percent"}})
@@ -143,6 +146,8 @@ def _structural(node: dict) -> dict:
         del node["additionalProperties"]
     if "patternProperties" in node:  # structural schemas have no patternProperties
         (node["additionalProperties"],) = node.pop("patternProperties").values()
+    if isinstance(node.get("additionalProperties"), dict):  # a map: one field, owned by one manager
+        node["x-kubernetes-map-type"] = "atomic"
     if isinstance(node.get("type"), list):
         types = [t for t in node.pop("type") if t != "null"]
         if len(types) == 1:
@@ -324,6 +329,7 @@ def build_crd(values_text: str) -> dict:
     spec.pop("additionalProperties", None)
     _describe(spec, values_descriptions(values_text), ())
     _default(spec, yaml.safe_load(values_text), top=True)
+    _default_objects(spec)
     spec["description"] = ("Desired state of the MetaX GPU stack: the chart values of seed tables "
                            "3.1-3.15. The bootstrap hook writes it from the values at every "
                            "install/upgrade; edits take effect through the runner.")
@@ -401,6 +407,16 @@ def _cr_spec_source(node: dict) -> dict:
         out["properties"] = {key: _cr_spec_source(child) for key, child in properties.items()
                              if not chart_only(child)}
     return out
+
+
+def _default_objects(node: dict) -> None:
+    """Every object of our own below `node` defaults to {}: server-side apply can leave an object
+    whose last field another manager removed as null, which the API server then prunes and
+    defaults instead of refusing it."""
+    for child in node.get("properties", {}).values():
+        if child.get("properties") and child.get("x-kubernetes-map-type") != "atomic":
+            child.setdefault("default", {})
+            _default_objects(child)
 
 
 def _default(node: dict, value: Any, top: bool = False) -> None:
