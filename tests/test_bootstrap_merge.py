@@ -53,8 +53,9 @@ SAMPLES: dict[str, dict] = {
     "vfioManager.vfioConfig": {"edit": [{"nodeName": "gpu-node-1", "gpus": "0"}],
                                "values": [{"nodeName": "gpu-node-1", "gpus": "1"}]},
     # components others need: turned off with their dependents
-    "gpuLabel.deploy": {"base": {f"{c}.deploy": False for c in ("runtime", "driver", "maca", "gpuDevice", "vfioManager")}},
-    "runtime.deploy": {"base": {f"{c}.deploy": False for c in ("driver", "maca", "gpuDevice")}},
+    "gpuLabel.deploy": {"base": {f"{c}.deploy": False for c in ("runtime", "driver", "maca", "gpuDevice", "exporter",
+                                                                "vfioManager")}},
+    "runtime.deploy": {"base": {f"{c}.deploy": False for c in ("driver", "maca", "gpuDevice", "exporter")}},
     "driver.deploy": {"base": {"exporter.deploy": False}},
     "maca.deploy": {"base": {"gpuDevice.deploy": False}},
 }
