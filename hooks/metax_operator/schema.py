@@ -141,8 +141,8 @@ def _structural(node: dict) -> dict:
     """Drop what a structural CRD schema refuses: additionalProperties false, draft-07-only
     keywords, type lists (`[integer, "null"]` becomes `integer`, nullable)."""
     node = {k: v for k, v in node.items() if k not in ("propertyNames", "format")
-            or (k == "format" and v in ("date-time", "int32", "int64"))
-            or isinstance(v, dict)}  # a property named `format` (log.format), not the keyword
+            or (k == "format" and (v in ("date-time", "int32", "int64")
+                                   or isinstance(v, dict)))}  # a property named `format` (log.format)
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
     if "patternProperties" in node:  # structural schemas have no patternProperties
