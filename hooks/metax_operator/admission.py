@@ -99,15 +99,22 @@ def _replicas_below(step: str, other: str) -> str:
             f" && (size({a}) < size({b}) || (size({a}) == size({b}) && {a} < {b}))))")
 
 
-def _steps_rules() -> list[dict]:
-    """On `upgradeSteps` (self is the list)."""
+def _steps_rules(node: dict) -> list[dict]:
+    """On `upgradeSteps` (self is the list, `node` its CRD schema)."""
     previous = "self[i - 1]"
     falling = (f"i > 0 && {_valid_replicas('s')} && {_valid_replicas(previous)}"
                f" && {_replicas_below('s', previous)}")
     falling_message = message(lambda i, r, p: policy.falling_replicas(f"{STEPS}[{i}]", r, p),
                               "i", "s.replicas", f"{previous}.replicas")
     last = "self[size(self) - 1]"
-    return [
+    fields = []
+    for key, child in node["items"]["properties"].items():
+        if valid := _single_field_check(child, f"s.{key}"):
+            bad = f"has(s.{key}) && !{valid}"
+            fields.append({"rule": f"!self.exists(i, s, {bad})",
+                           "messageExpression": f"self.transformList(i, s, {bad}, "
+                                                f"{_schema_message(key, True, f's.{key}', 'i')})[0]"})
+    return fields + [
         {"rule": f"!self.exists(i, s, {falling})",
          "messageExpression": f"self.transformList(i, s, {falling}, {falling_message})[0]"},
         _rule(f"size(self) == 0 || !{_percent_replicas(last)} || {last}.replicas == '100%'",
@@ -115,10 +122,43 @@ def _steps_rules() -> list[dict]:
     ]
 
 
-def _policy_rules() -> list[dict]:
-    """On `upgradePolicy`."""
-    return [_rule("!(has(self.enableRollout) && self.enableRollout) || (has(self.upgradeSteps) && size(self.upgradeSteps) > 0)",
-                  lambda: policy.empty_steps(STEPS))]
+def _policy_rules(node: dict) -> list[dict]:
+    """On `upgradePolicy` (its CRD schema `node`)."""
+    rules = [_rule("!(has(self.enableRollout) && self.enableRollout) || (has(self.upgradeSteps) && size(self.upgradeSteps) > 0)",
+                   lambda: policy.empty_steps(STEPS))]
+    for key, child in node["properties"].items():
+        if _single_field_check(child, "v"):
+            valid = _single_field_check(child, f"self.{key}")
+            rules.append({"rule": f"!has(self.{key}) || {valid}",
+                          "messageExpression": _schema_message(key, False, f"self.{key}", "")})
+    return rules
+
+
+# The checks of a single policy field are the schema's; the CRD has them too, but says them in
+# its own words (`... in body should match '^(100|...'`). These rules add validate's line (a
+# pattern does not stop CEL; a type or enum error does).
+
+def _single_field_check(node: dict, value: str) -> str:
+    """CEL: `value` passes `node`'s int-or-string minimum and pattern; "" for other fields. (An
+    enum needs no copy: a value outside it stops the API server before any CEL rule, with its own
+    `Unsupported value: "abort": supported values: "pause", "rollback"`.)"""
+    if node.get("x-kubernetes-int-or-string") and "pattern" in node:
+        return (f"((type({value}) == int && {value} >= {node.get('minimum', 0)})"
+                f" || (type({value}) == string && {value}.matches({regex(node['pattern'])})))")
+    return ""
+
+
+def _schema_message(key: str, in_step: bool, value: str, index: str) -> str:
+    """A messageExpression giving validate's line for a bad `value` of policy field `key` (of a
+    step when `in_step`, at `index`): the values schema's wording, taken from validation.py."""
+    from .schema import fragment
+
+    step = {"replicas": "100%", key: _PLACEHOLDER}
+    raw = {"upgradeSteps": [step]} if in_step else {key: _PLACEHOLDER}
+    (error,) = validation.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
+    shown = f"(type({value}) == string ? \"'\" + {value} + \"'\" : string(dyn({value})))"
+    return message(lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v)),
+                   index or "0", shown)
 
 
 def _spec_rules() -> list[dict]:
@@ -164,13 +204,15 @@ def _service_rules() -> list[dict]:
     ]
 
 
-def crd_rules() -> dict[tuple[str, ...], list[dict]]:
-    """The CRD's `x-kubernetes-validations`, by the spec path of the node that carries them."""
+def crd_rules(spec: dict) -> dict[tuple[str, ...], list[dict]]:
+    """The CRD's `x-kubernetes-validations`, by the spec path of the node that carries them
+    (`spec`: the CRD's spec schema, for the single-field checks)."""
+    upgrade_policy = spec["properties"]["driver"]["properties"]["upgradePolicy"]
     return {
         (): _spec_rules(),
         ("driver",): _driver_rules(),
-        ("driver", "upgradePolicy"): _policy_rules(),
-        ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(),
+        ("driver", "upgradePolicy"): _policy_rules(upgrade_policy),
+        ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(upgrade_policy["properties"]["upgradeSteps"]),
         ("exporter", "service"): _service_rules(),
     }
 

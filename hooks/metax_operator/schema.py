@@ -336,7 +336,7 @@ def build_crd(values_text: str) -> dict:
                            "install/upgrade; edits take effect through the runner.")
     from .admission import crd_rules  # it builds its messages from validation.py, which imports us
 
-    for path, rules in crd_rules().items():
+    for path, rules in crd_rules(spec).items():
         node = spec
         for key in path:
             node = node["properties"][key]
