@@ -15,6 +15,10 @@ Where each rule runs (docs/hooks.md, "Admission"):
   them untyped and CEL cannot read them there; and the rollout in progress is known from the old
   object's status, which a rule on `spec` cannot read. The chart installs it where the API server
   serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 and later).
+- `warning_validations()`: a second policy whose binding only warns.
+
+CEL's cost estimator decides what a rule may do: a string of unknown length makes a rule too
+dear, hence the schema's maxLength/maxItems on what rules read, and `string(dyn(x))`.
 """
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ def message(make: Callable[..., UserError], *expressions: str) -> str:
     text = str(make(*(f"\x00{i}\x00" for i in range(len(expressions)))))
     parts = _MARK.split(text)
     # string(dyn(x)): the cost estimator takes string() of a typed value as unbounded, of dyn not
-    out = [f"string(dyn({expressions[int(part)]}))" if odd else literal(part)
-           for odd, part in ((i % 2 == 1, part) for i, part in enumerate(parts)) if odd or part]
+    out = [f"string(dyn({expressions[int(part)]}))" if i % 2 else literal(part)
+           for i, part in enumerate(parts) if i % 2 or part]
     return " + ".join(out)
 
 
@@ -54,15 +58,11 @@ def regex(pattern: str) -> str:
     return f"r'{pattern}'"
 
 
-def _rule(rule: str, make: Callable[..., UserError], *expressions: str, field: str = "") -> dict:
-    out = {"rule": rule}
+def _rule(rule: str, make: Callable[..., UserError], *expressions: str) -> dict:
+    """A CRD rule whose message is `make`'s line (with `expressions` as its arguments)."""
     if expressions:
-        out["messageExpression"] = message(make, *expressions)
-    else:
-        out["message"] = str(make())
-    if field:
-        out["fieldPath"] = field
-    return out
+        return {"rule": rule, "messageExpression": message(make, *expressions)}
+    return {"rule": rule, "message": str(make())}
 
 
 # --- rules of the CRD ---------------------------------------------------------------------------
@@ -184,12 +184,12 @@ def _driver_rules() -> list[dict]:
                   validation.payload_version_missing)]
 
 
-def _service_rules() -> list[dict]:
-    """On `exporter.service`."""
+def _service_rules(node: dict) -> list[dict]:
+    """On `exporter.service` (its CRD schema `node`)."""
     kind = "(has(self.type) ? self.type : 'ClusterIP')"
     external = "(has(self.externalName) && size(self.externalName) > 0)"
     ports = "(has(self.nodePortRange) ? self.nodePortRange : '')"
-    is_range = f"{ports}.matches({regex('^[0-9]{1,5}-[0-9]{1,5}$')})"
+    is_range = f"{ports}.matches({regex(node['properties']['nodePortRange']['pattern'])})"
     low, high = f"int({ports}.split('-')[0])", f"int({ports}.split('-')[1])"
     backwards = f"({low} > {high} || {high} > 65535)"
     with_port = ", ".join(f"'{t}'" for t in validation.SERVICE_TYPES_WITH_PORT)
@@ -213,7 +213,7 @@ def crd_rules(spec: dict) -> dict[tuple[str, ...], list[dict]]:
         ("driver",): _driver_rules(),
         ("driver", "upgradePolicy"): _policy_rules(upgrade_policy),
         ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(upgrade_policy["properties"]["upgradeSteps"]),
-        ("exporter", "service"): _service_rules(),
+        ("exporter", "service"): _service_rules(spec["properties"]["exporter"]["properties"]["service"]),
     }
 
 
@@ -241,15 +241,6 @@ def vfio_firmware_warning() -> UserError:
     return UserError("driver.fwUpgradePolicy", "PreferCloud does not upgrade the firmware of GPUs bound to vfio-pci "
                      "(vfioManager.vfioConfig): their firmware stays as it is",
                      "to upgrade them, remove them from vfioManager.vfioConfig for the upgrade")
-
-
-def _pause_duration_problem() -> str:
-    """validate's line for a bad `pauseDuration` (the values schema's), as a template."""
-    from .schema import fragment
-
-    steps = [{"replicas": "100%", "pauseDuration": _PLACEHOLDER}]
-    (error,) = validation.schema_problems(steps, fragment("driver", "upgradePolicy", "upgradeSteps"), STEPS)
-    return str(error)
 
 
 def _pause_duration_pattern() -> str:
@@ -299,8 +290,7 @@ def policy_validations() -> list[dict]:
     valid_duration = (f"!has({duration}) || {duration} == null || (type({duration}) == map && size({duration}) == 0)"
                       f" || (type({duration}) == int && {duration} >= 0)"
                       f" || (type({duration}) == string && {duration}.matches({regex(_pause_duration_pattern())}))")
-    bad_duration = message(lambda i, v: UserError("", _pause_duration_problem().replace("[0]", f"[{i}]")
-                                                  .replace(repr(_PLACEHOLDER), v)), "i", f"\"'\" + string({duration}) + \"'\"")
+    bad_duration = _schema_message("pauseDuration", True, duration, "i")
     checks = [
         {"expression": f"!{steps}.exists(i, s, {both})",
          "messageExpression": f"{steps}.transformList(i, s, {both}, "
