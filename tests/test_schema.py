@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
-from metax_operator import schema, validation
+from metax_operator import admission, schema, validation
 from tests.helm import overlay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +38,8 @@ def test_generated_files_are_up_to_date():
 
 def test_an_edited_comment_makes_both_outputs_stale(tmp_path):
     """The staleness check above can fail: a description changed in values.yaml alone."""
-    (tmp_path / "crds").mkdir()
-    for name in ("values.schema.json", schema.CRD_FILE):
+    for name in ("values.schema.json", schema.CRD_FILE, admission.TEMPLATE):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     text = (ROOT / "values.yaml").read_text()
     (tmp_path / "values.yaml").write_text(text.replace("# -- Pause the rollout", "# -- Halt the rollout"))
@@ -359,9 +359,9 @@ def test_api_server_accepts_the_crd_and_enforces_its_rules(control_plane):
     spec = _valid_spec() | {"gpuLabel": {"deploy": False}}
     assert str(validation.dependency_problem("runtime", "gpuLabel")) in refused("cluster-operator", spec)
     spec = {"registry": "cr.example.com/metax"}
-    assert "driver.payload.version is required" in refused("cluster-operator", spec)
+    assert str(validation.payload_version_missing()) in refused("cluster-operator", spec)
     spec = _valid_spec() | {"exporter": {"service": {"type": "ClusterIP", "port": 9400}}}
-    assert "exporter.service.port is only valid" in refused("cluster-operator", spec)
+    assert str(validation.port_with_type("ClusterIP")) in refused("cluster-operator", spec)
     spec = _valid_spec()
     spec["driver"]["upgradePolicy"] = {"maxParallel": "150%"}
     assert "maxParallel" in refused("cluster-operator", spec)

@@ -94,7 +94,10 @@ class _Expander:
             if self.target == "values":  # defined once under `definitions`, referenced locally
                 self.k8s_used.add(node["x-k8s"])
                 return {"$ref": f"#/definitions/{node['x-k8s']}", **rest}
-            return {**k8s_definition(node["x-k8s"], strict=False), **rest}
+            shape = k8s_definition(node["x-k8s"], strict=False)
+            if shape.get("type") == "object":  # one field, owned by one manager (as a list is)
+                shape["x-kubernetes-map-type"] = "atomic"
+            return {**shape, **rest}
         if "x-int-or-percent" in node:
             return self.node({**self._int_or_percent(node["x-int-or-percent"]),
                               **{k: v for k, v in node.items() if k != "x-int-or-percent"}})
@@ -129,7 +132,7 @@ class _Expander:
         if self.target == "crd":
             return {"x-kubernetes-int-or-string": True,
                     "anyOf": [{"type": "integer"}, {"type": "string"}],
-                    "minimum": minimum, "pattern": percent_pattern(zero_ok)}
+                    "minimum": minimum, "pattern": percent_pattern(zero_ok), "maxLength": len("100%")}
         return {"anyOf": [{"type": "integer", "minimum": minimum},
                           {"type": "string", "pattern": percent_pattern(zero_ok)}],
                 "x-hint": hint}
@@ -139,11 +142,14 @@ def _structural(node: dict) -> dict:
     """Drop what a structural CRD schema refuses: additionalProperties false, draft-07-only
     keywords, type lists (`[integer, "null"]` becomes `integer`, nullable)."""
     node = {k: v for k, v in node.items() if k not in ("propertyNames", "format")
-            or (k == "format" and v in ("date-time", "int32", "int64"))}
+            or (k == "format" and (v in ("date-time", "int32", "int64")
+                                   or isinstance(v, dict)))}  # a property named `format` (log.format)
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
     if "patternProperties" in node:  # structural schemas have no patternProperties
         (node["additionalProperties"],) = node.pop("patternProperties").values()
+    if isinstance(node.get("additionalProperties"), dict):  # a map: one field, owned by one manager
+        node["x-kubernetes-map-type"] = "atomic"
     if isinstance(node.get("type"), list):
         types = [t for t in node.pop("type") if t != "null"]
         if len(types) == 1:
@@ -152,6 +158,8 @@ def _structural(node: dict) -> dict:
             node["x-kubernetes-preserve-unknown-fields"] = True
     if "enum" in node and "type" not in node:
         node = {"type": "string", **node}
+    if node.get("type") == "string" and "enum" in node:  # bounds the cost of CEL rules that read it
+        node["maxLength"] = max(len(value) for value in node["enum"])
     return node
 
 
@@ -323,12 +331,17 @@ def build_crd(values_text: str) -> dict:
     spec.pop("additionalProperties", None)
     _describe(spec, values_descriptions(values_text), ())
     _default(spec, yaml.safe_load(values_text), top=True)
+    _default_objects(spec)
     spec["description"] = ("Desired state of the MetaX GPU stack: the chart values of seed tables "
                            "3.1-3.15. The bootstrap hook writes it from the values at every "
                            "install/upgrade; edits take effect through the runner.")
-    spec["x-kubernetes-validations"] = _cel_spec_rules()
-    for key, rules in _cel_component_rules().items():
-        spec["properties"][key]["x-kubernetes-validations"] = rules
+    from .admission import crd_rules  # it builds its messages from validation.py, which imports us
+
+    for path, rules in crd_rules(spec).items():
+        node = spec
+        for key in path:
+            node = node["properties"][key]
+        node["x-kubernetes-validations"] = rules
     status = _Expander("crd").node(source()["status"])
     root = {
         "type": "object",
@@ -400,6 +413,16 @@ def _cr_spec_source(node: dict) -> dict:
     return out
 
 
+def _default_objects(node: dict) -> None:
+    """Every object of our own below `node` defaults to {}: server-side apply can leave an object
+    whose last field another manager removed as null, which the API server then prunes and
+    defaults instead of refusing it."""
+    for child in node.get("properties", {}).values():
+        if child.get("properties") and child.get("x-kubernetes-map-type") != "atomic":
+            child.setdefault("default", {})
+            _default_objects(child)
+
+
 def _default(node: dict, value: Any, top: bool = False) -> None:
     """Set the values.yaml defaults on the CRD schema; objects default to {} so that the API
     server fills their fields in too."""
@@ -414,39 +437,6 @@ def _default(node: dict, value: Any, top: bool = False) -> None:
         node["default"] = value
 
 
-def _cel_spec_rules() -> list[dict]:
-    """The cross-field rules CEL can say, in validation.py's words. Every field is guarded with
-    has(): the API server also checks the rules against the schema's `{}` defaults."""
-    from .validation import DEPENDENCIES, dependency_problem
-
-    deployed = "(has(self.{0}) && has(self.{0}.deploy) && self.{0}.deploy)".format
-    rules = [{"rule": "has(self.registry) && size(self.registry) > 0",
-              "message": "registry is required: set it to DOMAIN/PROJECT"}]
-    for component, prerequisites in DEPENDENCIES.items():
-        for prerequisite in prerequisites:
-            rules.append({"rule": f"!{deployed(component)} || {deployed(prerequisite)}",
-                          "message": str(dependency_problem(component, prerequisite))})
-    return rules
-
-
-def _cel_component_rules() -> dict[str, list[dict]]:
-    service_type = "(has(self.service.type) ? self.service.type : 'ClusterIP')"
-    external_name = "(has(self.service.externalName) && size(self.service.externalName) > 0)"
-    return {
-        "driver": [{
-            "rule": "!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
-                    " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
-            "message": "driver.payload.version is required unless driver.deployPolicy is Never",
-        }],
-        "exporter": [
-            {"rule": f"!has(self.service) || !has(self.service.port) || {service_type} in ['NodePort', 'LoadBalancer']",
-             "message": "exporter.service.port is only valid with type NodePort or LoadBalancer"},
-            {"rule": f"!has(self.service) || ({service_type} == 'ExternalName') == {external_name}",
-             "message": "exporter.service.externalName is required with, and only valid with, type ExternalName"},
-        ],
-    }
-
-
 def render_values_schema(values_text: str) -> str:
     return json.dumps(build_values_schema(values_text), indent=2, ensure_ascii=False) + "\n"
 
@@ -459,10 +449,12 @@ def render_crd(values_text: str) -> str:
 
 def outputs(root: Path = REPO_ROOT) -> dict[Path, str]:
     """The generated files' paths and what their contents should be."""
+    from . import admission
     values_text = (root / "values.yaml").read_text()
     return {K8S_SHAPES: render_k8s_shapes(),
             root / VALUES_SCHEMA: render_values_schema(values_text),
-            root / CRD_FILE: render_crd(values_text)}
+            root / CRD_FILE: render_crd(values_text),
+            root / admission.TEMPLATE: admission.render_template()}
 
 
 def stale(root: Path = REPO_ROOT) -> list[Path]:
