@@ -215,8 +215,9 @@ def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(con
                      {"status": {"upgradeStatus": {"upgrading": upgrading, "phase": phase}}}, subresource="status")
 
     version = [{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.1"}]
-    assert patch(control_plane, [{"op": "replace", "path": "/spec/driver/upgradePolicy/upgradeSteps", "value": [{"replicas": "100%"}]},
-                                 {"op": "replace", "path": "/spec/driver/upgradePolicy/enableRollout", "value": True}]).returncode == 0
+    policy = "/spec/driver/upgradePolicy"
+    assert patch(control_plane, [{"op": "replace", "path": f"{policy}/upgradeSteps", "value": [{"replicas": "100%"}]},
+                                 {"op": "replace", "path": f"{policy}/enableRollout", "value": True}]).returncode == 0
     status(True, "Progressing")
     try:
         result = patch(control_plane, version)
@@ -224,7 +225,7 @@ def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(con
         assert str(admission.frozen_during_rollout("driver.payload", "Progressing")) in result.stderr
         firmware = patch(control_plane, [{"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"}])
         assert "driver.fwUpgradePolicy: cannot change while a driver rollout is in progress" in firmware.stderr
-        for control, value in zip(admission.ROLLOUT_CONTROLS, (True, False)):  # the admin's switches
+        for control, value in zip(admission.ROLLOUT_CONTROLS, (True, False), strict=True):  # the admin's switches
             assert patch(control_plane, [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{control}",
                                           "value": value}]).returncode == 0
         # the runner itself (its rollback writes spec.driver back; its RBAC is not the point here)
@@ -250,5 +251,5 @@ def test_firmware_rules(control_plane, client, live_cr):
     vfio = [{"op": "replace", "path": "/spec/vfioManager/deploy", "value": True},
             {"op": "replace", "path": "/spec/vfioManager/vfioConfig", "value": [{"nodeName": "gpu-node-1", "gpus": "all"}]}]
     result = patch(control_plane, vfio)
-    assert result.returncode == 0 and f"Warning: Validation failed for ValidatingAdmissionPolicy" in result.stderr
+    assert result.returncode == 0 and "Warning: Validation failed for ValidatingAdmissionPolicy" in result.stderr
     assert str(admission.vfio_firmware_warning()) in result.stderr

@@ -271,8 +271,9 @@ def policy_variables() -> list[dict]:
                                         " ? object.spec.driver.upgradePolicy.upgradeSteps : [])"},
         # In progress: the runner's status says so (`upgrading`: phase Progressing, Terminating or
         # Disabling). The runner's own writes (pause, the rollback of spec.driver) pass.
-        {"name": "upgrading", "expression": f"request.operation == 'UPDATE' && {_has('oldObject', 'status', 'upgradeStatus', 'upgrading')}"
-                                            f" && {status}.upgrading == true && request.userInfo.username != variables.runnerUser"},
+        {"name": "upgrading",
+         "expression": f"request.operation == 'UPDATE' && {_has('oldObject', 'status', 'upgradeStatus', 'upgrading')}"
+                       f" && {status}.upgrading == true && request.userInfo.username != variables.runnerUser"},
         {"name": "changed", "expression": " + ".join([
             _changed(_map_at("object", "spec"), _map_at("oldObject", "spec"), "", ("driver",)),
             _changed(_map_at("object", "spec", "driver"), _map_at("oldObject", "spec", "driver"), "driver.",
