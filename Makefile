@@ -5,11 +5,15 @@ export METAX_CACHE ?= $(HOME)/.cache/metax-operator
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup test test-fast demo bench lint image
+.PHONY: setup lint test demo bench image
 setup:
 	@scripts/setup
 
-test: setup
+# ruff (configured in pyproject.toml) over every Python file of the repository.
+lint: setup
+	.venv/bin/ruff check --no-cache .
+
+test: setup lint
 	$(PYTEST) -n 2 --dist loadgroup tests
 
 demo: setup

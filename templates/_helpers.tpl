@@ -169,7 +169,7 @@ its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
 {{- end }}
 
 {{/* The `wait-for` init container of a component with prerequisites: it waits until the
-prerequisites' pods on the same node are Ready (DESIGN §2). Takes (dict "root" $ "key" COMPONENT);
+prerequisites' pods on the same node are Ready (docs/chart.md). Takes (dict "root" $ "key" COMPONENT);
 renders nothing for a component without prerequisites. */}}
 {{- define "metax-operator.waitFor" -}}
 {{- $prerequisites := get (include "metax-operator.prerequisites" .root | fromJson) .key -}}
@@ -189,14 +189,7 @@ renders nothing for a component without prerequisites. */}}
     - {{ . }}
     {{- end }}
   env:
-    - name: NODE_NAME
-      valueFrom:
-        fieldRef:
-          fieldPath: spec.nodeName
-    - name: POD_NAMESPACE
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.namespace
+    {{- include "metax-operator.commonEnv" . | nindent 4 }}
   resources:
     requests: {cpu: 10m, memory: 32Mi}
     limits: {cpu: "1", memory: 128Mi}

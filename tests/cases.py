@@ -1,5 +1,5 @@
-"""The acceptance cases of ../shared/cases/, with a copy under tests/data/ so the tests also run in
-a clone without shared/ beside it (tests/test_cases.py checks that the copies are current)."""
+"""The acceptance cases taken from the product documentation (docs/product/): the podTemplateSpec
+merge rules and the rollout's worked examples, under tests/data/."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,19 +7,12 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "cases"
-LOCAL = REPO / "tests" / "data"
-FILES = ("podtemplatespec-merge.yaml", "rollout-worked-examples.yaml")
-
-
-def path(name: str) -> Path:
-    """The shared original when it is there, else the local copy."""
-    return SHARED / name if (SHARED / name).exists() else LOCAL / name
+DATA = REPO / "tests" / "data"
 
 
 def load(name: str) -> list[dict]:
     """The `cases` list of an acceptance-case file."""
-    return yaml.safe_load(path(name).read_text())["cases"]
+    return yaml.safe_load((DATA / name).read_text())["cases"]
 
 
 WORKED_EXAMPLES = load("rollout-worked-examples.yaml")

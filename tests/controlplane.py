@@ -308,7 +308,7 @@ hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
 podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
 phase: Running
 startTime: {{ $now | Quote }}
-"""
+"""  # noqa: E501 - one kwok template action per line
 
 # Each application is one more crash: restartCount + 1, waiting in CrashLoopBackOff.
 _CRASH_STATUS = """\
@@ -333,7 +333,7 @@ hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
 podIP: {{ with .status.podIP }}{{ . | Quote }}{{ else }}{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}{{ end }}
 phase: Running
 startTime: {{ or .status.startTime $now | Quote }}
-"""
+"""  # noqa: E501 - one kwok template action per line
 
 # Ready=False as a kubelet that stopped reporting leaves it: the heartbeat time freezes, so
 # applying the stage again changes nothing (kwok then sends no patch).
@@ -606,7 +606,7 @@ class ControlPlane:
                     raise ControlPlaneError(
                         f"{c.name} could not listen: a port it was given is in use (another process "
                         f"took it after we picked it): start again; its log: {c.log}")
-                last = next((l for l in reversed(text.splitlines()) if l.strip()), "no output")
+                last = next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
                 raise ControlPlaneError(f"{c.name} exited with status {code} ({last[:300]}); log: {c.log}")
 
     def _wait_healthy(self, names: list[str], deadline: float) -> None:

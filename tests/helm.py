@@ -91,7 +91,7 @@ def validate_objects(objects: Iterable[dict]) -> None:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
             name = f'{obj["kind"]}/{obj["metadata"]["name"]}'
-            raise AssertionError(f"{name} is not a valid object: {error.message} at {list(error.path)}")
+            raise AssertionError(f"{name} is not a valid object: {error.message} at {list(error.path)}") from None
 
 
 def overlay(base: dict, changes: dict) -> dict:

@@ -95,7 +95,7 @@ def call_in(namespace: Path, function, *args):
         try:
             with _entered(namespace):
                 outcome["value"] = function(*args)
-        except BaseException as error:  # handed to the caller's thread
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = error
 
     thread = threading.Thread(target=target)

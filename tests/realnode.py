@@ -98,13 +98,19 @@ class RealNode:
         for mount in cgroup_mounts():
             (mount / self.id / "system" / "cgroup.procs").write_text(str(os.getpid()))
 
-    def _cgroup_pids(self) -> set[int]:
+    def _cgroup_pids(self, within: str = "") -> set[int]:
+        """The processes in the node's cgroup tree (`within`: only under a cgroup of that name)."""
         pids = set()
         for mount in cgroup_mounts():
             for directory, _, files in os.walk(mount / self.id):
-                if "cgroup.procs" in files:
+                if "cgroup.procs" in files and (not within or within in Path(directory).parts):
                     pids.update(int(p) for p in Path(directory, "cgroup.procs").read_text().split())
         return pids
+
+    def pod_pids(self, uid: str) -> set[int]:
+        """The processes of the pod with this uid: its sandbox's and its containers' (the kubelet
+        makes a cgroup `pod<uid>` for each pod)."""
+        return self._cgroup_pids(within=f"pod{uid}")
 
     def destroy(self, grace: float = 10) -> None:
         """Kill whatever still runs in the node's cgroup tree (containers, shims, containerd),

@@ -287,7 +287,9 @@ def test_dependent_components_wait_for_their_prerequisites(helm_bin):
 def test_images_come_from_the_registry_with_the_app_version_or_overrides(helm_bin):
     objects = rendered(helm_bin, ALL_ON)
     sets = daemonsets(objects)
-    image = lambda key, name: next(c["image"] for c in pod_spec(sets[key])["containers"] + pod_spec(sets[key]).get("initContainers", []) if c["name"] == name)  # noqa: E731
+    def image(key: str, name: str) -> str:
+        spec = pod_spec(sets[key])
+        return next(c["image"] for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
     assert image("gpuLabel", "gpu-label") == "cr.example.com/metax/gpu-label:0.10.0"
     assert image("runtime", "container-runtime") == "mirror.example.com/metax/container-runtime:0.10.1"
     assert image("driver", "payload") == "payload.example.com/metax/driver-image:2.32.0.6"
@@ -411,7 +413,8 @@ def test_runner_rbac_is_the_contract(helm_bin):
         *{("apps", "daemonsets", v) for v in ("get", "list", "watch", "patch")},
         *{("apps", "controllerrevisions", v) for v in ("list", "watch")},
         ("", "pods", "delete"),
-        *{("", "configmaps", v) for v in ("get", "list", "watch")},
+        *{("", "configmaps", v) for v in ("get", "list", "watch", "patch")},  # patch: the two, by name
+        ("", "services", "get"),  # the exporter's, by name
         *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
     }
     # Events about the cluster-scoped CR live in namespace default (as client-go writes them).
@@ -431,8 +434,10 @@ def test_runner_rbac_is_the_contract(helm_bin):
 @pytest.mark.parametrize("settings, expected", [
     ({}, {"type": "ClusterIP", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]}),
     ({"type": "NodePort", "port": 30090},
-     {"type": "NodePort", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics", "nodePort": 30090}]}),
-    ({"type": "NodePort"}, {"type": "NodePort", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]}),
+     {"type": "NodePort",
+      "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics", "nodePort": 30090}]}),
+    ({"type": "NodePort"},
+     {"type": "NodePort", "ports": [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]}),
     ({"type": "LoadBalancer", "port": 9100},
      {"type": "LoadBalancer", "ports": [{"name": "metrics", "protocol": "TCP", "port": 9100, "targetPort": "metrics"}]}),
     ({"type": "ExternalName", "externalName": "metrics.example.com"},

@@ -99,7 +99,8 @@ def scan(directory: Path) -> dict:
     jobs = [(helm, scenario) for scenario in SCENARIOS for helm in HELM_VERSIONS]
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        texts = {f"{helm}-{scenario}": text for (helm, scenario), text in zip(jobs, pool.map(lambda j: render(*j), jobs))}
+        rendered = pool.map(lambda job: render(*job), jobs)
+        texts = {f"{helm}-{scenario}": text for (helm, scenario), text in zip(jobs, rendered, strict=True)}
         files, first = {}, {}
         for name, text in texts.items():
             files[name] = first.setdefault(text, name)

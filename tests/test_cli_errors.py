@@ -39,7 +39,7 @@ def commands() -> dict[tuple[str, ...], argparse.ArgumentParser]:
 
 
 def _choices(parser: argparse.ArgumentParser) -> dict:
-    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(actions[0].choices) if actions else {}
 
 
@@ -118,7 +118,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 def test_every_command_has_an_unknown_option_case_and_every_api_command_kubeconfig_cases():
     assert {tuple(argv[:-1]) for name, argv, _ in CASES if name.endswith("unknown option")} == set(commands())
     assert len(commands()) == len(cli.COMMANDS) - 1 + len(rollout_cli.SUBCOMMANDS)
-    takes_kubeconfig = {path for path, parser in commands().items() if "--kubeconfig" in parser._option_string_actions}  # noqa: SLF001
+    takes_kubeconfig = {path for path, parser in commands().items() if "--kubeconfig" in parser._option_string_actions}
     assert takes_kubeconfig == set(API_ARGS)
 
 

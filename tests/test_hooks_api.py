@@ -18,6 +18,7 @@ import pytest
 from metax_operator import cli, kube
 from metax_operator.hooks import bootstrap, cleanup, common
 from tests.controlplane import GPU_LABEL, wait_for
+from tests.e2e.tools import service_account_kubeconfig
 from tests.helm import BIN, CHART, find, render_chart
 
 pytestmark = pytest.mark.e2e
@@ -403,6 +404,33 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, 
         assert client.get(*CRD) is None and f"deleted CRD {common.CRD_NAME}" in out
     finally:
         assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
+
+
+def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace,
+                                                          gpu_nodes, tmp_path):
+    """GitOps mode (Argo CD): the cleanup Job's ClusterRole and binding are not hooks, and the
+    cleanup, running as its own ServiceAccount with exactly the chart's rules, deletes them."""
+    assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
+    rendered = render_chart(merged(BASE_VALUES, {"hooks": {"useHelmHooks": False}}),
+                            show_only=["templates/hooks/cleanup.yaml"])
+    for obj in rendered:
+        if "namespace" in obj["metadata"]:
+            obj["metadata"]["namespace"] = namespace
+        for subject in obj.get("subjects", []):
+            subject["namespace"] = namespace
+        if obj["kind"] != "Job":
+            client.apply(obj, field_manager="argocd-controller")
+    args = find(rendered, "Job", "metax-operator-cleanup")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [namespace if a == "metax-operator" else a for a in args]
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path, "metax-operator-cleanup", namespace)
+    code, out, err = Hooks(kubeconfig, hooks.capsys)(*args)
+    assert code == 0, err
+    assert client.get(*CR) is None
+    assert "deleted its ClusterRole and ClusterRoleBinding metax-operator-cleanup" in out
+    rbac = "rbac.authorization.k8s.io/v1"
+    assert client.get(rbac, "ClusterRole", "metax-operator-cleanup") is None
+    wait_for(lambda: client.get(rbac, "ClusterRoleBinding", "metax-operator-cleanup") is None, 30,
+             "the garbage collector to delete the binding, a dependent of the deleted role")
 
 
 # --- helm test -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -185,7 +186,7 @@ def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(he
     objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
     for obj in objects:
         hook = hook_of(obj)
-        if hook.startswith(("cleanup", "test")):
+        if hook == "test" or (hook == "cleanup" and obj["kind"] not in ("ClusterRole", "ClusterRoleBinding")):
             assert "helm.sh/hook" in annotations(obj)  # a plain cleanup Job would run at install
         else:
             assert not any(k.startswith("helm.sh/hook") for k in annotations(obj)), obj["metadata"]["name"]
@@ -209,6 +210,72 @@ def test_plain_job_names_change_with_their_inputs(helm_bin):
     changed = names({"hooks": {"useHelmHooks": False}, "driver": {"payload": {"version": "2.33.0.1"}}})
     assert [n for n in changed if n.startswith("metax-operator-bootstrap")] != \
            [n for n in first if n.startswith("metax-operator-bootstrap")]
+
+
+def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
+    """A new chart version (a new tools image tag) changes the Jobs' templates, which Kubernetes
+    refuses to update in place: the Jobs get new names."""
+    chart = tmp_path / "chart"
+    top = {"Chart.yaml", "values.yaml", "values.schema.json", "crds", "templates"}
+    shutil.copytree(CHART, chart, ignore=lambda d, names: [n for n in names if d == str(CHART) and n not in top])
+    meta = chart / "Chart.yaml"
+    meta.write_text(meta.read_text().replace('appVersion: "0.10.0"', 'appVersion: "0.10.1"'))
+
+    def jobs(path) -> dict[str, str]:
+        objects = render_chart({**BASE, "hooks": {"useHelmHooks": False}}, helm=helm_bin, chart=path)
+        return {o["metadata"]["name"].rsplit("-", 1)[0]: o["metadata"]["name"] for o in objects
+                if o["kind"] == "Job" and "argocd.argoproj.io/hook" not in annotations(o)}
+
+    before, after = jobs(CHART), jobs(chart)
+    assert before.keys() == after.keys() == {"metax-operator-preflight", "metax-operator-upgrade-crds",
+                                             "metax-operator-bootstrap"}
+    assert all(before[k] != after[k] for k in before)
+
+
+# Argo CD's sync waves in GitOps mode: preflight, then the CRD (static in crds/) and upgrade-crds,
+# then bootstrap, each wave's Jobs complete before the next; everything else is wave 0.
+WAVES = {"preflight": "-3", "values": "-3", "upgrade-crds": "-2", "crds": "-2", "bootstrap": "-1"}
+
+
+def test_plain_hooks_run_in_argo_cd_sync_waves_before_everything_else(helm_bin):
+    objects = render({"hooks": {"useHelmHooks": False}}, helm=helm_bin, tests=False)
+    waves = {}
+    for obj in objects:
+        name = hook_of(obj)
+        if name == "cleanup":
+            continue
+        hook = name if obj["kind"] != "Job" else name.rsplit("-", 1)[0]
+        waves[f"{obj['kind']}/{hook}"] = annotations(obj).get("argocd.argoproj.io/sync-wave")
+        assert waves[f"{obj['kind']}/{hook}"] == WAVES[hook], obj["metadata"]["name"]
+    assert len(waves) == 3 * 4 + 2  # each hook's Job, ServiceAccount, ClusterRole and binding; two ConfigMaps
+    crd = next(o for o in render_chart(BASE, helm=helm_bin, args=["--include-crds"])
+               if o["kind"] == "CustomResourceDefinition")
+    assert annotations(crd)["argocd.argoproj.io/sync-wave"] == WAVES["crds"]
+    # as Helm hooks they carry no wave (Argo CD would take helm.sh/hook-weight instead)
+    assert not [o for o in render(helm=helm_bin) if "argocd.argoproj.io/sync-wave" in annotations(o)]
+
+
+def test_cleanup_is_an_argo_cd_post_delete_hook_that_removes_its_own_cluster_rbac(helm_bin):
+    """Argo CD ignores pre-delete hooks and runs PostDelete ones after deleting the application;
+    before 3.4 it never finishes when one of them is cluster-scoped, so the cleanup's ClusterRole
+    and binding are plain resources Argo CD keeps (Delete=false), which the cleanup deletes."""
+    objects = {f"{o['kind']}/{hook_of(o)}": o for o in render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
+               if hook_of(o) == "cleanup"}
+    for key in ("ServiceAccount/cleanup", "Role/cleanup", "RoleBinding/cleanup", "Job/cleanup"):
+        assert annotations(objects[key])["argocd.argoproj.io/hook"] == "PostDelete", key
+        assert annotations(objects[key])["helm.sh/hook"] == "pre-delete", key
+    for key in ("ClusterRole/cleanup", "ClusterRoleBinding/cleanup"):
+        assert annotations(objects[key]) == {"argocd.argoproj.io/sync-options": "Delete=false"}, key
+    assert pod_spec(objects["Job/cleanup"])["containers"][0]["args"][-2:] == ["--delete-own-rbac", "metax-operator-cleanup"]
+    own = [r for r in objects["ClusterRole/cleanup"]["rules"] if r["apiGroups"] == ["rbac.authorization.k8s.io"]]
+    assert own == [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "delete"]},
+                   {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
+                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "patch"]}]
+    # as Helm hooks (the Helm CLI, Flux): Helm deletes them; nothing of Argo CD's
+    helm_mode = [o for o in render(helm=helm_bin) if hook_of(o) == "cleanup"]
+    assert not [o for o in helm_mode if any(k.startswith("argocd.argoproj.io/") for k in annotations(o))]
+    assert "--delete-own-rbac" not in pod_spec(find(helm_mode, "Job", "metax-operator-cleanup"))["containers"][0]["args"]
 
 
 def test_tests_enabled_false_renders_no_test_pod(helm_bin):

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metax_operator.hooks import bootstrap, cleanup, preflight, smoke
 
@@ -110,55 +113,81 @@ def test_prune_keeps_only_what_the_crd_declares():
                    "upgradePolicy": {"pause": False}}}
 
 
+CR_SPEC = {"properties": {"a": {"properties": {"b": {}}}, "driver": {"properties": {
+    "deploy": {}, "upgradePolicy": {"properties": {"pause": {}, "enableRollout": {}}},
+    "payload": {"properties": {"version": {}}}}}}}
+
+
 def controls(pause: bool, enable: bool) -> dict:
     return {"driver": {"deploy": True, "upgradePolicy": {"pause": pause, "enableRollout": enable}}}
 
 
-def live_cr(spec: dict, recorded: dict | None) -> dict:
-    annotations = {}
-    if recorded is not None:
-        annotations[bootstrap.CONTROLS_ANNOTATION] = (
-            '{"driver.upgradePolicy.enableRollout":%s,"driver.upgradePolicy.pause":%s}'
-            % (str(recorded["enableRollout"]).lower(), str(recorded["pause"]).lower()))
+def live_cr(spec: dict, applied: dict | None) -> dict:
+    """A live CR holding `spec`, bootstrapped last with `applied` (None: no record)."""
+    annotations = {} if applied is None else {bootstrap.APPLIED_ANNOTATION: json.dumps(applied)}
     return {"metadata": {"name": "cluster-operator", "annotations": annotations}, "spec": spec}
 
 
-def test_first_bootstrap_applies_every_control_and_records_them():
-    manifest, notes = bootstrap.desired(controls(False, True), None, {})
-    assert manifest["spec"]["driver"]["upgradePolicy"] == {"pause": False, "enableRollout": True}
-    assert manifest["metadata"]["annotations"][bootstrap.CONTROLS_ANNOTATION] == \
-        '{"driver.upgradePolicy.enableRollout":true,"driver.upgradePolicy.pause":false}'
-    assert notes == []
+def test_first_bootstrap_applies_everything_and_records_it():
+    merge = bootstrap.desired(controls(False, True), None, {}, CR_SPEC)
+    assert merge.manifest["spec"] == controls(False, True)
+    assert json.loads(merge.manifest["metadata"]["annotations"][bootstrap.APPLIED_ANNOTATION]) == controls(False, True)
+    assert merge.kept == merge.overridden == []
 
 
-def test_control_changed_at_run_time_and_not_in_values_is_left_out():
-    live = live_cr(controls(True, False), {"pause": False, "enableRollout": True})
-    manifest, notes = bootstrap.desired(controls(False, True), live, {})
-    assert manifest["spec"]["driver"]["upgradePolicy"] == {}
-    assert len(notes) == 2 and "spec.driver.upgradePolicy.pause kept at true" in notes[0]
+def test_a_run_time_edit_the_values_did_not_change_is_left_out():
+    live = live_cr(controls(True, False), controls(False, True))
+    merge = bootstrap.desired(controls(False, True), live, {}, CR_SPEC)
+    assert merge.manifest["spec"] == {"driver": {"deploy": True}}
+    assert [c.kept() for c in merge.kept][0] == ("spec.driver.upgradePolicy.pause kept at true "
+                                                 "(changed at run time; the values did not change it)")
+    assert merge.overridden == []
     # the record keeps what the values say, so the next values change is seen as one
-    assert '"driver.upgradePolicy.pause":false' in manifest["metadata"]["annotations"][bootstrap.CONTROLS_ANNOTATION]
+    assert json.loads(merge.manifest["metadata"]["annotations"][bootstrap.APPLIED_ANNOTATION]) == controls(False, True)
 
 
-def test_values_that_change_a_control_win():
-    live = live_cr(controls(True, True), {"pause": False, "enableRollout": True})
-    manifest, notes = bootstrap.desired(controls(False, False), live, {})
+def test_values_that_change_an_edited_field_win_and_say_so():
+    live = live_cr(controls(True, True), controls(False, True))
+    merge = bootstrap.desired(controls(False, False), live, {}, CR_SPEC)
     # enableRollout changed in the values (true -> false): applied; pause did not: left to the admin
-    assert manifest["spec"]["driver"]["upgradePolicy"] == {"enableRollout": False}
-    assert [n.split(" kept")[0] for n in notes] == ["spec.driver.upgradePolicy.pause"]
+    assert merge.manifest["spec"]["driver"]["upgradePolicy"] == {"enableRollout": False}
+    assert [c.field for c in merge.kept] == ["spec.driver.upgradePolicy.pause"]
+    assert merge.overridden == []  # the live enableRollout was the recorded one: no edit lost
+    live = live_cr({"driver": {"payload": {"version": "2.33.0.9"}}}, {"driver": {"payload": {"version": "2.32.0.6"}}})
+    merge = bootstrap.desired({"driver": {"payload": {"version": "2.34.0.1"}}}, live, {}, CR_SPEC)
+    assert [c.overridden() for c in merge.overridden] == [
+        'spec.driver.payload.version set from "2.33.0.9" to "2.34.0.1" by the values (a run-time edit overridden)']
 
 
-def test_untouched_controls_stay_in_the_apply():
-    live = live_cr(controls(False, True), {"pause": False, "enableRollout": True})
-    manifest, notes = bootstrap.desired(controls(False, True), live, {})
-    assert manifest["spec"]["driver"]["upgradePolicy"] == {"pause": False, "enableRollout": True}
-    assert notes == []
+def test_an_older_charts_record_of_the_controls_still_protects_them():
+    live = {"metadata": {"annotations": {bootstrap.CONTROLS_ANNOTATION:
+                                         '{"driver.upgradePolicy.enableRollout":true,"driver.upgradePolicy.pause":false}'}},
+            "spec": controls(True, True)}
+    merge = bootstrap.desired(controls(False, True), live, {}, CR_SPEC)
+    assert [c.field for c in merge.kept] == ["spec.driver.upgradePolicy.pause"]
 
 
 def test_desired_does_not_modify_its_input():
     spec = controls(False, True)
-    bootstrap.desired(spec, live_cr(controls(True, True), {"pause": False, "enableRollout": True}), {})
+    bootstrap.desired(spec, live_cr(controls(True, True), controls(False, True)), {}, CR_SPEC)
     assert spec == controls(False, True)
+
+
+_leaf = st.sampled_from([1, 2, 3, None])  # None: the field is absent
+
+
+@given(recorded=_leaf, values=st.sampled_from([1, 2, 3]), live=_leaf)
+def test_three_way_merge_of_one_field(recorded, values, live):
+    """Values unchanged since the record: the live value (or its absence) stays; changed: the
+    values win, and an override of a live value that was neither is reported."""
+    wrap = lambda v: {} if v is None else {"a": {"b": v}}  # noqa: E731
+    merge = bootstrap.desired(wrap(values), live_cr(wrap(live), wrap(recorded)), {}, CR_SPEC)
+    result = bootstrap.merged_spec(merge, live_cr(wrap(live), None), CR_SPEC).get("a", {}).get("b")
+    if recorded == values:  # a deletion at run time is an edit too
+        assert result == live and bool(merge.kept) == (live != values)
+    else:
+        assert result == values and not merge.kept
+    assert bool(merge.overridden) == (recorded != values and live not in (values, recorded))
 
 
 # --- cleanup: exactly our node keys -------------------------------------------------------------
@@ -213,7 +242,7 @@ def test_configmap_problems_are_one_line_each():
 @pytest.fixture
 def metrics_server():
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200 if self.path == "/metrics" else 404)
             self.end_headers()
 

@@ -126,7 +126,7 @@ def test_skopeo_copies_it_keeping_its_digest(tools_image, tmp_path):
 
 def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):
     created = [calendar.timegm(time.strptime(h["created"], "%Y-%m-%dT%H:%M:%SZ")) for h in image.config["history"]]
-    for layer, epoch in zip(image.layers, created):
+    for layer, epoch in zip(image.layers, created, strict=True):
         names = list(layer)
         assert names == sorted(names, key=lambda name: name.split("/"))
         for info, _ in layer.values():

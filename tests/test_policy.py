@@ -36,7 +36,7 @@ def test_worked_examples_targets_and_caps(case):
     assert targets == [e["target"] for e in case["expect"]]
     # each step's batches are its cap repeated, then the remainder
     previous = 0
-    for cap, target, expect in zip(policy.caps(case["nodes"]), targets, case["expect"]):
+    for cap, target, expect in zip(policy.caps(case["nodes"]), targets, case["expect"], strict=True):
         delta = target - previous
         assert expect["deletions"] == [cap] * (delta // cap) + ([delta % cap] if delta % cap else [])
         previous = target

@@ -1,4 +1,4 @@
-"""The rollout decision function, rule by rule (DESIGN.md section 5), on hand-built observations.
+"""The rollout decision function, rule by rule (docs/rollout.md), on hand-built observations.
 
 `Cluster` is a tiny stand-in for the DaemonSet under OnDelete that the test steps by hand: the
 engine's deletions replace pods at the current revision, and the test says when they are Ready

@@ -232,7 +232,8 @@ class Builder:
         os.chmod(app / "usr/local", local.stat().st_mode)  # the layer must not change /usr/local itself
         os.chown(app / "usr/local", local.stat().st_uid, local.stat().st_gid)
         # The base's python3 compiles, in a mount namespace where the cached base is read-only.
-        compile_all = (f"env -i PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH={self.epoch} {INTERPRETER} -m compileall -q -f"
+        compile_all = (f"env -i PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH={self.epoch} "
+                       f"{INTERPRETER} -m compileall -q -f"
                        f" --invalidation-mode checked-hash {scheme['purelib']}")
         run(["unshare", "--mount", "--propagation", "private", "sh", "-euc",
              'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; mount --bind "$2" "$1/usr/local";'
@@ -312,7 +313,8 @@ def lock() -> None:
         src = Path(tmp) / "src"
         shutil.copytree(SOURCES, src / SOURCES.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO / "pyproject.toml", src)
-        run([sys.executable, "-m", "pip", "lock", "--quiet", "--only-binary", ":all:", "--output", Path(tmp) / "pylock.toml", src])
+        run([sys.executable, "-m", "pip", "lock", "--quiet", "--only-binary", ":all:",
+             "--output", Path(tmp) / "pylock.toml", src])
         text = (Path(tmp) / "pylock.toml").read_text().replace('path = "src"', 'path = "../.."')  # the repository root
     LOCK.write_text(text)
     step(f"wrote {LOCK.relative_to(REPO)}: {len(locked_wheels())} wheels")

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as err:
         return _report(err)
-    except Exception as err:  # noqa: BLE001 - only the API's failures are the user's; the rest re-raised
+    except Exception as err:  # only the API's failures are the user's; the rest re-raised
         kube = sys.modules.get("metax_operator.kube")  # imported only by the commands that use the API
         problem = kube.api_problem(err) if kube else None
         if problem is None:

@@ -79,7 +79,7 @@ class Health:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+    def do_GET(self) -> None:  # the http.server API
         metrics = self.server.metrics
         if metrics is not None and self.path.split("?", 1)[0] == "/metrics":
             data, content_type = metrics.exposition()
@@ -104,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - probes every few seconds: no log
+    def log_message(self, format: str, *args) -> None:  # probes every few seconds: no log
         pass
 
 

@@ -139,7 +139,7 @@ class Informer:
         store: dict[str, Any] = {}
         token, version = None, ""
         while True:
-            page = with_backoff(lambda: self._get({
+            page = with_backoff(lambda token=token: self._get({
                 "labelSelector": self.label_selector, "fieldSelector": self.field_selector,
                 "limit": PAGE_SIZE, "continue": token}), self.api.backoff)
             self.stats.list_requests += 1

@@ -118,7 +118,7 @@ def with_backoff(fn: Callable[[], T], backoff: Backoff = Backoff(),
     for delay in backoff.delays():
         try:
             return fn()
-        except Exception as err:  # noqa: BLE001 - filtered just below
+        except Exception as err:  # filtered just below
             if not is_transient(err):
                 raise
             hinted = _retry_after(err)

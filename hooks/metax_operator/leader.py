@@ -66,7 +66,7 @@ class LeaseLock:
             if err.status == 404:  # no lease yet: the server answered
                 self.answered_at = time.monotonic()
             return False, err
-        except Exception as err:  # network errors: the library expects an ApiException-like body
+        except Exception as err:  # noqa: BLE001 - network errors: the library expects an ApiException-like body
             return False, _unavailable(err)
         self.answered_at = time.monotonic()
         with self._mutex:
@@ -109,7 +109,7 @@ class LeaseLock:
                 self.api.replace_namespaced_lease(self.name, self.namespace,
                                                   client.V1Lease(metadata=lease.metadata, spec=spec),
                                                   _request_timeout=10)
-            except Exception as err:  # the lease then simply expires
+            except Exception as err:  # noqa: BLE001 - the lease then simply expires
                 event(log, "release-lease-failed", logging.WARNING, lease=self.name, error=str(err))
                 return False
             return True
@@ -134,7 +134,7 @@ class LeaseLock:
                     event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status,
                           reason=err.reason)
                 return False
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - a failed renewal is a lost lease, never a crash
                 event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=str(err))
                 return False
             self.answered_at = time.monotonic()

@@ -71,7 +71,8 @@ def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, 
     deprecated = inputs.deprecated_tolerations
     if deprecated is not None and not _is_list_of_maps(deprecated):
         errors.append(UserError(tolerations_name, "must be a list of tolerations (mappings)",
-                                "write it as in seed §3.2.4, e.g. [{key: key1, operator: Equal, value: value1, effect: NoSchedule}]"))
+                                "write it as in seed §3.2.4, e.g. "
+                                "[{key: key1, operator: Equal, value: value1, effect: NoSchedule}]"))
     if errors:
         raise errors[0] if len(errors) == 1 else UserErrors(errors)
 
@@ -172,7 +173,8 @@ def _checked_spec(pts: object, name: str, errors: list) -> dict | None:
         where = f"{name}.spec.{key}"
         if key not in MANAGED_FIELDS:
             errors.append(UserError(where, "is not supported: only nodeSelector, affinity and tolerations "
-                                    "are managed (seed table 3.15)", "remove it, or set it in the chart's values for that component if it has one"))
+                                    "are managed (seed table 3.15)",
+                                    "remove it, or set it in the chart's values for that component if it has one"))
         elif key == "nodeSelector" and not (value is None or isinstance(value, dict) and all(
                 isinstance(v, str) for v in value.values())):
             errors.append(UserError(where, "must be a mapping of label names to string values",

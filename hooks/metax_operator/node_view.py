@@ -107,7 +107,7 @@ def render(view: View, output: str = "table") -> str:
         _maca(r), ",".join(r.vfio_bound) + (f" (failed: {','.join(r.vfio_failed)})" if r.vfio_failed else "") or "-",
     ] for r in view.nodes]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if not view.nodes:
         lines.append(f"(no node is labelled {workloads.GPU_NODE_LABEL}=true)")
     lines.append(f"current driver revision: {view.current_driver_revision or '(no driver ControllerRevision)'}")

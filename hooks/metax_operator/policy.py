@@ -105,7 +105,7 @@ class Policy:
 
     def tolerations(self, nodes: int) -> list[int]:
         """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
-        return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes))]
+        return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes), strict=True)]
 
     def last_step_problem(self, nodes: int) -> str | None:
         """Why the last step cannot upgrade all `nodes` pods (an int below N), or None."""
@@ -209,8 +209,7 @@ def _node_safety_problems(policy: Mapping, path: str) -> list[UserError]:
 def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> list[UserError]:
     if steps is None or steps == []:
         if enabled:
-            return [UserError(path, "is empty while enableRollout is true",
-                              "add at least one step, the last with replicas: \"100%\"")]
+            return [empty_steps(path)]
         return []
     if not isinstance(steps, list):
         return [UserError(path, f"must be a list of steps, not {_kind(steps)}",
@@ -236,22 +235,17 @@ def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> l
             replicas = _int_or_percent(step, "replicas", where, errors, minimum=1)
             if replicas and previous and replicas.percent == previous.percent \
                     and replicas.value < previous.value:
-                errors.append(UserError(f"{where}.replicas",
-                                        f"{replicas} is below the previous step's {previous}",
-                                        "targets count upgraded pods in total, so make each step's replicas "
-                                        "at least the previous one's"))
+                errors.append(falling_replicas(where, replicas, previous))
             previous = replicas or None
             if i == len(steps) - 1 and replicas:
                 if replicas.percent and replicas.value != 100:
-                    errors.append(UserError(f"{where}.replicas", f"the last step reaches only {replicas}",
-                                            "set the last step's replicas to \"100%\" so every node is upgraded"))
+                    errors.append(last_step_short_percent(where, replicas))
                 elif nodes is not None and (problem := _short_last_step(replicas, nodes)):
                     errors.append(UserError(f"{where}.replicas", problem,
                                             "set the last step's replicas to \"100%\""))
         _int_or_percent(step, "toleration", where, errors)
         if "pause" in step and "pauseDuration" in step:
-            errors.append(UserError(f"{where}.pause", "is given together with pauseDuration",
-                                    "keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)"))
+            errors.append(pause_with_duration(where))
         elif "pause" in step and step["pause"] not in (None, {}, True):
             errors.append(UserError(f"{where}.pause", f"must be empty or {{}}, not {step['pause']!r}",
                                     "write `pause: {}` to wait for the admin, or use pauseDuration: <milliseconds>"))
@@ -262,6 +256,30 @@ def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> l
                                         "leave it empty or {} to wait for the admin, or give milliseconds "
                                         "(10000) or a duration such as \"10s\""))
     return errors
+
+
+# The cross-field rules' wording, one function each: the CRD's CEL rules (admission.py) get their
+# messages from these too, so the API server refuses with the line `validate` prints.
+
+def empty_steps(path: str) -> UserError:
+    return UserError(path, "is empty while enableRollout is true",
+                     "add at least one step, the last with replicas: \"100%\"")
+
+
+def falling_replicas(step: str, replicas: object, previous: object) -> UserError:
+    """`step` is the step's path (`...upgradeSteps[1]`)."""
+    return UserError(f"{step}.replicas", f"{replicas} is below the previous step's {previous}",
+                     "targets count upgraded pods in total, so make each step's replicas at least the previous one's")
+
+
+def last_step_short_percent(step: str, replicas: object) -> UserError:
+    return UserError(f"{step}.replicas", f"the last step reaches only {replicas}",
+                     "set the last step's replicas to \"100%\" so every node is upgraded")
+
+
+def pause_with_duration(step: str) -> UserError:
+    return UserError(f"{step}.pause", "is given together with pauseDuration",
+                     "keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)")
 
 
 def _build(raw: Mapping) -> Policy:

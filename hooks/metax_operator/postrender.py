@@ -54,7 +54,7 @@ def split_documents(text: str) -> list[str]:
     cuts = [m.start() for m in _SEPARATOR.finditer(text)]
     if not cuts or cuts[0] != 0:
         cuts.insert(0, 0)
-    return [text[start:end] for start, end in zip(cuts, cuts[1:] + [len(text)])]
+    return [text[start:end] for start, end in zip(cuts, cuts[1:] + [len(text)], strict=True)]
 
 
 def postrender(text: str) -> tuple[str, list[str]]:

@@ -2,7 +2,7 @@
 
 Functional core, imperative shell: `observe` reads the cluster into an `Observed`; every function
 in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
-without calling the API; `execute` writes. The staged driver rollout (issue 7) plugs in as one
+without calling the API; `execute` writes. The staged driver rollout plugs in as one
 more reconciler.
 
 What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm
@@ -21,6 +21,13 @@ creates or deletes objects):
   staged rollout is still in flight (so a `kubectl edit` of `enableRollout`, as the seed
   documents, takes effect), else the chart's `RollingUpdate` of every pod at once.
 
+Beside the DaemonSets: the `driver-config` and `metax-vfio-config` ConfigMaps get `spec.driver.config`
+and `spec.vfioManager.vfioConfig` when those change in the CR (`reconcile_configmaps`; an admin's
+edit of the ConfigMap itself stays until then), and a CR change only `helm upgrade` can make is
+reported as the condition HelmUpgradeRequired naming the field (`check_helm_owned`: `deploy`,
+the driver's payload init container, the MXMACA image count, the exporter Service's type and
+ports).
+
 Writes are server-side applies as field manager `metax-operator-runner` with `force` (the CR
 wins over what Helm rendered), and only when needed (`needs_write`): a second pass over an
 unchanged CR issues no request that writes.
@@ -34,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from . import images, validation
@@ -59,6 +67,19 @@ CONFIGMAP_PARSERS = {
     ("metax-vfio-config", "config"): validation.parse_vfio_config,
 }
 CONFIGMAPS = sorted({name for name, _ in CONFIGMAP_PARSERS})
+#: The CR field each ConfigMap key holds, and how the chart writes it there (templates/driver/
+#: configmap.yaml, templates/vfio-manager/configmap.yaml).
+CONFIGMAP_FIELDS: dict[tuple[str, str], tuple[tuple[str, ...], Callable[[Any], Any]]] = {
+    ("driver-config", "node-vfnums"): (("driver", "config", "nodeVfnums"), lambda nodes: {"nodes": nodes or {}}),
+    ("driver-config", "module-params"): (("driver", "config", "moduleParams"), lambda params: params or {}),
+    ("driver-config", "node-module-params"): (("driver", "config", "nodeModuleParams"), lambda params: params or {}),
+    ("metax-vfio-config", "config"): (("vfioManager", "vfioConfig"), lambda entries: entries or []),
+}
+#: On each ConfigMap: the CR value (JSON, by key) the runner last wrote there. A key is written
+#: again only when the CR's value differs from it: an admin's edit of the ConfigMap itself stays
+#: until the CR field changes (seed §3.2.6: admins edit these ConfigMaps in place).
+CONFIGMAP_APPLIED = "gpu.metax-tech.com/cr-applied"
+EXPORTER_SERVICE = "metax-data-exporter"
 
 #: `deploy` of a component when the CR leaves it out (values.yaml defaults).
 DEFAULT_DEPLOY = {key: key != "exporter" for key in COMPONENTS}
@@ -89,6 +110,7 @@ class Observed:
     cr: dict | None
     daemonsets: dict[str, dict] = field(default_factory=dict)
     configmaps: dict[str, dict | None] = field(default_factory=dict)
+    service: dict | None = None  # the exporter's Service
 
     @property
     def spec(self) -> dict:
@@ -202,10 +224,63 @@ def check_helm_owned(observed: Observed) -> Outcome:
         if count != len(images):
             needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
                          f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
+    needs += _service_differences(spec, observed.service)
     if needs:
         out.conditions.append(Condition(HELM_UPGRADE, "True", "HelmOwnedChange", "; ".join(needs)))
     else:
         out.conditions.append(Condition(HELM_UPGRADE, "False", "InSync", "nothing in the CR needs helm upgrade"))
+    return out
+
+
+def _service_differences(spec: dict, service: dict | None) -> list[str]:
+    """Where the exporter's Service differs from `spec.exporter.service`: its type and ports are
+    Helm's to change (a type change rebuilds the Service), so the runner reports them."""
+    wanted = (spec.get("exporter") or {}).get("service") or {}
+    if service is None or not wanted:
+        return []
+    live = service.get("spec") or {}
+    port = (live.get("ports") or [{}])[0]
+    kind = wanted.get("type", "ClusterIP")
+    have = {"type": live.get("type", "ClusterIP"), "externalName": live.get("externalName") or ""}
+    want = {"type": kind, "externalName": wanted.get("externalName") or "" if kind == "ExternalName" else ""}
+    if wanted.get("port") is not None and kind in validation.SERVICE_TYPES_WITH_PORT:
+        have["port"] = port.get("nodePort" if kind == "NodePort" else "port")
+        want["port"] = wanted["port"]
+    return [f"spec.exporter.service.{key} is {json.dumps(want[key])} but Service {EXPORTER_SERVICE} has "
+            f"{json.dumps(have[key])}: run helm upgrade with the same exporter.service.{key}"
+            for key in want if want[key] != have[key]]
+
+
+def reconcile_configmaps(observed: Observed) -> Outcome:
+    """Write a CR field into its ConfigMap key when the field changed since the runner last wrote
+    it (`CONFIGMAP_APPLIED`); the first pass only records (the ConfigMap may hold an admin's edit)."""
+    out = Outcome()
+    if observed.cr is None or spec_errors(observed.spec):  # an invalid spec is reported, not applied
+        return out
+    for name in CONFIGMAPS:
+        cm = observed.configmaps.get(name)
+        if cm is None:
+            continue
+        try:
+            recorded = json.loads((cm["metadata"].get("annotations") or {})[CONFIGMAP_APPLIED])
+        except (KeyError, ValueError):
+            recorded = None
+        record, data, changed = {}, {}, []
+        for (cm_name, key), (path, shape) in CONFIGMAP_FIELDS.items():
+            if cm_name != name:
+                continue
+            value = _get(observed.spec, path)
+            record[key] = json.dumps(value, sort_keys=True)
+            if recorded is not None and recorded.get(key) != record[key]:
+                data[key] = yaml.safe_dump(shape(value), sort_keys=False)
+                changed.append("spec." + ".".join(path))
+        if recorded != record:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": observed.namespace,
+                                 "annotations": {CONFIGMAP_APPLIED: json.dumps(record, sort_keys=True)}}}
+            if data:
+                body["data"] = data
+            out.applies.append(Apply(body, tuple(changed)))
     return out
 
 
@@ -233,7 +308,8 @@ def check_configmaps(observed: Observed) -> Outcome:
 
 
 #: One pass = these, in order. Each takes the observed state and returns what it wants done.
-RECONCILERS: list[Callable[[Observed], Outcome]] = [reconcile_daemonsets, check_helm_owned, check_configmaps]
+RECONCILERS: list[Callable[[Observed], Outcome]] = [reconcile_daemonsets, reconcile_configmaps, check_helm_owned,
+                                                    check_configmaps]
 
 
 def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
@@ -496,7 +572,7 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
         entries = payload.get("images")
         containers = _payload_containers(live)
         if registry and entries is not None and len(entries) == len(containers):
-            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries)]
+            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries, strict=False)]
     return []
 
 
@@ -551,7 +627,7 @@ def observe(api: Client, namespace: str) -> Observed:
         if COMPONENTS.get(key) == ds["metadata"]["name"]:
             daemonsets[key] = ds
     configmaps = {name: api.get("v1", "ConfigMap", name, namespace) for name in CONFIGMAPS}
-    return Observed(namespace, cr, daemonsets, configmaps)
+    return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
 
 
 def merge_conditions(existing: list[dict], wanted: list[Condition], generation: int | None,
@@ -643,17 +719,19 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     return writes
 
 
-def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "") -> bool:
-    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows). The API server
-    keeps events of cluster-scoped objects in namespace `default`. Best effort, as client-go's
-    recorder: a failed event is logged, never fails the pass."""
+def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "",
+               component: str = FIELD_MANAGER) -> bool:
+    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
+    (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
+    namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never
+    fails the pass."""
     body = {"apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
             "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
                                "uid": cr["metadata"].get("uid")},
             "type": kind, "reason": reason, "message": message[:1024],
-            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "reportingInstance": identity or FIELD_MANAGER,
+            "source": {"component": component}, "reportingComponent": component,
+            "reportingInstance": identity or component,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
     try:
         api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)

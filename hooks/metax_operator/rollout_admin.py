@@ -117,7 +117,7 @@ def render(cr: dict, output: str = "table") -> str:
              f"upgraded {upgraded}/{total}   pause: {str(policy.pause).lower()}   "
              f"enableRollout: {str(policy.enable_rollout).lower()}"]
     rows = [("STEP", "TARGET", "UPGRADED", "AFTER", "STATE")]
-    for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total))):
+    for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
         after = "wait for admin" if step.pause_ms is None else f"{step.pause_ms} ms"
         if state == rollout.COMPLETED or i < index:
             cell = "done"
@@ -127,7 +127,7 @@ def render(cr: dict, output: str = "table") -> str:
             cell = "pending"
         rows.append((str(i), f"{target} ({step.replicas})", str(min(upgraded, target)), after, cell))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if resume.get("wave"):
         lines.append(f"Wave ({resume.get('waveKind') or 'upgrade'}, since {resume.get('waveStartTime', '-')}): "
                      + ", ".join(resume["wave"]))

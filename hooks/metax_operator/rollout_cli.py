@@ -69,7 +69,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 def wave_count(policy: policy_mod.Policy, nodes: int) -> int:
     """The waves the policy deletes pods in on `nodes` nodes with no failure."""
     targets, caps = policy.targets(nodes), policy.caps(nodes)
-    return sum(-(-(target - previous) // cap) for target, previous, cap in zip(targets, [0, *targets], caps))
+    return sum(-(-(target - previous) // cap) for target, previous, cap in zip(targets, [0, *targets], caps, strict=False))
 
 
 def load_policy(path: str) -> tuple[object, str]:
@@ -100,7 +100,7 @@ def _table(result: Result, policy: policy_mod.Policy, args: argparse.Namespace) 
              f"pod Ready after {_duration(args.ready_latency)}, runner pass every {_duration(args.interval)}"]
     if not policy.enable_rollout:
         lines.append("(enableRollout is false in this policy: shown as if it were true)")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     manual = sum(1 for rec in result.steps if rec.after == "manual")
     waves = sum(len(rec.deletions) for rec in result.steps)
     lines.append(f"Estimated duration: {_duration(result.end_time)} ({waves} waves"

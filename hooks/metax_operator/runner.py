@@ -139,7 +139,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
                         help="seconds one iteration of the loop (a pass, API retries included) may run "
                              "before /healthz fails (default 300)")
-    parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
+    jsonlog.add_arguments(parser)
     add_arguments(parser)
     parser.set_defaults(func=_main)
 
@@ -157,7 +157,7 @@ def _main(args: argparse.Namespace) -> int:
     _check(args)
     api = Client.from_args(args)
     api.server_version()  # an API server that cannot be reached is a one-line error now, not a loop of them
-    jsonlog.setup(args.log_level)
+    jsonlog.setup(args.log_level, args.log_format)
     identity = args.identity or default_identity()
     lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
     elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)

@@ -45,6 +45,44 @@ def dependency_problem(component: str, prerequisite: str) -> UserError:
                      f"set {prerequisite}.deploy=true or {component}.deploy=false")
 
 
+# The cross-field rules' wording, one function each (admission.py builds the CRD's CEL messages
+# from them too).
+
+def registry_missing() -> UserError:
+    return UserError("registry", "is required", "set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax")
+
+
+def payload_version_missing() -> UserError:
+    return UserError("driver.payload.version", "is required unless driver.deployPolicy is Never",
+                     "set the driver version, e.g. --set driver.payload.version=2.32.0.6")
+
+
+def node_port_range_backwards(ports: object) -> UserError:
+    return UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
+                     "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range")
+
+
+def node_port_outside_range(port: object, ports: object) -> UserError:
+    return UserError("exporter.service.port", f"{port} is outside the node port range {ports}",
+                     "use a port in the range, leave it empty to let Kubernetes choose, or set "
+                     "exporter.service.nodePortRange to the cluster's --service-node-port-range")
+
+
+def port_with_type(kind: object) -> UserError:
+    return UserError("exporter.service.port", f"is only valid with type NodePort or LoadBalancer, not {kind}",
+                     "remove the port, or set exporter.service.type=NodePort or LoadBalancer")
+
+
+def external_name_missing() -> UserError:
+    return UserError("exporter.service.externalName", "is required with type ExternalName",
+                     "set it to the DNS name the Service points to")
+
+
+def external_name_with_type(kind: object) -> UserError:
+    return UserError("exporter.service.externalName", f"is only valid with type ExternalName, not {kind}",
+                     "remove it, or set exporter.service.type=ExternalName")
+
+
 def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
     """Check merged chart values as `helm template` does; raise `UserErrors` listing every problem."""
     _raise(values_problems(values, schema))
@@ -83,8 +121,7 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     """Rules shared by values and the CR spec (the CR spec is the values less chart settings)."""
     errors: list[UserError] = []
     if not values.get("registry"):
-        errors.append(UserError("registry", "is required",
-                                "set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax"))
+        errors.append(registry_missing())
     for component, prerequisites in DEPENDENCIES.items():
         if _deployed(values, component):
             errors += [dependency_problem(component, p) for p in prerequisites
@@ -92,8 +129,7 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     driver = values.get("driver") or {}
     if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" \
             and not (driver.get("payload") or {}).get("version"):
-        errors.append(UserError("driver.payload.version", "is required unless driver.deployPolicy is Never",
-                                "set the driver version, e.g. --set driver.payload.version=2.32.0.6"))
+        errors.append(payload_version_missing())
     errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
     errors += driver_config_problems(driver.get("config") or {}, "driver.config")
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [],
@@ -135,21 +171,15 @@ def _service_problems(service: Mapping) -> list[UserError]:
     if not (low.isdigit() and high.isdigit()):  # the schema and the CRD require it, in this format
         pass
     elif int(low) > int(high) or int(high) > 65535:
-        errors.append(UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
-                                "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range"))
+        errors.append(node_port_range_backwards(ports))
     elif kind == "NodePort" and port is not None and not int(low) <= port <= int(high):
-        errors.append(UserError("exporter.service.port", f"{port} is outside the node port range {ports}",
-                                "use a port in the range, leave it empty to let Kubernetes choose, or set "
-                                "exporter.service.nodePortRange to the cluster's --service-node-port-range"))
+        errors.append(node_port_outside_range(port, ports))
     if service.get("port") is not None and kind not in SERVICE_TYPES_WITH_PORT:
-        errors.append(UserError("exporter.service.port", f"is only valid with type NodePort or LoadBalancer, not {kind}",
-                                "remove the port, or set exporter.service.type=NodePort or LoadBalancer"))
+        errors.append(port_with_type(kind))
     if kind == "ExternalName" and not service.get("externalName"):
-        errors.append(UserError("exporter.service.externalName", "is required with type ExternalName",
-                                "set it to the DNS name the Service points to"))
+        errors.append(external_name_missing())
     if kind != "ExternalName" and service.get("externalName"):
-        errors.append(UserError("exporter.service.externalName", f"is only valid with type ExternalName, not {kind}",
-                                "remove it, or set exporter.service.type=ExternalName"))
+        errors.append(external_name_with_type(kind))
     return errors
 
 
@@ -366,7 +396,8 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]
                           f"use {hint}" if hint else "write it in Go (RE2) syntax")]
     if kind in ("minimum", "maximum"):
         word = "at least" if kind == "minimum" else "at most"
-        return [UserError(field, f"{value!r} is out of range", f"use {hint}" if hint else f"use a number {word} {error.validator_value}")]
+        fix = f"use {hint}" if hint else f"use a number {word} {error.validator_value}"
+        return [UserError(field, f"{value!r} is out of range", fix)]
     if hint:
         return [UserError(field, f"{value!r} is not valid", f"use {hint}")]
     return [UserError(field, f"{value!r} is not valid: {error.message}")]

@@ -57,8 +57,11 @@ def pending(pods: dict[str, dict], components: list[str]) -> dict[str, str]:
     return why
 
 
+WAIT_BACKOFF = Backoff(attempts=MAX_FAILURES, base=0.5, cap=30.0)
+
+
 def wait_for(api: Client, namespace: str, node: str, components: list[str], timeout: float = 0,
-             backoff: Backoff = Backoff(attempts=MAX_FAILURES, base=0.5, cap=30.0)) -> bool:
+             backoff: Backoff = WAIT_BACKOFF) -> bool:
     """Block until every component's pod on `node` is Ready: True, or False after `timeout` (0 = none).
 
     Raises the last API error after MAX_FAILURES consecutive failures.
@@ -107,7 +110,7 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
                 if not pending(pods, components):
                     break
             failures, delays = 0, iter(())
-        except Exception as err:  # noqa: BLE001 - transient ones retried below, others raised
+        except Exception as err:  # transient ones retried below, others raised
             if isinstance(err, ApiException) and err.status == 410:  # our version is too old: list again
                 version = None
                 continue
@@ -140,13 +143,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"a prerequisite's values key ({', '.join(COMPONENTS)}); repeat for several")
     parser.add_argument("--timeout", type=bounded(float, 0, 7 * 86400), default=0,
                         help="give up (exit 1) after this many seconds; 0 (default) waits as long as it takes")
-    parser.add_argument("--log-level", default="info", help="debug, info, warn or error")
+    jsonlog.add_arguments(parser)
     add_arguments(parser)
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    jsonlog.setup(args.log_level)
+    jsonlog.setup(args.log_level, args.log_format)
     unknown = [c for c in args.component if c not in COMPONENTS]
     if unknown:
         raise UserError("--component", f"{', '.join(unknown)} is not a component",

@@ -92,7 +92,7 @@ def many_documents(text: str, count: int) -> str:
     while len(out) < count:
         copy = len(out) // len(documents)
         for document in documents[:count - len(out)]:
-            out.append(re.sub(r"(?m)^(  name: )(\S+)", lambda m: f"{m.group(1)}{m.group(2)}-{copy}", document,
+            out.append(re.sub(r"(?m)^(  name: )(\S+)", lambda m, copy=copy: f"{m.group(1)}{m.group(2)}-{copy}", document,
                               count=1))
     return "---\n" + "---\n".join(out)
 

@@ -1,7 +1,7 @@
 """Rollout engine figures at 10,000 nodes: cost of one decision, API actions per pass, and the
 simulated duration of the seed's 100-node policy scaled to 10,000 nodes against the ideal schedule.
 
-Targets (issue 5): one decision <= 0.2 s CPU and <= 100 MB peak; the simulated rollout within one
+Targets: one decision <= 0.2 s CPU and <= 100 MB peak; the simulated rollout within one
 loop interval per wave of the ideal (sum of waves x pod-ready latency + timed pauses).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def scaled_rollout() -> None:
     pauses = sum(s.after / 1000 for s in result.steps[:-1] if s.after != "manual")
     ideal = waves * LATENCY + pauses
     # time spent waiting for the admin's answer to a manual pause is not the engine's
-    admin_wait = sum(nxt.started - s.ready for s, nxt in zip(result.steps, result.steps[1:]) if s.after == "manual")
+    admin_wait = sum(nxt.started - s.ready for s, nxt in zip(result.steps, result.steps[1:], strict=False) if s.after == "manual")
     measured = result.steps[-1].ready - admin_wait
     actions = [a for a in result.actions_per_pass if a]
     print(f"seed 001 scenario 2 scaled to {NODES} nodes (pod Ready after {LATENCY:.0f} s, pass every {INTERVAL:.0f} s):")

@@ -30,11 +30,15 @@ def tools_api(tools_cluster):
 
 @pytest.fixture
 def clean_slate(tools_cluster, tools_api):
-    """Whatever the test leaves (a failed install's release and hook objects, the CRD Helm keeps,
-    the namespace) is removed after it, and the GPU nodes get their gpu-label label back (the
-    cleanup hook removes it; on a real cluster gpu-label's pods set it again)."""
+    """Whatever the test leaves is removed after it (`remove_leftovers`)."""
     yield
-    cluster, api = tools_cluster, tools_api
+    remove_leftovers(tools_cluster, tools_api)
+
+
+def remove_leftovers(cluster, api) -> None:
+    """Remove what a test of the release may leave (a failed install's release and hook objects,
+    the CRD Helm keeps, the namespace), and give the GPU nodes their gpu-label label back (the
+    cleanup hook removes it; on a real cluster gpu-label's pods set it again)."""
     for release in cluster.helm("helm3", "list", "-n", NS, "-q").stdout.split():
         cluster.helm("helm3", "uninstall", release, "-n", NS, "--no-hooks", "--wait")
     custom, rbac = client.CustomObjectsApi(api), client.RbacAuthorizationV1Api(api)

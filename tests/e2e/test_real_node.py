@@ -19,7 +19,7 @@ def host_network() -> dict[str, str]:
     show = {name: subprocess.run(command, capture_output=True, text=True).stdout for name, command in {
         "links": ["ip", "-o", "link", "show"], "addresses": ["ip", "-o", "addr", "show"],
         "routes": ["ip", "route", "show", "table", "all"], "iptables": ["iptables-save"]}.items()}
-    show["iptables"] = "\n".join(l for l in show["iptables"].splitlines() if not l.startswith(("#", ":")))
+    show["iptables"] = "\n".join(line for line in show["iptables"].splitlines() if not line.startswith(("#", ":")))
     return show
 
 

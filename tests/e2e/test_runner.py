@@ -25,8 +25,8 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
-from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, release_values,
-                             service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, log_entries,
+                             release_values, service_account_kubeconfig, uninstall_chart)
 
 pytestmark = pytest.mark.e2e
 
@@ -62,16 +62,8 @@ class Runner:
              str(LEASE["renew"]), "--retry-period", str(LEASE["retry"]), "--log-level", "debug", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
 
-    def lines(self, action: str | None = None) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if action is None or entry.get("action") == action:
-                out.append(entry)
-        return out
+    def lines(self, action: str) -> list[dict]:
+        return log_entries(self.log_path, action)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,19 +15,24 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from metax_operator.kube import Backoff
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (METAX, bootstrap, eventually, install_chart, log_entries, release_values,
-                             service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (METAX, bootstrap, consistently, eventually, install_chart, log_entries,
+                             release_values, service_account_kubeconfig, uninstall_chart)
 
 pytestmark = pytest.mark.e2e
 
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
+# The rollout's caches, then the workload check's.
 CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "node-need-reboot",
           "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
+# A pass the API server refuses fails within one call's retries: Backoff's sleeps at their longest
+# (7.75 s), plus a second for the refused requests themselves.
+REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2 ** n) for n in range(Backoff.attempts - 1)) + 1
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +107,6 @@ def start(installed, relay, tmp_path):
         runner.stop()
 
 
-def consistently(check, seconds: float, what: str, interval: float = 0.3) -> None:
-    """`check()` stays truthy for `seconds` (polled every `interval`)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        assert check(), f"{what}: it did not hold"
-        time.sleep(interval)
-
-
 def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(relay, start):
     runner = start(stall_timeout=60)
     ready = runner.until("/readyz", 200, 60, "the runner to lead with its caches synced", caches=True)
@@ -130,8 +126,9 @@ def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(r
     eventually(lambda: (body := runner.get("/readyz")[1])["lastApiAnswerSeconds"] >= 4
                and "failing" in body["caches"].values(), 30, "both the lease and the caches to see it")
     # Alive all along: it lost the lease, and its loop goes on as a follower's.
-    consistently(lambda: (r := runner.get("/healthz"))[0] == 200 and r[1]["iterationRunningSeconds"] < 5, 10,
-                 "/healthz to pass")
+    consistently(lambda: (r := runner.get("/healthz"))[0] == 200 and r[1]["iterationRunningSeconds"] < REFUSED_PASS,
+                 lambda: runner.get("/readyz")[1]["lastApiAnswerSeconds"] >= 4 + 10, 30,
+                 "/healthz to pass while the API server is out of reach for 10 s more")
     assert runner.lines("lease-lost")
 
     relay.up()

@@ -11,7 +11,6 @@ components stay on the kwok nodes.
 """
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -20,8 +19,8 @@ from kubernetes import client
 from tests.controlplane import GPU_LABEL, wait_for as eventually
 from tests.e2e.tools import CR, kubectl
 from tests.e2e.userpath import (CHART_OBJECTS, CRD, GPU_NODES, NS, POLICY, TOOLS_UID, PodWatch,
-                                assert_ran_as_tools_pod, driver_pods, get_cr, ok, runner_pod, seed_install,
-                                terminated, upgrade_status)
+                                assert_ran_as_tools_pod, driver_pods, get_cr, ok, runner_log, runner_pod,
+                                seed_install, terminated, upgrade_status)
 from tests.realnode import NODE_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
@@ -37,12 +36,6 @@ def conditions(api) -> dict[str, str]:
     return {c["type"]: c["status"] for c in ((get_cr(api) or {}).get("status") or {}).get("conditions") or []}
 
 
-def runner_log(cluster) -> list[dict]:
-    """The runner's JSON log lines, read as a user does (`kubectl logs`, through the kubelet)."""
-    out = kubectl(cluster.cp, "logs", "-n", NS, "deployment/metax-operator-runner")
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
 def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tools_api, clean_slate, tmp_path, which):
     cluster, api = tools_cluster, tools_api
@@ -53,7 +46,7 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     # The seed's install command: every hook runs, as a pod of the tools image on the real node.
     release = release_name(ok(seed_install(cluster, which, values)))
     for hook in ("preflight", "upgrade-crds", "bootstrap"):
-        eventually(lambda: [p for p in pods.hook(hook) if terminated(p)], 30, f"the {hook} hook's pod seen ended")
+        eventually(lambda hook=hook: [p for p in pods.hook(hook) if terminated(p)], 30, f"the {hook} hook's pod seen ended")
         for pod in pods.hook(hook):
             assert_ran_as_tools_pod(pod, cluster)
 

@@ -10,6 +10,7 @@ scheduling values, while every MetaX component stays on kwok nodes.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from kubernetes import client, watch
 
 from tests import registry
 from tests.controlplane import ControlPlane
-from tests.e2e.tools import CR
+from tests.e2e.tools import CR, kubectl
 from tests.helm import BIN
 from tests.realnode import NODE_NAME, TOOLS_NODE
 
@@ -171,6 +172,12 @@ def runner_pod(api) -> client.V1Pod | None:
     pods = [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=RUNNER_PODS).items
             if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
     return pods[0] if len(pods) == 1 else None
+
+
+def runner_log(cluster: ToolsCluster) -> list[dict]:
+    """The runner's JSON log lines, read as a user does (`kubectl logs`, through the kubelet)."""
+    out = kubectl(cluster.cp, "logs", "-n", NS, "deployment/metax-operator-runner")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def driver_pods(api) -> list[client.V1Pod]:

@@ -1,40 +1,46 @@
 """`metax-operator bootstrap`: create or update the `cluster-operator` CR from the values.
 
-Runs as a post-install and post-upgrade hook, and on every Argo CD sync: it must be safe to repeat.
+Runs as a post-install and pre-upgrade hook, and on every Argo CD sync: it must be safe to repeat.
 The spec is the values restricted to what the CRD's spec schema declares (chart-only keys such as
 `image`, `resources`, `runner` are dropped; the schema the API server serves is the authority).
-It is written by server-side apply with the field manager `metax-operator-bootstrap` and `force`,
-so values win for what they set; applying the same values again changes nothing (same
-resourceVersion, same managedFields).
+It is written by server-side apply with the field manager `metax-operator-bootstrap` and `force`;
+applying the same values again changes nothing (same resourceVersion, same managedFields).
 
-Runtime controls (`driver.upgradePolicy.pause` and `.enableRollout`, which admins and the runner
-flip with kubectl during a rollout) have defaults in values.yaml, so "this upgrade does not set
-them" cannot be read from the values alone. The CR records, in the annotation
-`gpu.metax-tech.com/bootstrap-controls`, the values of those fields at the last bootstrap. A
-control is left out of the apply when the values did not change it since then AND the live CR
-holds something else (someone changed it at run time); otherwise it is applied.
+A three-way merge, as Helm's own for the objects it manages: the CR records, in the annotation
+`gpu.metax-tech.com/bootstrap-applied`, the spec the last bootstrap applied. Each field (a leaf
+of the spec; lists are leaves) is then
+- applied from the values where they changed it since that record (or there is no record): the
+  values win; where the live CR held an edit of its own, the override is reported (an Event on
+  the CR and a line of the hook's log: field, old and new value);
+- left out of the apply where the values did not change it and the live CR holds something else
+  (an admin's `kubectl edit`/`patch` at run time): the edit stays;
+- sent unchanged otherwise, so the bootstrap keeps owning it.
 
-Why leaving it out does not delete the admin's value: server-side apply removes a field that an
-applier stops sending only if no other manager owns it. A `kubectl patch`/`edit` (an Update)
-that changes a field takes its ownership from the bootstrap manager, so the field is the
-admin's, and the bootstrap manager's next apply without it leaves it alone. When the live value
-is still the recorded one the field is sent (unchanged), so the bootstrap keeps owning it and a
-repeat run neither deletes nor rewrites it.
+Why leaving a field out does not delete the admin's value: server-side apply removes a field an
+applier stops sending only if no other manager owns it, and an edit (an Update) that changes a
+field takes its ownership from the bootstrap manager.
+
+The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
+does not fit the new values (steps set at run time removed, say, while the values turn
+`enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
+anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import time
+from dataclasses import dataclass, field
 
-from .. import kube
-from ..errors import UserError
+from .. import kube, reconcile, validation
+from ..errors import UserError, UserErrors
 from . import common
 
 FIELD_MANAGER = "metax-operator-bootstrap"
+APPLIED_ANNOTATION = "gpu.metax-tech.com/bootstrap-applied"
+#: Written by chart versions before the three-way merge: the two rollout controls only.
 CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
-#: The runtime controls (seed §3.2.8: the only fields to change during a rollout).
-RUNTIME_CONTROLS = (("driver", "upgradePolicy", "pause"), ("driver", "upgradePolicy", "enableRollout"))
 _MISSING = object()
 
 
@@ -60,52 +66,109 @@ def spec_schema(crd: dict) -> dict:
     return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
-def _get(tree: object, path: tuple[str, ...]) -> object:
-    for key in path:
-        if not isinstance(tree, dict) or key not in tree:
-            return _MISSING
-        tree = tree[key]
-    return tree
+def leaves(tree: dict, schema: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    """Every field of a spec by path, as server-side apply owns them: objects of the schema with
+    `properties` are walked (an empty one says nothing); scalars, lists, maps and Kubernetes
+    shapes such as an affinity (atomic in the CRD: each is replaced whole) are leaves."""
+    out: dict[tuple[str, ...], object] = {}
+    properties = schema.get("properties") or {}
+    for key, value in tree.items():
+        child = properties.get(key, {})
+        if isinstance(value, dict) and child.get("properties") and child.get("x-kubernetes-map-type") != "atomic":
+            out.update(leaves(value, properties[key], prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
 
 
-def _remove(tree: dict, path: tuple[str, ...]) -> None:
-    for key in path[:-1]:
-        tree = tree[key]
-    del tree[path[-1]]
+def _tree(flat: dict[tuple[str, ...], object]) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
 
 
-def desired(spec: dict, live: dict | None, labels: dict[str, str]) -> tuple[dict, list[str]]:
-    """The apply manifest for values spec `spec` given the `live` CR (or None); pure.
-
-    Returns the manifest and one note per runtime control kept at its run-time value.
-    """
-    spec = json.loads(json.dumps(spec))  # a copy we may cut
+def _recorded(live: dict | None, schema: dict) -> dict[tuple[str, ...], object] | None:
+    """What the last bootstrap applied, by path; None when nothing says (a CR created otherwise)."""
     annotations = (live or {}).get("metadata", {}).get("annotations") or {}
     try:
-        recorded = json.loads(annotations.get(CONTROLS_ANNOTATION, "{}"))
-    except ValueError:
-        recorded = {}
-    live_spec = (live or {}).get("spec") or {}
-    record, notes = {}, []
-    for path in RUNTIME_CONTROLS:
-        name = ".".join(path)
-        wanted = _get(spec, path)
-        if wanted is _MISSING:
-            continue
-        record[name] = wanted
-        before, current = recorded.get(name, _MISSING), _get(live_spec, path)
-        if live is not None and before is not _MISSING and wanted == before and current != before:
-            _remove(spec, path)
-            shown = "unset" if current is _MISSING else json.dumps(current)
-            notes.append(f"spec.{name} kept at {shown} (changed at run time; the values did not change it)")
-    manifest = {
+        if APPLIED_ANNOTATION in annotations:
+            return leaves(json.loads(annotations[APPLIED_ANNOTATION]), schema)
+        if CONTROLS_ANNOTATION in annotations:  # an older chart's record: the controls only
+            return {tuple(name.split(".")): value
+                    for name, value in json.loads(annotations[CONTROLS_ANNOTATION]).items()}
+    except (ValueError, AttributeError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """A field the merge decided on: kept at the live value, or overridden by the values."""
+
+    path: tuple[str, ...]
+    live: object
+    values: object
+
+    @property
+    def field(self) -> str:
+        return "spec." + ".".join(self.path)
+
+    def kept(self) -> str:
+        return f"{self.field} kept at {_show(self.live)} (changed at run time; the values did not change it)"
+
+    def overridden(self) -> str:
+        return f"{self.field} set from {_show(self.live)} to {_show(self.values)} by the values (a run-time edit overridden)"
+
+
+def _show(value: object) -> str:
+    return "unset" if value is _MISSING else json.dumps(value, sort_keys=True)
+
+
+@dataclass
+class Merge:
+    """The apply manifest and what the merge kept and overrode."""
+
+    manifest: dict
+    kept: list[Change] = field(default_factory=list)
+    overridden: list[Change] = field(default_factory=list)
+
+
+def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict) -> Merge:
+    """The three-way merge of the values `spec`, the record of the last bootstrap and the `live`
+    CR (None: not there yet), field by field of the CRD's spec `schema`; pure."""
+    wanted = leaves(spec, schema)
+    recorded = _recorded(live, schema) if live is not None else None
+    current = leaves((live or {}).get("spec") or {}, schema)
+    merge = Merge(manifest={})
+    sent = {}
+    for path, value in wanted.items():
+        before, now = (recorded or {}).get(path, _MISSING), current.get(path, _MISSING)
+        if before is _MISSING or value != before:  # new, or changed by the values: they win
+            sent[path] = value
+            if live is not None and now not in (value, before):
+                merge.overridden.append(Change(path, now, value))
+        elif now == before:
+            sent[path] = value
+        else:
+            merge.kept.append(Change(path, now, value))
+    merge.manifest = {
         "apiVersion": common.CR_API_VERSION, "kind": common.CR_KIND,
         "metadata": {"name": common.CR_NAME, "labels": labels,
-                     "annotations": {CONTROLS_ANNOTATION: json.dumps(record, sort_keys=True,
-                                                                     separators=(",", ":"))}},
-        "spec": spec,
+                     "annotations": {APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))}},
+        "spec": _tree(sent),
     }
-    return manifest, notes
+    return merge
+
+
+def merged_spec(merge: Merge, live: dict | None, schema: dict) -> dict:
+    """The spec the CR will have: the live one with the sent fields written over it."""
+    flat = leaves((live or {}).get("spec") or {}, schema)
+    flat.update(leaves(merge.manifest["spec"], schema))
+    return _tree(flat)
 
 
 def served_crd(client: kube.Client, timeout: float) -> dict:
@@ -125,26 +188,41 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
         time.sleep(1)
 
 
-def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 60) -> tuple[dict, list[str]]:
-    """Apply the CR for `values`; returns the CR and the notes of `desired`."""
-    spec = prune(values, spec_schema(served_crd(client, timeout)))
+def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 60) -> tuple[dict, Merge]:
+    """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
+    merge with the kept run-time edits would be invalid (nothing written then)."""
+    schema = spec_schema(served_crd(client, timeout))
+    spec = prune(values, schema)
     labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release,
               "app.kubernetes.io/part-of": "metax-operator"}
 
-    def attempt() -> tuple[dict, list[str]]:
+    def attempt() -> tuple[dict, Merge]:
         live = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
-        manifest, notes = desired(spec, live, labels)
+        merge = desired(spec, live, labels, schema)
+        problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
+        if problems:
+            kept = ", ".join(change.field for change in merge.kept)
+            raise UserErrors([UserError(p.field, p.problem, f"{p.fix} (this upgrade keeps the run-time edits of "
+                                        f"{kept}: set them in the values, or change them with kubectl first)")
+                              for p in problems])
         if live is not None:  # written against what we read: a concurrent edit makes it re-read
-            manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        return client.apply(manifest, field_manager=FIELD_MANAGER, force=True), notes
+            merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        return client.apply(merge.manifest, field_manager=FIELD_MANAGER, force=True), merge
 
-    return kube.retry_on_conflict(attempt)
+    cr, merge = kube.retry_on_conflict(attempt)
+    for change in merge.overridden:
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        reconcile.emit_event(client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now,
+                             component=FIELD_MANAGER)
+    return cr, merge
 
 
 def run(args: argparse.Namespace) -> int:
-    cr, notes = bootstrap(kube.Client.from_args(args), common.load_values(args.values), args.release)
-    for note in notes:
-        print(f"bootstrap: {note}")
+    cr, merge = bootstrap(kube.Client.from_args(args), common.load_values(args.values), args.release)
+    for change in merge.kept:
+        print(f"bootstrap: {change.kept()}")
+    for change in merge.overridden:
+        print(f"bootstrap: {change.overridden()}")
     print(f"bootstrap: {common.CR_KIND} {common.CR_NAME} at resourceVersion "
           f"{cr['metadata']['resourceVersion']}")
     return 0

@@ -14,7 +14,14 @@ Helm deletes what it rendered; this removes the rest:
    pods; once they are gone, its Lease of the same name (the runner creates it, Helm does not
    know it; stopped first, no runner can re-create it);
 6. the `helm test` pod (`--test-pod`): kept after a pass for `helm test --logs`, and Helm never
-   deletes test hooks on uninstall.
+   deletes test hooks on uninstall;
+7. with `--delete-own-rbac NAME`, its own ClusterRole and ClusterRoleBinding NAME. Under Argo CD
+   the cleanup is a PostDelete hook, but its cluster-scoped RBAC cannot be one (Argo CD before
+   3.4 re-creates cluster-scoped PostDelete hooks forever: "already exists", and the
+   Application is never deleted), so the chart renders them as resources Argo CD keeps
+   (`Delete=false`) and this step removes them. The binding is made a dependent of the role
+   (ownerReference), then the role is deleted while the binding still grants that right, and
+   the garbage collector deletes the binding.
 The whole run has one time budget (`--timeout`, which the chart sets to the Job's deadline less
 the time its pod may take to start: docs/hooks.md has the arithmetic for 10,000 nodes); a wait
 that outlasts it ends the run with a line naming what is still there. Every step is idempotent:
@@ -78,15 +85,27 @@ def clean_node(client: kube.Client, node: dict) -> bool:
         return False
     try:
         client.patch("v1", "Node", node["metadata"]["name"], patch)
-    except Exception as err:  # noqa: BLE001 - only a vanished node is expected
+    except Exception as err:  # only a vanished node is expected
         if not kube.is_status(err, 404):
             raise
         return False
     return True
 
 
+def delete_own_rbac(client: kube.Client, name: str) -> bool:
+    """Step 7: delete ClusterRole `name`, ClusterRoleBinding `name` going with it."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    role = client.get(rbac, "ClusterRole", name)
+    if role is None:
+        return False
+    owner = {"apiVersion": rbac, "kind": "ClusterRole", "name": name, "uid": role["metadata"]["uid"]}
+    if client.get(rbac, "ClusterRoleBinding", name) is not None:
+        client.patch(rbac, "ClusterRoleBinding", name, {"metadata": {"ownerReferences": [owner]}})
+    return client.delete(rbac, "ClusterRole", name, uid=owner["uid"])
+
+
 def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: str | None = None,
-            test_pod: str | None = None, timeout: float = 240) -> list[str]:
+            test_pod: str | None = None, timeout: float = 240, own_rbac: str | None = None) -> list[str]:
     """Run the steps of the module docstring within `timeout` seconds; what was done, one line each."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
@@ -101,13 +120,13 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
         waits[f"deleted {kind} {namespace}/{runner} and its pods"] = functools.partial(
             delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground")
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
-        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values())))
+        happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values()), strict=True))
     done = [line for line, deleted in happened.items() if deleted]
     nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
     with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
         cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
     done += [f"removed our labels/annotations from node {node['metadata']['name']}"
-             for node, had in zip(nodes, cleaned) if had]
+             for node, had in zip(nodes, cleaned, strict=True) if had]
     if delete_crd and crd is not None and delete_and_wait(
             client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, left()):
         done.append(f"deleted CRD {common.CRD_NAME}")
@@ -115,12 +134,15 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
         done.append(f"deleted Lease {namespace}/{runner}")
     if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, left()):
         done.append(f"deleted Pod {namespace}/{test_pod}")
+    if own_rbac and delete_own_rbac(client, own_rbac):
+        done.append(f"deleted its ClusterRole and ClusterRoleBinding {own_rbac}")
     return done
 
 
 def run(args: argparse.Namespace) -> int:
     done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
-                   runner=args.runner, test_pod=args.test_pod, timeout=args.timeout)
+                   runner=args.runner, test_pod=args.test_pod, timeout=args.timeout,
+                   own_rbac=args.delete_own_rbac)
     for line in done or ["nothing to clean up"]:
         print(f"cleanup: {line}")
     return 0
@@ -134,6 +156,9 @@ def register(subparsers) -> None:
     parser.add_argument("--runner", metavar="NAME",
                         help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
     parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")
+    parser.add_argument("--delete-own-rbac", metavar="NAME",
+                        help="last, delete ClusterRole and ClusterRoleBinding NAME that grant this command "
+                             "its rights (where they are not Helm hooks: Argo CD)")
     parser.add_argument("--timeout", type=bounded(float, 1, 86400), default=240,
                         help="seconds the whole cleanup may take (default: 240)")
     common.add_api_arguments(parser)

@@ -1,0 +1,187 @@
+"""What the Argo CD and Flux scenarios (test_gitops_*.py) share. Both run on the cluster of the
+user's path (tests/e2e/userpath.py: the control plane with its real node and local OCI registry,
+the tools image of this working tree and the chart pushed there), with the values a user would
+give: the seed's registry and driver version, the tools pods' scheduling on the real node, and a
+staged rollout policy. Then what they observe and do alike: the CR, the driver's revisions, the
+runner's log, the admin's seed commands, what a deletion must leave.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+import pytest
+from kubernetes import client, watch
+
+from tests.controlplane import GPU_LABEL
+from tests.e2e.conftest import remove_leftovers
+from tests.e2e.test_rollout_cluster import deletions_per_step
+from tests.e2e.tools import CR, eventually, kubectl
+from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
+
+# Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
+POLICY_WAVES = {0: [1], 1: [2, 1]}
+OURS = "app.kubernetes.io/part-of=metax-operator"
+SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
+HOOKS = ("preflight", "upgrade-crds", "bootstrap")
+
+
+def user_values(cluster, values: dict) -> dict:
+    """The docs' values with the cluster's registry for DOMAIN/PROJECT, plus what the user adds
+    here: the tools pods on the real node, a 1 s runner interval and the staged policy."""
+    return {**values, "registry": cluster.registry, "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
+            "runner": {**ON_TOOLS_NODE, "interval": 1},
+            "driver": {**values["driver"], "upgradePolicy": POLICY}}
+
+
+@pytest.fixture(scope="module")
+def pods(tools_api):
+    """The release namespace's pods as last seen (hook pods go with their Jobs)."""
+    watcher = PodWatch(tools_api, NS)
+    yield watcher
+    watcher.stop()
+
+
+@contextlib.contextmanager
+def release_scope(cluster, api):
+    """Around a module's release: nothing of it before, and nothing left after it for the
+    session's other tests (the namespace and the CRD, which a GitOps deletion keeps, too)."""
+    remove_leftovers(cluster, api)
+    try:
+        yield
+    finally:
+        remove_leftovers(cluster, api)
+
+
+def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HOOKS) -> None:
+    """Each of `hooks` ran, as a container of the tools image on the real node, and succeeded.
+    The pod watch may lag behind the tool that saw the hook finish (Flux's deletion ends as soon
+    as the Job completed): wait until it has seen the pods end."""
+    def ended(hook: str) -> list | None:
+        seen = pods.hook(hook)
+        return seen if seen and all(map(terminated, seen)) else None
+
+    for hook in hooks:
+        for pod in eventually(lambda hook=hook: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
+            assert_ran_as_tools_pod(pod, cluster)
+
+
+def window(seconds: float) -> None:
+    """The observation window of a test that checks that nothing happens: a duration to watch,
+    not a condition to wait for."""
+    time.sleep(seconds)
+
+
+def get_cr(api) -> dict:
+    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
+
+
+def step_status(api) -> dict:
+    return ((get_cr(api).get("status") or {}).get("upgradeStatus") or {}).get("status") or {}
+
+
+def reconciled(api) -> bool:
+    return any(c["type"] == "Reconciled" and c["status"] == "True"
+               for c in (get_cr(api).get("status") or {}).get("conditions") or [])
+
+
+def driver_revisions(api) -> set[str]:
+    return {r.metadata.name for r in client.AppsV1Api(api).list_namespaced_controller_revision(
+        NS, label_selector="app.kubernetes.io/component=driver").items}
+
+
+def generations(api) -> dict[str, int]:
+    """metadata.generation of every DaemonSet and Deployment: it moves with each spec change."""
+    apps = client.AppsV1Api(api)
+    return ({f"DaemonSet/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_daemon_set(NS).items}
+            | {f"Deployment/{d.metadata.name}": d.metadata.generation
+               for d in apps.list_namespaced_deployment(NS).items})
+
+
+def seed_patch(cp, field: str, value) -> None:
+    """The seed's admin command on spec.driver.upgradePolicy.<field> (docs/rollout-admin.md)."""
+    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
+            "-p", SEED_PATCH % (field, json.dumps(value)))
+
+
+def runtime_edit(cp, interval: int) -> None:
+    """An admin's `kubectl patch` of the CR, which the runner applies to metax-gpu-device."""
+    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=merge",
+            "-p", json.dumps({"spec": {"gpuDevice": {"healthyInterval": interval}}}))
+
+
+def runner_applied(api, interval: int) -> bool:
+    """metax-gpu-device has the CR's healthyInterval, applied by the runner."""
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-gpu-device", NS)
+    env = {e.name: e.value for c in ds.spec.template.spec.containers for e in c.env or []}
+    return env.get("HEALTHY_INTERVAL") == str(interval) and any(
+        m.manager == "metax-operator-runner" for m in ds.metadata.managed_fields)
+
+
+class RunnerLog:
+    """The in-cluster runner's JSON log lines (`kubectl logs`), read as tests/e2e/
+    test_rollout_cluster's `deletions_per_step` reads a runner's."""
+
+    def __init__(self, cp):
+        text = kubectl(cp, "logs", "-n", NS, "deployment/metax-operator-runner")
+        self.entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def lines(self, action: str) -> list[dict]:
+        return [e for e in self.entries if e.get("action") == action]
+
+
+def assert_one_staged_rollout(cp, api, revisions_before: set[str]) -> None:
+    """Once the rollout is Completed: exactly one new driver revision, rolled out by the runner
+    with POLICY's waves."""
+    eventually(lambda: step_status(api).get("currentStepState") == "Completed"
+               and step_status(api).get("upgradingPodSpecRevision") not in revisions_before, 180,
+               "the rollout of the new revision Completed")
+    assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
+    assert deletions_per_step([RunnerLog(cp)]) == POLICY_WAVES
+
+
+def left_behind(cp, api) -> list[str]:
+    """What of the release is still there after an uninstall, besides the CRD and namespace
+    that are kept on purpose: anything in the namespace, our cluster-scoped objects, the CR,
+    the GPU label on nodes."""
+    kept = {"configmap/kube-root-ca.crt", "serviceaccount/default"}  # every namespace's own
+    left = [name for name in kubectl(cp, "get", "all,configmaps,serviceaccounts,roles,rolebindings,leases", "-n", NS,
+                                     "-o", "name").split() if name not in kept]
+    left += kubectl(cp, "get", "clusterroles,clusterrolebindings", "-l", OURS, "-o", "name").split()
+    try:
+        get_cr(api)
+        left.append("clusteroperator/cluster-operator")
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+    left += [f"node/{n.metadata.name} label {GPU_LABEL}"
+             for n in client.CoreV1Api(api).list_node(label_selector=GPU_LABEL).items]
+    return sorted(set(left))
+
+
+class StatusWatch:
+    """What `extract(object)` gives for every change of one custom object (an Application, a
+    HelmRelease), from a watch, until `stop()`."""
+
+    def __init__(self, api, resource: tuple[str, str, str, str], name: str, extract):
+        self.seen: list = []
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(api, resource, name, extract), daemon=True)
+        self._thread.start()
+
+    def _run(self, api, resource, name, extract) -> None:
+        objects = client.CustomObjectsApi(api)
+        try:
+            for event in self._watch.stream(objects.list_namespaced_custom_object, *resource,
+                                            field_selector=f"metadata.name={name}", timeout_seconds=1800):
+                self.seen.append(extract(event["object"]))
+        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
+            pass
+
+    def stop(self) -> list:
+        """What was seen, consecutive repeats collapsed."""
+        self._watch.stop()
+        self._thread.join(5)
+        return [v for i, v in enumerate(self.seen) if i == 0 or self.seen[i - 1] != v]
