@@ -4,8 +4,8 @@ It reads what one runner pass observed (the driver DaemonSet's revision, its pod
 nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
 returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
 restarted runner needs), pods to delete, nodes to cordon, drain or uncordon, a revision to
-restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It never calls Kubernetes and never reads the
-clock, so every rule is tested without a cluster.
+restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It
+never calls Kubernetes and never reads the clock, so every rule is tested without a cluster.
 
 The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
 is safe to repeat, so a crash between any two actions loses nothing: the next pass sees the

@@ -236,7 +236,7 @@ class RolloutExecutor:
         cordons = [c for c, _ in outcomes]
         deletes = sum(1 for _, d in outcomes if d)
         self.requests += deletes + len(pods) * cordon_first + cordons.count(cordon.CORDONED)
-        not_now = [p.node for p, c in zip(pods, cordons) if c == cordon.NOT_NOW]
+        not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
         event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
               cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
         return deletes + cordons.count(cordon.CORDONED)
@@ -246,15 +246,15 @@ class RolloutExecutor:
         if not cordons and not drains:
             return 0
         self._check()
-        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node), cordons)))
+        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node), cordons), strict=True))
         self.requests += len(cordons) + list(found.values()).count(cordon.CORDONED)
         ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
         pods = self.watches.gpu_pods_on(ready)
         outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)
         self.requests += len(pods)
         event(log, "rollout-drain", cordoned=sorted(n for n, c in found.items() if c == cordon.CORDONED),
-              evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes) if o == cordon.EVICTED],
-              blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes) if o == cordon.BLOCKED],
+              evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.EVICTED],
+              blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.BLOCKED],
               **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}))
         return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
 
