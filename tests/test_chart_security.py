@@ -120,7 +120,8 @@ SEED = ("--set", "registry=domain.example/project", "--set", "driver.payload.ver
 
 
 def node_write_policy(helm: str, *args: str) -> list[dict]:
-    return [o for o in render_chart(helm=helm, args=SEED + args) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    return [o for o in render_chart(helm=helm, args=SEED + args)
+            if o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"].endswith("-node-writes")]
 
 
 def test_the_node_write_policy_names_every_component_that_patches_nodes_when_the_cluster_serves_it(helm_bin):
