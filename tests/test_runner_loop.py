@@ -115,3 +115,21 @@ def test_the_informer_signals_what_its_projection_sees_and_nothing_else(informer
     assert len(changes) == seen + 1, "an update the projection does not see signalled a change"
     api.call("DELETE", f"{path}/a")
     eventually(lambda: changes[-1] == {}, 30, "the deletion")
+
+
+def test_interval_only_ignores_changes():
+    runner = GatedRunner()
+    stop = threading.Event()
+    thread = threading.Thread(target=runner_mod.loop, args=(runner, FakeElector(), HOUR, stop),
+                              kwargs={"on_change": False}, daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: runner.passes == 1, 10, "the first pass")
+        runner.wake.set()
+        done = threading.Event()
+        threading.Timer(2 * runner_mod.COALESCE + 1, done.set).start()
+        consistently(lambda: runner.passes == 1, done.is_set, 10, "no pass before the interval")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()

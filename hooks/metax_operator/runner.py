@@ -96,11 +96,12 @@ class Runner:
 
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
-         health: Health | None = None) -> None:
-    """Pass when `runner.wake` is set (after COALESCE seconds) or `interval` seconds after the last
-    pass, while leading, until `stop` is set; then release the lease. After a failed pass the
-    backoff holds whatever changes. Each finished iteration is reported to `health`."""
-    wake = runner.wake
+         health: Health | None = None, on_change: bool = True) -> None:
+    """Pass when `runner.wake` is set (after COALESCE seconds; not with `on_change` False) or
+    `interval` seconds after the last pass, while leading, until `stop` is set; then release the
+    lease. After a failed pass the backoff holds whatever changes. Each finished iteration is
+    reported to `health`."""
+    wake = runner.wake if on_change else threading.Event()
     threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
     failures = 0
     waiting_for = object()
@@ -144,6 +145,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
                         help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
+    parser.add_argument("--interval-only", action="store_true",
+                        help="pass only every --interval seconds, not also when a watch sees a change")
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
     parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
                         help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
@@ -197,7 +200,7 @@ def _main(args: argparse.Namespace) -> int:
             server = serve(health, args.health_host, args.health_port)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
                           msg=f"serving /healthz and /readyz on port {server.server_address[1]}")
-        loop(runner, elector, args.interval, stop, health)
+        loop(runner, elector, args.interval, stop, health, on_change=not args.interval_only)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.
     if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):
