@@ -163,7 +163,7 @@ class HangingRunner:
     """A runner whose pass blocks until released, the way a pass stuck on a call would."""
 
     def __init__(self):
-        self.release, self.passes = threading.Event(), 0
+        self.release, self.passes, self.wake = threading.Event(), 0, threading.Event()
 
     def run_pass(self) -> int:
         self.passes += 1

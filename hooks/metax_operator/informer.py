@@ -8,7 +8,9 @@ event cannot live longer than that. Each object is stored as `project(obj)`, a s
 value (or skipped when it returns None), so a cluster-wide pod watch costs little memory.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
-which is what a pass costs the API server in steady state.
+which is what a pass costs the API server in steady state. `on_change`, when set, is called
+(from the informer's thread) whenever what the store holds changes: an object added, removed or
+projected to a different value, not a bookmark or an update `project` does not see.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._response = None  # the open watch, closed by stop()
         self.resource_version = ""
+        self.on_change: Callable[[], None] | None = None
 
     # -- the reader's side ------------------------------------------------------------------
 
@@ -150,8 +153,10 @@ class Informer:
             if not token:
                 break
         with self._lock:
-            self._store = store
+            changed, self._store = store != self._store, store
         self.resource_version = version
+        if changed:
+            self._changed()
         self._failing = False
         if self._synced.is_set():
             self.stats.relists += 1
@@ -177,14 +182,22 @@ class Informer:
                     continue
                 self.stats.events += 1
                 with self._lock:
+                    before = self._store.get(_key(obj))
                     if kind == "DELETED":
                         self._store.pop(_key(obj), None)
                     else:
                         self._put(self._store, obj)
+                    changed = self._store.get(_key(obj)) != before
+                if changed:
+                    self._changed()
         finally:
             self._response.release_conn()
             self._response = None
         return True
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _put(self, store: dict[str, Any], obj: dict) -> None:
         value = self.project(obj)

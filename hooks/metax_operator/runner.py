@@ -1,8 +1,12 @@
 """`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
-Level-triggered: every `--interval` seconds one pass observes the CR, the DaemonSets and the
-ConfigMaps, decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
-over an unchanged cluster writes nothing. Only the holder of a coordination.k8s.io Lease acts
+Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps, decides
+(`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass over an unchanged
+cluster writes nothing. A pass runs as soon as a watch sees a change a decision reads (a driver
+pod turning Ready, failing or gone, a new ControllerRevision, an edit of the CR's spec), after
+`COALESCE` seconds so that a burst of changes makes one pass, and at the latest `--interval`
+seconds after the previous one (what no watch announces: a timed pause running out, a busy
+node turning idle). Only the holder of a coordination.k8s.io Lease acts
 (`leader.Elector`); the others log that they wait. SIGTERM (or SIGINT) lets the current pass
 finish, then releases the lease so a successor takes over at once. `--once` makes one pass (the
 chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
@@ -23,6 +27,7 @@ from . import jsonlog, reconcile, rollout_exec, workload_check
 from .cli import bounded
 from .errors import UserError
 from .health import Health, serve
+from .informer import Informer
 from .kube import Client, add_arguments
 from .leader import Elector, LeaseLock, default_identity
 from .metrics import Metrics
@@ -32,6 +37,9 @@ log = logging.getLogger("metax_operator.runner")
 
 #: Longest wait between passes after repeated API failures, seconds.
 MAX_BACKOFF = 60.0
+#: Seconds a pass waits after the change that woke it: a wave's pods turning Ready together
+#: make one pass, not one each.
+COALESCE = 0.2
 
 
 def utc_now() -> str:
@@ -53,6 +61,9 @@ class Runner:
                                                     metrics=metrics)
         self.workloads = workload_check.WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
+        # Set by the caches whose changes a decision reads: the loop's next pass is due now.
+        self.wake = threading.Event()
+        self.cr_edits: Informer | None = None
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
@@ -63,8 +74,15 @@ class Runner:
                           msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
         if not self.watching:
+            # The CR's generation moves with every edit of its spec, not with status writes.
+            self.cr_edits = Informer(self.api, self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(),
+                                     field_selector=f"metadata.name={reconcile.CR_NAME}", name="cr-edits",
+                                     project=lambda cr: cr["metadata"].get("generation"))
+            for informer in (self.watches.revisions, self.watches.driver_pods, self.cr_edits):
+                informer.on_change = self.wake.set
             self.watches.start()
             self.workloads.start()
+            self.cr_edits.start()
             self.watching = True
         outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
@@ -79,13 +97,17 @@ class Runner:
     def caches(self) -> tuple:
         """The watch caches this runner has started (none before its first pass over a CR):
         what its readiness waits for."""
-        return (*self.watches.all, *self.workloads.informers) if self.watching else ()
+        return (*self.watches.all, *self.workloads.informers, self.cr_edits) if self.watching else ()
 
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
-         health: Health | None = None) -> None:
-    """Pass every `interval` seconds while leading, until `stop` is set; then release the lease.
-    Each finished iteration is reported to `health`."""
+         health: Health | None = None, on_change: bool = True) -> None:
+    """Pass when `runner.wake` is set (after COALESCE seconds; not with `on_change` False) or
+    `interval` seconds after the last pass, while leading, until `stop` is set; then release the
+    lease. After a failed pass the backoff holds whatever changes. Each finished iteration is
+    reported to `health`."""
+    wake = runner.wake if on_change else threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
     failures = 0
     waiting_for = object()
     while not stop.is_set():
@@ -111,7 +133,11 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
                           msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})")
         if health is not None:
             health.iteration_done(passed, delay)
-        stop.wait(delay)
+        if failures:
+            stop.wait(delay)
+        elif wake.wait(delay):
+            stop.wait(COALESCE)
+        wake.clear()
     released = elector.release()
     jsonlog.event(log, "stopped", released_lease=released, identity=elector.lock.identity)
 
@@ -124,6 +150,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
                         help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
+    parser.add_argument("--interval-only", action="store_true",
+                        help="pass only every --interval seconds, not also when a watch sees a change")
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
     parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
                         help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
@@ -182,7 +210,7 @@ def _main(args: argparse.Namespace) -> int:
             server = serve(health, args.health_host, args.health_port, metrics)
             jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
                           msg=f"serving /healthz, /readyz and /metrics on port {server.server_address[1]}")
-        loop(runner, elector, args.interval, stop, health)
+        loop(runner, elector, args.interval, stop, health, on_change=not args.interval_only)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.
     if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):

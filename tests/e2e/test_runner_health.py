@@ -29,7 +29,7 @@ RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
 # The rollout's caches, then the workload check's.
 CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "node-need-reboot",
-          "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
+          "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler", "cr-edits"}
 # A pass the API server refuses fails within one call's retries: Backoff's sleeps at their longest
 # (7.75 s), plus a second for the refused requests themselves.
 REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2 ** n) for n in range(Backoff.attempts - 1)) + 1
