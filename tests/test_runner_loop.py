@@ -22,6 +22,7 @@ class GatedRunner:
 
     def __init__(self, fail: bool = False):
         self.passes, self.fail = 0, fail
+        self.writes: list[int] = []  # what the next passes return (then 0: nothing to write)
         self.wake, self.gate = threading.Event(), threading.Event()
         self.gate.set()
 
@@ -30,7 +31,7 @@ class GatedRunner:
         self.gate.wait()
         if self.fail:
             raise RuntimeError("the API refused")
-        return 0
+        return self.writes.pop(0) if self.writes else 0
 
 
 @pytest.fixture
@@ -59,6 +60,16 @@ def test_a_change_starts_a_pass_long_before_the_interval(running):
     eventually(lambda: runner.passes == 1, 10, "the first pass")
     runner.wake.set()
     eventually(lambda: runner.passes == 2, 10, "a pass woken by the change (the interval is an hour)")
+
+
+def test_a_pass_that_wrote_is_followed_by_one_more_and_then_the_loop_waits(running):
+    runner = GatedRunner()
+    runner.writes = [3]  # the first pass starts a step: the next one may act at once
+    running(runner)
+    eventually(lambda: runner.passes == 2, 10, "the pass after the one that wrote")
+    done = threading.Event()
+    threading.Timer(2 * runner_mod.COALESCE + 1, done.set).start()
+    consistently(lambda: runner.passes == 2, done.is_set, 10, "no pass after one that wrote nothing")
 
 
 def test_a_burst_of_changes_during_a_pass_makes_one_more_pass(running):

@@ -3,7 +3,8 @@
 Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps, decides
 (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass over an unchanged
 cluster writes nothing. A pass runs as soon as a watch sees a change a decision reads (a driver
-pod turning Ready, failing or gone, a new ControllerRevision, an edit of the CR's spec), after
+pod turning Ready, failing or gone, a new ControllerRevision, an edit of the CR's spec) or the
+previous pass wrote something (the next step of the rollout may act at once), after
 `COALESCE` seconds so that a burst of changes makes one pass, and at the latest `--interval`
 seconds after the previous one (what no watch announces: a timed pause running out, a busy
 node turning idle). Only the holder of a coordination.k8s.io Lease acts
@@ -102,10 +103,10 @@ class Runner:
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
          health: Health | None = None, on_change: bool = True) -> None:
-    """Pass when `runner.wake` is set (after COALESCE seconds; not with `on_change` False) or
-    `interval` seconds after the last pass, while leading, until `stop` is set; then release the
-    lease. After a failed pass the backoff holds whatever changes. Each finished iteration is
-    reported to `health`."""
+    """Pass when `runner.wake` is set or the last pass wrote (after COALESCE seconds; neither with
+    `on_change` False), or `interval` seconds after the last pass, while leading, until `stop` is
+    set; then release the lease. After a failed pass the backoff holds whatever changes. Each
+    finished iteration is reported to `health`."""
     wake = runner.wake if on_change else threading.Event()
     threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
     failures = 0
@@ -116,7 +117,11 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
         if elector.is_leader():
             waiting_for = object()
             try:
-                runner.run_pass()
+                if runner.run_pass() and on_change:
+                    # It wrote (a step started or ended, a status moved): the next decision may
+                    # act at once, and a status write announces itself to no watch. A pass over
+                    # an unchanged cluster writes nothing, so this cannot spin.
+                    wake.set()
                 failures = 0
                 passed = True
             except reconcile.LostLeadership as err:
