@@ -11,7 +11,6 @@ so the difference is what the cordon and the uncordon add. `python -m tests.benc
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench.bench_rollout_cluster import INTERVAL, METAX, NS, READY_LATENCY, cluster_session, passes
+from tests.bench.bench_rollout_cluster import INTERVAL, NS, READY_LATENCY, cluster_session, passes, start_runner
 from tests.controlplane import free_port
 from tests.e2e.tools import CR
 
@@ -67,13 +66,8 @@ def main() -> None:
         cp, api, tmp, started, runners = session
         cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
         log, port = tmp / "runner.log", free_port()
-        runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
-                                   "--interval", str(INTERVAL), "--log-level", "debug",
-                                   "--health-port", str(port), "--health-host", "127.0.0.1"],
-                                  stdout=subprocess.DEVNULL, stderr=log.open("w"))
-        runners.append(runner)
-        while not any(p["phase"] == "Idling" for p in passes(log)):
-            time.sleep(0.5)
+        start_runner(cp, log, runners, "--interval", str(INTERVAL), "--health-port", str(port),
+                     "--health-host", "127.0.0.1")
         deadline = started + budget
         # Off, on, off: the first rollout of a fresh cluster is not favoured either way.
         first = rollout(api, log, port, "registry.example/driver:2", False, deadline)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from kubernetes import client, watch
 
 from metax_operator import policy as policy_mod
 from metax_operator.simulate import simulate
-from tests.bench.bench_rollout_cluster import METAX, NS, READY_LATENCY, cluster_session, passes
+from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, start_runner
 from tests.controlplane import stop_pid
 from tests.e2e.tools import CR
 
@@ -69,16 +68,8 @@ def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, inte
             woken: bool, deadline: float) -> dict:
     """One rollout to `image` by a fresh runner; the gaps between waves and the wall time."""
     log = tmp / f"runner-{image.rsplit(':', 1)[1]}.log"
-    runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
-                               "--interval", str(interval), "--log-level", "debug",
-                               *([] if woken else ["--interval-only"])],
-                              stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    runners.append(runner)
+    runner = start_runner(cp, log, runners, "--interval", str(interval), *([] if woken else ["--interval-only"]))
     try:
-        while not any(p["phase"] == "Idling" for p in passes(log)):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the runner did not settle")
-            time.sleep(0.2)
         client.AppsV1Api(api).patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
             "containers": [{"name": "driver-manager", "image": image}]}}}})
         t0 = time.monotonic()

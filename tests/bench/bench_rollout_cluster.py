@@ -12,7 +12,6 @@ its sockets, /proc/PID/io rchar), its CPU seconds and peak memory. Each size is 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from kubernetes import client
 from metax_operator import policy as policy_mod
 from metax_operator.simulate import simulate
 from tests.controlplane import GPU_LABEL, ControlPlane, stop_pid
+from tests.e2e.tools import log_entries
 
 NS = "bench-rollout"
 READY_LATENCY = 2.0
@@ -59,15 +59,21 @@ def proc_stats(pid: int) -> dict:
 
 
 def passes(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("action") == "rollout-pass":
-            out.append(entry)
-    return out
+    """The runner's rollout passes, as it logged them."""
+    return log_entries(log, "rollout-pass")
+
+
+def start_runner(cp: ControlPlane, log: Path, runners: list, *args: str) -> subprocess.Popen:
+    """`metax-operator run` (debug log to `log`, `args` added), appended to `runners` for the
+    session to stop; returned once its first pass found the cluster idle."""
+    runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
+                               "--log-level", "debug", *args], stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    runners.append(runner)
+    while not any(p["phase"] == "Idling" for p in passes(log)):
+        if runner.poll() is not None:
+            raise RuntimeError(f"the runner exited ({runner.returncode}): see {log}")
+        time.sleep(0.2)
+    return runner
 
 
 def start_cluster(tmp: Path, nodes: int, policy: dict, started: float, budget: float) -> tuple[ControlPlane, object]:
@@ -113,12 +119,7 @@ def run_size(nodes: int, budget: float) -> None:
         apps = client.AppsV1Api(api)
         cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
         log = tmp / "runner.log"
-        runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
-                                   "--interval", str(INTERVAL), "--log-level", "debug"],
-                                  stdout=subprocess.DEVNULL, stderr=log.open("w"))
-        runners.append(runner)
-        while not any(p["phase"] == "Idling" for p in passes(log)):
-            time.sleep(0.5)
+        runner = start_runner(cp, log, runners, "--interval", str(INTERVAL))
         idle_at = time.monotonic() - started
         image = "registry.example/driver:2"
         apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
