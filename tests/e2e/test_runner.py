@@ -308,9 +308,9 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
     (a 409) made the pass re-read the CR and stamp the NEW generation as observed, with conditions
     planned from the OLD spec, here SpecValid=True for a spec the runner refuses. The race is
     driven, not timed: the runner's own client makes the edit right before its status write."""
-    from metax_operator import reconcile
-    from metax_operator.kube import Client
-    from metax_operator.runner import utc_now
+    from metax_operator.runtime import reconcile
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.run import utc_now
 
     runner_api = Client.connect(str(installed))  # the runner's ServiceAccount, in process
     bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(", "gpus": "0"}]}}  # the CRD accepts it

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from metax_operator.kube import Backoff
+from metax_operator.runtime.kube import Backoff
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
