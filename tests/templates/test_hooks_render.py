@@ -108,24 +108,6 @@ def test_rbac_has_no_wildcards_and_names_what_it_can(helm_bin):
                 assert rule.get("resourceNames"), (role["metadata"]["name"], rule)  # get/patch/delete by name
 
 
-def test_test_rbac_is_read_only(helm_bin):
-    roles = [o for o in render(helm=helm_bin) if o["kind"] in ("Role", "ClusterRole") and hook_of(o) == "test"]
-    assert {verb for role in roles for rule in role["rules"] for verb in rule["verbs"]} <= {"get", "list"}
-
-
-def test_upgrade_crds_creates_only_on_upgrade(helm_bin):
-    def rules_and_args(args):
-        objects = render(helm=helm_bin, args=args)
-        role = find(objects, "ClusterRole", "metax-operator-upgrade-crds")
-        job = find(objects, "Job", "metax-operator-upgrade-crds")
-        return role["rules"], pod_spec(job)["containers"][0]["args"]
-
-    rules, args = rules_and_args(())
-    assert "--if-exists" in args and not any("create" in r["verbs"] for r in rules)
-    rules, args = rules_and_args(("--is-upgrade",))
-    assert "--if-exists" not in args and any(r["verbs"] == ["create"] for r in rules)
-
-
 def test_crd_configmap_holds_the_charts_crd(helm_bin):
     cm = find(render(helm=helm_bin), "ConfigMap", "metax-operator-crds")
     text = cm["data"]["clusteroperators.gpu.metax-tech.com.yaml"]
@@ -135,19 +117,6 @@ def test_crd_configmap_holds_the_charts_crd(helm_bin):
 def test_crds_upgrade_false_renders_no_crd_hook(helm_bin):
     objects = render({"crds": {"upgrade": False}}, helm=helm_bin)
     assert not [o for o in objects if "crds" in o["metadata"]["name"]]
-
-
-def test_crds_keep_false_lets_cleanup_delete_the_crd(helm_bin):
-    def cleanup(keep):
-        objects = render({"crds": {"keep": keep}}, helm=helm_bin)
-        role = find(objects, "ClusterRole", "metax-operator-cleanup")
-        crd_verbs = {v for r in role["rules"] if r["resources"] == ["customresourcedefinitions"] for v in r["verbs"]}
-        return crd_verbs, pod_spec(find(objects, "Job", "metax-operator-cleanup"))["containers"][0]["args"]
-
-    verbs, args = cleanup(True)
-    assert verbs == {"get"} and "--delete-crd" not in args
-    verbs, args = cleanup(False)
-    assert verbs == {"get", "delete"} and "--delete-crd" in args
 
 
 def test_cleanup_budget_fits_its_job_deadline_and_the_test_pod_has_one(helm_bin):
@@ -283,7 +252,3 @@ def test_tests_enabled_false_renders_no_test_pod(helm_bin):
     assert objects and not [o for o in objects if "test" in o["metadata"]["name"]]
 
 
-def test_test_pod_runs_the_test_command(helm_bin):
-    pod = find(render(helm=helm_bin), "Pod", "metax-operator-test")
-    assert annotations(pod)["helm.sh/hook"] == "test"
-    assert pod_spec(pod)["containers"][0]["args"] == ["test", "--namespace", "metax-operator"]
