@@ -100,19 +100,6 @@ class Fault:
     clear: Callable[[], None]
 
 
-def wait_for(check, timeout: float, what: str, interval: float = 0.3):
-    """Poll `check()` until it returns something truthy and return that; AssertionError naming
-    `what` (and the last value seen) after `timeout` seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -36,7 +36,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from tests.controlplane import CACHE, REPO, Component, ControlPlane, free_port, stop_pid, wait_for
+from tests.controlplane import CACHE, REPO, Component, ControlPlane, free_port, stop_pid
+from tests.waiting import eventually
 from tests.helm import BIN
 
 ARGOCD_VERSION = "v3.2.6"
@@ -291,7 +292,7 @@ class ArgoCD:
             app = self.application(name)
             return app if app is not None and check(app) else None
         try:
-            return wait_for(state, timeout, what, interval=1)
+            return eventually(state, timeout, what, interval=1)
         except AssertionError:
             raise AssertionError(f"Application {name}: timed out after {timeout:.0f} s waiting for {what}; "
                                  f"now {summary(self.application(name))}; logs in {self.workdir / 'logs'}") from None

@@ -26,7 +26,7 @@ from metax_operator.rollout import policy
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import bootstrap, common
 from metax_operator.chart.validate import merged_values
-from tests.controlplane import wait_for
+from tests.waiting import eventually
 from tests.helm import BIN, CHART, render_chart
 from tests.chart.test_bad_values import CASES, IDS, case_args
 
@@ -79,7 +79,7 @@ def client(control_plane) -> kube.Client:
     # A binding takes effect once the API server's policy informer has it: wait until it refuses.
     spec = {"registry": "r.example.com/m", "driver": {"payload": {"version": "1"},
                                                       "upgradePolicy": {"upgradeSteps": [{"replicas": 1, "pauseDuration": "x"}]}}}
-    wait_for(lambda: not admit(api, spec)[0], 30, "the ValidatingAdmissionPolicy in force")
+    eventually(lambda: not admit(api, spec)[0], 30, "the ValidatingAdmissionPolicy in force")
     api.runner_user = next(v["expression"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
                            for v in o["spec"].get("variables", []) if v["name"] == "runnerUser").strip("'")
     yield api

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.controlplane import GPU_LABEL, ControlPlaneError, wait_for as eventually
+from tests.controlplane import GPU_LABEL, ControlPlaneError
+from tests.waiting import eventually
 from tests.e2e.tools import CR
 from tests.e2e.userpath import CHART_OBJECTS, CRD, NS, ToolsCluster, get_cr
 from tests.registry import RegistryError

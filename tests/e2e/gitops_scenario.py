@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 
 import pytest
 from kubernetes import client, watch
@@ -18,7 +17,8 @@ from kubernetes import client, watch
 from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import CR, eventually, kubectl
+from tests.e2e.tools import CR, kubectl
+from tests.waiting import eventually
 from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
 
 # Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
@@ -66,12 +66,6 @@ def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HO
     for hook in hooks:
         for pod in eventually(lambda hook=hook: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
             assert_ran_as_tools_pod(pod, cluster)
-
-
-def window(seconds: float) -> None:
-    """The observation window of a test that checks that nothing happens: a duration to watch,
-    not a condition to wait for."""
-    time.sleep(seconds)
 
 
 def get_cr(api) -> dict:

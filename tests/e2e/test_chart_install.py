@@ -19,7 +19,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.controlplane import CACHE, GPU_LABEL, REPO, wait_for
+from tests.controlplane import CACHE, GPU_LABEL, REPO
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +102,7 @@ def namespace(request, control_plane, helm_env):
     client.CoreV1Api(control_plane.api()).delete_namespace(namespace)
     if CRD not in crd_before:
         extensions.delete_custom_resource_definition(CRD)
-        wait_for(lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items},
+        eventually(lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items},
                  60, f"CRD {CRD} deleted")
 
 
@@ -123,7 +124,7 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
     helm(which, helm_env, "upgrade", RELEASE, str(REPO), "-n", namespace, "-f", str(values),
          "--set", "gpuDevice.log.level=debug", "--set-string", "driver.payload.version=2.33.0.1",
          "--wait", "--timeout", "3m", "--no-hooks")
-    upgraded = wait_for(lambda: daemonsets_settled(api, namespace), 60, "DaemonSets settled after upgrade")
+    upgraded = eventually(lambda: daemonsets_settled(api, namespace), 60, "DaemonSets settled after upgrade")
     assert upgraded["metax-gpu-device"].metadata.generation == installed["metax-gpu-device"].metadata.generation + 1
     assert "2.33.0.1" in json.dumps(client.ApiClient().sanitize_for_serialization(upgraded["metax-driver"].spec.template))
     assert_on_selected_nodes_only(api, namespace, upgraded)
@@ -132,4 +133,4 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
 
     helm(which, helm_env, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "2m", "--no-hooks")
     assert client.AppsV1Api(api).list_namespaced_daemon_set(namespace).items == []
-    wait_for(lambda: not client.CoreV1Api(api).list_namespaced_pod(namespace).items, 60, f"no pods left in {namespace}")
+    eventually(lambda: not client.CoreV1Api(api).list_namespaced_pod(namespace).items, 60, f"no pods left in {namespace}")

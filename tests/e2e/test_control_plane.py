@@ -3,14 +3,14 @@ pods on kwok nodes, and each injected fault visible through the API as a real no
 from __future__ import annotations
 
 import socket
-import time
 import uuid
 
 import pytest
 from kubernetes import client
 
 from tests import controlplane
-from tests.controlplane import GPU_LABEL, GPU_RESOURCE, wait_for
+from tests.controlplane import GPU_LABEL, GPU_RESOURCE
+from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,7 @@ def test_server_version_is_the_pinned_release(control_plane):
 def test_daemonset_selecting_gpu_nodes_is_ready_on_gpu_nodes_only(control_plane, namespace):
     gpu_nodes = node_names(control_plane, **{GPU_LABEL: "true"})
     create_daemonset(control_plane, namespace, daemonset("gpu-only", {GPU_LABEL: "true"}))
-    wait_for(lambda: ready_daemonset(control_plane, namespace, "gpu-only", len(gpu_nodes)), 60,
+    eventually(lambda: ready_daemonset(control_plane, namespace, "gpu-only", len(gpu_nodes)), 60,
              f"gpu-only DaemonSet ready on {len(gpu_nodes)} GPU nodes")
     placed = pods(control_plane, namespace, "gpu-only")
     assert {p.spec.node_name for p in placed} == gpu_nodes
@@ -98,7 +98,7 @@ def test_daemonset_without_selector_runs_on_every_node(control_plane, namespace)
     every = node_names(control_plane, type="kwok")
     assert node_names(control_plane, **{GPU_LABEL: "true"}) < every  # plain nodes exist
     create_daemonset(control_plane, namespace, daemonset("everywhere"))
-    wait_for(lambda: ready_daemonset(control_plane, namespace, "everywhere", len(every)), 60,
+    eventually(lambda: ready_daemonset(control_plane, namespace, "everywhere", len(every)), 60,
              f"everywhere DaemonSet ready on all {len(every)} nodes")
     assert {p.spec.node_name for p in pods(control_plane, namespace, "everywhere")} == every
 
@@ -106,11 +106,11 @@ def test_daemonset_without_selector_runs_on_every_node(control_plane, namespace)
 def test_deleted_pods_go_away_and_are_replaced(control_plane, namespace):
     gpu_nodes = node_names(control_plane, **{GPU_LABEL: "true"})
     create_daemonset(control_plane, namespace, daemonset("replace", {GPU_LABEL: "true"}))
-    wait_for(lambda: ready_daemonset(control_plane, namespace, "replace", len(gpu_nodes)), 60, "replace ready")
+    eventually(lambda: ready_daemonset(control_plane, namespace, "replace", len(gpu_nodes)), 60, "replace ready")
     node = sorted(gpu_nodes)[0]
     old = on_node(control_plane, namespace, "replace", node)
     client.CoreV1Api(control_plane.api()).delete_namespaced_pod(old.metadata.name, namespace)
-    replacement = wait_for(lambda: (p := on_node(control_plane, namespace, "replace", node))
+    replacement = eventually(lambda: (p := on_node(control_plane, namespace, "replace", node))
                            and p.metadata.uid != old.metadata.uid and is_ready(p) and p, 60,
                            f"a new Ready pod on {node}")
     assert replacement.metadata.name != old.metadata.name
@@ -123,8 +123,9 @@ def test_pods_never_ready_on_a_faulted_node(faults, namespace):
     bad = gpu_nodes[1]
     faults.pods_never_ready([bad])
     create_daemonset(faults, namespace, daemonset("never", {GPU_LABEL: "true"}))
-    wait_for(lambda: number_ready(faults, namespace, "never") == len(gpu_nodes) - 1, 60, "all but one pod Ready")
-    time.sleep(3)  # and it stays unready
+    eventually(lambda: number_ready(faults, namespace, "never") == len(gpu_nodes) - 1, 60, "all but one pod Ready")
+    consistently(lambda: not is_ready(on_node(faults, namespace, "never", bad)), for_seconds(3), 10,
+                 "the faulted node's pod unready")
     pod = on_node(faults, namespace, "never", bad)
     assert pod.status.phase == "Running" and pod.status.pod_ip
     assert not is_ready(pod)
@@ -136,9 +137,9 @@ def test_pods_become_ready_after_a_delay(faults, namespace):
     slow = gpu_nodes[2]
     faults.pods_ready_after([slow], seconds=6)
     create_daemonset(faults, namespace, daemonset("slow", {GPU_LABEL: "true"}))
-    wait_for(lambda: number_ready(faults, namespace, "slow") == len(gpu_nodes) - 1, 30, "the undelayed pods Ready")
+    eventually(lambda: number_ready(faults, namespace, "slow") == len(gpu_nodes) - 1, 30, "the undelayed pods Ready")
     assert not is_ready(on_node(faults, namespace, "slow", slow))
-    wait_for(lambda: ready_daemonset(faults, namespace, "slow", len(gpu_nodes)), 30, "the delayed pod Ready")
+    eventually(lambda: ready_daemonset(faults, namespace, "slow", len(gpu_nodes)), 30, "the delayed pod Ready")
     pod = on_node(faults, namespace, "slow", slow)
     ready_at = next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
     assert (ready_at - pod.metadata.creation_timestamp).total_seconds() >= 5
@@ -155,9 +156,9 @@ def test_crash_loop_raises_restart_count(faults, namespace):
         statuses = pod and pod.status.container_statuses
         return statuses[0].restart_count if statuses else 0
 
-    wait_for(lambda: restarts() >= 1, 30, "a first restart")
+    eventually(lambda: restarts() >= 1, 30, "a first restart")
     first = restarts()
-    wait_for(lambda: restarts() >= first + 2, 30, "two more restarts")
+    eventually(lambda: restarts() >= first + 2, 30, "two more restarts")
     pod = on_node(faults, namespace, "crash", crashing)
     assert not is_ready(pod)
     assert pod.status.container_statuses[0].state.waiting.reason == "CrashLoopBackOff"
@@ -176,16 +177,16 @@ def test_node_not_ready_is_tainted_then_recovers_when_cleared(faults):
         return {t.effect for t in core.read_node(node).spec.taints or [] if t.key == controlplane.NOT_READY_TAINT}
 
     fault = faults.nodes_not_ready([node])
-    wait_for(lambda: ready_status() == "False", 30, f"{node} NotReady")
-    wait_for(lambda: not_ready_taints() == {"NoSchedule", "NoExecute"}, 30, f"{node} tainted by the node-lifecycle controller")
-    time.sleep(2)
-    assert ready_status() == "False"  # stays down; kwok does not heal it behind our back
+    eventually(lambda: ready_status() == "False", 30, f"{node} NotReady")
+    eventually(lambda: not_ready_taints() == {"NoSchedule", "NoExecute"}, 30, f"{node} tainted by the node-lifecycle controller")
+    # It stays down: kwok does not heal it behind our back.
+    consistently(lambda: ready_status() == "False", for_seconds(2), 10, f"{node} NotReady")
     others = node_names(faults, **{GPU_LABEL: "true"}) - {node}
     assert all(controlplane.is_schedulable(core.api_client.sanitize_for_serialization(n))
                for n in core.list_node().items if n.metadata.name in others)
     fault.clear()
-    wait_for(lambda: ready_status() == "True", 30, f"{node} Ready again")
-    wait_for(lambda: not not_ready_taints(), 30, f"{node} untainted")
+    eventually(lambda: ready_status() == "True", 30, f"{node} Ready again")
+    eventually(lambda: not not_ready_taints(), 30, f"{node} untainted")
 
 
 def test_start_refuses_a_port_in_use(tmp_path):

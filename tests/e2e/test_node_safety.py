@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import math
 import time
 import urllib.request
 from collections import defaultdict
@@ -24,7 +25,8 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     DRIVER_PODS, NODES, NS, QUICK_POLICY, SEED_POLICY, Runner, all_at, api, driver_pods, idle, installed,
     patch_driver, revisions, seed_patch, start_rollout, sub, upgrade_status)
 from tests.controlplane import free_port
-from tests.e2e.tools import METAX, consistently, eventually, kubectl, run
+from tests.e2e.tools import METAX, kubectl, run
+from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -254,7 +256,9 @@ def test_metrics_scraped_during_a_rollout_follow_its_progress(control_plane, api
     assert upgrade_status(api)["resume"]["needRebootNodes"] == [node]
     shown = run(METAX, "rollout", "status", "--kubeconfig", str(cp.kubeconfig))
     assert f"Need a reboot (NodeNeedReboot: firmware upgraded): 1: {node}" in shown, shown
-    time.sleep(1.1)  # event times have whole seconds: the reboot comes after
+    # Event times have whole seconds: the reboot is reported in a later second than the need.
+    next_second = math.floor(time.time()) + 1
+    eventually(lambda: time.time() >= next_second, 5, "the next whole second")
     report_node_event(api, node, "Rebooted", f"Node {node} has been rebooted, boot id: 6f1f0c3a")
     eventually(lambda: scrape(port)[("metax_operator_nodes_need_reboot", ())] == 0, 30, "the rebooted node dropped")
     assert upgrade_status(api)["resume"]["needRebootNodes"] == []

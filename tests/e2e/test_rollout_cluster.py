@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from tests.e2e.tools import (CR, METAX, bootstrap, consistently, delete_cr, eventually, helm3, install_chart, kubectl,
-                             log_entries, release_values, run, service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (more_passes, CR, METAX, bootstrap, delete_cr, helm3, install_chart, kubectl, log_entries,
+                             release_values, run, service_account_kubeconfig, uninstall_chart)
+from tests.waiting import consistently, eventually
 from tests.helm import CHART
 
 pytestmark = pytest.mark.e2e
@@ -266,8 +267,8 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
     eventually(lambda: sub(api).get("currentStepState") == "StepPaused" and sub(api)["currentStepIndex"] == 0, 60,
                "step 0 paused")
     eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
-    time.sleep(3)
-    assert sub(api)["currentStepIndex"] == 0 and revisions(api)[new] == 2, "a manual pause must hold"
+    consistently(lambda: sub(api)["currentStepIndex"] == 0 and revisions(api)[new] == 2,
+                 more_passes(idle["runners"][0], 3), 30, "a manual pause holding")
     status = json.loads(kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator",
                                 "-o", "jsonpath={.status.upgradeStatus}"))
     assert set(status["status"]) >= {"lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex",
@@ -311,10 +312,12 @@ def test_admin_pause_stops_new_deletions(control_plane, api, idle):
     old, new = start_rollout(cp, api, policy)
     eventually(lambda: revisions(api)[new] >= 1, 30, "the first upgraded pod")
     seed_patch(cp, "pause", True)
-    time.sleep(2)  # a wave in flight finishes
+    eventually(lambda: len(pods := driver_pods(api)) == NODES and all(map(ready, pods)), 30,
+               "the wave in flight to finish")
     held = revisions(api)[new]
-    time.sleep(4)
-    assert revisions(api)[new] == held and held < NODES
+    assert held < NODES
+    consistently(lambda: revisions(api)[new] == held, more_passes(idle["runners"][0], 4), 30,
+                 "no deletion while paused")
     seed_patch(cp, "pause", False)
     eventually(lambda: sub(api).get("currentStepState") == "Completed", 60, "Completed after resume")
     assert all_at(api, new)
@@ -363,8 +366,8 @@ def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revisi
                "rolled back to the completed revision")
     assert template(api) == before
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
-    time.sleep(3)  # the runner's reconcile keeps the restored template
-    assert template(api) == before and all_at(api, done)
+    consistently(lambda: template(api) == before and all_at(api, done), more_passes(runners[-1], 3), 30,
+                 "the runner's reconcile keeping the restored template")
     patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
 
 
@@ -438,8 +441,8 @@ def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(contr
         assert bad in status["resume"]["failedNodes"]
         # The runner writes the status first, then sets pause: true.
         eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
-        time.sleep(3)
-        assert revisions(api)[new] == 3, "no deletion beyond step 0 while paused"
+        consistently(lambda: revisions(api)[new] == 3, more_passes(idle["runners"][0], 3), 30,
+                     "no deletion beyond step 0 while paused")
         history.stop()
         per_node = history.deletions_per_node()
         assert per_node[bad] == 1 + FAILING["maxFailureThreshold"], per_node  # the upgrade, then each retry
@@ -468,8 +471,8 @@ def test_fallback_rollback_restores_the_old_revision_everywhere(control_plane, a
     assert payload_image(api) == image
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] in image  # the CR follows (lastCoDriverSpec)
     assert condition(api, "Terminating")["reason"] == "RolledBack"
-    time.sleep(3)  # the runner's reconcile does not bring the abandoned version back
-    assert template(api) == before and all_at(api, old)
+    consistently(lambda: template(api) == before and all_at(api, old), more_passes(idle["runners"][0], 3), 30,
+                 "the runner's reconcile not bringing the abandoned version back")
 
 
 def test_enable_rollout_false_mid_rollout_rolls_back(control_plane, api, idle):

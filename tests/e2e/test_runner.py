@@ -25,8 +25,9 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
-from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, log_entries,
-                             release_values, service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (more_passes, CR, METAX, bootstrap, install_chart, kubectl, log_entries, release_values,
+                             service_account_kubeconfig, uninstall_chart)
+from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
 
@@ -268,8 +269,8 @@ def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runn
             if "spec.vfioManager.vfioConfig[0].nodeName" in e.message and e.type == "Warning"
             and e.involved_object.name == "cluster-operator"], 10, "a Warning event InvalidSpec naming the field")
         assert events
-        time.sleep(3)  # several passes
-        assert {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before
+        consistently(lambda: {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before,
+                     more_passes(runner, 3), 30, "the DaemonSets untouched by a runner refusing the spec")
     finally:
         patch_cr(api, {"vfioManager": {"vfioConfig": []}})
     eventually(lambda: condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
@@ -295,9 +296,9 @@ def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, 
         found = eventually(lambda: (c := condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c,
                            20, "HelmUpgradeRequired=True")
         assert "--set exporter.deploy=true" in found["message"]
-        time.sleep(2)
-        names = {ds.metadata.name for ds in client.AppsV1Api(api).list_namespaced_daemon_set(NS).items}
-        assert "metax-data-exporter" not in names
+        consistently(lambda: "metax-data-exporter" not in {
+            ds.metadata.name for ds in client.AppsV1Api(api).list_namespaced_daemon_set(NS).items},
+            more_passes(runner, 2), 30, "no exporter DaemonSet created by the runner")
     finally:
         patch_cr(api, {"exporter": {"deploy": False}})
     eventually(lambda: condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
@@ -430,8 +431,8 @@ def test_wait_for_returns_only_once_the_prerequisites_on_its_node_are_ready(faul
     core.create_namespaced_pod(waitfor_ns, component_pod("runtime", "runtime", node))
     proc = start_wait_for(faults, waitfor_ns, node)
     try:
-        time.sleep(3)
-        assert proc.poll() is None, "wait-for returned while the runtime pod on its node was not Ready"
+        consistently(lambda: proc.poll() is None, for_seconds(3), 10,
+                     "wait-for waiting while the runtime pod on its node is not Ready")
         assert not pod_ready(core, "runtime", waitfor_ns)
         assert proc.wait(30) == 0
         assert pod_ready(core, "runtime", waitfor_ns), "wait-for returned before the pod was Ready"

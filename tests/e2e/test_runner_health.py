@@ -19,8 +19,9 @@ from metax_operator.runtime.kube import Backoff
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (METAX, bootstrap, consistently, eventually, install_chart, log_entries,
-                             release_values, service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (METAX, bootstrap, install_chart, log_entries, release_values,
+                             service_account_kubeconfig, uninstall_chart)
+from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e
 

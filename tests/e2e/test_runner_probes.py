@@ -26,7 +26,8 @@ import os
 import pytest
 from kubernetes import client
 
-from tests.e2e.tools import eventually, run
+from tests.e2e.tools import run
+from tests.waiting import eventually
 from tests.e2e.userpath import NS, ok, runner_log, runner_pod, seed_install
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.controlplane import wait_for as eventually
+from tests.waiting import eventually
 from tests.e2e.tools import kubectl
 from tests.e2e.userpath import (NS, POLICY, TOOLS_UID, PodWatch, driver_pods, ok, runner_pod, seed_install,
                                 upgrade_status)

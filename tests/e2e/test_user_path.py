@@ -16,7 +16,8 @@ import re
 import pytest
 from kubernetes import client
 
-from tests.controlplane import GPU_LABEL, wait_for as eventually
+from tests.controlplane import GPU_LABEL
+from tests.waiting import eventually
 from tests.e2e.tools import CR, kubectl
 from tests.e2e.userpath import (CHART_OBJECTS, CRD, GPU_NODES, NS, POLICY, TOOLS_UID, PodWatch,
                                 assert_ran_as_tools_pod, driver_pods, get_cr, ok, runner_log, runner_pod,

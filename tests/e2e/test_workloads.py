@@ -24,8 +24,9 @@ from metax_operator import cli
 from metax_operator.runtime import kube
 from metax_operator import workloads as wl
 from tests.e2e.test_runner import Runner
-from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, release_values,
+from tests.e2e.tools import (CR, METAX, bootstrap, install_chart, kubectl, release_values,
                              service_account_kubeconfig, uninstall_chart)
+from tests.waiting import eventually
 from tests.doc_blocks import blocks
 from tests.helm import BIN, CHART, render_chart
 

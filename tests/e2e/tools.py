@@ -6,26 +6,20 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 from kubernetes import client
 
-from tests.controlplane import wait_for as eventually  # noqa: F401 (re-exported: poll until truthy)
 from tests.helm import BIN, CHART
 
 
-def consistently(check, until, timeout: float, what: str, interval: float = 0.3) -> None:
-    """Assert `check()` is truthy at every poll until `until()` is (e.g. "five more runner
-    passes"), which must happen within `timeout` seconds: the opposite of `eventually`."""
-    end = time.monotonic() + timeout
-    while not until():
-        value = check()
-        assert value, f"{what} stopped holding (last: {value!r})"
-        assert time.monotonic() < end, f"timed out after {timeout:.0f} s waiting for the end of: {what}"
-        time.sleep(interval)
-    assert check(), f"{what} stopped holding"
+def more_passes(runner, count: int):
+    """An `until` for `consistently`: true once `runner` (a process with a JSON log, `.lines`) has
+    logged `count` more passes than now. The window of a check that the runner leaves something
+    alone is counted in its passes, not in seconds."""
+    start = len(runner.lines("pass"))
+    return lambda: len(runner.lines("pass")) >= start + count
 
 
 def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:

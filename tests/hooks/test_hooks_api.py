@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import pytest
 from metax_operator import cli
 from metax_operator.runtime import kube
 from metax_operator.hooks import bootstrap, cleanup, common
-from tests.controlplane import GPU_LABEL, wait_for
+from tests.controlplane import GPU_LABEL
+from tests.waiting import consistently, eventually, for_seconds
 from tests.e2e.tools import service_account_kubeconfig
 from tests.helm import BIN, CHART, find, render_chart
 
@@ -315,8 +315,7 @@ def test_bootstrap_waits_for_the_crd_to_be_served(client, hooks, no_cr, tmp_path
     worker = threading.Thread(target=lambda: result.update(
         cr=bootstrap.bootstrap(kube.Client.connect(hooks.kubeconfig), values, "metax", timeout=60)[0]))
     worker.start()
-    time.sleep(3)
-    assert worker.is_alive()  # waiting, not failed
+    consistently(worker.is_alive, for_seconds(3), 10, "bootstrap waiting for the CRD (not failed)")
     assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
     worker.join(60)
     assert result["cr"]["spec"]["registry"] == "cr.example.com/metax"
@@ -358,7 +357,7 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
     client.patch("v1", "Node", gpu_nodes[0], {"metadata": {
         "annotations": {"metax-tech.com/gpu-vfio": '{"0":1,"1":0}', "team.example.com/owner": "ml"},
         "labels": {"metax-tech.com/gpu-device.mode": "sgpu"}}})
-    wait_for(lambda: len(client.list("v1", "Pod", namespace)) >= 2 * len(gpu_nodes), 60, "node-writer pods")
+    eventually(lambda: len(client.list("v1", "Pod", namespace)) >= 2 * len(gpu_nodes), 60, "node-writer pods")
     code, out, err = hooks("cleanup", "--namespace", namespace)
     assert code == 0, err
     assert client.get(*CR) is None
@@ -386,7 +385,7 @@ def test_cleanup_stops_the_runner_then_deletes_its_lease_and_the_kept_test_pod(c
                   "spec": {"holderIdentity": "r-0_abc"}}, field_manager="metax-operator-runner")
     client.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t", "namespace": namespace},
                   "spec": pod_spec}, field_manager="helm")
-    wait_for(lambda: len(client.list("v1", "Pod", namespace)) == 2, 60, "the runner's and the test pod")
+    eventually(lambda: len(client.list("v1", "Pod", namespace)) == 2, 60, "the runner's and the test pod")
     code, out, err = hooks("cleanup", "--namespace", namespace, "--runner", "r", "--test-pod", "t")
     assert code == 0, err
     lines = out.splitlines()
@@ -430,7 +429,7 @@ def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client,
     assert "deleted its ClusterRole and ClusterRoleBinding metax-operator-cleanup" in out
     rbac = "rbac.authorization.k8s.io/v1"
     assert client.get(rbac, "ClusterRole", "metax-operator-cleanup") is None
-    wait_for(lambda: client.get(rbac, "ClusterRoleBinding", "metax-operator-cleanup") is None, 30,
+    eventually(lambda: client.get(rbac, "ClusterRoleBinding", "metax-operator-cleanup") is None, 30,
              "the garbage collector to delete the binding, a dependent of the deleted role")
 
 
@@ -457,7 +456,7 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
             return last[0] == 0
 
         try:
-            wait_for(healthy, 60, "a healthy install", interval=2)
+            eventually(healthy, 60, "a healthy install", interval=2)
         except AssertionError:
             raise AssertionError(last[2]) from None
         code, out, err = last

@@ -13,7 +13,7 @@ import pytest
 
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.health import Health, serve
-from tests.controlplane import wait_for as eventually
+from tests.waiting import eventually
 
 
 class Clock:

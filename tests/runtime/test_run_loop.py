@@ -10,8 +10,7 @@ import pytest
 from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.informer import Informer
-from tests.controlplane import wait_for as eventually
-from tests.e2e.tools import consistently
+from tests.waiting import consistently, eventually
 from tests.runtime.test_health import FakeElector
 
 HOUR = 3600.0  # an interval no test waits for: every pass here is woken
