@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
-from metax_operator.chart import admission, schema, validation
+from metax_operator.chart import admission, problems, schema, validation
 from tests.helm import overlay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ EXAMPLES = _examples()
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_is_valid(name):
     values = overlay(VALUES, EXAMPLES[name])
-    assert validation.schema_problems(values, VALUES_SCHEMA) == []
+    assert problems.schema_problems(values, VALUES_SCHEMA) == []
     values = overlay(values, {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}})
     validation.validate_values(values)
 

@@ -14,6 +14,7 @@ import yaml
 from hypothesis import given, strategies as st
 
 from metax_operator.chart import validation
+from metax_operator.chart.problems import regex_problem
 from metax_operator.errors import UserErrors
 from metax_operator import cli
 from metax_operator.chart.validate import merged_values
@@ -83,7 +84,7 @@ def test_seed_rollout_policy_with_pause_steps_is_valid():
 
 @pytest.mark.parametrize("pattern", [r"worknode\d+", r"\pL+", r"[[:alpha:]]+-\d", "gpu-(a|b)", "node1"])
 def test_re2_patterns_accepted(pattern):
-    assert validation.regex_problem(pattern) is None
+    assert regex_problem(pattern) is None
 
 
 @pytest.mark.parametrize("pattern, why", [
@@ -94,7 +95,7 @@ def test_re2_patterns_accepted(pattern):
     ("*node", "no argument for repetition operator"),
 ])
 def test_regexes_go_refuses_are_refused(pattern, why):
-    assert why in validation.regex_problem(pattern)
+    assert why in regex_problem(pattern)
 
 
 def test_vfio_gpus_duplicates_named_in_order():

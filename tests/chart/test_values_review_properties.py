@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from metax_operator.chart import values_sources
 from metax_operator.errors import UserError
-from metax_operator.chart.validation import field_path
+from metax_operator.chart.problems import field_path
 
 # Keys as the chart's are (names, label keys with dots and slashes, node names with dashes).
 keys = st.from_regex(r"[a-z][a-z0-9./-]{0,7}", fullmatch=True).filter(lambda k: not k.endswith((".", "/")))

@@ -26,7 +26,7 @@ import re
 from typing import Callable
 
 from metax_operator.rollout import policy
-from metax_operator.chart import validation
+from metax_operator.chart import problems, validation
 from metax_operator.errors import UserError
 from metax_operator.chart.schema import GROUP, PLURAL, percent_pattern
 
@@ -156,7 +156,7 @@ def _schema_message(key: str, in_step: bool, value: str, index: str) -> str:
 
     step = {"replicas": "100%", key: _PLACEHOLDER}
     raw = {"upgradeSteps": [step]} if in_step else {key: _PLACEHOLDER}
-    (error,) = validation.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
+    (error,) = problems.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
     shown = f"(type({value}) == string ? \"'\" + {value} + \"'\" : string(dyn({value})))"
     return message(lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v)),
                    index or "0", shown)

@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 
 from metax_operator.chart import validation, values_sources
+from metax_operator.chart.problems import field_path
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.schema import REPO_ROOT, load_values_schema
 from metax_operator.yamltext import load_one, read_text
@@ -317,4 +318,4 @@ def _field(pointer: str | None, dotted: str | None) -> str:
     parts = [p for p in (pointer.split("/") if pointer is not None else dotted.split(".")) if p]
     if parts in ([], ["(root)"]):
         return "values"
-    return validation.field_path("", [int(p) if p.isdigit() else p for p in parts])
+    return field_path("", [int(p) if p.isdigit() else p for p in parts])

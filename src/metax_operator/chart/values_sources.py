@@ -341,7 +341,7 @@ def _child(node: yaml.Node | None, keys: list) -> yaml.Node | None:
 
 
 def _find(node: yaml.Node, path: str) -> yaml.Node | None:
-    """The key or list item that a field path (`a.b[0].c`, as validation.field_path writes it)
+    """The key or list item that a field path (`a.b[0].c`, as problems.field_path writes it)
     names under `node`, or the deepest of its parents written there; None when not even the first
     is. Keys may hold dots (label keys, node names): the longest key that fits is taken."""
     found, rest = None, path

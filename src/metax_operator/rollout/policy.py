@@ -4,15 +4,23 @@ Seed 000 table 3.11 plus the knobs beyond it: `readinessTimeout`, `allowGpuWorkl
 node-safety ones (`cordon`, `waitForCompletion`, `drain`, `onTimeout`). `validate` is
 shared with the chart's validation module and the runner: a pure function, no I/O, that
 returns the parsed `Policy` or raises `UserErrors` with one `UserError` per problem.
+
+The shape (fields, types, enums, ranges, the int-or-percent and duration grammars) is the values
+schema's `driver.upgradePolicy`, checked here with that schema fragment; this module adds only
+what a schema cannot say: the rules between fields and steps, the label selector's grammar, and
+the last step against the number of nodes at run time.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Mapping
 
+from metax_operator.chart.problems import schema_problems
+from metax_operator.chart.schema import fragment
 from metax_operator.errors import UserError, UserErrors
 
 DEFAULT_READINESS_TIMEOUT_MS = 600_000
@@ -30,12 +38,6 @@ _MILLISECONDS = re.compile(r"[0-9]+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_POLICY_KEYS = ("enableRollout", "upgradeSteps", "pause", "maxParallel", "maxUnavailable",
-                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads", "cordon",
-                "waitForCompletion", "drain", "onTimeout")
-_WAIT_KEYS = ("podSelector", "timeout")
-_DRAIN_KEYS = ("enable", "timeout")
-_STEP_KEYS = ("replicas", "pauseDuration", "pause", "toleration")
 
 
 @dataclass(frozen=True)
@@ -134,127 +136,57 @@ def validate(policy: Any, field_prefix: str = "driver.upgradePolicy",
 
 def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
              nodes: int | None = None) -> list[UserError]:
-    """The same checks as `validate`, returned as a list (empty when the policy is valid)."""
+    """The same checks as `validate`, returned as a list (empty when the policy is valid): the
+    schema's, then the rules between fields wherever the shapes they read are right."""
     if policy is None:
         return []
+    errors = schema_problems(policy, _schema(), field_prefix)
     if not isinstance(policy, Mapping):
-        return [UserError(field_prefix, f"must be a mapping, not {_kind(policy)}",
-                          "write the policy fields (enableRollout, upgradeSteps, ...) under it")]
-    errors: list[UserError] = []
+        return errors
     path = field_prefix.rstrip(".")
-    for key in policy:
-        if key not in _POLICY_KEYS:
-            errors.append(UserError(f"{path}.{key}", "unknown field",
-                                    f"use one of: {', '.join(_POLICY_KEYS)}"))
-    for key in ("enableRollout", "pause", "allowGpuWorkloads"):
-        if key in policy and not isinstance(policy[key], bool):
-            errors.append(UserError(f"{path}.{key}", f"must be true or false, not {policy[key]!r}",
-                                    "write true or false without quotes"))
-    _int_or_percent(policy, "maxParallel", path, errors, zero_percent_ok=False,
-                    zero_hint="use 0 for no limit, or a percentage from 1% to 100%")
-    _int_or_percent(policy, "maxUnavailable", path, errors)
-    mft = policy.get("maxFailureThreshold", 0)
-    if not _is_int(mft) or mft < 0:
-        errors.append(UserError(f"{path}.maxFailureThreshold",
-                                f"must be an integer >= 0, not {mft!r}",
-                                "set the number of retries per step, e.g. 3"))
-    if policy.get("fallback", "pause") not in ("pause", "rollback"):
-        errors.append(UserError(f"{path}.fallback", f"must be pause or rollback, not {policy['fallback']!r}",
-                                "set fallback: pause (wait for the admin) or fallback: rollback"))
-    errors.extend(_node_safety_problems(policy, path))
-    if "readinessTimeout" in policy:
-        ms, problem = _duration_ms(policy["readinessTimeout"])
-        if problem or not ms:
-            errors.append(UserError(f"{path}.readinessTimeout", problem or "must be more than 0",
-                                    "give milliseconds (600000) or a duration such as \"10m\""))
-    errors.extend(_step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps",
-                                 policy.get("enableRollout") is True, nodes))
-    return errors
-
-
-def _node_safety_problems(policy: Mapping, path: str) -> list[UserError]:
-    """`cordon`, `onTimeout`, `waitForCompletion` and `drain`."""
-    errors: list[UserError] = []
-    if "cordon" in policy and not isinstance(policy["cordon"], bool):
-        errors.append(UserError(f"{path}.cordon", f"must be true or false, not {policy['cordon']!r}",
-                                "write true or false without quotes"))
-    if policy.get("onTimeout", "hold") not in ("hold", "fail"):
-        errors.append(UserError(f"{path}.onTimeout", f"must be hold or fail, not {policy['onTimeout']!r}",
-                                "set onTimeout: hold (keep the node's driver, hold it back) or onTimeout: fail"))
-    for key, keys in (("waitForCompletion", _WAIT_KEYS), ("drain", _DRAIN_KEYS)):
-        section = policy.get(key, {})
-        where = f"{path}.{key}"
-        if not isinstance(section, Mapping):
-            errors.append(UserError(where, f"must be a mapping, not {_kind(section)}",
-                                    f"write its fields ({', '.join(keys)}) under it"))
-            continue
-        errors.extend(UserError(f"{where}.{k}", "unknown field", f"use one of: {', '.join(keys)}")
-                      for k in section if k not in keys)
-        if "timeout" in section:
-            ms, problem = _duration_ms(section["timeout"])
-            if problem or (key == "drain" and not ms):
-                errors.append(UserError(f"{where}.timeout", problem or "must be more than 0",
-                                        "give milliseconds (300000) or a duration such as \"5m\""
-                                        + (" (0: no limit)" if key == "waitForCompletion" else "")))
-        selector = section.get("podSelector", "")
-        if not isinstance(selector, str) or (selector and not _SELECTOR.fullmatch(selector)):
-            errors.append(UserError(f"{where}.podSelector", f"is not a label selector: {selector!r}",
+    for key in ("waitForCompletion", "drain"):
+        selector = (policy.get(key) or {}).get("podSelector", "") if isinstance(policy.get(key), Mapping) else ""
+        if isinstance(selector, str) and selector and not _SELECTOR.fullmatch(selector):
+            errors.append(UserError(f"{path}.{key}.podSelector", f"is not a label selector: {selector!r}",
                                     "write a label selector such as \"app=training\" or \"team in (ml,hpc)\""))
-        if not isinstance(section.get("enable", False), bool):
-            errors.append(UserError(f"{where}.enable", f"must be true or false, not {section['enable']!r}",
-                                    "write true or false without quotes"))
-    return errors
+    errors += _step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps", policy.get("enableRollout") is True,
+                             nodes)
+    return sorted(errors, key=lambda e: [(0, int(part), "") if part.isdigit() else (1, 0, part)
+                                         for part in re.split(r"[.\[\]]+", e.field)])
+
+
+@functools.cache
+def _schema() -> dict:
+    return fragment("driver", "upgradePolicy")
 
 
 def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> list[UserError]:
+    """The rules between steps: steps while the rollout is on, targets that never fall, a last
+    step that reaches every node, a pause written two ways."""
     if steps is None or steps == []:
-        if enabled:
-            return [empty_steps(path)]
-        return []
+        return [empty_steps(path)] if enabled else []
     if not isinstance(steps, list):
-        return [UserError(path, f"must be a list of steps, not {_kind(steps)}",
-                          "write one `- replicas: ...` item per step")]
+        return []
     errors: list[UserError] = []
     previous: IntOrPercent | None = None
     for i, step in enumerate(steps):
         where = f"{path}[{i}]"
         if not isinstance(step, Mapping):
-            errors.append(UserError(where, f"must be a mapping, not {_kind(step)}",
-                                    "write the step as `replicas: N` with optional pauseDuration and toleration"))
             previous = None
             continue
-        for key in step:
-            if key not in _STEP_KEYS:
-                errors.append(UserError(f"{where}.{key}", "unknown field",
-                                        f"use one of: {', '.join(_STEP_KEYS)}"))
-        if "replicas" not in step:
-            errors.append(UserError(f"{where}.replicas", "is missing",
-                                    "give the number (5) or share (\"50%\") of nodes upgraded after this step"))
-            previous = None
-        else:
-            replicas = _int_or_percent(step, "replicas", where, errors, minimum=1)
-            if replicas and previous and replicas.percent == previous.percent \
-                    and replicas.value < previous.value:
-                errors.append(falling_replicas(where, replicas, previous))
-            previous = replicas or None
-            if i == len(steps) - 1 and replicas:
-                if replicas.percent and replicas.value != 100:
-                    errors.append(last_step_short_percent(where, replicas))
-                elif nodes is not None and (problem := _short_last_step(replicas, nodes)):
-                    errors.append(UserError(f"{where}.replicas", problem,
-                                            "set the last step's replicas to \"100%\""))
-        _int_or_percent(step, "toleration", where, errors)
+        replicas = _parse_int_or_percent(step.get("replicas"))
+        if replicas and not (1 <= replicas.value <= (100 if replicas.percent else replicas.value)):
+            replicas = None  # out of range: the schema's problem, not a target to compare
+        if replicas and previous and replicas.percent == previous.percent and replicas.value < previous.value:
+            errors.append(falling_replicas(where, replicas, previous))
+        previous = replicas
+        if i == len(steps) - 1 and replicas:
+            if replicas.percent and replicas.value != 100:
+                errors.append(last_step_short_percent(where, replicas))
+            elif nodes is not None and (problem := _short_last_step(replicas, nodes)):
+                errors.append(UserError(f"{where}.replicas", problem, "set the last step's replicas to \"100%\""))
         if "pause" in step and "pauseDuration" in step:
             errors.append(pause_with_duration(where))
-        elif "pause" in step and step["pause"] not in (None, {}, True):
-            errors.append(UserError(f"{where}.pause", f"must be empty or {{}}, not {step['pause']!r}",
-                                    "write `pause: {}` to wait for the admin, or use pauseDuration: <milliseconds>"))
-        elif "pauseDuration" in step:
-            _, problem = _pause_ms(step["pauseDuration"])
-            if problem:
-                errors.append(UserError(f"{where}.pauseDuration", problem,
-                                        "leave it empty or {} to wait for the admin, or give milliseconds "
-                                        "(10000) or a duration such as \"10s\""))
     return errors
 
 
@@ -312,27 +244,6 @@ def _build(raw: Mapping) -> Policy:
     )
 
 
-def _int_or_percent(mapping: Mapping, key: str, path: str, errors: list[UserError], *,
-                    minimum: int = 0, zero_percent_ok: bool = True,
-                    zero_hint: str = "") -> IntOrPercent | None:
-    if key not in mapping:
-        return None
-    raw = mapping[key]
-    where = f"{path}.{key}"
-    fix = f"write an integer >= {minimum} (e.g. 5) or a percentage from {max(minimum, 0)}% to 100% (e.g. \"50%\")"
-    parsed = _parse_int_or_percent(raw)
-    if parsed is None:
-        errors.append(UserError(where, f"must be an integer or a percentage, not {raw!r}", fix))
-        return None
-    if parsed.percent and parsed.value > 100:
-        errors.append(UserError(where, f"{parsed} is more than 100%", fix))
-        return None
-    if parsed.value < minimum or (parsed.percent and parsed.value == 0 and not zero_percent_ok):
-        errors.append(UserError(where, f"{parsed} is too small", zero_hint or fix))
-        return None
-    return parsed
-
-
 def _parse_int_or_percent(raw: Any) -> IntOrPercent | None:
     if _is_int(raw):
         return IntOrPercent(raw)  # the caller checks the range
@@ -362,7 +273,3 @@ def _duration_ms(raw: Any) -> tuple[int | None, str | None]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    return {list: "a list", dict: "a mapping", str: "a string"}.get(type(value), repr(value))
