@@ -8,6 +8,7 @@ import json
 import pytest
 
 from metax_operator.rollout import engine, admin
+from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
 from metax_operator.rollout.observe import build, need_reboot, node_event, project_driver_pod, project_revision
 from metax_operator.workloads import gpu_pod
 
@@ -130,12 +131,11 @@ def cr(status: dict, policy: dict = SEED_POLICY) -> dict:
 
 
 def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
-    status = engine.empty_status()
-    status.update(phase="Progressing", upgrading=True)
-    status["status"].update(currentStepIndex=1, currentStepState="StepUpgrade", totalUpgradeReplicas=10,
-                            totalUpgradeReadyReplicas=3, lastPodSpecRevision="a", upgradingPodSpecRevision="b")
-    status["resume"].update(wave=["n3", "n4"], waveKind="upgrade", failedNodes=["n9"], failedNodeCount=1)
-    text = admin.render(cr(status))
+    status = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(
+        current_step_index=1, current_step_state="StepUpgrade", total_upgrade_replicas=10,
+        total_upgrade_ready_replicas=3, last_pod_spec_revision="a", upgrading_pod_spec_revision="b"),
+        resume=Resume(wave=["n3", "n4"], wave_kind="upgrade", failed=NodeList(["n9"], 1)))
+    text = admin.render(cr(status.to_json()))
     lines = text.splitlines()
     assert "Phase: Progressing" in lines[0] and "a -> b" in lines[0] and "upgraded 3/10" in lines[0]
     assert lines[1].split() == ["STEP", "TARGET", "UPGRADED", "AFTER", "STATE"]
@@ -147,12 +147,10 @@ def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
 
 
 def test_next_action_after_a_runner_pause_is_resume():
-    status = engine.empty_status()
-    status.update(phase="Progressing", upgrading=True)
-    status["status"].update(currentStepState="StepPaused")
-    status["resume"].update(pausedByRunner=True, pauseReason="failure")
+    status = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(current_step_state="StepPaused"),
+                           resume=Resume(paused_by_runner=True, pause_reason="failure"))
     policy = {**SEED_POLICY, "pause": True}
-    assert "fix the failed nodes, then resume: metax-operator rollout resume" in admin.render(cr(status, policy))
+    assert "fix the failed nodes, then resume: metax-operator rollout resume" in admin.render(cr(status.to_json(), policy))
 
 
 def test_status_json_is_the_upgrade_status():
@@ -161,10 +159,8 @@ def test_status_json_is_the_upgrade_status():
 
 
 def test_status_table_lists_skipped_and_cordoned_nodes():
-    status = engine.empty_status()
-    status["resume"].update(skippedNodes=["n2", "n7"], skippedNodeCount=2, cordonedNodes=["n3"] * 20,
-                            cordonedNodeCount=25)
-    text = admin.render(cr(status))
+    status = UpgradeStatus(resume=Resume(skipped=NodeList(["n2", "n7"], 2), cordoned=NodeList(["n3"] * 20, 25)))
+    text = admin.render(cr(status.to_json()))
     assert "Skipped (label metax-tech.com/driver-upgrade.skip=true): 2: n2, n7" in text.splitlines()
     assert "Cordoned by the runner: 25: " in text and text.count("(+5 more)") == 1
 
@@ -192,5 +188,5 @@ def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
     snap = build(daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None,
                  need_reboot=need_reboot(asked, rebooted))
     status = engine.decide(snap.observed, admin.policy_mod.validate({}), None, 0.0).status
-    assert (status["resume"]["needRebootNodes"], status["resume"]["needRebootNodeCount"]) == (["n1", "n3"], 2)
-    assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status))
+    assert status.resume.need_reboot == NodeList(["n1", "n3"], 2)
+    assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status.to_json()))

@@ -16,6 +16,7 @@ from typing import Callable
 
 from metax_operator.rollout import engine
 from metax_operator.rollout.policy import Policy
+from metax_operator.rollout.status import UpgradeStatus
 
 OLD, NEW = "rev-old", "rev-new"
 
@@ -70,7 +71,7 @@ class Result:
     end_time: float
     passes: int
     crashes: int
-    status: dict
+    status: UpgradeStatus
     pods: dict[str, str]  # node -> revision of its live pod
     deleted_ready_upgraded: int  # Ready pods at the upgrading revision the runner deleted (must be 0)
     max_in_flight_over_cap: int  # after a pass that deleted: pods in flight beyond its cap (must be <= 0)
@@ -99,7 +100,7 @@ class Simulation:
         self._serial = 0
         for node in sorted(self.nodes):
             self._create(node, 0.0, ready=True)
-        self.status: dict | None = None
+        self.status: UpgradeStatus | None = None
         self.in_flight: set[str] = set()  # nodes whose pod the runner deleted, replacement not back yet
         self.unpause_at: float | None = None
         self.deleted_ready_upgraded = 0
@@ -184,19 +185,19 @@ class Simulation:
             if self.unpause_at is not None and now >= self.unpause_at:
                 self.spec_pause, self.unpause_at = False, None
             decision = self._pass(now)
-            status = self.status or engine.empty_status()
-            rs = status["resume"]
-            if rs["pausedByRunner"] and rs["pauseConfirmed"] and self.spec_pause and self.unpause_at is None \
+            status = self.status or UpgradeStatus()
+            rs = status.resume
+            if rs.paused_by_runner and rs.pause_confirmed and self.spec_pause and self.unpause_at is None \
                     and self.cfg.admin_delay is not None \
-                    and (rs["pauseReason"] != "failure" or self.cfg.admin_resumes_failures):
+                    and (rs.pause_reason != "failure" or self.cfg.admin_resumes_failures):
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
             self._record(status, now)
-            started = started or status["phase"] not in (engine.IDLING, engine.DISABLED)
-            if started and not status["upgrading"] and not self._changing(now):
+            started = started or status.phase not in (engine.IDLING, engine.DISABLED)
+            if started and not status.upgrading and not self._changing(now):
                 break
             now = self._next_time(now, decision)
         return Result(steps=[self.steps[i] for i in sorted(self.steps)], rollback_waves=self.rollback_waves,
-                      end_time=now, passes=self.passes, crashes=self.crashes, status=self.status or {},
+                      end_time=now, passes=self.passes, crashes=self.crashes, status=self.status or UpgradeStatus(),
                       pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
                       deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=self.over_cap,
                       deletions_while_paused=self.paused_deletions, actions_per_pass=self.actions_per_pass)
@@ -207,13 +208,15 @@ class Simulation:
         decision = engine.decide(self.observe(now), policy, self.status, now)
         self.passes += 1
         actions: list[tuple[str, Callable[[], None]]] = [("status", lambda: self._persist(decision.status))]
-        if decision.restore_revision:
-            actions.append(("restore", lambda: self.set_revision(decision.restore_revision)))
         if decision.set_pause is not None:
             actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
-        upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
-            if decision.status["phase"] == engine.PROGRESSING else None
-        runner_paused = decision.status["resume"]["pausedByRunner"]
+        if decision.status_once_paused is not None:
+            actions.append(("status", lambda: self._persist(decision.status_once_paused)))
+        if decision.restore is not None:
+            actions.append(("restore", lambda: self.set_revision(decision.restore.revision)))
+        upgrading = decision.status.step.upgrading_pod_spec_revision \
+            if decision.status.phase == engine.PROGRESSING else None
+        runner_paused = decision.status.resume.paused_by_runner
         for ref in decision.delete:
             actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
         self.actions_per_pass.append(len(actions) - 1)
@@ -228,31 +231,31 @@ class Simulation:
             act()
         return decision
 
-    def _record(self, status: dict, now: float) -> None:
+    def _record(self, status: UpgradeStatus, now: float) -> None:
         """The timeline, from the persisted status (what survives a crash)."""
-        sub, rs = status["status"], status["resume"]
-        index = sub["currentStepIndex"]
-        state = sub.get("currentStepState")
-        completed = state == engine.COMPLETED and sub["upgradingPodSpecRevision"] == self.revision
-        if (status["phase"] == engine.PROGRESSING or completed) and self.policy.steps:
+        sub, rs = status.step, status.resume
+        index = sub.current_step_index
+        state = sub.current_step_state
+        completed = state == engine.COMPLETED and sub.upgrading_pod_spec_revision == self.revision
+        if (status.phase == engine.PROGRESSING or completed) and self.policy.steps:
             rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
             if rec.ready is None:  # the target as the step met it (N may change later)
-                rec.target = sub["currentUpgradeReplicas"]
-            if rs["pausedByRunner"] and rs["pauseReason"] == "failure":
+                rec.target = sub.current_upgrade_replicas
+            if rs.paused_by_runner and rs.pause_reason == "failure":
                 if rec.fallback_retries is None:
-                    rec.fallback_retries = sub["currentFailureRetry"]
+                    rec.fallback_retries = sub.current_failure_retry
             elif state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED) and rec.ready is None:
                 rec.ready = now
                 rec.upgraded_at_ready = sum(1 for n in self.nodes if (p := self._live(n))
-                                            and p.revision == sub["upgradingPodSpecRevision"])
-                rec.failed_at_ready = rs["failedNodeCount"]
-        if status["phase"] == engine.TERMINATING and index in self.steps \
-                and self.steps[index].fallback_retries is None and rs["abandonedRevision"]:
-            self.steps[index].fallback_retries = sub["currentFailureRetry"]
-        wave_key = f"{rs.get('waveStartTime')}/{rs.get('waveKind')}"
-        if rs.get("wave") and wave_key not in self.seen_waves:
+                                            and p.revision == sub.upgrading_pod_spec_revision)
+                rec.failed_at_ready = rs.failed.count
+        if status.phase == engine.TERMINATING and index in self.steps \
+                and self.steps[index].fallback_retries is None and rs.abandoned_revision:
+            self.steps[index].fallback_retries = sub.current_failure_retry
+        wave_key = f"{rs.wave_start_time}/{rs.wave_kind}"
+        if rs.wave and wave_key not in self.seen_waves:
             self.seen_waves.add(wave_key)
-            kind, size = rs["waveKind"], len(rs["wave"])
+            kind, size = rs.wave_kind, len(rs.wave)
             if kind == "rollback":
                 self.rollback_waves.append(size)
             elif index in self.steps:
@@ -261,7 +264,7 @@ class Simulation:
         if cap is not None and self.deleted_now:  # the cap of the pass that deleted (N may change later)
             self.over_cap = max(self.over_cap, len(self.in_flight) - cap)
 
-    def _persist(self, status: dict) -> None:
+    def _persist(self, status: UpgradeStatus) -> None:
         self.status = status
 
     def _set_pause(self, value: bool) -> None:
@@ -276,12 +279,12 @@ class Simulation:
         pod.deleting, pod.gone_at = now, now + self.cfg.terminate_latency
         self.in_flight.add(pod.node)
 
-    def _cap(self, status: dict) -> int | None:
-        if status["phase"] not in (engine.PROGRESSING, engine.TERMINATING, engine.DISABLING) \
+    def _cap(self, status: UpgradeStatus) -> int | None:
+        if status.phase not in (engine.PROGRESSING, engine.TERMINATING, engine.DISABLING) \
                 or not self.policy.steps:
             return None
         live = len(self.nodes)
-        return self.policy.caps(live)[min(status["status"]["currentStepIndex"], len(self.policy.steps) - 1)]
+        return self.policy.caps(live)[min(status.step.current_step_index, len(self.policy.steps) - 1)]
 
     def _changing(self, now: float) -> bool:
         """Whether pods are still terminating or coming up."""
@@ -303,7 +306,7 @@ class Simulation:
         return now + step * max(1, -(-(min(times) - now) // step))
 
     def _quiet(self, decision: engine.Decision) -> bool:
-        return not decision.delete and decision.restore_revision is None and decision.set_pause is None
+        return not decision.delete and decision.restore is None and decision.set_pause is None
 
 
 def _after(policy: Policy, index: int) -> str | int:
