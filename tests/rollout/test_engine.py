@@ -667,3 +667,13 @@ def test_a_drain_timeout_beyond_the_toleration_is_retried_with_a_new_drain():
     assert cluster.decide(pol, T0 + 34).evict == ["n00"]  # drained again, with a new timeout
     cluster.busy = set()
     assert [ref.node for ref in cluster.decide(pol, T0 + 40).delete] == ["n00"]
+
+
+def test_handlers_name_the_next_one_and_a_chain_that_does_not_settle_is_an_error(monkeypatch):
+    """Each handler returns the next (or None): a pass that would cycle raises instead of looping."""
+    def _idle(self):
+        return self._idle
+
+    monkeypatch.setattr(R._Pass, "_idle", _idle)
+    with pytest.raises(R.Unsettled, match=r"did not settle within 18 steps \(phase Idling.*_idle -> _idle"):
+        R.decide(Cluster(2).observed(), policy(), None, T0)

@@ -212,7 +212,7 @@ class _Pass:
                 return
             handler = next_handler
         raise Unsettled(f"the rollout's transitions did not settle within {bound} steps "
-                        f"(phase {self.st.phase}, step {self.sub.current_step_index} {self.sub.current_step_state}; "
+                        f"(phase {self.st.phase}, step {self.sub.current_step_index} {self.sub.current_step_state or '-'}; "
                         f"handlers {' -> '.join(trail[-6:])})")
 
     # -- Idling / Disabled: nothing in flight ---------------------------------------------

@@ -98,14 +98,21 @@ class RolloutExecutor:
         snap = self.watches.observe(ds, cr, written)
         before = UpgradeStatus.from_json(written) if written is not None else None
         decision = engine.decide(snap.observed, policy, before, self.clock())
+        return self.execute(cr, decision, policy.pause)
+
+    def execute(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+        """Carry out `decision`, taken on the CR `cr` as read (its spec's pause was `pause_seen`):
+        the status write first, then the actions in order; the number of writes."""
+        written = (cr.get("status") or {}).get("upgradeStatus") or None
         writes = 0
         if decision.status.to_json() != written:
             if not self._write_status(cr, decision.status):
                 return 0  # the CR changed since it was read: decide again next pass
             writes += 1
         if self.metrics is not None:
+            before = UpgradeStatus.from_json(written) if written is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
-        writes += self._act(cr, decision, policy.pause)
+        writes += self._act(cr, decision, pause_seen)
         sub = decision.status.step
         event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,
               phase=decision.status.phase, step=sub.current_step_index,
