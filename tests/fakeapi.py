@@ -337,19 +337,19 @@ def _handler(api: FakeApi):
                 api.unwatch(events)
                 self.close_connection = True
 
-        def do_GET(self):  # noqa: N802 - http.server's names
+        def do_GET(self):
             self._serve("GET")
 
-        def do_PUT(self):  # noqa: N802
+        def do_PUT(self):
             self._serve("PUT")
 
-        def do_PATCH(self):  # noqa: N802
+        def do_PATCH(self):
             self._serve("PATCH")
 
-        def do_DELETE(self):  # noqa: N802
+        def do_DELETE(self):
             self._serve("DELETE")
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self._serve("POST")
 
     return Handler

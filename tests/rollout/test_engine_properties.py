@@ -1,5 +1,6 @@
 """Invariants of the rollout engine over random policies, cluster sizes, latencies, failures and
-runner crashes (hypothesis), each run through the OnDelete simulator (`metax_operator.rollout.simulate`).
+runner crashes (hypothesis), each run through the OnDelete simulator (`metax_operator.rollout.simulate`,
+with the faults and counters of tests/rollout/oracle.py).
 
 Bounded so the file runs in well under a minute: small clusters get many examples, clusters up to
 20,000 nodes a few, with caps that keep the number of waves (and passes) small.
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import IntOrPercent, Policy, Step
-from metax_operator.rollout.simulate import NEW, OLD, Config, Simulation
+from tests.rollout.oracle import NEW, OLD, Config, Simulation
 
 SMALL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LARGE = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])

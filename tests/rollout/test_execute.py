@@ -22,7 +22,7 @@ from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus
 from metax_operator.runtime.reconcile import LostLeadership
 from tests.fakeapi import FakeApi
-from tests.rollout.test_observe import DS_UID, TEMPLATE, daemonset, pod, revision
+from tests.rollout.test_observe import daemonset, pod, revision
 
 NS = "metax"
 CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"

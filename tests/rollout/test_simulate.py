@@ -6,7 +6,8 @@ import pytest
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import validate
-from metax_operator.rollout.simulate import NEW, OLD, Config, Simulation, simulate
+from metax_operator.rollout.simulate import simulate
+from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.cases import WORKED_EXAMPLES
 
 CASES = WORKED_EXAMPLES
