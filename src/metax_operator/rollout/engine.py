@@ -1,11 +1,16 @@
 """The staged driver rollout's decision: a pure function, `decide(observed, policy, status, now)`.
 
 It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
-nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
-returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
-restarted runner needs), pods to delete, nodes to cordon, drain or uncordon, a revision to
-restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It
-never calls Kubernetes and never reads the clock, so every rule is tested without a cluster.
+nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` (`rollout.status`)
+and the time, and returns a `Decision` holding everything the runner then does: the new status
+(seed 000 table 3.16, plus `resume`, the bookkeeping a restarted runner needs), the value to set
+`spec.driver.upgradePolicy.pause` to and the status to write once it landed, the restore of an
+older revision (`rollout.restore`: spec.driver, then the template), nodes to cordon, drain or
+uncordon, pods to delete, events, and when to run again. It never calls Kubernetes and never
+reads the clock, so every rule is tested without a cluster.
+
+A pass dispatches on the phase to a handler; each handler does its part and returns the handler
+to run next, or None when the pass is done (`_settle` bounds the chain).
 
 The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
 is safe to repeat, so a crash between any two actions loses nothing: the next pass sees the
