@@ -1,8 +1,8 @@
 """The rollout decision function, rule by rule (docs/rollout.md), on hand-built observations.
 
-`Cluster` is a tiny stand-in for the DaemonSet under OnDelete that the test steps by hand: the
-engine's deletions replace pods at the current revision, and the test says when they are Ready
-or failed. The worked examples also run through the engine here.
+`Cluster` is a hand-stepped fixture, not a simulator: no clock, no latencies; the engine's
+deletions replace pods at once at the current revision, and the test says when they are Ready or
+failed. The worked examples run through the OnDelete simulator (tests/rollout/test_simulate.py).
 """
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import yaml
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import validate
-from tests.cases import WORKED_EXAMPLES
 
-CASES = WORKED_EXAMPLES
 T0 = 1_800_000_000.0
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
 UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
@@ -113,38 +111,6 @@ def drive(cluster: Cluster, pol, now: float, passes: int = 200, step: float = 5.
                 in (R.COMPLETED, ""):
             break
     return now
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
-def test_worked_examples_through_the_engine(case):
-    cluster = Cluster(case["nodes"])
-    pol = validate(case["policy"])
-    steps: dict[int, dict] = {}
-    now, spec_pause = T0, False
-    for _ in range(500):
-        decision = cluster.decide(dataclasses.replace(pol, pause=spec_pause), now)
-        sub = cluster.status.step
-        if decision.delete:
-            rec = steps.setdefault(sub.current_step_index, {"deletions": []})
-            rec["deletions"].append(len(decision.delete))
-            rec["target"] = sub.current_upgrade_replicas
-        if sub.current_step_state == R.STEP_PAUSED:
-            rs = cluster.status.resume
-            rec = steps[sub.current_step_index]
-            rec.setdefault("after", "manual" if rs.paused_by_runner else int(
-                round((R.parse_time(sub.recheck_time) - now) * 1000)))
-            if decision.set_pause:
-                spec_pause = True
-            elif rs.pause_confirmed:
-                spec_pause = False  # the admin confirms
-        cluster.ready_all()
-        now += 5
-        if sub.current_step_state == R.COMPLETED:
-            break
-    got = [{"step": i, "target": s["target"], "deletions": s["deletions"], "after": s["after"]}
-           for i, s in sorted(steps.items())]
-    assert got == case["expect"]
-    assert cluster.revisions() == {"new": case["nodes"]}
 
 
 def test_status_has_every_field_of_table_3_16_and_the_seed_shape():

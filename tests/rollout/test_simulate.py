@@ -1,6 +1,7 @@
 """The OnDelete simulator driving the engine: timelines, failures, hangs, crashes, admin scripts."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 
@@ -9,6 +10,7 @@ from metax_operator.rollout.policy import validate
 from metax_operator.rollout.simulate import simulate
 from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.cases import WORKED_EXAMPLES
+from tests.rollout.test_engine import assert_fits_the_crd
 
 CASES = WORKED_EXAMPLES
 
@@ -110,3 +112,27 @@ def test_gpu_busy_nodes_wait_until_their_work_ends():
     _, result = run(policy, nodes=3, busy_nodes={"node-00001": 500.0}, ready_latency=(10, 10))
     assert result.steps[0].deletions == [2, 1]
     assert result.end_time >= 500 and set(result.pods.values()) == {NEW}
+
+
+class Recorded(Simulation):
+    """Keeps every status the runner wrote."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.written: list[R.UpgradeStatus] = []
+
+    def _persist(self, status: R.UpgradeStatus) -> None:
+        self.written.append(status)
+        super()._persist(status)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_worked_examples_with_pods_ready_at_once_every_status_fitting_the_crd(case):
+    policy = dataclasses.replace(validate(case["policy"]), enable_rollout=True, pause=False)
+    sim = Recorded(Config(nodes=case["nodes"], ready_latency=(0, 0), terminate_latency=0), policy)
+    sim.set_revision(NEW)
+    result = sim.run()
+    assert result.as_json() == {"steps": case["expect"]}
+    assert result.pods == {node: NEW for node in sim.nodes}
+    for status in sim.written:
+        assert_fits_the_crd(status.to_json())
