@@ -1,5 +1,6 @@
 """Invariants of the rollout engine over random policies, cluster sizes, latencies, failures and
-runner crashes (hypothesis), each run through the OnDelete simulator (`metax_operator.rollout.simulate`).
+runner crashes (hypothesis), each run through the OnDelete simulator (`metax_operator.rollout.simulate`,
+with the faults and counters of tests/rollout/oracle.py).
 
 Bounded so the file runs in well under a minute: small clusters get many examples, clusters up to
 20,000 nodes a few, with caps that keep the number of waves (and passes) small.
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import IntOrPercent, Policy, Step
-from metax_operator.rollout.simulate import NEW, OLD, Config, Simulation
+from tests.rollout.oracle import NEW, OLD, Config, Simulation
 
 SMALL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LARGE = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -71,18 +72,18 @@ def check_safety(result, policy: Policy) -> None:
 
 def check_end_state(result, policy: Policy, nodes: int) -> None:
     status = result.status
-    conditions = {c["type"]: c for c in status["condition"]}
-    if status["status"].get("currentStepState") == R.COMPLETED:
-        assert status["phase"] == R.IDLING and not status["upgrading"]
+    conditions = {c.type: c for c in status.conditions}
+    if status.step.current_step_state == R.COMPLETED:
+        assert status.phase == R.IDLING and not status.upgrading
         assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
-    elif conditions.get("Terminating", {}).get("reason") == "RolledBack":
+    elif "Terminating" in conditions and conditions["Terminating"].reason == "RolledBack":
         assert set(result.pods.values()) == {OLD}, "after a rollback every pod is at the old revision"
         assert policy.fallback == "rollback"
     else:  # the fallback pause, waiting for the admin
         assert policy.fallback == "pause"
-        assert status["status"].get("currentStepState") == R.STEP_PAUSED
-        assert conditions["Failed"]["status"] == "True"
-        assert status["status"]["currentFailureRetry"] == policy.max_failure_threshold
+        assert status.step.current_step_state == R.STEP_PAUSED
+        assert conditions["Failed"].status == "True"
+        assert status.step.current_failure_retry == policy.max_failure_threshold
 
 
 @SMALL
@@ -93,7 +94,7 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
     result = run(policy, Config(nodes=nodes, seed=seed, ready_latency=(latency[0], latency[0] + latency[1]),
                                 admin_delay=data.draw(st.floats(0, 600))), admin_pauses(data.draw))
     check_safety(result, policy)
-    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.status.step.current_step_state == R.COMPLETED
     assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
     targets = policy.targets(nodes)
     assert [r.target for r in result.steps] == [targets[r.step] for r in result.steps]
@@ -116,7 +117,7 @@ def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins,
     sim.set_revision(NEW)
     result = sim.run()
     check_safety(result, policy)
-    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.status.step.current_step_state == R.COMPLETED
     assert result.pods == dict.fromkeys(sim.nodes, NEW)  # every node there at the end, upgraded
 
 
@@ -144,7 +145,7 @@ def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, c
         check_safety(result, policy)
         check_end_state(result, policy, nodes)
     if fail == 0.0:
-        assert crashed.status["status"].get("currentStepState") == R.COMPLETED
+        assert crashed.status.step.current_step_state == R.COMPLETED
         assert crashed.pods == calm.pods
         assert [r.target for r in crashed.steps] == [r.target for r in calm.steps]
 

@@ -1,196 +1,204 @@
-"""Unit tests of the rollout shell's pure parts: projections of API objects, building the engine's
-`Observed` from cache contents, the status codec, and the admin status table. The API calls
-themselves are tested on the real control plane (tests/e2e/test_rollout_cluster.py)."""
+"""The rollout's executor (`rollout.execute.RolloutExecutor`) against a fake API server on loopback
+(tests/fakeapi.py), on the real client: it writes the status first, with the resourceVersion it
+read (a 409 ends the pass before any action), then does the decision's actions in order: the
+pause (a JSON patch whose test op holds the value the engine saw: a 422 skips it), the
+pause-confirmed status, the restore (spec.driver, then the template), cordons, uid-preconditioned
+deletions (a 409 there means already gone), uncordons, events; transient 5xx answers are retried,
+a 5xx that persists fails the pass with nothing after it applied, and a lost lease stops it
+before the next write. Whole passes run on the real control plane in
+tests/e2e/test_rollout_cluster.py; the real API server cannot be told to answer these failures.
+"""
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from metax_operator.rollout import engine, admin
-from metax_operator.rollout.observe import build, need_reboot, node_event, project_driver_pod, project_revision
-from metax_operator.workloads import gpu_pod
+from metax_operator.rollout import engine
+from metax_operator.rollout.cordon import CORDONED_LABEL
+from metax_operator.rollout.execute import RolloutExecutor
+from metax_operator.rollout.restore import Restore
+from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.runtime.reconcile import LostLeadership
+from tests.fakeapi import FakeApi
+from tests.rollout.test_observe import daemonset, pod, revision
 
-DS_UID = "ds-uid"
-SEED_POLICY = {"enableRollout": True,
-               "upgradeSteps": [{"replicas": 2}, {"replicas": 5, "pauseDuration": 10000},
-                                {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%"}],
-               "maxParallel": "50%", "maxFailureThreshold": 3}
-
-
-def pod(name: str, node: str, revision: str, ready: bool = True, owner: str = DS_UID, **extra) -> dict:
-    meta = {"name": name, "uid": f"uid-{name}", "creationTimestamp": "2025-01-01T00:00:00Z",
-            "labels": {"controller-revision-hash": revision},
-            "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}], **extra}
-    return {"metadata": meta, "spec": {"nodeName": node},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}],
-                       "containerStatuses": [{"restartCount": 1}, {"restartCount": 4}]}}
-
-
-TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:1"}]}}
+NS = "metax"
+CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
+DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets/metax-driver"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+NEW_TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
+POLICY = {"enableRollout": True, "pause": False, "maxParallel": 1,
+          "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
+T0 = 1_800_000_000.0
 
 
-def revision(hash_: str, number: int, owner: str = DS_UID, template: dict = TEMPLATE) -> dict:
-    """As the DaemonSet controller writes it: the template as a strategic merge patch."""
-    return {"metadata": {"name": f"metax-driver-{hash_}", "labels": {"controller-revision-hash": hash_},
-                         "ownerReferences": [{"kind": "DaemonSet", "uid": owner}]},
-            "revision": number, "data": {"spec": {"template": {**template, "$patch": "replace"}}}}
+def cluster_operator(policy: dict = POLICY, status: dict | None = None) -> dict:
+    cr = {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
+          "metadata": {"name": "cluster-operator", "generation": 3, "uid": "cr-uid"},
+          "spec": {"driver": {"payload": {"version": "2"}, "upgradePolicy": policy}},
+          "status": {"observedGeneration": 3}}
+    if status is not None:
+        cr["status"]["upgradeStatus"] = status
+    return cr
 
 
-def daemonset(generation: int = 2, observed: int = 2, template: dict = TEMPLATE) -> dict:
-    return {"metadata": {"name": "metax-driver", "uid": DS_UID, "generation": generation},
-            "spec": {"template": template}, "status": {"observedGeneration": observed}}
+@pytest.fixture
+def api():
+    """Three nodes whose driver pods run revision `old` while the DaemonSet's template is `new`."""
+    with FakeApi() as fake:
+        fake.put(DS, {**daemonset(template=NEW_TEMPLATE), "metadata": {**daemonset()["metadata"], "namespace": NS}})
+        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-old", revision("old", 1))
+        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new",
+                 revision("new", 2, template=NEW_TEMPLATE))
+        for i in range(3):
+            fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
+            driver = pod(f"driver-n{i}", f"n{i}", "old")
+            driver["metadata"].update(namespace=NS, labels={**driver["metadata"]["labels"],
+                                                            "app.kubernetes.io/component": "driver"})
+            fake.put(f"{PODS}/driver-n{i}", driver)
+        fake.put(CR, cluster_operator())
+        yield fake
 
 
-def applied_cr(generation: int = 4, observed: int = 4) -> dict:
-    """A CR whose spec.driver the runner's reconcile applied up to generation `observed`."""
-    return {"metadata": {"generation": generation}, "spec": {"driver": {"payload": {"version": "1"}}},
-            "status": {"observedGeneration": observed}}
+@pytest.fixture
+def executor(api):
+    lease = {"held": True}
+    runner = RolloutExecutor(api.client(), NS, guard=lambda: lease["held"], clock=lambda: T0)
+    runner.lease = lease
+    yield runner
+    runner.close()
 
 
-def test_driver_pod_projection_keeps_what_the_engine_reads():
-    projected = project_driver_pod(pod("p1", "n1", "abc", ready=False,
-                                       deletionTimestamp="2025-01-01T00:00:10Z"))
-    assert projected.owner_uid == DS_UID
-    assert projected.pod == engine.Pod(name="p1", uid="uid-p1", node="n1", revision="abc", ready=False,
-                                        phase="Running", restart_count=4, created=1735689600.0,
-                                        deleting=1735689610.0)
+def writes(api: FakeApi) -> list[tuple[str, str]]:
+    """(method, path) of every request but reads, in order."""
+    return [(r.method, r.path) for r in api.requests if r.method != "GET"]
 
 
-def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():
-    orphan = pod("p", "n", "abc")
-    orphan["metadata"]["ownerReferences"] = []
-    assert project_driver_pod(orphan) is None
-    rev = revision("abc", 1)
-    rev["metadata"]["ownerReferences"] = [{"kind": "StatefulSet", "uid": "x"}]
-    assert project_revision(rev) is None
+def stored_status(api: FakeApi) -> UpgradeStatus:
+    return UpgradeStatus.from_json(api.get(CR)["status"]["upgradeStatus"])
 
 
-@pytest.mark.parametrize("resources, kept", [
-    ({"limits": {"metax-tech.com/gpu": "1"}}, True),
-    ({"requests": {"metax-tech.com/sgpu": "2"}}, True),
-    ({"requests": {"nvidia.com/gpu": "1", "cpu": "1"}}, False),
-    ({}, False),
-])
-def test_gpu_workload_projection_keeps_only_pods_requesting_metax_resources(resources, kept):
-    obj = {"metadata": {"name": "w"}, "spec": {"nodeName": "n7", "containers": [{"resources": resources}]}}
-    projected = gpu_pod(obj)
-    assert (projected.node if projected else None) == ("n7" if kept else None)
+def read_cr(api: FakeApi) -> dict:
+    return api.get(CR)
 
 
-def test_an_unscheduled_gpu_pod_holds_no_node():
-    obj = {"metadata": {"name": "w"}, "spec": {"containers": [{"resources": {"limits": {"metax-tech.com/gpu": 1}}}]}}
-    assert gpu_pod(obj).node == ""
+def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, executor):
+    read = api.get(CR)["metadata"]["resourceVersion"]
+    assert executor.run_pass() == 5  # status, cordon, deletion, two events
+    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0"),
+                           ("POST", "/api/v1/namespaces/default/events"),
+                           ("POST", "/api/v1/namespaces/default/events")]
+    assert api.sent("PUT", CR)[0].body["metadata"]["resourceVersion"] == read
+    assert api.sent("DELETE")[0].body["preconditions"] == {"uid": "uid-driver-n0"}
+    node = api.get("/api/v1/nodes/n0")
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"][CORDONED_LABEL] == "true"
+    status = stored_status(api)
+    assert (status.phase, status.resume.wave, status.step.upgrading_pod_spec_revision) == ("Progressing", ["n0"], "new")
+    assert [e.body["reason"] for e in api.sent("POST", "/events")] == ["RolloutStarted", "StepUpgradeInit"]
 
 
-def test_current_revision_is_the_newest_owned_controllerrevision():
-    revs = [project_revision(r) for r in (revision("old", 1), revision("new", 3), revision("back", 2),
-                                          revision("other", 9, owner="another-ds"))]
-    snap = build(daemonset(), revs, [], [], applied_cr(), None)
-    assert snap.observed.current_revision == "new"
-    assert set(snap.revisions) == {"old", "new", "back"}
-    assert snap.observed.caught_up
-    assert json.loads(snap.observed.driver_spec) == {"payload": {"version": "1"}}
+def test_a_status_conflict_ends_the_pass_before_any_action(api, executor):
+    api.fail("PUT", CR + "/status", 409)
+    assert executor.run_pass() == 0
+    assert writes(api) == [("PUT", CR + "/status")]
+    assert f"{PODS}/driver-n0" in api.objects and "upgradeStatus" not in api.get(CR)["status"]
+    assert executor.run_pass() == 5  # the next pass decides again, on the CR as it is now
 
 
-def test_not_caught_up_until_the_controller_observed_the_generation():
-    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [],
-                 applied_cr(), None)
-    assert not snap.observed.caught_up
+def test_a_transient_5xx_is_retried(api, executor):
+    api.fail("DELETE", f"{PODS}/driver-n0", 503, times=2)
+    assert executor.run_pass() == 5
+    assert len(api.sent("DELETE")) == 3 and f"{PODS}/driver-n0" not in api.objects
 
 
-def test_not_caught_up_while_the_revision_cache_lags_the_daemonset_template():
-    newer = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
-    revs = [project_revision(revision("a", 1))]
-    assert not build(daemonset(template=newer), revs, [], [], applied_cr(), None).observed.caught_up
-    revs.append(project_revision(revision("b", 2, template=newer)))
-    snap = build(daemonset(template=newer), revs, [], [], applied_cr(), None)
-    assert snap.observed.caught_up and snap.observed.current_revision == "b"
+def test_a_5xx_that_persists_fails_the_pass_with_nothing_after_it_applied(api, executor):
+    api.fail("PUT", CR + "/status", 500, times=10)
+    with pytest.raises(ApiException) as failed:
+        executor.run_pass()
+    assert failed.value.status == 500
+    assert {m for m, _ in writes(api)} == {"PUT"} and len(writes(api)) == 3  # the client's attempts
+    assert f"{PODS}/driver-n0" in api.objects and "unschedulable" not in api.get("/api/v1/nodes/n0")["spec"]
 
 
-def test_not_caught_up_until_the_reconcile_applied_the_crs_generation():
-    """Else a version patched into the CR but not yet in the template would be recorded as the
-    stable revision's lastCoDriverSpec, and a rollback would restore it."""
-    revs = [project_revision(revision("a", 1))]
-    assert not build(daemonset(), revs, [], [], applied_cr(generation=5, observed=4), None).observed.caught_up
+def test_a_deletion_whose_uid_precondition_fails_is_already_done(api, executor):
+    api.fail("DELETE", f"{PODS}/driver-n0", 409)  # that pod is gone: another one has its name
+    assert executor.run_pass() == 5
+    assert len(api.sent("DELETE")) == 1 and len(api.sent("POST", "/events")) == 2
 
 
-def test_nodes_are_the_pods_nodes_plus_the_wave_in_flight():
-    pods = [project_driver_pod(pod("p1", "n1", "a")), project_driver_pod(pod("p2", "n2", "a")),
-            project_driver_pod(pod("x", "n9", "a", owner="someone-else"))]
-    status = {"resume": {"wave": ["n3"]}}
-    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, ["n2"], applied_cr(), status)
-    assert snap.observed.nodes == {"n1", "n2", "n3"}
-    assert {p.name for p in snap.observed.pods} == {"p1", "p2"}
-    assert snap.observed.gpu_busy_nodes == {"n2"}
+def test_the_lease_lost_stops_the_pass_before_its_next_write(api, executor):
+    executor.lease["held"] = False
+    with pytest.raises(LostLeadership):
+        executor.run_pass()
+    assert writes(api) == []
 
 
-def cr(status: dict, policy: dict = SEED_POLICY) -> dict:
-    return {"spec": {"driver": {"upgradePolicy": policy}}, "status": {"upgradeStatus": status}}
+def decision(**fields) -> engine.Decision:
+    """A decision on the CR as the fixture holds it: its status written, then `fields`' actions."""
+    return engine.Decision(status=UpgradeStatus(message="hand-made"), **fields)
 
 
-def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
-    status = engine.empty_status()
-    status.update(phase="Progressing", upgrading=True)
-    status["status"].update(currentStepIndex=1, currentStepState="StepUpgrade", totalUpgradeReplicas=10,
-                            totalUpgradeReadyReplicas=3, lastPodSpecRevision="a", upgradingPodSpecRevision="b")
-    status["resume"].update(wave=["n3", "n4"], waveKind="upgrade", failedNodes=["n9"], failedNodeCount=1)
-    text = admin.render(cr(status))
-    lines = text.splitlines()
-    assert "Phase: Progressing" in lines[0] and "a -> b" in lines[0] and "upgraded 3/10" in lines[0]
-    assert lines[1].split() == ["STEP", "TARGET", "UPGRADED", "AFTER", "STATE"]
-    assert lines[2].split()[:3] == ["0", "2", "(2)"] and lines[2].endswith("done")
-    assert lines[3].endswith("StepUpgrade") and lines[4].endswith("pending")
-    assert "Wave (upgrade" in text and "n3, n4" in text
-    assert "Failed nodes: 1: n9" in text
-    assert "Next: waiting for 2 new pods to become Ready" in text
+def test_the_runners_pause_is_patched_with_a_test_op_then_confirmed_in_status(api, executor):
+    status = UpgradeStatus(phase="Progressing")
+    status.resume.paused_by_runner = True
+    then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
+    assert executor.execute(read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then),
+                            pause_seen=False) == 3
+    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PUT", CR + "/status")]
+    pointer = "/spec/driver/upgradePolicy/pause"
+    assert api.sent("PATCH", CR)[0].body == [{"op": "test", "path": pointer, "value": False},
+                                             {"op": "replace", "path": pointer, "value": True}]
+    assert read_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
+    assert stored_status(api).resume.pause_confirmed is True
 
 
-def test_next_action_after_a_runner_pause_is_resume():
-    status = engine.empty_status()
-    status.update(phase="Progressing", upgrading=True)
-    status["status"].update(currentStepState="StepPaused")
-    status["resume"].update(pausedByRunner=True, pauseReason="failure")
-    policy = {**SEED_POLICY, "pause": True}
-    assert "fix the failed nodes, then resume: metax-operator rollout resume" in admin.render(cr(status, policy))
+def test_a_pause_the_admin_changed_meanwhile_is_left_alone(api, executor):
+    """The spec no longer holds what the engine saw: the test op fails (422), nothing more is
+    written about that pause, and the rest of the decision still runs."""
+    seen = read_cr(api)
+    edited = read_cr(api)
+    edited["spec"]["driver"]["upgradePolicy"]["pause"] = True  # an admin's edit lands after the read
+    api.put(CR, edited)
+    seen["metadata"]["resourceVersion"] = edited_version = api.get(CR)["metadata"]["resourceVersion"]
+    status = UpgradeStatus(phase="Progressing")
+    status.resume.paused_by_runner = True
+    then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
+    assert executor.execute(seen, engine.Decision(status=status, set_pause=True, status_once_paused=then,
+                                                  uncordon=["n1"]), pause_seen=False) == 1
+    assert edited_version != api.get(CR)["metadata"]["resourceVersion"]  # the status write
+    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PATCH", "/api/v1/nodes/n1")]
+    assert stored_status(api).resume.pause_confirmed is False
 
 
-def test_status_json_is_the_upgrade_status():
-    status = {"phase": "Idling"}
-    assert json.loads(admin.render(cr(status), "json")) == status
+def test_a_restore_writes_spec_driver_before_the_template(api, executor):
+    driver = {"payload": {"version": "1"}, "upgradePolicy": POLICY}
+    patch = revision("old", 1)["data"]
+    assert executor.execute(read_cr(api), decision(restore=Restore("old", driver, patch)), pause_seen=False) == 3
+    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PATCH", DS)]
+    assert api.sent("PATCH", CR)[0].body == [{"op": "replace", "path": "/spec/driver", "value": driver}]
+    assert read_cr(api)["spec"]["driver"] == driver
+    assert api.sent("PATCH", DS)[0].body == patch
 
 
-def test_status_table_lists_skipped_and_cordoned_nodes():
-    status = engine.empty_status()
-    status["resume"].update(skippedNodes=["n2", "n7"], skippedNodeCount=2, cordonedNodes=["n3"] * 20,
-                            cordonedNodeCount=25)
-    text = admin.render(cr(status))
-    assert "Skipped (label metax-tech.com/driver-upgrade.skip=true): 2: n2, n7" in text.splitlines()
-    assert "Cordoned by the runner: 25: " in text and text.count("(+5 more)") == 1
+def test_a_restore_without_a_spec_or_a_revision_writes_what_it_can(api, executor):
+    """No spec.driver reproduces the template: the template alone (the admin sets the spec); the
+    ControllerRevision gone: the spec alone; a spec already in place is not written again."""
+    assert executor.execute(read_cr(api), decision(restore=Restore("old", None, {"spec": {}})), pause_seen=False) == 2
+    assert writes(api)[1:] == [("PATCH", DS)]
+    current = read_cr(api)["spec"]["driver"]
+    assert executor.execute(read_cr(api), decision(restore=Restore("old", current, None)), pause_seen=False) == 0
+    assert writes(api)[2:] == []
 
 
-def test_skipped_nodes_are_not_eligible_unless_their_pod_is_in_the_wave_in_flight():
-    pods = [project_driver_pod(pod(f"p{i}", f"n{i}", "a")) for i in (1, 2, 3)]
-    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, [], applied_cr(),
-                 {"resume": {"wave": ["n3"]}}, skipped=["n2", "n3"], cordoned=["n3"])
-    assert snap.observed.nodes == {"n1", "n3"}
-    assert snap.observed.skipped == {"n2", "n3"} and snap.observed.cordoned == {"n3"}
-
-
-def event(node: str, reason: str, last: str) -> dict:
-    return {"metadata": {"name": f"{node}.{reason}", "creationTimestamp": last}, "reason": reason,
-            "involvedObject": {"kind": "Node", "name": node}, "lastTimestamp": last}
-
-
-def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
-    asked = [node_event(event("n1", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
-             node_event(event("n2", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
-             node_event(event("n3", "NodeNeedReboot", "2026-01-01T12:00:00Z"))]
-    rebooted = [node_event(event("n2", "Rebooted", "2026-01-01T11:00:00Z")),
-                node_event(event("n3", "Rebooted", "2026-01-01T11:00:00Z"))]  # before its firmware upgrade
-    assert need_reboot(asked, rebooted) == {"n1", "n3"}
-    snap = build(daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None,
-                 need_reboot=need_reboot(asked, rebooted))
-    status = engine.decide(snap.observed, admin.policy_mod.validate({}), None, 0.0).status
-    assert (status["resume"]["needRebootNodes"], status["resume"]["needRebootNodeCount"]) == (["n1", "n3"], 2)
-    assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status))
+def test_drain_cordons_then_evicts_only_on_cordoned_nodes(api, executor):
+    gpu = {"metadata": {"name": "train", "namespace": "jobs"},
+           "spec": {"nodeName": "n2", "containers": [{"resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}
+    api.put("/api/v1/namespaces/jobs/pods/train", gpu)
+    executor.run_pass()  # starts the caches (and the rollout: n0's pod)
+    api.requests.clear()
+    assert executor.execute(read_cr(api), decision(cordon=["n2"], evict=["n2"]), pause_seen=False) == 3
+    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", "/api/v1/nodes/n2"),
+                           ("POST", "/api/v1/namespaces/jobs/pods/train/eviction")]
+    assert api.sent("POST")[0].body["metadata"] == {"name": "train", "namespace": "jobs"}

@@ -1,13 +1,16 @@
 """The OnDelete simulator driving the engine: timelines, failures, hangs, crashes, admin scripts."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import validate
-from metax_operator.rollout.simulate import NEW, OLD, Config, Simulation, simulate
+from metax_operator.rollout.simulate import simulate
+from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.cases import WORKED_EXAMPLES
+from tests.rollout.test_engine import assert_fits_the_crd
 
 CASES = WORKED_EXAMPLES
 
@@ -51,7 +54,7 @@ def test_failing_pods_are_retried_then_the_fallback_pause_waits_for_the_admin():
     sim, result = run(policy, nodes=5, fail_probability=1.0, admin_resumes_failures=False)
     step = result.steps[0]
     assert step.retries == [2, 2] and step.fallback_retries == 2
-    assert result.status["status"].get("currentStepState") == R.STEP_PAUSED
+    assert result.status.step.current_step_state == R.STEP_PAUSED
     assert sim.spec_pause is True
     assert sorted(result.pods.values()) == [NEW, NEW, OLD, OLD, OLD]
 
@@ -62,7 +65,7 @@ def test_hanging_pods_fail_at_the_readiness_timeout_and_roll_back():
     _, result = run(policy, nodes=6, hang_probability=1.0)
     assert result.rollback_waves == [3]
     assert set(result.pods.values()) == {OLD}
-    assert result.status["phase"] == R.IDLING
+    assert result.status.phase == R.IDLING
     assert result.end_time >= 120
 
 
@@ -71,7 +74,7 @@ def test_crashes_between_actions_still_complete_without_deleting_upgraded_pods()
               "upgradeSteps": [{"replicas": "10%", "pause": None}, {"replicas": "100%", "pauseDuration": "30s"}]}
     _, result = run(policy, nodes=30, crash_probability=0.3, seed=3)
     assert result.crashes > 0
-    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.status.step.current_step_state == R.COMPLETED
     assert set(result.pods.values()) == {NEW}
     assert result.deleted_ready_upgraded == 0 and result.max_in_flight_over_cap <= 0
 
@@ -90,7 +93,7 @@ def test_scripted_admin_pause_holds_deletions_and_resume_continues():
     sim.set_revision(NEW)
     result = sim.run()
     assert result.deletions_while_paused == 0
-    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.status.step.current_step_state == R.COMPLETED
     assert result.end_time > 600
 
 
@@ -100,7 +103,7 @@ def test_nodes_joining_and_leaving_mid_rollout():
                      admin=[(20, lambda s: s.add_node("node-new", 20)), (20, lambda s: s.remove_node("node-00005"))])
     sim.set_revision(NEW)
     result = sim.run()
-    assert result.status["status"].get("currentStepState") == R.COMPLETED
+    assert result.status.step.current_step_state == R.COMPLETED
     assert result.pods == {**{f"node-{i:05d}": NEW for i in range(5)}, "node-new": NEW}
 
 
@@ -109,3 +112,27 @@ def test_gpu_busy_nodes_wait_until_their_work_ends():
     _, result = run(policy, nodes=3, busy_nodes={"node-00001": 500.0}, ready_latency=(10, 10))
     assert result.steps[0].deletions == [2, 1]
     assert result.end_time >= 500 and set(result.pods.values()) == {NEW}
+
+
+class Recorded(Simulation):
+    """Keeps every status the runner wrote."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.written: list[R.UpgradeStatus] = []
+
+    def _persist(self, status: R.UpgradeStatus) -> None:
+        self.written.append(status)
+        super()._persist(status)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_worked_examples_with_pods_ready_at_once_every_status_fitting_the_crd(case):
+    policy = dataclasses.replace(validate(case["policy"]), enable_rollout=True, pause=False)
+    sim = Recorded(Config(nodes=case["nodes"], ready_latency=(0, 0), terminate_latency=0), policy)
+    sim.set_revision(NEW)
+    result = sim.run()
+    assert result.as_json() == {"steps": case["expect"]}
+    assert result.pods == {node: NEW for node in sim.nodes}
+    for status in sim.written:
+        assert_fits_the_crd(status.to_json())

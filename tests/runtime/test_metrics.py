@@ -9,7 +9,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from metax_operator.rollout import engine
+from metax_operator.rollout.status import (COMPLETED, IDLING, PROGRESSING, STEP_UPGRADE, NodeList, Resume, StepStatus,
+                                           UpgradeStatus, rfc3339)
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.metrics import NODE_STATES, Metrics, names
 from tests.helm import find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
@@ -25,19 +26,18 @@ def samples(metrics: Metrics) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: list[str], start: float) -> dict:
-    st = engine.empty_status()
-    st["phase"] = phase
-    st["status"].update(currentStepIndex=step, currentStepState=state, totalUpgradeReplicas=total,
-                        totalUpgradeReadyReplicas=upgraded)
-    st["resume"].update(wave=wave, waveStartTime=engine.rfc3339(start), failedNodeCount=1, heldNodeCount=2,
-                        skippedNodeCount=3, cordonedNodeCount=len(wave), needRebootNodeCount=5)
-    return st
+def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: list[str],
+           start: float) -> UpgradeStatus:
+    return UpgradeStatus(
+        phase=phase, step=StepStatus(current_step_index=step, current_step_state=state, total_upgrade_replicas=total,
+                                     total_upgrade_ready_replicas=upgraded),
+        resume=Resume(wave=wave, wave_start_time=rfc3339(start), failed=NodeList(count=1), held=NodeList(count=2),
+                      skipped=NodeList(count=3), cordoned=NodeList(count=len(wave)), need_reboot=NodeList(count=5)))
 
 
 def test_a_pass_sets_phase_step_and_node_counts():
     m = Metrics()
-    m.rollout_pass(None, status(engine.PROGRESSING, 2, engine.STEP_UPGRADE, 10, 4, ["n1", "n2"], T0), T0)
+    m.rollout_pass(None, status(PROGRESSING, 2, STEP_UPGRADE, 10, 4, ["n1", "n2"], T0), T0)
     got = samples(m)
     assert got[("metax_operator_rollout_phase", (("metax_operator_rollout_phase", "Progressing"),))] == 1
     assert got[("metax_operator_rollout_phase", (("metax_operator_rollout_phase", "Idling"),))] == 0
@@ -50,13 +50,13 @@ def test_a_pass_sets_phase_step_and_node_counts():
 
 def test_a_wave_is_timed_from_its_start_to_the_pass_that_saw_it_done():
     m = Metrics()
-    first = status(engine.PROGRESSING, 0, engine.STEP_UPGRADE, 10, 0, ["n1"], T0)
+    first = status(PROGRESSING, 0, STEP_UPGRADE, 10, 0, ["n1"], T0)
     m.rollout_pass(None, first, T0)
     m.rollout_pass(first, first, T0 + 3)  # still in flight
     assert samples(m)[("metax_operator_rollout_wave_duration_seconds_count", ())] == 0
-    second = status(engine.PROGRESSING, 0, engine.STEP_UPGRADE, 10, 1, ["n2"], T0 + 7)
+    second = status(PROGRESSING, 0, STEP_UPGRADE, 10, 1, ["n2"], T0 + 7)
     m.rollout_pass(first, second, T0 + 7)  # the next wave replaced it
-    done = status(engine.IDLING, 0, engine.COMPLETED, 10, 10, [], T0 + 7)
+    done = status(IDLING, 0, COMPLETED, 10, 10, [], T0 + 7)
     m.rollout_pass(second, done, T0 + 12)
     got = samples(m)
     assert got[("metax_operator_rollout_wave_duration_seconds_count", ())] == 2

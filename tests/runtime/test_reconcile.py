@@ -217,19 +217,23 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     abandoned = applied(stable, desired_daemonset("driver", stable, new_spec)[0])
     nodes = frozenset({"n0", "n1", "n2"})
     pods = tuple(engine.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
+    revision_data = {"spec": {"template": {**stable["spec"]["template"], "$patch": "replace"}}}
     observed_pass = engine.Observed("r-new", True, nodes, pods, template=canonical(abandoned["spec"]["template"]),
-                                     driver_spec=canonical(new_spec["driver"]))
+                                     driver_spec=canonical(new_spec["driver"]), revisions={"r-old": revision_data},
+                                     daemonset=abandoned, cr_spec=new_spec)
     steps = [{"replicas": "100%", "pauseDuration": 0}]
     started = engine.decide(observed_pass, policy({"enableRollout": True, "upgradeSteps": steps}), None, 1e9).status
-    assert started["phase"] == "Progressing" and started["lastCoDriverSpec"] == ""  # nothing recorded r-old's spec
+    assert started.phase == "Progressing" and started.last_co_driver_spec == ""  # nothing recorded r-old's spec
     forced = engine.decide(observed_pass, policy({"enableRollout": False, "upgradeSteps": steps}), started, 1e9 + 5)
-    assert forced.restore_revision == "r-old" and forced.status["phase"] == "Disabling"
+    assert forced.restore.revision == "r-old" and forced.status.phase == "Disabling"
+    assert forced.restore.template_patch == revision_data
 
     # Left as it was, the CR would make the reconcile turn the restored template back into r-new's:
     back = at_template(abandoned, stable["spec"]["template"])
     assert "initContainers" in desired_daemonset("driver", back, new_spec)[1]
-    driver = reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec,
-                                            forced.status["lastCoDriverSpec"])
+    driver = forced.restore.driver_spec  # what the runner writes back to spec.driver first
+    assert driver == reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec,
+                                                    forced.status.last_co_driver_spec)
     assert driver["payload"]["version"] == "2.32.0.6"
     assert driver["upgradePolicy"] == new_spec["driver"]["upgradePolicy"]
     _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})

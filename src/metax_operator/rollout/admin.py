@@ -14,7 +14,7 @@ import time
 
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.runtime import reconcile
-from metax_operator.rollout import engine
+from metax_operator.rollout import status as rollout
 from metax_operator.rollout.cordon import SKIP_LABEL
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError, UserErrors
@@ -100,73 +100,69 @@ def _get_cr(api: Client) -> dict:
 
 def render(cr: dict, output: str = "table") -> str:
     """The status of the CR's rollout as a table (or its upgradeStatus as JSON)."""
-    status = (cr.get("status") or {}).get("upgradeStatus") or {}
+    written = (cr.get("status") or {}).get("upgradeStatus") or {}
     if output == "json":
-        return json.dumps(status, indent=2, sort_keys=True)
+        return json.dumps(written, indent=2, sort_keys=True)
     raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy") or {}
     try:
         policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
     except (UserError, UserErrors) as err:
         return f"The upgrade policy is invalid, so the runner does not act on it:\n{err}"
-    sub = status.get("status") or {}
-    resume = status.get("resume") or {}
-    total = sub.get("totalUpgradeReplicas") or 0
-    upgraded = sub.get("totalUpgradeReadyReplicas") or 0
-    index, state = sub.get("currentStepIndex") or 0, sub.get("currentStepState") or ""
-    lines = [f"Phase: {status.get('phase') or '-'}   upgrading: {str(bool(status.get('upgrading'))).lower()}   "
-             f"revision {sub.get('lastPodSpecRevision') or '-'} -> {sub.get('upgradingPodSpecRevision') or '-'}   "
+    status = rollout.UpgradeStatus.from_json(written)
+    sub, resume = status.step, status.resume
+    total, upgraded = sub.total_upgrade_replicas, sub.total_upgrade_ready_replicas
+    index, state = sub.current_step_index, sub.current_step_state or ""
+    lines = [f"Phase: {status.phase}   upgrading: {str(status.upgrading).lower()}   "
+             f"revision {sub.last_pod_spec_revision or '-'} -> {sub.upgrading_pod_spec_revision or '-'}   "
              f"upgraded {upgraded}/{total}   pause: {str(policy.pause).lower()}   "
              f"enableRollout: {str(policy.enable_rollout).lower()}"]
     rows = [("STEP", "TARGET", "UPGRADED", "AFTER", "STATE")]
     for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
         after = "wait for admin" if step.pause_ms is None else f"{step.pause_ms} ms"
-        if state == engine.COMPLETED or i < index:
+        if state == rollout.COMPLETED or i < index:
             cell = "done"
-        elif i == index and status.get("upgrading"):
+        elif i == index and status.upgrading:
             cell = state or "-"
         else:
             cell = "pending"
         rows.append((str(i), f"{target} ({step.replicas})", str(min(upgraded, target)), after, cell))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
-    if resume.get("wave"):
-        lines.append(f"Wave ({resume.get('waveKind') or 'upgrade'}, since {resume.get('waveStartTime', '-')}): "
-                     + ", ".join(resume["wave"]))
-    for key, label in (("failedNodes", "Failed nodes"), ("heldNodes", "Held back (GPU workloads)"),
-                       ("skippedNodes", f"Skipped (label {SKIP_LABEL}=true)"),
-                       ("cordonedNodes", "Cordoned by the runner"),
-                       ("needRebootNodes", "Need a reboot (NodeNeedReboot: firmware upgraded)")):
-        count = resume.get(key.replace("Nodes", "NodeCount")) or 0
-        if count:
-            more = f" (+{count - len(resume[key])} more)" if count > len(resume[key]) else ""
-            lines.append(f"{label}: {count}: {', '.join(resume[key])}{more}")
-    failed = next((c for c in status.get("condition") or [] if c.get("type") == "Failed"
-                   and c.get("status") == "True"), None)
+    if resume.wave:
+        lines.append(f"Wave ({resume.wave_kind or 'upgrade'}, since {resume.wave_start_time or '-'}): "
+                     + ", ".join(resume.wave))
+    for nodes, label in ((resume.failed, "Failed nodes"), (resume.held, "Held back (GPU workloads)"),
+                         (resume.skipped, f"Skipped (label {SKIP_LABEL}=true)"),
+                         (resume.cordoned, "Cordoned by the runner"),
+                         (resume.need_reboot, "Need a reboot (NodeNeedReboot: firmware upgraded)")):
+        if nodes.count:
+            more = f" (+{nodes.count - len(nodes.names)} more)" if nodes.count > len(nodes.names) else ""
+            lines.append(f"{label}: {nodes.count}: {', '.join(nodes.names)}{more}")
+    failed = next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
     if failed:
-        lines.append(f"Failed: {failed.get('reason')}: {failed.get('message')}")
-    lines.append(f"Message: {status.get('message') or '-'}")
+        lines.append(f"Failed: {failed.reason}: {failed.message}")
+    lines.append(f"Message: {status.message or '-'}")
     lines.append(f"Next: {next_action(status, policy)}")
     return "\n".join(lines)
 
 
-def next_action(status: dict, policy: policy_mod.Policy) -> str:
-    sub = status.get("status") or {}
-    resume = status.get("resume") or {}
-    phase, state = status.get("phase"), sub.get("currentStepState")
-    if phase in (engine.TERMINATING, engine.DISABLING):
+def next_action(status: rollout.UpgradeStatus, policy: policy_mod.Policy) -> str:
+    sub, resume = status.step, status.resume
+    phase, state = status.phase, sub.current_step_state
+    if phase in (rollout.TERMINATING, rollout.DISABLING):
         return "the runner rolls every node back to the previous revision, wave by wave"
-    if not status.get("upgrading"):
-        if state == engine.COMPLETED:
+    if not status.upgrading:
+        if state == rollout.COMPLETED:
             return "nothing: the last rollout completed; a new driver version starts the next one"
         return "nothing in flight; a new driver version starts a rollout" + (
             "" if policy.enable_rollout else " that replaces every pod at once (enableRollout: false)")
-    if state == engine.STEP_PAUSED and resume.get("pausedByRunner"):
-        why = "fix the failed nodes, then " if resume.get("pauseReason") == "failure" else ""
+    if state == rollout.STEP_PAUSED and resume.paused_by_runner:
+        why = "fix the failed nodes, then " if resume.pause_reason == "failure" else ""
         return f"{why}resume: metax-operator rollout resume (sets pause: false)"
     if policy.pause:
         return "paused by the admin: metax-operator rollout resume to continue"
-    if state == engine.STEP_PAUSED and sub.get("recheckTime"):
-        return f"continues on its own at {sub['recheckTime']}"
-    if resume.get("wave"):
-        return f"waiting for {len(resume['wave'])} new pods to become Ready, then the next wave"
+    if state == rollout.STEP_PAUSED and sub.recheck_time:
+        return f"continues on its own at {sub.recheck_time}"
+    if resume.wave:
+        return f"waiting for {len(resume.wave)} new pods to become Ready, then the next wave"
     return "the runner takes the next wave at its next pass"

@@ -1,11 +1,16 @@
 """The staged driver rollout's decision: a pure function, `decide(observed, policy, status, now)`.
 
 It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
-nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
-returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
-restarted runner needs), pods to delete, nodes to cordon, drain or uncordon, a revision to
-restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It
-never calls Kubernetes and never reads the clock, so every rule is tested without a cluster.
+nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` (`rollout.status`)
+and the time, and returns a `Decision` holding everything the runner then does: the new status
+(seed 000 table 3.16, plus `resume`, the bookkeeping a restarted runner needs), the value to set
+`spec.driver.upgradePolicy.pause` to and the status to write once it landed, the restore of an
+older revision (`rollout.restore`: spec.driver, then the template), nodes to cordon, drain or
+uncordon, pods to delete, events, and when to run again. It never calls Kubernetes and never
+reads the clock, so every rule is tested without a cluster.
+
+A pass dispatches on the phase to a handler; each handler does its part and returns the handler
+to run next, or None when the pass is done (`_settle` bounds the chain).
 
 The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
 is safe to repeat, so a crash between any two actions loses nothing: the next pass sees the
@@ -14,21 +19,21 @@ persisted status and the cluster and carries on.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from typing import Optional
 
+from metax_operator.rollout import restore
 from metax_operator.rollout.policy import Policy
+from metax_operator.rollout.restore import Restore
+from metax_operator.rollout.status import (COMPLETED, DISABLED, DISABLING, IDLING, LISTED_NODES, PROGRESSING,
+                                           STEP_INIT, STEP_PAUSED, STEP_READY, STEP_UPGRADE, TERMINATING,
+                                           Condition, NodeList, UpgradeStatus, parse_time, rfc3339)
 
-# Phases and step states: the seed's (OpenKruise Rollout's) names.
-IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = (
-    "Idling", "Progressing", "Terminating", "Disabled", "Disabling")
-STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
-    "StepUpgradeInit", "StepUpgrade", "StepPaused", "StepReady", "Completed")
 # A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
 RESTART_LIMIT = 3
-# At most this many node names are listed in status (held back, failed); the count is always given.
-LISTED_NODES = 20
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class Observed:
     need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
     template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
     driver_spec: str = ""  # the CR's spec.driver, serialized: recorded as lastCoDriverSpec
+    # What a rollback restores from (`restore.plan`):
+    revisions: Mapping[str, dict] = field(default_factory=dict)  # hash -> the DaemonSet's ControllerRevision data
+    daemonset: Mapping = field(default_factory=dict)  # the driver DaemonSet as read
+    cr_spec: Mapping = field(default_factory=dict)  # the CR's spec
 
 
 @dataclass(frozen=True)
@@ -82,52 +91,32 @@ class Event:
 
 @dataclass
 class Decision:
-    status: dict  # the new status.upgradeStatus: write it before acting
-    delete: list[PodRef] = field(default_factory=list)
-    uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
+    """Everything the runner does after one pass, in this order (`rollout.execute`)."""
+
+    status: UpgradeStatus  # the new status.upgradeStatus: write it before acting
+    set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this (it holds the other value)
+    status_once_paused: UpgradeStatus | None = None  # write this once `set_pause: true` landed (pauseConfirmed)
+    restore: Restore | None = None  # roll the driver back (spec.driver, then the template)
     cordon: list[str] = field(default_factory=list)  # wave nodes whose work must end first: cordon now
     evict: list[str] = field(default_factory=list)  # nodes whose GPU pods to evict (drain), once cordoned
-    restore_revision: str | None = None  # patch the template back to this ControllerRevision's
-    set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this
+    delete: list[PodRef] = field(default_factory=list)
+    cordon_first: bool = True  # cordon each pod's node before deleting its pod (upgradePolicy.cordon)
+    uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)
 
 
-def decide(observed: Observed, policy: Policy, status: dict | None, now: float) -> Decision:
+class Unsettled(RuntimeError):
+    """The pass's transitions did not settle within their bound: a defect of the engine."""
+
+
+# A handler of the pass: does its part, then names the next handler, or None when the pass is done.
+Handler = Callable[[], Optional["Handler"]]
+
+
+def decide(observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float) -> Decision:
     """The actions and new `status.upgradeStatus` for one pass."""
     return _Pass(observed, policy, status, now).run()
-
-
-def empty_status() -> dict:
-    """`status.upgradeStatus` before the first pass."""
-    return {
-        "lastAppliedSpec": "", "lastCoDriverSpec": "", "upgrading": False, "condition": [],
-        "phase": IDLING, "message": "",
-        "status": {"lastPodSpecRevision": "", "upgradingPodSpecRevision": "", "currentStepIndex": 0,
-                   "currentUpgradeReplicas": 0, "currentUpgradeReadyReplicas": 0,
-                   "currentFailureRetry": 0, "totalUpgradeReplicas": 0,
-                   "totalUpgradeReadyReplicas": 0, "message": ""},
-        # currentStepState is absent until a rollout starts (the CRD's enum has no empty value).
-        # What a restarted runner needs beyond the seed's fields (documented in docs/rollout.md).
-        "resume": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
-                        "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
-                        "pauseConfirmed": False, "releasePause": False, "heldNodes": [], "heldNodeCount": 0,
-                        "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": "",
-                        "skippedNodes": [], "skippedNodeCount": 0, "cordonedNodes": [], "cordonedNodeCount": 0,
-                        "drainStart": {}, "timedOutNodes": [], "needRebootNodes": [], "needRebootNodeCount": 0},
-    }
-
-
-def rfc3339(t: float) -> str:
-    ms = round(t * 1000)
-    text = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 class _View:
@@ -174,146 +163,170 @@ class _View:
 
 
 class _Pass:
-    def __init__(self, observed: Observed, policy: Policy, status: dict | None, now: float):
+    def __init__(self, observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float):
         self.obs, self.pol, self.now = observed, policy, now
-        self.before = status or empty_status()
-        self.st = _merged(empty_status(), copy.deepcopy(self.before))
-        self.sub, self.rs = self.st["status"], self.st["resume"]
-        self.out = Decision(status=self.st)
+        self.before = status or UpgradeStatus()
+        self.st = copy.deepcopy(self.before)
+        self.sub, self.rs = self.st.step, self.st.resume
+        self.out = Decision(status=self.st, cordon_first=policy.cordon)
         self.wakes: list[float] = []
         self.pause = policy.pause  # the admin's pause: the spec's, unless it is the runner's being released
-        if self.rs["releasePause"]:
+        if self.rs.release_pause:
             if policy.pause:
                 self.out.set_pause, self.pause = False, False
             else:
-                self.rs["releasePause"] = False
+                self.rs.release_pause = False
 
     # -- driver ---------------------------------------------------------------------------
     def run(self) -> Decision:
         if not self.obs.caught_up:
             self._say("waiting for the DaemonSet controller to observe the latest template")
         else:
-            for _ in range(12):  # transitions chain within a pass; each handler is bounded
-                handler = {PROGRESSING: self._progress, TERMINATING: self._roll_back,
-                           DISABLING: self._roll_back}.get(self.st["phase"], self._idle)
-                if not handler():
-                    break
-        self.st["upgrading"] = self.st["phase"] in (PROGRESSING, TERMINATING, DISABLING)
-        self._list("skippedNodes", self.obs.skipped)
-        self._list("cordonedNodes", self.obs.cordoned)
-        self._list("needRebootNodes", self.obs.need_reboot)
+            self._settle({PROGRESSING: self._progress, TERMINATING: self._roll_back,
+                          DISABLING: self._roll_back}.get(self.st.phase, self._idle))
+        self.st.upgrading = self.st.phase in (PROGRESSING, TERMINATING, DISABLING)
+        self.rs.skipped = NodeList.of(self.obs.skipped)
+        self.rs.cordoned = NodeList.of(self.obs.cordoned)
+        self.rs.need_reboot = NodeList.of(self.obs.need_reboot)
         self.out.uncordon = sorted(self._driver_back())
-        if _without_update_time(self.st) != _without_update_time(_merged(empty_status(), self.before)):
-            self.sub["lastUpdateTime"] = rfc3339(self.now)
+        if _without_update_time(self.st) != _without_update_time(self.before):
+            self.sub.last_update_time = rfc3339(self.now)
+        if self.out.set_pause == self.pol.pause:
+            self.out.set_pause = None  # the spec holds it already
+        if self.out.set_pause is True and self.rs.paused_by_runner and not self.rs.pause_confirmed:
+            # Once the runner's own pause has landed, the status says so: otherwise an admin's
+            # `pause: false` a moment later would look like that pause not applied yet, and the
+            # next pass would pause again.
+            self.out.status_once_paused = dataclasses.replace(
+                self.st, resume=dataclasses.replace(self.rs, pause_confirmed=True))
         self.out.wake_at = min(self.wakes) if self.wakes else None
         return self.out
 
+    def _settle(self, handler: Handler) -> None:
+        """Run `handler` and the handlers it names until one ends the pass.
+
+        A pass goes through a few phase changes and at most four states per step (init, upgrade,
+        paused, ready), so a chain longer than that bound is a defect, not a long rollout.
+        """
+        bound = 10 + 4 * len(self.pol.steps)
+        trail = []
+        for _ in range(bound):
+            trail.append(handler.__name__)
+            next_handler = handler()
+            if next_handler is None:
+                return
+            handler = next_handler
+        raise Unsettled(f"the rollout's transitions did not settle within {bound} steps "
+                        f"(phase {self.st.phase}, step {self.sub.current_step_index} {self.sub.current_step_state or '-'}; "
+                        f"handlers {' -> '.join(trail[-6:])})")
+
     # -- Idling / Disabled: nothing in flight ---------------------------------------------
-    def _idle(self) -> bool:
-        cur, stable = self.obs.current_revision, self.rs["stableRevision"]
+    def _idle(self) -> Handler | None:
+        cur, stable = self.obs.current_revision, self.rs.stable_revision
         if not stable:  # the first pass ever: the pods' most common older revision, if any
             older = Counter(p.revision for p in self.obs.pods
                             if p.node in self.obs.nodes and p.deleting is None and p.revision != cur)
-            stable = self.rs["stableRevision"] = older.most_common(1)[0][0] if older else cur
-        self.st["phase"] = IDLING if self.pol.enable_rollout else DISABLED
+            stable = self.rs.stable_revision = older.most_common(1)[0][0] if older else cur
+        self.st.phase = IDLING if self.pol.enable_rollout else DISABLED
         if cur == stable:
             self._record_stable_spec()
-            self._say(f"all driver pods are at revision {cur}" if self.st["phase"] == IDLING
-                      else "staged rollout is disabled; a new driver revision replaces every pod at once")
-            return False
+            return self._stop(f"all driver pods are at revision {cur}" if self.st.phase == IDLING
+                              else "staged rollout is disabled; a new driver revision replaces every pod at once")
         if self.pol.enable_rollout:
             return self._start(reason="RolloutStarted",
                                message=f"driver revision {cur} rolls out in {len(self.pol.steps)} steps")
         return self._replace_all(cur)
 
-    def _replace_all(self, cur: str) -> bool:
+    def _replace_all(self, cur: str) -> Handler | None:
         """enableRollout false and nothing in flight: delete every old pod at once."""
         view = _View(self.obs, cur, set(), self._timeout(), self.now)
         if not view.others and not view.coming:
-            self.rs["stableRevision"] = cur
+            self.rs.stable_revision = cur
             self._event("Normal", "Replaced", f"every driver pod is at revision {cur}")
-            return True
+            return self._idle
         if self.pause:
-            return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+            return self._stop("paused by the admin (spec.driver.upgradePolicy.pause: true)")
         pods = [p for p in self._takeable(view.others) if not self._to_prepare(p.node)]  # no waves: no wait, no drain
         self._delete(pods)
-        return self._say(f"replacing {len(view.others)} driver pods with revision {cur} at once")
+        return self._stop(f"replacing {len(view.others)} driver pods with revision {cur} at once")
 
-    def _start(self, reason: str, message: str) -> bool:
-        self.sub["lastPodSpecRevision"] = self.rs["stableRevision"]
-        self.sub["upgradingPodSpecRevision"] = self.obs.current_revision
-        self.st["phase"] = PROGRESSING
-        self.rs.update(wave=[], waveKind="", retryQueue=[], abandonedRevision="", timedOutNodes=[])
+    def _start(self, reason: str, message: str) -> Handler:
+        self.sub.last_pod_spec_revision = self.rs.stable_revision
+        self.sub.upgrading_pod_spec_revision = self.obs.current_revision
+        self.st.phase = PROGRESSING
+        self.rs.wave, self.rs.wave_kind, self.rs.retry_queue = [], "", []
+        self.rs.abandoned_revision, self.rs.timed_out_nodes = "", []
         self._clear_runner_pause()
         for kind in ("Succeed", "Failed", "Terminating"):
             self._condition(kind, "False", reason, message)
         self._condition("Progressing", "True", reason, message)
         self._event("Normal", reason, message)
         self._enter_step(self._resume_index())
-        return True
+        return self._progress
 
     # -- Progressing -------------------------------------------------------------------------
-    def _progress(self) -> bool:
+    def _progress(self) -> Handler | None:
         cur, sub = self.obs.current_revision, self.sub
         if not self.pol.enable_rollout:
             return self._begin_rollback(DISABLING, "RolloutDisabled",
                                         "enableRollout was set to false during the rollout: rolling back")
-        if cur == sub["lastPodSpecRevision"]:
+        if cur == sub.last_pod_spec_revision:
             return self._begin_rollback(TERMINATING, "TemplateReverted",
                                         f"the driver template was set back to revision {cur}: rolling back")
-        if cur != sub["upgradingPodSpecRevision"]:
+        if cur != sub.upgrading_pod_spec_revision:
             self._event("Normal", "NewRevision",
-                        f"driver revision {cur} replaces {sub['upgradingPodSpecRevision']}: restarting at step 0")
-            sub["upgradingPodSpecRevision"] = cur
-            self.rs.update(wave=[], retryQueue=[], timedOutNodes=[])
+                        f"driver revision {cur} replaces {sub.upgrading_pod_spec_revision}: restarting at step 0")
+            sub.upgrading_pod_spec_revision = cur
+            self.rs.wave, self.rs.retry_queue, self.rs.timed_out_nodes = [], [], []
             self._clear_runner_pause()
             self._enter_step(self._resume_index())
-            return True
-        if self.rs["stepsKey"] != self.pol.steps_key:
+            return self._progress
+        if self.rs.steps_key != self.pol.steps_key:
             index = self._resume_index()
             self._event("Normal", "StepsEdited", f"upgradeSteps changed: continuing at step {index}")
             self._clear_runner_pause()
-            self.rs["retryQueue"] = []
+            self.rs.retry_queue = []
             self._enter_step(index)
-            return True
+            return self._progress
         view = self._view(cur)
-        index = min(sub["currentStepIndex"], len(self.pol.steps) - 1)
+        index = min(sub.current_step_index, len(self.pol.steps) - 1)
         target = self.pol.targets(view.n)[index]
-        sub.update(currentUpgradeReplicas=target, currentUpgradeReadyReplicas=len(view.at_rev_ready),
-                   totalUpgradeReplicas=view.n, totalUpgradeReadyReplicas=len(view.at_rev_ready))
-        self._list("failedNodes", view.failed)
+        sub.current_upgrade_replicas, sub.current_upgrade_ready_replicas = target, len(view.at_rev_ready)
+        sub.total_upgrade_replicas, sub.total_upgrade_ready_replicas = view.n, len(view.at_rev_ready)
+        self.rs.failed = NodeList.of(view.failed)
         if problem := self.pol.last_step_problem(view.n):
             self._condition("Failed", "True", "InvalidPolicy", problem)
-            return self._say(f"holding: {problem}; set the last step's replicas to \"100%\"")
-        if any(c["reason"] == "InvalidPolicy" and c["status"] == "True" for c in self.st["condition"]):
+            return self._stop(f"holding: {problem}; set the last step's replicas to \"100%\"")
+        if any(c.reason == "InvalidPolicy" and c.status == "True" for c in self.st.conditions):
             self._condition("Failed", "False", "PolicyValid", "the upgrade policy reaches every node again")
-        state = sub["currentStepState"]
+        state = sub.current_step_state
         if state == STEP_INIT:
-            return self._step_state(STEP_UPGRADE)
+            self._step_state(STEP_UPGRADE)
+            return self._progress
         if state == STEP_UPGRADE:
             return self._upgrade(view, index, target)
         if state == STEP_PAUSED:
             return self._paused()
         if index + 1 < len(self.pol.steps):  # StepReady
             self._enter_step(index + 1)
-            return True
+            return self._progress
         return self._complete()
 
-    def _upgrade(self, view: _View, index: int, target: int) -> bool:
+    def _upgrade(self, view: _View, index: int, target: int) -> Handler | None:
         cap = self.pol.caps(view.n)[index]
         allowed = self.pol.tolerations(view.n)[index]
         if self._wave_busy(view):
-            return False
-        queue = [n for n in self.rs["retryQueue"] if n in view.failed]
+            return None
+        queue = [n for n in self.rs.retry_queue if n in view.failed]
         if queue:
             if self.pause:
-                return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+                return self._stop("paused by the admin (spec.driver.upgradePolicy.pause: true)")
             wave = queue[:cap]
-            self.rs["retryQueue"] = queue[cap:]
+            self.rs.retry_queue = queue[cap:]
             self._start_wave("retry", wave, [view.live[n] for n in wave if n in view.live])
-            return self._say(f"step {index}: retry {self.sub['currentFailureRetry']}: "
+            return self._stop(f"step {index}: retry {self.sub.current_failure_retry}: "
                              f"recreating {len(wave)} failed pods")
-        self.rs["retryQueue"] = []
+        self.rs.retry_queue = []
         if len(view.failed) > allowed:
             return self._failed_step(view, index, allowed, "toleration")
         # Failed nodes count as done: at the revision, stuck without a pod, or timed out before the swap.
@@ -322,37 +335,38 @@ class _Pass:
             unavailable = self.pol.max_unavailable.of(view.n)
             if index == len(self.pol.steps) - 1 and len(view.failed) > unavailable:
                 return self._failed_step(view, index, unavailable, "maxUnavailable")
-            self.rs["stepReadyTime"] = rfc3339(self.now)
+            self.rs.step_ready_time = rfc3339(self.now)
             pause_ms = self.pol.steps[index].pause_ms
             if pause_ms is None:
                 self._runner_pause("step")
                 message = f"step {index} is ready ({done} upgraded): waiting for pause: false"
             else:
-                self.sub["recheckTime"] = rfc3339(self.now + pause_ms / 1000)
+                self.sub.recheck_time = rfc3339(self.now + pause_ms / 1000)
                 message = f"step {index} is ready ({done} upgraded): continuing after {pause_ms} ms"
             self._event("Normal", "StepReady", message)
-            return self._step_state(STEP_PAUSED, message)
+            self._step_state(STEP_PAUSED, message)
+            return self._progress
         if self.pause:
-            return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+            return self._stop("paused by the admin (spec.driver.upgradePolicy.pause: true)")
         remaining = target - done - len(view.coming)
         if remaining <= 0:
-            return self._say(f"step {index}: waiting for {len(view.coming)} pods to be created")
+            return self._stop(f"step {index}: waiting for {len(view.coming)} pods to be created")
         pods = self._takeable(view.others)
         if not pods:
-            return self._say(f"step {index}: every remaining node is held back")
+            return self._stop(f"step {index}: every remaining node is held back")
         wave = pods[:min(cap, remaining)]
         self._start_wave("upgrade", [p.node for p in wave], wave)
-        return self._say(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
+        return self._stop(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
 
-    def _failed_step(self, view: _View, index: int, allowed: int, limit: str) -> bool:
-        retry = self.sub["currentFailureRetry"]
+    def _failed_step(self, view: _View, index: int, allowed: int, limit: str) -> Handler | None:
+        retry = self.sub.current_failure_retry
         failed = len(view.failed)
         if retry < self.pol.max_failure_threshold:
-            self.sub["currentFailureRetry"] = retry + 1
-            self.rs["retryQueue"] = sorted(view.failed)
+            self.sub.current_failure_retry = retry + 1
+            self.rs.retry_queue = sorted(view.failed)
             self._event("Warning", "StepRetry", f"step {index}: {failed} failed pods exceed {limit} {allowed}: "
                         f"retry {retry + 1} of {self.pol.max_failure_threshold}")
-            return True
+            return self._progress
         message = (f"step {index}: {failed} failed pods exceed {limit} {allowed} after "
                    f"{retry} retries: fallback {self.pol.fallback}")
         self._condition("Failed", "True", "StepFailed", message)
@@ -361,100 +375,105 @@ class _Pass:
             return self._begin_rollback(TERMINATING, "FallbackRollback", message)
         self._condition("Progressing", "True", "Failed", message)
         self._runner_pause("failure")
-        return self._step_state(STEP_PAUSED, message + ": fix the failed nodes, then set pause: false")
+        self._step_state(STEP_PAUSED, message + ": fix the failed nodes, then set pause: false")
+        return self._progress
 
-    def _paused(self) -> bool:
-        index = self.sub["currentStepIndex"]
-        if self.rs["pausedByRunner"]:
-            if not self.rs["pauseConfirmed"]:
+    def _paused(self) -> Handler | None:
+        index = self.sub.current_step_index
+        if self.rs.paused_by_runner:
+            if not self.rs.pause_confirmed:
                 if not self.pause:
                     self.out.set_pause = True
-                    return False
-                self.rs["pauseConfirmed"] = True
+                    return None
+                self.rs.pause_confirmed = True
             if self.pause:
-                return False
-            reason = self.rs["pauseReason"]
+                return None
+            reason = self.rs.pause_reason
             self._clear_runner_pause()
             self._event("Normal", "Resumed", f"step {index}: resumed by the admin")
             if reason == "failure":
-                self.sub["currentFailureRetry"] = 0
+                self.sub.current_failure_retry = 0
                 self._condition("Failed", "False", "Resumed", f"step {index}: resumed by the admin")
                 self._condition("Progressing", "True", "Resumed", f"step {index}: resumed by the admin")
-                return self._step_state(STEP_UPGRADE)
-            return self._step_state(STEP_READY)
-        recheck = parse_time(self.sub.get("recheckTime"))
+                self._step_state(STEP_UPGRADE)
+                return self._progress
+            self._step_state(STEP_READY)
+            return self._progress
+        recheck = parse_time(self.sub.recheck_time)
         if self.pause:
-            return self._say(f"step {index}: paused by the admin (spec.driver.upgradePolicy.pause: true)")
+            return self._stop(f"step {index}: paused by the admin (spec.driver.upgradePolicy.pause: true)")
         if recheck is not None and self.now < recheck:
             self.wakes.append(recheck)
-            return False
-        return self._step_state(STEP_READY)
+            return None
+        self._step_state(STEP_READY)
+        return self._progress
 
-    def _complete(self) -> bool:
-        revision = self.sub["upgradingPodSpecRevision"]
+    def _complete(self) -> Handler | None:
+        revision = self.sub.upgrading_pod_spec_revision
         message = f"every driver pod is at revision {revision}"
-        self.rs["stableRevision"] = revision
+        self.rs.stable_revision = revision
         self._record_stable_spec()
-        self.st["phase"] = IDLING
+        self.st.phase = IDLING
         self._condition("Progressing", "False", "Completed", message)
         self._condition("Succeed", "True", "Completed", message)
         self._event("Normal", "Completed", message)
         self._step_state(COMPLETED, message)
-        return False
+        return None
 
     # -- Terminating / Disabling: back to lastPodSpecRevision --------------------------------
-    def _begin_rollback(self, phase: str, reason: str, message: str) -> bool:
-        self.st["phase"] = phase
-        self.rs.update(wave=[], retryQueue=[], abandonedRevision=self.sub["upgradingPodSpecRevision"],
-                       timedOutNodes=[])
+    def _begin_rollback(self, phase: str, reason: str, message: str) -> Handler:
+        self.st.phase = phase
+        self.rs.wave, self.rs.retry_queue, self.rs.timed_out_nodes = [], [], []
+        self.rs.abandoned_revision = self.sub.upgrading_pod_spec_revision
         self._clear_runner_pause()
         self._condition("Terminating", "True", reason, message)
         self._event("Warning", reason, message)
         self._say(message)
-        return True
+        return self._roll_back
 
-    def _roll_back(self) -> bool:
-        cur, last = self.obs.current_revision, self.sub["lastPodSpecRevision"]
-        if cur not in (last, self.rs["abandonedRevision"]):
-            self.rs["stableRevision"] = last
-            if self.st["phase"] == TERMINATING and self.pol.enable_rollout:
+    def _roll_back(self) -> Handler | None:
+        cur, last = self.obs.current_revision, self.sub.last_pod_spec_revision
+        if cur not in (last, self.rs.abandoned_revision):
+            self.rs.stable_revision = last
+            if self.st.phase == TERMINATING and self.pol.enable_rollout:
                 return self._start("NewRevision", f"driver revision {cur} rolls out, replacing the rollback")
-            self.st["phase"] = DISABLED
-            return True
+            self.st.phase = DISABLED
+            return self._idle
         if cur != last:
-            self.out.restore_revision = last
-            return self._say(f"restoring the driver template to revision {last}")
+            self.out.restore = restore.plan(last, self.obs.revisions.get(last), self.obs.daemonset,
+                                            self.obs.cr_spec, self.st.last_co_driver_spec)
+            return self._stop(f"restoring the driver template to revision {last}")
         view = self._view(last)
-        self.sub.update(totalUpgradeReplicas=view.n, totalUpgradeReadyReplicas=len(view.at_rev_ready))
+        self.sub.total_upgrade_replicas, self.sub.total_upgrade_ready_replicas = view.n, len(view.at_rev_ready)
         if self._wave_busy(view):
-            return False
+            return None
         if not view.others and not view.coming:
-            self.rs.update(stableRevision=last, wave=[], waveKind="")
+            self.rs.stable_revision, self.rs.wave, self.rs.wave_kind = last, [], ""
             message = f"rolled back: every driver pod is at revision {last}"
             self._condition("Terminating", "False", "RolledBack", message)
             self._condition("Progressing", "False", "RolledBack", message)
             self._event("Normal", "RolledBack", message)
-            self.st["phase"] = DISABLED if self.st["phase"] == DISABLING else IDLING
+            self.st.phase = DISABLED if self.st.phase == DISABLING else IDLING
             self._say(message)
-            return True
+            return self._idle
         if self.pause:
-            return self._say("rollback paused by the admin (spec.driver.upgradePolicy.pause: true)")
+            return self._stop("rollback paused by the admin (spec.driver.upgradePolicy.pause: true)")
         pods = self._takeable(view.others)
         if not pods:
-            return self._say("rollback: every remaining node is held back")
-        index = min(self.sub["currentStepIndex"], len(self.pol.steps) - 1)
+            return self._stop("rollback: every remaining node is held back")
+        index = min(self.sub.current_step_index, len(self.pol.steps) - 1)
         cap = self.pol.caps(view.n)[index] if self.pol.steps else view.n
         wave = pods[:cap]
         self._start_wave("rollback", [p.node for p in wave], wave)
-        return self._say(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
+        return self._stop(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
 
     # -- waves --------------------------------------------------------------------------------
     def _view(self, revision: str) -> _View:
-        view = _View(self.obs, revision, set(self.rs["wave"]), self._timeout(), self.now)
+        view = _View(self.obs, revision, set(self.rs.wave), self._timeout(), self.now)
         if view.deadline is not None:
             self.wakes.append(view.deadline)  # a pending pod turns failed then
-        if self.st["phase"] == PROGRESSING and self.pol.on_timeout == "fail":
-            timed_out = {n for n in self.rs["timedOutNodes"] if n in view.live and view.live[n].revision != revision}
+        if self.st.phase == PROGRESSING and self.pol.on_timeout == "fail":
+            timed_out = {n for n in self.rs.timed_out_nodes if n in view.live and view.live[n].revision != revision}
             view.failed.update(timed_out)  # failed before the swap: not taken again unless retried
             view.others = [p for p in view.others if p.node not in timed_out]
         return view
@@ -468,11 +487,11 @@ class _Pass:
         the same checks as a first deletion: GPU work holds it back, work to wait for or drain
         must end first (`_prepare`).
         """
-        start = parse_time(self.rs.get("waveStartTime"))
-        wave = [n for n in self.rs["wave"] if n in self.obs.nodes]
+        start = parse_time(self.rs.wave_start_time)
+        wave = [n for n in self.rs.wave if n in self.obs.nodes]
         if not wave or start is None:
             return False
-        doomed = set(self.rs.get("waveUids") or ())
+        doomed = set(self.rs.wave_uids)
         busy, lost = [], []
         for node in wave:
             pod = view.live.get(node)
@@ -480,7 +499,7 @@ class _Pass:
                 continue
             if pod is not None and (pod.revision != view.revision or pod.uid in doomed):
                 lost.append(pod)
-            elif node in view.failed and (pod is not None or self.rs["waveKind"] != "retry"):
+            elif node in view.failed and (pod is not None or self.rs.wave_kind != "retry"):
                 continue  # failed; but a retried stuck node gets the timeout again
             busy.append(node)
         deadline = start + self._timeout()
@@ -500,16 +519,17 @@ class _Pass:
         preparing = len(lost) - len(held) - len(ready)
         notes = [f"{len(held)} held back by GPU workloads"] * bool(held) + \
             [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
-        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready"
+        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs.wave_kind} wave to be Ready"
                   + (f" ({'; '.join(notes)})" if notes else ""))
         return True
 
     def _start_wave(self, kind: str, nodes: list[str], pods: list[Pod]) -> None:
         """Start a wave: delete the pods of its free nodes now; the others are cordoned and
         deleted by `_wave_busy` once their work has ended (`_prepare`)."""
-        self.rs.update(wave=sorted(nodes), waveKind=kind, waveStartTime=rfc3339(self.now), drainStart={},
-                       waveUids=sorted(p.uid for p in pods) if kind == "retry" else [],
-                       timedOutNodes=[n for n in self.rs["timedOutNodes"] if n not in nodes])
+        rs = self.rs
+        rs.wave, rs.wave_kind, rs.wave_start_time, rs.drain_start = sorted(nodes), kind, rfc3339(self.now), {}
+        rs.wave_uids = sorted(p.uid for p in pods) if kind == "retry" else []
+        rs.timed_out_nodes = [n for n in rs.timed_out_nodes if n not in nodes]
         self._delete([p for p in pods if not self._to_prepare(p.node)])
         self.out.cordon.extend(p.node for p in pods if self._to_prepare(p.node))
         self.wakes.append(self.now + self._timeout())
@@ -525,14 +545,14 @@ class _Pass:
             if not stage:
                 free.append(pod)
                 continue
-            if pod.node in self.rs["timedOutNodes"]:  # failed before the swap (a held node left the wave)
+            if pod.node in self.rs.timed_out_nodes:  # failed before the swap (a held node left the wave)
                 view.failed.add(pod.node)
                 busy.remove(pod.node)
                 continue
             if stage == "wait":
                 deadline = start + self.pol.wait_timeout_ms / 1000 if self.pol.wait_timeout_ms else None
             else:
-                began = self.rs["drainStart"].setdefault(pod.node, rfc3339(self.now))
+                began = self.rs.drain_start.setdefault(pod.node, rfc3339(self.now))
                 deadline = parse_time(began) + self.pol.drain_timeout_ms / 1000
             if deadline is not None and self.now >= deadline:
                 self._timed_out(pod.node, stage, view)
@@ -549,26 +569,26 @@ class _Pass:
     def _timed_out(self, node: str, stage: str, view: _View) -> None:
         """`node`'s wait or drain ran out: hold it back (out of the wave, uncordoned, its driver
         kept) or count it failed (`onTimeout`)."""
-        self.rs["drainStart"].pop(node, None)
-        if node not in self.rs["timedOutNodes"]:
-            self.rs["timedOutNodes"] = sorted([*self.rs["timedOutNodes"], node])
+        self.rs.drain_start.pop(node, None)
+        if node not in self.rs.timed_out_nodes:
+            self.rs.timed_out_nodes = sorted([*self.rs.timed_out_nodes, node])
             what = "waiting for its pods matching waitForCompletion.podSelector" if stage == "wait" \
                 else "draining its GPU pods"
             then = "held back" if self.pol.on_timeout == "hold" else "counted failed"
             self._event("Warning", "WaitTimeout" if stage == "wait" else "DrainTimeout",
                         f"node {node}: {what} timed out; {then} (onTimeout: {self.pol.on_timeout})")
         if self.pol.on_timeout == "hold":
-            self.rs["wave"] = [n for n in self.rs["wave"] if n != node]
+            self.rs.wave = [n for n in self.rs.wave if n != node]
         else:
             view.failed.add(node)
 
     def _takeable(self, pods: list[Pod]) -> list[Pod]:
         """Pods that may be deleted now (or once their node's work ends): nodes without work to
         wait for first, then not-ready first, then by node; lists the held-back nodes."""
-        timed_out = set(self.rs["timedOutNodes"])
+        timed_out = set(self.rs.timed_out_nodes)
         held = [p.node for p in pods if self._held(p.node) or (p.node in timed_out and self._to_prepare(p.node))]
-        self._list("heldNodes", held)
-        if held and len(held) != self.before.get("resume", {}).get("heldNodeCount"):
+        self.rs.held = NodeList.of(held)
+        if held and len(held) != self.before.resume.held.count:
             self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads (or their wait or drain "
                         f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}")
         return sorted((p for p in pods if p.node not in held),
@@ -608,8 +628,8 @@ class _Pass:
             elif pod.node not in live or pod.created > live[pod.node].created:
                 live[pod.node] = pod
         # A node whose wait or drain timed out keeps its driver: its swap is given up.
-        wave = set(self.rs["wave"]) - set(self.rs["timedOutNodes"])
-        doomed = set(self.rs.get("waveUids") or ())
+        wave = set(self.rs.wave) - set(self.rs.timed_out_nodes)
+        doomed = set(self.rs.wave_uids)
         back = set()
         for node in self.obs.cordoned - deleting:
             pod = live.get(node)
@@ -627,37 +647,35 @@ class _Pass:
 
         Also records the step list it was computed for (`resume.stepsKey`).
         """
-        self.rs["stepsKey"] = self.pol.steps_key
+        self.rs.steps_key = self.pol.steps_key
         view = self._view(self.obs.current_revision)
         targets = self.pol.targets(view.n)
         return next((i for i, t in enumerate(targets) if t >= view.at_rev), max(len(targets) - 1, 0))
 
     def _enter_step(self, index: int) -> None:
-        self.sub.update(currentStepIndex=index, currentFailureRetry=0)
-        self.sub.pop("recheckTime", None)
-        self.rs["stepStartTime"] = rfc3339(self.now)
-        self.rs.pop("stepReadyTime", None)
+        self.sub.current_step_index, self.sub.current_failure_retry, self.sub.recheck_time = index, 0, None
+        self.rs.step_start_time, self.rs.step_ready_time = rfc3339(self.now), None
         step = self.pol.steps[index]
         after = "wait for the admin" if step.pause_ms is None else f"pause {step.pause_ms} ms"
         self._event("Normal", STEP_INIT, f"step {index}: replicas {step.replicas}, then {after}")
         self._step_state(STEP_INIT, f"step {index} started")
 
-    def _step_state(self, state: str, message: str = "") -> bool:
-        self.sub["currentStepState"] = state
-        self._say(message or f"step {self.sub['currentStepIndex']}: {state}")
-        return True
+    def _step_state(self, state: str, message: str = "") -> None:
+        self.sub.current_step_state = state
+        self._say(message or f"step {self.sub.current_step_index}: {state}")
 
     def _runner_pause(self, reason: str) -> None:
-        self.rs.update(pausedByRunner=True, pauseReason=reason, pauseConfirmed=self.pause, releasePause=False)
+        self.rs.paused_by_runner, self.rs.pause_reason = True, reason
+        self.rs.pause_confirmed, self.rs.release_pause = self.pause, False
         if not self.pause:
             self.out.set_pause = True
 
     def _clear_runner_pause(self) -> None:
         """Forget the runner's pause; if the spec still holds it (the rollout moved on without the
         admin's answer: a rollback, a new revision, edited steps), set it back to false."""
-        if self.rs["pausedByRunner"] and self.pause:
-            self.rs["releasePause"], self.out.set_pause, self.pause = True, False, False
-        self.rs.update(pausedByRunner=False, pauseReason="", pauseConfirmed=False)
+        if self.rs.paused_by_runner and self.pause:
+            self.rs.release_pause, self.out.set_pause, self.pause = True, False, False
+        self.rs.paused_by_runner, self.rs.pause_reason, self.rs.pause_confirmed = False, "", False
 
     def _record_stable_spec(self) -> None:
         """Record the template and `spec.driver` observed now as those of the stable revision
@@ -668,42 +686,30 @@ class _Pass:
         may arrive before any idle pass, and its rollout must not inherit the spec of the rollout
         before (a rollback would then restore an older driver version than its revision's).
         """
-        self.st["lastAppliedSpec"], self.st["lastCoDriverSpec"] = self.obs.template, self.obs.driver_spec
+        self.st.last_applied_spec, self.st.last_co_driver_spec = self.obs.template, self.obs.driver_spec
 
     def _timeout(self) -> float:
         return self.pol.readiness_timeout_ms / 1000
 
-    def _list(self, key: str, nodes) -> None:
-        nodes = sorted(nodes)
-        self.rs[key], self.rs[key.replace("Nodes", "NodeCount")] = nodes[:LISTED_NODES], len(nodes)
+    def _say(self, message: str) -> None:
+        self.st.message = self.sub.message = message
 
-    def _say(self, message: str) -> bool:
-        self.st["message"] = self.sub["message"] = message
-        return False
+    def _stop(self, message: str) -> None:
+        """Say `message` and end the pass (a handler's `return self._stop(...)`)."""
+        self._say(message)
 
     def _condition(self, kind: str, status: str, reason: str, message: str) -> None:
-        for cond in self.st["condition"]:
-            if cond["type"] == kind:
-                if cond["status"] != status:
-                    cond["lastTransitionTime"] = rfc3339(self.now)
-                cond.update(status=status, reason=reason, message=message)
-                return
-        self.st["condition"].append({"type": kind, "status": status, "reason": reason, "message": message,
-                                     "lastTransitionTime": rfc3339(self.now)})
+        cond = next((c for c in self.st.conditions if c.type == kind), None)
+        if cond is None:
+            self.st.conditions.append(Condition(kind, status, reason, message, rfc3339(self.now)))
+            return
+        if cond.status != status:
+            cond.last_transition_time = rfc3339(self.now)
+        cond.status, cond.reason, cond.message = status, reason, message
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         self.out.events.append(Event(type_, reason, message))
 
 
-def _merged(base: dict, over: dict) -> dict:
-    """`over` on top of `base`, so a status written by an older version gains the new fields."""
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merged(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def _without_update_time(status: dict) -> dict:
-    return {**status, "status": {k: v for k, v in status["status"].items() if k != "lastUpdateTime"}}
+def _without_update_time(status: UpgradeStatus) -> UpgradeStatus:
+    return dataclasses.replace(status, step=dataclasses.replace(status.step, last_update_time=None))

@@ -7,11 +7,12 @@ subresource carrying the resourceVersion read: a conflict means someone changed 
 the pass stops without acting; the next pass decides again), then act:
 
 - set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
-  saw, so an admin's concurrent edit wins);
-- roll back: first set the CR's `spec.driver` back to one that gives the stable revision's
-  template (`reconcile.restored_driver_spec`: `lastCoDriverSpec`, or what the template itself
-  says), so the runner's reconcile does not re-apply the abandoned version, then patch the
-  DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+  saw, so an admin's concurrent edit wins), and once the runner's own pause landed, write the
+  status that says so (`Decision.status_once_paused`);
+- roll back (`Decision.restore`, planned by `rollout.restore`): first set the CR's `spec.driver`
+  back to the one that gives the stable revision's template, so the runner's reconcile does not
+  re-apply the abandoned version, then patch the DaemonSet with the stable ControllerRevision's
+  data, as `kubectl rollout undo`;
 - cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU pods of
   those being drained (`Decision.evict`, only once cordoned; the Eviction API respects
   PodDisruptionBudgets);
@@ -22,7 +23,8 @@ the pass stops without acting; the next pass decides again), then act:
 - emit the engine's Events on the CR.
 
 Every action is safe to repeat: a runner killed between any two of them resumes from the status
-it wrote and what the cluster shows.
+it wrote and what the cluster shows. This module decides nothing: what to do is the engine's
+`Decision`; here it is done, in order, with the lease checked before every write.
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
-from metax_operator.rollout.observe import DRIVER_DAEMONSET, Snapshot, Watches, revision_template
+from metax_operator.rollout.observe import DRIVER_DAEMONSET, Watches
+from metax_operator.rollout.restore import Restore
+from metax_operator.rollout.status import UpgradeStatus, rfc3339
 
 log = logging.getLogger("metax_operator.rollout.engine")
 
@@ -79,7 +83,7 @@ class RolloutExecutor:
         except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
             return 0
-        before = (cr.get("status") or {}).get("upgradeStatus") or None
+        written = (cr.get("status") or {}).get("upgradeStatus") or None  # as stored
         waited = self.watches.wait_for(policy.wait_selector)
         if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
             event(log, "rollout-wait-cache", logging.WARNING,
@@ -91,22 +95,30 @@ class RolloutExecutor:
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return 0
-        snap = self.watches.observe(ds, cr, before)
+        snap = self.watches.observe(ds, cr, written)
+        before = UpgradeStatus.from_json(written) if written is not None else None
         decision = engine.decide(snap.observed, policy, before, self.clock())
+        return self.execute(cr, decision, policy.pause)
+
+    def execute(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+        """Carry out `decision`, taken on the CR `cr` as read (its spec's pause was `pause_seen`):
+        the status write first, then the actions in order; the number of writes."""
+        written = (cr.get("status") or {}).get("upgradeStatus") or None
         writes = 0
-        if decision.status != before:
+        if decision.status.to_json() != written:
             if not self._write_status(cr, decision.status):
                 return 0  # the CR changed since it was read: decide again next pass
             writes += 1
         if self.metrics is not None:
+            before = UpgradeStatus.from_json(written) if written is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
-        writes += self._act(cr, snap, decision, policy)
-        sub = decision.status["status"]
+        writes += self._act(cr, decision, pause_seen)
+        sub = decision.status.step
         event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,
-              phase=decision.status["phase"], step=sub.get("currentStepIndex"),
-              state=sub.get("currentStepState"), upgraded=sub.get("totalUpgradeReadyReplicas"),
-              total=sub.get("totalUpgradeReplicas"), deleted=[p.name for p in decision.delete],
-              message=decision.status.get("message"), **self._traffic())
+              phase=decision.status.phase, step=sub.current_step_index,
+              state=sub.current_step_state, upgraded=sub.total_upgrade_ready_replicas,
+              total=sub.total_upgrade_replicas, deleted=[p.name for p in decision.delete],
+              message=decision.status.message, **self._traffic())
         return writes
 
     # -- the status write -----------------------------------------------------------------------
@@ -115,11 +127,11 @@ class RolloutExecutor:
         self.requests += 1
         return self.api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
 
-    def _write_status(self, cr: dict, status: dict) -> bool:
+    def _write_status(self, cr: dict, status: UpgradeStatus) -> bool:
         """PUT the status subresource with the resourceVersion read; False on a conflict."""
         self._check()
         body = json.loads(json.dumps(cr))
-        body.setdefault("status", {})["upgradeStatus"] = status
+        body.setdefault("status", {})["upgradeStatus"] = status.to_json()
         path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME,
                                                                                   subresource="status")
         self.requests += 1
@@ -135,29 +147,26 @@ class RolloutExecutor:
 
     # -- actions --------------------------------------------------------------------------------
 
-    def _act(self, cr: dict, snap: Snapshot, decision: engine.Decision, policy: policy_mod.Policy) -> int:
+    def _act(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+        """The decision's actions after its status write, in order; the number of writes."""
         writes = 0
-        if decision.set_pause is not None and decision.set_pause != policy.pause:
-            writes += self._set_pause(decision.set_pause, policy.pause, decision.status)
-        if decision.restore_revision:
-            writes += self._restore(cr, snap, decision.restore_revision, decision.status)
+        if decision.set_pause is not None:
+            writes += self._set_pause(decision.set_pause, pause_seen, decision.status_once_paused)
+        if decision.restore is not None:
+            writes += self._restore(cr, decision.restore)
         writes += self._drain(decision.cordon, decision.evict)
-        writes += self._delete(decision.delete, policy.cordon)
+        writes += self._delete(decision.delete, decision.cordon_first)
         writes += self._uncordon(decision.uncordon)
         for item in decision.events:
             self._check()
             self.requests += 1
             writes += reconcile.emit_event(self.api, cr, item.type, item.reason, item.message,
-                                           engine.rfc3339(self.clock()), self.identity)
+                                           rfc3339(self.clock()), self.identity)
         return writes
 
-    def _set_pause(self, value: bool, seen: bool, status: dict) -> int:
-        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw.
-
-        Once the runner's own pause has landed, the status says so (`resume.pauseConfirmed`):
-        otherwise an admin's `pause: false` a moment later would look like the runner's pause not
-        applied yet, and the next pass would pause again.
-        """
+    def _set_pause(self, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
+        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw;
+        once it landed, the status `then` (if any) is written on the patched CR."""
         self._check()
         path = "/spec/driver/upgradePolicy/pause"
         patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
@@ -171,31 +180,21 @@ class RolloutExecutor:
             event(log, "rollout-pause-skipped", msg="spec.driver.upgradePolicy.pause changed meanwhile")
             return 0
         event(log, "rollout-set-pause", pause=value)
-        resume = status.get("resume") or {}
-        if value and resume.get("pausedByRunner") and not resume.get("pauseConfirmed"):
-            resume["pauseConfirmed"] = True
-            return 1 + self._write_status(patched, status)
+        if then is not None:
+            return 1 + self._write_status(patched, then)
         return 1
 
-    def _restore(self, cr: dict, snap: Snapshot, revision: str, status: dict) -> int:
-        """Set the CR's spec.driver back to the one of `revision`, then the template to it.
+    def _restore(self, cr: dict, restore: Restore) -> int:
+        """Set the CR's spec.driver back to the one of the restored revision, then the template.
 
         The spec comes first: the reconcile of the next pass must find a CR that gives the
-        restored template, not the abandoned one (`reconcile.restored_driver_spec`).
+        restored template, not the abandoned one.
         """
-        writes = 0
-        spec = cr.get("spec") or {}
-        driver = spec.get("driver") or {}
-        found = snap.revisions.get(revision)
-        recorded = status.get("lastCoDriverSpec") or ""
-        if found is not None:
-            wanted = reconcile.restored_driver_spec(snap.daemonset, revision_template(found), spec, recorded)
-        else:  # the template cannot be restored; the recorded spec still brings the version back
-            wanted = {**json.loads(recorded), "upgradePolicy": driver.get("upgradePolicy", {})} if recorded else None
+        writes, revision, wanted = 0, restore.revision, restore.driver_spec
         if wanted is None:
             event(log, "rollout-restore-cr-unknown", logging.ERROR, revision=revision,
                   msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself")
-        elif wanted != driver:
+        elif wanted != ((cr.get("spec") or {}).get("driver") or {}):  # not written yet
             self._check()
             self.requests += 1
             self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
@@ -204,15 +203,15 @@ class RolloutExecutor:
             event(log, "rollout-restore-cr", revision=revision,
                   msg=f"spec.driver set back to revision {revision}'s")
             writes += 1
-        if found is None:
+        if restore.template_patch is None:
             event(log, "rollout-revision-missing", logging.ERROR, revision=revision,
                   msg=f"no ControllerRevision with hash {revision}: cannot restore the template")
             return writes
         self._check()
         self.requests += 1
-        self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, found.data, namespace=self.namespace,
+        self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, restore.template_patch, namespace=self.namespace,
                        patch_type="strategic", field_manager=reconcile.FIELD_MANAGER)
-        event(log, "rollout-restore-template", revision=revision, controllerrevision=found.name)
+        event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 
     def _delete(self, pods: list[engine.PodRef], cordon_first: bool) -> int:

@@ -41,6 +41,7 @@ import json
 from dataclasses import dataclass
 
 from metax_operator.rollout import cordon, engine
+from metax_operator.rollout.restore import revision_template
 from metax_operator import workloads
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
@@ -161,7 +162,7 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
     cr_status = cr.get("status") or {}
-    caught_up = (newest is not None and revision_template(newest) == ds["spec"]["template"]
+    caught_up = (newest is not None and revision_template(newest.data) == ds["spec"]["template"]
                  and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
                  and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation"))
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
@@ -173,16 +174,9 @@ def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | 
         pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), wait_busy_nodes=frozenset(waited), skipped=skipped,
         cordoned=frozenset(cordoned), need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
-        driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
+        driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}),
+        revisions={h: r.data for h, r in own.items()}, daemonset=ds, cr_spec=cr.get("spec") or {})
     return Snapshot(observed, ds, own)
-
-
-def revision_template(revision: Revision) -> dict:
-    """The pod template a DaemonSet ControllerRevision records (its data is a strategic merge
-    patch `{"spec": {"template": {..., "$patch": "replace"}}}`)."""
-    template = dict(((revision.data.get("spec") or {}).get("template")) or {})
-    template.pop("$patch", None)
-    return template
 
 
 def canonical(obj) -> str:

@@ -1,21 +1,26 @@
-"""A discrete-event simulator of the driver DaemonSet under OnDelete, driven by the rollout engine.
+"""A discrete-event simulator of the driver DaemonSet under OnDelete, driven by the rollout engine:
+what `metax-operator rollout simulate` runs.
 
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
-DaemonSet controller creates its replacement at the current template revision, which becomes
-Ready after a latency drawn from a seeded RNG, fails with a probability, or hangs. The "runner"
-calls `engine.decide` every loop interval, persists the status, then applies the actions one by
-one; it can crash between any two of them (only the persisted status survives). The admin's
-answer to a manual pause is scripted. `run()` returns the timeline per step.
+DaemonSet controller creates its replacement at the current template revision, Ready after a
+latency drawn from a seeded RNG. The "runner" calls `engine.decide` every loop interval and carries
+out the decision as `rollout.execute` does (the status, the pause and the status once it landed,
+the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
+status shows it. `run()` returns the timeline per step.
+
+The tests drive the same simulator with failures, crashes and scripted admins by overriding its
+hooks (`_new_pod`, `_gpu_busy`, `_before`, ...): tests/rollout/oracle.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from metax_operator.rollout import engine
 from metax_operator.rollout.policy import Policy
+from metax_operator.rollout.status import UpgradeStatus
 
 OLD, NEW = "rev-old", "rev-new"
 
@@ -38,13 +43,8 @@ class Config:
     nodes: int
     interval: float = 5.0  # seconds between runner passes
     ready_latency: tuple[float, float] = (30.0, 30.0)  # new pods Ready after uniform(lo, hi) seconds
-    fail_probability: float = 0.0  # a new-revision pod fails (phase Failed) instead of becoming Ready
-    hang_probability: float = 0.0  # a new-revision pod never becomes Ready
     terminate_latency: float = 1.0  # seconds a deleted pod stays Terminating
-    crash_probability: float = 0.0  # the runner crashes before an action with this probability
     admin_delay: float | None = 0.0  # the admin sets pause: false this long after a runner pause; None: never
-    admin_resumes_failures: bool = True  # the admin also resumes after a fallback pause
-    busy_nodes: dict[str, float] = field(default_factory=dict)  # node -> time its GPU work ends
     seed: int = 0
     max_time: float = 30 * 24 * 3600.0
 
@@ -53,29 +53,20 @@ class Config:
 class StepRecord:
     step: int
     target: int = 0
-    deletions: list[int] = field(default_factory=list)
-    retries: list[int] = field(default_factory=list)
+    deletions: list[int] = field(default_factory=list)  # the upgrade waves' sizes
     after: str | int = "manual"
     started: float = 0.0
     ready: float | None = None
-    upgraded_at_ready: int = 0  # pods at the new revision when the step became Ready
-    failed_at_ready: int = 0
-    fallback_retries: int | None = None  # retries counted when the step took the fallback
 
 
 @dataclass
 class Result:
     steps: list[StepRecord]
-    rollback_waves: list[int]
     end_time: float
     passes: int
-    crashes: int
-    status: dict
+    status: UpgradeStatus
     pods: dict[str, str]  # node -> revision of its live pod
-    deleted_ready_upgraded: int  # Ready pods at the upgrading revision the runner deleted (must be 0)
-    max_in_flight_over_cap: int  # after a pass that deleted: pods in flight beyond its cap (must be <= 0)
-    deletions_while_paused: int  # deletions applied while spec pause was true (must be 0)
-    actions_per_pass: list[int]
+    actions_per_pass: list[int]  # API actions (pause, restore, deletions) each pass carried out
 
     def as_json(self) -> dict:
         """The `rollout simulate --output json` shape."""
@@ -84,57 +75,38 @@ class Result:
 
 
 class Simulation:
-    def __init__(self, config: Config, policy: Policy,
-                 admin: list[tuple[float, Callable[["Simulation"], None]]] | None = None):
+    def __init__(self, config: Config, policy: Policy):
         self.cfg, self.policy = config, policy
         self.rng = random.Random(config.seed)
-        self.crash_rng = random.Random(config.seed + 1)  # crashes do not change the pods' fates
         self.spec_pause = policy.pause
-        self.enable_rollout = policy.enable_rollout
         self.revision = OLD
-        self.admin = sorted(admin or [], key=lambda a: a[0])
         self.nodes = {f"node-{i:05d}" for i in range(config.nodes)}
         self.pods: dict[str, SimPod] = {}
         self.by_node: dict[str, list[SimPod]] = {}
         self._serial = 0
         for node in sorted(self.nodes):
             self._create(node, 0.0, ready=True)
-        self.status: dict | None = None
-        self.in_flight: set[str] = set()  # nodes whose pod the runner deleted, replacement not back yet
+        self.status: UpgradeStatus | None = None
         self.unpause_at: float | None = None
-        self.deleted_ready_upgraded = 0
 
     # -- the cluster ------------------------------------------------------------------------
     def set_revision(self, revision: str) -> None:
         """The DaemonSet's template changes (a new driver version, or the runner's restore)."""
         self.revision = revision
 
-    def add_node(self, name: str, now: float) -> None:
-        self.nodes.add(name)
-        self._create(name, now)
-
-    def remove_node(self, name: str) -> None:
-        self.nodes.discard(name)
-        for pod in self.by_node.pop(name, []):
-            del self.pods[pod.uid]
-        self.in_flight.discard(name)
-
     def _create(self, node: str, now: float, ready: bool = False) -> None:
         self._serial += 1
         uid = f"uid-{self._serial}"
         pod = SimPod(f"metax-driver-{self._serial}", uid, node, self.revision, now, now)
         if not ready:
-            lo, hi = self.cfg.ready_latency
-            latency = self.rng.uniform(lo, hi)
-            roll = self.rng.random()
-            if self.revision != OLD and roll < self.cfg.fail_probability:
-                pod.ready_at, pod.failed_at = None, now + latency
-            elif self.revision != OLD and roll < self.cfg.fail_probability + self.cfg.hang_probability:
-                pod.ready_at = None
-            else:
-                pod.ready_at = now + latency
+            self._new_pod(pod, now)
         self.pods[uid] = pod
         self.by_node.setdefault(node, []).append(pod)
+
+    def _new_pod(self, pod: SimPod, now: float) -> None:
+        """The fate of a pod the DaemonSet controller just created: Ready after the latency."""
+        lo, hi = self.cfg.ready_latency
+        pod.ready_at = now + self.rng.uniform(lo, hi)
 
     def _advance(self, now: float) -> None:
         """Terminated pods go; the DaemonSet controller recreates them at the current revision."""
@@ -144,144 +116,125 @@ class Simulation:
             self.by_node[pod.node].remove(pod)
             if pod.node in self.nodes:
                 self._create(pod.node, pod.gone_at)
-        timeout = self.policy.readiness_timeout_ms / 1000
-        for node in list(self.in_flight):
-            live = self._live(node)
-            if live and live.revision == self.revision and (
-                    (live.ready_at is not None and live.ready_at <= now)
-                    or (live.failed_at is not None and live.failed_at <= now)
-                    or now - live.created >= timeout):  # the engine's failed pods hold no slot
-                self.in_flight.discard(node)
 
     def _live(self, node: str) -> SimPod | None:
         return next((p for p in self.by_node.get(node, ()) if p.deleting is None), None)
 
+    def _gpu_busy(self, now: float) -> frozenset[str]:
+        """Nodes running GPU work at `now`."""
+        return frozenset()
+
     def observe(self, now: float) -> engine.Observed:
         pods = tuple(
             engine.Pod(name=p.name, uid=p.uid, node=p.node, revision=p.revision,
-                        ready=p.ready_at is not None and p.ready_at <= now,
-                        phase="Failed" if p.failed_at is not None and p.failed_at <= now else "Running",
-                        created=p.created, deleting=p.deleting)
+                       ready=p.ready_at is not None and p.ready_at <= now,
+                       phase="Failed" if p.failed_at is not None and p.failed_at <= now else "Running",
+                       created=p.created, deleting=p.deleting)
             for p in self.pods.values())
-        busy = frozenset(n for n, until in self.cfg.busy_nodes.items() if until > now)
         return engine.Observed(current_revision=self.revision, caught_up=True,
-                                nodes=frozenset(self.nodes), pods=pods, gpu_busy_nodes=busy)
+                               nodes=frozenset(self.nodes), pods=pods, gpu_busy_nodes=self._gpu_busy(now))
 
     # -- the runner ---------------------------------------------------------------------------
     def run(self) -> Result:
         """Runner passes until the rollout is over and the pods settled (or nothing can change)."""
-        now, self.passes, self.crashes = 0.0, 0, 0
+        now, self.passes = 0.0, 0
         self.steps: dict[int, StepRecord] = {}
-        self.rollback_waves: list[int] = []
         self.seen_waves: set[str] = set()
-        self.over_cap = self.paused_deletions = 0
         self.actions_per_pass: list[int] = []
         started = False
         while now <= self.cfg.max_time:
             self._advance(now)
-            while self.admin and self.admin[0][0] <= now:
-                self.admin.pop(0)[1](self)
+            self._before_pass(now)
             if self.unpause_at is not None and now >= self.unpause_at:
                 self.spec_pause, self.unpause_at = False, None
             decision = self._pass(now)
-            status = self.status or engine.empty_status()
-            rs = status["resume"]
-            if rs["pausedByRunner"] and rs["pauseConfirmed"] and self.spec_pause and self.unpause_at is None \
-                    and self.cfg.admin_delay is not None \
-                    and (rs["pauseReason"] != "failure" or self.cfg.admin_resumes_failures):
+            status = self.status or UpgradeStatus()
+            if status.resume.paused_by_runner and status.resume.pause_confirmed and self.spec_pause \
+                    and self.unpause_at is None and self.cfg.admin_delay is not None and self._answers(status):
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
             self._record(status, now)
-            started = started or status["phase"] not in (engine.IDLING, engine.DISABLED)
-            if started and not status["upgrading"] and not self._changing(now):
+            started = started or status.phase not in (engine.IDLING, engine.DISABLED)
+            if started and not status.upgrading and not self._changing(now):
                 break
             now = self._next_time(now, decision)
-        return Result(steps=[self.steps[i] for i in sorted(self.steps)], rollback_waves=self.rollback_waves,
-                      end_time=now, passes=self.passes, crashes=self.crashes, status=self.status or {},
+        return Result(steps=[self.steps[i] for i in sorted(self.steps)], end_time=now, passes=self.passes,
+                      status=self.status or UpgradeStatus(),
                       pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
-                      deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=self.over_cap,
-                      deletions_while_paused=self.paused_deletions, actions_per_pass=self.actions_per_pass)
+                      actions_per_pass=self.actions_per_pass)
+
+    def _before_pass(self, now: float) -> None:
+        """What happens in the cluster just before the pass at `now` (nothing here)."""
+
+    def _answers(self, status: UpgradeStatus) -> bool:
+        """Whether the admin answers the runner's pause that `status` shows."""
+        return True
 
     def _pass(self, now: float) -> engine.Decision:
-        """One runner pass: decide, persist the status, then act; maybe crash between two actions."""
-        policy = dataclasses.replace(self.policy, pause=self.spec_pause, enable_rollout=self.enable_rollout)
+        """One runner pass: decide, then carry out the decision's actions in the executor's order."""
+        policy = dataclasses.replace(self.policy, pause=self.spec_pause)
         decision = engine.decide(self.observe(now), policy, self.status, now)
         self.passes += 1
         actions: list[tuple[str, Callable[[], None]]] = [("status", lambda: self._persist(decision.status))]
-        if decision.restore_revision:
-            actions.append(("restore", lambda: self.set_revision(decision.restore_revision)))
         if decision.set_pause is not None:
             actions.append(("pause", lambda: self._set_pause(decision.set_pause)))
-        upgrading = decision.status["status"]["upgradingPodSpecRevision"] \
-            if decision.status["phase"] == engine.PROGRESSING else None
-        runner_paused = decision.status["resume"]["pausedByRunner"]
+        if decision.status_once_paused is not None:
+            actions.append(("status", lambda: self._persist(decision.status_once_paused)))
+        if decision.restore is not None:
+            actions.append(("restore", lambda: self.set_revision(decision.restore.revision)))
         for ref in decision.delete:
-            actions.append(("delete", lambda ref=ref: self._delete(ref, now, upgrading)))
-        self.actions_per_pass.append(len(actions) - 1)
-        self.crashed = self.deleted_now = False
+            actions.append(("delete", lambda ref=ref: self._delete(ref, now, decision)))
+        self.actions_per_pass.append(sum(kind != "status" for kind, _ in actions))
         for kind, act in actions:
-            if self.cfg.crash_probability and self.crash_rng.random() < self.cfg.crash_probability:
-                self.crashes += 1
-                self.crashed = True  # the restarted runner runs its next pass one interval later
+            if not self._before(kind, decision):
                 break
-            self.paused_deletions += kind == "delete" and (self.spec_pause or runner_paused)
-            self.deleted_now |= kind == "delete"
             act()
         return decision
 
-    def _record(self, status: dict, now: float) -> None:
-        """The timeline, from the persisted status (what survives a crash)."""
-        sub, rs = status["status"], status["resume"]
-        index = sub["currentStepIndex"]
-        state = sub.get("currentStepState")
-        completed = state == engine.COMPLETED and sub["upgradingPodSpecRevision"] == self.revision
-        if (status["phase"] == engine.PROGRESSING or completed) and self.policy.steps:
-            rec = self.steps.setdefault(index, StepRecord(index, started=now, after=_after(self.policy, index)))
-            if rec.ready is None:  # the target as the step met it (N may change later)
-                rec.target = sub["currentUpgradeReplicas"]
-            if rs["pausedByRunner"] and rs["pauseReason"] == "failure":
-                if rec.fallback_retries is None:
-                    rec.fallback_retries = sub["currentFailureRetry"]
-            elif state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED) and rec.ready is None:
-                rec.ready = now
-                rec.upgraded_at_ready = sum(1 for n in self.nodes if (p := self._live(n))
-                                            and p.revision == sub["upgradingPodSpecRevision"])
-                rec.failed_at_ready = rs["failedNodeCount"]
-        if status["phase"] == engine.TERMINATING and index in self.steps \
-                and self.steps[index].fallback_retries is None and rs["abandonedRevision"]:
-            self.steps[index].fallback_retries = sub["currentFailureRetry"]
-        wave_key = f"{rs.get('waveStartTime')}/{rs.get('waveKind')}"
-        if rs.get("wave") and wave_key not in self.seen_waves:
-            self.seen_waves.add(wave_key)
-            kind, size = rs["waveKind"], len(rs["wave"])
-            if kind == "rollback":
-                self.rollback_waves.append(size)
-            elif index in self.steps:
-                (self.steps[index].retries if kind == "retry" else self.steps[index].deletions).append(size)
-        cap = self._cap(status)
-        if cap is not None and self.deleted_now:  # the cap of the pass that deleted (N may change later)
-            self.over_cap = max(self.over_cap, len(self.in_flight) - cap)
+    def _before(self, kind: str, decision: engine.Decision) -> bool:
+        """Whether the runner gets to do the next action (`kind`) of `decision`."""
+        return True
 
-    def _persist(self, status: dict) -> None:
+    def _record(self, status: UpgradeStatus, now: float) -> None:
+        """The timeline, from the persisted status (what survives a crash)."""
+        sub, rs = status.step, status.resume
+        index = sub.current_step_index
+        completed = sub.current_step_state == engine.COMPLETED and sub.upgrading_pod_spec_revision == self.revision
+        if (status.phase == engine.PROGRESSING or completed) and self.policy.steps:
+            if index not in self.steps:
+                self.steps[index] = self._step_record(index, now)
+            rec = self.steps[index]
+            if rec.ready is None:  # the target as the step met it (N may change later)
+                rec.target = sub.current_upgrade_replicas
+            if sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED) \
+                    and rec.ready is None and not (rs.paused_by_runner and rs.pause_reason == "failure"):
+                rec.ready = now
+        wave_key = f"{rs.wave_start_time}/{rs.wave_kind}"
+        if rs.wave and wave_key not in self.seen_waves:
+            self.seen_waves.add(wave_key)
+            self._wave(status, rs.wave_kind, len(rs.wave))
+
+    def _step_record(self, index: int, now: float) -> StepRecord:
+        """The record of step `index`, first seen at `now`."""
+        ms = self.policy.steps[index].pause_ms
+        return StepRecord(index, started=now, after="manual" if ms is None else ms)
+
+    def _wave(self, status: UpgradeStatus, kind: str, size: int) -> None:
+        """A wave the timeline has not seen yet (upgrade, retry or rollback)."""
+        index = status.step.current_step_index
+        if kind == "upgrade" and index in self.steps:
+            self.steps[index].deletions.append(size)
+
+    def _persist(self, status: UpgradeStatus) -> None:
         self.status = status
 
     def _set_pause(self, value: bool) -> None:
         self.spec_pause = value
 
-    def _delete(self, ref: engine.PodRef, now: float, upgrading: str | None) -> None:
+    def _delete(self, ref: engine.PodRef, now: float, decision: engine.Decision) -> None:
         pod = self.pods.get(ref.uid)
         if pod is None or pod.name != ref.name or pod.deleting is not None:
             return  # the uid precondition: a repeated deletion is harmless
-        if pod.revision == upgrading and pod.ready_at is not None and pod.ready_at <= now:
-            self.deleted_ready_upgraded += 1
         pod.deleting, pod.gone_at = now, now + self.cfg.terminate_latency
-        self.in_flight.add(pod.node)
-
-    def _cap(self, status: dict) -> int | None:
-        if status["phase"] not in (engine.PROGRESSING, engine.TERMINATING, engine.DISABLING) \
-                or not self.policy.steps:
-            return None
-        live = len(self.nodes)
-        return self.policy.caps(live)[min(status["status"]["currentStepIndex"], len(self.policy.steps) - 1)]
 
     def _changing(self, now: float) -> bool:
         """Whether pods are still terminating or coming up."""
@@ -291,24 +244,20 @@ class Simulation:
     def _next_time(self, now: float, decision: engine.Decision) -> float:
         """The next pass: one interval on, or the next time anything can change, on the loop's grid."""
         step = self.cfg.interval
-        if self.crashed or not self._quiet(decision):
+        if not self._quiet(decision):
             return now + step
-        times = [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at)
-                 if t is not None and t > now]
+        times = [t for t in self._changes(now) if t > now]
         times += [t for t in (decision.wake_at, self.unpause_at) if t is not None]
-        times += [t for t, _ in self.admin[:1]]
-        times += [t for t in self.cfg.busy_nodes.values() if t > now]
         if not times:
             return self.cfg.max_time + step  # nothing can change any more
         return now + step * max(1, -(-(min(times) - now) // step))
 
+    def _changes(self, now: float) -> list[float]:
+        """The times after `now` at which the cluster changes on its own."""
+        return [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at) if t is not None]
+
     def _quiet(self, decision: engine.Decision) -> bool:
-        return not decision.delete and decision.restore_revision is None and decision.set_pause is None
-
-
-def _after(policy: Policy, index: int) -> str | int:
-    ms = policy.steps[index].pause_ms
-    return "manual" if ms is None else ms
+        return not decision.delete and decision.restore is None and decision.set_pause is None
 
 
 def simulate(policy: Policy, nodes: int, ready_latency: float = 30.0, interval: float = 5.0) -> Result:

@@ -29,12 +29,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from metax_operator.rollout import engine
+from metax_operator.rollout import status as rollout
 
 PREFIX = "metax_operator_"
-PHASES = [engine.IDLING, engine.PROGRESSING, engine.TERMINATING, engine.DISABLED, engine.DISABLING]
-STEP_STATES = ["", engine.STEP_INIT, engine.STEP_UPGRADE, engine.STEP_PAUSED, engine.STEP_READY,
-               engine.COMPLETED]
+PHASES = [rollout.IDLING, rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLED, rollout.DISABLING]
+STEP_STATES = ["", rollout.STEP_INIT, rollout.STEP_UPGRADE, rollout.STEP_PAUSED, rollout.STEP_READY,
+               rollout.COMPLETED]
 NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave")
 # A wave lasts from seconds (kwok) to the readiness timeout (10 min by default) or longer.
 WAVE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -79,24 +79,23 @@ class Metrics:
 
         api_client.request = counted
 
-    def rollout_pass(self, before: dict | None, after: dict, now: float) -> None:
+    def rollout_pass(self, before: rollout.UpgradeStatus | None, after: rollout.UpgradeStatus, now: float) -> None:
         """Set the rollout gauges from the status a pass wrote (`after`); a wave that `before` had
         in flight and `after` no longer has (or replaced) is observed as done now."""
-        sub, resume = after.get("status") or {}, after.get("resume") or {}
-        self.phase.state(after.get("phase") or engine.IDLING)
-        self.step.set(sub.get("currentStepIndex") or 0)
-        self.step_state.state(sub.get("currentStepState") or "")
-        counts = {"total": sub.get("totalUpgradeReplicas"), "upgraded": sub.get("totalUpgradeReadyReplicas"),
-                  "failed": resume.get("failedNodeCount"), "held": resume.get("heldNodeCount"),
-                  "skipped": resume.get("skippedNodeCount"), "cordoned": resume.get("cordonedNodeCount"),
-                  "in_wave": len(resume.get("wave") or ())}
+        sub, resume = after.step, after.resume
+        self.phase.state(after.phase)
+        self.step.set(sub.current_step_index)
+        self.step_state.state(sub.current_step_state or "")
+        counts = {"total": sub.total_upgrade_replicas, "upgraded": sub.total_upgrade_ready_replicas,
+                  "failed": resume.failed.count, "held": resume.held.count, "skipped": resume.skipped.count,
+                  "cordoned": resume.cordoned.count, "in_wave": len(resume.wave)}
         for state, value in counts.items():
-            self.nodes.labels(state).set(value or 0)
-        self.need_reboot.set(resume.get("needRebootNodeCount") or 0)
-        was = (before or {}).get("resume") or {}
-        started = engine.parse_time(was.get("waveStartTime"))
-        if was.get("wave") and started is not None and (
-                not resume.get("wave") or resume.get("waveStartTime") != was.get("waveStartTime")):
+            self.nodes.labels(state).set(value)
+        self.need_reboot.set(resume.need_reboot.count)
+        was = before.resume if before is not None else None
+        started = rollout.parse_time(was.wave_start_time) if was is not None else None
+        if was is not None and was.wave and started is not None and (
+                not resume.wave or resume.wave_start_time != was.wave_start_time):
             self.wave_seconds.observe(max(0.0, now - started))
 
     def exposition(self) -> tuple[bytes, str]:

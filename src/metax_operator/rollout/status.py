@@ -1,0 +1,173 @@
+"""`status.upgradeStatus`, typed: seed 000 table 3.16 plus `resume`, the bookkeeping a restarted
+runner needs (docs/rollout.md documents every field).
+
+Each field declares its JSON key once (`_key`); `to_json` writes the keys in declaration order and
+leaves out the fields that are None (`currentStepState` before the first rollout, the times not
+set yet), `from_json` reads any subset of them (a status written by an older version, or edited),
+a missing or null key giving the field's default. Node lists are written as the first
+`LISTED_NODES` names and a count, under two keys (`NodeList`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, get_args, get_origin, get_type_hints
+
+# Phases and step states: the seed's (OpenKruise Rollout's) names.
+IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = (
+    "Idling", "Progressing", "Terminating", "Disabled", "Disabling")
+STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
+    "StepUpgradeInit", "StepUpgrade", "StepPaused", "StepReady", "Completed")
+# At most this many node names are listed in status (held back, failed); the count is always given.
+LISTED_NODES = 20
+
+
+def _key(name: str, default: Any = None, *, factory: Any = None, count: str = "") -> Any:
+    """A field written under the JSON key `name` (and, for a `NodeList`, its count under `count`)."""
+    meta = {"json": name, "count": count}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class NodeList:
+    """Nodes as status lists them: the first `LISTED_NODES` names, sorted, and how many in all."""
+
+    names: list[str] = field(default_factory=list)
+    count: int = 0
+
+    @classmethod
+    def of(cls, nodes) -> NodeList:
+        nodes = sorted(nodes)
+        return cls(nodes[:LISTED_NODES], len(nodes))
+
+
+@dataclass
+class Condition:
+    type: str = _key("type", "")  # Progressing, Succeed, Failed, Terminating
+    status: str = _key("status", "")  # True, False
+    reason: str = _key("reason", "")
+    message: str = _key("message", "")
+    last_transition_time: str = _key("lastTransitionTime", "")  # changes only when `status` does
+
+
+@dataclass
+class StepStatus:
+    """`status.upgradeStatus.status`: the step in progress."""
+
+    last_pod_spec_revision: str = _key("lastPodSpecRevision", "")  # the rollback target
+    upgrading_pod_spec_revision: str = _key("upgradingPodSpecRevision", "")
+    current_step_index: int = _key("currentStepIndex", 0)
+    current_upgrade_replicas: int = _key("currentUpgradeReplicas", 0)  # the step's target
+    current_upgrade_ready_replicas: int = _key("currentUpgradeReadyReplicas", 0)
+    current_failure_retry: int = _key("currentFailureRetry", 0)
+    total_upgrade_replicas: int = _key("totalUpgradeReplicas", 0)
+    total_upgrade_ready_replicas: int = _key("totalUpgradeReadyReplicas", 0)
+    message: str = _key("message", "")
+    last_update_time: str | None = _key("lastUpdateTime")
+    # Absent until a rollout starts (the CRD's enum has no empty value).
+    current_step_state: str | None = _key("currentStepState")
+    recheck_time: str | None = _key("recheckTime")  # when a timed pause ends
+
+
+@dataclass
+class Resume:
+    """`status.upgradeStatus.resume`: what a restarted runner needs beyond the seed's fields."""
+
+    stable_revision: str = _key("stableRevision", "")
+    steps_key: str = _key("stepsKey", "")  # the step list the step index refers to
+    wave: list[str] = _key("wave", factory=list)
+    wave_kind: str = _key("waveKind", "")  # upgrade, retry, rollback
+    wave_uids: list[str] = _key("waveUids", factory=list)  # the pods a retry wave deletes
+    retry_queue: list[str] = _key("retryQueue", factory=list)
+    paused_by_runner: bool = _key("pausedByRunner", False)
+    pause_reason: str = _key("pauseReason", "")  # step, failure
+    pause_confirmed: bool = _key("pauseConfirmed", False)  # the runner saw its own pause land
+    release_pause: bool = _key("releasePause", False)  # set pause back to false: the rollout moved on
+    held: NodeList = _key("heldNodes", factory=NodeList, count="heldNodeCount")
+    failed: NodeList = _key("failedNodes", factory=NodeList, count="failedNodeCount")
+    abandoned_revision: str = _key("abandonedRevision", "")
+    skipped: NodeList = _key("skippedNodes", factory=NodeList, count="skippedNodeCount")
+    cordoned: NodeList = _key("cordonedNodes", factory=NodeList, count="cordonedNodeCount")
+    drain_start: dict[str, str] = _key("drainStart", factory=dict)  # node -> when its drain began
+    timed_out_nodes: list[str] = _key("timedOutNodes", factory=list)
+    need_reboot: NodeList = _key("needRebootNodes", factory=NodeList, count="needRebootNodeCount")
+    step_start_time: str | None = _key("stepStartTime")
+    wave_start_time: str | None = _key("waveStartTime")
+    step_ready_time: str | None = _key("stepReadyTime")
+
+
+@dataclass
+class UpgradeStatus:
+    """`status.upgradeStatus`."""
+
+    last_applied_spec: str = _key("lastAppliedSpec", "")  # the pod template when the pods last settled
+    last_co_driver_spec: str = _key("lastCoDriverSpec", "")  # the CR's spec.driver then
+    upgrading: bool = _key("upgrading", False)
+    conditions: list[Condition] = _key("condition", factory=list)
+    phase: str = _key("phase", IDLING)
+    message: str = _key("message", "")
+    step: StepStatus = _key("status", factory=StepStatus)
+    resume: Resume = _key("resume", factory=Resume)
+
+    @classmethod
+    def from_json(cls, raw: dict | None) -> UpgradeStatus:
+        return _from_json(cls, raw)
+
+    def to_json(self) -> dict:
+        return _to_json(self)
+
+
+def _to_json(obj) -> dict:
+    out: dict = {}
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f.metadata["json"]
+        if value is None:
+            continue
+        if isinstance(value, NodeList):
+            out[key], out[f.metadata["count"]] = list(value.names), value.count
+        elif dataclasses.is_dataclass(value):
+            out[key] = _to_json(value)
+        elif isinstance(value, list):
+            out[key] = [_to_json(v) if dataclasses.is_dataclass(v) else v for v in value]
+        elif isinstance(value, dict):
+            out[key] = dict(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _from_json(cls, raw: Any):
+    raw = raw if isinstance(raw, dict) else {}
+    hints = get_type_hints(cls)
+    values: dict = {}
+    for f in dataclasses.fields(cls):
+        kind, value = hints[f.name], raw.get(f.metadata["json"])
+        if kind is NodeList:
+            values[f.name] = NodeList(list(value or ()), raw.get(f.metadata["count"]) or 0)
+        elif value is None:
+            continue
+        elif dataclasses.is_dataclass(kind):
+            values[f.name] = _from_json(kind, value)
+        elif get_origin(kind) is list:
+            item = get_args(kind)[0]
+            values[f.name] = [_from_json(item, v) if dataclasses.is_dataclass(item) else v for v in value]
+        elif get_origin(kind) is dict:
+            values[f.name] = dict(value)
+        else:
+            values[f.name] = value
+    return cls(**values)
+
+
+def rfc3339(t: float) -> str:
+    ms = round(t * 1000)
+    text = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,355 @@
+"""A fake Kubernetes API server on 127.0.0.1, for the failures the real one of tests/controlplane.py
+cannot be told to answer: a 409 or 422 on a chosen request, a 5xx, a watch whose version is gone
+(410). It speaks the API's JSON over HTTP, so the code under test runs on the real client
+(`runtime.kube.Client` on the kubernetes package's ApiClient: its paths, query strings, status
+codes, retries and watch streaming), with just enough of the API behind it:
+
+- objects in memory by path, each write bumping a global resourceVersion;
+- GET of an object or a collection (label selectors `k=v`, field selectors `a.b=v`/`a.b!=v`,
+  pagination with `limit`/`continue`), WATCH of a collection (events the test pushes, one JSON
+  line each, or the 410 a test asks for);
+- PUT with the resourceVersion precondition (409 on a stale one), PATCH as JSON patch (add,
+  remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
+  DELETE with a uid precondition (409), POST;
+- discovery of the kinds the runner uses;
+- `fail(method, path, status, times)`: the next matching requests get that status instead.
+
+Every request is recorded (`requests`) so a test can assert what was sent and in which order.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from kubernetes import client as k8s
+
+from metax_operator.runtime.kube import Backoff, Client
+
+# (group/version path, plural, kind, namespaced)
+KINDS = [("/api/v1", "pods", "Pod", True), ("/api/v1", "nodes", "Node", False),
+         ("/api/v1", "events", "Event", True), ("/api/v1", "configmaps", "ConfigMap", True),
+         ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
+         ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
+         ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False)]
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict
+    body: object
+
+
+class FakeApi:
+    def __init__(self):
+        self.objects: dict[str, dict] = {}  # object path -> object
+        self.requests: list[Request] = []
+        self.version = 100
+        self._faults: list[list] = []  # [method, path, watch, status, times left]
+        self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    # -- the test's side ------------------------------------------------------------------------
+
+    def __enter__(self) -> FakeApi:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close_watches()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def client(self, attempts: int = 3) -> Client:
+        """A runner's client of this server; transient failures retried `attempts` times, quickly."""
+        configuration = k8s.Configuration()
+        configuration.host = f"http://127.0.0.1:{self._server.server_address[1]}"
+        configuration.retries = 0
+        return Client(k8s.ApiClient(configuration), Backoff(attempts=attempts, base=0.01, cap=0.02))
+
+    def put(self, path: str, obj: dict) -> dict:
+        """Store `obj` at `path` (an object's path), as created by someone else."""
+        with self._lock:
+            return self._store(path, obj, "ADDED")
+
+    def get(self, path: str) -> dict | None:
+        with self._lock:
+            return copy.deepcopy(self.objects.get(path))
+
+    def fail(self, method: str, path: str, status: int, times: int = 1, watch: bool = False) -> None:
+        """Answer the next `times` requests `method path` (path without the query; a WATCH, or
+        not, as `watch` says) with `status`."""
+        with self._lock:
+            self._faults.append([method, path, watch, status, times])
+
+    def push(self, collection: str, kind: str, obj: dict) -> None:
+        """Send a watch event (BOOKMARK, ERROR...) to the open watches of `collection`."""
+        with self._lock:
+            for path, _, events in self._watchers:
+                if path == collection:
+                    events.put({"type": kind, "object": obj})
+
+    def watching(self, collection: str) -> int:
+        """How many watches of `collection` are open."""
+        with self._lock:
+            return sum(1 for path, _, _ in self._watchers if path == collection)
+
+    def close_watches(self) -> None:
+        """End every open watch (as the server does at timeoutSeconds)."""
+        with self._lock:
+            for _, _, events in self._watchers:
+                events.put(None)
+
+    def sent(self, method: str, path_part: str = "") -> list[Request]:
+        """The requests `method` whose path contains `path_part`, in order."""
+        return [r for r in self.requests if r.method == method and path_part in r.path]
+
+    # -- the server's side ----------------------------------------------------------------------
+
+    def _store(self, path: str, obj: dict, change: str) -> dict:
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self.version)
+        meta.setdefault("uid", f"uid-{path.rsplit('/', 1)[-1]}")
+        self.objects[path] = obj
+        self._notify(path, change, obj)
+        return obj
+
+    def _notify(self, path: str, change: str, obj: dict) -> None:
+        collection = path.rsplit("/", 1)[0]
+        for watched, query, events in self._watchers:
+            if watched in (collection, _all_namespaces(collection)) and \
+                    _matches(obj, query.get("labelSelector"), query.get("fieldSelector")):
+                events.put({"type": change, "object": copy.deepcopy(obj)})
+
+    def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
+        with self._lock:
+            self.requests.append(Request(method, path, query, body))
+            for fault in self._faults:
+                if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
+                    fault[4] -= 1
+                    return fault[3], _status(fault[3], "injected by the test")
+            if method == "GET" and query.get("watch") == "true":
+                return 200, None  # served by the handler as a stream
+            return self._answer(method, path, query, body)
+
+    def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
+        if method == "GET" and path in ("/api/v1", "/apis/apps/v1", "/apis/gpu.metax-tech.com/v1"):
+            return 200, {"resources": [{"name": plural, "kind": kind, "namespaced": namespaced}
+                                       for gv, plural, kind, namespaced in KINDS if gv == path]}
+        target = path.removesuffix("/status")
+        if method == "GET":
+            if path in self.objects:
+                return 200, copy.deepcopy(self.objects[path])
+            if _is_collection(path):
+                return 200, self._list(path, query)
+            return 404, _status(404, "not found")
+        if method == "POST":
+            name = (body.get("metadata") or {}).get("name") or f"generated-{self.version}"
+            return 201, self._store(f"{path}/{name}", body, "ADDED")
+        live = self.objects.get(target)
+        if live is None:
+            return 404, _status(404, "not found")
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
+                return 409, _status(409, "the object has been modified")
+            return 200, self._store(target, _subresource(path, live, body), "MODIFIED")
+        if method == "PATCH":
+            try:
+                patched = _json_patch(live, body) if isinstance(body, list) else _merge(live, body)
+            except _TestFailed as err:
+                return 422, _status(422, str(err))
+            wanted = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+            if wanted and wanted != live["metadata"]["resourceVersion"]:
+                return 409, _status(409, "the object has been modified")
+            return 200, self._store(target, _subresource(path, live, patched), "MODIFIED")
+        if method == "DELETE":
+            uid = ((body or {}).get("preconditions") or {}).get("uid")
+            if uid and uid != live["metadata"]["uid"]:
+                return 409, _status(409, "precondition failed: uid")
+            del self.objects[target]
+            self.version += 1
+            self._notify(target, "DELETED", live)
+            return 200, _status(200, "deleted")
+        return 405, _status(405, f"{method} not supported")
+
+    def _list(self, path: str, query: dict) -> dict:
+        items = [copy.deepcopy(obj) for key, obj in sorted(self.objects.items())
+                 if key.rsplit("/", 1)[0] in (path, *_namespaced(path, self.objects))
+                 and _matches(obj, query.get("labelSelector"), query.get("fieldSelector"))]
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or len(items) or 1)
+        page = items[start:start + limit]
+        meta = {"resourceVersion": str(self.version)}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        return {"kind": "List", "metadata": meta, "items": page}
+
+    def watch(self, path: str, query: dict) -> queue.Queue:
+        events: queue.Queue = queue.Queue()
+        with self._lock:
+            self._watchers.append((path, query, events))
+        return events
+
+    def unwatch(self, events: queue.Queue) -> None:
+        with self._lock:
+            self._watchers = [w for w in self._watchers if w[2] is not events]
+
+
+class _TestFailed(Exception):
+    pass
+
+
+def _status(code: int, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure" if code >= 400 else "Success",
+            "message": message, "code": code}
+
+
+def _subresource(path: str, live: dict, written: dict) -> dict:
+    """What a write keeps, as with a status subresource: through /status only the status, else
+    everything but the status."""
+    if path.endswith("/status"):
+        return {**live, "status": written.get("status")}
+    return {**written, **({"status": live["status"]} if "status" in live else {})}
+
+
+def _is_collection(path: str) -> bool:
+    return any(path.endswith("/" + plural) for _, plural, _, _ in KINDS)
+
+
+def _all_namespaces(collection: str) -> str:
+    """/api/v1/namespaces/ns/pods -> /api/v1/pods (the cluster-wide collection)."""
+    parts = collection.split("/")
+    if "namespaces" in parts:
+        i = parts.index("namespaces")
+        return "/".join(parts[:i] + parts[i + 2:])
+    return collection
+
+
+def _namespaced(path: str, objects: dict) -> set[str]:
+    """The namespaced collections a cluster-wide collection path lists."""
+    return {key.rsplit("/", 1)[0] for key in objects if _all_namespaces(key.rsplit("/", 1)[0]) == path}
+
+
+def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (labels or "").split(",")):
+        key, _, value = term.partition("=")
+        if have.get(key) != value:
+            return False
+    for term in filter(None, (fields or "").split(",")):
+        negate = "!=" in term
+        key, _, value = term.partition("!=" if negate else "=")
+        node = obj
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if (str(node) == value) == negate:
+            return False
+    return True
+
+
+def _merge(target, patch):
+    """RFC 7386 merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+def _json_patch(target: dict, ops: list) -> dict:
+    """RFC 6902: add, remove, replace and test on object members."""
+    out = copy.deepcopy(target)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = out
+        for part in parents:
+            if not isinstance(node, dict) or part not in node:
+                raise _TestFailed(f"{op['path']}: no such path")
+            node = node[part]
+        if op["op"] == "test":
+            if node.get(last) != op["value"]:
+                raise _TestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
+        elif op["op"] == "remove":
+            if last not in node:
+                raise _TestFailed(f"remove of {op['path']}: no such member")
+            del node[last]
+        elif op["op"] == "replace" and last not in node:
+            raise _TestFailed(f"replace of {op['path']}: no such member")
+        else:
+            node[last] = copy.deepcopy(op["value"])
+    return out
+
+
+def _handler(api: FakeApi):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_):
+            pass
+
+        def _serve(self, method: str) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            code, answer = api.answer(method, url.path, query, body)
+            if method == "GET" and query.get("watch") == "true" and code == 200:
+                return self._stream(url.path, query)
+            data = json.dumps(answer).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, path: str, query: dict) -> None:
+            """Chunked JSON lines until the test closes the watches (or the client goes)."""
+            events = api.watch(path, query)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                while (change := events.get()) is not None:
+                    line = json.dumps(change).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass  # the client closed the watch
+            finally:
+                api.unwatch(events)
+                self.close_connection = True
+
+        def do_GET(self):
+            self._serve("GET")
+
+        def do_PUT(self):
+            self._serve("PUT")
+
+        def do_PATCH(self):
+            self._serve("PATCH")
+
+        def do_DELETE(self):
+            self._serve("DELETE")
+
+        def do_POST(self):
+            self._serve("POST")
+
+    return Handler
