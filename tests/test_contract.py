@@ -82,7 +82,7 @@ COMMENT = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}|^\s*#[^\n]*$", re.S | re.M)
 def test_templates_take_the_contracts_names_from_contract_tpl(template):
     text = COMMENT.sub("", (CHART / template).read_text())
     found = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for line in text.splitlines():
         if EXEMPT_LINE.match(line):
             continue
         for fact in FACTS:
