@@ -59,3 +59,5 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 {{- define "metax-operator.vfioConfig" -}}metax-vfio-config{{- end }}
 
 {{- define "metax-operator.hookMountRoot" -}}/etc/metax-operator{{- end }}
+
+{{- define "metax-operator.hookValuesKey" -}}values.json{{- end }}

@@ -41,6 +41,11 @@ EXPORTER_SERVICE = DAEMONSETS["exporter"]
 #: The components whose pods patch their own node (labels, annotations; templates/node-write-policy.yaml).
 NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 
+#: The init containers that copy the payloads into the pods: the driver's one `payload`, MXMACA's
+#: `payload-0`, `payload-1`, ... one per image of `maca.payload.images`, in its order.
+DRIVER_PAYLOAD_CONTAINER = "payload"
+MACA_PAYLOAD_PREFIX = "payload-"
+
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
 CR_GROUP = "gpu.metax-tech.com"
@@ -128,5 +133,7 @@ UPGRADE_CRDS_FIELD_MANAGER = "metax-operator-upgrade-crds"
 
 #: Where the hook Jobs mount the release's values and the CRD (`/etc/metax-operator/<volume>`).
 HOOK_MOUNT_ROOT = "/etc/metax-operator"
-HOOK_VALUES_FILE = f"{HOOK_MOUNT_ROOT}/values/values.json"
+#: The key of the hook values ConfigMap holding the release's values (JSON).
+HOOK_VALUES_KEY = "values.json"
+HOOK_VALUES_FILE = f"{HOOK_MOUNT_ROOT}/values/{HOOK_VALUES_KEY}"
 HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"

@@ -44,6 +44,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.driverConfig": contract.DRIVER_CONFIG,
     "metax-operator.vfioConfig": contract.VFIO_CONFIG,
     "metax-operator.hookMountRoot": contract.HOOK_MOUNT_ROOT,
+    "metax-operator.hookValuesKey": contract.HOOK_VALUES_KEY,
 }
 
 

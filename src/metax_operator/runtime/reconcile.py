@@ -50,8 +50,8 @@ from metax_operator.jsonlog import event
 from metax_operator.runtime.kube import Client
 from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import (COMPONENT_ANNOTATION, CONFIGMAP_KEYS, CONFIGMAPS, CR_API_VERSION, CR_APPLIED_ANNOTATION,
-                                     CR_KIND, CR_NAME, DAEMONSETS, DEFAULT_DEPLOY, EXPORTER_SERVICE, PART_OF, PART_OF_LABEL,
-                                     RUNNER_FIELD_MANAGER)
+                                     CR_KIND, CR_NAME, DAEMONSETS, DEFAULT_DEPLOY, DRIVER_PAYLOAD_CONTAINER, EXPORTER_SERVICE,
+                                     MACA_PAYLOAD_PREFIX, PART_OF, PART_OF_LABEL, RUNNER_FIELD_MANAGER)
 from metax_operator.lookup import lookup
 
 log = logging.getLogger("metax_operator.runtime.reconcile")
@@ -188,18 +188,18 @@ def check_helm_owned(observed: Observed) -> Outcome:
                          f"deletes what Helm owns)")
     driver = observed.daemonsets.get("driver")
     if driver is not None:
-        has_payload = "payload" in _names(_pod(driver).get("initContainers"))
+        has_payload = DRIVER_PAYLOAD_CONTAINER in _names(_pod(driver).get("initContainers"))
         policy = (spec.get("driver") or {}).get("deployPolicy")
         if policy is not None and (policy == "Never") == has_payload:
-            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet metax-driver "
+            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet {DAEMONSETS['driver']} "
                          f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
                          f"with --set driver.deployPolicy={policy}")
     maca = observed.daemonsets.get("maca")
-    images = ((spec.get("maca") or {}).get("payload") or {}).get("images")
+    images = lookup(spec, "maca", "payload", "images")
     if maca is not None and images is not None:
         count = len(_payload_containers(_pod(maca)))
         if count != len(images):
-            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
+            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
                          f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
     needs += _service_differences(spec, observed.service)
     if needs:
@@ -372,7 +372,7 @@ def _driver_spec_of(ds: dict, spec: dict) -> dict:
     for var, path in ENV["driver"].items():
         if var in env:
             _set(driver, path, _from_env(env[var], lookup(driver, *path)))
-    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == "payload"), None)
+    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == DRIVER_PAYLOAD_CONTAINER), None)
     if image:
         payload = driver.setdefault("payload", {})
         repository, tag, digest = images.split(image)
@@ -426,7 +426,7 @@ def driver_strategy(spec: dict, upgrading: bool) -> dict:
 
 
 def _upgrading(cr: dict | None) -> bool:
-    return bool((((cr or {}).get("status") or {}).get("upgradeStatus") or {}).get("upgrading"))
+    return bool(lookup(cr, "status", "upgradeStatus", "upgrading"))
 
 
 def needs_write(desired: dict, live: dict) -> bool:
@@ -534,10 +534,10 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
     if key == "driver":
         payload = (spec.get("driver") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
-        if "payload" in _names(live.get("initContainers")) and registry and payload.get("name") \
+        if DRIVER_PAYLOAD_CONTAINER in _names(live.get("initContainers")) and registry and payload.get("name") \
                 and payload.get("version"):
-            return [{"name": "payload", "image": images.reference(registry, payload["name"], payload["version"],
-                                                                  payload.get("digest") or "")}]
+            image = images.reference(registry, payload["name"], payload["version"], payload.get("digest") or "")
+            return [{"name": DRIVER_PAYLOAD_CONTAINER, "image": image}]
     if key == "maca":
         payload = (spec.get("maca") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
@@ -550,8 +550,9 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
 
 def _payload_containers(pod_spec: dict) -> list[str]:
     """The MXMACA pod's `payload-N` init containers, in N order."""
-    names = [n for n in _names(pod_spec.get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
-    return sorted(names, key=lambda n: int(n[8:]))
+    names = [n for n in _names(pod_spec.get("initContainers"))
+             if n.startswith(MACA_PAYLOAD_PREFIX) and n.removeprefix(MACA_PAYLOAD_PREFIX).isdigit()]
+    return sorted(names, key=lambda n: int(n.removeprefix(MACA_PAYLOAD_PREFIX)))
 
 
 def _pod(ds: dict) -> dict:

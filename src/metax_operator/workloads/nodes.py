@@ -94,7 +94,7 @@ def _row(node: dict, driver: dict | None, maca: dict | None, current: str) -> No
         driver_revision=revision, driver_current=(revision == current) if driver else None,
         maca_versions=workloads.deployed_maca_versions(
             c.get("image", "") for c in lookup(maca, "spec", "initContainers") or []
-            if c.get("name", "").startswith("payload-")),
+            if c.get("name", "").startswith(contract.MACA_PAYLOAD_PREFIX)),
         maca_ready=workloads.pod_ready(maca) if maca else None,
         vfio_bound=bound, vfio_failed=failed)
 
