@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
+from metax_operator import contract
 from metax_operator.chart import admission, generate, schema, validation
 from tests.helm import overlay
 
@@ -28,7 +29,6 @@ HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-o
 CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
               "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy",
               "nodeWritePolicy"}
-COMPONENTS = ("gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")
 
 
 def test_generated_files_are_up_to_date():
@@ -205,7 +205,7 @@ def test_crd_names_scope_and_columns():
 def test_cr_spec_is_the_values_less_chart_settings():
     spec = CR_SCHEMA["properties"]["spec"]["properties"]
     assert set(spec) == set(VALUES) - CHART_ONLY
-    for component in COMPONENTS:
+    for component in contract.COMPONENTS:
         assert not {"image", "resources", "serviceMonitor"} & set(spec[component]["properties"])
     assert set(spec["driver"]["properties"]["upgradePolicy"]["properties"]) == \
         set(VALUES["driver"]["upgradePolicy"])
