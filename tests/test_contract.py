@@ -3,6 +3,7 @@ rendered chart, and the templates' text (which must take the names from template
 generated from contract.py, or state them only in RBAC rules the render checks here)."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -91,3 +92,23 @@ def test_templates_take_the_contracts_names_from_contract_tpl(template):
                 break
     assert not found, (f"{template} spells out names of src/metax_operator/contract.py; use the named templates "
                        f"of templates/_contract.tpl:\n" + "\n".join(found))
+
+
+def _labels(node) -> set[str]:
+    """Every label key set anywhere in `node` (objects, pod templates, job templates)."""
+    if isinstance(node, list):
+        return set().union(*map(_labels, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    own = set((node.get("metadata") or {}).get("labels") or {}) if isinstance(node.get("metadata"), dict) else set()
+    return own.union(*(_labels(value) for value in node.values()))
+
+
+def test_the_values_schema_reserves_every_label_key_the_chart_sets(helm_bin):
+    """`commonLabels` may not repeat a key the chart sets itself (a duplicate key in the manifest):
+    the schema's list of those keys must hold each one the chart renders, contract.py's included."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    reserved = set(schema["properties"]["commonLabels"]["propertyNames"]["not"]["enum"])
+    rendered = _labels(render_chart({**ALL_ON, "hooks": {"useHelmHooks": False}}, helm=helm_bin))
+    assert {contract.HOOK_LABEL, contract.COMPONENT_LABEL, contract.PART_OF_LABEL} <= rendered
+    assert rendered <= reserved, f"the chart sets label keys commonLabels may repeat: {rendered - reserved}"
