@@ -31,7 +31,7 @@ chart version, so a chart upgrade alone does not roll the pods (for the driver i
 start a staged rollout). */}}
 {{- define "metax-operator.podLabels" -}}
 {{ include "metax-operator.selectorLabels" . }}
-app.kubernetes.io/part-of: metax-operator
+app.kubernetes.io/part-of: {{ include "metax-operator.partOf" .root }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- with .root.Values.commonLabels }}
 {{ toYaml . }}
@@ -76,33 +76,6 @@ Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
 
-{{/* The components as a JSON list of [values key, DaemonSet name], in install order. */}}
-{{- define "metax-operator.components" -}}
-{{- list
-  (list "gpuLabel" "metax-gpu-label")
-  (list "runtime" "metax-container-runtime")
-  (list "driver" "metax-driver")
-  (list "maca" "metax-maca")
-  (list "gpuDevice" "metax-gpu-device")
-  (list "exporter" "metax-data-exporter")
-  (list "vfioManager" "metax-vfio-manager")
-  | toJson -}}
-{{- end }}
-
-{{/* Component prerequisites (seed §3.2.3), as a JSON object {key: [prerequisite keys]}.
-Used for the `wait-for` init containers and by the dependency check in _validations.tpl. */}}
-{{- define "metax-operator.prerequisites" -}}
-{{- dict
-  "gpuLabel" (list)
-  "runtime" (list "gpuLabel")
-  "driver" (list "gpuLabel" "runtime")
-  "maca" (list "gpuLabel" "runtime")
-  "gpuDevice" (list "gpuLabel" "runtime" "maca")
-  "exporter" (list "gpuLabel" "driver")
-  "vfioManager" (list "gpuLabel")
-  | toJson -}}
-{{- end }}
-
 {{/* The deprecated global `tolerations` as a JSON list. The value is a list, or a string from
 `--set-file tolerations=FILE` holding either a YAML list or the seed's `{tolerations: [...]}`. */}}
 {{- define "metax-operator.tolerationsList" -}}
@@ -133,9 +106,9 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 run only on nodes gpu-label marked. The post-renderer and the runner merge `podTemplateSpec`
 (and the deprecated `tolerations`) into these, never the templates. */}}
 {{- define "metax-operator.schedulingBase" -}}
-{{- $base := dict "tolerations" (list (dict "key" "metax-tech.com/gpu" "operator" "Exists" "effect" "NoSchedule")) -}}
+{{- $base := dict "tolerations" (list (dict "key" (include "metax-operator.gpuTaint" .) "operator" "Exists" "effect" "NoSchedule")) -}}
 {{- if ne .key "gpuLabel" -}}
-  {{- $_ := set $base "nodeSelector" (dict "metax-tech.com/gpu.installed" "true") -}}
+  {{- $_ := set $base "nodeSelector" (dict (include "metax-operator.gpuNodeLabel" .) "true") -}}
 {{- end -}}
 {{- toJson $base -}}
 {{- end }}
@@ -145,9 +118,9 @@ run only on nodes gpu-label marked. The post-renderer and the runner merge `podT
 {{- define "metax-operator.componentScheduling" -}}
 {{- $component := (get .root.Values .key).podTemplateSpec -}}
 {{- $tolerations := include "metax-operator.tolerationsList" .root | fromJsonArray -}}
-gpu.metax-tech.com/component: {{ .key }}
-gpu.metax-tech.com/scheduling-base: {{ include "metax-operator.schedulingBase" . | quote }}
-gpu.metax-tech.com/scheduling-inputs: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
+{{ include "metax-operator.componentAnnotation" . }}: {{ .key }}
+{{ include "metax-operator.schedulingBaseAnnotation" . }}: {{ include "metax-operator.schedulingBase" . | quote }}
+{{ include "metax-operator.schedulingInputsAnnotation" . }}: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
 {{- end }}
 
 {{/* Environment every component container gets: its node and namespace (downward API) and

@@ -30,7 +30,7 @@ COMMANDS = {
     "postrender": "chart.postrender",
     "run": "runtime.run",
     "wait-for": "runtime.wait_for",
-    "schema": "chart.schema",
+    "schema": "chart.generate",
     "validate": "chart.validate",
     "rollout": "rollout.cli",
     "nodes": "workloads.nodes",

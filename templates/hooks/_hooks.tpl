@@ -97,7 +97,7 @@ containers:
       {{- include "metax-operator.apiAccess.mount" . | nindent 6 }}
       {{- range $volume, $_ := .mounts }}
       - name: {{ $volume }}
-        mountPath: /etc/metax-operator/{{ $volume }}
+        mountPath: {{ include "metax-operator.hookMountRoot" . }}/{{ $volume }}
         readOnly: true
       {{- end }}
 volumes:
@@ -147,7 +147,7 @@ template:
   metadata:
     labels:
       {{- include "metax-operator.podLabels" (dict "root" .root "key" "hooks") | nindent 6 }}
-      gpu.metax-tech.com/hook: {{ .hook }}
+      {{ include "metax-operator.hookLabel" . }}: {{ .hook }}
   spec:
     {{- include "metax-operator.hooks.podSpec" (dict "root" .root "name" .name "args" .args "mounts" .mounts) | nindent 4 }}
 {{- end }}

@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import yaml
 
-from metax_operator.chart.merge import (ANNOTATION_COMPONENT, ANNOTATION_INPUTS, COMPONENTS, MANAGED_FIELDS,
-                                  inputs_from_annotations, merge_scheduling)
+from metax_operator.chart.merge import MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
+from metax_operator.contract import COMPONENT_ANNOTATION, DAEMONSETS, SCHEDULING_INPUTS_ANNOTATION
 from tests.chart.test_postrender import (CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES,
                                    helm_env)
 
@@ -80,7 +80,7 @@ def chart_output(work: Path) -> tuple[str, Path, dict]:
     for name, chart, extra in (("chart", REPO, CHART_REQUIRED), ("fixture chart", FIXTURE_CHART, {})):
         values.write_text(yaml.safe_dump({**SEED_VALUES, **extra}))
         result = subprocess.run([HELM3, "template", "release", chart, "-f", values], capture_output=True, text=True)
-        if result.returncode == 0 and ANNOTATION_INPUTS in result.stdout:
+        if result.returncode == 0 and SCHEDULING_INPUTS_ANNOTATION in result.stdout:
             return result.stdout, chart, {"name": name, "values": values}
     raise SystemExit("neither the chart nor the fixture chart renders")
 
@@ -104,15 +104,15 @@ def kustomization(directory: Path, manifest: Path) -> None:
         if not document or document.get("kind") != "DaemonSet":
             continue
         annotations = document["metadata"].get("annotations") or {}
-        key = annotations.get(ANNOTATION_COMPONENT)
+        key = annotations.get(COMPONENT_ANNOTATION)
         if key is None or key in {p["key"] for p in patches}:
             continue
         result, _ = merge_scheduling(inputs_from_annotations(annotations))
-        patch = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": COMPONENTS[key]},
+        patch = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": DAEMONSETS[key]},
                  "spec": {"template": {"spec": result}}}
         (directory / f"patch-{key}.yaml").write_text(yaml.safe_dump(patch))
         patches.append({"key": key, "path": f"patch-{key}.yaml", "target": {
-            "kind": "DaemonSet", "annotationSelector": f"{ANNOTATION_COMPONENT}={key}"}})
+            "kind": "DaemonSet", "annotationSelector": f"{COMPONENT_ANNOTATION}={key}"}})
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": [manifest.name],
         "patches": [{"path": p["path"], "target": p["target"]} for p in patches]}))

@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import admission, validation
+from metax_operator import contract
 from metax_operator import cli
 from metax_operator.runtime import kube
 from metax_operator.rollout import policy
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.hooks import bootstrap, common
+from metax_operator.hooks import bootstrap
 from metax_operator.chart.validate import merged_values
 from tests.waiting import eventually
 from tests.helm import BIN, CHART, render_chart
@@ -32,7 +33,7 @@ from tests.chart.test_bad_values import CASES, case_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
-CRD_FILE = CHART / "crds" / f"{common.CRD_NAME}.yaml"
+CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
 CR_PATH = "/apis/gpu.metax-tech.com/v1/clusteroperators"
 # Cases the API server does not refuse, and why (validate and the hook refuse them, the runner
 # reports them as a condition).
@@ -89,13 +90,13 @@ def client(control_plane) -> kube.Client:
 
 @pytest.fixture(scope="module")
 def spec_schema(client) -> dict:
-    return bootstrap.spec_schema(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", common.CRD_NAME))
+    return bootstrap.spec_schema(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", contract.CRD_NAME))
 
 
 def admit(client: kube.Client, spec: dict) -> tuple[bool, list[str], str]:
     """Create the CR with `spec` in dry run: (admitted, the CEL messages, the whole refusal)."""
-    body = {"apiVersion": common.CR_API_VERSION, "kind": common.CR_KIND,
-            "metadata": {"name": common.CR_NAME}, "spec": spec}
+    body = {"apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND,
+            "metadata": {"name": contract.CR_NAME}, "spec": spec}
     try:
         client.call("POST", CR_PATH, body=body, query={"dryRun": "All", "fieldValidation": "Strict"})
     except ApiException as error:
@@ -185,8 +186,8 @@ def live_cr(client, spec_schema, tmp_path_factory):
     values = case_values({"set": [], "name": "base"}, tmp_path_factory.mktemp("base"))
     cr = bootstrap.bootstrap(client, values, "metax")[0]
     yield cr
-    client.delete(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
-    client.wait_deleted(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, timeout=60)
+    client.delete(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
+    client.wait_deleted(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, timeout=60)
 
 
 def kubectl(control_plane, *args: str) -> subprocess.CompletedProcess:
@@ -196,7 +197,7 @@ def kubectl(control_plane, *args: str) -> subprocess.CompletedProcess:
 
 
 def patch(control_plane, operations: list[dict], *flags: str) -> subprocess.CompletedProcess:
-    return kubectl(control_plane, "patch", "clusteroperator", common.CR_NAME, "--type=json",
+    return kubectl(control_plane, "patch", "clusteroperator", contract.CR_NAME, "--type=json",
                    "-p", json.dumps(operations), *flags)
 
 
@@ -218,7 +219,7 @@ def test_kubectl_patch_with_a_bad_policy_fails_with_422_naming_the_field(case, c
 
 def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(control_plane, client, live_cr):
     def status(upgrading: bool, phase: str) -> None:
-        client.patch(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME,
+        client.patch(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME,
                      {"status": {"upgradeStatus": {"upgrading": upgrading, "phase": phase}}}, subresource="status")
 
     version = [{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.1"}]
@@ -251,8 +252,8 @@ def test_firmware_rules(control_plane, client, live_cr):
     assert 'status="422 Unprocessable Entity"' in result.stderr and str(admission.virt_firmware_upgrade()) in result.stderr
     # a fresh install may ask for virtualised firmware (no old object to compare)
     spec = {**live_cr["spec"], "driver": {**live_cr["spec"]["driver"], "fwUpgradePolicy": "PreferCloud", "fwEnableVirt": True}}
-    client.delete(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
-    client.wait_deleted(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, timeout=60)
+    client.delete(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
+    client.wait_deleted(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, timeout=60)
     assert admit(client, spec)[0]
     bootstrap.bootstrap(client, {**spec}, "metax")
     vfio = [{"op": "replace", "path": "/spec/vfioManager/deploy", "value": True},

@@ -24,7 +24,8 @@ from metax_operator import cli
 from metax_operator.chart import validation
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.validate import merged_values
-from metax_operator.chart.validation import DEPENDENCIES, dependency_problem
+from metax_operator.chart.validation import dependency_problem
+from metax_operator.contract import PREREQUISITES
 from tests.helm import BIN, CHART, HELM_VERSIONS, HelmError, render_chart
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -49,7 +50,7 @@ def expand(node):
 def _dependency_cases() -> list[dict]:
     """One case per prerequisite edge of seed §3.2.3."""
     cases = []
-    for component, prerequisites in DEPENDENCIES.items():
+    for component, prerequisites in PREREQUISITES.items():
         for prerequisite in prerequisites:
             cases.append({"name": f"{component} without {prerequisite}", "by": "rule",
                           "set": [f"{component}.deploy=true", f"{prerequisite}.deploy=false"],

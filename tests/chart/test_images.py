@@ -7,7 +7,7 @@ import yaml
 
 from metax_operator.chart import images
 from metax_operator.runtime import reconcile
-from metax_operator.chart.merge import COMPONENTS
+from metax_operator.contract import DAEMONSETS
 from tests.helm import CHART, helm_bin, render_chart  # noqa: F401
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -34,7 +34,7 @@ def expected_references(values: dict) -> dict[str, str]:
 
     payload = {**defaults["driver"]["payload"], **values["driver"]["payload"]}
     out = {}
-    for key, name in COMPONENTS.items():
+    for key, name in DAEMONSETS.items():
         if defaults[key]["deploy"]:
             out[f"{name}/main"] = image(key)
             if key != "gpuLabel":

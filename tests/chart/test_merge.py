@@ -3,8 +3,8 @@
 import pytest
 
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.chart.merge import (ANNOTATION_BASE, ANNOTATION_COMPONENT, ANNOTATION_INPUTS, SchedulingInputs,
-                                  inputs_from_annotations, merge_scheduling)
+from metax_operator.chart.merge import SchedulingInputs, inputs_from_annotations, merge_scheduling
+from metax_operator.contract import COMPONENT_ANNOTATION, SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
 from tests.cases import MERGE_CASES
 
 CASES = MERGE_CASES
@@ -91,19 +91,19 @@ def test_every_malformed_input_is_reported_at_once_with_the_cr_prefix():
 
 
 def test_inputs_read_from_daemonset_annotations():
-    annotations = {ANNOTATION_COMPONENT: "maca", ANNOTATION_BASE: '{"tolerations":[{"key":"a"}]}',
-                   ANNOTATION_INPUTS: '{"global":{"spec":{}},"component":null,"tolerations":[{"key":"b"}]}'}
+    annotations = {COMPONENT_ANNOTATION: "maca", SCHEDULING_BASE_ANNOTATION: '{"tolerations":[{"key":"a"}]}',
+                   SCHEDULING_INPUTS_ANNOTATION: '{"global":{"spec":{}},"component":null,"tolerations":[{"key":"b"}]}'}
     assert inputs_from_annotations(annotations) == SchedulingInputs(
         "maca", {"tolerations": [{"key": "a"}]}, {"spec": {}}, None, [{"key": "b"}])
 
 
 @pytest.mark.parametrize("change, field", [
-    ({ANNOTATION_INPUTS: "{not json"}, f'metadata.annotations["{ANNOTATION_INPUTS}"]'),
-    ({ANNOTATION_BASE: "[]"}, f'metadata.annotations["{ANNOTATION_BASE}"]'),
-    ({ANNOTATION_COMPONENT: "gpu"}, f'metadata.annotations["{ANNOTATION_COMPONENT}"]'),
+    ({SCHEDULING_INPUTS_ANNOTATION: "{not json"}, f'metadata.annotations["{SCHEDULING_INPUTS_ANNOTATION}"]'),
+    ({SCHEDULING_BASE_ANNOTATION: "[]"}, f'metadata.annotations["{SCHEDULING_BASE_ANNOTATION}"]'),
+    ({COMPONENT_ANNOTATION: "gpu"}, f'metadata.annotations["{COMPONENT_ANNOTATION}"]'),
 ])
 def test_bad_annotation_is_refused_naming_it(change, field):
-    annotations = {ANNOTATION_COMPONENT: "maca", ANNOTATION_BASE: "{}", ANNOTATION_INPUTS: "{}", **change}
+    annotations = {COMPONENT_ANNOTATION: "maca", SCHEDULING_BASE_ANNOTATION: "{}", SCHEDULING_INPUTS_ANNOTATION: "{}", **change}
     with pytest.raises(UserError) as err:
         inputs_from_annotations(annotations)
     assert err.value.field == field

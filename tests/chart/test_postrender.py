@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
-from metax_operator.chart.merge import ANNOTATION_BASE, ANNOTATION_INPUTS
+from metax_operator.contract import SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
 from metax_operator.chart.postrender import error_document, postrender, split_documents
 from tests.chart.test_merge_properties import all_inputs
 
@@ -110,7 +110,7 @@ def test_documents_without_the_contract_pass_through_byte_for_byte():
 @pytest.mark.helm
 def test_default_render_passes_through_byte_for_byte(helm_home):
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART).stdout
-    assert ANNOTATION_INPUTS in rendered
+    assert SCHEDULING_INPUTS_ANNOTATION in rendered
     assert postrender(rendered) == (rendered, [])
 
 
@@ -121,7 +121,7 @@ def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tm
     before, after = split_documents(rendered), split_documents(output)
     assert len(before) == len(after)
     for old, new in zip(before, after, strict=True):
-        if ANNOTATION_INPUTS not in old or "kind: DaemonSet" not in old:
+        if SCHEDULING_INPUTS_ANNOTATION not in old or "kind: DaemonSet" not in old:
             assert new == old
             continue
         old_doc, new_doc = yaml.safe_load(old), yaml.safe_load(new)
@@ -346,7 +346,7 @@ def test_seed_example_end_to_end(helm_home, tmp_path, chart, required, helm, pos
     assert result.returncode == 0, result.stderr
     found = daemonsets(result.stdout)
     for name, role, added in (("metax-maca", "maca", "gpu"), ("metax-driver", "driver", "general")):
-        base = json.loads(found[name]["metadata"]["annotations"][ANNOTATION_BASE]).get("tolerations", [])
+        base = json.loads(found[name]["metadata"]["annotations"][SCHEDULING_BASE_ANNOTATION]).get("tolerations", [])
         tolerations = found[name]["spec"]["template"]["spec"]["tolerations"]
         assert tolerations == base + [toleration("node-type", added)]
         if chart == FIXTURE_CHART:  # the seed's own default templates

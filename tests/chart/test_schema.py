@@ -16,11 +16,11 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
-from metax_operator.chart import admission, problems, schema, validation
+from metax_operator import contract
+from metax_operator.chart import admission, generate, problems, schema, validation
 from tests.helm import overlay
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_CASES = ROOT.parent / "shared" / "cases"
 VALUES = yaml.safe_load((ROOT / "values.yaml").read_text())
 VALUES_SCHEMA = json.loads((ROOT / "values.schema.json").read_text())
 CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
@@ -29,22 +29,21 @@ HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-o
 CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
               "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy",
               "nodeWritePolicy"}
-COMPONENTS = ("gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")
 
 
 def test_generated_files_are_up_to_date():
-    stale = [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in schema.stale()]
-    assert not stale, f"stale: {stale}; run `.venv/bin/python -m metax_operator.chart.schema` and commit"
+    stale = [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in generate.stale()]
+    assert not stale, f"stale: {stale}; run `.venv/bin/python -m metax_operator.chart.generate` and commit"
 
 
 def test_an_edited_comment_makes_both_outputs_stale(tmp_path):
     """The staleness check above can fail: a description changed in values.yaml alone."""
-    for name in ("values.schema.json", schema.CRD_FILE, admission.TEMPLATE):
+    for name in ("values.schema.json", schema.CRD_FILE, admission.TEMPLATE, generate.CONTRACT_TEMPLATE):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     text = (ROOT / "values.yaml").read_text()
     (tmp_path / "values.yaml").write_text(text.replace("# -- Pause the rollout", "# -- Halt the rollout"))
-    assert schema.stale(tmp_path) == [tmp_path / "values.schema.json", tmp_path / schema.CRD_FILE]
+    assert generate.stale(tmp_path) == [tmp_path / "values.schema.json", tmp_path / schema.CRD_FILE]
 
 
 def test_values_reference_is_up_to_date():
@@ -142,12 +141,9 @@ def _examples() -> dict[str, dict]:
                          {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%", "pause": None}],
         "pause": False, "maxParallel": "50%", "maxUnavailable": 0, "maxFailureThreshold": 3,
         "fallback": "pause"}}}
-    cases = SHARED_CASES / "rollout-worked-examples.yaml"
-    if not cases.exists():
-        cases = ROOT / "tests" / "data" / "rollout-worked-examples.yaml"
-    if cases.exists():
-        for case in yaml.safe_load(cases.read_text())["cases"]:
-            examples[f"worked example: {case['name']}"] = {"driver": {"upgradePolicy": case["policy"]}}
+    cases = ROOT / "tests" / "data" / "rollout-worked-examples.yaml"
+    for case in yaml.safe_load(cases.read_text())["cases"]:
+        examples[f"worked example: {case['name']}"] = {"driver": {"upgradePolicy": case["policy"]}}
     return examples
 
 
@@ -209,7 +205,7 @@ def test_crd_names_scope_and_columns():
 def test_cr_spec_is_the_values_less_chart_settings():
     spec = CR_SCHEMA["properties"]["spec"]["properties"]
     assert set(spec) == set(VALUES) - CHART_ONLY
-    for component in COMPONENTS:
+    for component in contract.COMPONENTS:
         assert not {"image", "resources", "serviceMonitor"} & set(spec[component]["properties"])
     assert set(spec["driver"]["properties"]["upgradePolicy"]["properties"]) == \
         set(VALUES["driver"]["upgradePolicy"])

@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 
 from metax_operator.chart import validation
 from metax_operator.chart.problems import regex_problem
+from metax_operator.contract import PREREQUISITES
 from metax_operator.errors import UserErrors
 from metax_operator import cli
 from metax_operator.chart.validate import merged_values
@@ -53,7 +54,7 @@ def test_all_problems_are_raised_at_once():
 
 
 @pytest.mark.parametrize("component, prerequisite",
-                         [(c, p) for c, ps in validation.DEPENDENCIES.items() for p in ps])
+                         [(c, p) for c, ps in PREREQUISITES.items() for p in ps])
 def test_each_prerequisite(component, prerequisite):
     vals = values(**{component: {"deploy": True}, prerequisite: {"deploy": False}})
     assert str(validation.dependency_problem(component, prerequisite)) in problems(vals)
@@ -301,7 +302,7 @@ def test_helm_refusals_become_one_line_each_naming_the_field(helm, tmp_path):
     rules = helm_problems(stderr("--set", "driver.payload.version=v1", "--set", "gpuLabel.deploy=false"))
     assert sorted(str(e) for e in rules) == sorted(
         ["registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax"]
-        + [str(validation.dependency_problem(c, "gpuLabel")) for c, ps in validation.DEPENDENCIES.items()
+        + [str(validation.dependency_problem(c, "gpuLabel")) for c, ps in PREREQUISITES.items()
            if "gpuLabel" in ps and c != "exporter"])  # the exporter is off by default
     [other] = helm_problems(stderr("--set", "a[99999999]=1"))
     assert other.field == "helm" and "greater than maximum supported index" in other.problem

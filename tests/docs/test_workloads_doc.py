@@ -15,7 +15,7 @@ import yaml
 
 from metax_operator.workloads import nodes
 from metax_operator.chart import validation
-from metax_operator import workloads as wl
+from metax_operator import contract, workloads as wl
 from tests.doc_blocks import blocks, table_rows, unmarked_code_blocks
 from tests.helm import CHART, find, helm_path, render_chart, validate_objects
 
@@ -23,7 +23,7 @@ PAGE = CHART / "docs" / "workloads.md"
 BLOCKS = blocks(PAGE)
 KINDS = {"kubectl", "output", "metax-operator", "manifest", "kubevirt", "values", "dockerfile", "build", "host",
          "qos-table", "maca-table", "problem", "nodes-output"}
-NODE_LABELS = {**dict.fromkeys(wl.GPU_LABELS), wl.MODE_LABEL: wl.MODES, wl.QOS_LABEL: tuple(wl.QOS_POLICIES)}
+NODE_LABELS = {**dict.fromkeys(wl.GPU_LABELS), contract.MODE_LABEL: wl.MODES, contract.QOS_LABEL: tuple(wl.QOS_POLICIES)}
 
 
 def of_kind(kind: str) -> list:
@@ -54,8 +54,8 @@ def check_names(obj) -> None:
         for container in spec.get("containers") or []:
             limits = (container.get("resources") or {}).get("limits") or {}
             for name in limits:
-                if name.startswith(wl.RESOURCE_PREFIX):
-                    assert name in wl.GPU_RESOURCES + wl.HAMI_RESOURCES, f"{name} is not a MetaX resource"
+                if name.startswith(contract.RESOURCE_PREFIX):
+                    assert name in wl.GPU_RESOURCES + contract.HAMI_RESOURCES, f"{name} is not a MetaX resource"
             for env in container.get("env") or []:
                 if env["name"] == wl.MACA_VERSION_ENV:
                     assert env["value"] not in wl.MACA_REFUSED and env["value"].startswith(wl.MACA_PREFIX)
@@ -110,10 +110,10 @@ def test_kubevirt_manifests_use_kubevirts_fields_and_the_vfio_resource(block):
     if obj["kind"] == "KubeVirt":
         devices = obj["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
         assert all(d["pciVendorSelector"].split(":")[0] == wl.PCI_VENDOR_ID for d in devices)
-        assert all(d["resourceName"] == wl.VFIO_RESOURCE and d["externalResourceProvider"] for d in devices)
+        assert all(d["resourceName"] == contract.VFIO_RESOURCE and d["externalResourceProvider"] for d in devices)
     else:
         host_devices = obj["spec"]["template"]["spec"]["domain"]["devices"]["hostDevices"]
-        assert [d["deviceName"] for d in host_devices] == [wl.VFIO_RESOURCE]
+        assert [d["deviceName"] for d in host_devices] == [contract.VFIO_RESOURCE]
 
 
 def test_kubevirt_schemas_refuse_what_kubevirt_would():
@@ -174,7 +174,7 @@ def test_the_maca_table_is_what_choose_maca_does():
 
 def test_the_example_problem_is_the_checks_own_line():
     shown = of_kind("problem")[0].text.strip()
-    nodes = {name: {wl.MODE_LABEL: "sgpu"} for name in ("gpu-7", "gpu-8")}
+    nodes = {name: {contract.MODE_LABEL: "sgpu"} for name in ("gpu-7", "gpu-8")}
     assert [str(p) for p in wl.problems(nodes, [], runtime_deployed=True, maca_images=[],
                                         hami_running=False)] == [shown]
 
@@ -188,7 +188,7 @@ def test_kubectl_commands_use_the_operators_labels_and_resources():
                 for key, _, value in (w.partition("=") for w in words[3:] if "=" in w):
                     assert key in NODE_LABELS and value in (NODE_LABELS[key] or (value,)), line
             for field in re.findall(r"\.(?:allocatable|annotations)\.([\w.\\-]+/[\w-]+)", line):
-                assert field.replace("\\.", ".") in wl.GPU_RESOURCES + (wl.VFIO_ANNOTATION,), line
+                assert field.replace("\\.", ".") in wl.GPU_RESOURCES + (contract.VFIO_ANNOTATION,), line
 
 
 def test_the_nodes_example_has_the_commands_columns():

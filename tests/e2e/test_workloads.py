@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from metax_operator import cli
+from metax_operator import contract
 from metax_operator.runtime import kube
 from metax_operator import workloads as wl
 from tests.e2e.test_runner import Runner
@@ -57,7 +58,7 @@ def cluster(control_plane, api, tmp_path_factory):
                         labels={wl.MODE_LABEL: "sgpu", wl.QOS_LABEL: "fixed-share"})
     vfio = cp.add_nodes(1, prefix="wl-vfio", gpus=6, resources={wl.VFIO_RESOURCE: 2},
                         labels={wl.GPU_VFNUM_LABEL: "0"})
-    kubectl(cp, "annotate", "node", vfio[0], f'{wl.VFIO_ANNOTATION}={{"0":1,"1":1,"3":0}}')
+    kubectl(cp, "annotate", "node", vfio[0], f'{contract.VFIO_ANNOTATION}={{"0":1,"1":1,"3":0}}')
     install_chart(cp, api, tmp, RELEASE, NS, VALUES)
     bootstrap(cp, tmp, RELEASE, release_values(cp, RELEASE, NS))
     yield {"sgpu": sgpu, "vfio": vfio, "tmp": tmp}
@@ -324,7 +325,7 @@ def test_the_pages_commands_and_manifests_work_on_a_cluster(control_plane, clust
     output of the command before it; every manifest admitted by the API server (server dry run)."""
     cp = control_plane
     node = cp.add_nodes(1, prefix="wl-doc", gpus=1, resources={wl.SGPU_RESOURCE: 16, wl.VFIO_RESOURCE: 2})[0]
-    kubectl(cp, "annotate", "node", node, f'{wl.VFIO_ANNOTATION}={{"0":1,"1":1,"3":0}}')
+    kubectl(cp, "annotate", "node", node, f'{contract.VFIO_ANNOTATION}={{"0":1,"1":1,"3":0}}')
     env = {**os.environ, "PATH": f"{BIN}:{Path(METAX).parent}:{os.environ['PATH']}", "KUBECONFIG": str(cp.kubeconfig)}
     ran, last = [], ""
     try:

@@ -14,14 +14,15 @@ import json
 import pytest
 
 from metax_operator import cli
+from metax_operator import contract
 from metax_operator.runtime import kube
-from metax_operator.hooks import bootstrap, common
+from metax_operator.hooks import bootstrap
 from metax_operator.chart.validate import merged_values
 from tests.helm import BIN, CHART
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
-CR = (common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
 AFFINITY = lambda key: {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {  # noqa: E731
     "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "Exists"}]}]}}}
 TOLERATIONS = lambda key: [{"key": key, "operator": "Exists", "effect": "NoSchedule"}]  # noqa: E731
@@ -120,7 +121,7 @@ def get(tree: dict, field: str):
 
 @pytest.fixture(scope="module")
 def client(control_plane):
-    crd = CHART / "crds" / f"{common.CRD_NAME}.yaml"
+    crd = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
     assert cli.main(["upgrade-crds", "--crd", str(crd), "--kubeconfig", str(control_plane.kubeconfig)]) == 0
     api = kube.Client.connect(str(control_plane.kubeconfig))
     api.delete(*CR)
@@ -138,7 +139,7 @@ def defaults(tmp_path_factory) -> dict:
 
 
 def test_every_crd_field_survives_an_unrelated_upgrade_and_yields_to_a_values_change(client, defaults, capsys):
-    crd = client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", common.CRD_NAME)
+    crd = client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", contract.CRD_NAME)
     schema = bootstrap.spec_schema(crd)
     matrix = {field: sample(field, node) for field, node in fields(schema).items()}
     assert len(matrix) > 60  # every component's fields, not a handful
@@ -170,7 +171,7 @@ def test_every_crd_field_survives_an_unrelated_upgrade_and_yields_to_a_values_ch
         assert bool(overridden) == (case["edit"] != case["values"]), (field, merge.overridden)
 
     # each override is an Event on the CR, as `kubectl describe clusteroperator` lists them
-    events = client.list("v1", "Event", "default", field_selector=f"involvedObject.name={common.CR_NAME}")
+    events = client.list("v1", "Event", "default", field_selector=f"involvedObject.name={contract.CR_NAME}")
     said = {e["message"] for e in events if e["reason"] == "ValuesOverrodeEdit"}
     expected = {f for f, c in matrix.items() if c["edit"] != c["values"]}
     assert {f for f in expected if any(m.startswith(f"spec.{f}") for m in said)} == expected

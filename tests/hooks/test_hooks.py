@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metax_operator.hooks import bootstrap, cleanup, preflight, test
+from metax_operator import contract
 
 
 def node(name: str, runtime: str = "containerd://1.7.13", kubelet: str = "v1.34.4",
@@ -124,14 +125,14 @@ def controls(pause: bool, enable: bool) -> dict:
 
 def live_cr(spec: dict, applied: dict | None) -> dict:
     """A live CR holding `spec`, bootstrapped last with `applied` (None: no record)."""
-    annotations = {} if applied is None else {bootstrap.APPLIED_ANNOTATION: json.dumps(applied)}
+    annotations = {} if applied is None else {contract.BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(applied)}
     return {"metadata": {"name": "cluster-operator", "annotations": annotations}, "spec": spec}
 
 
 def test_first_bootstrap_applies_everything_and_records_it():
     merge = bootstrap.desired(controls(False, True), None, {}, CR_SPEC)
     assert merge.manifest["spec"] == controls(False, True)
-    assert json.loads(merge.manifest["metadata"]["annotations"][bootstrap.APPLIED_ANNOTATION]) == controls(False, True)
+    assert json.loads(merge.manifest["metadata"]["annotations"][contract.BOOTSTRAP_APPLIED_ANNOTATION]) == controls(False, True)
     assert merge.kept == merge.overridden == []
 
 
@@ -143,7 +144,7 @@ def test_a_run_time_edit_the_values_did_not_change_is_left_out():
                                                  "(changed at run time; the values did not change it)")
     assert merge.overridden == []
     # the record keeps what the values say, so the next values change is seen as one
-    assert json.loads(merge.manifest["metadata"]["annotations"][bootstrap.APPLIED_ANNOTATION]) == controls(False, True)
+    assert json.loads(merge.manifest["metadata"]["annotations"][contract.BOOTSTRAP_APPLIED_ANNOTATION]) == controls(False, True)
 
 
 def test_values_that_change_an_edited_field_win_and_say_so():
@@ -160,7 +161,7 @@ def test_values_that_change_an_edited_field_win_and_say_so():
 
 
 def test_an_older_charts_record_of_the_controls_still_protects_them():
-    live = {"metadata": {"annotations": {bootstrap.CONTROLS_ANNOTATION:
+    live = {"metadata": {"annotations": {contract.BOOTSTRAP_CONTROLS_ANNOTATION:
                                          '{"driver.upgradePolicy.enableRollout":true,"driver.upgradePolicy.pause":false}'}},
             "spec": controls(True, True)}
     merge = bootstrap.desired(controls(False, True), live, {}, CR_SPEC)
@@ -231,12 +232,12 @@ def test_gpu_nodes_need_allocatable_gpus():
 def test_configmap_problems_are_one_line_each():
     cm = {"data": {"node-vfnums": "nodes:\n  n1:\n    vfnum: 40\n", "module-params": "xcore_page_size: 10\n",
                    "node-module-params": ": bad"}}
-    lines = test.check_configmap("ns", "driver-config", cm, test.CONFIGMAPS["driver"][1])
+    lines = test.check_configmap("ns", "driver-config", cm)
     assert len(lines) == 2 and all(line.startswith("ConfigMap ns/driver-config: ") for line in lines)
     assert "vfnum" in lines[0] and "node-module-params" in lines[1]
     good = {"data": {"config": '- nodeName: worknode\\d+\n  gpus: "0,1,2"\n'}}
-    assert test.check_configmap("ns", "metax-vfio-config", good, test.CONFIGMAPS["vfioManager"][1]) == []
-    assert test.check_configmap("ns", "metax-vfio-config", None, {}) == ["ConfigMap ns/metax-vfio-config: not found"]
+    assert test.check_configmap("ns", "metax-vfio-config", good) == []
+    assert test.check_configmap("ns", "metax-vfio-config", None) == ["ConfigMap ns/metax-vfio-config: not found"]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from metax_operator import cli
+from metax_operator import contract
 from metax_operator.runtime import kube
 from metax_operator.hooks import bootstrap, cleanup, common
 from tests.controlplane import GPU_LABEL
@@ -24,10 +25,10 @@ from tests.helm import BIN, CHART, find, render_chart
 
 pytestmark = pytest.mark.e2e
 
-CRD_FILE = CHART / "crds" / f"{common.CRD_NAME}.yaml"
+CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
 BASE_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
-CRD = (common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
-CR = (common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+CRD = (common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
+CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
 
 
 def merged(base: dict, extra: dict) -> dict:
@@ -166,7 +167,7 @@ def test_upgrade_crds_updates_an_older_crd_and_then_changes_nothing(client, hook
     chart_description = spec_schema(crd)["description"]
     old = copy.deepcopy(crd)
     spec_schema(old)["description"] = "an older chart's CRD"
-    client.call("PUT", client.resource(*CRD[:2]).path(common.CRD_NAME), body=old)
+    client.call("PUT", client.resource(*CRD[:2]).path(contract.CRD_NAME), body=old)
     assert spec_schema(client.get(*CRD))["description"] == "an older chart's CRD"
     code, out, err = hooks("upgrade-crds", "--crd", str(CRD_FILE))
     assert (code, err) == (0, "") and "applied" in out
@@ -241,7 +242,7 @@ def test_bootstrap_creates_the_cr_from_values_only(client, hooks, no_cr, tmp_pat
     # chart-only keys stay out of the CR
     assert not {"runner", "tools", "hooks", "crds", "tests", "imagePullSecrets", "commonLabels"} & set(spec)
     assert "image" not in spec["driver"] and "resources" not in spec["gpuDevice"]
-    assert list(managed(cr)) == [bootstrap.FIELD_MANAGER]
+    assert list(managed(cr)) == [contract.BOOTSTRAP_FIELD_MANAGER]
     assert cr["metadata"]["labels"]["app.kubernetes.io/instance"] == "metax"
 
     # Re-run (every Argo CD sync): nothing changes, not even managedFields.
@@ -288,7 +289,8 @@ def test_runtime_controls_set_by_an_admin_survive_upgrades_that_do_not_set_them(
     assert (policy()["pause"], policy()["enableRollout"]) == (True, False)
     # the bootstrap manager no longer owns the admin's fields, kubectl-patch does
     owned = managed(cr)
-    assert "f:pause" in json.dumps(owned["kubectl-patch"]) and "f:pause" not in json.dumps(owned[bootstrap.FIELD_MANAGER])
+    assert "f:pause" in json.dumps(owned["kubectl-patch"])
+    assert "f:pause" not in json.dumps(owned[contract.BOOTSTRAP_FIELD_MANAGER])
 
     # again (Argo CD sync): no change at all
     run(merged(rollout, {"driver": {"payload": {"version": "2.33.0.1"}}}), "v2.json")
@@ -329,7 +331,7 @@ def test_bootstrap_survives_a_concurrent_admin_edit(client, hooks, no_cr, tmp_pa
 
     def get_then_edit(*args, **kwargs):
         result = real_get(*args, **kwargs)
-        if args[1] == common.CR_KIND and not calls:
+        if args[1] == contract.CR_KIND and not calls:
             calls.append(1)
             client.patch(*CR, {"spec": {"driver": {"upgradePolicy": {"pause": True}}}}, field_manager="kubectl-edit")
         return result
@@ -401,7 +403,7 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, 
     try:
         code, out, err = hooks("cleanup", "--namespace", namespace, "--delete-crd")
         assert code == 0, err
-        assert client.get(*CRD) is None and f"deleted CRD {common.CRD_NAME}" in out
+        assert client.get(*CRD) is None and f"deleted CRD {contract.CRD_NAME}" in out
     finally:
         assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from metax_operator.runtime import reconcile
+from metax_operator import contract
 from metax_operator.runtime.reconcile import Observed
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from tests.helm import CHART, render_chart
@@ -44,7 +45,7 @@ def seen(objects: list[dict], spec: dict, recorded: dict) -> Observed:
     for name in reconcile.CONFIGMAPS:
         cm = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name))
         if recorded[name] is not None:
-            cm["metadata"].setdefault("annotations", {})[reconcile.CONFIGMAP_APPLIED] = json.dumps(recorded[name])
+            cm["metadata"].setdefault("annotations", {})[contract.CR_APPLIED_ANNOTATION] = json.dumps(recorded[name])
         configmaps[name] = cm
     daemonsets = {o["metadata"]["annotations"]["gpu.metax-tech.com/component"]: o for o in objects if o["kind"] == "DaemonSet"}
     service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == reconcile.EXPORTER_SERVICE)
@@ -61,7 +62,7 @@ def _spec() -> dict:
 def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     base = _spec()
     first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(reconcile.CONFIGMAPS)))
-    recorded = {a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][reconcile.CONFIGMAP_APPLIED])
+    recorded = {a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][contract.CR_APPLIED_ANNOTATION])
                 for a in first.applies}
     assert all("data" not in a.body for a in first.applies)  # the first pass only records
     silent = set()
@@ -96,12 +97,12 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
     from metax_operator import cli
     from metax_operator.runtime import kube
     from metax_operator.chart import validation
-    from metax_operator.hooks import bootstrap, common
+    from metax_operator.hooks import bootstrap
 
     api = kube.Client.connect(str(control_plane.kubeconfig))
     namespace = f"cm-{uuid.uuid4().hex[:8]}"
     api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, field_manager="test")
-    assert cli.main(["upgrade-crds", "--crd", str(CHART / "crds" / f"{common.CRD_NAME}.yaml"),
+    assert cli.main(["upgrade-crds", "--crd", str(CHART / "crds" / f"{contract.CRD_NAME}.yaml"),
                      "--kubeconfig", str(control_plane.kubeconfig)]) == 0
     try:
         for obj in rendered:

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from metax_operator.chart import images
 from metax_operator.runtime import reconcile
-from metax_operator.runtime.reconcile import (FIELD_MANAGER, Condition, Observed, desired_daemonset, merge_conditions,
+from metax_operator.contract import RUNNER_FIELD_MANAGER
+from metax_operator.runtime.reconcile import (Condition, Observed, desired_daemonset, merge_conditions,
                                       needs_write, owned_fields, plan, transition_events)
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from tests.helm import CHART, render_chart
@@ -81,7 +82,7 @@ def applied(live: dict, desired: dict) -> dict:
                         target[key] = sub
         else:
             pod[name] = value
-    result["metadata"]["managedFields"] = [{"manager": FIELD_MANAGER, "operation": "Apply",
+    result["metadata"]["managedFields"] = [{"manager": RUNNER_FIELD_MANAGER, "operation": "Apply",
                                             "fieldsV1": fields_v1(desired)}]
     return result
 
@@ -467,13 +468,13 @@ def test_events_for_conditions_going_bad_and_recovering_but_not_for_a_healthy_st
 def test_owned_fields_projects_keyed_lists_and_atomic_fields():
     obj = {"metadata": {"managedFields": [
         {"manager": "helm", "operation": "Update", "fieldsV1": {"f:spec": {}}},
-        {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+        {"manager": RUNNER_FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
             "f:tolerations": {}, "f:containers": {'k:{"name":"a"}': {".": {}, "f:name": {}, "f:env": {
                 'k:{"name":"LOG_LEVEL"}': {".": {}, "f:name": {}, "f:value": {}}}}}}}}}}]},
         "spec": {"template": {"spec": {"tolerations": [GPU], "nodeSelector": {"x": "y"}, "containers": [
             {"name": "a", "image": "i", "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "O", "value": "1"}]},
             {"name": "b", "image": "j"}]}}}}
-    assert owned_fields(obj, FIELD_MANAGER) == {"spec": {"template": {"spec": {
+    assert owned_fields(obj, RUNNER_FIELD_MANAGER) == {"spec": {"template": {"spec": {
         "tolerations": [GPU], "containers": [{"name": "a", "env": [{"name": "LOG_LEVEL", "value": "info"}]}]}}}}
     assert owned_fields(obj, "nobody") == {}
 

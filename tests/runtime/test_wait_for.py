@@ -75,7 +75,7 @@ def test_bad_arguments_name_the_option_and_the_fix(capsys, argv, fragment):
 
 
 def test_the_chart_s_wait_for_init_containers_call_this_command_with_each_component_s_prerequisites():
-    from metax_operator.chart.validation import DEPENDENCIES
+    from metax_operator.contract import PREREQUISITES
     from tests.helm import render_chart
     objects = render_chart({"registry": "r.example/metax", "driver": {"payload": {"version": "1"}},
                             "exporter": {"deploy": True}})
@@ -89,4 +89,4 @@ def test_the_chart_s_wait_for_init_containers_call_this_command_with_each_compon
                 assert args.func.__module__ == "metax_operator.runtime.wait_for"
                 assert (args.namespace, args.node) == ("$(POD_NAMESPACE)", "$(NODE_NAME)")
                 seen[key] = sorted(args.component)
-    assert seen == {key: sorted(prereqs) for key, prereqs in DEPENDENCIES.items()}
+    assert seen == {key: sorted(prereqs) for key, prereqs in PREREQUISITES.items()}

@@ -9,6 +9,7 @@ from functools import lru_cache
 import pytest
 import yaml
 
+from metax_operator import contract
 from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart,  # noqa: F401
                         render_chart, run_helm, validate_objects)
 
@@ -28,15 +29,7 @@ SEED_VFIO = SEED_INSTALL + (
 SCENARIOS = {"seed-install": SEED_INSTALL, "all-components": ALL_ON, "seed-vfio": SEED_VFIO}
 
 # The contract's components: values key -> (DaemonSet, prerequisites of seed §3.2.3).
-COMPONENTS = {
-    "gpuLabel": ("metax-gpu-label", []),
-    "runtime": ("metax-container-runtime", ["gpuLabel"]),
-    "driver": ("metax-driver", ["gpuLabel", "runtime"]),
-    "maca": ("metax-maca", ["gpuLabel", "runtime"]),
-    "gpuDevice": ("metax-gpu-device", ["gpuLabel", "runtime", "maca"]),
-    "exporter": ("metax-data-exporter", ["gpuLabel", "driver"]),
-    "vfioManager": ("metax-vfio-manager", ["gpuLabel"]),
-}
+COMPONENTS = {key: (c.daemonset, list(c.prerequisites)) for key, c in contract.COMPONENTS.items()}
 PRIVILEGED = {"runtime", "driver", "vfioManager"}
 STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
                    "app.kubernetes.io/version", "app.kubernetes.io/component", "app.kubernetes.io/part-of",
@@ -50,8 +43,8 @@ def rendered(helm: str, args: tuple[str, ...]) -> tuple[dict, ...]:
 
 
 def daemonsets(objects) -> dict[str, dict]:
-    """DaemonSets by their `gpu.metax-tech.com/component` annotation."""
-    return {o["metadata"]["annotations"]["gpu.metax-tech.com/component"]: o
+    """DaemonSets by their component annotation."""
+    return {o["metadata"]["annotations"][contract.COMPONENT_ANNOTATION]: o
             for o in objects if o["kind"] == "DaemonSet"}
 
 

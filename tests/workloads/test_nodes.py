@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from metax_operator.workloads import nodes
+from metax_operator import contract
 from metax_operator import workloads as wl
 
 
@@ -33,7 +34,7 @@ def revision(hash_: str, number: int, owner: str = "metax-driver") -> dict:
 
 
 NODES = [node("b", labels={wl.MODE_LABEL: "sgpu"}, allocatable={wl.SGPU_RESOURCE: "16"}),
-         node("a", labels={wl.GPU_VFNUM_LABEL: "0"}, annotations={wl.VFIO_ANNOTATION: '{"0":1,"2":0}'},
+         node("a", labels={wl.GPU_VFNUM_LABEL: "0"}, annotations={contract.VFIO_ANNOTATION: '{"0":1,"2":0}'},
               allocatable={wl.GPU_RESOURCE: "6", wl.VFIO_RESOURCE: "1"})]
 PODS = [pod("driver", "a", "old"), pod("driver", "b", "new"), pod("driver", "b", "old", deleting=True),
         pod("maca", "a", images=["r/maca-c500:2.18.0.3-u", "r/maca-c500:2.24.0.5-u"]),

@@ -28,7 +28,8 @@ from typing import Callable
 from metax_operator.rollout import policy
 from metax_operator.chart import problems, validation
 from metax_operator.errors import UserError
-from metax_operator.chart.schema import GROUP, PLURAL, percent_pattern
+from metax_operator.chart.schema import fragment, percent_pattern
+from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
 
 POLICY = "driver.upgradePolicy"
 STEPS = f"{POLICY}.upgradeSteps"
@@ -152,8 +153,6 @@ def _single_field_check(node: dict, value: str) -> str:
 def _schema_message(key: str, in_step: bool, value: str, index: str) -> str:
     """A messageExpression giving validate's line for a bad `value` of policy field `key` (of a
     step when `in_step`, at `index`): the values schema's wording, taken from validation.py."""
-    from metax_operator.chart.schema import fragment
-
     step = {"replicas": "100%", key: _PLACEHOLDER}
     raw = {"upgradeSteps": [step]} if in_step else {key: _PLACEHOLDER}
     (error,) = problems.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
@@ -166,7 +165,7 @@ def _spec_rules() -> list[dict]:
     """On `spec`. Every field is guarded with has(): the API server also checks the rules
     against the schema's `{}` defaults."""
     rules = [_rule("has(self.registry) && size(self.registry) > 0", validation.registry_missing)]
-    for component, prerequisites in validation.DEPENDENCIES.items():
+    for component, prerequisites in PREREQUISITES.items():
         for prerequisite in prerequisites:
             rules.append(_rule(f"!{_deployed(component)} || {_deployed(prerequisite)}",
                                lambda c=component, p=prerequisite: validation.dependency_problem(c, p)))
@@ -245,8 +244,6 @@ def vfio_firmware_warning() -> UserError:
 
 
 def _pause_duration_pattern() -> str:
-    from metax_operator.chart.schema import fragment
-
     choices = fragment("driver", "upgradePolicy", "upgradeSteps")["items"]["properties"]["pauseDuration"]["anyOf"]
     return next(c["pattern"] for c in choices if "pattern" in c)
 
@@ -320,8 +317,8 @@ def _policy(name: str, variables: list[dict], validations: list[dict], action: s
     """One ValidatingAdmissionPolicy and its binding, as template text (name: a template expression)."""
     import yaml
 
-    match = {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                                "resources": [PLURAL]}]}
+    match = {"resourceRules": [{"apiGroups": [CR_GROUP], "apiVersions": [CR_VERSION], "operations": ["CREATE", "UPDATE"],
+                                "resources": [CR_PLURAL]}]}
     body = yaml.safe_dump({"failurePolicy": "Fail", "matchConstraints": match, "variables": variables,
                            "validations": validations}, sort_keys=False, width=1000)
     assert "{{" not in body, "a CEL expression would read as a template action"
@@ -344,10 +341,8 @@ spec:
 """
 
 
-def render_template() -> str:
-    """templates/admission/validatingadmissionpolicy.yaml."""
-    from metax_operator.chart.schema import GENERATED_NOTE
-
+def render_template(generated_note: str) -> str:
+    """templates/admission/validatingadmissionpolicy.yaml, headed by `generated_note`."""
     runner = {"name": "runnerUser",
               "expression": "{{ printf \"'system:serviceaccount:%s:%s-runner'\" .Release.Namespace "
                             "(include \"metax-operator.fullname\" .) | quote }}"}
@@ -356,11 +351,11 @@ def render_template() -> str:
     deny = deny.replace("  variables:\n", "  variables:\n" + runner_line, 1)
     warn = _policy("(printf \"%s-warnings\" $name)", [], warning_validations(), "Warn")
     warn = warn.replace("  variables: []\n", "")
-    return f"""{{{{- /* {GENERATED_NOTE.replace("schema_source.yaml and values.yaml", "admission.py")}
+    return f"""{{{{- /* {generated_note}
 The API server's half of the cross-field rules that CRD rules cannot express (docs/hooks.md,
 "Admission"); installed where the API server serves {VAP_API}. */}}}}
 {{{{- if .Capabilities.APIVersions.Has "{VAP_API}" }}}}
-{{{{- $name := printf "%s-cluster-operator" (include "metax-operator.fullname" .) }}}}
+{{{{- $name := printf "%s-{CR_NAME}" (include "metax-operator.fullname" .) }}}}
 {{{{- $ctx := dict "root" $ "key" "admission" "clusterScoped" true }}}}
 {deny}{warn}{{{{- end }}}}
 """

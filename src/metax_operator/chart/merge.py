@@ -17,7 +17,7 @@ Rules, in order:
 Only `nodeSelector`, `affinity` and `tolerations` are managed; any other key in a
 podTemplateSpec is refused with a UserError naming it, never dropped silently.
 
-The chart records the inputs on every component DaemonSet (see `ANNOTATION_*` and
+The chart records the inputs on every component DaemonSet (the `*_ANNOTATION` names of contract.py,
 `inputs_from_annotations`); the base is the pod template as the chart renders it
 before any merge, so applying the merge again to its own output changes nothing.
 """
@@ -26,24 +26,12 @@ from __future__ import annotations
 import json
 from collections import namedtuple
 
+from metax_operator.contract import (COMPONENT_ANNOTATION, COMPONENTS, GPU_NODE_LABEL, SCHEDULING_BASE_ANNOTATION,
+                                     SCHEDULING_INPUTS_ANNOTATION)
 from metax_operator.errors import UserError, UserErrors
 
 MANAGED_FIELDS = ("nodeSelector", "affinity", "tolerations")
 
-ANNOTATION_COMPONENT = "gpu.metax-tech.com/component"
-ANNOTATION_BASE = "gpu.metax-tech.com/scheduling-base"
-ANNOTATION_INPUTS = "gpu.metax-tech.com/scheduling-inputs"
-
-# values key -> DaemonSet name.
-COMPONENTS = {
-    "gpuLabel": "metax-gpu-label",
-    "runtime": "metax-container-runtime",
-    "driver": "metax-driver",
-    "maca": "metax-maca",
-    "gpuDevice": "metax-gpu-device",
-    "exporter": "metax-data-exporter",
-    "vfioManager": "metax-vfio-manager",
-}
 
 
 # What the merge starts from, as plain data (JSON-shaped dicts and lists): the component's
@@ -138,13 +126,13 @@ def inputs_from_annotations(annotations: dict) -> SchedulingInputs:
                             "render the DaemonSet with the metax-operator chart; do not edit this annotation")
         return value
 
-    component = annotations.get(ANNOTATION_COMPONENT)
+    component = annotations.get(COMPONENT_ANNOTATION)
     if component not in COMPONENTS:
         problem = "is missing" if component is None else f"is {component!r}, not a component"
-        raise UserError(f'metadata.annotations["{ANNOTATION_COMPONENT}"]', problem,
+        raise UserError(f'metadata.annotations["{COMPONENT_ANNOTATION}"]', problem,
                         f"render the DaemonSet with the metax-operator chart, which sets one of {', '.join(COMPONENTS)}")
-    base = load(ANNOTATION_BASE, "the pod template's nodeSelector, affinity, tolerations")
-    recorded = load(ANNOTATION_INPUTS, '{"global": ..., "component": ..., "tolerations": ...}')
+    base = load(SCHEDULING_BASE_ANNOTATION, "the pod template's nodeSelector, affinity, tolerations")
+    recorded = load(SCHEDULING_INPUTS_ANNOTATION, '{"global": ..., "component": ..., "tolerations": ...}')
     return SchedulingInputs(component=component, base=base, global_pts=recorded.get("global"),
                             component_pts=recorded.get("component"),
                             deprecated_tolerations=recorded.get("tolerations"))
@@ -178,7 +166,7 @@ def _checked_spec(pts: object, name: str, errors: list) -> dict | None:
         elif key == "nodeSelector" and not (value is None or isinstance(value, dict) and all(
                 isinstance(v, str) for v in value.values())):
             errors.append(UserError(where, "must be a mapping of label names to string values",
-                                    'quote numbers and booleans, e.g. {metax-tech.com/gpu.installed: "true"}'))
+                                    f'quote numbers and booleans, e.g. {{{GPU_NODE_LABEL}: "true"}}'))
         elif key == "affinity" and not (value is None or isinstance(value, dict)):
             errors.append(UserError(where, "must be a mapping (a Kubernetes Affinity)",
                                     "write it as {nodeAffinity: ..., podAffinity: ..., podAntiAffinity: ...}"))

@@ -44,7 +44,9 @@ import re
 import sys
 
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.chart.merge import ANNOTATION_INPUTS, MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
+from metax_operator.chart.merge import MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
+from metax_operator.contract import SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.lookup import lookup
 from metax_operator.yamltext import duplicate_keys, nesting_problem
 
 # A YAML document marker at the start of a line (`---`, `--- # c`, `--- |`), with its line end.
@@ -86,7 +88,7 @@ def postrender(text: str) -> tuple[str, list[str]]:
 
 def render_document(body: str) -> tuple[str | None, list[str]]:
     """The new text of one document, or None when it passes through unchanged."""
-    if ANNOTATION_INPUTS not in body:
+    if SCHEDULING_INPUTS_ANNOTATION not in body:
         return None, []
     import yaml
 
@@ -107,11 +109,12 @@ def render_document(body: str) -> tuple[str | None, list[str]]:
                         "fix the template or values that produced it") from None
     finally:
         loader.dispose()
-    annotations = _get(doc, "metadata", "annotations")
-    if _get(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict) or ANNOTATION_INPUTS not in annotations:
+    annotations = lookup(doc, "metadata", "annotations")
+    if (lookup(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict)
+            or SCHEDULING_INPUTS_ANNOTATION not in annotations):
         return None, []
     result, notices = merge_scheduling(inputs_from_annotations(annotations))
-    pod_spec = _get(doc, "spec", "template", "spec")
+    pod_spec = lookup(doc, "spec", "template", "spec")
     if not isinstance(pod_spec, dict):
         raise UserError("spec.template.spec", "is missing", "render the DaemonSet with the metax-operator chart")
     current = {key: pod_spec[key] for key in MANAGED_FIELDS if key in pod_spec}
@@ -242,14 +245,6 @@ def error_document(message: str) -> str:
 
 def _located(err: UserError, where: str) -> UserError:
     return UserError(f"{where}: {err.field}" if err.field else where, err.problem, err.fix)
-
-
-def _get(node, *path):
-    for key in path:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(key)
-    return node
 
 
 ERROR_DOCUMENT_FLAG = "--error-document"

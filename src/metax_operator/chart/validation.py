@@ -16,6 +16,7 @@ Python's `re` accepts but Go refuses (lookarounds, backreferences) is refused he
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Mapping
 
 import yaml
@@ -23,19 +24,11 @@ import yaml
 from metax_operator.chart import images
 from metax_operator.rollout import policy
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.chart.merge import COMPONENTS
 from metax_operator.chart.problems import regex_problem, schema_problems
+from metax_operator.contract import (COMPONENTS, MODULE_PARAMS, NODE_MODULE_PARAMS, NODE_VFNUMS, PREREQUISITES,
+                                     VFIO_CONFIG_KEY, ConfigMapKey)
 from metax_operator.chart.schema import build_values_schema, fragment
 
-# Component prerequisites (seed §3.2.3): a component needs these deployed first.
-DEPENDENCIES: dict[str, tuple[str, ...]] = {
-    "runtime": ("gpuLabel",),
-    "driver": ("gpuLabel", "runtime"),
-    "maca": ("gpuLabel", "runtime"),
-    "gpuDevice": ("gpuLabel", "runtime", "maca"),
-    "exporter": ("gpuLabel", "driver"),
-    "vfioManager": ("gpuLabel",),
-}
 SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
 
 
@@ -122,7 +115,7 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     errors: list[UserError] = []
     if not values.get("registry"):
         errors.append(registry_missing())
-    for component, prerequisites in DEPENDENCIES.items():
+    for component, prerequisites in PREREQUISITES.items():
         if _deployed(values, component):
             errors += [dependency_problem(component, p) for p in prerequisites
                        if not _deployed(values, p)]
@@ -266,40 +259,66 @@ def _load_configmap_value(text: str | None, where: str) -> Any:
                                     "fix the ConfigMap with kubectl edit")]) from None
 
 
+def _where(key: ConfigMapKey) -> str:
+    return f"configmap/{key.configmap}[{key.key}]"
+
+
 def parse_node_vfnums(text: str | None) -> dict[str, int]:
     """driver-config key `node-vfnums` (seed §3.2.6): `nodes: {NODE: {vfnum: N}}` → {NODE: N}."""
-    where = "configmap/driver-config[node-vfnums]"
+    where = _where(NODE_VFNUMS)
     doc = _load_configmap_value(text, where) or {"nodes": {}}
     if not isinstance(doc, Mapping) or set(doc) != {"nodes"}:
         _raise([UserError(where, "must be a mapping with the one key `nodes`",
                           "write `nodes:` then one `NODE: {vfnum: N}` per node")])
     nodes = doc["nodes"] or {}
-    _raise(schema_problems(nodes, fragment("driver", "config", "nodeVfnums"), f"{where}.nodes"))
+    _raise(schema_problems(nodes, fragment(*NODE_VFNUMS.field), f"{where}.nodes"))
     return {node: entry["vfnum"] for node, entry in nodes.items()}
 
 
 def parse_module_params(text: str | None) -> dict[str, Any]:
     """driver-config key `module-params` (seed §3.2.7): cluster-wide kernel module parameters."""
-    where = "configmap/driver-config[module-params]"
+    where = _where(MODULE_PARAMS)
     params = _load_configmap_value(text, where) or {}
-    _raise(schema_problems(params, fragment("driver", "config", "moduleParams"), where))
+    _raise(schema_problems(params, fragment(*MODULE_PARAMS.field), where))
     return dict(params)
 
 
 def parse_node_module_params(text: str | None) -> dict[str, dict[str, Any]]:
     """driver-config key `node-module-params` (seed §3.2.7): {NODE: {param: value}}."""
-    where = "configmap/driver-config[node-module-params]"
+    where = _where(NODE_MODULE_PARAMS)
     params = _load_configmap_value(text, where) or {}
-    _raise(schema_problems(params, fragment("driver", "config", "nodeModuleParams"), where))
+    _raise(schema_problems(params, fragment(*NODE_MODULE_PARAMS.field), where))
     return {node: dict(p or {}) for node, p in params.items()}
 
 
 def parse_vfio_config(text: str | None) -> list[dict[str, str]]:
     """metax-vfio-config content (seed §3.2.6.1): a list of {nodeName: REGEX, gpus: "0,1" | "all"}."""
-    where = "configmap/metax-vfio-config"
+    where = f"configmap/{VFIO_CONFIG_KEY.configmap}"
     entries = _load_configmap_value(text, where) or []
     _raise(vfio_config_problems(entries, where))
     return [dict(e) for e in entries]
+
+
+#: The parser of each ConfigMap key admins edit in place.
+CONFIGMAP_PARSERS: dict[ConfigMapKey, Callable[[str | None], object]] = {
+    NODE_VFNUMS: parse_node_vfnums, MODULE_PARAMS: parse_module_params,
+    NODE_MODULE_PARAMS: parse_node_module_params, VFIO_CONFIG_KEY: parse_vfio_config,
+}
+
+
+def configmap_problems(name: str, data: Mapping | None) -> list[UserError]:
+    """What is wrong with the keys of ConfigMap `name` (its `data`), by their parsers."""
+    problems: list[UserError] = []
+    for key, parse in CONFIGMAP_PARSERS.items():
+        if key.configmap != name:
+            continue
+        try:
+            parse((data or {}).get(key.key))
+        except UserErrors as err:
+            problems += err.errors
+        except UserError as err:
+            problems.append(err)
+    return problems
 
 
 def _prefixed(prefix: str, error: UserError) -> UserError:

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from metax_operator.runtime import kube, reconcile
 from metax_operator.chart import validation
 from metax_operator.errors import UserError, UserErrors
+from metax_operator import contract
+from metax_operator.contract import (BOOTSTRAP_APPLIED_ANNOTATION, BOOTSTRAP_CONTROLS_ANNOTATION,
+                                     BOOTSTRAP_FIELD_MANAGER, PART_OF, PART_OF_LABEL)
 from metax_operator.hooks import common
 
-FIELD_MANAGER = "metax-operator-bootstrap"
-APPLIED_ANNOTATION = "gpu.metax-tech.com/bootstrap-applied"
-#: Written by chart versions before the three-way merge: the two rollout controls only.
-CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
 _MISSING = object()
 
 
@@ -96,11 +95,11 @@ def _recorded(live: dict | None, schema: dict) -> dict[tuple[str, ...], object] 
     """What the last bootstrap applied, by path; None when nothing says (a CR created otherwise)."""
     annotations = (live or {}).get("metadata", {}).get("annotations") or {}
     try:
-        if APPLIED_ANNOTATION in annotations:
-            return leaves(json.loads(annotations[APPLIED_ANNOTATION]), schema)
-        if CONTROLS_ANNOTATION in annotations:  # an older chart's record: the controls only
+        if BOOTSTRAP_APPLIED_ANNOTATION in annotations:
+            return leaves(json.loads(annotations[BOOTSTRAP_APPLIED_ANNOTATION]), schema)
+        if BOOTSTRAP_CONTROLS_ANNOTATION in annotations:  # an older chart's record: the controls only
             return {tuple(name.split(".")): value
-                    for name, value in json.loads(annotations[CONTROLS_ANNOTATION]).items()}
+                    for name, value in json.loads(annotations[BOOTSTRAP_CONTROLS_ANNOTATION]).items()}
     except (ValueError, AttributeError):
         pass
     return None
@@ -157,9 +156,10 @@ def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict)
         else:
             merge.kept.append(Change(path, now, value))
     merge.manifest = {
-        "apiVersion": common.CR_API_VERSION, "kind": common.CR_KIND,
-        "metadata": {"name": common.CR_NAME, "labels": labels,
-                     "annotations": {APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))}},
+        "apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND,
+        "metadata": {"name": contract.CR_NAME, "labels": labels,
+                     "annotations": {BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True,
+                                                                         separators=(",", ":"))}},
         "spec": _tree(sent),
     }
     return merge
@@ -176,15 +176,15 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
     """The CRD once the API server serves the CR kind (the CRD may be seconds old)."""
     deadline = time.monotonic() + timeout
     while True:
-        crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
+        crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
         try:
             if crd is not None:
-                client.resource(common.CR_API_VERSION, common.CR_KIND)
+                client.resource(contract.CR_API_VERSION, contract.CR_KIND)
                 return crd
         except LookupError:
-            client.forget(common.CR_API_VERSION)
+            client.forget(contract.CR_API_VERSION)
         if time.monotonic() > deadline:
-            raise UserError(common.CRD_NAME, f"is not served by the API server after {timeout:g}s",
+            raise UserError(contract.CRD_NAME, f"is not served by the API server after {timeout:g}s",
                             "install the CRD (helm install without --skip-crds), then run the hook again")
         time.sleep(1)
 
@@ -195,10 +195,10 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
     schema = spec_schema(served_crd(client, timeout))
     spec = prune(values, schema)
     labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release,
-              "app.kubernetes.io/part-of": "metax-operator"}
+              PART_OF_LABEL: PART_OF}
 
     def attempt() -> tuple[dict, Merge]:
-        live = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+        live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
         merge = desired(spec, live, labels, schema)
         problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
         if problems:
@@ -208,13 +208,13 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
                               for p in problems])
         if live is not None:  # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        return client.apply(merge.manifest, field_manager=FIELD_MANAGER, force=True), merge
+        return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
 
     cr, merge = kube.retry_on_conflict(attempt)
     for change in merge.overridden:
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         reconcile.emit_event(client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now,
-                             component=FIELD_MANAGER)
+                             component=BOOTSTRAP_FIELD_MANAGER)
     return cr, merge
 
 
@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:
         print(f"bootstrap: {change.overridden()}")
-    print(f"bootstrap: {common.CR_KIND} {common.CR_NAME} at resourceVersion "
+    print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion "
           f"{cr['metadata']['resourceVersion']}")
     return 0
 

@@ -36,7 +36,8 @@ import time
 
 from metax_operator.runtime import kube
 from metax_operator.cli import bounded
-from metax_operator.workloads import GPU_NODE_LABEL, VFIO_ANNOTATION
+from metax_operator.contract import DAEMONSETS, GPU_NODE_LABEL, VFIO_ANNOTATION
+from metax_operator import contract
 from metax_operator.hooks import common
 
 #: Node labels our components set: gpu-label marks GPU nodes.
@@ -44,7 +45,7 @@ NODE_LABELS = (GPU_NODE_LABEL,)
 #: Node annotations our components set: vfio-manager's binding result (seed §3.2.6.1).
 NODE_ANNOTATIONS = (VFIO_ANNOTATION,)
 #: DaemonSets whose pods write the keys above.
-NODE_WRITERS = ("metax-gpu-label", "metax-vfio-manager")
+NODE_WRITERS = (DAEMONSETS["gpuLabel"], DAEMONSETS["vfioManager"])
 #: Node patches in flight at once: the client's connection pool size (kube.PARALLEL_REQUESTS).
 NODE_WORKERS = kube.PARALLEL_REQUESTS
 
@@ -109,13 +110,13 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
     """Run the steps of the module docstring within `timeout` seconds; what was done, one line each."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-    crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
+    crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
     waits = {f"deleted DaemonSet {namespace}/{name} and its pods":  # Foreground: gone only after its pods
              functools.partial(delete_and_wait, client, "apps/v1", "DaemonSet", name, namespace, left(), "Foreground")
              for name in NODE_WRITERS}
     if crd is not None:
-        waits[f"deleted {common.CR_KIND} {common.CR_NAME}"] = functools.partial(
-            delete_and_wait, client, common.CR_API_VERSION, common.CR_KIND, common.CR_NAME, None, left())
+        waits[f"deleted {contract.CR_KIND} {contract.CR_NAME}"] = functools.partial(
+            delete_and_wait, client, contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, None, left())
     for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")) if runner else ():
         waits[f"deleted {kind} {namespace}/{runner} and its pods"] = functools.partial(
             delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground")
@@ -128,8 +129,8 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
     done += [f"removed our labels/annotations from node {node['metadata']['name']}"
              for node, had in zip(nodes, cleaned, strict=True) if had]
     if delete_crd and crd is not None and delete_and_wait(
-            client, common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME, None, left()):
-        done.append(f"deleted CRD {common.CRD_NAME}")
+            client, common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME, None, left()):
+        done.append(f"deleted CRD {contract.CRD_NAME}")
     if runner and delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, left()):
         done.append(f"deleted Lease {namespace}/{runner}")
     if test_pod and delete_and_wait(client, "v1", "Pod", test_pod, namespace, left()):
@@ -152,7 +153,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("cleanup", help="remove the CR and our node labels before uninstall (hook)",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--delete-crd", action="store_true",
-                        help=f"also delete the CRD {common.CRD_NAME} (crds.keep=false)")
+                        help=f"also delete the CRD {contract.CRD_NAME} (crds.keep=false)")
     parser.add_argument("--runner", metavar="NAME",
                         help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
     parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")

@@ -37,7 +37,7 @@ from metax_operator.runtime import kube
 from metax_operator import workloads
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.validation import validate_values
-from metax_operator.workloads import GPU_NODE_LABEL
+from metax_operator.contract import GPU_NODE_LABEL
 from metax_operator.hooks import common
 
 MIN_KUBERNETES = (1, 23)

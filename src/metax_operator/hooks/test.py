@@ -17,32 +17,23 @@ from __future__ import annotations
 import argparse
 import http.client
 import sys
-from collections.abc import Callable
 
 from metax_operator.runtime import kube
 from metax_operator import workloads
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.chart.merge import COMPONENTS
-from metax_operator.chart.validation import (parse_module_params, parse_node_module_params, parse_node_vfnums,
-                          parse_vfio_config, validate_cr_spec)
+from metax_operator.chart.validation import configmap_problems, validate_cr_spec
+from metax_operator.contract import (COMPONENT_LABEL, CONFIGMAP_KEYS, CONFIGMAPS, DAEMONSETS, EXPORTER_SERVICE,
+                                     GPU_NODE_LABEL, GPU_RESOURCE, SGPU_RESOURCE)
+from metax_operator import contract
 from metax_operator.hooks import common
 
-GPU_RESOURCES = (workloads.GPU_RESOURCE, workloads.SGPU_RESOURCE)
-EXPORTER_SERVICE = "metax-data-exporter"
+GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE)
 #: Node names listed per failing DaemonSet before "and N more".
 SHOWN_NODES = 5
 
 
-#: The ConfigMaps the components read, each key with the parser the runner uses too.
-CONFIGMAPS = {
-    "driver": ("driver-config", {"node-vfnums": parse_node_vfnums, "module-params": parse_module_params,
-                                 "node-module-params": parse_node_module_params}),
-    "vfioManager": ("metax-vfio-config", {"config": parse_vfio_config}),
-}
-
-
 def check_cr(cr: dict | None) -> list[str]:
-    where = f"{common.CR_KIND} {common.CR_NAME}"
+    where = f"{contract.CR_KIND} {contract.CR_NAME}"
     if cr is None:
         return [f"{where}: not found; run `helm upgrade` again (the bootstrap hook creates it)"]
     try:
@@ -74,32 +65,22 @@ def _ready(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def check_configmap(namespace: str, name: str, cm: dict | None,
-                    parsers: dict[str, Callable[[str | None], object]]) -> list[str]:
+def check_configmap(namespace: str, name: str, cm: dict | None) -> list[str]:
     where = f"ConfigMap {namespace}/{name}"
     if cm is None:
         return [f"{where}: not found"]
-    data = cm.get("data") or {}
-    lines = []
-    for key, parse in parsers.items():
-        try:
-            parse(data.get(key))
-        except UserErrors as errs:
-            lines += [f"{where}: {e}" for e in errs.errors]
-        except UserError as err:
-            lines.append(f"{where}: {err}")
-    return lines
+    return [f"{where}: {problem}" for problem in configmap_problems(name, cm.get("data"))]
 
 
 def check_gpu_nodes(nodes: list[dict]) -> list[str]:
-    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(workloads.GPU_NODE_LABEL) == "true"]
+    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
     if not gpu_nodes:
-        return [f"nodes: none is labelled {workloads.GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
+        return [f"nodes: none is labelled {GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
     lines = []
     for node in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"]):
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         if not any(_quantity(allocatable.get(r, "0")) > 0 for r in GPU_RESOURCES):
-            lines.append(f"node {node['metadata']['name']}: no allocatable metax-tech.com/gpu "
+            lines.append(f"node {node['metadata']['name']}: no allocatable {GPU_RESOURCE} "
                          "(a component is not working there)")
     return lines
 
@@ -139,20 +120,21 @@ def check_http(where: str, host: str, port: int, timeout: float) -> list[str]:
 
 
 def failures(client: kube.Client, namespace: str) -> list[str]:
-    cr = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+    cr = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
     lines = check_cr(cr)
     if cr is None:
         return lines
     spec = cr.get("spec") or {}
-    enabled = [key for key in COMPONENTS if (spec.get(key) or {}).get("deploy")]
+    enabled = [key for key in DAEMONSETS if (spec.get(key) or {}).get("deploy")]
     for key in enabled:
-        name = COMPONENTS[key]
+        name = DAEMONSETS[key]
         ds = client.get("apps/v1", "DaemonSet", name, namespace)
-        pods = client.list("v1", "Pod", namespace, label_selector=f"app.kubernetes.io/component={key}")
+        pods = client.list("v1", "Pod", namespace, label_selector=f"{COMPONENT_LABEL}={key}")
         lines += check_daemonset(namespace, name, ds, pods)
-    for key, (name, parsers) in CONFIGMAPS.items():
-        if key in enabled:
-            lines += check_configmap(namespace, name, client.get("v1", "ConfigMap", name, namespace), parsers)
+    readers = {key.configmap: key.component for key in CONFIGMAP_KEYS}
+    for name in CONFIGMAPS:
+        if readers[name] in enabled:
+            lines += check_configmap(namespace, name, client.get("v1", "ConfigMap", name, namespace))
     if "exporter" in enabled:
         lines += check_exporter(namespace, client.get("v1", "Service", EXPORTER_SERVICE, namespace))
     nodes = client.list("v1", "Node")

@@ -13,9 +13,9 @@ import json
 import time
 
 from metax_operator.rollout import policy as policy_mod
-from metax_operator.runtime import reconcile
 from metax_operator.rollout import status as rollout
-from metax_operator.rollout.cordon import SKIP_LABEL
+from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, SKIP_LABEL
+from metax_operator.lookup import lookup
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
@@ -62,13 +62,12 @@ def _switch(commands, name: str, help_text: str, field: str, value: bool) -> Non
 def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
     api = Client.from_args(args, AT_ONCE)
     cr = _get_cr(api)
-    if (((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy") or {}).get("enableRollout") is not True \
-            and field == "pause":
+    if lookup(cr, "spec", "driver", "upgradePolicy", "enableRollout") is not True and field == "pause":
         raise UserError("spec.driver.upgradePolicy.enableRollout", "is false: there is no staged rollout to pause",
-                        "set enableRollout: true first (kubectl edit clusteroperators cluster-operator)")
-    api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
+                        f"set enableRollout: true first (kubectl edit {CR_PLURAL} {CR_NAME})")
+    api.patch(CR_API_VERSION, CR_KIND, CR_NAME,
               [{"op": "add", "path": f"{POLICY_PATH}/{field}", "value": value}], patch_type="json")
-    print(f"clusteroperator/{reconcile.CR_NAME}: spec.driver.upgradePolicy.{field} set to {str(value).lower()}")
+    print(f"{CR_KIND.lower()}/{CR_NAME}: spec.driver.upgradePolicy.{field} set to {str(value).lower()}")
     return 0
 
 
@@ -91,9 +90,9 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _get_cr(api: Client) -> dict:
-    cr = api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+    cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
     if cr is None:
-        raise UserError("clusteroperators/cluster-operator", "does not exist",
+        raise UserError(f"{CR_PLURAL}/{CR_NAME}", "does not exist",
                         "install the chart (its bootstrap hook creates it) or check --kubeconfig/--context")
     return cr
 
@@ -103,7 +102,7 @@ def render(cr: dict, output: str = "table") -> str:
     written = (cr.get("status") or {}).get("upgradeStatus") or {}
     if output == "json":
         return json.dumps(written, indent=2, sort_keys=True)
-    raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy") or {}
+    raw = lookup(cr, "spec", "driver", "upgradePolicy") or {}
     try:
         policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
     except (UserError, UserErrors) as err:

@@ -25,11 +25,8 @@ from __future__ import annotations
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.runtime.kube import Client
+from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
 
-#: On a node: the runner cordoned it for a driver swap and will uncordon it.
-CORDONED_LABEL = "metax-tech.com/driver-upgrade.cordoned"
-#: On a node, set by an admin: the rollout never replaces this node's driver.
-SKIP_LABEL = "metax-tech.com/driver-upgrade.skip"
 CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
 SKIP_SELECTOR = f"{SKIP_LABEL}=true"
 

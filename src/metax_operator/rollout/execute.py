@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import cordon, engine
 from metax_operator.runtime import kube, reconcile
+from metax_operator.contract import RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.runtime.kube import Client
@@ -173,7 +174,7 @@ class RolloutExecutor:
         self.requests += 1
         try:
             patched = self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
-                                     patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+                                     patch_type="json", field_manager=RUNNER_FIELD_MANAGER)
         except ApiException as err:
             if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
                 raise
@@ -199,7 +200,7 @@ class RolloutExecutor:
             self.requests += 1
             self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
                            [{"op": "replace", "path": "/spec/driver", "value": wanted}],
-                           patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+                           patch_type="json", field_manager=RUNNER_FIELD_MANAGER)
             event(log, "rollout-restore-cr", revision=revision,
                   msg=f"spec.driver set back to revision {revision}'s")
             writes += 1
@@ -210,7 +211,7 @@ class RolloutExecutor:
         self._check()
         self.requests += 1
         self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, restore.template_patch, namespace=self.namespace,
-                       patch_type="strategic", field_manager=reconcile.FIELD_MANAGER)
+                       patch_type="strategic", field_manager=RUNNER_FIELD_MANAGER)
         event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 

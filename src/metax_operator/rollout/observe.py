@@ -45,9 +45,10 @@ from metax_operator.rollout.restore import revision_template
 from metax_operator import workloads
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
+from metax_operator.contract import COMPONENT_LABEL, DAEMONSETS
 
-DRIVER_DAEMONSET = "metax-driver"
-DRIVER_POD_SELECTOR = "app.kubernetes.io/component=driver"
+DRIVER_DAEMONSET = DAEMONSETS["driver"]
+DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
 REVISION_LABEL = "controller-revision-hash"
 RUNNING = "status.phase!=Succeeded,status.phase!=Failed"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"

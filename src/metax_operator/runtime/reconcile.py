@@ -48,45 +48,22 @@ from metax_operator.chart import images, validation
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.runtime.kube import Client
-from metax_operator.chart.merge import COMPONENTS, MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+from metax_operator.contract import (COMPONENT_ANNOTATION, CONFIGMAP_KEYS, CONFIGMAPS, CR_API_VERSION, CR_APPLIED_ANNOTATION,
+                                     CR_KIND, CR_NAME, DAEMONSETS, DEFAULT_DEPLOY, DRIVER_PAYLOAD_CONTAINER, EXPORTER_SERVICE,
+                                     MACA_PAYLOAD_PREFIX, PART_OF, PART_OF_LABEL, RUNNER_FIELD_MANAGER)
+from metax_operator.lookup import lookup
 
 log = logging.getLogger("metax_operator.runtime.reconcile")
 
-FIELD_MANAGER = "metax-operator-runner"
-CR_API_VERSION = "gpu.metax-tech.com/v1"
-CR_KIND = "ClusterOperator"
-CR_NAME = "cluster-operator"
 #: Events about the cluster-scoped CR must live here (API server rule for cluster-scoped objects).
 EVENT_NAMESPACE = "default"
-PART_OF = "app.kubernetes.io/part-of=metax-operator"
-#: What admins may edit in place, and the shared parser of each (ConfigMap, key).
-CONFIGMAP_PARSERS = {
-    ("driver-config", "node-vfnums"): validation.parse_node_vfnums,
-    ("driver-config", "module-params"): validation.parse_module_params,
-    ("driver-config", "node-module-params"): validation.parse_node_module_params,
-    ("metax-vfio-config", "config"): validation.parse_vfio_config,
-}
-CONFIGMAPS = sorted({name for name, _ in CONFIGMAP_PARSERS})
-#: The CR field each ConfigMap key holds, and how the chart writes it there (templates/driver/
-#: configmap.yaml, templates/vfio-manager/configmap.yaml).
-CONFIGMAP_FIELDS: dict[tuple[str, str], tuple[tuple[str, ...], Callable[[Any], Any]]] = {
-    ("driver-config", "node-vfnums"): (("driver", "config", "nodeVfnums"), lambda nodes: {"nodes": nodes or {}}),
-    ("driver-config", "module-params"): (("driver", "config", "moduleParams"), lambda params: params or {}),
-    ("driver-config", "node-module-params"): (("driver", "config", "nodeModuleParams"), lambda params: params or {}),
-    ("metax-vfio-config", "config"): (("vfioManager", "vfioConfig"), lambda entries: entries or []),
-}
-#: On each ConfigMap: the CR value (JSON, by key) the runner last wrote there. A key is written
-#: again only when the CR's value differs from it: an admin's edit of the ConfigMap itself stays
-#: until the CR field changes (seed §3.2.6: admins edit these ConfigMaps in place).
-CONFIGMAP_APPLIED = "gpu.metax-tech.com/cr-applied"
-EXPORTER_SERVICE = "metax-data-exporter"
-
-#: `deploy` of a component when the CR leaves it out (values.yaml defaults).
-DEFAULT_DEPLOY = {key: key != "exporter" for key in COMPONENTS}
+#: The objects of the release (the chart's `app.kubernetes.io/part-of` label).
+RELEASE_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 
 #: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
 #: `spec.<component>`}. `LOG_*` are on every component's containers.
-ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in COMPONENTS}
+ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in DAEMONSETS}
 ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",),
                      FW_ENABLE_VIRT=("fwEnableVirt",))
 ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
@@ -154,7 +131,7 @@ def spec_errors(spec: dict) -> list[UserError]:
     (the global podTemplateSpec is checked once per component: each problem is kept once)."""
     errors: list[UserError] = []
     checks = [lambda: validation.validate_cr_spec(spec)]
-    checks += [lambda key=key: merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.") for key in COMPONENTS]
+    checks += [lambda key=key: merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.") for key in DAEMONSETS]
     for check in checks:
         try:
             check()
@@ -201,7 +178,7 @@ def check_helm_owned(observed: Observed) -> Outcome:
         return out
     spec = observed.spec
     needs = []
-    for key, name in COMPONENTS.items():
+    for key, name in DAEMONSETS.items():
         wanted = (spec.get(key) or {}).get("deploy", DEFAULT_DEPLOY[key])
         exists = key in observed.daemonsets
         if bool(wanted) != exists:
@@ -211,18 +188,18 @@ def check_helm_owned(observed: Observed) -> Outcome:
                          f"deletes what Helm owns)")
     driver = observed.daemonsets.get("driver")
     if driver is not None:
-        has_payload = "payload" in _names(_pod(driver).get("initContainers"))
+        has_payload = DRIVER_PAYLOAD_CONTAINER in _names(_pod(driver).get("initContainers"))
         policy = (spec.get("driver") or {}).get("deployPolicy")
         if policy is not None and (policy == "Never") == has_payload:
-            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet metax-driver "
+            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet {DAEMONSETS['driver']} "
                          f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
                          f"with --set driver.deployPolicy={policy}")
     maca = observed.daemonsets.get("maca")
-    images = ((spec.get("maca") or {}).get("payload") or {}).get("images")
+    images = lookup(spec, "maca", "payload", "images")
     if maca is not None and images is not None:
         count = len(_payload_containers(_pod(maca)))
         if count != len(images):
-            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
+            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
                          f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
     needs += _service_differences(spec, observed.service)
     if needs:
@@ -253,7 +230,8 @@ def _service_differences(spec: dict, service: dict | None) -> list[str]:
 
 def reconcile_configmaps(observed: Observed) -> Outcome:
     """Write a CR field into its ConfigMap key when the field changed since the runner last wrote
-    it (`CONFIGMAP_APPLIED`); the first pass only records (the ConfigMap may hold an admin's edit)."""
+    it (`CR_APPLIED_ANNOTATION`): an admin's edit of the ConfigMap itself stays until the CR field
+    changes (seed §3.2.6: admins edit these ConfigMaps in place). The first pass only records."""
     out = Outcome()
     if observed.cr is None or spec_errors(observed.spec):  # an invalid spec is reported, not applied
         return out
@@ -262,22 +240,23 @@ def reconcile_configmaps(observed: Observed) -> Outcome:
         if cm is None:
             continue
         try:
-            recorded = json.loads((cm["metadata"].get("annotations") or {})[CONFIGMAP_APPLIED])
+            recorded = json.loads((cm["metadata"].get("annotations") or {})[CR_APPLIED_ANNOTATION])
         except (KeyError, ValueError):
             recorded = None
         record, data, changed = {}, {}, []
-        for (cm_name, key), (path, shape) in CONFIGMAP_FIELDS.items():
-            if cm_name != name:
+        for key in CONFIGMAP_KEYS:
+            if key.configmap != name:
                 continue
-            value = _get(observed.spec, path)
-            record[key] = json.dumps(value, sort_keys=True)
-            if recorded is not None and recorded.get(key) != record[key]:
-                data[key] = yaml.safe_dump(shape(value), sort_keys=False)
-                changed.append("spec." + ".".join(path))
+            value = lookup(observed.spec, *key.field)
+            record[key.key] = json.dumps(value, sort_keys=True)
+            if recorded is not None and recorded.get(key.key) != record[key.key]:
+                content = value or key.empty()  # as the chart writes it (templates/*/configmap.yaml)
+                data[key.key] = yaml.safe_dump({key.wrap: content} if key.wrap else content, sort_keys=False)
+                changed.append("spec." + ".".join(key.field))
         if recorded != record:
             body = {"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": name, "namespace": observed.namespace,
-                                 "annotations": {CONFIGMAP_APPLIED: json.dumps(record, sort_keys=True)}}}
+                                 "annotations": {CR_APPLIED_ANNOTATION: json.dumps(record, sort_keys=True)}}}
             if data:
                 body["data"] = data
             out.applies.append(Apply(body, tuple(changed)))
@@ -290,20 +269,13 @@ def check_configmaps(observed: Observed) -> Outcome:
     if observed.cr is None:
         return out
     problems: list[str] = []
-    for (name, key), parse in CONFIGMAP_PARSERS.items():
-        cm = observed.configmaps.get(name)
-        if cm is None:
-            continue
-        try:
-            parse((cm.get("data") or {}).get(key))
-        except UserErrors as err:
-            problems += [str(e) for e in err.errors]
-        except UserError as err:
-            problems.append(str(err))
+    for name, cm in observed.configmaps.items():
+        if cm is not None:
+            problems += [str(e) for e in validation.configmap_problems(name, cm.get("data"))]
     if problems:
         out.conditions.append(Condition(CONFIG_VALID, "False", "InvalidConfigMap", "; ".join(problems)))
     else:
-        out.conditions.append(Condition(CONFIG_VALID, "True", "Valid", "driver-config and metax-vfio-config parse"))
+        out.conditions.append(Condition(CONFIG_VALID, "True", "Valid", f"{' and '.join(CONFIGMAPS)} parse"))
     return out
 
 
@@ -338,7 +310,7 @@ def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -
         env = []
         present = _names(container.get("env"))
         for var, path in ENV[key].items():
-            value = _get(component, path)
+            value = lookup(component, *path)
             if var in present and value is not None:
                 text = _env_value(value)  # the API drops an empty value: so do we, to compare alike
                 env.append({"name": var, "value": text} if text else {"name": var})
@@ -399,8 +371,8 @@ def _driver_spec_of(ds: dict, spec: dict) -> dict:
            if "valueFrom" not in e}
     for var, path in ENV["driver"].items():
         if var in env:
-            _set(driver, path, _from_env(env[var], _get(driver, path)))
-    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == "payload"), None)
+            _set(driver, path, _from_env(env[var], lookup(driver, *path)))
+    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == DRIVER_PAYLOAD_CONTAINER), None)
     if image:
         payload = driver.setdefault("payload", {})
         repository, tag, digest = images.split(image)
@@ -454,7 +426,7 @@ def driver_strategy(spec: dict, upgrading: bool) -> dict:
 
 
 def _upgrading(cr: dict | None) -> bool:
-    return bool((((cr or {}).get("status") or {}).get("upgradeStatus") or {}).get("upgrading"))
+    return bool(lookup(cr, "status", "upgradeStatus", "upgrading"))
 
 
 def needs_write(desired: dict, live: dict) -> bool:
@@ -464,7 +436,7 @@ def needs_write(desired: dict, live: dict) -> bool:
     longer wants (an apply without it lets the API server remove it). A field Helm rendered with
     the same value (after a post-rendered install) needs no write.
     """
-    owned = owned_fields(live, FIELD_MANAGER)
+    owned = owned_fields(live, RUNNER_FIELD_MANAGER)
     return not _covers(live.get("spec"), desired["spec"]) or not _covers(desired["spec"], owned.get("spec"))
 
 
@@ -476,7 +448,7 @@ def minimal(desired: dict, live: dict) -> dict:
     Owned fields stay in, or the API server would remove them.
     """
     want, have = desired["spec"]["template"]["spec"], _pod(live)
-    owned_spec = owned_fields(live, FIELD_MANAGER).get("spec") or {}
+    owned_spec = owned_fields(live, RUNNER_FIELD_MANAGER).get("spec") or {}
     owned = _pod({"spec": owned_spec})
     pod = {f: v for f, v in want.items()
            if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))}
@@ -562,10 +534,10 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
     if key == "driver":
         payload = (spec.get("driver") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
-        if "payload" in _names(live.get("initContainers")) and registry and payload.get("name") \
+        if DRIVER_PAYLOAD_CONTAINER in _names(live.get("initContainers")) and registry and payload.get("name") \
                 and payload.get("version"):
-            return [{"name": "payload", "image": images.reference(registry, payload["name"], payload["version"],
-                                                                  payload.get("digest") or "")}]
+            image = images.reference(registry, payload["name"], payload["version"], payload.get("digest") or "")
+            return [{"name": DRIVER_PAYLOAD_CONTAINER, "image": image}]
     if key == "maca":
         payload = (spec.get("maca") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
@@ -578,24 +550,17 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
 
 def _payload_containers(pod_spec: dict) -> list[str]:
     """The MXMACA pod's `payload-N` init containers, in N order."""
-    names = [n for n in _names(pod_spec.get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
-    return sorted(names, key=lambda n: int(n[8:]))
+    names = [n for n in _names(pod_spec.get("initContainers"))
+             if n.startswith(MACA_PAYLOAD_PREFIX) and n.removeprefix(MACA_PAYLOAD_PREFIX).isdigit()]
+    return sorted(names, key=lambda n: int(n.removeprefix(MACA_PAYLOAD_PREFIX)))
 
 
 def _pod(ds: dict) -> dict:
-    return ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return lookup(ds, "spec", "template", "spec") or {}
 
 
 def _names(items: list | None) -> list[str]:
     return [i.get("name") for i in items or [] if isinstance(i, dict)]
-
-
-def _get(obj: dict, path: tuple[str, ...]) -> Any:
-    for part in path:
-        if not isinstance(obj, dict) or part not in obj:
-            return None
-        obj = obj[part]
-    return obj
 
 
 def _set(obj: dict, path: tuple[str, ...], value: Any) -> None:
@@ -622,9 +587,9 @@ class LostLeadership(Exception):
 def observe(api: Client, namespace: str) -> Observed:
     cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
     daemonsets = {}
-    for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=PART_OF):
-        key = ((ds["metadata"].get("annotations") or {}).get("gpu.metax-tech.com/component"))
-        if COMPONENTS.get(key) == ds["metadata"]["name"]:
+    for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=RELEASE_SELECTOR):
+        key = (ds["metadata"].get("annotations") or {}).get(COMPONENT_ANNOTATION)
+        if DAEMONSETS.get(key) == ds["metadata"]["name"]:
             daemonsets[key] = ds
     configmaps = {name: api.get("v1", "ConfigMap", name, namespace) for name in CONFIGMAPS}
     return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
@@ -681,7 +646,7 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     events = list(outcome.events)
     for apply in outcome.applies:
         check()
-        api.apply(apply.body, field_manager=FIELD_MANAGER, force=True)
+        api.apply(apply.body, field_manager=RUNNER_FIELD_MANAGER, force=True)
         writes += 1
         meta = apply.body["metadata"]
         fields = ", ".join(apply.fields) or "field ownership only"
@@ -701,7 +666,7 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
                  "status": {"conditions": conditions, "observedGeneration": generation}}
         try:
             api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
-                      field_manager=FIELD_MANAGER)
+                      field_manager=RUNNER_FIELD_MANAGER)
         except ApiException as err:
             if err.status != 409:
                 raise
@@ -720,7 +685,7 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
 
 
 def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "",
-               component: str = FIELD_MANAGER) -> bool:
+               component: str = RUNNER_FIELD_MANAGER) -> bool:
     """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
     (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
     namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never

@@ -20,11 +20,10 @@ from metax_operator import jsonlog
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError
 from metax_operator.runtime.kube import Backoff, Client, add_arguments, is_transient
-from metax_operator.chart.merge import COMPONENTS
+from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 
 log = logging.getLogger("metax_operator.runtime.wait_for")
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
 #: Server-side length of one watch request, seconds (then it is re-opened from the last version).
 WATCH_SECONDS = 300
 #: Consecutive failed API calls before giving up (the kubelet then restarts the init container).

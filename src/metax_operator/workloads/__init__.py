@@ -28,22 +28,19 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from metax_operator.contract import (COMPONENT_LABEL, GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_VFNUM_LABEL,
+                                     MODE_LABEL, QOS_LABEL, RESOURCE_PREFIX, SGPU_RESOURCE, VFIO_RESOURCE)
 from metax_operator.errors import UserError
+from metax_operator.lookup import lookup
 
 # -- names: node labels and annotations, resources, environment -----------------------------------
 
-#: gpu-label's labels on GPU nodes (`gpu.installed` marks them; the others describe the GPUs and
-#: are what jobs select on, e.g. `nodeSelector: {metax-tech.com/gpu.product: C500}`).
-GPU_NODE_LABEL = "metax-tech.com/gpu.installed"
-GPU_PRODUCT_LABEL = "metax-tech.com/gpu.product"
-GPU_VFNUM_LABEL = "metax-tech.com/gpu.vfnum"
+#: gpu-label's labels on GPU nodes.
 GPU_LABELS = (GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_VFNUM_LABEL)
 
-#: The admin's labels that switch gpu-device per node (never removed by the operator).
-MODE_LABEL = "metax-tech.com/gpu-device.mode"
+#: The values of the admin's labels that switch gpu-device per node (never removed by the operator).
 MODES = ("native", "sgpu")
 DEFAULT_MODE = "native"
-QOS_LABEL = "metax-tech.com/gpu-device.qos-policy"
 #: The sGPU scheduling policies and what each does.
 QOS_POLICIES = {
     "best-effort": "sGPUs are not limited in compute (the default)",
@@ -52,24 +49,14 @@ QOS_POLICIES = {
 }
 DEFAULT_QOS = "best-effort"
 
-#: Extended resources gpu-device advertises: whole GPUs (or VFs), sGPUs in sGPU mode, and GPUs
-#: bound to vfio-pci for virtual machines.
-RESOURCE_PREFIX = "metax-tech.com/"
-GPU_RESOURCE = "metax-tech.com/gpu"
-SGPU_RESOURCE = "metax-tech.com/sgpu"
-VFIO_RESOURCE = "metax-tech.com/vfio-gpu"
+#: Extended resources gpu-device advertises.
 GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE, VFIO_RESOURCE)
-#: HAMi's resources that size an sGPU: percent of the GPU's compute, GiB of device memory.
-HAMI_RESOURCES = ("metax-tech.com/vcore", "metax-tech.com/vmemory")
-
-#: vfio-manager's node annotation: `{"GPU index": 1 bound | 0 failed}`.
-VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
 #: The MetaX PCI vendor ID (`lspci -nn` shows `[9999:4001]`: vendor 9999, device 4001).
 PCI_VENDOR_ID = "9999"
 
 #: How the checks recognise a running HAMi scheduler: a Ready pod with the label HAMi's Helm chart
 #: sets on its scheduler pods.
-HAMI_SCHEDULER_LABEL = ("app.kubernetes.io/component", "hami-scheduler")
+HAMI_SCHEDULER_LABEL = (COMPONENT_LABEL, "hami-scheduler")
 HAMI_SCHEDULER_SELECTOR = "=".join(HAMI_SCHEDULER_LABEL)
 
 MACA_VERSION_ENV = "METAX_MACA_VERSION"
@@ -100,7 +87,7 @@ def version_key(version: str) -> tuple[int, ...]:
 
 def payload_images(spec: Mapping) -> list[str]:
     """`maca.payload.images` of the values or of the CR spec (the same shape)."""
-    return list(((spec.get("maca") or {}).get("payload") or {}).get("images") or [])
+    return list(lookup(spec, "maca", "payload", "images") or [])
 
 
 def deployed_maca_versions(images: Iterable[str]) -> list[str]:
@@ -164,7 +151,7 @@ def pod_ready(obj: Mapping) -> bool:
 def hami_running(pods: Iterable[Mapping]) -> bool:
     """Whether one of these Pod objects is a Ready HAMi scheduler."""
     key, value = HAMI_SCHEDULER_LABEL
-    return any(((p.get("metadata") or {}).get("labels") or {}).get(key) == value and pod_ready(p) for p in pods)
+    return any(lookup(p, "metadata", "labels", key) == value and pod_ready(p) for p in pods)
 
 
 def vfio_gpus(annotation: str | None) -> tuple[list[str], list[str]]:

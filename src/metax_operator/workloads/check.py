@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 
 from metax_operator.runtime import reconcile
-from metax_operator import workloads
+from metax_operator import contract, workloads
 from metax_operator.runtime.informer import Informer
 from metax_operator.jsonlog import event
 from metax_operator.runtime.kube import Client
@@ -35,7 +35,7 @@ class WorkloadCheck:
         self.gpu_pods = gpu_pods
         self.labelled = [Informer(api, "/api/v1/nodes", label_selector=label, project=workloads.node_labels,
                                   resync=resync, name=f"nodes-{label.rsplit('.', 1)[-1]}")
-                         for label in (workloads.MODE_LABEL, workloads.QOS_LABEL)]
+                         for label in (contract.MODE_LABEL, contract.QOS_LABEL)]
         self.hami = Informer(api, "/api/v1/pods", label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
                              project=workloads.pod_ready, resync=resync, name="hami-scheduler")
 
@@ -79,4 +79,4 @@ class WorkloadCheck:
 
 
 def _deployed(spec: dict, key: str) -> bool:
-    return bool((spec.get(key) or {}).get("deploy", reconcile.DEFAULT_DEPLOY[key]))
+    return bool((spec.get(key) or {}).get("deploy", contract.DEFAULT_DEPLOY[key]))

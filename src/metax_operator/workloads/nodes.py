@@ -23,12 +23,13 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.runtime import reconcile
-from metax_operator import workloads
+from metax_operator import contract, workloads
 from metax_operator.errors import UserError
 from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.rollout.observe import DRIVER_DAEMONSET, REVISION_LABEL
+from metax_operator.contract import COMPONENT_LABEL
+from metax_operator.lookup import lookup
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
 POD_SELECTOR = f"{COMPONENT_LABEL} in (driver,maca)"
 REVISION_SELECTOR = f"{COMPONENT_LABEL}=driver"
 DEFAULT_NAMESPACE = "metax-operator"
@@ -62,7 +63,7 @@ def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict |
              if any(o.get("kind") == "DaemonSet" and o.get("name") == DRIVER_DAEMONSET
                     for o in r["metadata"].get("ownerReferences") or [])]
     newest = max(owned, key=lambda r: int(r.get("revision") or 0), default=None)
-    current = ((newest or {}).get("metadata", {}).get("labels") or {}).get(REVISION_LABEL, "")
+    current = lookup(newest, "metadata", "labels", REVISION_LABEL) or ""
     by_node: dict[tuple[str, str], dict] = {}
     for pod in pods:
         if pod["metadata"].get("deletionTimestamp"):
@@ -72,7 +73,7 @@ def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict |
     rows = [_row(node, by_node.get(("driver", node["metadata"]["name"])),
                  by_node.get(("maca", node["metadata"]["name"])), current)
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"])]
-    condition = next((c for c in ((cr or {}).get("status") or {}).get("conditions") or []
+    condition = next((c for c in lookup(cr, "status", "conditions") or []
                       if c.get("type") == reconcile.WORKLOADS_VALID), None)
     problems = condition["message"].splitlines() if condition and condition.get("status") == "False" else []
     return View(rows, current, problems)
@@ -82,18 +83,18 @@ def _row(node: dict, driver: dict | None, maca: dict | None, current: str) -> No
     meta = node["metadata"]
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    revision = ((driver or {}).get("metadata", {}).get("labels") or {}).get(REVISION_LABEL, "")
-    bound, failed = workloads.vfio_gpus(annotations.get(workloads.VFIO_ANNOTATION))
-    mode = labels.get(workloads.MODE_LABEL, workloads.DEFAULT_MODE)
+    revision = lookup(driver, "metadata", "labels", REVISION_LABEL) or ""
+    bound, failed = workloads.vfio_gpus(annotations.get(contract.VFIO_ANNOTATION))
+    mode = labels.get(contract.MODE_LABEL, workloads.DEFAULT_MODE)
     return NodeRow(
         name=meta["name"], mode=mode,
-        qos_policy=labels.get(workloads.QOS_LABEL, workloads.DEFAULT_QOS if mode == "sgpu" else ""),
+        qos_policy=labels.get(contract.QOS_LABEL, workloads.DEFAULT_QOS if mode == "sgpu" else ""),
         allocatable={r: allocatable.get(r, "0") for r in workloads.GPU_RESOURCES},
-        vfnum=labels.get(workloads.GPU_VFNUM_LABEL, ""),
+        vfnum=labels.get(contract.GPU_VFNUM_LABEL, ""),
         driver_revision=revision, driver_current=(revision == current) if driver else None,
         maca_versions=workloads.deployed_maca_versions(
-            c.get("image", "") for c in ((maca or {}).get("spec") or {}).get("initContainers") or []
-            if c.get("name", "").startswith("payload-")),
+            c.get("image", "") for c in lookup(maca, "spec", "initContainers") or []
+            if c.get("name", "").startswith(contract.MACA_PAYLOAD_PREFIX)),
         maca_ready=workloads.pod_ready(maca) if maca else None,
         vfio_bound=bound, vfio_failed=failed)
 
@@ -110,7 +111,7 @@ def render(view: View, output: str = "table") -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if not view.nodes:
-        lines.append(f"(no node is labelled {workloads.GPU_NODE_LABEL}=true)")
+        lines.append(f"(no node is labelled {contract.GPU_NODE_LABEL}=true)")
     lines.append(f"current driver revision: {view.current_driver_revision or '(no driver ControllerRevision)'}")
     if view.problems:
         lines.append(f"problems the runner reports ({reconcile.WORKLOADS_VALID}=False):")
@@ -136,10 +137,10 @@ def _maca(row: NodeRow) -> str:
 
 def read(api: Client, namespace: str) -> View:
     """The four requests, then `build`."""
-    nodes = api.list("v1", "Node", label_selector=f"{workloads.GPU_NODE_LABEL}=true")
+    nodes = api.list("v1", "Node", label_selector=f"{contract.GPU_NODE_LABEL}=true")
     pods = api.list("v1", "Pod", namespace, label_selector=POD_SELECTOR)
     revisions = api.list("apps/v1", "ControllerRevision", namespace, label_selector=REVISION_SELECTOR)
-    cr = api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+    cr = api.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
     return build(nodes, pods, revisions, cr)
 
 

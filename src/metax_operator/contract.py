@@ -1,0 +1,139 @@
+"""The names the chart, the hooks, the runner and the components agree on: each written once.
+
+Python modules import them from here; the chart's templates get them from the generated
+templates/_contract.tpl (`python -m metax_operator.chart.generate`, checked for staleness by
+tests/chart/test_schema.py). Defaults the chart states in values.yaml (`Component.deploy`) are
+checked against values.yaml by tests/test_contract.py.
+
+Plain constants and namedtuples only: the post-renderer imports this inside every `helm
+template`, where importing dataclasses would cost more than the work.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+# -- the components ------------------------------------------------------------------------------
+
+#: A component of the stack. `key`: its values key, its key under the CR's `spec`, and the value
+#: of its pods' `app.kubernetes.io/component` label; `daemonset`: its DaemonSet (and
+#: ServiceAccount) name; `prerequisites`: the values keys that must be deployed (and Ready on the
+#: node) before it (seed §3.2.3); `deploy`: its values.yaml default.
+Component = namedtuple("Component", "key daemonset prerequisites deploy")
+
+#: In install order.
+COMPONENTS: dict[str, Component] = {c.key: c for c in (
+    Component("gpuLabel", "metax-gpu-label", (), True),
+    Component("runtime", "metax-container-runtime", ("gpuLabel",), True),
+    Component("driver", "metax-driver", ("gpuLabel", "runtime"), True),
+    Component("maca", "metax-maca", ("gpuLabel", "runtime"), True),
+    Component("gpuDevice", "metax-gpu-device", ("gpuLabel", "runtime", "maca"), True),
+    Component("exporter", "metax-data-exporter", ("gpuLabel", "driver"), False),
+    Component("vfioManager", "metax-vfio-manager", ("gpuLabel",), True),
+)}
+#: values key -> DaemonSet name, in install order.
+DAEMONSETS: dict[str, str] = {key: c.daemonset for key, c in COMPONENTS.items()}
+#: values key -> the values keys it needs first, for the components that have prerequisites.
+PREREQUISITES: dict[str, tuple[str, ...]] = {key: c.prerequisites for key, c in COMPONENTS.items() if c.prerequisites}
+#: `deploy` of each component when the values or the CR leave it out.
+DEFAULT_DEPLOY: dict[str, bool] = {key: c.deploy for key, c in COMPONENTS.items()}
+#: The exporter's Service has its DaemonSet's name.
+EXPORTER_SERVICE = DAEMONSETS["exporter"]
+#: The components whose pods patch their own node (labels, annotations; templates/node-write-policy.yaml).
+NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
+
+#: The init containers that copy the payloads into the pods: the driver's one `payload`, MXMACA's
+#: `payload-0`, `payload-1`, ... one per image of `maca.payload.images`, in its order.
+DRIVER_PAYLOAD_CONTAINER = "payload"
+MACA_PAYLOAD_PREFIX = "payload-"
+
+# -- the ClusterOperator custom resource -----------------------------------------------------------
+
+CR_GROUP = "gpu.metax-tech.com"
+CR_VERSION = "v1"
+CR_API_VERSION = f"{CR_GROUP}/{CR_VERSION}"
+CR_KIND = "ClusterOperator"
+CR_PLURAL = "clusteroperators"
+CR_SHORT_NAMES = ("mxco",)
+#: The one ClusterOperator there is.
+CR_NAME = "cluster-operator"
+CRD_NAME = f"{CR_PLURAL}.{CR_GROUP}"
+#: The CRD's file in the chart (crds/), also the key of the hook ConfigMap holding it.
+CRD_FILE_NAME = f"{CRD_NAME}.yaml"
+
+# -- labels and annotations ---------------------------------------------------------------------
+
+#: Pod label: the component's values key (also the selector of the runner and `wait-for`).
+COMPONENT_LABEL = "app.kubernetes.io/component"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+PART_OF = "metax-operator"
+
+#: On each component DaemonSet, for the post-renderer and the runner (chart/merge.py): its values
+#: key, the scheduling fields the chart renders before any merge, the merge's inputs.
+COMPONENT_ANNOTATION = "gpu.metax-tech.com/component"
+SCHEDULING_BASE_ANNOTATION = "gpu.metax-tech.com/scheduling-base"
+SCHEDULING_INPUTS_ANNOTATION = "gpu.metax-tech.com/scheduling-inputs"
+#: On each hook object: the hook's name.
+HOOK_LABEL = "gpu.metax-tech.com/hook"
+#: On the CR: the spec the last bootstrap applied, and (written by chart versions before the
+#: three-way merge) the two rollout controls it set.
+BOOTSTRAP_APPLIED_ANNOTATION = "gpu.metax-tech.com/bootstrap-applied"
+BOOTSTRAP_CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
+#: On each admin-editable ConfigMap: the CR value (JSON, by key) the runner last wrote there.
+CR_APPLIED_ANNOTATION = "gpu.metax-tech.com/cr-applied"
+
+#: gpu-label's labels on GPU nodes (`gpu.installed` marks them; the others describe the GPUs and
+#: are what jobs select on, e.g. `nodeSelector: {metax-tech.com/gpu.product: C500}`).
+GPU_NODE_LABEL = "metax-tech.com/gpu.installed"
+GPU_PRODUCT_LABEL = "metax-tech.com/gpu.product"
+GPU_VFNUM_LABEL = "metax-tech.com/gpu.vfnum"
+#: The admin's labels that switch gpu-device per node (never removed by the operator).
+MODE_LABEL = "metax-tech.com/gpu-device.mode"
+QOS_LABEL = "metax-tech.com/gpu-device.qos-policy"
+#: On a node: the runner cordoned it for a driver swap and will uncordon it.
+CORDONED_LABEL = "metax-tech.com/driver-upgrade.cordoned"
+#: On a node, set by an admin: the rollout never replaces this node's driver.
+SKIP_LABEL = "metax-tech.com/driver-upgrade.skip"
+#: vfio-manager's node annotation: `{"GPU index": 1 bound | 0 failed}`.
+VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
+
+# -- extended resources -----------------------------------------------------------------------
+
+#: Extended resources gpu-device advertises: whole GPUs (or VFs), sGPUs in sGPU mode, and GPUs
+#: bound to vfio-pci for virtual machines. GPU nodes also carry a taint with the GPU resource's key.
+RESOURCE_PREFIX = "metax-tech.com/"
+GPU_RESOURCE = f"{RESOURCE_PREFIX}gpu"
+SGPU_RESOURCE = f"{RESOURCE_PREFIX}sgpu"
+VFIO_RESOURCE = f"{RESOURCE_PREFIX}vfio-gpu"
+#: HAMi's resources that size an sGPU: percent of the GPU's compute, GiB of device memory.
+HAMI_RESOURCES = (f"{RESOURCE_PREFIX}vcore", f"{RESOURCE_PREFIX}vmemory")
+GPU_TAINT = GPU_RESOURCE
+
+# -- the ConfigMaps admins edit in place (seed §3.2.6-3.2.7) ---------------------------------------
+
+DRIVER_CONFIG = "driver-config"
+VFIO_CONFIG = "metax-vfio-config"
+#: A key of one of them: the ConfigMap, the key, the component that reads it, the CR field
+#: (path under `spec`) the chart writes there, the mapping key the chart wraps the field's value
+#: in (None: the value itself) and the type of an unset field's value (its empty value).
+ConfigMapKey = namedtuple("ConfigMapKey", "configmap key component field wrap empty")
+NODE_VFNUMS = ConfigMapKey(DRIVER_CONFIG, "node-vfnums", "driver", ("driver", "config", "nodeVfnums"), "nodes", dict)
+MODULE_PARAMS = ConfigMapKey(DRIVER_CONFIG, "module-params", "driver", ("driver", "config", "moduleParams"), None, dict)
+NODE_MODULE_PARAMS = ConfigMapKey(DRIVER_CONFIG, "node-module-params", "driver",
+                                  ("driver", "config", "nodeModuleParams"), None, dict)
+VFIO_CONFIG_KEY = ConfigMapKey(VFIO_CONFIG, "config", "vfioManager", ("vfioManager", "vfioConfig"), None, list)
+CONFIGMAP_KEYS = (NODE_VFNUMS, MODULE_PARAMS, NODE_MODULE_PARAMS, VFIO_CONFIG_KEY)
+CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
+
+# -- who writes -----------------------------------------------------------------------------------
+
+#: Server-side apply field managers.
+RUNNER_FIELD_MANAGER = "metax-operator-runner"
+BOOTSTRAP_FIELD_MANAGER = "metax-operator-bootstrap"
+UPGRADE_CRDS_FIELD_MANAGER = "metax-operator-upgrade-crds"
+
+#: Where the hook Jobs mount the release's values and the CRD (`/etc/metax-operator/<volume>`).
+HOOK_MOUNT_ROOT = "/etc/metax-operator"
+#: The key of the hook values ConfigMap holding the release's values (JSON).
+HOOK_VALUES_KEY = "values.json"
+HOOK_VALUES_FILE = f"{HOOK_MOUNT_ROOT}/values/{HOOK_VALUES_KEY}"
+HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"

@@ -1,0 +1,120 @@
+"""The package's import graph has no cycle: a module that imports another, directly or through
+others, is never imported back by it, not even from inside a function."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "metax_operator"
+ROOT = "metax_operator"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules `path` imports anywhere in it (top level or inside functions)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {m for m in found if m in modules and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports(p, modules) for p in paths}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component that has one (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for child in sorted(edges.get(node, ())):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(_path(edges, set(component), node))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path(edges: dict[str, set[str]], component: set[str], start: str) -> list[str]:
+    """A cycle from `start` back to it inside `component` (breadth-first: the shortest)."""
+    previous: dict[str, str] = {}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(edges[node] & component):
+            if child == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                return [*reversed(path), start]
+            if child not in previous:
+                previous[child] = node
+                queue.append(child)
+    raise AssertionError(f"no cycle through {start}")
+
+
+def test_the_package_has_no_import_cycle():
+    found = cycles(graph())
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_a_cycle_is_found_and_named():
+    """The check above can fail: two modules importing each other, a third in a longer loop."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(edges) == [["a", "b", "c", "a"]]
+    assert cycles({"x": {"y"}, "y": {"x"}}) == [["x", "y", "x"]]
+
+
+def test_function_level_and_relative_imports_count(tmp_path):
+    package = tmp_path / ROOT
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "one.py").write_text("def f():\n    from metax_operator.sub import two\n")
+    (package / "sub" / "two.py").write_text("from . import one\n")
+    modules = {"metax_operator", "metax_operator.sub", "metax_operator.sub.one", "metax_operator.sub.two"}
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, package
+    try:
+        assert imports(package / "sub" / "one.py", modules) == {"metax_operator.sub", "metax_operator.sub.two"}
+        assert imports(package / "sub" / "two.py", modules) == {"metax_operator.sub", "metax_operator.sub.one"}
+    finally:
+        PACKAGE = saved
