@@ -10,7 +10,7 @@ import pytest
 
 from metax_operator.runtime import kube
 from metax_operator.runtime.informer import Informer
-from tests.controlplane import wait_for as eventually
+from tests.waiting import eventually
 from tests.fakeapi import FakeApi
 
 PODS = "/api/v1/namespaces/ns/pods"
