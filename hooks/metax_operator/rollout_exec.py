@@ -1,7 +1,7 @@
 """The staged driver rollout's imperative shell: one step of every runner pass.
 
-Each pass: read the CR and the driver DaemonSet (two GETs), snapshot the watch caches
-(`rollout_observe`), let the engine
+Each pass: read the CR and the driver DaemonSet (from the runner's `object_cache`), snapshot the
+watch caches (`rollout_observe`), let the engine
 decide (`rollout.decide`), write the intended `status.upgradeStatus` (a PUT of the status
 subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
 the pass stops without acting; the next pass decides again), then act:
@@ -53,8 +53,9 @@ class RolloutExecutor:
 
     def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
                  clock: Callable[[], float] = time.time, watches: Watches | None = None,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, reader=None):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
+        self.reader = reader or api  # where the CR and the DaemonSet are read (`object_cache`), else live
         self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
 
@@ -85,8 +86,7 @@ class RolloutExecutor:
                   msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} "
                       "has not listed yet")
             return 0
-        self.requests += 1
-        ds = self.api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return 0
@@ -111,8 +111,7 @@ class RolloutExecutor:
     # -- the status write -----------------------------------------------------------------------
 
     def _get_cr(self) -> dict | None:
-        self.requests += 1
-        return self.api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+        return self.reader.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
 
     def _write_status(self, cr: dict, status: dict) -> bool:
         """PUT the status subresource with the resourceVersion read; False on a conflict."""

@@ -19,9 +19,9 @@ Five caches, started once and kept across passes:
 With `upgradePolicy.waitForCompletion.podSelector` set, a sixth cache follows the running pods
 that match it (their nodes only); it is replaced when the selector changes.
 
-The DaemonSet itself is read live each pass (one GET, `rollout_exec`): the runner's reconcile may
-have changed its template a moment before in the same pass, and a cache could still show the
-template before that change.
+The DaemonSet itself and the CR come from the runner's `object_cache`, which returns the
+runner's own write until its watch has delivered it: the reconcile may have changed the
+template a moment before in the same pass.
 
 `Watches.observe(ds, cr, status)` turns a snapshot of them into `rollout.Observed`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
