@@ -105,6 +105,11 @@ class Informer:
         with self._lock:
             return dict(self._store)
 
+    def get(self, key: str) -> Any:
+        """What the store holds under `key` (`namespace/name`, or `name`), or None."""
+        with self._lock:
+            return self._store.get(key)
+
     def has_seen(self, resource_version: str) -> bool:
         """Whether the store holds every change up to `resource_version` (of this kind: an
         object's, e.g. what a write returned), by its last LIST, event or bookmark. Resource

@@ -137,7 +137,7 @@ class ObjectCache:
             with self._lock:
                 if self._written.get(written_key) is written:
                     del self._written[written_key]
-        return copy.deepcopy(informer.snapshot().get(key))
+        return copy.deepcopy(informer.get(key))
 
     def _wrote(self, obj: dict) -> None:
         """`Client.on_written`: keep what the runner wrote, if it is an object these caches hold."""

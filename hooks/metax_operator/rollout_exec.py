@@ -220,7 +220,7 @@ class RolloutExecutor:
         self._check()
 
         def delete(pod: rollout.PodRef) -> tuple[str, str]:
-            found = cordon.cordon(self.api, pod.node) if cordon_first else ""
+            found = cordon.cordon(self.api, pod.node, self.watches.nodes) if cordon_first else ""
             if found == cordon.NOT_NOW:
                 return found, ""
             try:
@@ -234,7 +234,7 @@ class RolloutExecutor:
         outcomes = self._parallel(delete, pods)
         cordons = [c for c, _ in outcomes]
         deletes = sum(1 for _, d in outcomes if d)
-        self.requests += deletes + len(pods) * cordon_first + cordons.count(cordon.CORDONED)
+        self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
         event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
               cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
@@ -245,8 +245,9 @@ class RolloutExecutor:
         if not cordons and not drains:
             return 0
         self._check()
-        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node), cordons), strict=True))
-        self.requests += len(cordons) + list(found.values()).count(cordon.CORDONED)
+        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes),
+                                                 cordons), strict=True))
+        self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
         ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
         pods = self.watches.gpu_pods_on(ready)
         outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)

@@ -14,8 +14,10 @@ chart's runner ServiceAccount. Printed side by side:
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from metax_operator import reconcile
@@ -59,54 +61,62 @@ def cache_bytes(runner: Runner) -> int:
     return sum(informer.stats.bytes for informer in runner.caches())
 
 
-def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp:
+@contextlib.contextmanager
+def installed_chart(prefix: str) -> Iterator[tuple[ControlPlane, object, Path, Path]]:
+    """A control plane with 10 kwok GPU nodes, the chart installed in `NS` (Helm 3, no hooks) and
+    the CR bootstrapped: yields (cp, admin api, tmp, the runner ServiceAccount's kubeconfig)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         cp = ControlPlane.start(Path(tmp) / "cp", gpu_nodes=10, plain_nodes=0)
         try:
             admin = cp.api()
             install_chart(cp, admin, Path(tmp), RELEASE, NS, {"registry": "registry.example",
                                                               "driver": {"payload": {"version": "1"}}})
             bootstrap(cp, Path(tmp), RELEASE, release_values(cp, RELEASE, NS))
-            api = Client.connect(str(service_account_kubeconfig(cp, Path(tmp), "metax-operator-runner", NS)))
-            traffic = Traffic(api.api_client)
-            runner = Runner(api, NS, lambda: True)
-            deadline = time.monotonic() + 120
-            while runner.run_pass():  # until a pass writes nothing
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the runner did not converge in 120 s")
-            runner.run_pass()
-
-            mark = traffic.mark()
-            reconcile.observe(api, NS)
-            api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
-            api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, NS)
-            live_requests, live_bytes = traffic.since(mark)
-
-            mark, cpu = traffic.mark(), time.process_time()
-            for _ in range(STEADY_PASSES):
-                writes = runner.run_pass()
-                assert writes == 0, f"a pass over an unchanged cluster wrote {writes} times"
-            cpu = (time.process_time() - cpu) / STEADY_PASSES
-            requests, received = traffic.since(mark)
-            # What the watches cost with no pass at all: their bookmarks, and reopening a watch
-            # the server closed (every 5 to 10 minutes).
-            mark, watched = traffic.mark(), cache_bytes(runner)
-            time.sleep(IDLE)
-            idle_requests, _ = traffic.since(mark)
-            watched = cache_bytes(runner) - watched
-            print(f"one runner pass over an unchanged cluster (chart installed, {len(runner.caches())} watch caches, "
-                  f"counted at the client as the runner's ServiceAccount):")
-            print(f"  before (the CR, DaemonSets, ConfigMaps, Service read live): {live_requests} requests, "
-                  f"{live_bytes:,} bytes per pass")
-            print(f"  after (read from the caches), mean of {STEADY_PASSES} passes: "
-                  f"{requests / STEADY_PASSES:g} requests, {received / STEADY_PASSES:g} bytes per pass; "
-                  f"{cpu * 1000:.1f} ms CPU per pass (target: 0 requests)")
-            print(f"  the watch caches, whatever the number of passes: {watched * 60 / IDLE:,.0f} bytes and "
-                  f"{idle_requests * 60 / IDLE:g} requests per minute (measured over {IDLE:g} s idle)", flush=True)
-            for cache in (runner.objects, runner.watches, runner.workloads):
-                cache.stop()
+            yield cp, admin, Path(tmp), service_account_kubeconfig(cp, Path(tmp), "metax-operator-runner", NS)
         finally:
             cp.stop()
+
+
+def main() -> None:
+    with installed_chart("bench-steady-") as (_cp, _admin, _tmp, kubeconfig):
+        api = Client.connect(str(kubeconfig))
+        traffic = Traffic(api.api_client)
+        runner = Runner(api, NS, lambda: True)
+        deadline = time.monotonic() + 120
+        while runner.run_pass():  # until a pass writes nothing
+            if time.monotonic() > deadline:
+                raise TimeoutError("the runner did not converge in 120 s")
+        runner.run_pass()
+
+        mark = traffic.mark()
+        reconcile.observe(api, NS)
+        api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+        api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, NS)
+        live_requests, live_bytes = traffic.since(mark)
+
+        mark, cpu = traffic.mark(), time.process_time()
+        for _ in range(STEADY_PASSES):
+            writes = runner.run_pass()
+            assert writes == 0, f"a pass over an unchanged cluster wrote {writes} times"
+        cpu = (time.process_time() - cpu) / STEADY_PASSES
+        requests, received = traffic.since(mark)
+        # What the watches cost with no pass at all: their bookmarks, and reopening a watch
+        # the server closed (every 5 to 10 minutes).
+        mark, watched = traffic.mark(), cache_bytes(runner)
+        time.sleep(IDLE)
+        idle_requests, _ = traffic.since(mark)
+        watched = cache_bytes(runner) - watched
+        print(f"one runner pass over an unchanged cluster (chart installed, {len(runner.caches())} watch caches, "
+              f"counted at the client as the runner's ServiceAccount):")
+        print(f"  before (the CR, DaemonSets, ConfigMaps, Service read live): {live_requests} requests, "
+              f"{live_bytes:,} bytes per pass")
+        print(f"  after (read from the caches), mean of {STEADY_PASSES} passes: "
+              f"{requests / STEADY_PASSES:g} requests, {received / STEADY_PASSES:g} bytes per pass; "
+              f"{cpu * 1000:.1f} ms CPU per pass (target: 0 requests)")
+        print(f"  the watch caches, whatever the number of passes: {watched * 60 / IDLE:,.0f} bytes and "
+              f"{idle_requests * 60 / IDLE:g} requests per minute (measured over {IDLE:g} s idle)", flush=True)
+        for cache in (runner.objects, runner.watches, runner.workloads):
+            cache.stop()
 
 
 if __name__ == "__main__":
