@@ -68,8 +68,8 @@ Takes (dict "root" $ "registry" OWN_REGISTRY). */}}
 {{- end }}
 
 {{/* An image reference `<registry>/<name>:<tag>[@<digest>]`, the tag defaulting to the
-appVersion; with a digest the runtime pulls by digest (the format of hooks/metax_operator/images.py,
-which the runner uses for the payloads; tests/test_images.py checks they agree).
+appVersion; with a digest the runtime pulls by digest (the format of src/metax_operator/chart/images.py,
+which the runner uses for the payloads; tests/chart/test_images.py checks they agree).
 Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- define "metax-operator.image" -}}
 {{- printf "%s/%s:%s" (include "metax-operator.registry" (dict "root" .root "registry" .image.registry)) .image.name (.image.tag | default .root.Chart.AppVersion | toString) -}}

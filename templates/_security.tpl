@@ -35,7 +35,7 @@ renews it; the kubernetes Python client rereads it. */}}
 {{- end }}
 
 {{/* The Checkov checks each object cannot pass, and why: the one table behind every
-`checkov.io/skipN` annotation and docs/security.md (tests/test_checkov.py checks they agree).
+`checkov.io/skipN` annotation and docs/security.md (tests/templates/test_checkov.py checks they agree).
 `pods` applies to every object that runs pods, the other keys to one object each (the component
 values key, or `runner`, `hooks`, `tests`, `runnerEvents`). An entry with `when` is skipped only
 while that condition holds (see `checkov.skips`); the others always. A reason may not contain `=`

@@ -1,7 +1,7 @@
 {{/*
 metax-operator.validate: the cross-field rules values.schema.json cannot express (docs/validation.md).
 Renders nothing; fails the render with one line per problem: `<field>: <problem>; <fix>`.
-The same rules, with the same sentences, are hooks/metax_operator/validation.py (and, for the
+The same rules, with the same sentences, are src/metax_operator/chart/validation.py (and, for the
 upgrade policy, policy.py); tests/data/bad_values.yaml runs every case through both, under
 Helm 3 and Helm 4.
 */}}
@@ -103,7 +103,7 @@ Helm 3 and Helm 4.
 {{- end -}}
 
 {{- /* Image repositories (registry/name): the schema checks each part, not their length together
-(hooks/metax_operator/images.py). */ -}}
+(src/metax_operator/chart/images.py). */ -}}
 {{- $sites := list (list "tools.image" $v.tools.image) (list "driver.payload" $v.driver.payload) -}}
 {{- range $component := include "metax-operator.components" . | fromJsonArray -}}
   {{- $sites = append $sites (list (printf "%s.image" (index $component 0)) (get $v (index $component 0)).image) -}}

@@ -1,5 +1,5 @@
 """The tools image built by `scripts/image` (`make image`): reproducible, small, the config of
-hooks/Dockerfile, and running under runc exactly as the chart's pods run it."""
+image/Dockerfile, and running under runc exactly as the chart's pods run it."""
 from __future__ import annotations
 
 import calendar
@@ -78,7 +78,7 @@ def run_image(bundle, preflight, args, **kwargs):
 
 
 def dockerfile_final_stage() -> tuple[DockerfileParser, list[dict]]:
-    parser = DockerfileParser(path=str(REPO / "hooks/Dockerfile"))
+    parser = DockerfileParser(path=str(REPO / "image/Dockerfile"))
     stages = [i for i, instruction in enumerate(parser.structure) if instruction["instruction"] == "FROM"]
     return parser, parser.structure[stages[-1]:]
 
@@ -167,7 +167,7 @@ def test_image_is_small_with_no_package_manager_caches_docs_or_compilers(image, 
     assert sum(sizes) < MAX_COMPRESSED_MB
 
 
-# --- one config: hooks/Dockerfile, the image, the chart -----------------------------------------
+# --- one config: image/Dockerfile, the image, the chart -----------------------------------------
 
 def test_config_is_the_dockerfiles_final_stage(image):
     parser, final = dockerfile_final_stage()
@@ -185,18 +185,18 @@ def test_config_is_the_dockerfiles_final_stage(image):
 
 
 def test_dockerfile_installs_the_same_wheels_and_account(image):
-    """Both recipes install the package and exactly the wheels of hooks/image/pylock.toml, checked
-    by hash, and the account of hooks/image/add-user."""
+    """Both recipes install the package and exactly the wheels of image/pylock.toml, checked
+    by hash, and the account of image/add-user."""
     parser, final = dockerfile_final_stage()
-    text = (REPO / "hooks/Dockerfile").read_text()
-    assert "python hooks/image/lock.py > /tmp/requirements.txt" in text
+    text = (REPO / "image/Dockerfile").read_text()
+    assert "python image/lock.py > /tmp/requirements.txt" in text
     assert "pip download --no-deps --require-hashes --dest /wheels --requirement /tmp/requirements.txt" in text
     assert "pip wheel --no-deps --wheel-dir /wheels ." in text
     run = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
     assert "pip install --no-index --no-deps /wheels/*.whl" in run and "sh /add-user" in run
-    assert "source=hooks/image/add-user" in run
+    assert "source=image/add-user" in run
 
-    lock = tomllib.loads((REPO / "hooks/image/pylock.toml").read_text())
+    lock = tomllib.loads((REPO / "image/pylock.toml").read_text())
     locked = {(p["name"].replace("-", "_").replace(".", "_").lower(), p["version"]) for p in lock["packages"]
               if p["name"] != "metax-operator"}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -210,7 +210,7 @@ def test_dockerfile_installs_the_same_wheels_and_account(image):
 
 def test_docker_build_context_holds_what_the_dockerfile_uses():
     """.dockerignore keeps .venv and the rest out of `docker build .`, but not what is copied."""
-    parser = DockerfileParser(path=str(REPO / "hooks/Dockerfile"))
+    parser = DockerfileParser(path=str(REPO / "image/Dockerfile"))
     used = set()
     for instruction in parser.structure:
         if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
@@ -221,12 +221,12 @@ def test_docker_build_context_holds_what_the_dockerfile_uses():
 
 
 def test_lock_pins_what_pyproject_pins():
-    lock = {p["name"]: p.get("version") for p in tomllib.loads((REPO / "hooks/image/pylock.toml").read_text())["packages"]}
+    lock = {p["name"]: p.get("version") for p in tomllib.loads((REPO / "image/pylock.toml").read_text())["packages"]}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     for dependency in project["dependencies"]:
         name, version = dependency.split("==")
         assert lock.get(name.lower().replace(".", "-")) == version, \
-            f"{dependency} is not what hooks/image/pylock.toml holds: run 'scripts/image lock'"
+            f"{dependency} is not what image/pylock.toml holds: run 'scripts/image lock'"
 
 
 def test_chart_runs_the_image_as_its_config_says(image, pods):

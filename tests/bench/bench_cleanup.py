@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from metax_operator import kube
+from metax_operator.runtime import kube
 from metax_operator.hooks import cleanup
 from tests.controlplane import GPU_LABEL, ControlPlane, ControlPlaneError
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from metax_operator import policy as policy_mod
-from metax_operator.simulate import simulate
+from metax_operator.rollout import policy as policy_mod
+from metax_operator.rollout.simulate import simulate
 from tests.bench.bench_rollout_cluster import (INTERVAL, NS, POLICY, READY_LATENCY, cluster_session, passes,
                                                start_runner)
 from tests.controlplane import free_port, stop_pid

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from kubernetes import client, watch
 
-from metax_operator import policy as policy_mod
-from metax_operator.simulate import simulate
+from metax_operator.rollout import policy as policy_mod
+from metax_operator.rollout.simulate import simulate
 from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, start_runner
 from tests.controlplane import stop_pid
 from tests.e2e.tools import CR

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import yaml
 
-from metax_operator.merge import (ANNOTATION_COMPONENT, ANNOTATION_INPUTS, COMPONENTS, MANAGED_FIELDS,
+from metax_operator.chart.merge import (ANNOTATION_COMPONENT, ANNOTATION_INPUTS, COMPONENTS, MANAGED_FIELDS,
                                   inputs_from_annotations, merge_scheduling)
-from tests.test_postrender import (CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES,
+from tests.chart.test_postrender import (CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES,
                                    helm_env)
 
 KUBECTL = HELM3.parent / "kubectl"

@@ -17,9 +17,9 @@ import statistics
 import time
 import tracemalloc
 
-from metax_operator import rollout as R
-from metax_operator.policy import validate
-from metax_operator.simulate import NEW, Config, Simulation
+from metax_operator.rollout import engine as R
+from metax_operator.rollout.policy import validate
+from metax_operator.rollout.simulate import NEW, Config, Simulation
 
 NODES = 10_000
 LATENCY = 60.0

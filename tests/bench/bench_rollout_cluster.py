@@ -22,8 +22,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from metax_operator import policy as policy_mod
-from metax_operator.simulate import simulate
+from metax_operator.rollout import policy as policy_mod
+from metax_operator.rollout.simulate import simulate
 from tests.controlplane import GPU_LABEL, ControlPlane, stop_pid
 from tests.e2e.tools import log_entries
 

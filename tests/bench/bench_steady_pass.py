@@ -20,10 +20,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from metax_operator import reconcile
-from metax_operator.kube import Client
-from metax_operator.rollout_observe import DRIVER_DAEMONSET
-from metax_operator.runner import Runner
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.kube import Client
+from metax_operator.rollout.observe import DRIVER_DAEMONSET
+from metax_operator.runtime.run import Runner
 from tests.controlplane import ControlPlane
 from tests.e2e.tools import bootstrap, install_chart, release_values, service_account_kubeconfig
 

@@ -308,9 +308,9 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
     (a 409) made the pass re-read the CR and stamp the NEW generation as observed, with conditions
     planned from the OLD spec, here SpecValid=True for a spec the runner refuses. The race is
     driven, not timed: the runner's own client makes the edit right before its status write."""
-    from metax_operator import reconcile
-    from metax_operator.kube import Client
-    from metax_operator.runner import utc_now
+    from metax_operator.runtime import reconcile
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.run import utc_now
 
     runner_api = Client.connect(str(installed))  # the runner's ServiceAccount, in process
     bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(", "gpus": "0"}]}}  # the CRD accepts it
@@ -370,8 +370,8 @@ def test_a_steady_pass_sends_no_request(api, installed):
     reconcile and the rollout step both, reads the CR, the DaemonSets, the ConfigMaps and the
     Service from its caches: not one request. The runner's own ServiceAccount, so the chart's
     RBAC allows the watches."""
-    from metax_operator.kube import Client
-    from metax_operator.runner import Runner
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.run import Runner
 
     runner_api = Client.connect(str(installed))
     runner = Runner(runner_api, NS, lambda: True)
@@ -390,9 +390,9 @@ def test_a_steady_pass_sends_no_request(api, installed):
 def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, installed):
     """Read-your-writes: right after the runner's client writes an object the runner caches, a
     read through the cache returns that write (or a newer object), never the one before it."""
-    from metax_operator.informer import compare_versions
-    from metax_operator.kube import Client
-    from metax_operator.object_cache import ObjectCache
+    from metax_operator.runtime.informer import compare_versions
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.object_cache import ObjectCache
 
     runner_api = Client.connect(str(installed))
     cache = ObjectCache(runner_api, NS).start()
@@ -414,8 +414,8 @@ def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, ins
 def test_a_cache_that_cannot_list_is_never_read_as_absent(installed):
     """The runner's Role covers its release namespace only: caches of another namespace fail
     to list, and a read of them is an error, not "no such ConfigMap"."""
-    from metax_operator.kube import Client
-    from metax_operator.object_cache import NotReady, ObjectCache
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.object_cache import NotReady, ObjectCache
 
     cache = ObjectCache(Client.connect(str(installed)), "default").start()
     try:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from kubernetes import client
-from metax_operator.kube import Backoff
+from metax_operator.runtime.kube import Backoff
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay

@@ -20,7 +20,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from metax_operator import cli, kube
+from metax_operator import cli
+from metax_operator.runtime import kube
 from metax_operator import workloads as wl
 from tests.e2e.test_runner import Runner
 from tests.e2e.tools import (CR, METAX, bootstrap, eventually, install_chart, kubectl, release_values,

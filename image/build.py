@@ -1,0 +1,351 @@
+"""`make image`: builds the tools image without Docker, reproducibly, as an OCI image layout.
+
+    build.py [build] [--output DIR] [--base cached|refresh|fresh]
+    build.py lock        rewrite image/pylock.toml from pyproject.toml
+
+Two layers. The base: Debian bookworm by image/mkbase (mmdebstrap), cached under
+$METAX_CACHE/image/base/<key> with its layer blob; the key hashes mkbase, the package list and
+the account script, so the cache holds what those inputs made from the mirror (`--base refresh`
+makes it anew to take Debian's updates). The
+package layer, /usr/local, is made anew by every build that is not cached: the package's wheel
+built from the source tree, the locked wheels (downloads checked by sha256, kept in
+$METAX_CACHE/image/wheels), installed for the base's python3 and compiled to hash-checked .pyc
+by that python3. The image config (user, entry point, command, working directory, environment,
+labels) comes from image/Dockerfile's final stage, so both recipes give the same config.
+
+Timestamps: the package layer and the config carry SOURCE_DATE_EPOCH (default: the time of the
+checked-out commit); the base layer the time of the last commit that changed the base's inputs.
+
+Prints `layout=DIR`, `reference=oci:DIR:TAG` and `digest=sha256:...` on stdout; the result is
+$METAX_CACHE/image/builds/<key>/{oci/,digest,contents.txt}, keyed by every input, with
+$METAX_CACHE/image/metax-operator-tools-<appVersion> linking to the latest. Needs root (chroot
+and a mount namespace) and, the first time, the Debian mirror and PyPI.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import oci
+from lock import LOCK, locked_wheels
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DOCKERFILE = REPO / "image/Dockerfile"
+SOURCES = REPO / "src/metax_operator"
+BASE_INPUTS = [HERE / "mkbase", HERE / "packages", HERE / "add-user"]
+NAME = "metax-operator-tools"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Debian's default
+INTERPRETER = "/usr/bin/python3"
+EMPTY_IN_IMAGE = frozenset({"dev", "proc", "sys", "run", "tmp"})  # the runtime mounts these
+KEEP_BUILDS = 3  # results kept in the cache (worktrees of one machine share it)
+KEEP_BASES = 2
+BUILD_TOOLS = ("setuptools", "installer", "dockerfile-parse")
+
+
+class BuildError(Exception):
+    """A failure the user can act on: printed as one line."""
+
+
+def step(message: str) -> None:
+    print(f"==> {message}", file=sys.stderr, flush=True)
+
+
+def run(args: list, log: Path | None = None, **kwargs) -> str:
+    """Runs a command; its output goes to log (if given) or is returned."""
+    try:
+        if log is None:
+            return subprocess.run(args, check=True, text=True, stdout=subprocess.PIPE, **kwargs).stdout
+        with open(log, "a") as out:
+            subprocess.run(args, check=True, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+        return ""
+    except FileNotFoundError:
+        raise BuildError(f"{args[0]} is not installed: run 'make setup'") from None
+    except subprocess.CalledProcessError as err:
+        where = f"see {log}" if log else "see its output above"
+        raise BuildError(f"{Path(str(args[0])).name} failed (exit {err.returncode}): {where}") from None
+
+
+def git_time(*paths: Path) -> int | None:
+    try:
+        out = run(["git", "-C", REPO, "log", "-1", "--format=%ct", "--", *paths], stderr=subprocess.DEVNULL)
+    except BuildError:
+        return None
+    return int(out) if out.strip() else None
+
+
+def source_date_epoch() -> int:
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        if not os.environ["SOURCE_DATE_EPOCH"].isdigit():
+            raise BuildError(f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} is not a number of seconds since 1970:"
+                             " set it to one, or unset it to take the commit's time")
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    epoch = git_time()
+    if epoch is None:
+        raise BuildError("no git history to take the build time from: set SOURCE_DATE_EPOCH (seconds since 1970)")
+    return epoch
+
+
+def hash_files(paths) -> str:
+    sha256 = hashlib.sha256()
+    for path in sorted(paths):
+        sha256.update(f"{path.relative_to(REPO)}\0".encode() + path.read_bytes() + b"\0")
+    return sha256.hexdigest()
+
+
+def source_files() -> list[Path]:
+    """The package's files a wheel can contain (not caches or build leftovers)."""
+    return [path for path in SOURCES.rglob("*") if path.is_file()
+            and "__pycache__" not in path.parts and path.suffix != ".pyc"]
+
+
+def app_version() -> str:
+    for line in (REPO / "Chart.yaml").read_text().splitlines():
+        if line.startswith("appVersion:"):
+            return line.split(":", 1)[1].strip().strip("\"'")
+    raise BuildError("Chart.yaml has no appVersion: the image tag comes from it")
+
+
+def image_config(epoch: int, base_epoch: int) -> dict:
+    """The image config from image/Dockerfile's final stage (exec-form ENTRYPOINT and CMD)."""
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(path=str(DOCKERFILE))
+    stages = [i for i, instruction in enumerate(parser.structure) if instruction["instruction"] == "FROM"]
+    facts = {}
+    for instruction in parser.structure[stages[-1]:]:
+        name, value = instruction["instruction"], instruction["value"]
+        if name in ("ENTRYPOINT", "CMD"):
+            try:
+                facts[name] = json.loads(value)
+            except json.JSONDecodeError:
+                raise BuildError(f"image/Dockerfile: {name} {value}: write it in exec form, {name} [\"...\"]") from None
+        elif name in ("USER", "WORKDIR"):
+            facts[name] = value
+    missing = {"USER", "WORKDIR", "ENTRYPOINT", "CMD"} - facts.keys()
+    if missing:
+        raise BuildError(f"image/Dockerfile's final stage has no {', '.join(sorted(missing))}: the image config comes from it")
+    return {
+        "created": oci.rfc3339(epoch), **oci.PLATFORM,
+        "config": {"User": facts["USER"], "WorkingDir": facts["WORKDIR"], "Entrypoint": facts["ENTRYPOINT"],
+                   "Cmd": facts["CMD"], "Env": [PATH_ENV] + [f"{k}={v}" for k, v in parser.envs.items()],
+                   "Labels": parser.labels},
+        "history": [
+            {"created": oci.rfc3339(base_epoch), "created_by": "image/mkbase: Debian bookworm"},
+            {"created": oci.rfc3339(epoch), "created_by": "image/build.py: metax-operator and image/pylock.toml"},
+        ],
+    }
+
+
+class Builder:
+    def __init__(self, cache: Path, work: Path):
+        self.cache, self.work = cache, work
+        self.epoch = source_date_epoch()
+        self.base_epoch = git_time(*BASE_INPUTS) or self.epoch
+        self.base_key = hashlib.sha256(f"{hash_files(BASE_INPUTS)} {self.base_epoch}".encode()).hexdigest()[:16]
+
+    def key(self, base_layer: dict) -> str:
+        """Every input of the image: a build with the same key gives the same digest."""
+        inputs = [*HERE.glob("*"), DOCKERFILE, REPO / "pyproject.toml", REPO / "Chart.yaml", *source_files()]
+        tools = " ".join(f"{tool}=={importlib.metadata.version(tool)}" for tool in BUILD_TOOLS)
+        files = [path for path in inputs if path.is_file() and path.suffix != ".pyc"]
+        return hashlib.sha256(f"{hash_files(files)} {tools} {self.epoch} {base_layer['digest']}".encode()).hexdigest()[:16]
+
+    def base(self, mode: str) -> tuple[Path, dict]:
+        """The base's directory (rootfs/ and packages.txt, made by mkbase once per key) and its
+        layer's descriptor, the blob cached beside it under layer-<key of the layer writer>/.
+        mode "cached" uses the cached one, "refresh" makes it anew, "fresh" makes one in the work
+        directory and leaves the cache alone."""
+        base = self.work / "base" if mode == "fresh" else self.cache / "base" / self.base_key
+        if mode != "cached" or not (base / "packages.txt").exists():
+            log = self.cache / f"base-{self.base_key}.log"
+            log.unlink(missing_ok=True)
+            step(f"Debian base by image/mkbase (1-2 minutes; log: {log})")
+            shutil.rmtree(base, ignore_errors=True)
+            base.mkdir(parents=True)
+            run([HERE / "mkbase", base / "rootfs"], log=log, env={**os.environ, "SOURCE_DATE_EPOCH": str(self.base_epoch)})
+            (base / "packages.txt").write_text(run(["chroot", base / "rootfs", "dpkg-query", "--show"]))
+            if mode != "fresh":
+                _prune(base.parent, KEEP_BASES)
+        writer = hashlib.sha256((HERE / "oci.py").read_bytes() + repr(sorted(EMPTY_IN_IMAGE)).encode()).hexdigest()[:16]
+        blobs = base / f"layer-{writer}"
+        if not (blobs / "layer.json").exists():
+            step("base layer")
+            shutil.rmtree(blobs, ignore_errors=True)
+            layer = oci.write_layer(base / "rootfs", blobs, self.base_epoch, EMPTY_IN_IMAGE)
+            (blobs / "layer.json").write_text(json.dumps(layer))
+        os.utime(base)
+        layer = json.loads((blobs / "layer.json").read_text())
+        return base, {**layer, "path": oci.blob_path(blobs, layer)}
+
+    def wheels(self) -> list[Path]:
+        """The locked wheels, downloaded once (pip checks each against the lock's sha256)."""
+        store = self.cache / "wheels"
+        locked = locked_wheels()
+        missing = [wheel for wheel in locked if not (store / wheel.filename).exists()
+                   or hashlib.sha256((store / wheel.filename).read_bytes()).hexdigest() != wheel.sha256]
+        if missing:
+            step(f"downloading {len(missing)} locked wheels")
+            requirements = self.work / "requirements.txt"
+            requirements.write_text("\n".join(wheel.requirement() for wheel in missing) + "\n")
+            run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                 "--dest", store, "--requirement", requirements])
+        return [store / wheel.filename for wheel in locked]
+
+    def package_wheel(self) -> Path:
+        """The package's wheel, built from a copy of the source tree (nothing written into it)."""
+        src = self.work / "src"
+        shutil.copytree(SOURCES, src / SOURCES.relative_to(REPO),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        shutil.copy(REPO / "pyproject.toml", src)
+        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+             "--wheel-dir", self.work / "dist", src], env={**os.environ, "SOURCE_DATE_EPOCH": str(self.epoch)})
+        (wheel,) = (self.work / "dist").glob("*.whl")
+        return wheel
+
+    def package_layer(self, rootfs: Path, wheels: list[Path]) -> Path:
+        """/usr/local: the wheels installed where the base's python3 looks, then compiled by it."""
+        from installer import install
+        from installer.destinations import SchemeDictionaryDestination
+        from installer.sources import WheelFile
+
+        app = self.work / "app"
+        scheme = json.loads(run(["chroot", rootfs, INTERPRETER, "-c",
+                                 "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"]))
+        destination = SchemeDictionaryDestination(
+            {**scheme, "headers": scheme["include"]}, interpreter=INTERPRETER, script_kind="posix",
+            destdir=str(app))
+        for wheel in sorted(wheels):
+            with WheelFile.open(wheel) as source:
+                install(source, destination, additional_metadata={})
+        local = rootfs / "usr/local"
+        os.chmod(app / "usr/local", local.stat().st_mode)  # the layer must not change /usr/local itself
+        os.chown(app / "usr/local", local.stat().st_uid, local.stat().st_gid)
+        # The base's python3 compiles, in a mount namespace where the cached base is read-only.
+        compile_all = (f"env -i PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH={self.epoch} "
+                       f"{INTERPRETER} -m compileall -q -f"
+                       f" --invalidation-mode checked-hash {scheme['purelib']}")
+        run(["unshare", "--mount", "--propagation", "private", "sh", "-euc",
+             'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; mount --bind "$2" "$1/usr/local";'
+             f' exec chroot "$1" {compile_all}', "sh", rootfs, app / "usr/local"])
+        return app
+
+
+def build(cache: Path, output: Path | None, base_mode: str) -> dict:
+    started = time.monotonic()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock, tempfile.TemporaryDirectory(dir=cache, prefix="work-") as tmp:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: they share the base and the wheels
+        builder = Builder(cache, Path(tmp))
+        tag = app_version()
+        if output and output.exists() and not (output / "digest").exists():
+            raise BuildError(f"--output {output} exists and is not an earlier image build: name a new directory")
+        base, base_layer = builder.base(base_mode)
+        result = output or cache / "builds" / builder.key(base_layer)
+        if output is None and (result / "digest").exists():
+            os.utime(result)
+            return _report(result, tag, cached=True)
+        step("package layer: the package's wheel and the locked wheels, installed and compiled")
+        app = builder.package_layer(base / "rootfs", [builder.package_wheel(), *builder.wheels()])
+        layer = oci.write_layer(app, builder.work, builder.epoch)
+        config = image_config(builder.epoch, builder.base_epoch)
+        new = builder.work / "result"
+        digest = oci.write_layout(new / "oci", [(base_layer["path"], base_layer),
+                                               (oci.blob_path(builder.work, layer), layer)], config, tag)
+        (new / "digest").write_text(digest + "\n")
+        (new / "contents.txt").write_text(_contents(base, app))
+        if result.exists():
+            shutil.rmtree(result)
+        result.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(new, result)
+        if output is None:
+            _link_latest(cache, result, tag)
+        step(f"built in {time.monotonic() - started:.0f} s; layers {base_layer['size'] / 1e6:.1f} MB + "
+             f"{layer['size'] / 1e6:.1f} MB compressed")
+        return _report(result, tag, cached=False)
+
+
+def _contents(base: Path, app: Path) -> str:
+    """What the image holds, for audits: the Debian packages and the Python distributions."""
+    dists = sorted(path.name.removesuffix(".dist-info") for path in app.rglob("*.dist-info"))
+    return "# Debian packages\n" + (base / "packages.txt").read_text() + "# Python distributions\n" + \
+        "".join(f"{dist}\n" for dist in dists)
+
+
+def _link_latest(cache: Path, result: Path, tag: str) -> None:
+    link = cache / f"{NAME}-{tag}"
+    new = cache / f".{NAME}-{tag}.new"
+    new.unlink(missing_ok=True)
+    new.symlink_to(result.relative_to(cache))
+    new.rename(link)
+    _prune(cache / "builds", KEEP_BUILDS)
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Removes all but the `keep` most recently made or used entries of folder."""
+    for old in sorted(folder.iterdir(), key=lambda path: path.stat().st_mtime, reverse=True)[keep:]:
+        shutil.rmtree(old)
+
+
+def _report(result: Path, tag: str, cached: bool) -> dict:
+    digest = (result / "digest").read_text().strip()
+    if cached:
+        step(f"up to date (nothing changed since it was built): {result}")
+    return {"layout": str(result / "oci"), "reference": f"oci:{result / 'oci'}:{tag}", "digest": digest}
+
+
+def lock() -> None:
+    """Rewrites pylock.toml: pyproject.toml's dependencies resolved by pip, wheels only."""
+    if (sys.implementation.name, sys.version_info[:2], sys.platform, os.uname().machine) != \
+            ("cpython", (3, 11), "linux", "x86_64"):
+        raise BuildError("the lock is for the image's CPython 3.11 on linux x86_64: run it on such a machine")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(SOURCES, src / SOURCES.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(REPO / "pyproject.toml", src)
+        run([sys.executable, "-m", "pip", "lock", "--quiet", "--only-binary", ":all:",
+             "--output", Path(tmp) / "pylock.toml", src])
+        text = (Path(tmp) / "pylock.toml").read_text().replace('path = "src"', 'path = "../.."')  # the repository root
+    LOCK.write_text(text)
+    step(f"wrote {LOCK.relative_to(REPO)}: {len(locked_wheels())} wheels")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/image", description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", default="build", choices=["build", "lock"])
+    parser.add_argument("--output", type=Path, help="write the result here (not cached; replaced if it exists)")
+    parser.add_argument("--base", choices=["cached", "refresh", "fresh"], default="cached",
+                        help="the Debian base: the cached one (default); refresh: make the cached one anew from the"
+                             " mirror (takes Debian's updates); fresh: make one in a temporary directory, leaving"
+                             " the cache alone")
+    args = parser.parse_args(argv)
+    os.umask(0o022)  # files the build writes get the same modes on every machine
+    os.environ["PATH"] += ":/usr/sbin:/sbin"  # chroot, where a user's PATH has no sbin
+    try:
+        if args.command == "lock":
+            lock()
+            return 0
+        if os.geteuid() != 0:
+            raise BuildError("building the image needs root (mmdebstrap, chroot, a mount namespace): run it as root")
+        cache = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator")) / "image"
+        result = build(cache, args.output.resolve() if args.output else None, args.base)
+    except (BuildError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for name, value in result.items():
+        print(f"{name}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

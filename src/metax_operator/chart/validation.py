@@ -1,0 +1,422 @@
+"""The rules values.schema.json cannot express, and the checks of the two ConfigMaps' contents.
+
+One implementation for every consumer: `metax-operator validate`, the pre-install hook (values)
+and the runner (`validate_cr_spec` on the ClusterOperator spec, the ConfigMap parsers when an
+admin edits `driver-config` or `metax-vfio-config`). The chart's render-time copy of the
+cross-field rules is templates/_validations.tpl; tests/data/bad_values.yaml runs every case
+through both, under Helm 3 and Helm 4, so the two cannot drift.
+
+Every problem is a `UserError` naming the field path and the fix; a function raises them all
+at once as `UserErrors`.
+
+Regular expressions (`vfioConfig[].nodeName`) are matched by vfio-manager, a Go program, so they
+are compiled with RE2 (the `google-re2` wheel), the syntax Go's regexp implements: a pattern
+Python's `re` accepts but Go refuses (lookarounds, backreferences) is refused here too.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterable, Mapping
+
+import jsonschema
+import re2
+import yaml
+
+from metax_operator.chart import images
+from metax_operator.rollout import policy
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.chart.merge import COMPONENTS
+from metax_operator.chart.schema import build_values_schema, fragment
+
+# Component prerequisites (seed §3.2.3): a component needs these deployed first.
+DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "runtime": ("gpuLabel",),
+    "driver": ("gpuLabel", "runtime"),
+    "maca": ("gpuLabel", "runtime"),
+    "gpuDevice": ("gpuLabel", "runtime", "maca"),
+    "exporter": ("gpuLabel", "driver"),
+    "vfioManager": ("gpuLabel",),
+}
+SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
+
+
+def dependency_problem(component: str, prerequisite: str) -> UserError:
+    return UserError(f"{component}.deploy",
+                     f"is true but its prerequisite {prerequisite}.deploy is false",
+                     f"set {prerequisite}.deploy=true or {component}.deploy=false")
+
+
+# The cross-field rules' wording, one function each (admission.py builds the CRD's CEL messages
+# from them too).
+
+def registry_missing() -> UserError:
+    return UserError("registry", "is required", "set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax")
+
+
+def payload_version_missing() -> UserError:
+    return UserError("driver.payload.version", "is required unless driver.deployPolicy is Never",
+                     "set the driver version, e.g. --set driver.payload.version=2.32.0.6")
+
+
+def node_port_range_backwards(ports: object) -> UserError:
+    return UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
+                     "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range")
+
+
+def node_port_outside_range(port: object, ports: object) -> UserError:
+    return UserError("exporter.service.port", f"{port} is outside the node port range {ports}",
+                     "use a port in the range, leave it empty to let Kubernetes choose, or set "
+                     "exporter.service.nodePortRange to the cluster's --service-node-port-range")
+
+
+def port_with_type(kind: object) -> UserError:
+    return UserError("exporter.service.port", f"is only valid with type NodePort or LoadBalancer, not {kind}",
+                     "remove the port, or set exporter.service.type=NodePort or LoadBalancer")
+
+
+def external_name_missing() -> UserError:
+    return UserError("exporter.service.externalName", "is required with type ExternalName",
+                     "set it to the DNS name the Service points to")
+
+
+def external_name_with_type(kind: object) -> UserError:
+    return UserError("exporter.service.externalName", f"is only valid with type ExternalName, not {kind}",
+                     "remove it, or set exporter.service.type=ExternalName")
+
+
+def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
+    """Check merged chart values as `helm template` does; raise `UserErrors` listing every problem."""
+    _raise(values_problems(values, schema))
+
+
+def values_problems(values: Mapping, schema: Mapping | None = None) -> list[UserError]:
+    """values.schema.json's problems (`schema`, else the package's own copy), or when there are
+    none, the rules templates/_validations.tpl applies at render time: what a render refuses."""
+    errors = schema_problems(values, values_schema() if schema is None else schema)
+    if errors:  # the rules assume the schema's shapes, as the render does
+        return errors
+    errors = _spec_problems(values)
+    errors += _schedule_problems((values.get("runner") or {}).get("schedule"))
+    errors += _deprecated_tolerations_problems(values.get("tolerations"))
+    return errors
+
+
+@functools.cache
+def values_schema() -> dict:
+    """values.schema.json as generated from the package's schema source (without descriptions)."""
+    return build_values_schema("")
+
+
+def validate_cr_spec(spec: Mapping) -> None:
+    """The same rules on a ClusterOperator `spec` (field paths start at `spec.`): the runner
+    checks them because API servers older than 1.25 ignore the CRD's CEL rules, and the CRD
+    cannot check regular expressions, GPU lists or ConfigMap-shaped maps."""
+    _raise(cr_spec_problems(spec))
+
+
+def cr_spec_problems(spec: Mapping) -> list[UserError]:
+    return [_prefixed("spec.", e) for e in _spec_problems(spec)]
+
+
+def _spec_problems(values: Mapping) -> list[UserError]:
+    """Rules shared by values and the CR spec (the CR spec is the values less chart settings)."""
+    errors: list[UserError] = []
+    if not values.get("registry"):
+        errors.append(registry_missing())
+    for component, prerequisites in DEPENDENCIES.items():
+        if _deployed(values, component):
+            errors += [dependency_problem(component, p) for p in prerequisites
+                       if not _deployed(values, p)]
+    driver = values.get("driver") or {}
+    if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" \
+            and not (driver.get("payload") or {}).get("version"):
+        errors.append(payload_version_missing())
+    errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
+    errors += driver_config_problems(driver.get("config") or {}, "driver.config")
+    errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [],
+                                   "vfioManager.vfioConfig")
+    errors += _service_problems((values.get("exporter") or {}).get("service") or {})
+    errors += image_problems(values)
+    return errors
+
+
+def image_problems(values: Mapping) -> list[UserError]:
+    """Every image reference's repository (`registry/name`) within the distribution grammar's
+    length; the schema checks each part alone. Images absent from the mapping (a CR spec has only
+    the payloads) are not checked."""
+    common = values.get("registry") or ""
+    sites = [(f"{key}.image", (values.get(key) or {}).get("image")) for key in (*COMPONENTS, "tools")]
+    sites.append(("driver.payload", (values.get("driver") or {}).get("payload")))
+    maca = (values.get("maca") or {}).get("payload") or {}
+    sites += [(f"maca.payload.images[{i}]", {"registry": maca.get("registry"), "name": images.split(entry)[0]})
+              for i, entry in enumerate(maca.get("images") or []) if isinstance(entry, str)]
+    errors = []
+    for field, image in sites:
+        if isinstance(image, Mapping) and image.get("name"):
+            length = len(image.get("registry") or common) + 1 + len(image["name"])
+            if length > images.MAX_REPOSITORY:
+                errors.append(UserError(field, f"the image repository (registry/name) is {length} characters long, "
+                                               f"more than {images.MAX_REPOSITORY}", "shorten the registry or the image name"))
+    return errors
+
+
+def _deployed(values: Mapping, component: str) -> bool:
+    return bool((values.get(component) or {}).get("deploy"))
+
+
+def _service_problems(service: Mapping) -> list[UserError]:
+    errors = []
+    kind = service.get("type", "ClusterIP")
+    port, ports = service.get("port"), str(service.get("nodePortRange") or "")
+    low, _, high = ports.partition("-")
+    if not (low.isdigit() and high.isdigit()):  # the schema and the CRD require it, in this format
+        pass
+    elif int(low) > int(high) or int(high) > 65535:
+        errors.append(node_port_range_backwards(ports))
+    elif kind == "NodePort" and port is not None and not int(low) <= port <= int(high):
+        errors.append(node_port_outside_range(port, ports))
+    if service.get("port") is not None and kind not in SERVICE_TYPES_WITH_PORT:
+        errors.append(port_with_type(kind))
+    if kind == "ExternalName" and not service.get("externalName"):
+        errors.append(external_name_missing())
+    if kind != "ExternalName" and service.get("externalName"):
+        errors.append(external_name_with_type(kind))
+    return errors
+
+
+_CRON_NAMES = {name: number for names, first in (("jan feb mar apr may jun jul aug sep oct nov dec", 1),
+                                                   ("sun mon tue wed thu fri sat", 0))
+               for number, name in enumerate(names.split(), first)}
+
+
+def _schedule_problems(schedule: Any) -> list[UserError]:
+    """The ranges of a cron schedule run forwards (the schema checks the rest of its grammar)."""
+    errors = []
+    for part in (schedule or "").replace(",", " ").split():
+        low, dash, high = part.partition("/")[0].partition("-")
+        if dash and _cron_value(low) > _cron_value(high):
+            errors.append(UserError("runner.schedule", f"the range {low}-{high} runs backwards",
+                                    f"write the smaller value first: {high}-{low}"))
+    return errors
+
+
+def _cron_value(text: str) -> int:
+    return _CRON_NAMES[text.lower()] if text.lower() in _CRON_NAMES else int(text)
+
+
+def _deprecated_tolerations_problems(value: Any) -> list[UserError]:
+    """`tolerations` given as a string (`--set-file tolerations=FILE`): the schema cannot look
+    inside, so parse it as the templates do and check each toleration."""
+    if not isinstance(value, str):
+        return []
+    tolerations = parse_tolerations(value)
+    if not isinstance(tolerations, list):
+        return [UserError("tolerations", "the file must hold a YAML list of tolerations or a mapping `tolerations: [...]`",
+                          "fix the file given with --set-file tolerations=FILE; better, move them to "
+                          "podTemplateSpec.spec.tolerations")]
+    return schema_problems(tolerations, fragment("tolerations"), "tolerations")
+
+
+def parse_tolerations(text: str) -> Any:
+    """The deprecated `tolerations` string: a YAML list, or the seed's `{tolerations: [...]}`;
+    None (no tolerations) when empty. Returns whatever else it finds for the caller to refuse."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(doc, Mapping) and set(doc) == {"tolerations"}:
+        doc = doc["tolerations"]
+    return [] if doc is None else doc
+
+
+# --- driver-config and metax-vfio-config -------------------------------------------------------
+
+def driver_config_problems(config: Mapping, prefix: str) -> list[UserError]:
+    """`driver.config` of the values: the contents of the three driver-config keys."""
+    errors: list[UserError] = []
+    for key in ("nodeVfnums", "moduleParams", "nodeModuleParams"):
+        if key in config:
+            errors += schema_problems(config[key], fragment("driver", "config", key), f"{prefix}.{key}")
+    return errors
+
+
+def vfio_config_problems(entries: Any, prefix: str) -> list[UserError]:
+    """`vfioConfig` entries: the schema's shape, nodeName an RE2 regex, gpus without duplicates."""
+    errors = schema_problems(entries, fragment("vfioManager", "vfioConfig"), prefix)
+    if errors:
+        return errors
+    for i, entry in enumerate(entries):
+        problem = regex_problem(entry["nodeName"])
+        if problem:
+            errors.append(UserError(f"{prefix}[{i}].nodeName",
+                                    f"{entry['nodeName']!r} is not a valid regular expression: {problem}",
+                                    "write it in Go (RE2) syntax: no lookarounds or backreferences"))
+        gpus = entry["gpus"].split(",") if entry["gpus"] != "all" else []
+        duplicates = list(dict.fromkeys(g for g in gpus if gpus.count(g) > 1))
+        if duplicates:
+            errors.append(UserError(f"{prefix}[{i}].gpus", f"lists GPU {', '.join(duplicates)} more than once",
+                                    "list each GPU index once"))
+    return errors
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why `pattern` is not a valid RE2 (Go) regular expression, or None."""
+    try:
+        re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as err:
+        detail = err.args[0] if err.args else ""
+        return detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    return None
+
+
+def _load_configmap_value(text: str | None, where: str) -> Any:
+    try:
+        return yaml.safe_load(text or "")
+    except yaml.YAMLError as err:
+        raise UserErrors([UserError(where, f"is not valid YAML: {err}".replace("\n", " "),
+                                    "fix the ConfigMap with kubectl edit")]) from None
+
+
+def parse_node_vfnums(text: str | None) -> dict[str, int]:
+    """driver-config key `node-vfnums` (seed §3.2.6): `nodes: {NODE: {vfnum: N}}` → {NODE: N}."""
+    where = "configmap/driver-config[node-vfnums]"
+    doc = _load_configmap_value(text, where) or {"nodes": {}}
+    if not isinstance(doc, Mapping) or set(doc) != {"nodes"}:
+        _raise([UserError(where, "must be a mapping with the one key `nodes`",
+                          "write `nodes:` then one `NODE: {vfnum: N}` per node")])
+    nodes = doc["nodes"] or {}
+    _raise(schema_problems(nodes, fragment("driver", "config", "nodeVfnums"), f"{where}.nodes"))
+    return {node: entry["vfnum"] for node, entry in nodes.items()}
+
+
+def parse_module_params(text: str | None) -> dict[str, Any]:
+    """driver-config key `module-params` (seed §3.2.7): cluster-wide kernel module parameters."""
+    where = "configmap/driver-config[module-params]"
+    params = _load_configmap_value(text, where) or {}
+    _raise(schema_problems(params, fragment("driver", "config", "moduleParams"), where))
+    return dict(params)
+
+
+def parse_node_module_params(text: str | None) -> dict[str, dict[str, Any]]:
+    """driver-config key `node-module-params` (seed §3.2.7): {NODE: {param: value}}."""
+    where = "configmap/driver-config[node-module-params]"
+    params = _load_configmap_value(text, where) or {}
+    _raise(schema_problems(params, fragment("driver", "config", "nodeModuleParams"), where))
+    return {node: dict(p or {}) for node, p in params.items()}
+
+
+def parse_vfio_config(text: str | None) -> list[dict[str, str]]:
+    """metax-vfio-config content (seed §3.2.6.1): a list of {nodeName: REGEX, gpus: "0,1" | "all"}."""
+    where = "configmap/metax-vfio-config"
+    entries = _load_configmap_value(text, where) or []
+    _raise(vfio_config_problems(entries, where))
+    return [dict(e) for e in entries]
+
+
+# --- JSON-schema errors as UserErrors -----------------------------------------------------------
+
+def schema_problems(instance: Any, schema: Mapping, prefix: str = "") -> list[UserError]:
+    """Validate `instance` against a draft-07 schema; one `UserError` per problem, naming the
+    field path under `prefix` and, where the schema has an `x-hint`, the valid values."""
+    validator = _Draft7Re2(schema, format_checker=_FORMATS)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+    out: list[UserError] = []
+    for error in errors:
+        out += _describe(error, prefix)
+    return out
+
+
+_FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@functools.lru_cache(maxsize=None)
+def _re2(pattern: str):
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _re2_pattern(validator, pattern: str, instance: Any, schema: Mapping):
+    """`pattern` matched as Helm matches it, with Go's regexp syntax (RE2): Python's `re` would
+    also accept a trailing newline before `$`, and Unicode digits for `\\d`."""
+    if validator.is_type(instance, "string") and not _re2(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Draft7Re2 = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _re2_pattern})
+
+
+@_FORMATS.checks("regex", raises=ValueError)
+def _is_re2(value: Any) -> bool:
+    problem = isinstance(value, str) and regex_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return True
+
+
+def field_path(prefix: str, path: Iterable) -> str:
+    """("vfioConfig", 1, "nodeName") under "vfioManager" → "vfioManager.vfioConfig[1].nodeName"."""
+    out = prefix
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]:
+    field = field_path(prefix, error.absolute_path)
+    value, schema, kind = error.instance, error.schema, error.validator
+    hint = schema.get("x-hint")
+    if kind in ("anyOf", "oneOf"):
+        deeper = [e for e in error.context if len(e.absolute_path) > len(error.absolute_path)]
+        if deeper and isinstance(value, (list, dict)):  # e.g. a bad item in a list of tolerations
+            return _describe(jsonschema.exceptions.best_match(deeper), prefix)
+        return [UserError(field, f"{value!r} is not valid", f"use {hint}" if hint else error.message)]
+    if kind == "additionalProperties" and "patternProperties" in schema:  # keys are node names
+        return [UserError(field_path(field, [key]), "is not a valid node name", f"use {hint}")
+                for key in sorted(value) if not any(re2.search(p, key) for p in schema["patternProperties"])]
+    if kind == "additionalProperties":
+        allowed = ", ".join(schema.get("properties", {}))
+        return [UserError(field_path(field, [key]), "is not a known option",
+                          f"remove it; {hint}" if hint else f"remove it (known: {allowed})")
+                for key in sorted(set(value) - set(schema.get("properties", {})))]
+    if kind == "required":
+        missing = [key for key in error.validator_value if key not in value]
+        return [UserError(field_path(field, [key]), "is required", f"set {key}") for key in missing]
+    if kind == "enum":
+        choices = ", ".join(str(c) for c in error.validator_value)
+        return [UserError(field, f"{value!r} is not one of {choices}", "use one of them")]
+    if kind == "type":
+        wanted = error.validator_value
+        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
+        return [UserError(field, f"must be {_a(wanted)}, not {_json_kind(value)} {value!r}",
+                          f"use {hint}" if hint else f"write {_a(wanted)}")]
+    if kind == "format" and error.validator_value == "regex":
+        return [UserError(field, f"{value!r} is not a valid regular expression: {error.cause}",
+                          f"use {hint}" if hint else "write it in Go (RE2) syntax")]
+    if kind in ("minimum", "maximum"):
+        word = "at least" if kind == "minimum" else "at most"
+        fix = f"use {hint}" if hint else f"use a number {word} {error.validator_value}"
+        return [UserError(field, f"{value!r} is out of range", fix)]
+    if hint:
+        return [UserError(field, f"{value!r} is not valid", f"use {hint}")]
+    return [UserError(field, f"{value!r} is not valid: {error.message}")]
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _json_kind(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "mapping", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _prefixed(prefix: str, error: UserError) -> UserError:
+    return UserError(prefix + error.field, error.problem, error.fix)
+
+
+def _raise(errors: list[UserError]) -> None:
+    if errors:
+        raise UserErrors(errors)

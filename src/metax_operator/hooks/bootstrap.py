@@ -1,0 +1,238 @@
+"""`metax-operator bootstrap`: create or update the `cluster-operator` CR from the values.
+
+Runs as a post-install and pre-upgrade hook, and on every Argo CD sync: it must be safe to repeat.
+The spec is the values restricted to what the CRD's spec schema declares (chart-only keys such as
+`image`, `resources`, `runner` are dropped; the schema the API server serves is the authority).
+It is written by server-side apply with the field manager `metax-operator-bootstrap` and `force`;
+applying the same values again changes nothing (same resourceVersion, same managedFields).
+
+A three-way merge, as Helm's own for the objects it manages: the CR records, in the annotation
+`gpu.metax-tech.com/bootstrap-applied`, the spec the last bootstrap applied. Each field (a leaf
+of the spec; lists are leaves) is then
+- applied from the values where they changed it since that record (or there is no record): the
+  values win; where the live CR held an edit of its own, the override is reported (an Event on
+  the CR and a line of the hook's log: field, old and new value);
+- left out of the apply where the values did not change it and the live CR holds something else
+  (an admin's `kubectl edit`/`patch` at run time): the edit stays;
+- sent unchanged otherwise, so the bootstrap keeps owning it.
+
+Why leaving a field out does not delete the admin's value: server-side apply removes a field an
+applier stops sending only if no other manager owns it, and an edit (an Update) that changes a
+field takes its ownership from the bootstrap manager.
+
+The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
+does not fit the new values (steps set at run time removed, say, while the values turn
+`enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
+anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field
+
+from metax_operator.runtime import kube, reconcile
+from metax_operator.chart import validation
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.hooks import common
+
+FIELD_MANAGER = "metax-operator-bootstrap"
+APPLIED_ANNOTATION = "gpu.metax-tech.com/bootstrap-applied"
+#: Written by chart versions before the three-way merge: the two rollout controls only.
+CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
+_MISSING = object()
+
+
+def prune(value: object, schema: dict) -> object:
+    """`value` restricted to the fields `schema` (structural OpenAPI v3) declares; nulls dropped."""
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        if properties is not None:
+            return {k: prune(v, properties[k]) for k, v in value.items()
+                    if k in properties and v is not None}
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            return {k: prune(v, extra) for k, v in value.items() if v is not None}
+        return {k: v for k, v in value.items() if v is not None}  # preserve-unknown-fields
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(v, schema["items"]) for v in value]
+    return value
+
+
+def spec_schema(crd: dict) -> dict:
+    """The spec schema of the CRD's storage version."""
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def leaves(tree: dict, schema: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    """Every field of a spec by path, as server-side apply owns them: objects of the schema with
+    `properties` are walked (an empty one says nothing); scalars, lists, maps and Kubernetes
+    shapes such as an affinity (atomic in the CRD: each is replaced whole) are leaves."""
+    out: dict[tuple[str, ...], object] = {}
+    properties = schema.get("properties") or {}
+    for key, value in tree.items():
+        child = properties.get(key, {})
+        if isinstance(value, dict) and child.get("properties") and child.get("x-kubernetes-map-type") != "atomic":
+            out.update(leaves(value, properties[key], prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+def _tree(flat: dict[tuple[str, ...], object]) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _recorded(live: dict | None, schema: dict) -> dict[tuple[str, ...], object] | None:
+    """What the last bootstrap applied, by path; None when nothing says (a CR created otherwise)."""
+    annotations = (live or {}).get("metadata", {}).get("annotations") or {}
+    try:
+        if APPLIED_ANNOTATION in annotations:
+            return leaves(json.loads(annotations[APPLIED_ANNOTATION]), schema)
+        if CONTROLS_ANNOTATION in annotations:  # an older chart's record: the controls only
+            return {tuple(name.split(".")): value
+                    for name, value in json.loads(annotations[CONTROLS_ANNOTATION]).items()}
+    except (ValueError, AttributeError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """A field the merge decided on: kept at the live value, or overridden by the values."""
+
+    path: tuple[str, ...]
+    live: object
+    values: object
+
+    @property
+    def field(self) -> str:
+        return "spec." + ".".join(self.path)
+
+    def kept(self) -> str:
+        return f"{self.field} kept at {_show(self.live)} (changed at run time; the values did not change it)"
+
+    def overridden(self) -> str:
+        return f"{self.field} set from {_show(self.live)} to {_show(self.values)} by the values (a run-time edit overridden)"
+
+
+def _show(value: object) -> str:
+    return "unset" if value is _MISSING else json.dumps(value, sort_keys=True)
+
+
+@dataclass
+class Merge:
+    """The apply manifest and what the merge kept and overrode."""
+
+    manifest: dict
+    kept: list[Change] = field(default_factory=list)
+    overridden: list[Change] = field(default_factory=list)
+
+
+def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict) -> Merge:
+    """The three-way merge of the values `spec`, the record of the last bootstrap and the `live`
+    CR (None: not there yet), field by field of the CRD's spec `schema`; pure."""
+    wanted = leaves(spec, schema)
+    recorded = _recorded(live, schema) if live is not None else None
+    current = leaves((live or {}).get("spec") or {}, schema)
+    merge = Merge(manifest={})
+    sent = {}
+    for path, value in wanted.items():
+        before, now = (recorded or {}).get(path, _MISSING), current.get(path, _MISSING)
+        if before is _MISSING or value != before:  # new, or changed by the values: they win
+            sent[path] = value
+            if live is not None and now not in (value, before):
+                merge.overridden.append(Change(path, now, value))
+        elif now == before:
+            sent[path] = value
+        else:
+            merge.kept.append(Change(path, now, value))
+    merge.manifest = {
+        "apiVersion": common.CR_API_VERSION, "kind": common.CR_KIND,
+        "metadata": {"name": common.CR_NAME, "labels": labels,
+                     "annotations": {APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))}},
+        "spec": _tree(sent),
+    }
+    return merge
+
+
+def merged_spec(merge: Merge, live: dict | None, schema: dict) -> dict:
+    """The spec the CR will have: the live one with the sent fields written over it."""
+    flat = leaves((live or {}).get("spec") or {}, schema)
+    flat.update(leaves(merge.manifest["spec"], schema))
+    return _tree(flat)
+
+
+def served_crd(client: kube.Client, timeout: float) -> dict:
+    """The CRD once the API server serves the CR kind (the CRD may be seconds old)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", common.CRD_NAME)
+        try:
+            if crd is not None:
+                client.resource(common.CR_API_VERSION, common.CR_KIND)
+                return crd
+        except LookupError:
+            client.forget(common.CR_API_VERSION)
+        if time.monotonic() > deadline:
+            raise UserError(common.CRD_NAME, f"is not served by the API server after {timeout:g}s",
+                            "install the CRD (helm install without --skip-crds), then run the hook again")
+        time.sleep(1)
+
+
+def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 60) -> tuple[dict, Merge]:
+    """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
+    merge with the kept run-time edits would be invalid (nothing written then)."""
+    schema = spec_schema(served_crd(client, timeout))
+    spec = prune(values, schema)
+    labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release,
+              "app.kubernetes.io/part-of": "metax-operator"}
+
+    def attempt() -> tuple[dict, Merge]:
+        live = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+        merge = desired(spec, live, labels, schema)
+        problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
+        if problems:
+            kept = ", ".join(change.field for change in merge.kept)
+            raise UserErrors([UserError(p.field, p.problem, f"{p.fix} (this upgrade keeps the run-time edits of "
+                                        f"{kept}: set them in the values, or change them with kubectl first)")
+                              for p in problems])
+        if live is not None:  # written against what we read: a concurrent edit makes it re-read
+            merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        return client.apply(merge.manifest, field_manager=FIELD_MANAGER, force=True), merge
+
+    cr, merge = kube.retry_on_conflict(attempt)
+    for change in merge.overridden:
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        reconcile.emit_event(client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now,
+                             component=FIELD_MANAGER)
+    return cr, merge
+
+
+def run(args: argparse.Namespace) -> int:
+    cr, merge = bootstrap(kube.Client.from_args(args), common.load_values(args.values), args.release)
+    for change in merge.kept:
+        print(f"bootstrap: {change.kept()}")
+    for change in merge.overridden:
+        print(f"bootstrap: {change.overridden()}")
+    print(f"bootstrap: {common.CR_KIND} {common.CR_NAME} at resourceVersion "
+          f"{cr['metadata']['resourceVersion']}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("bootstrap", help="create/update the cluster-operator CR from values (hook)",
+                                   description=__doc__.splitlines()[0])
+    common.add_values_argument(parser)
+    parser.add_argument("--release", required=True, help="the Helm release name (for labels)")
+    common.add_api_arguments(parser, namespace=False)
+    parser.set_defaults(func=run)

@@ -1,0 +1,39 @@
+"""What the hook commands share: the CR's coordinates, the values file, the API options."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from metax_operator.runtime import kube
+from metax_operator.errors import UserError
+from metax_operator.yamltext import load_one, read_text
+
+CR_GROUP = "gpu.metax-tech.com"
+CR_API_VERSION = f"{CR_GROUP}/v1"
+CR_KIND = "ClusterOperator"
+CR_NAME = "cluster-operator"
+CRD_NAME = f"clusteroperators.{CR_GROUP}"
+CRD_API_VERSION = "apiextensions.k8s.io/v1"
+
+#: Where the hook Jobs mount the release's values (ConfigMap `<fullname>-hook-values`).
+DEFAULT_VALUES_FILE = "/etc/metax-operator/values/values.json"
+
+
+def add_api_arguments(parser: argparse.ArgumentParser, namespace: bool = True) -> None:
+    kube.add_arguments(parser)
+    if namespace:
+        parser.add_argument("--namespace", required=True, help="the release namespace")
+
+
+def add_values_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--values", "-f", default=DEFAULT_VALUES_FILE, type=Path,
+                        help=f"the release's values, JSON or YAML (default: {DEFAULT_VALUES_FILE})")
+
+
+def load_values(path: Path) -> dict:
+    """The values document (the hook ConfigMap holds them as JSON, a YAML document)."""
+    text = read_text(path, "mount the hook values ConfigMap or pass --values FILE")
+    values = load_one(text, str(path))
+    if not isinstance(values, dict):
+        raise UserError(str(path), "must hold a mapping of values", "pass the chart's values")
+    return values

@@ -1,0 +1,180 @@
+"""`metax-operator test`: what `helm test` runs to check an install (seed §3.2.11).
+
+Checks, each failure printed as one line naming what is wrong and where, exit 1 on any:
+- the `cluster-operator` CR exists and its spec passes the validation rules;
+- every DaemonSet the CR enables has all desired pods ready (not-ready nodes named);
+- `driver-config` and `metax-vfio-config` parse (the same parsers the runner uses);
+- the exporter Service answers on /metrics, when the exporter is enabled;
+- every GPU node (`metax-tech.com/gpu.installed=true`) shows allocatable `metax-tech.com/gpu`
+  (or `metax-tech.com/sgpu` in sGPU mode, seed §3.2.10): the seed's proof that every component
+  works on it;
+- the workload rules (`workloads.problems`, the runner's `WorkloadsValid` condition in the same
+  words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`.
+The component list comes from the CR, not the values: the CR is what the runner applies.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import sys
+from collections.abc import Callable
+
+from metax_operator.runtime import kube
+from metax_operator import workloads
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.chart.merge import COMPONENTS
+from metax_operator.chart.validation import (parse_module_params, parse_node_module_params, parse_node_vfnums,
+                          parse_vfio_config, validate_cr_spec)
+from metax_operator.hooks import common
+
+GPU_RESOURCES = (workloads.GPU_RESOURCE, workloads.SGPU_RESOURCE)
+EXPORTER_SERVICE = "metax-data-exporter"
+#: Node names listed per failing DaemonSet before "and N more".
+SHOWN_NODES = 5
+
+
+#: The ConfigMaps the components read, each key with the parser the runner uses too.
+CONFIGMAPS = {
+    "driver": ("driver-config", {"node-vfnums": parse_node_vfnums, "module-params": parse_module_params,
+                                 "node-module-params": parse_node_module_params}),
+    "vfioManager": ("metax-vfio-config", {"config": parse_vfio_config}),
+}
+
+
+def check_cr(cr: dict | None) -> list[str]:
+    where = f"{common.CR_KIND} {common.CR_NAME}"
+    if cr is None:
+        return [f"{where}: not found; run `helm upgrade` again (the bootstrap hook creates it)"]
+    try:
+        validate_cr_spec(cr.get("spec") or {})
+    except UserErrors as errs:
+        return [f"{where}: {e}" for e in errs.errors]
+    except UserError as err:
+        return [f"{where}: {err}"]
+    return []
+
+
+def check_daemonset(namespace: str, name: str, ds: dict | None, pods: list[dict]) -> list[str]:
+    where = f"DaemonSet {namespace}/{name}"
+    if ds is None:
+        return [f"{where}: not found, though the CR enables it"]
+    status = ds.get("status") or {}
+    desired, ready = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+    if desired == ready:
+        return []
+    not_ready = sorted(p["spec"].get("nodeName") or p["metadata"]["name"] for p in pods
+                       if not _ready(p))
+    shown = ", ".join(not_ready[:SHOWN_NODES])
+    more = f" and {len(not_ready) - SHOWN_NODES} more" if len(not_ready) > SHOWN_NODES else ""
+    return [f"{where}: {ready} of {desired} pods ready" + (f" (not ready on {shown}{more})" if shown else "")]
+
+
+def _ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def check_configmap(namespace: str, name: str, cm: dict | None,
+                    parsers: dict[str, Callable[[str | None], object]]) -> list[str]:
+    where = f"ConfigMap {namespace}/{name}"
+    if cm is None:
+        return [f"{where}: not found"]
+    data = cm.get("data") or {}
+    lines = []
+    for key, parse in parsers.items():
+        try:
+            parse(data.get(key))
+        except UserErrors as errs:
+            lines += [f"{where}: {e}" for e in errs.errors]
+        except UserError as err:
+            lines.append(f"{where}: {err}")
+    return lines
+
+
+def check_gpu_nodes(nodes: list[dict]) -> list[str]:
+    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(workloads.GPU_NODE_LABEL) == "true"]
+    if not gpu_nodes:
+        return [f"nodes: none is labelled {workloads.GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
+    lines = []
+    for node in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"]):
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        if not any(_quantity(allocatable.get(r, "0")) > 0 for r in GPU_RESOURCES):
+            lines.append(f"node {node['metadata']['name']}: no allocatable metax-tech.com/gpu "
+                         "(a component is not working there)")
+    return lines
+
+
+def check_workloads(spec: dict, enabled: list[str], nodes: list[dict], pods: list[dict]) -> list[str]:
+    return [str(p) for p in workloads.problems_of_objects(
+        nodes, pods, runtime_deployed="runtime" in enabled,
+        maca_images=workloads.payload_images(spec) if "maca" in enabled else None)]
+
+
+def _quantity(text: str) -> int:
+    return int(text) if str(text).isdigit() else 0
+
+
+def check_exporter(namespace: str, service: dict | None, timeout: float = 5) -> list[str]:
+    where = f"Service {namespace}/{EXPORTER_SERVICE}"
+    if service is None:
+        return [f"{where}: not found, though the exporter is enabled"]
+    spec = service["spec"]
+    if spec.get("type") == "ExternalName":
+        host, port = spec["externalName"], 8000
+    else:
+        host, port = f"{EXPORTER_SERVICE}.{namespace}.svc", spec["ports"][0]["port"]
+    return check_http(where, host, port, timeout)
+
+
+def check_http(where: str, host: str, port: int, timeout: float) -> list[str]:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/metrics")
+        status = conn.getresponse().status
+    except OSError as err:
+        return [f"{where}: http://{host}:{port}/metrics does not answer ({err})"]
+    finally:
+        conn.close()
+    return [] if status == 200 else [f"{where}: http://{host}:{port}/metrics answered {status}"]
+
+
+def failures(client: kube.Client, namespace: str) -> list[str]:
+    cr = client.get(common.CR_API_VERSION, common.CR_KIND, common.CR_NAME)
+    lines = check_cr(cr)
+    if cr is None:
+        return lines
+    spec = cr.get("spec") or {}
+    enabled = [key for key in COMPONENTS if (spec.get(key) or {}).get("deploy")]
+    for key in enabled:
+        name = COMPONENTS[key]
+        ds = client.get("apps/v1", "DaemonSet", name, namespace)
+        pods = client.list("v1", "Pod", namespace, label_selector=f"app.kubernetes.io/component={key}")
+        lines += check_daemonset(namespace, name, ds, pods)
+    for key, (name, parsers) in CONFIGMAPS.items():
+        if key in enabled:
+            lines += check_configmap(namespace, name, client.get("v1", "ConfigMap", name, namespace), parsers)
+    if "exporter" in enabled:
+        lines += check_exporter(namespace, client.get("v1", "Service", EXPORTER_SERVICE, namespace))
+    nodes = client.list("v1", "Node")
+    if "gpuDevice" in enabled:
+        lines += check_gpu_nodes(nodes)
+    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    lines += check_workloads(spec, enabled, nodes, pods)
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    lines = failures(kube.Client.from_args(args), args.namespace)
+    for line in lines:
+        print(f"FAIL {line}", file=sys.stderr)
+    if lines:
+        return 1
+    print("test: the install is healthy")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("test", help="check the install (helm test)",
+                                   description=__doc__.splitlines()[0])
+    common.add_api_arguments(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,111 @@
+"""Cordoning and draining a node around its driver swap, and the node labels the rollout reads.
+
+Before the runner deletes a driver pod it cordons the pod's node (`spec.unschedulable: true`),
+so that no GPU pod is scheduled onto a node whose driver is being replaced; once the new driver
+pod is Ready the engine lists the node in `Decision.uncordon` and the runner uncordons it.
+
+The runner uncordons only nodes it cordoned itself, and it records that on the node, in the same
+write as the cordon: the label `CORDONED_LABEL`. A label rather than an annotation, because
+the runner finds those nodes with a label selector (a watch of a handful of nodes, not of every
+node of the cluster), also after a restart: a runner killed between the cordon and the uncordon
+leaves the label, and the next leader uncordons the node. A node that is already unschedulable
+without that label was cordoned by someone else: the runner neither labels nor uncordons it.
+
+Both writes are conditional, so nothing an admin does meanwhile is overwritten: the cordon is a
+merge patch carrying the resourceVersion of the node as the runner's node cache holds it
+(`rollout_observe.Watches.nodes`: whether each node is unschedulable, and its resourceVersion;
+409 when the node changed since, or the cache is behind: the deletion waits for the next pass,
+by when the watch has brought the node's latest version); the uncordon is a JSON patch whose
+first op tests the label (422 when an admin removed it, which is how an admin keeps a node the
+runner cordoned cordoned). A cordon is one request, or none when the node is already
+unschedulable.
+
+A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does: the API server
+refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
+next pass, until the drain times out (`upgradePolicy.drain.timeout`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.runtime.informer import Informer
+from metax_operator.runtime.kube import Client
+
+#: On a node: the runner cordoned it for a driver swap and will uncordon it.
+CORDONED_LABEL = "metax-tech.com/driver-upgrade.cordoned"
+#: On a node, set by an admin: the rollout never replaces this node's driver.
+SKIP_LABEL = "metax-tech.com/driver-upgrade.skip"
+CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
+SKIP_SELECTOR = f"{SKIP_LABEL}=true"
+
+
+class NodeState(NamedTuple):
+    """What the node cache keeps of a node: all a cordon needs."""
+
+    unschedulable: bool
+    resource_version: str
+
+
+def node_state(obj: dict) -> NodeState:
+    return NodeState(bool((obj.get("spec") or {}).get("unschedulable")), obj["metadata"]["resourceVersion"])
+
+
+#: What `cordon` found or did.
+CORDONED, ALREADY, NOT_NOW = "cordoned", "already-unschedulable", "not-now"
+
+
+def cordon(api: Client, node: str, nodes: Informer) -> str:
+    """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
+    (by an earlier pass or by someone else, as the node cache `nodes` says: no request) or
+    NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
+    known = nodes.get(node)
+    if known is None:
+        return NOT_NOW
+    if known.unschedulable:
+        return ALREADY  # the runner's own cordon of an earlier pass, or someone else's: it stays theirs
+    patch = {"metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
+             "spec": {"unschedulable": True}}
+    try:
+        api.patch("v1", "Node", node, patch)
+    except ApiException as err:
+        if err.status in (404, 409):
+            return NOT_NOW
+        raise
+    return CORDONED
+
+
+#: What `evict` found or did.
+EVICTED, BLOCKED, GONE = "evicted", "blocked-by-disruption-budget", "gone"
+
+
+def evict(api: Client, namespace: str, name: str) -> str:
+    """Ask the API server to evict a pod: EVICTED, BLOCKED (a PodDisruptionBudget allows no
+    disruption now) or GONE."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    try:
+        api.call("POST", api.resource("v1", "Pod").path(name, namespace, "eviction"), body=body)
+    except ApiException as err:
+        if err.status == 429:
+            return BLOCKED
+        if err.status == 404:
+            return GONE
+        raise
+    return EVICTED
+
+
+def uncordon(api: Client, node: str) -> bool:
+    """Make `node` schedulable again and drop the label, if the label is still there; True when
+    this call did it."""
+    pointer = "/metadata/labels/" + CORDONED_LABEL.replace("~", "~0").replace("/", "~1")
+    patch = [{"op": "test", "path": pointer, "value": "true"},
+             {"op": "remove", "path": pointer},
+             {"op": "add", "path": "/spec/unschedulable", "value": False}]
+    try:
+        api.patch("v1", "Node", node, patch, patch_type="json")
+    except ApiException as err:
+        if err.status in (404, 409, 422):  # gone, or the label was removed meanwhile
+            return False
+        raise
+    return True

@@ -1,0 +1,709 @@
+"""The staged driver rollout's decision: a pure function, `decide(observed, policy, status, now)`.
+
+It reads what one runner pass observed (the driver DaemonSet's revision, its pods, the eligible
+nodes), the parsed `driver.upgradePolicy`, the persisted `status.upgradeStatus` and the time, and
+returns a `Decision`: the new status (seed 000 table 3.16, plus `resume`, the bookkeeping a
+restarted runner needs), pods to delete, nodes to cordon, drain or uncordon, a revision to
+restore the template to, a value to set `spec.driver.upgradePolicy.pause` to, and events. It
+never calls Kubernetes and never reads the clock, so every rule is tested without a cluster.
+
+The runner writes `Decision.status` first (resourceVersion-checked) and then acts; every action
+is safe to repeat, so a crash between any two actions loses nothing: the next pass sees the
+persisted status and the cluster and carries on.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from metax_operator.rollout.policy import Policy
+
+# Phases and step states: the seed's (OpenKruise Rollout's) names.
+IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = (
+    "Idling", "Progressing", "Terminating", "Disabled", "Disabling")
+STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
+    "StepUpgradeInit", "StepUpgrade", "StepPaused", "StepReady", "Completed")
+# A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
+RESTART_LIMIT = 3
+# At most this many node names are listed in status (held back, failed); the count is always given.
+LISTED_NODES = 20
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A driver pod as the runner observed it. Times are seconds since the epoch (UTC)."""
+
+    name: str
+    uid: str
+    node: str
+    revision: str  # its `controller-revision-hash` label
+    ready: bool = False
+    phase: str = "Pending"
+    restart_count: int = 0
+    created: float = 0.0
+    deleting: float | None = None  # deletionTimestamp, when being deleted
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One pass's view of the cluster."""
+
+    current_revision: str  # hash of the DaemonSet's newest ControllerRevision
+    caught_up: bool  # DaemonSet status.observedGeneration == metadata.generation
+    nodes: frozenset[str]  # nodes that should run the driver (the DaemonSet's node selector)
+    pods: tuple[Pod, ...]  # the DaemonSet's pods
+    gpu_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that request metax-tech.com/*
+    wait_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that match waitForCompletion.podSelector
+    skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
+    cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
+    need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
+    template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
+    driver_spec: str = ""  # the CR's spec.driver, serialized: recorded as lastCoDriverSpec
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod to delete; the runner cordons its node, then deletes with a uid precondition, so a
+    repeat is harmless."""
+
+    name: str
+    uid: str
+    node: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: dict  # the new status.upgradeStatus: write it before acting
+    delete: list[PodRef] = field(default_factory=list)
+    uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
+    cordon: list[str] = field(default_factory=list)  # wave nodes whose work must end first: cordon now
+    evict: list[str] = field(default_factory=list)  # nodes whose GPU pods to evict (drain), once cordoned
+    restore_revision: str | None = None  # patch the template back to this ControllerRevision's
+    set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this
+    events: list[Event] = field(default_factory=list)
+    wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)
+
+
+def decide(observed: Observed, policy: Policy, status: dict | None, now: float) -> Decision:
+    """The actions and new `status.upgradeStatus` for one pass."""
+    return _Pass(observed, policy, status, now).run()
+
+
+def empty_status() -> dict:
+    """`status.upgradeStatus` before the first pass."""
+    return {
+        "lastAppliedSpec": "", "lastCoDriverSpec": "", "upgrading": False, "condition": [],
+        "phase": IDLING, "message": "",
+        "status": {"lastPodSpecRevision": "", "upgradingPodSpecRevision": "", "currentStepIndex": 0,
+                   "currentUpgradeReplicas": 0, "currentUpgradeReadyReplicas": 0,
+                   "currentFailureRetry": 0, "totalUpgradeReplicas": 0,
+                   "totalUpgradeReadyReplicas": 0, "message": ""},
+        # currentStepState is absent until a rollout starts (the CRD's enum has no empty value).
+        # What a restarted runner needs beyond the seed's fields (documented in docs/rollout.md).
+        "resume": {"stableRevision": "", "stepsKey": "", "wave": [], "waveKind": "",
+                        "waveUids": [], "retryQueue": [], "pausedByRunner": False, "pauseReason": "",
+                        "pauseConfirmed": False, "releasePause": False, "heldNodes": [], "heldNodeCount": 0,
+                        "failedNodes": [], "failedNodeCount": 0, "abandonedRevision": "",
+                        "skippedNodes": [], "skippedNodeCount": 0, "cordonedNodes": [], "cordonedNodeCount": 0,
+                        "drainStart": {}, "timedOutNodes": [], "needRebootNodes": [], "needRebootNodeCount": 0},
+    }
+
+
+def rfc3339(t: float) -> str:
+    ms = round(t * 1000)
+    text = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class _View:
+    """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
+
+    def __init__(self, observed: Observed, revision: str, wave: set[str], timeout: float, now: float):
+        self.revision = revision
+        self.live: dict[str, Pod] = {}
+        deleting: dict[str, float] = {}
+        for pod in observed.pods:
+            if pod.node not in observed.nodes:
+                continue
+            if pod.deleting is not None:
+                deleting[pod.node] = min(pod.deleting, deleting.get(pod.node, pod.deleting))
+            elif pod.node not in self.live or pod.created > self.live[pod.node].created:
+                self.live[pod.node] = pod
+        self.at_rev_ready: set[str] = set()
+        self.failed: set[str] = set()  # at the revision and failed, or stuck without a pod
+        self.pending: set[str] = set()  # at the revision, neither Ready nor failed yet
+        self.coming: set[str] = set()  # no live pod yet; the DaemonSet will create one
+        self.others: list[Pod] = []  # live pods at another revision
+        self.deadline: float | None = None  # the next time a pending pod times out
+        for node in observed.nodes:
+            pod = self.live.get(node)
+            if pod is None:
+                if node in deleting and now - deleting[node] >= timeout:
+                    self.failed.add(node)  # stuck Terminating
+                elif node in deleting or node in wave:
+                    self.coming.add(node)
+            elif pod.revision != revision:
+                self.others.append(pod)
+            elif pod.ready:
+                self.at_rev_ready.add(node)
+            elif (pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT
+                  or now - pod.created >= timeout):
+                self.failed.add(node)
+            else:
+                self.pending.add(node)
+                end = pod.created + timeout
+                self.deadline = end if self.deadline is None else min(self.deadline, end)
+        self.at_rev = len(self.at_rev_ready) + len(self.pending) + sum(
+            1 for n in self.failed if n in self.live)
+        self.n = len(self.live) + len(self.coming) + sum(1 for n in self.failed if n not in self.live)
+
+
+class _Pass:
+    def __init__(self, observed: Observed, policy: Policy, status: dict | None, now: float):
+        self.obs, self.pol, self.now = observed, policy, now
+        self.before = status or empty_status()
+        self.st = _merged(empty_status(), copy.deepcopy(self.before))
+        self.sub, self.rs = self.st["status"], self.st["resume"]
+        self.out = Decision(status=self.st)
+        self.wakes: list[float] = []
+        self.pause = policy.pause  # the admin's pause: the spec's, unless it is the runner's being released
+        if self.rs["releasePause"]:
+            if policy.pause:
+                self.out.set_pause, self.pause = False, False
+            else:
+                self.rs["releasePause"] = False
+
+    # -- driver ---------------------------------------------------------------------------
+    def run(self) -> Decision:
+        if not self.obs.caught_up:
+            self._say("waiting for the DaemonSet controller to observe the latest template")
+        else:
+            for _ in range(12):  # transitions chain within a pass; each handler is bounded
+                handler = {PROGRESSING: self._progress, TERMINATING: self._roll_back,
+                           DISABLING: self._roll_back}.get(self.st["phase"], self._idle)
+                if not handler():
+                    break
+        self.st["upgrading"] = self.st["phase"] in (PROGRESSING, TERMINATING, DISABLING)
+        self._list("skippedNodes", self.obs.skipped)
+        self._list("cordonedNodes", self.obs.cordoned)
+        self._list("needRebootNodes", self.obs.need_reboot)
+        self.out.uncordon = sorted(self._driver_back())
+        if _without_update_time(self.st) != _without_update_time(_merged(empty_status(), self.before)):
+            self.sub["lastUpdateTime"] = rfc3339(self.now)
+        self.out.wake_at = min(self.wakes) if self.wakes else None
+        return self.out
+
+    # -- Idling / Disabled: nothing in flight ---------------------------------------------
+    def _idle(self) -> bool:
+        cur, stable = self.obs.current_revision, self.rs["stableRevision"]
+        if not stable:  # the first pass ever: the pods' most common older revision, if any
+            older = Counter(p.revision for p in self.obs.pods
+                            if p.node in self.obs.nodes and p.deleting is None and p.revision != cur)
+            stable = self.rs["stableRevision"] = older.most_common(1)[0][0] if older else cur
+        self.st["phase"] = IDLING if self.pol.enable_rollout else DISABLED
+        if cur == stable:
+            self._record_stable_spec()
+            self._say(f"all driver pods are at revision {cur}" if self.st["phase"] == IDLING
+                      else "staged rollout is disabled; a new driver revision replaces every pod at once")
+            return False
+        if self.pol.enable_rollout:
+            return self._start(reason="RolloutStarted",
+                               message=f"driver revision {cur} rolls out in {len(self.pol.steps)} steps")
+        return self._replace_all(cur)
+
+    def _replace_all(self, cur: str) -> bool:
+        """enableRollout false and nothing in flight: delete every old pod at once."""
+        view = _View(self.obs, cur, set(), self._timeout(), self.now)
+        if not view.others and not view.coming:
+            self.rs["stableRevision"] = cur
+            self._event("Normal", "Replaced", f"every driver pod is at revision {cur}")
+            return True
+        if self.pause:
+            return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+        pods = [p for p in self._takeable(view.others) if not self._to_prepare(p.node)]  # no waves: no wait, no drain
+        self._delete(pods)
+        return self._say(f"replacing {len(view.others)} driver pods with revision {cur} at once")
+
+    def _start(self, reason: str, message: str) -> bool:
+        self.sub["lastPodSpecRevision"] = self.rs["stableRevision"]
+        self.sub["upgradingPodSpecRevision"] = self.obs.current_revision
+        self.st["phase"] = PROGRESSING
+        self.rs.update(wave=[], waveKind="", retryQueue=[], abandonedRevision="", timedOutNodes=[])
+        self._clear_runner_pause()
+        for kind in ("Succeed", "Failed", "Terminating"):
+            self._condition(kind, "False", reason, message)
+        self._condition("Progressing", "True", reason, message)
+        self._event("Normal", reason, message)
+        self._enter_step(self._resume_index())
+        return True
+
+    # -- Progressing -------------------------------------------------------------------------
+    def _progress(self) -> bool:
+        cur, sub = self.obs.current_revision, self.sub
+        if not self.pol.enable_rollout:
+            return self._begin_rollback(DISABLING, "RolloutDisabled",
+                                        "enableRollout was set to false during the rollout: rolling back")
+        if cur == sub["lastPodSpecRevision"]:
+            return self._begin_rollback(TERMINATING, "TemplateReverted",
+                                        f"the driver template was set back to revision {cur}: rolling back")
+        if cur != sub["upgradingPodSpecRevision"]:
+            self._event("Normal", "NewRevision",
+                        f"driver revision {cur} replaces {sub['upgradingPodSpecRevision']}: restarting at step 0")
+            sub["upgradingPodSpecRevision"] = cur
+            self.rs.update(wave=[], retryQueue=[], timedOutNodes=[])
+            self._clear_runner_pause()
+            self._enter_step(self._resume_index())
+            return True
+        if self.rs["stepsKey"] != self.pol.steps_key:
+            index = self._resume_index()
+            self._event("Normal", "StepsEdited", f"upgradeSteps changed: continuing at step {index}")
+            self._clear_runner_pause()
+            self.rs["retryQueue"] = []
+            self._enter_step(index)
+            return True
+        view = self._view(cur)
+        index = min(sub["currentStepIndex"], len(self.pol.steps) - 1)
+        target = self.pol.targets(view.n)[index]
+        sub.update(currentUpgradeReplicas=target, currentUpgradeReadyReplicas=len(view.at_rev_ready),
+                   totalUpgradeReplicas=view.n, totalUpgradeReadyReplicas=len(view.at_rev_ready))
+        self._list("failedNodes", view.failed)
+        if problem := self.pol.last_step_problem(view.n):
+            self._condition("Failed", "True", "InvalidPolicy", problem)
+            return self._say(f"holding: {problem}; set the last step's replicas to \"100%\"")
+        if any(c["reason"] == "InvalidPolicy" and c["status"] == "True" for c in self.st["condition"]):
+            self._condition("Failed", "False", "PolicyValid", "the upgrade policy reaches every node again")
+        state = sub["currentStepState"]
+        if state == STEP_INIT:
+            return self._step_state(STEP_UPGRADE)
+        if state == STEP_UPGRADE:
+            return self._upgrade(view, index, target)
+        if state == STEP_PAUSED:
+            return self._paused()
+        if index + 1 < len(self.pol.steps):  # StepReady
+            self._enter_step(index + 1)
+            return True
+        return self._complete()
+
+    def _upgrade(self, view: _View, index: int, target: int) -> bool:
+        cap = self.pol.caps(view.n)[index]
+        allowed = self.pol.tolerations(view.n)[index]
+        if self._wave_busy(view):
+            return False
+        queue = [n for n in self.rs["retryQueue"] if n in view.failed]
+        if queue:
+            if self.pause:
+                return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+            wave = queue[:cap]
+            self.rs["retryQueue"] = queue[cap:]
+            self._start_wave("retry", wave, [view.live[n] for n in wave if n in view.live])
+            return self._say(f"step {index}: retry {self.sub['currentFailureRetry']}: "
+                             f"recreating {len(wave)} failed pods")
+        self.rs["retryQueue"] = []
+        if len(view.failed) > allowed:
+            return self._failed_step(view, index, allowed, "toleration")
+        # Failed nodes count as done: at the revision, stuck without a pod, or timed out before the swap.
+        done = view.at_rev + sum(1 for n in view.failed if n not in view.live or view.live[n].revision != view.revision)
+        if done >= target and not view.coming:
+            unavailable = self.pol.max_unavailable.of(view.n)
+            if index == len(self.pol.steps) - 1 and len(view.failed) > unavailable:
+                return self._failed_step(view, index, unavailable, "maxUnavailable")
+            self.rs["stepReadyTime"] = rfc3339(self.now)
+            pause_ms = self.pol.steps[index].pause_ms
+            if pause_ms is None:
+                self._runner_pause("step")
+                message = f"step {index} is ready ({done} upgraded): waiting for pause: false"
+            else:
+                self.sub["recheckTime"] = rfc3339(self.now + pause_ms / 1000)
+                message = f"step {index} is ready ({done} upgraded): continuing after {pause_ms} ms"
+            self._event("Normal", "StepReady", message)
+            return self._step_state(STEP_PAUSED, message)
+        if self.pause:
+            return self._say("paused by the admin (spec.driver.upgradePolicy.pause: true)")
+        remaining = target - done - len(view.coming)
+        if remaining <= 0:
+            return self._say(f"step {index}: waiting for {len(view.coming)} pods to be created")
+        pods = self._takeable(view.others)
+        if not pods:
+            return self._say(f"step {index}: every remaining node is held back")
+        wave = pods[:min(cap, remaining)]
+        self._start_wave("upgrade", [p.node for p in wave], wave)
+        return self._say(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
+
+    def _failed_step(self, view: _View, index: int, allowed: int, limit: str) -> bool:
+        retry = self.sub["currentFailureRetry"]
+        failed = len(view.failed)
+        if retry < self.pol.max_failure_threshold:
+            self.sub["currentFailureRetry"] = retry + 1
+            self.rs["retryQueue"] = sorted(view.failed)
+            self._event("Warning", "StepRetry", f"step {index}: {failed} failed pods exceed {limit} {allowed}: "
+                        f"retry {retry + 1} of {self.pol.max_failure_threshold}")
+            return True
+        message = (f"step {index}: {failed} failed pods exceed {limit} {allowed} after "
+                   f"{retry} retries: fallback {self.pol.fallback}")
+        self._condition("Failed", "True", "StepFailed", message)
+        self._event("Warning", "StepFailed", message)
+        if self.pol.fallback == "rollback":
+            return self._begin_rollback(TERMINATING, "FallbackRollback", message)
+        self._condition("Progressing", "True", "Failed", message)
+        self._runner_pause("failure")
+        return self._step_state(STEP_PAUSED, message + ": fix the failed nodes, then set pause: false")
+
+    def _paused(self) -> bool:
+        index = self.sub["currentStepIndex"]
+        if self.rs["pausedByRunner"]:
+            if not self.rs["pauseConfirmed"]:
+                if not self.pause:
+                    self.out.set_pause = True
+                    return False
+                self.rs["pauseConfirmed"] = True
+            if self.pause:
+                return False
+            reason = self.rs["pauseReason"]
+            self._clear_runner_pause()
+            self._event("Normal", "Resumed", f"step {index}: resumed by the admin")
+            if reason == "failure":
+                self.sub["currentFailureRetry"] = 0
+                self._condition("Failed", "False", "Resumed", f"step {index}: resumed by the admin")
+                self._condition("Progressing", "True", "Resumed", f"step {index}: resumed by the admin")
+                return self._step_state(STEP_UPGRADE)
+            return self._step_state(STEP_READY)
+        recheck = parse_time(self.sub.get("recheckTime"))
+        if self.pause:
+            return self._say(f"step {index}: paused by the admin (spec.driver.upgradePolicy.pause: true)")
+        if recheck is not None and self.now < recheck:
+            self.wakes.append(recheck)
+            return False
+        return self._step_state(STEP_READY)
+
+    def _complete(self) -> bool:
+        revision = self.sub["upgradingPodSpecRevision"]
+        message = f"every driver pod is at revision {revision}"
+        self.rs["stableRevision"] = revision
+        self._record_stable_spec()
+        self.st["phase"] = IDLING
+        self._condition("Progressing", "False", "Completed", message)
+        self._condition("Succeed", "True", "Completed", message)
+        self._event("Normal", "Completed", message)
+        self._step_state(COMPLETED, message)
+        return False
+
+    # -- Terminating / Disabling: back to lastPodSpecRevision --------------------------------
+    def _begin_rollback(self, phase: str, reason: str, message: str) -> bool:
+        self.st["phase"] = phase
+        self.rs.update(wave=[], retryQueue=[], abandonedRevision=self.sub["upgradingPodSpecRevision"],
+                       timedOutNodes=[])
+        self._clear_runner_pause()
+        self._condition("Terminating", "True", reason, message)
+        self._event("Warning", reason, message)
+        self._say(message)
+        return True
+
+    def _roll_back(self) -> bool:
+        cur, last = self.obs.current_revision, self.sub["lastPodSpecRevision"]
+        if cur not in (last, self.rs["abandonedRevision"]):
+            self.rs["stableRevision"] = last
+            if self.st["phase"] == TERMINATING and self.pol.enable_rollout:
+                return self._start("NewRevision", f"driver revision {cur} rolls out, replacing the rollback")
+            self.st["phase"] = DISABLED
+            return True
+        if cur != last:
+            self.out.restore_revision = last
+            return self._say(f"restoring the driver template to revision {last}")
+        view = self._view(last)
+        self.sub.update(totalUpgradeReplicas=view.n, totalUpgradeReadyReplicas=len(view.at_rev_ready))
+        if self._wave_busy(view):
+            return False
+        if not view.others and not view.coming:
+            self.rs.update(stableRevision=last, wave=[], waveKind="")
+            message = f"rolled back: every driver pod is at revision {last}"
+            self._condition("Terminating", "False", "RolledBack", message)
+            self._condition("Progressing", "False", "RolledBack", message)
+            self._event("Normal", "RolledBack", message)
+            self.st["phase"] = DISABLED if self.st["phase"] == DISABLING else IDLING
+            self._say(message)
+            return True
+        if self.pause:
+            return self._say("rollback paused by the admin (spec.driver.upgradePolicy.pause: true)")
+        pods = self._takeable(view.others)
+        if not pods:
+            return self._say("rollback: every remaining node is held back")
+        index = min(self.sub["currentStepIndex"], len(self.pol.steps) - 1)
+        cap = self.pol.caps(view.n)[index] if self.pol.steps else view.n
+        wave = pods[:cap]
+        self._start_wave("rollback", [p.node for p in wave], wave)
+        return self._say(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
+
+    # -- waves --------------------------------------------------------------------------------
+    def _view(self, revision: str) -> _View:
+        view = _View(self.obs, revision, set(self.rs["wave"]), self._timeout(), self.now)
+        if view.deadline is not None:
+            self.wakes.append(view.deadline)  # a pending pod turns failed then
+        if self.st["phase"] == PROGRESSING and self.pol.on_timeout == "fail":
+            timed_out = {n for n in self.rs["timedOutNodes"] if n in view.live and view.live[n].revision != revision}
+            view.failed.update(timed_out)  # failed before the swap: not taken again unless retried
+            view.others = [p for p in view.others if p.node not in timed_out]
+        return view
+
+    def _wave_busy(self, view: _View) -> bool:
+        """True while the current wave is still coming back; repeats deletions a crash lost.
+
+        A wave node is back when its pod is at the wave's revision and Ready or failed (failed
+        nodes hold no slot), or when it is stuck. A pod the wave meant to delete (another
+        revision, or a uid in `waveUids` for a retry) that is still there is deleted again, after
+        the same checks as a first deletion: GPU work holds it back, work to wait for or drain
+        must end first (`_prepare`).
+        """
+        start = parse_time(self.rs.get("waveStartTime"))
+        wave = [n for n in self.rs["wave"] if n in self.obs.nodes]
+        if not wave or start is None:
+            return False
+        doomed = set(self.rs.get("waveUids") or ())
+        busy, lost = [], []
+        for node in wave:
+            pod = view.live.get(node)
+            if node in view.at_rev_ready:
+                continue
+            if pod is not None and (pod.revision != view.revision or pod.uid in doomed):
+                lost.append(pod)
+            elif node in view.failed and (pod is not None or self.rs["waveKind"] != "retry"):
+                continue  # failed; but a retried stuck node gets the timeout again
+            busy.append(node)
+        deadline = start + self._timeout()
+        if busy and self.now >= deadline:  # deleted but never came back: failed, no longer in flight
+            undeleted = {p.node for p in lost}  # the runner's deletion never happened: not the node's fault
+            stuck = [n for n in busy if n not in view.pending and n not in undeleted]
+            view.failed.update(stuck)
+            view.coming.difference_update(stuck)
+            busy = [n for n in busy if n in view.pending or n in undeleted]
+        held = [p for p in lost if self._held(p.node)]
+        ready = self._prepare([p for p in lost if p not in held], view, start, busy)
+        if not busy:
+            return False
+        if ready and not self.pause:
+            self._delete(ready)
+        self.wakes.append(deadline)
+        preparing = len(lost) - len(held) - len(ready)
+        notes = [f"{len(held)} held back by GPU workloads"] * bool(held) + \
+            [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
+        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs['waveKind']} wave to be Ready"
+                  + (f" ({'; '.join(notes)})" if notes else ""))
+        return True
+
+    def _start_wave(self, kind: str, nodes: list[str], pods: list[Pod]) -> None:
+        """Start a wave: delete the pods of its free nodes now; the others are cordoned and
+        deleted by `_wave_busy` once their work has ended (`_prepare`)."""
+        self.rs.update(wave=sorted(nodes), waveKind=kind, waveStartTime=rfc3339(self.now), drainStart={},
+                       waveUids=sorted(p.uid for p in pods) if kind == "retry" else [],
+                       timedOutNodes=[n for n in self.rs["timedOutNodes"] if n not in nodes])
+        self._delete([p for p in pods if not self._to_prepare(p.node)])
+        self.out.cordon.extend(p.node for p in pods if self._to_prepare(p.node))
+        self.wakes.append(self.now + self._timeout())
+
+    def _prepare(self, pods: list[Pod], view: _View, start: float, busy: list[str]) -> list[Pod]:
+        """Of the wave's pods still to delete, those whose node is free of the work that must end
+        first. For the others: keep them cordoned, evict their GPU pods (drain, once no pod to
+        wait for is left), and apply `onTimeout` to those whose wait or drain ran out (taken out
+        of `busy`)."""
+        free = []
+        for pod in pods:
+            stage = self._to_prepare(pod.node)
+            if not stage:
+                free.append(pod)
+                continue
+            if pod.node in self.rs["timedOutNodes"]:  # failed before the swap (a held node left the wave)
+                view.failed.add(pod.node)
+                busy.remove(pod.node)
+                continue
+            if stage == "wait":
+                deadline = start + self.pol.wait_timeout_ms / 1000 if self.pol.wait_timeout_ms else None
+            else:
+                began = self.rs["drainStart"].setdefault(pod.node, rfc3339(self.now))
+                deadline = parse_time(began) + self.pol.drain_timeout_ms / 1000
+            if deadline is not None and self.now >= deadline:
+                self._timed_out(pod.node, stage, view)
+                busy.remove(pod.node)
+                continue
+            if deadline is not None:
+                self.wakes.append(deadline)
+            if pod.node not in self.obs.cordoned:
+                self.out.cordon.append(pod.node)  # again, should the cordon have been lost
+            if stage == "drain" and not self.pause:
+                self.out.evict.append(pod.node)
+        return free
+
+    def _timed_out(self, node: str, stage: str, view: _View) -> None:
+        """`node`'s wait or drain ran out: hold it back (out of the wave, uncordoned, its driver
+        kept) or count it failed (`onTimeout`)."""
+        self.rs["drainStart"].pop(node, None)
+        if node not in self.rs["timedOutNodes"]:
+            self.rs["timedOutNodes"] = sorted([*self.rs["timedOutNodes"], node])
+            what = "waiting for its pods matching waitForCompletion.podSelector" if stage == "wait" \
+                else "draining its GPU pods"
+            then = "held back" if self.pol.on_timeout == "hold" else "counted failed"
+            self._event("Warning", "WaitTimeout" if stage == "wait" else "DrainTimeout",
+                        f"node {node}: {what} timed out; {then} (onTimeout: {self.pol.on_timeout})")
+        if self.pol.on_timeout == "hold":
+            self.rs["wave"] = [n for n in self.rs["wave"] if n != node]
+        else:
+            view.failed.add(node)
+
+    def _takeable(self, pods: list[Pod]) -> list[Pod]:
+        """Pods that may be deleted now (or once their node's work ends): nodes without work to
+        wait for first, then not-ready first, then by node; lists the held-back nodes."""
+        timed_out = set(self.rs["timedOutNodes"])
+        held = [p.node for p in pods if self._held(p.node) or (p.node in timed_out and self._to_prepare(p.node))]
+        self._list("heldNodes", held)
+        if held and len(held) != self.before.get("resume", {}).get("heldNodeCount"):
+            self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads (or their wait or drain "
+                        f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}")
+        return sorted((p for p in pods if p.node not in held),
+                      key=lambda p: (bool(self._to_prepare(p.node)), p.ready, p.node))
+
+    def _held(self, node: str) -> bool:
+        """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
+        return node in self.obs.gpu_busy_nodes and not self.pol.allow_gpu_workloads and not self.pol.drain
+
+    def _to_prepare(self, node: str) -> str:
+        """What must end on `node` before its driver pod is deleted: "wait" (pods matching
+        waitForCompletion.podSelector), "drain" (GPU pods, evicted) or "" (nothing)."""
+        if self.pol.wait_selector and node in self.obs.wait_busy_nodes:
+            return "wait"
+        if self.pol.drain and not self.pol.allow_gpu_workloads and node in self.obs.gpu_busy_nodes:
+            return "drain"
+        return ""
+
+    def _delete(self, pods: list[Pod]) -> None:
+        self.out.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
+
+    def _driver_back(self) -> set[str]:
+        """The nodes the runner cordoned that it may uncordon now.
+
+        A node stays cordoned while its driver is being swapped: a pod of it is to be deleted in
+        this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
+        node whose new driver fails stays cordoned until an admin looks at it), or it is in the
+        wave with a pod the wave has yet to replace (another revision, or a uid a retry
+        deletes), its work still to end (wait, drain). A node with no driver pod at all that no
+        wave waits for has nothing coming.
+        """
+        deleting = {ref.node for ref in self.out.delete}
+        live: dict[str, Pod] = {}
+        for pod in self.obs.pods:
+            if pod.deleting is not None:
+                deleting.add(pod.node)
+            elif pod.node not in live or pod.created > live[pod.node].created:
+                live[pod.node] = pod
+        # A node whose wait or drain timed out keeps its driver: its swap is given up.
+        wave = set(self.rs["wave"]) - set(self.rs["timedOutNodes"])
+        doomed = set(self.rs.get("waveUids") or ())
+        back = set()
+        for node in self.obs.cordoned - deleting:
+            pod = live.get(node)
+            if pod is None:
+                if node not in wave:
+                    back.add(node)
+            elif pod.ready and (node not in wave or (pod.revision == self.obs.current_revision
+                                                     and pod.uid not in doomed)):
+                back.add(node)
+        return back
+
+    # -- small helpers --------------------------------------------------------------------------
+    def _resume_index(self) -> int:
+        """The first step whose target is at least the pods already at the current revision.
+
+        Also records the step list it was computed for (`resume.stepsKey`).
+        """
+        self.rs["stepsKey"] = self.pol.steps_key
+        view = self._view(self.obs.current_revision)
+        targets = self.pol.targets(view.n)
+        return next((i for i, t in enumerate(targets) if t >= view.at_rev), max(len(targets) - 1, 0))
+
+    def _enter_step(self, index: int) -> None:
+        self.sub.update(currentStepIndex=index, currentFailureRetry=0)
+        self.sub.pop("recheckTime", None)
+        self.rs["stepStartTime"] = rfc3339(self.now)
+        self.rs.pop("stepReadyTime", None)
+        step = self.pol.steps[index]
+        after = "wait for the admin" if step.pause_ms is None else f"pause {step.pause_ms} ms"
+        self._event("Normal", STEP_INIT, f"step {index}: replicas {step.replicas}, then {after}")
+        self._step_state(STEP_INIT, f"step {index} started")
+
+    def _step_state(self, state: str, message: str = "") -> bool:
+        self.sub["currentStepState"] = state
+        self._say(message or f"step {self.sub['currentStepIndex']}: {state}")
+        return True
+
+    def _runner_pause(self, reason: str) -> None:
+        self.rs.update(pausedByRunner=True, pauseReason=reason, pauseConfirmed=self.pause, releasePause=False)
+        if not self.pause:
+            self.out.set_pause = True
+
+    def _clear_runner_pause(self) -> None:
+        """Forget the runner's pause; if the spec still holds it (the rollout moved on without the
+        admin's answer: a rollback, a new revision, edited steps), set it back to false."""
+        if self.rs["pausedByRunner"] and self.pause:
+            self.rs["releasePause"], self.out.set_pause, self.pause = True, False, False
+        self.rs.update(pausedByRunner=False, pauseReason="", pauseConfirmed=False)
+
+    def _record_stable_spec(self) -> None:
+        """Record the template and `spec.driver` observed now as those of the stable revision
+        (`lastAppliedSpec`, `lastCoDriverSpec`: what a rollback writes back to the CR).
+
+        Called only when the current revision is the stable one and the observation is caught up,
+        so both belong to it. The pass that completes a rollout records them too: the next version
+        may arrive before any idle pass, and its rollout must not inherit the spec of the rollout
+        before (a rollback would then restore an older driver version than its revision's).
+        """
+        self.st["lastAppliedSpec"], self.st["lastCoDriverSpec"] = self.obs.template, self.obs.driver_spec
+
+    def _timeout(self) -> float:
+        return self.pol.readiness_timeout_ms / 1000
+
+    def _list(self, key: str, nodes) -> None:
+        nodes = sorted(nodes)
+        self.rs[key], self.rs[key.replace("Nodes", "NodeCount")] = nodes[:LISTED_NODES], len(nodes)
+
+    def _say(self, message: str) -> bool:
+        self.st["message"] = self.sub["message"] = message
+        return False
+
+    def _condition(self, kind: str, status: str, reason: str, message: str) -> None:
+        for cond in self.st["condition"]:
+            if cond["type"] == kind:
+                if cond["status"] != status:
+                    cond["lastTransitionTime"] = rfc3339(self.now)
+                cond.update(status=status, reason=reason, message=message)
+                return
+        self.st["condition"].append({"type": kind, "status": status, "reason": reason, "message": message,
+                                     "lastTransitionTime": rfc3339(self.now)})
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        self.out.events.append(Event(type_, reason, message))
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, so a status written by an older version gains the new fields."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merged(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _without_update_time(status: dict) -> dict:
+    return {**status, "status": {k: v for k, v in status["status"].items() if k != "lastUpdateTime"}}

@@ -1,0 +1,285 @@
+"""The staged driver rollout's imperative shell: one step of every runner pass.
+
+Each pass: read the CR and the driver DaemonSet (from the runner's `runtime.object_cache`), snapshot
+the watch caches (`rollout.observe`), let the engine
+decide (`engine.decide`), write the intended `status.upgradeStatus` (a PUT of the status
+subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
+the pass stops without acting; the next pass decides again), then act:
+
+- set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
+  saw, so an admin's concurrent edit wins);
+- roll back: first set the CR's `spec.driver` back to one that gives the stable revision's
+  template (`reconcile.restored_driver_spec`: `lastCoDriverSpec`, or what the template itself
+  says), so the runner's reconcile does not re-apply the abandoned version, then patch the
+  DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+- cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU pods of
+  those being drained (`Decision.evict`, only once cordoned; the Eviction API respects
+  PodDisruptionBudgets);
+- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then delete the
+  pod with a uid precondition (404 or a failed precondition: already done); a node that could
+  not be cordoned keeps its pod until a later pass;
+- uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
+- emit the engine's Events on the CR.
+
+Every action is safe to repeat: a runner killed between any two of them resumes from the status
+it wrote and what the cluster shows.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.rollout import policy as policy_mod
+from metax_operator.rollout import cordon, engine
+from metax_operator.runtime import kube, reconcile
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.jsonlog import event
+from metax_operator.runtime.kube import Client
+from metax_operator.runtime.metrics import Metrics
+from metax_operator.rollout.observe import DRIVER_DAEMONSET, Snapshot, Watches, revision_template
+
+log = logging.getLogger("metax_operator.rollout.engine")
+
+#: Seconds a pass waits for the caches' first LIST.
+SYNC_TIMEOUT = 60.0
+
+
+class RolloutExecutor:
+    """The rollout step of the runner; keeps its watch caches between passes."""
+
+    def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
+                 clock: Callable[[], float] = time.time, watches: Watches | None = None,
+                 metrics: Metrics | None = None, reader=None):
+        self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
+        self.reader = reader or api  # where the CR and the DaemonSet are read (`object_cache`), else live
+        self.watches, self.metrics = watches, metrics
+        self.requests = 0  # this module's own requests (the caches count theirs)
+
+    def close(self) -> None:
+        if self.watches is not None:
+            self.watches.stop()
+
+    def run_pass(self) -> int:
+        """One rollout pass; the number of writes."""
+        if self.watches is None:
+            self.watches = Watches(self.api, self.namespace).start()
+        if not self.watches.wait_synced(SYNC_TIMEOUT):
+            event(log, "rollout-wait-cache", logging.WARNING, msg="the watch caches have not listed yet")
+            return 0
+        cr = self._get_cr()
+        if cr is None:
+            return 0
+        raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
+        try:
+            policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
+        except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
+            event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
+            return 0
+        before = (cr.get("status") or {}).get("upgradeStatus") or None
+        waited = self.watches.wait_for(policy.wait_selector)
+        if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
+            event(log, "rollout-wait-cache", logging.WARNING,
+                  msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} "
+                      "has not listed yet")
+            return 0
+        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        if ds is None:
+            event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
+            return 0
+        snap = self.watches.observe(ds, cr, before)
+        decision = engine.decide(snap.observed, policy, before, self.clock())
+        writes = 0
+        if decision.status != before:
+            if not self._write_status(cr, decision.status):
+                return 0  # the CR changed since it was read: decide again next pass
+            writes += 1
+        if self.metrics is not None:
+            self.metrics.rollout_pass(before, decision.status, self.clock())
+        writes += self._act(cr, snap, decision, policy)
+        sub = decision.status["status"]
+        event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,
+              phase=decision.status["phase"], step=sub.get("currentStepIndex"),
+              state=sub.get("currentStepState"), upgraded=sub.get("totalUpgradeReadyReplicas"),
+              total=sub.get("totalUpgradeReplicas"), deleted=[p.name for p in decision.delete],
+              message=decision.status.get("message"), **self._traffic())
+        return writes
+
+    # -- the status write -----------------------------------------------------------------------
+
+    def _get_cr(self) -> dict | None:
+        return self.reader.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+
+    def _write_status(self, cr: dict, status: dict) -> bool:
+        """PUT the status subresource with the resourceVersion read; False on a conflict."""
+        self._check()
+        body = json.loads(json.dumps(cr))
+        body.setdefault("status", {})["upgradeStatus"] = status
+        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME,
+                                                                                  subresource="status")
+        self.requests += 1
+        try:
+            written = self.api.call("PUT", path, body=body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            event(log, "rollout-status-conflict", logging.INFO, msg="the CR changed since it was read")
+            return False
+        cr["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
+        return True
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _act(self, cr: dict, snap: Snapshot, decision: engine.Decision, policy: policy_mod.Policy) -> int:
+        writes = 0
+        if decision.set_pause is not None and decision.set_pause != policy.pause:
+            writes += self._set_pause(decision.set_pause, policy.pause, decision.status)
+        if decision.restore_revision:
+            writes += self._restore(cr, snap, decision.restore_revision, decision.status)
+        writes += self._drain(decision.cordon, decision.evict)
+        writes += self._delete(decision.delete, policy.cordon)
+        writes += self._uncordon(decision.uncordon)
+        for item in decision.events:
+            self._check()
+            self.requests += 1
+            writes += reconcile.emit_event(self.api, cr, item.type, item.reason, item.message,
+                                           engine.rfc3339(self.clock()), self.identity)
+        return writes
+
+    def _set_pause(self, value: bool, seen: bool, status: dict) -> int:
+        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw.
+
+        Once the runner's own pause has landed, the status says so (`resume.pauseConfirmed`):
+        otherwise an admin's `pause: false` a moment later would look like the runner's pause not
+        applied yet, and the next pass would pause again.
+        """
+        self._check()
+        path = "/spec/driver/upgradePolicy/pause"
+        patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
+        self.requests += 1
+        try:
+            patched = self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
+                                     patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+        except ApiException as err:
+            if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
+                raise
+            event(log, "rollout-pause-skipped", msg="spec.driver.upgradePolicy.pause changed meanwhile")
+            return 0
+        event(log, "rollout-set-pause", pause=value)
+        resume = status.get("resume") or {}
+        if value and resume.get("pausedByRunner") and not resume.get("pauseConfirmed"):
+            resume["pauseConfirmed"] = True
+            return 1 + self._write_status(patched, status)
+        return 1
+
+    def _restore(self, cr: dict, snap: Snapshot, revision: str, status: dict) -> int:
+        """Set the CR's spec.driver back to the one of `revision`, then the template to it.
+
+        The spec comes first: the reconcile of the next pass must find a CR that gives the
+        restored template, not the abandoned one (`reconcile.restored_driver_spec`).
+        """
+        writes = 0
+        spec = cr.get("spec") or {}
+        driver = spec.get("driver") or {}
+        found = snap.revisions.get(revision)
+        recorded = status.get("lastCoDriverSpec") or ""
+        if found is not None:
+            wanted = reconcile.restored_driver_spec(snap.daemonset, revision_template(found), spec, recorded)
+        else:  # the template cannot be restored; the recorded spec still brings the version back
+            wanted = {**json.loads(recorded), "upgradePolicy": driver.get("upgradePolicy", {})} if recorded else None
+        if wanted is None:
+            event(log, "rollout-restore-cr-unknown", logging.ERROR, revision=revision,
+                  msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself")
+        elif wanted != driver:
+            self._check()
+            self.requests += 1
+            self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
+                           [{"op": "replace", "path": "/spec/driver", "value": wanted}],
+                           patch_type="json", field_manager=reconcile.FIELD_MANAGER)
+            event(log, "rollout-restore-cr", revision=revision,
+                  msg=f"spec.driver set back to revision {revision}'s")
+            writes += 1
+        if found is None:
+            event(log, "rollout-revision-missing", logging.ERROR, revision=revision,
+                  msg=f"no ControllerRevision with hash {revision}: cannot restore the template")
+            return writes
+        self._check()
+        self.requests += 1
+        self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, found.data, namespace=self.namespace,
+                       patch_type="strategic", field_manager=reconcile.FIELD_MANAGER)
+        event(log, "rollout-restore-template", revision=revision, controllerrevision=found.name)
+        return writes + 1
+
+    def _delete(self, pods: list[engine.PodRef], cordon_first: bool) -> int:
+        """Cordon each pod's node (when `cordon_first`), then delete the pod; the number of writes."""
+        if not pods:
+            return 0
+        self._check()
+
+        def delete(pod: engine.PodRef) -> tuple[str, str]:
+            found = cordon.cordon(self.api, pod.node, self.watches.nodes) if cordon_first else ""
+            if found == cordon.NOT_NOW:
+                return found, ""
+            try:
+                return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) \
+                    else "gone"
+            except ApiException as err:
+                if err.status == 409:  # the uid precondition failed: that pod is already gone
+                    return found, "gone"
+                raise
+
+        outcomes = self._parallel(delete, pods)
+        cordons = [c for c, _ in outcomes]
+        deletes = sum(1 for _, d in outcomes if d)
+        self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
+        not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
+        event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
+              cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
+        return deletes + cordons.count(cordon.CORDONED)
+
+    def _drain(self, cordons: list[str], drains: list[str]) -> int:
+        """Cordon `cordons`, then evict the GPU pods on `drains` that are cordoned; the number of writes."""
+        if not cordons and not drains:
+            return 0
+        self._check()
+        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes),
+                                                 cordons), strict=True))
+        self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
+        ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
+        pods = self.watches.gpu_pods_on(ready)
+        outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)
+        self.requests += len(pods)
+        event(log, "rollout-drain", cordoned=sorted(n for n, c in found.items() if c == cordon.CORDONED),
+              evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.EVICTED],
+              blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.BLOCKED],
+              **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}))
+        return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
+
+    def _uncordon(self, nodes: list[str]) -> int:
+        if not nodes:
+            return 0
+        self._check()
+        done = self._parallel(lambda node: cordon.uncordon(self.api, node), nodes)
+        self.requests += len(nodes)
+        event(log, "rollout-uncordon", nodes=nodes, uncordoned=sum(done))
+        return sum(done)
+
+    @staticmethod
+    def _parallel(fn, items: list) -> list:
+        if not items:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(kube.PARALLEL_REQUESTS, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    def _check(self) -> None:
+        if not self.guard():
+            raise reconcile.LostLeadership("the lease was lost: stopping before the next write")
+
+    def _traffic(self) -> dict:
+        stats = self.watches.stats() if self.watches else None
+        return {"requests": self.requests, "cache_requests": stats.requests if stats else 0,
+                "cache_bytes": stats.bytes if stats else 0, "cache_events": stats.events if stats else 0}

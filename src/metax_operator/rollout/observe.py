@@ -1,0 +1,243 @@
+"""What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
+
+Six caches, started once and kept across passes:
+- the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
+- the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
+  `engine.Pod` plus its owner's uid;
+- every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
+  projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
+  runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
+  resource, so this one watch sees every pod change of the cluster; what it stores is a few
+  strings per GPU pod;
+- the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout) and the
+  nodes the runner cordoned (`cordon.py`), by label selector: names only;
+- every node, projected to whether it is unschedulable and its resourceVersion: what a cordon
+  reads before its conditional write (`cordon.cordon`), so that a wave's cordons are one request
+  per node, not two;
+- the Node events of namespace `default` (where node events are kept) with reason
+  `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
+  finds a new boot id), by field selector: node name and time. A node needs a reboot while its
+  latest `NodeNeedReboot` is newer than its latest `Rebooted`.
+
+With `upgradePolicy.waitForCompletion.podSelector` set, a sixth cache follows the running pods
+that match it (their nodes only); it is replaced when the selector changes.
+
+The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
+runner's own write until its watch has delivered it: the reconcile may have changed the
+template a moment before in the same pass.
+
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Observed`: the current
+revision is the `controller-revision-hash` of the newest ControllerRevision
+owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
+agree, since they come from separate reads:
+- the DaemonSet controller observed the latest generation;
+- the newest revision in the cache holds the DaemonSet's template (its watch may lag);
+- the runner's reconcile applied the CR's latest generation (`status.observedGeneration`), so the
+  CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
+  template came from.
+The engine's eligible nodes are the nodes of the DaemonSet's pods, less the skipped ones, plus
+the nodes of the wave in flight (whose pod may be between deletion and re-creation).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from metax_operator.rollout import cordon, engine
+from metax_operator import workloads
+from metax_operator.runtime.informer import Informer, Stats
+from metax_operator.runtime.kube import Client
+
+DRIVER_DAEMONSET = "metax-driver"
+DRIVER_POD_SELECTOR = "app.kubernetes.io/component=driver"
+REVISION_LABEL = "controller-revision-hash"
+RUNNING = "status.phase!=Succeeded,status.phase!=Failed"
+NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A ControllerRevision of a DaemonSet: its hash label, number and template patch."""
+
+    name: str
+    owner_uid: str
+    hash: str
+    number: int
+    data: dict
+
+
+@dataclass(frozen=True)
+class DriverPod:
+    owner_uid: str
+    pod: engine.Pod
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One pass's view: the engine's `Observed` and what acting on it needs."""
+
+    observed: engine.Observed
+    daemonset: dict
+    revisions: dict[str, Revision]  # hash -> the DaemonSet's revision
+
+
+class Watches:
+    """The rollout's caches for `namespace`; `start()` once, `observe()` every pass."""
+
+    def __init__(self, api: Client, namespace: str, resync: float = 1800.0):
+        self.api, self.resync = api, resync
+        self.waited: Informer | None = None
+        core = api.resource("v1", "Pod")
+        apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
+        self.revisions = Informer(api, apps("ControllerRevision").path(namespace=namespace),
+                                  project=project_revision, resync=resync, name="controllerrevisions")
+        self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
+                                    project=project_driver_pod, resync=resync, name="driver-pods")
+        self.gpu_pods = Informer(api, "/api/v1/pods", field_selector=RUNNING,
+                                 project=workloads.gpu_pod, resync=resync, name="gpu-workloads")
+        nodes = api.resource("v1", "Node").path()
+        self.skipped = Informer(api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name,
+                                resync=resync, name="skipped-nodes")
+        self.cordoned = Informer(api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name,
+                                 resync=resync, name="cordoned-nodes")
+        self.nodes = Informer(api, nodes, project=cordon.node_state, resync=resync, name="nodes")
+        events = "/api/v1/namespaces/default/events"
+        self.reboot_asked = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={NEED_REBOOT}",
+                                     project=node_event, resync=resync, name="node-need-reboot")
+        self.rebooted = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={REBOOTED}",
+                                 project=node_event, resync=resync, name="node-rebooted")
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned, self.nodes,
+                    self.reboot_asked, self.rebooted)
+
+    def start(self) -> Watches:
+        for informer in self.all:
+            informer.start()
+        return self
+
+    def wait_for(self, selector: str) -> Informer | None:
+        """The cache of running pods matching `selector` (started, or replaced when the selector
+        changed; None and stopped when it is empty)."""
+        current = self.waited
+        if current is not None and current.label_selector != selector:
+            current.stop()
+            current = None
+        if current is None and selector:
+            current = Informer(self.api, "/api/v1/pods", label_selector=selector, field_selector=RUNNING,
+                               project=pod_node, resync=self.resync, name="wait-for-completion").start()
+        self.waited = current
+        return current
+
+    def synced(self) -> bool:
+        return all(i.synced for i in self.all)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(i.wait_synced(timeout) for i in self.all)
+
+    def stop(self) -> None:
+        for informer in (*self.all, *([self.waited] if self.waited else [])):
+            informer.stop()
+
+    def stats(self) -> Stats:
+        total = Stats()
+        for informer in self.all:
+            for name in ("list_requests", "watch_requests", "events", "bytes", "relists"):
+                setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
+        return total
+
+    def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
+        """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
+        waited = self.waited.snapshot().values() if self.waited else ()
+        return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
+                     (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status,
+                     skipped=self.skipped.snapshot().values(), cordoned=self.cordoned.snapshot().values(),
+                     waited=(node for node in waited if node),
+                     need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()))
+
+    def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
+        """The GPU pods the cache holds on `nodes` (what a drain evicts)."""
+        return [p for p in self.gpu_pods.snapshot().values() if p.node in nodes]
+
+
+def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None,
+          skipped=(), cordoned=(), waited=(), need_reboot=()) -> Snapshot:
+    """The pure part of `observe` (also what the unit tests call)."""
+    uid = ds["metadata"]["uid"]
+    own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
+    newest = max(own.values(), key=lambda r: r.number) if own else None
+    cr_status = cr.get("status") or {}
+    caught_up = (newest is not None and revision_template(newest) == ds["spec"]["template"]
+                 and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
+                 and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation"))
+    pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
+    wave = (((status or {}).get("resume") or {}).get("wave")) or []
+    skipped = frozenset(skipped)
+    observed = engine.Observed(
+        current_revision=newest.hash if newest else "", caught_up=caught_up,
+        nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
+        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), wait_busy_nodes=frozenset(waited), skipped=skipped,
+        cordoned=frozenset(cordoned), need_reboot=frozenset(need_reboot),
+        template=canonical(ds["spec"]["template"]),
+        driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}))
+    return Snapshot(observed, ds, own)
+
+
+def revision_template(revision: Revision) -> dict:
+    """The pod template a DaemonSet ControllerRevision records (its data is a strategic merge
+    patch `{"spec": {"template": {..., "$patch": "replace"}}}`)."""
+    template = dict(((revision.data.get("spec") or {}).get("template")) or {})
+    template.pop("$patch", None)
+    return template
+
+
+def canonical(obj) -> str:
+    """Compact JSON with sorted keys: what `lastAppliedSpec`/`lastCoDriverSpec` record."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# -- projections: what each cache keeps of an object -------------------------------------------
+
+def node_name(obj: dict) -> str:
+    return obj["metadata"]["name"]
+
+
+def pod_node(obj: dict) -> str:
+    return (obj.get("spec") or {}).get("nodeName") or ""
+
+
+def node_event(obj: dict) -> tuple[str, float]:
+    """A Node event's node and the last time it happened."""
+    when = obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") \
+        or obj["metadata"].get("creationTimestamp")
+    return (obj.get("involvedObject") or {}).get("name", ""), engine.parse_time(when) or 0.0
+
+
+def need_reboot(asked, rebooted) -> set[str]:
+    """The nodes whose latest NodeNeedReboot event is newer than their latest Rebooted event."""
+    last_boot: dict[str, float] = {}
+    for node, when in rebooted:
+        last_boot[node] = max(when, last_boot.get(node, 0.0))
+    return {node for node, when in asked if node and when > last_boot.get(node, -1.0)}
+
+
+def project_revision(obj: dict) -> Revision | None:
+    meta = obj["metadata"]
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
+    if owner is None:
+        return None
+    return Revision(meta["name"], owner["uid"], (meta.get("labels") or {}).get(REVISION_LABEL, ""),
+                    int(obj.get("revision") or 0), obj.get("data") or {})
+
+
+def project_driver_pod(obj: dict) -> DriverPod | None:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    owner = next((o["uid"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
+    if owner is None:
+        return None
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
+    return DriverPod(owner, engine.Pod(
+        name=meta["name"], uid=meta["uid"], node=spec.get("nodeName") or "",
+        revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""), ready=ready,
+        phase=status.get("phase") or "Pending", restart_count=restarts,
+        created=engine.parse_time(meta.get("creationTimestamp")) or 0.0,
+        deleting=engine.parse_time(meta.get("deletionTimestamp"))))

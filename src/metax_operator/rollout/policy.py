@@ -1,0 +1,368 @@
+"""`driver.upgradePolicy`: parsing, validation and the staged rollout's integer arithmetic.
+
+Seed 000 table 3.11 plus the knobs beyond it: `readinessTimeout`, `allowGpuWorkloads`, and the
+node-safety ones (`cordon`, `waitForCompletion`, `drain`, `onTimeout`). `validate` is
+shared with the chart's validation module and the runner: a pure function, no I/O, that
+returns the parsed `Policy` or raises `UserErrors` with one `UserError` per problem.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Mapping
+
+from metax_operator.errors import UserError, UserErrors
+
+DEFAULT_READINESS_TIMEOUT_MS = 600_000
+DEFAULT_DRAIN_TIMEOUT_MS = 300_000
+# A label selector as the API server parses it: `k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
+# `k notin (a,b)`, comma-separated (keys may carry a DNS prefix).
+_SELECTOR_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_SELECTOR_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SELECTOR_TERM = (rf"\s*(!\s*{_SELECTOR_KEY}|{_SELECTOR_KEY}\s*((==?|!=)\s*{_SELECTOR_VALUE}"
+                  rf"|\s(not)?in\s*\(\s*{_SELECTOR_VALUE}(\s*,\s*{_SELECTOR_VALUE})*\s*\))?)\s*")
+_SELECTOR = re.compile(rf"{_SELECTOR_TERM}(,{_SELECTOR_TERM})*")
+# ASCII digits and whole-string matches only: the grammar of the schema's patterns (Go regexp).
+_PERCENT = re.compile(r"(0|[1-9][0-9]*)%")
+_MILLISECONDS = re.compile(r"[0-9]+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_POLICY_KEYS = ("enableRollout", "upgradeSteps", "pause", "maxParallel", "maxUnavailable",
+                "maxFailureThreshold", "fallback", "readinessTimeout", "allowGpuWorkloads", "cordon",
+                "waitForCompletion", "drain", "onTimeout")
+_WAIT_KEYS = ("podSelector", "timeout")
+_DRAIN_KEYS = ("enable", "timeout")
+_STEP_KEYS = ("replicas", "pauseDuration", "pause", "toleration")
+
+
+@dataclass(frozen=True)
+class IntOrPercent:
+    """An int-or-percent value such as `5` or `"50%"`."""
+
+    value: int
+    percent: bool = False
+
+    def of(self, total: int) -> int:
+        """The absolute number for `total`: the int itself, or ceil(value% x total)."""
+        return (self.value * total + 99) // 100 if self.percent else self.value
+
+    def __str__(self) -> str:
+        return f"{self.value}%" if self.percent else str(self.value)
+
+
+@dataclass(frozen=True)
+class Step:
+    replicas: IntOrPercent
+    pause_ms: int | None = None  # None: wait for the admin to set `pause: false`
+    toleration: IntOrPercent = IntOrPercent(0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    enable_rollout: bool = False
+    steps: tuple[Step, ...] = ()
+    pause: bool = False
+    max_parallel: IntOrPercent = IntOrPercent(100, True)
+    max_unavailable: IntOrPercent = IntOrPercent(0)
+    max_failure_threshold: int = 0
+    fallback: str = "pause"
+    readiness_timeout_ms: int = DEFAULT_READINESS_TIMEOUT_MS
+    allow_gpu_workloads: bool = False
+    cordon: bool = True  # cordon a node while its driver pod is replaced
+    wait_selector: str = ""  # a wave node's pods matching it must end before its driver is swapped
+    wait_timeout_ms: int = 0  # 0: no limit
+    drain: bool = False  # evict a wave node's GPU pods before its driver is swapped
+    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
+    on_timeout: str = "hold"  # a node whose wait or drain timed out: hold it back, or count it failed
+    # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
+    steps_key: str = field(default="", compare=False)
+
+    def targets(self, nodes: int) -> list[int]:
+        """Each step's target number of upgraded pods for `nodes` eligible pods.
+
+        Percent rounded up, at least 1, capped at `nodes`, never below the previous step's.
+        """
+        out: list[int] = []
+        for step in self.steps:
+            own = min(nodes, max(1, step.replicas.of(nodes))) if nodes else 0
+            out.append(max(own, out[-1] if out else 0))
+        return out
+
+    def caps(self, nodes: int) -> list[int]:
+        """Each step's batch cap: `maxParallel` int, or max(1, ceil(p% x step delta)); 0 = no cap."""
+        caps, previous = [], 0
+        for target in self.targets(nodes):
+            mp = self.max_parallel
+            if not mp.percent:
+                caps.append(mp.value if mp.value else max(nodes, 1))
+            else:
+                caps.append(max(1, mp.of(target - previous)))
+            previous = target
+        return caps
+
+    def tolerations(self, nodes: int) -> list[int]:
+        """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
+        return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes), strict=True)]
+
+    def last_step_problem(self, nodes: int) -> str | None:
+        """Why the last step cannot upgrade all `nodes` pods (an int below N), or None."""
+        return _short_last_step(self.steps[-1].replicas, nodes) if self.steps else None
+
+
+def _short_last_step(last: IntOrPercent, nodes: int) -> str | None:
+    if last.percent or last.value >= nodes:
+        return None
+    return (f"the last step's replicas {last.value} is below the {nodes} eligible nodes, "
+            "so the rest would never be upgraded")
+
+
+def validate(policy: Any, field_prefix: str = "driver.upgradePolicy",
+             nodes: int | None = None) -> Policy:
+    """Parse and check an `upgradePolicy` mapping; defaults of seed table 3.11.
+
+    `nodes`, when known (at run time), also checks that an int last step reaches every node.
+    Raises `UserErrors` listing every problem, each naming its field path under `field_prefix`.
+    """
+    errors = problems(policy, field_prefix, nodes)
+    if errors:
+        raise UserErrors(errors)
+    return _build(policy or {})
+
+
+def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
+             nodes: int | None = None) -> list[UserError]:
+    """The same checks as `validate`, returned as a list (empty when the policy is valid)."""
+    if policy is None:
+        return []
+    if not isinstance(policy, Mapping):
+        return [UserError(field_prefix, f"must be a mapping, not {_kind(policy)}",
+                          "write the policy fields (enableRollout, upgradeSteps, ...) under it")]
+    errors: list[UserError] = []
+    path = field_prefix.rstrip(".")
+    for key in policy:
+        if key not in _POLICY_KEYS:
+            errors.append(UserError(f"{path}.{key}", "unknown field",
+                                    f"use one of: {', '.join(_POLICY_KEYS)}"))
+    for key in ("enableRollout", "pause", "allowGpuWorkloads"):
+        if key in policy and not isinstance(policy[key], bool):
+            errors.append(UserError(f"{path}.{key}", f"must be true or false, not {policy[key]!r}",
+                                    "write true or false without quotes"))
+    _int_or_percent(policy, "maxParallel", path, errors, zero_percent_ok=False,
+                    zero_hint="use 0 for no limit, or a percentage from 1% to 100%")
+    _int_or_percent(policy, "maxUnavailable", path, errors)
+    mft = policy.get("maxFailureThreshold", 0)
+    if not _is_int(mft) or mft < 0:
+        errors.append(UserError(f"{path}.maxFailureThreshold",
+                                f"must be an integer >= 0, not {mft!r}",
+                                "set the number of retries per step, e.g. 3"))
+    if policy.get("fallback", "pause") not in ("pause", "rollback"):
+        errors.append(UserError(f"{path}.fallback", f"must be pause or rollback, not {policy['fallback']!r}",
+                                "set fallback: pause (wait for the admin) or fallback: rollback"))
+    errors.extend(_node_safety_problems(policy, path))
+    if "readinessTimeout" in policy:
+        ms, problem = _duration_ms(policy["readinessTimeout"])
+        if problem or not ms:
+            errors.append(UserError(f"{path}.readinessTimeout", problem or "must be more than 0",
+                                    "give milliseconds (600000) or a duration such as \"10m\""))
+    errors.extend(_step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps",
+                                 policy.get("enableRollout") is True, nodes))
+    return errors
+
+
+def _node_safety_problems(policy: Mapping, path: str) -> list[UserError]:
+    """`cordon`, `onTimeout`, `waitForCompletion` and `drain`."""
+    errors: list[UserError] = []
+    if "cordon" in policy and not isinstance(policy["cordon"], bool):
+        errors.append(UserError(f"{path}.cordon", f"must be true or false, not {policy['cordon']!r}",
+                                "write true or false without quotes"))
+    if policy.get("onTimeout", "hold") not in ("hold", "fail"):
+        errors.append(UserError(f"{path}.onTimeout", f"must be hold or fail, not {policy['onTimeout']!r}",
+                                "set onTimeout: hold (keep the node's driver, hold it back) or onTimeout: fail"))
+    for key, keys in (("waitForCompletion", _WAIT_KEYS), ("drain", _DRAIN_KEYS)):
+        section = policy.get(key, {})
+        where = f"{path}.{key}"
+        if not isinstance(section, Mapping):
+            errors.append(UserError(where, f"must be a mapping, not {_kind(section)}",
+                                    f"write its fields ({', '.join(keys)}) under it"))
+            continue
+        errors.extend(UserError(f"{where}.{k}", "unknown field", f"use one of: {', '.join(keys)}")
+                      for k in section if k not in keys)
+        if "timeout" in section:
+            ms, problem = _duration_ms(section["timeout"])
+            if problem or (key == "drain" and not ms):
+                errors.append(UserError(f"{where}.timeout", problem or "must be more than 0",
+                                        "give milliseconds (300000) or a duration such as \"5m\""
+                                        + (" (0: no limit)" if key == "waitForCompletion" else "")))
+        selector = section.get("podSelector", "")
+        if not isinstance(selector, str) or (selector and not _SELECTOR.fullmatch(selector)):
+            errors.append(UserError(f"{where}.podSelector", f"is not a label selector: {selector!r}",
+                                    "write a label selector such as \"app=training\" or \"team in (ml,hpc)\""))
+        if not isinstance(section.get("enable", False), bool):
+            errors.append(UserError(f"{where}.enable", f"must be true or false, not {section['enable']!r}",
+                                    "write true or false without quotes"))
+    return errors
+
+
+def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> list[UserError]:
+    if steps is None or steps == []:
+        if enabled:
+            return [empty_steps(path)]
+        return []
+    if not isinstance(steps, list):
+        return [UserError(path, f"must be a list of steps, not {_kind(steps)}",
+                          "write one `- replicas: ...` item per step")]
+    errors: list[UserError] = []
+    previous: IntOrPercent | None = None
+    for i, step in enumerate(steps):
+        where = f"{path}[{i}]"
+        if not isinstance(step, Mapping):
+            errors.append(UserError(where, f"must be a mapping, not {_kind(step)}",
+                                    "write the step as `replicas: N` with optional pauseDuration and toleration"))
+            previous = None
+            continue
+        for key in step:
+            if key not in _STEP_KEYS:
+                errors.append(UserError(f"{where}.{key}", "unknown field",
+                                        f"use one of: {', '.join(_STEP_KEYS)}"))
+        if "replicas" not in step:
+            errors.append(UserError(f"{where}.replicas", "is missing",
+                                    "give the number (5) or share (\"50%\") of nodes upgraded after this step"))
+            previous = None
+        else:
+            replicas = _int_or_percent(step, "replicas", where, errors, minimum=1)
+            if replicas and previous and replicas.percent == previous.percent \
+                    and replicas.value < previous.value:
+                errors.append(falling_replicas(where, replicas, previous))
+            previous = replicas or None
+            if i == len(steps) - 1 and replicas:
+                if replicas.percent and replicas.value != 100:
+                    errors.append(last_step_short_percent(where, replicas))
+                elif nodes is not None and (problem := _short_last_step(replicas, nodes)):
+                    errors.append(UserError(f"{where}.replicas", problem,
+                                            "set the last step's replicas to \"100%\""))
+        _int_or_percent(step, "toleration", where, errors)
+        if "pause" in step and "pauseDuration" in step:
+            errors.append(pause_with_duration(where))
+        elif "pause" in step and step["pause"] not in (None, {}, True):
+            errors.append(UserError(f"{where}.pause", f"must be empty or {{}}, not {step['pause']!r}",
+                                    "write `pause: {}` to wait for the admin, or use pauseDuration: <milliseconds>"))
+        elif "pauseDuration" in step:
+            _, problem = _pause_ms(step["pauseDuration"])
+            if problem:
+                errors.append(UserError(f"{where}.pauseDuration", problem,
+                                        "leave it empty or {} to wait for the admin, or give milliseconds "
+                                        "(10000) or a duration such as \"10s\""))
+    return errors
+
+
+# The cross-field rules' wording, one function each: the CRD's CEL rules (admission.py) get their
+# messages from these too, so the API server refuses with the line `validate` prints.
+
+def empty_steps(path: str) -> UserError:
+    return UserError(path, "is empty while enableRollout is true",
+                     "add at least one step, the last with replicas: \"100%\"")
+
+
+def falling_replicas(step: str, replicas: object, previous: object) -> UserError:
+    """`step` is the step's path (`...upgradeSteps[1]`)."""
+    return UserError(f"{step}.replicas", f"{replicas} is below the previous step's {previous}",
+                     "targets count upgraded pods in total, so make each step's replicas at least the previous one's")
+
+
+def last_step_short_percent(step: str, replicas: object) -> UserError:
+    return UserError(f"{step}.replicas", f"the last step reaches only {replicas}",
+                     "set the last step's replicas to \"100%\" so every node is upgraded")
+
+
+def pause_with_duration(step: str) -> UserError:
+    return UserError(f"{step}.pause", "is given together with pauseDuration",
+                     "keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)")
+
+
+def _build(raw: Mapping) -> Policy:
+    """The `Policy` of a mapping that passed `problems`."""
+    steps = tuple(
+        Step(replicas=_parse_int_or_percent(s["replicas"]),
+             pause_ms=_pause_ms(s.get("pauseDuration"))[0],
+             toleration=_parse_int_or_percent(s.get("toleration", 0)))
+        for s in raw.get("upgradeSteps") or ())
+    key = ";".join(f"{s.replicas}/{s.pause_ms}/{s.toleration}" for s in steps)
+    readiness = _duration_ms(raw["readinessTimeout"])[0] if "readinessTimeout" in raw \
+        else DEFAULT_READINESS_TIMEOUT_MS
+    return Policy(
+        enable_rollout=raw.get("enableRollout", False),
+        steps=steps,
+        pause=raw.get("pause", False),
+        max_parallel=_parse_int_or_percent(raw.get("maxParallel", "100%")),
+        max_unavailable=_parse_int_or_percent(raw.get("maxUnavailable", 0)),
+        max_failure_threshold=raw.get("maxFailureThreshold", 0),
+        fallback=raw.get("fallback", "pause"),
+        readiness_timeout_ms=readiness,
+        allow_gpu_workloads=raw.get("allowGpuWorkloads", False),
+        cordon=raw.get("cordon", True),
+        wait_selector=(raw.get("waitForCompletion") or {}).get("podSelector", ""),
+        wait_timeout_ms=_duration_ms((raw.get("waitForCompletion") or {}).get("timeout", 0))[0],
+        drain=(raw.get("drain") or {}).get("enable", False),
+        drain_timeout_ms=_duration_ms((raw.get("drain") or {}).get("timeout", DEFAULT_DRAIN_TIMEOUT_MS))[0],
+        on_timeout=raw.get("onTimeout", "hold"),
+        steps_key=key,
+    )
+
+
+def _int_or_percent(mapping: Mapping, key: str, path: str, errors: list[UserError], *,
+                    minimum: int = 0, zero_percent_ok: bool = True,
+                    zero_hint: str = "") -> IntOrPercent | None:
+    if key not in mapping:
+        return None
+    raw = mapping[key]
+    where = f"{path}.{key}"
+    fix = f"write an integer >= {minimum} (e.g. 5) or a percentage from {max(minimum, 0)}% to 100% (e.g. \"50%\")"
+    parsed = _parse_int_or_percent(raw)
+    if parsed is None:
+        errors.append(UserError(where, f"must be an integer or a percentage, not {raw!r}", fix))
+        return None
+    if parsed.percent and parsed.value > 100:
+        errors.append(UserError(where, f"{parsed} is more than 100%", fix))
+        return None
+    if parsed.value < minimum or (parsed.percent and parsed.value == 0 and not zero_percent_ok):
+        errors.append(UserError(where, f"{parsed} is too small", zero_hint or fix))
+        return None
+    return parsed
+
+
+def _parse_int_or_percent(raw: Any) -> IntOrPercent | None:
+    if _is_int(raw):
+        return IntOrPercent(raw)  # the caller checks the range
+    if isinstance(raw, str) and (m := _PERCENT.fullmatch(raw)):
+        return IntOrPercent(int(m.group(1)), True)
+    return None
+
+
+def _pause_ms(raw: Any) -> tuple[int | None, str | None]:
+    """(milliseconds or None for a manual pause, problem)."""
+    if raw is None or raw == {} or raw == "":
+        return None, None
+    return _duration_ms(raw)
+
+
+def _duration_ms(raw: Any) -> tuple[int | None, str | None]:
+    if _is_int(raw):
+        return (raw, None) if raw >= 0 else (None, f"must not be negative, not {raw}")
+    if isinstance(raw, str):
+        if _MILLISECONDS.fullmatch(raw):
+            return int(raw), None
+        if _DURATION.fullmatch(raw):  # exact arithmetic, rounded up: "0.3s" is 300 ms, "0.1ms" 1 ms
+            total = sum(Fraction(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(raw))
+            return math.ceil(total), None
+    return None, f"must be milliseconds or a duration such as \"10s\", not {raw!r}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", dict: "a mapping", str: "a string"}.get(type(value), repr(value))

@@ -1,0 +1,206 @@
+"""Leader election for the runner: the kubernetes client's `LeaderElection` over a Lease.
+
+The pinned client (kubernetes 35.0.0) ships only a `ConfigMapLock`. `LeaseLock` implements the
+same resourcelock interface (`get`, `create`, `update`) on a coordination.k8s.io/v1 Lease, with
+optimistic concurrency (every update carries the resourceVersion it read, so two candidates
+racing for an expired lease cannot both win: the loser gets 409 and stays a follower).
+
+`Elector` runs the library's election loop in a daemon thread and adds what the runner needs and
+the library lacks:
+- `is_leader()` is conservative: true only while the last successful renewal is younger than the
+  renew deadline, so a leader cut off from the API server stops acting before its lease can
+  expire and another runner take over (the library notices only after its renew loop gives up);
+- after a lost lease it enters the election again (the library's `run()` returns);
+- `release()` on shutdown hands the lease over at once (holder cleared, as client-go's
+  ReleaseOnCancel does) and closes the lock so the election thread can never write again.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from kubernetes.leaderelection import electionconfig, leaderelection
+from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
+
+from metax_operator.jsonlog import event
+
+log = logging.getLogger("metax_operator.runtime.leader")
+
+
+def default_identity() -> str:
+    """The pod name (the hostname in a pod) plus a random suffix, as client-go does."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+class LeaseLock:
+    """A coordination.k8s.io/v1 Lease as a resource lock for `kubernetes.leaderelection`.
+
+    The library passes times as `str(datetime.fromtimestamp(t))` (naive local time); they are
+    stored in the Lease as MicroTime (UTC) and read back in the library's form, so a record read,
+    kept and written again round-trips exactly.
+    """
+
+    def __init__(self, name: str, namespace: str, identity: str, api_client: client.ApiClient):
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.api = client.CoordinationV1Api(api_client)
+        self.holder: str | None = None          # the holder seen on the last read
+        self.renewed_at = 0.0                   # time.monotonic() of our last successful write
+        self.answered_at: float | None = None   # time.monotonic() the API server last answered us
+        self._lease: client.V1Lease | None = None
+        self._closed = False
+        self._mutex = threading.Lock()
+
+    def get(self, name, namespace):
+        try:
+            lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=10)
+        except ApiException as err:
+            if err.status == 404:  # no lease yet: the server answered
+                self.answered_at = time.monotonic()
+            return False, err
+        except Exception as err:  # noqa: BLE001 - network errors: the library expects an ApiException-like body
+            return False, _unavailable(err)
+        self.answered_at = time.monotonic()
+        with self._mutex:
+            self._lease = lease
+        spec = lease.spec
+        self.holder = spec.holder_identity or None
+        return True, LeaderElectionRecord(
+            spec.holder_identity or None,
+            str(spec.lease_duration_seconds) if spec.lease_duration_seconds else None,
+            _to_record_time(spec.acquire_time), _to_record_time(spec.renew_time))
+
+    def create(self, name, namespace, election_record):
+        body = client.V1Lease(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                              spec=self._spec(election_record, transitions=0))
+        return self._write(lambda: self.api.create_namespaced_lease(namespace, body, _request_timeout=10),
+                           election_record)
+
+    def update(self, name, namespace, updated_record):
+        with self._mutex:
+            lease = self._lease
+        if lease is None:
+            return False
+        old = lease.spec
+        transitions = (old.lease_transitions or 0) + (old.holder_identity != updated_record.holder_identity)
+        body = client.V1Lease(metadata=lease.metadata, spec=self._spec(updated_record, transitions))
+        return self._write(lambda: self.api.replace_namespaced_lease(name, namespace, body, _request_timeout=10),
+                           updated_record)
+
+    def release(self) -> bool:
+        """Clear the holder if we hold the lease, and refuse every later write. True if released."""
+        with self._mutex:
+            self._closed = True
+            lease = self._lease
+            if lease is None or lease.spec.holder_identity != self.identity:
+                return False
+            now = dt.datetime.now(dt.timezone.utc)
+            spec = client.V1LeaseSpec(holder_identity="", lease_duration_seconds=1, acquire_time=now,
+                                      renew_time=now, lease_transitions=lease.spec.lease_transitions)
+            try:
+                self.api.replace_namespaced_lease(self.name, self.namespace,
+                                                  client.V1Lease(metadata=lease.metadata, spec=spec),
+                                                  _request_timeout=10)
+            except Exception as err:  # noqa: BLE001 - the lease then simply expires
+                event(log, "release-lease-failed", logging.WARNING, lease=self.name, error=str(err))
+                return False
+            return True
+
+    def _spec(self, record: LeaderElectionRecord, transitions: int) -> client.V1LeaseSpec:
+        return client.V1LeaseSpec(holder_identity=record.holder_identity,
+                                  lease_duration_seconds=int(float(record.lease_duration)),
+                                  acquire_time=_from_record_time(record.acquire_time),
+                                  renew_time=_from_record_time(record.renew_time),
+                                  lease_transitions=transitions)
+
+    def _write(self, call, record: LeaderElectionRecord) -> bool:
+        with self._mutex:
+            if self._closed:
+                return False
+            try:
+                self._lease = call()
+            except ApiException as err:
+                if err.status == 409:  # another candidate wrote first
+                    self.answered_at = time.monotonic()
+                else:
+                    event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status,
+                          reason=err.reason)
+                return False
+            except Exception as err:  # noqa: BLE001 - a failed renewal is a lost lease, never a crash
+                event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=str(err))
+                return False
+            self.answered_at = time.monotonic()
+            if record.holder_identity == self.identity:
+                self.renewed_at = self.answered_at
+            self.holder = record.holder_identity
+            return True
+
+
+class Elector:
+    """Campaigns for the lease in the background; `is_leader()` says whether to act now."""
+
+    def __init__(self, lock: LeaseLock, lease_duration: float, renew_deadline: float, retry_period: float):
+        self.lock = lock
+        self.renew_deadline = renew_deadline
+        self._config = dict(lease_duration=lease_duration, renew_deadline=renew_deadline,
+                            retry_period=retry_period)
+        self._leading = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._campaign, name="leader-election", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        """The election thread runs (started and not dead)."""
+        return self._thread.is_alive()
+
+    def is_leader(self) -> bool:
+        return (self._leading.is_set() and not self._stopping.is_set()
+                and time.monotonic() - self.lock.renewed_at < self.renew_deadline)
+
+    def wait_for_leadership(self, timeout: float) -> bool:
+        return self._leading.wait(timeout) and self.is_leader()
+
+    def release(self) -> bool:
+        """Stop campaigning and hand the lease over if we hold it."""
+        self._stopping.set()
+        self._leading.clear()
+        return self.lock.release()
+
+    def _campaign(self) -> None:
+        while not self._stopping.is_set():
+            config = electionconfig.Config(self.lock, onstarted_leading=self._started,
+                                           onstopped_leading=self._stopped, **self._config)
+            leaderelection.LeaderElection(config).run()
+
+    def _started(self) -> None:
+        self._leading.set()
+        event(log, "lease-acquired", lease=self.lock.name, identity=self.lock.identity)
+
+    def _stopped(self) -> None:
+        self._leading.clear()
+        if not self._stopping.is_set():
+            event(log, "lease-lost", logging.WARNING, lease=self.lock.name, identity=self.lock.identity)
+
+
+def _unavailable(err: Exception) -> ApiException:
+    wrapped = ApiException(status=503, reason=f"{type(err).__name__}: {err}")
+    wrapped.body = json.dumps({"code": 503})
+    return wrapped
+
+
+def _to_record_time(value: dt.datetime | None) -> str | None:
+    return str(value.astimezone().replace(tzinfo=None)) if value else None
+
+
+def _from_record_time(value: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value).astimezone(dt.timezone.utc) if value else None

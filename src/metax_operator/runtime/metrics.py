@@ -1,0 +1,110 @@
+"""The runner's Prometheus metrics, served at `/metrics` on its health port.
+
+Made with `prometheus_client` (the Prometheus project's own library: text exposition format,
+histogram buckets, `_total`/`_created` series) in a registry of the runner's own, so nothing of
+the library's process collectors or of another registry mixes in. The names are the runner's
+contract with dashboards and alerts (the chart's Grafana dashboard reads them: `NAMES`):
+
+- `metax_operator_rollout_phase{phase}`: 1 for the rollout's phase, 0 for the others;
+- `metax_operator_rollout_step`, `metax_operator_rollout_step_state{state}`: the current step's
+  index, and 1 for its state;
+- `metax_operator_rollout_nodes{state}`: nodes by state: `total` (eligible), `upgraded` (Ready
+  at the upgrading revision), `failed`, `held` (GPU work), `skipped` (skip label), `cordoned`
+  (by the runner), `in_wave`;
+- `metax_operator_rollout_wave_duration_seconds`: histogram, from a wave's start until the pass
+  that saw it done;
+- `metax_operator_runner_pass_duration_seconds`: histogram, one runner pass (reconcile and
+  rollout);
+- `metax_operator_api_requests_total{method}`: the runner's requests to the API server by HTTP
+  method (GET, PUT, PATCH, DELETE, POST), its watch caches' LISTs and WATCHes included;
+- `metax_operator_leader`: 1 while this runner holds the lease;
+- `metax_operator_nodes_need_reboot`: nodes that reported a `NodeNeedReboot` event
+  (driver-manager, after a firmware upgrade) and have not restarted since.
+
+The rollout gauges are what the last pass of this runner decided; a runner that does not lead
+keeps what it last saw (`metax_operator_leader` says which runner to read).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from metax_operator.rollout import engine
+
+PREFIX = "metax_operator_"
+PHASES = [engine.IDLING, engine.PROGRESSING, engine.TERMINATING, engine.DISABLED, engine.DISABLING]
+STEP_STATES = ["", engine.STEP_INIT, engine.STEP_UPGRADE, engine.STEP_PAUSED, engine.STEP_READY,
+               engine.COMPLETED]
+NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave")
+# A wave lasts from seconds (kwok) to the readiness timeout (10 min by default) or longer.
+WAVE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+PASS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The runner's metrics and the registry that exports them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.phase = Enum(PREFIX + "rollout_phase", "The driver rollout's phase (status.upgradeStatus.phase).",
+                          states=PHASES, registry=r)
+        self.step = Gauge(PREFIX + "rollout_step", "The rollout's current step index.", registry=r)
+        self.step_state = Enum(PREFIX + "rollout_step_state", "The current step's state ('' before a rollout).",
+                               states=STEP_STATES, registry=r)
+        self.nodes = Gauge(PREFIX + "rollout_nodes", "Nodes of the driver rollout by state.", ["state"], registry=r)
+        self.wave_seconds = Histogram(PREFIX + "rollout_wave_duration_seconds",
+                                      "Seconds from a wave's start until a pass saw it done.",
+                                      buckets=WAVE_BUCKETS, registry=r)
+        self.pass_seconds = Histogram(PREFIX + "runner_pass_duration_seconds", "Seconds one runner pass took.",
+                                      buckets=PASS_BUCKETS, registry=r)
+        self.requests = Counter(PREFIX + "api_requests", "Requests to the Kubernetes API server by HTTP method.",
+                                ["method"], registry=r)
+        self.leader = Gauge(PREFIX + "leader", "1 while this runner holds the lease.", registry=r)
+        self.need_reboot = Gauge(PREFIX + "nodes_need_reboot",
+                                 "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r)
+        for state in NODE_STATES:
+            self.nodes.labels(state)
+        for method in ("GET", "PUT", "PATCH", "DELETE", "POST"):
+            self.requests.labels(method)
+
+    def count_requests(self, api_client) -> None:
+        """Count every request `api_client` (a kubernetes `ApiClient`) sends: the typed APIs (the
+        lease), `kube.Client` calls and the watch caches all end in its `request` method."""
+        send = api_client.request
+
+        def counted(method: str, url: str, *args, **kwargs):
+            self.requests.labels(method.upper()).inc()
+            return send(method, url, *args, **kwargs)
+
+        api_client.request = counted
+
+    def rollout_pass(self, before: dict | None, after: dict, now: float) -> None:
+        """Set the rollout gauges from the status a pass wrote (`after`); a wave that `before` had
+        in flight and `after` no longer has (or replaced) is observed as done now."""
+        sub, resume = after.get("status") or {}, after.get("resume") or {}
+        self.phase.state(after.get("phase") or engine.IDLING)
+        self.step.set(sub.get("currentStepIndex") or 0)
+        self.step_state.state(sub.get("currentStepState") or "")
+        counts = {"total": sub.get("totalUpgradeReplicas"), "upgraded": sub.get("totalUpgradeReadyReplicas"),
+                  "failed": resume.get("failedNodeCount"), "held": resume.get("heldNodeCount"),
+                  "skipped": resume.get("skippedNodeCount"), "cordoned": resume.get("cordonedNodeCount"),
+                  "in_wave": len(resume.get("wave") or ())}
+        for state, value in counts.items():
+            self.nodes.labels(state).set(value or 0)
+        self.need_reboot.set(resume.get("needRebootNodeCount") or 0)
+        was = (before or {}).get("resume") or {}
+        started = engine.parse_time(was.get("waveStartTime"))
+        if was.get("wave") and started is not None and (
+                not resume.get("wave") or resume.get("waveStartTime") != was.get("waveStartTime")):
+            self.wave_seconds.observe(max(0.0, now - started))
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition of every metric, and its Content-Type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def names(metrics: Metrics) -> set[str]:
+    """Every series name the registry exports (histograms' `_bucket`/`_sum`/`_count`, counters'
+    `_total` and `_created` included): what a query may name."""
+    return {sample.name for family in metrics.registry.collect() for sample in family.samples}

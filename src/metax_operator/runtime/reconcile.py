@@ -1,0 +1,743 @@
+"""The runtime reconcile of the `cluster-operator` CR into the DaemonSets the chart rendered.
+
+Functional core, imperative shell: `observe` reads the cluster into an `Observed`; every function
+in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
+without calling the API; `execute` writes. The staged driver rollout plugs in as one
+more reconciler.
+
+What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm
+creates or deletes objects):
+- the pod's `nodeSelector`, `affinity`, `tolerations`: the podTemplateSpec rules of `merge.py`
+  over the base the chart recorded in the `gpu.metax-tech.com/scheduling-base` annotation and the
+  inputs from the CR (`spec.podTemplateSpec`, `spec.<component>.podTemplateSpec`, the deprecated
+  `spec.tolerations`), exactly as the post-renderer computes them at render time;
+- the environment variables the chart renders from CR fields (`ENV`), only where the chart put
+  them: log level/format, the driver's deployPolicy and firmware options, gpu-device's
+  healthyInterval, the MXMACA payload list;
+- payload images: the driver's `payload` init container
+  (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
+  init containers (`<payload.registry or registry>/<IMAGE>`);
+- the driver's `updateStrategy` (`driver_strategy`): `OnDelete` while `enableRollout` is on or a
+  staged rollout is still in flight (so a `kubectl edit` of `enableRollout`, as the seed
+  documents, takes effect), else the chart's `RollingUpdate` of every pod at once.
+
+Beside the DaemonSets: the `driver-config` and `metax-vfio-config` ConfigMaps get `spec.driver.config`
+and `spec.vfioManager.vfioConfig` when those change in the CR (`reconcile_configmaps`; an admin's
+edit of the ConfigMap itself stays until then), and a CR change only `helm upgrade` can make is
+reported as the condition HelmUpgradeRequired naming the field (`check_helm_owned`: `deploy`,
+the driver's payload init container, the MXMACA image count, the exporter Service's type and
+ports).
+
+Writes are server-side applies as field manager `metax-operator-runner` with `force` (the CR
+wins over what Helm rendered), and only when needed (`needs_write`): a second pass over an
+unchanged CR issues no request that writes.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.chart import images, validation
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.jsonlog import event
+from metax_operator.runtime.kube import Client
+from metax_operator.chart.merge import COMPONENTS, MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+
+log = logging.getLogger("metax_operator.runtime.reconcile")
+
+FIELD_MANAGER = "metax-operator-runner"
+CR_API_VERSION = "gpu.metax-tech.com/v1"
+CR_KIND = "ClusterOperator"
+CR_NAME = "cluster-operator"
+#: Events about the cluster-scoped CR must live here (API server rule for cluster-scoped objects).
+EVENT_NAMESPACE = "default"
+PART_OF = "app.kubernetes.io/part-of=metax-operator"
+#: What admins may edit in place, and the shared parser of each (ConfigMap, key).
+CONFIGMAP_PARSERS = {
+    ("driver-config", "node-vfnums"): validation.parse_node_vfnums,
+    ("driver-config", "module-params"): validation.parse_module_params,
+    ("driver-config", "node-module-params"): validation.parse_node_module_params,
+    ("metax-vfio-config", "config"): validation.parse_vfio_config,
+}
+CONFIGMAPS = sorted({name for name, _ in CONFIGMAP_PARSERS})
+#: The CR field each ConfigMap key holds, and how the chart writes it there (templates/driver/
+#: configmap.yaml, templates/vfio-manager/configmap.yaml).
+CONFIGMAP_FIELDS: dict[tuple[str, str], tuple[tuple[str, ...], Callable[[Any], Any]]] = {
+    ("driver-config", "node-vfnums"): (("driver", "config", "nodeVfnums"), lambda nodes: {"nodes": nodes or {}}),
+    ("driver-config", "module-params"): (("driver", "config", "moduleParams"), lambda params: params or {}),
+    ("driver-config", "node-module-params"): (("driver", "config", "nodeModuleParams"), lambda params: params or {}),
+    ("metax-vfio-config", "config"): (("vfioManager", "vfioConfig"), lambda entries: entries or []),
+}
+#: On each ConfigMap: the CR value (JSON, by key) the runner last wrote there. A key is written
+#: again only when the CR's value differs from it: an admin's edit of the ConfigMap itself stays
+#: until the CR field changes (seed §3.2.6: admins edit these ConfigMaps in place).
+CONFIGMAP_APPLIED = "gpu.metax-tech.com/cr-applied"
+EXPORTER_SERVICE = "metax-data-exporter"
+
+#: `deploy` of a component when the CR leaves it out (values.yaml defaults).
+DEFAULT_DEPLOY = {key: key != "exporter" for key in COMPONENTS}
+
+#: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
+#: `spec.<component>`}. `LOG_*` are on every component's containers.
+ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in COMPONENTS}
+ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",),
+                     FW_ENABLE_VIRT=("fwEnableVirt",))
+ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
+ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
+
+# Condition types on the CR (metav1.Condition), with the status that means "all is well".
+SPEC_VALID = "SpecValid"
+CONFIG_VALID = "ConfigMapsValid"
+RECONCILED = "Reconciled"
+HELM_UPGRADE = "HelmUpgradeRequired"
+WORKLOADS_VALID = "WorkloadsValid"  # set by workloads.check
+HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False",
+           WORKLOADS_VALID: "True"}
+
+
+@dataclass
+class Observed:
+    """What one pass reads: the CR, the component DaemonSets (by values key), the ConfigMaps."""
+
+    namespace: str
+    cr: dict | None
+    daemonsets: dict[str, dict] = field(default_factory=dict)
+    configmaps: dict[str, dict | None] = field(default_factory=dict)
+    service: dict | None = None  # the exporter's Service
+
+    @property
+    def spec(self) -> dict:
+        return (self.cr or {}).get("spec") or {}
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A partial object to server-side apply, and the fields it changes (for the log and event)."""
+
+    body: dict
+    fields: tuple[str, ...]
+
+
+@dataclass
+class Outcome:
+    """What a reconciler wants: partial objects to apply, conditions to set, events to emit."""
+
+    applies: list[Apply] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+    def extend(self, other: Outcome) -> None:
+        self.applies += other.applies
+        self.conditions += other.conditions
+        self.events += other.events
+
+
+# -- the core: pure functions of the observed state ----------------------------------------------
+
+def spec_errors(spec: dict) -> list[UserError]:
+    """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs
+    (the global podTemplateSpec is checked once per component: each problem is kept once)."""
+    errors: list[UserError] = []
+    checks = [lambda: validation.validate_cr_spec(spec)]
+    checks += [lambda key=key: merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.") for key in COMPONENTS]
+    for check in checks:
+        try:
+            check()
+        except UserErrors as err:
+            errors += err.errors
+        except UserError as err:
+            errors.append(err)
+    return list({str(e): e for e in errors}.values())
+
+
+def reconcile_daemonsets(observed: Observed) -> Outcome:
+    """Apply the CR to each DaemonSet that exists; report the spec when it is invalid."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    errors = spec_errors(observed.spec)
+    if errors:
+        message = "; ".join(str(e) for e in errors)
+        out.conditions += [Condition(SPEC_VALID, "False", "InvalidSpec", message),
+                           Condition(RECONCILED, "False", "InvalidSpec",
+                                     f"the CR is not applied to the DaemonSets until it is fixed: {message}")]
+        return out
+    out.conditions.append(Condition(SPEC_VALID, "True", "Valid", "the spec passes validation"))
+    problems = []
+    for key, ds in sorted(observed.daemonsets.items()):
+        try:
+            desired, changed = desired_daemonset(key, ds, observed.spec, _upgrading(observed.cr))
+        except UserError as err:  # the chart's annotations on the DaemonSet are broken
+            problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
+            continue
+        if needs_write(desired, ds):
+            out.applies.append(Apply(minimal(desired, ds), tuple(changed)))
+    if problems:
+        out.conditions.append(Condition(RECONCILED, "False", "BrokenDaemonSet", "; ".join(problems)))
+    else:
+        out.conditions.append(Condition(RECONCILED, "True", "Applied", "every DaemonSet matches the CR"))
+    return out
+
+
+def check_helm_owned(observed: Observed) -> Outcome:
+    """Report CR changes only `helm upgrade` can make: a flipped `deploy`, a changed pod structure."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    spec = observed.spec
+    needs = []
+    for key, name in COMPONENTS.items():
+        wanted = (spec.get(key) or {}).get("deploy", DEFAULT_DEPLOY[key])
+        exists = key in observed.daemonsets
+        if bool(wanted) != exists:
+            needs.append(f"spec.{key}.deploy is {str(bool(wanted)).lower()} but DaemonSet {name} "
+                         f"{'does not exist' if wanted else 'exists'}: run helm upgrade with "
+                         f"--set {key}.deploy={str(bool(wanted)).lower()} (the runner never creates or "
+                         f"deletes what Helm owns)")
+    driver = observed.daemonsets.get("driver")
+    if driver is not None:
+        has_payload = "payload" in _names(_pod(driver).get("initContainers"))
+        policy = (spec.get("driver") or {}).get("deployPolicy")
+        if policy is not None and (policy == "Never") == has_payload:
+            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet metax-driver "
+                         f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
+                         f"with --set driver.deployPolicy={policy}")
+    maca = observed.daemonsets.get("maca")
+    images = ((spec.get("maca") or {}).get("payload") or {}).get("images")
+    if maca is not None and images is not None:
+        count = len(_payload_containers(_pod(maca)))
+        if count != len(images):
+            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet metax-maca has "
+                         f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
+    needs += _service_differences(spec, observed.service)
+    if needs:
+        out.conditions.append(Condition(HELM_UPGRADE, "True", "HelmOwnedChange", "; ".join(needs)))
+    else:
+        out.conditions.append(Condition(HELM_UPGRADE, "False", "InSync", "nothing in the CR needs helm upgrade"))
+    return out
+
+
+def _service_differences(spec: dict, service: dict | None) -> list[str]:
+    """Where the exporter's Service differs from `spec.exporter.service`: its type and ports are
+    Helm's to change (a type change rebuilds the Service), so the runner reports them."""
+    wanted = (spec.get("exporter") or {}).get("service") or {}
+    if service is None or not wanted:
+        return []
+    live = service.get("spec") or {}
+    port = (live.get("ports") or [{}])[0]
+    kind = wanted.get("type", "ClusterIP")
+    have = {"type": live.get("type", "ClusterIP"), "externalName": live.get("externalName") or ""}
+    want = {"type": kind, "externalName": wanted.get("externalName") or "" if kind == "ExternalName" else ""}
+    if wanted.get("port") is not None and kind in validation.SERVICE_TYPES_WITH_PORT:
+        have["port"] = port.get("nodePort" if kind == "NodePort" else "port")
+        want["port"] = wanted["port"]
+    return [f"spec.exporter.service.{key} is {json.dumps(want[key])} but Service {EXPORTER_SERVICE} has "
+            f"{json.dumps(have[key])}: run helm upgrade with the same exporter.service.{key}"
+            for key in want if want[key] != have[key]]
+
+
+def reconcile_configmaps(observed: Observed) -> Outcome:
+    """Write a CR field into its ConfigMap key when the field changed since the runner last wrote
+    it (`CONFIGMAP_APPLIED`); the first pass only records (the ConfigMap may hold an admin's edit)."""
+    out = Outcome()
+    if observed.cr is None or spec_errors(observed.spec):  # an invalid spec is reported, not applied
+        return out
+    for name in CONFIGMAPS:
+        cm = observed.configmaps.get(name)
+        if cm is None:
+            continue
+        try:
+            recorded = json.loads((cm["metadata"].get("annotations") or {})[CONFIGMAP_APPLIED])
+        except (KeyError, ValueError):
+            recorded = None
+        record, data, changed = {}, {}, []
+        for (cm_name, key), (path, shape) in CONFIGMAP_FIELDS.items():
+            if cm_name != name:
+                continue
+            value = _get(observed.spec, path)
+            record[key] = json.dumps(value, sort_keys=True)
+            if recorded is not None and recorded.get(key) != record[key]:
+                data[key] = yaml.safe_dump(shape(value), sort_keys=False)
+                changed.append("spec." + ".".join(path))
+        if recorded != record:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": observed.namespace,
+                                 "annotations": {CONFIGMAP_APPLIED: json.dumps(record, sort_keys=True)}}}
+            if data:
+                body["data"] = data
+            out.applies.append(Apply(body, tuple(changed)))
+    return out
+
+
+def check_configmaps(observed: Observed) -> Outcome:
+    """Report broken admin edits of `driver-config` and `metax-vfio-config` (the shared parsers)."""
+    out = Outcome()
+    if observed.cr is None:
+        return out
+    problems: list[str] = []
+    for (name, key), parse in CONFIGMAP_PARSERS.items():
+        cm = observed.configmaps.get(name)
+        if cm is None:
+            continue
+        try:
+            parse((cm.get("data") or {}).get(key))
+        except UserErrors as err:
+            problems += [str(e) for e in err.errors]
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        out.conditions.append(Condition(CONFIG_VALID, "False", "InvalidConfigMap", "; ".join(problems)))
+    else:
+        out.conditions.append(Condition(CONFIG_VALID, "True", "Valid", "driver-config and metax-vfio-config parse"))
+    return out
+
+
+#: One pass = these, in order. Each takes the observed state and returns what it wants done.
+RECONCILERS: list[Callable[[Observed], Outcome]] = [reconcile_daemonsets, reconcile_configmaps, check_helm_owned,
+                                                    check_configmaps]
+
+
+def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
+    out = Outcome()
+    for reconcile in reconcilers:
+        out.extend(reconcile(observed))
+    return out
+
+
+def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -> tuple[dict, list[str]]:
+    """The partial DaemonSet the runner applies for component `key`, and the fields it sets.
+
+    `upgrading`: a staged driver rollout is in flight (the CR's `status.upgradeStatus.upgrading`).
+
+    Raises UserError when the chart's annotations on the DaemonSet are missing or broken.
+    """
+    meta = ds["metadata"]
+    annotations = meta.get("annotations") or {}
+    scheduling, _ = merge_scheduling(_scheduling_inputs(spec, key, inputs_from_annotations(annotations)),
+                                     prefix="spec.")
+    pod_spec: dict[str, Any] = dict(scheduling)
+    live = _pod(ds)
+    component = spec.get(key) or {}
+    containers = []
+    for container in live.get("containers") or []:
+        env = []
+        present = _names(container.get("env"))
+        for var, path in ENV[key].items():
+            value = _get(component, path)
+            if var in present and value is not None:
+                text = _env_value(value)  # the API drops an empty value: so do we, to compare alike
+                env.append({"name": var, "value": text} if text else {"name": var})
+        if env:
+            containers.append({"name": container["name"], "env": env})
+    if containers:
+        pod_spec["containers"] = containers
+    init = _payload_images(key, live, spec)
+    if init:
+        pod_spec["initContainers"] = init
+    desired = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+               "spec": {"template": {"spec": pod_spec}}}
+    changed = [f for f in pod_spec if not _covers(live.get(f), pod_spec[f], f)]
+    if key == "driver":
+        strategy = driver_strategy(spec, upgrading)
+        desired["spec"]["updateStrategy"] = strategy
+        if not _covers((ds.get("spec") or {}).get("updateStrategy"), strategy):
+            changed.append("updateStrategy")
+    return desired, changed
+
+
+def restored_driver_spec(ds: dict, template: dict, spec: dict, recorded: str = "") -> dict | None:
+    """The CR's `spec.driver` to write back when a rollback restores the driver DaemonSet to the
+    pod `template` of an older ControllerRevision: one under which this reconcile leaves that
+    template exactly as it is. Anything else would re-create the abandoned revision at the next
+    pass and the rollback would flip between the two revisions forever.
+
+    `recorded` (`lastCoDriverSpec`, JSON) is used when it reproduces the template. It is empty
+    when the runner first met the pods already at an older revision (nothing recorded the older
+    revision's spec), and stale if the CR changed while no runner ran; then the fields this
+    reconcile maps into the template are read back from it: the payload reference, the
+    environment variables of `ENV["driver"]` and, when the CR's podTemplateSpec no longer gives
+    the template's scheduling fields, those fields themselves as `spec.driver.podTemplateSpec`.
+    Everything else (deploy, config, upgradePolicy...) stays as the CR has it. None when neither
+    reproduces the template (a DaemonSet the chart did not render).
+    """
+    at = {**ds, "spec": {**(ds.get("spec") or {}), "template": template}}
+    current = spec.get("driver") or {}
+    candidates = []
+    try:
+        candidates.append({**json.loads(recorded), "upgradePolicy": current.get("upgradePolicy", {})})
+    except (TypeError, ValueError):  # none recorded (or not a JSON object): the template decides
+        pass
+    try:
+        candidates.append(_driver_spec_of(at, spec))
+        return next((c for c in candidates if _reproduces(at, {**spec, "driver": c})), None)
+    except UserError:  # the chart's annotations on the DaemonSet are broken
+        return None
+
+
+def _driver_spec_of(ds: dict, spec: dict) -> dict:
+    """The CR's spec.driver with every field the reconcile maps into `ds`'s template read back
+    from that template (the inverse of `desired_daemonset` for the driver)."""
+    driver = copy.deepcopy(spec.get("driver") or {})
+    pod = _pod(ds)
+    env = {e["name"]: e.get("value", "") for c in pod.get("containers") or [] for e in c.get("env") or []
+           if "valueFrom" not in e}
+    for var, path in ENV["driver"].items():
+        if var in env:
+            _set(driver, path, _from_env(env[var], _get(driver, path)))
+    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == "payload"), None)
+    if image:
+        payload = driver.setdefault("payload", {})
+        repository, tag, digest = images.split(image)
+        own, common = payload.get("registry") or "", spec.get("registry") or ""
+        # The split between registry and name is ambiguous (both may hold slashes): prefer the
+        # registries the CR names, so that only what changed is written.
+        registry = next((r for r in (own or common, common) if r and repository.startswith(r + "/")),
+                        repository.rpartition("/")[0])
+        if registry != (own or common):
+            payload["registry"] = "" if registry == common else registry
+        payload.update(name=repository[len(registry) + 1:], version=tag)
+        if digest or "digest" in payload:
+            payload["digest"] = digest
+    scheduling = {f: pod[f] for f in MANAGED_FIELDS if f in pod}
+    merged, _ = merge_scheduling(_scheduling_inputs({**spec, "driver": driver}, "driver",
+                                                    inputs_from_annotations(ds["metadata"].get("annotations") or {})),
+                                 prefix="spec.")
+    if merged != scheduling:
+        driver["podTemplateSpec"] = {"spec": scheduling}
+    return driver
+
+
+def _reproduces(ds: dict, spec: dict) -> bool:
+    """Whether the reconcile of `spec` leaves `ds`'s pod template as it is."""
+    desired, changed = desired_daemonset("driver", ds, spec)
+    pod, live = desired["spec"]["template"]["spec"], _pod(ds)
+    return set(changed) <= {"updateStrategy"} and all(pod.get(f) == live.get(f) for f in MANAGED_FIELDS)
+
+
+def _from_env(text: str, like: Any) -> Any:
+    """The CR value an environment variable holds (the inverse of `_env_value`), typed like the
+    value the CR has there now."""
+    if isinstance(like, bool):
+        return text == "true"
+    if isinstance(like, int) and text.lstrip("-").isdigit():
+        return int(text)
+    if isinstance(like, list):
+        return text.split(",") if text else []
+    return text
+
+
+def driver_strategy(spec: dict, upgrading: bool) -> dict:
+    """The driver DaemonSet's update strategy for a CR spec, as the chart renders it for the same
+    values: `OnDelete` for a staged rollout (the runner deletes pods wave by wave), else every
+    pod replaced at once. It stays `OnDelete` while a rollout is in flight, so that turning
+    `enableRollout` off rolls back in waves (Disabling) instead of all at once."""
+    policy = (spec.get("driver") or {}).get("upgradePolicy") or {}
+    if policy.get("enableRollout") or upgrading:
+        return {"type": "OnDelete"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+
+
+def _upgrading(cr: dict | None) -> bool:
+    return bool((((cr or {}).get("status") or {}).get("upgradeStatus") or {}).get("upgrading"))
+
+
+def needs_write(desired: dict, live: dict) -> bool:
+    """Whether applying `desired` would change anything.
+
+    Write when the live object lacks a desired value, or when the runner still owns a field it no
+    longer wants (an apply without it lets the API server remove it). A field Helm rendered with
+    the same value (after a post-rendered install) needs no write.
+    """
+    owned = owned_fields(live, FIELD_MANAGER)
+    return not _covers(live.get("spec"), desired["spec"]) or not _covers(desired["spec"], owned.get("spec"))
+
+
+def minimal(desired: dict, live: dict) -> dict:
+    """`desired` cut to the fields the live object lacks plus those the runner already owns.
+
+    Owning no more than it must keeps the runner out of Helm's way: a field it co-owned at an
+    equal value would make the next server-side `helm upgrade` (Helm 4) that changes it conflict.
+    Owned fields stay in, or the API server would remove them.
+    """
+    want, have = desired["spec"]["template"]["spec"], _pod(live)
+    owned_spec = owned_fields(live, FIELD_MANAGER).get("spec") or {}
+    owned = _pod({"spec": owned_spec})
+    pod = {f: v for f, v in want.items()
+           if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))}
+    for kind in ("containers", "initContainers"):
+        live_items = {c["name"]: c for c in have.get(kind) or []}
+        owned_items = {c.get("name"): c for c in owned.get(kind) or []}
+        items = []
+        for item in want.get(kind) or []:
+            live_item, owned_item = live_items.get(item["name"], {}), owned_items.get(item["name"], {})
+            kept = {}
+            if "image" in item and ("image" in owned_item or live_item.get("image") != item["image"]):
+                kept["image"] = item["image"]
+            env = [e for e in item.get("env") or [] if e["name"] in _names(owned_item.get("env"))
+                   or not _covers(live_item.get("env"), [e])]
+            if env:
+                kept["env"] = env
+            if kept:
+                items.append({"name": item["name"], **kept})
+        if items:
+            pod[kind] = items
+    spec: dict[str, Any] = {"template": {"spec": pod}}
+    strategy = desired["spec"].get("updateStrategy")
+    if strategy is not None and ("updateStrategy" in owned_spec
+                                 or not _covers((live.get("spec") or {}).get("updateStrategy"), strategy)):
+        spec["updateStrategy"] = strategy
+    return {**desired, "spec": spec}
+
+
+def owned_fields(obj: dict, manager: str) -> dict:
+    """The part of `obj` that `manager` owns by apply (its managedFields entry projected on obj)."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            return _project(obj, entry.get("fieldsV1") or {})
+    return {}
+
+
+def _project(value: Any, fields: dict) -> Any:
+    """`value` restricted to a fieldsV1 set: `f:` fields, `k:` keyed items, `v:` set values."""
+    if not fields:
+        return value
+    if isinstance(value, dict):
+        return {name[2:]: _project(value[name[2:]], sub)
+                for name, sub in fields.items() if name.startswith("f:") and name[2:] in value}
+    if isinstance(value, list):
+        out = []
+        for name, sub in fields.items():
+            if name.startswith("k:"):
+                key = json.loads(name[2:])
+                out += [_project(item, sub) for item in value
+                        if isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())]
+            elif name.startswith("v:") and json.loads(name[2:]) in value:
+                out.append(json.loads(name[2:]))
+        return out
+    return value
+
+
+def _covers(have: Any, want: Any, name: str = "") -> bool:
+    """Every value in `want` is in `have`: maps key by key, lists of named items by name, other
+    lists and `nodeSelector` (an atomic map in the API) whole."""
+    if want is None:
+        return True
+    if isinstance(want, dict) and name != "nodeSelector":
+        return isinstance(have, dict) and all(_covers(have.get(k), v, k) for k, v in want.items())
+    if isinstance(want, list) and want and all(isinstance(i, dict) and "name" in i for i in want):
+        if not isinstance(have, list):
+            return False
+        by_name = {i.get("name"): i for i in have if isinstance(i, dict)}
+        return all(i["name"] in by_name and _covers(by_name[i["name"]], i) for i in want)
+    return have == want
+
+
+def _scheduling_inputs(spec: dict, key: str, recorded: SchedulingInputs | None = None) -> SchedulingInputs:
+    """The merge inputs of component `key`: the base the chart recorded, the rest from the CR."""
+    return (recorded or SchedulingInputs(component=key))._replace(
+        global_pts=spec.get("podTemplateSpec") or None,
+        component_pts=(spec.get(key) or {}).get("podTemplateSpec") or None,
+        deprecated_tolerations=spec.get("tolerations") or None)
+
+
+def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
+    """Init containers whose image the CR sets (the driver payload, the MXMACA payloads)."""
+    registry = spec.get("registry")
+    if key == "driver":
+        payload = (spec.get("driver") or {}).get("payload") or {}
+        registry = payload.get("registry") or registry
+        if "payload" in _names(live.get("initContainers")) and registry and payload.get("name") \
+                and payload.get("version"):
+            return [{"name": "payload", "image": images.reference(registry, payload["name"], payload["version"],
+                                                                  payload.get("digest") or "")}]
+    if key == "maca":
+        payload = (spec.get("maca") or {}).get("payload") or {}
+        registry = payload.get("registry") or registry
+        entries = payload.get("images")
+        containers = _payload_containers(live)
+        if registry and entries is not None and len(entries) == len(containers):
+            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries, strict=False)]
+    return []
+
+
+def _payload_containers(pod_spec: dict) -> list[str]:
+    """The MXMACA pod's `payload-N` init containers, in N order."""
+    names = [n for n in _names(pod_spec.get("initContainers")) if n.startswith("payload-") and n[8:].isdigit()]
+    return sorted(names, key=lambda n: int(n[8:]))
+
+
+def _pod(ds: dict) -> dict:
+    return ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
+def _names(items: list | None) -> list[str]:
+    return [i.get("name") for i in items or [] if isinstance(i, dict)]
+
+
+def _get(obj: dict, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _set(obj: dict, path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        obj = obj.setdefault(part, {})
+    obj[path[-1]] = value
+
+
+def _env_value(value: Any) -> str:
+    """The string Helm's `quote` renders for a value (`true`, `5`, a comma-joined list)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+# -- the shell: read, then write what the core decided ------------------------------------------
+
+class LostLeadership(Exception):
+    """The lease was lost in the middle of a pass: stop writing at once."""
+
+
+def observe(api: Client, namespace: str) -> Observed:
+    cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
+    daemonsets = {}
+    for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=PART_OF):
+        key = ((ds["metadata"].get("annotations") or {}).get("gpu.metax-tech.com/component"))
+        if COMPONENTS.get(key) == ds["metadata"]["name"]:
+            daemonsets[key] = ds
+    configmaps = {name: api.get("v1", "ConfigMap", name, namespace) for name in CONFIGMAPS}
+    return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
+
+
+def merge_conditions(existing: list[dict], wanted: list[Condition], generation: int | None,
+                     now: str) -> tuple[list[dict], list[Condition]]:
+    """`existing` with the `wanted` conditions set (others kept), and the ones that changed.
+
+    `lastTransitionTime` moves only when a condition's status changes (metav1.Condition rules).
+    """
+    result = [dict(c) for c in existing]
+    changed = []
+    for want in wanted:
+        old = next((c for c in result if c.get("type") == want.type), None)
+        new = {"type": want.type, "status": want.status, "reason": want.reason,
+               "message": want.message[:32768], "observedGeneration": generation,
+               "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want.status
+               and old.get("lastTransitionTime") else now}
+        if old is None:
+            result.append(new)
+        else:
+            result[result.index(old)] = new
+        if old is None or (old.get("status"), old.get("reason"), old.get("message")) != \
+                (want.status, want.reason, new["message"]):
+            changed.append(want)
+    return result, changed
+
+
+def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[str, str, str]]:
+    """Events for condition changes: Warning when a condition goes bad, Normal when it recovers.
+
+    A condition set for the first time (`first`) and healthy is not worth an event.
+    """
+    events = []
+    for c in changed:
+        healthy = HEALTHY.get(c.type) == c.status
+        if healthy and c.type in first:
+            continue
+        events.append(("Normal" if healthy else "Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
+    return events
+
+
+def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[], bool],
+            now: Callable[[], str], identity: str = "") -> int:
+    """Write what the core decided; the number of writes. Checks `guard` before every write and
+    raises LostLeadership when it says the lease is gone."""
+    writes = 0
+
+    def check() -> None:
+        if not guard():
+            raise LostLeadership("the lease was lost: stopping before the next write")
+
+    events = list(outcome.events)
+    for apply in outcome.applies:
+        check()
+        api.apply(apply.body, field_manager=FIELD_MANAGER, force=True)
+        writes += 1
+        meta = apply.body["metadata"]
+        fields = ", ".join(apply.fields) or "field ownership only"
+        event(log, "apply", kind=apply.body["kind"], name=meta["name"], namespace=meta.get("namespace"),
+              fields=list(apply.fields))
+        events.append(("Normal", "Applied", f"applied the CR to {apply.body['kind']} {meta['name']}: {fields}"))
+    if observed.cr is None:
+        return writes
+    cr = observed.cr
+    status = cr.get("status") or {}
+    generation = cr["metadata"].get("generation")
+    existing = status.get("conditions") or []
+    conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
+    if conditions != existing or status.get("observedGeneration") != generation:
+        check()
+        patch = {"metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
+                 "status": {"conditions": conditions, "observedGeneration": generation}}
+        try:
+            api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
+                      field_manager=FIELD_MANAGER)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            # The CR changed since it was read: these conditions were planned from the spec of
+            # generation `generation`, which may no longer be the CR's. Writing them under the new
+            # generation would claim a spec this pass never applied; the next pass plans again.
+            event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
+        else:
+            writes += 1
+            events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
+            event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
+    for kind, reason, message in events:
+        check()
+        writes += emit_event(api, cr, kind, reason, message, now(), identity)
+    return writes
+
+
+def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "",
+               component: str = FIELD_MANAGER) -> bool:
+    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
+    (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
+    namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never
+    fails the pass."""
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
+            "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
+                               "uid": cr["metadata"].get("uid")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": component}, "reportingComponent": component,
+            "reportingInstance": identity or component,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    try:
+        api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)
+    except Exception as err:  # noqa: BLE001 - events are best effort
+        event(log, "event-failed", logging.WARNING, type=kind, reason=reason, msg=message,
+              error=f"{type(err).__name__}: {getattr(err, 'reason', err)}")
+        return False
+    event(log, "event", type=kind, reason=reason, msg=message)
+    return True

@@ -1,0 +1,235 @@
+"""`metax-operator run`: the in-cluster loop that makes CR edits take effect.
+
+Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps (from watch caches,
+`runtime.object_cache`), decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
+over an unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
+a change a decision reads (a driver pod turning Ready, failing or gone, a new ControllerRevision,
+an edit of the CR, a DaemonSet, a ConfigMap or the exporter's Service by anyone but this runner)
+or the previous pass wrote something (the next step of the rollout may act at once), after
+`COALESCE` seconds so that a burst of changes makes one pass, and at the latest `--interval`
+seconds after the previous one (what no watch announces: a timed pause running out, a busy
+node turning idle). Only the holder of a coordination.k8s.io Lease acts
+(`leader.Elector`); the others log that they wait. SIGTERM (or SIGINT) lets the current pass
+finish, then releases the lease so a successor takes over at once. `--once` makes one pass (the
+chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
+(up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
+`/readyz` for the kubelet's probes (`health`) and `/metrics` for Prometheus (`metrics`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import signal
+import threading
+import time
+
+from metax_operator import jsonlog
+from metax_operator.runtime import reconcile
+from metax_operator.rollout import execute
+from metax_operator.workloads import check
+from metax_operator.cli import bounded
+from metax_operator.errors import UserError
+from metax_operator.runtime.health import Health, serve
+from metax_operator.runtime.kube import Client, add_arguments
+from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
+from metax_operator.runtime.metrics import Metrics
+from metax_operator.runtime.object_cache import ObjectCache
+from metax_operator.rollout.observe import Watches
+
+log = logging.getLogger("metax_operator.runtime.run")
+
+#: Longest wait between passes after repeated API failures, seconds.
+MAX_BACKOFF = 60.0
+#: Seconds a pass waits after the change that woke it: a wave's pods turning Ready together
+#: make one pass, not one each.
+COALESCE = 0.2
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Runner:
+    """One pass at a time, acting only while `is_leader()` holds."""
+
+    def __init__(self, api: Client, namespace: str, is_leader, identity: str = "", metrics: Metrics | None = None):
+        self.api = api
+        self.namespace = namespace
+        self.is_leader = is_leader
+        self.identity = identity
+        self.metrics = metrics
+        # Set by the caches whose changes a decision reads: the loop's next pass is due now.
+        self.wake = threading.Event()
+        # The CR, DaemonSets, ConfigMaps and Service: started at the first pass.
+        self.objects = ObjectCache(api, namespace)
+        self.objects.on_change = self.wake.set
+        # One set of watch caches for the rollout and the workload check, started once the CR exists.
+        self.watches = Watches(api, namespace)
+        self.rollout = execute.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches,
+                                               metrics=metrics, reader=self.objects)
+        self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.watching = False
+
+    def run_pass(self) -> int:
+        """Observe, decide, write; returns the number of writes."""
+        started = time.monotonic()
+        if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
+            jsonlog.event(log, "wait-cache", logging.WARNING, msg="the caches of the CR, DaemonSets, ConfigMaps "
+                          "and Service have not listed yet")
+            return 0
+        observed = reconcile.observe(self.objects, self.namespace)
+        if observed.cr is None:
+            jsonlog.event(log, "no-cr", logging.DEBUG,
+                          msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
+            return 0
+        if not self.watching:
+            for informer in (self.watches.revisions, self.watches.driver_pods):
+                informer.on_change = self.wake.set
+            self.watches.start()
+            self.workloads.start()
+            self.watching = True
+        outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
+        writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
+        writes += self.rollout.run_pass()
+        seconds = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.pass_seconds.observe(seconds)
+        jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,
+                      generation=observed.cr["metadata"].get("generation"), seconds=round(seconds, 3))
+        return writes
+
+    def caches(self) -> tuple:
+        """The watch caches this runner has started (the objects' from its first pass, the
+        rollout's once the CR exists): what its readiness waits for."""
+        return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watching else ()))
+
+
+def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
+         health: Health | None = None, on_change: bool = True) -> None:
+    """Pass when `runner.wake` is set or the last pass wrote (after COALESCE seconds; neither with
+    `on_change` False), or `interval` seconds after the last pass, while leading, until `stop` is
+    set; then release the lease. After a failed pass the backoff holds whatever changes. Each
+    finished iteration is reported to `health`."""
+    wake = runner.wake if on_change else threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
+    failures = 0
+    waiting_for = object()
+    while not stop.is_set():
+        delay = interval
+        passed = False
+        if elector.is_leader():
+            waiting_for = object()
+            try:
+                if runner.run_pass() and on_change:
+                    # It wrote (a step started or ended, a status moved): the next decision may
+                    # act at once, and a status write announces itself to no watch. A pass over
+                    # an unchanged cluster writes nothing, so this cannot spin.
+                    wake.set()
+                failures = 0
+                passed = True
+            except reconcile.LostLeadership as err:
+                jsonlog.event(log, "lost-lease-mid-pass", logging.WARNING, msg=str(err))
+            except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
+                failures += 1
+                delay = min(MAX_BACKOFF, interval * 2 ** failures)
+                jsonlog.event(log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}",
+                              failures=failures, retry_in=delay)
+        elif elector.lock.holder != waiting_for:
+            waiting_for = elector.lock.holder
+            jsonlog.event(log, "wait-lease", lease=elector.lock.name, holder=waiting_for,
+                          identity=elector.lock.identity,
+                          msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})")
+        if health is not None:
+            health.iteration_done(passed, delay)
+        if failures:
+            stop.wait(delay)
+        elif wake.wait(delay):
+            stop.wait(COALESCE)
+        wake.clear()
+    released = elector.release()
+    jsonlog.event(log, "stopped", released_lease=released, identity=elector.lock.identity)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="the runner: reconcile the ClusterOperator CR into the DaemonSets",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
+                        help="the release namespace (default: $POD_NAMESPACE)")
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
+                        help="seconds between passes (default 5)")
+    parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
+    parser.add_argument("--interval-only", action="store_true",
+                        help="pass only every --interval seconds, not also when a watch sees a change")
+    parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
+    parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
+                        help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
+    parser.add_argument("--renew-deadline", type=bounded(int, 1, 3600), default=10,
+                        help="seconds the leader keeps trying to renew before it stops acting (default 10)")
+    parser.add_argument("--retry-period", type=bounded(int, 1, 3600), default=2,
+                        help="seconds between lease attempts (default 2)")
+    parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
+    parser.add_argument("--health-port", type=bounded(int, 0, 65535), default=0,
+                        help="serve /healthz, /readyz and /metrics on this port (default: none; not with --once)")
+    parser.add_argument("--health-host", default="",
+                        help="the address to serve them on (default: every address)")
+    parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
+                        help="seconds one iteration of the loop (a pass, API retries included) may run "
+                             "before /healthz fails (default 300)")
+    jsonlog.add_arguments(parser)
+    add_arguments(parser)
+    parser.set_defaults(func=_main)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not args.namespace:
+        raise UserError("--namespace", "is not set", "pass --namespace NS or set $POD_NAMESPACE")
+    if not args.renew_deadline > 1.2 * args.retry_period:
+        raise UserError("--renew-deadline", "must exceed 1.2 x --retry-period", "use e.g. --renew-deadline 10")
+    if not args.lease_duration > args.renew_deadline:
+        raise UserError("--lease-duration", "must exceed --renew-deadline", "use e.g. --lease-duration 15")
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check(args)
+    api = Client.from_args(args)
+    api.server_version()  # an API server that cannot be reached is a one-line error now, not a loop of them
+    jsonlog.setup(args.log_level, args.log_format)
+    identity = args.identity or default_identity()
+    lock = LeaseLock(args.lease_name, args.namespace, identity, api.api_client)
+    elector = Elector(lock, args.lease_duration, args.renew_deadline, args.retry_period)
+    metrics = None
+    if args.health_port and not args.once:
+        metrics = Metrics()
+        metrics.count_requests(api.api_client)
+        metrics.leader.set_function(lambda: float(elector.is_leader()))
+    runner = Runner(api, args.namespace, elector.is_leader, identity, metrics)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: (jsonlog.event(log, "stopping", signal=signal.Signals(signum).name),
+                                                   stop.set()))
+    jsonlog.event(log, "start", namespace=args.namespace, identity=identity, once=args.once,
+                  interval=args.interval, lease=args.lease_name)
+    elector.start()
+    if not args.once:
+        health = None
+        if args.health_port:
+            health = Health(elector, runner.caches,
+                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            server = serve(health, args.health_host, args.health_port, metrics)
+            jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
+                          msg=f"serving /healthz, /readyz and /metrics on port {server.server_address[1]}")
+        loop(runner, elector, args.interval, stop, health, on_change=not args.interval_only)
+        return 0
+    # CronJob mode: a previous run that died may still hold the lease until it expires.
+    if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):
+        jsonlog.event(log, "skip", lease=args.lease_name, holder=lock.holder,
+                      msg="another runner holds the lease: this run does nothing")
+        elector.release()
+        return 0
+    try:
+        runner.run_pass()
+    finally:
+        elector.release()
+    return 0

@@ -1,0 +1,172 @@
+"""`metax-operator nodes`: the GPU side of the cluster, one row per GPU node.
+
+What an administrator wants before submitting work: each node's gpu-device mode and sGPU QoS
+policy (its labels), allocatable `metax-tech.com/gpu`, `sgpu` and `vfio-gpu`, the VF count
+(gpu-label's `metax-tech.com/gpu.vfnum`), the driver pod's revision and whether it is the current
+one, the MXMACA versions its maca pod deploys, and the GPUs vfio-manager bound to vfio-pci (its node
+annotation). Below the table, the runner's `WorkloadsValid` condition when it reports problems.
+
+Four requests whatever the cluster's size, none per node: a LIST of the GPU nodes, a LIST of the
+release's driver and maca pods (one set-based label selector), a LIST of the driver's
+ControllerRevisions (the current revision is the newest one, as the staged rollout defines it; the
+CR's status can lag it), and a GET of the CR. `build` is the pure part.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.runtime import reconcile
+from metax_operator import workloads
+from metax_operator.errors import UserError
+from metax_operator.runtime.kube import Client, add_arguments
+from metax_operator.rollout.observe import DRIVER_DAEMONSET, REVISION_LABEL
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+POD_SELECTOR = f"{COMPONENT_LABEL} in (driver,maca)"
+REVISION_SELECTOR = f"{COMPONENT_LABEL}=driver"
+DEFAULT_NAMESPACE = "metax-operator"
+
+
+@dataclass
+class NodeRow:
+    name: str
+    mode: str
+    qos_policy: str
+    allocatable: dict[str, str]
+    vfnum: str
+    driver_revision: str
+    driver_current: bool | None  # None: no driver pod on the node
+    maca_versions: list[str] = field(default_factory=list)
+    maca_ready: bool | None = None  # None: no maca pod on the node
+    vfio_bound: list[str] = field(default_factory=list)
+    vfio_failed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class View:
+    nodes: list[NodeRow]
+    current_driver_revision: str
+    problems: list[str]  # the runner's WorkloadsValid condition, one problem a line
+
+
+def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict | None) -> View:
+    """The view from what the four requests returned (pure)."""
+    owned = [r for r in revisions
+             if any(o.get("kind") == "DaemonSet" and o.get("name") == DRIVER_DAEMONSET
+                    for o in r["metadata"].get("ownerReferences") or [])]
+    newest = max(owned, key=lambda r: int(r.get("revision") or 0), default=None)
+    current = ((newest or {}).get("metadata", {}).get("labels") or {}).get(REVISION_LABEL, "")
+    by_node: dict[tuple[str, str], dict] = {}
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        component = (pod["metadata"].get("labels") or {}).get(COMPONENT_LABEL, "")
+        by_node[(component, (pod.get("spec") or {}).get("nodeName") or "")] = pod
+    rows = [_row(node, by_node.get(("driver", node["metadata"]["name"])),
+                 by_node.get(("maca", node["metadata"]["name"])), current)
+            for node in sorted(nodes, key=lambda n: n["metadata"]["name"])]
+    condition = next((c for c in ((cr or {}).get("status") or {}).get("conditions") or []
+                      if c.get("type") == reconcile.WORKLOADS_VALID), None)
+    problems = condition["message"].splitlines() if condition and condition.get("status") == "False" else []
+    return View(rows, current, problems)
+
+
+def _row(node: dict, driver: dict | None, maca: dict | None, current: str) -> NodeRow:
+    meta = node["metadata"]
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    revision = ((driver or {}).get("metadata", {}).get("labels") or {}).get(REVISION_LABEL, "")
+    bound, failed = workloads.vfio_gpus(annotations.get(workloads.VFIO_ANNOTATION))
+    mode = labels.get(workloads.MODE_LABEL, workloads.DEFAULT_MODE)
+    return NodeRow(
+        name=meta["name"], mode=mode,
+        qos_policy=labels.get(workloads.QOS_LABEL, workloads.DEFAULT_QOS if mode == "sgpu" else ""),
+        allocatable={r: allocatable.get(r, "0") for r in workloads.GPU_RESOURCES},
+        vfnum=labels.get(workloads.GPU_VFNUM_LABEL, ""),
+        driver_revision=revision, driver_current=(revision == current) if driver else None,
+        maca_versions=workloads.deployed_maca_versions(
+            c.get("image", "") for c in ((maca or {}).get("spec") or {}).get("initContainers") or []
+            if c.get("name", "").startswith("payload-")),
+        maca_ready=workloads.pod_ready(maca) if maca else None,
+        vfio_bound=bound, vfio_failed=failed)
+
+
+def render(view: View, output: str = "table") -> str:
+    if output == "json":
+        return json.dumps(_camel(asdict(view)), indent=2)
+    header = ["NODE", "MODE", "QOS", "GPU", "SGPU", "VFIO-GPU", "VFNUM", "DRIVER", "MXMACA", "VFIO-BOUND"]
+    rows = [header] + [[
+        r.name, r.mode, r.qos_policy or "-", *r.allocatable.values(), r.vfnum or "-",
+        "-" if r.driver_current is None else f"{r.driver_revision}{'' if r.driver_current else ' (old)'}",
+        _maca(r), ",".join(r.vfio_bound) + (f" (failed: {','.join(r.vfio_failed)})" if r.vfio_failed else "") or "-",
+    ] for r in view.nodes]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    if not view.nodes:
+        lines.append(f"(no node is labelled {workloads.GPU_NODE_LABEL}=true)")
+    lines.append(f"current driver revision: {view.current_driver_revision or '(no driver ControllerRevision)'}")
+    if view.problems:
+        lines.append(f"problems the runner reports ({reconcile.WORKLOADS_VALID}=False):")
+        lines += [f"  {p}" for p in view.problems]
+    return "\n".join(lines)
+
+
+def _camel(value):
+    """Keys in the Kubernetes JSON style (`driver_revision` -> `driverRevision`); resource names kept."""
+    if isinstance(value, dict):
+        return {re.sub(r"_(.)", lambda m: m.group(1).upper(), k) if "/" not in k else k: _camel(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
+
+
+def _maca(row: NodeRow) -> str:
+    if row.maca_ready is None:
+        return "-"
+    return ",".join(row.maca_versions) + ("" if row.maca_ready else " (not ready)")
+
+
+def read(api: Client, namespace: str) -> View:
+    """The four requests, then `build`."""
+    nodes = api.list("v1", "Node", label_selector=f"{workloads.GPU_NODE_LABEL}=true")
+    pods = api.list("v1", "Pod", namespace, label_selector=POD_SELECTOR)
+    revisions = api.list("apps/v1", "ControllerRevision", namespace, label_selector=REVISION_SELECTOR)
+    cr = api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+    return build(nodes, pods, revisions, cr)
+
+
+def run(args: argparse.Namespace) -> int:
+    api = Client.from_args(args)
+    server = api.api_client.configuration.host
+    try:
+        view = read(api, args.namespace)
+    except urllib3.exceptions.HTTPError as err:
+        raise UserError(server, f"the API server does not answer ({type(err).__name__})",
+                        "check that the cluster is up and that --kubeconfig/--context name it") from None
+    except ApiException as err:
+        if err.status in (401, 403):
+            raise UserError(server, f"refused the request ({err.status} {err.reason})",
+                            "use credentials that may list nodes, and pods and controllerrevisions in "
+                            f"namespace {args.namespace}") from None
+        raise
+    print(render(view, args.output))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("nodes", help="the GPU side of the cluster per node: mode, QoS, GPUs, "
+                                   "driver revision, MXMACA versions, vfio-bound GPUs",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--namespace", "-n", default=os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
+                        help=f"the release namespace (default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    add_arguments(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,109 @@
+"""The podTemplateSpec merge against the acceptance cases (seed 000 §3.2.4-3.2.5) and its errors."""
+
+import pytest
+
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.chart.merge import (ANNOTATION_BASE, ANNOTATION_COMPONENT, ANNOTATION_INPUTS, SchedulingInputs,
+                                  inputs_from_annotations, merge_scheduling)
+from tests.cases import MERGE_CASES
+
+CASES = MERGE_CASES
+
+
+def inputs(case: dict, component: str = "maca") -> SchedulingInputs:
+    return SchedulingInputs(component=component, base=case["base"], global_pts=case.get("global"),
+                            component_pts=case.get("component"),
+                            deprecated_tolerations=case.get("deprecatedTolerations"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_acceptance_case(case):
+    result, _ = merge_scheduling(inputs(case))
+    assert result == case["expect"]
+
+
+def test_seed_example_both_components():
+    global_pts = {"spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "general",
+                                            "effect": "NoSchedule"}]}}
+    maca_pts = {"spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "gpu",
+                                          "effect": "NoSchedule"}]}}
+    role = lambda value, effect: {"tolerations": [{"key": "node-role", "operator": "Equal", "value": value,  # noqa: E731
+                                                   "effect": effect}]}
+    maca, _ = merge_scheduling(SchedulingInputs("maca", role("maca", "NoSchedule"), global_pts, maca_pts))
+    driver, _ = merge_scheduling(SchedulingInputs("driver", role("driver", "NoExecute"), global_pts, None))
+    assert [(t["key"], t["value"]) for t in maca["tolerations"]] == [("node-role", "maca"), ("node-type", "gpu")]
+    assert [(t["key"], t["value"]) for t in driver["tolerations"]] == [("node-role", "driver"), ("node-type", "general")]
+
+
+def test_empty_component_podtemplatespec_does_not_replace_the_global_one():
+    # values.yaml defaults every component's podTemplateSpec to {}: that must not mean "defined".
+    result, _ = merge_scheduling(SchedulingInputs("driver", {}, {"spec": {"nodeSelector": {"zone": "a"}}}, {}))
+    assert result == {"nodeSelector": {"zone": "a"}}
+
+
+def test_deprecated_tolerations_fill_in_with_a_notice_naming_the_replacement():
+    _, notices = merge_scheduling(SchedulingInputs("driver", {}, None, None, [{"key": "k", "operator": "Exists"}]))
+    assert len(notices) == 1 and "tolerations is deprecated" in notices[0]
+    assert "podTemplateSpec.spec.tolerations" in notices[0]
+
+
+def test_deprecated_tolerations_ignored_with_a_notice_when_custom_sets_tolerations():
+    custom = {"spec": {"tolerations": [{"key": "a", "operator": "Exists"}]}}
+    result, notices = merge_scheduling(SchedulingInputs("maca", {}, None, custom, [{"key": "b", "operator": "Exists"}]),
+                                       prefix="spec.")
+    assert result == {"tolerations": [{"key": "a", "operator": "Exists"}]}
+    assert "ignored for maca" in notices[0] and "spec.maca.podTemplateSpec.spec.tolerations win" in notices[0]
+
+
+def test_affinity_maps_merge_deeply_and_lists_inside_append():
+    term = lambda key: {"matchExpressions": [{"key": key, "operator": "Exists"}]}  # noqa: E731
+    base = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term("gpu")]}}}}
+    custom = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term("gpu"), term("zone")]}}, "podAntiAffinity": {"x": "y"}}}}
+    result, _ = merge_scheduling(SchedulingInputs("maca", base, custom))
+    terms = result["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [term("gpu"), term("zone")]
+    assert result["affinity"]["podAntiAffinity"] == {"x": "y"}
+
+
+@pytest.mark.parametrize("pts, field", [
+    ({"spec": {"containers": []}}, "maca.podTemplateSpec.spec.containers"),
+    ({"metadata": {"labels": {"a": "b"}}}, "maca.podTemplateSpec.metadata"),
+    ({"spec": {"nodeSelector": {"n": 1}}}, "maca.podTemplateSpec.spec.nodeSelector"),
+    ({"spec": {"tolerations": {"key": "a"}}}, "maca.podTemplateSpec.spec.tolerations"),
+    ({"spec": {"affinity": ["x"]}}, "maca.podTemplateSpec.spec.affinity"),
+    ({"spec": "nodeSelector"}, "maca.podTemplateSpec.spec"),
+    ("yes", "maca.podTemplateSpec"),
+])
+def test_malformed_component_podtemplatespec_is_refused_naming_the_field(pts, field):
+    with pytest.raises(UserError) as err:
+        merge_scheduling(SchedulingInputs("maca", {}, None, pts))
+    assert err.value.field == field and err.value.fix
+
+
+def test_every_malformed_input_is_reported_at_once_with_the_cr_prefix():
+    with pytest.raises(UserErrors) as err:
+        merge_scheduling(SchedulingInputs("driver", {}, {"spec": {"hostNetwork": True}},
+                                          {"spec": {"nodeName": "n1"}}, {"key": "a"}), prefix="spec.")
+    assert [e.field for e in err.value.errors] == [
+        "spec.podTemplateSpec.spec.hostNetwork", "spec.driver.podTemplateSpec.spec.nodeName", "spec.tolerations"]
+
+
+def test_inputs_read_from_daemonset_annotations():
+    annotations = {ANNOTATION_COMPONENT: "maca", ANNOTATION_BASE: '{"tolerations":[{"key":"a"}]}',
+                   ANNOTATION_INPUTS: '{"global":{"spec":{}},"component":null,"tolerations":[{"key":"b"}]}'}
+    assert inputs_from_annotations(annotations) == SchedulingInputs(
+        "maca", {"tolerations": [{"key": "a"}]}, {"spec": {}}, None, [{"key": "b"}])
+
+
+@pytest.mark.parametrize("change, field", [
+    ({ANNOTATION_INPUTS: "{not json"}, f'metadata.annotations["{ANNOTATION_INPUTS}"]'),
+    ({ANNOTATION_BASE: "[]"}, f'metadata.annotations["{ANNOTATION_BASE}"]'),
+    ({ANNOTATION_COMPONENT: "gpu"}, f'metadata.annotations["{ANNOTATION_COMPONENT}"]'),
+])
+def test_bad_annotation_is_refused_naming_it(change, field):
+    annotations = {ANNOTATION_COMPONENT: "maca", ANNOTATION_BASE: "{}", ANNOTATION_INPUTS: "{}", **change}
+    with pytest.raises(UserError) as err:
+        inputs_from_annotations(annotations)
+    assert err.value.field == field

@@ -1,0 +1,196 @@
+"""Unit tests of the rollout shell's pure parts: projections of API objects, building the engine's
+`Observed` from cache contents, the status codec, and the admin status table. The API calls
+themselves are tested on the real control plane (tests/e2e/test_rollout_cluster.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from metax_operator.rollout import engine, admin
+from metax_operator.rollout.observe import build, need_reboot, node_event, project_driver_pod, project_revision
+from metax_operator.workloads import gpu_pod
+
+DS_UID = "ds-uid"
+SEED_POLICY = {"enableRollout": True,
+               "upgradeSteps": [{"replicas": 2}, {"replicas": 5, "pauseDuration": 10000},
+                                {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%"}],
+               "maxParallel": "50%", "maxFailureThreshold": 3}
+
+
+def pod(name: str, node: str, revision: str, ready: bool = True, owner: str = DS_UID, **extra) -> dict:
+    meta = {"name": name, "uid": f"uid-{name}", "creationTimestamp": "2025-01-01T00:00:00Z",
+            "labels": {"controller-revision-hash": revision},
+            "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}], **extra}
+    return {"metadata": meta, "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}],
+                       "containerStatuses": [{"restartCount": 1}, {"restartCount": 4}]}}
+
+
+TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:1"}]}}
+
+
+def revision(hash_: str, number: int, owner: str = DS_UID, template: dict = TEMPLATE) -> dict:
+    """As the DaemonSet controller writes it: the template as a strategic merge patch."""
+    return {"metadata": {"name": f"metax-driver-{hash_}", "labels": {"controller-revision-hash": hash_},
+                         "ownerReferences": [{"kind": "DaemonSet", "uid": owner}]},
+            "revision": number, "data": {"spec": {"template": {**template, "$patch": "replace"}}}}
+
+
+def daemonset(generation: int = 2, observed: int = 2, template: dict = TEMPLATE) -> dict:
+    return {"metadata": {"name": "metax-driver", "uid": DS_UID, "generation": generation},
+            "spec": {"template": template}, "status": {"observedGeneration": observed}}
+
+
+def applied_cr(generation: int = 4, observed: int = 4) -> dict:
+    """A CR whose spec.driver the runner's reconcile applied up to generation `observed`."""
+    return {"metadata": {"generation": generation}, "spec": {"driver": {"payload": {"version": "1"}}},
+            "status": {"observedGeneration": observed}}
+
+
+def test_driver_pod_projection_keeps_what_the_engine_reads():
+    projected = project_driver_pod(pod("p1", "n1", "abc", ready=False,
+                                       deletionTimestamp="2025-01-01T00:00:10Z"))
+    assert projected.owner_uid == DS_UID
+    assert projected.pod == engine.Pod(name="p1", uid="uid-p1", node="n1", revision="abc", ready=False,
+                                        phase="Running", restart_count=4, created=1735689600.0,
+                                        deleting=1735689610.0)
+
+
+def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():
+    orphan = pod("p", "n", "abc")
+    orphan["metadata"]["ownerReferences"] = []
+    assert project_driver_pod(orphan) is None
+    rev = revision("abc", 1)
+    rev["metadata"]["ownerReferences"] = [{"kind": "StatefulSet", "uid": "x"}]
+    assert project_revision(rev) is None
+
+
+@pytest.mark.parametrize("resources, kept", [
+    ({"limits": {"metax-tech.com/gpu": "1"}}, True),
+    ({"requests": {"metax-tech.com/sgpu": "2"}}, True),
+    ({"requests": {"nvidia.com/gpu": "1", "cpu": "1"}}, False),
+    ({}, False),
+])
+def test_gpu_workload_projection_keeps_only_pods_requesting_metax_resources(resources, kept):
+    obj = {"metadata": {"name": "w"}, "spec": {"nodeName": "n7", "containers": [{"resources": resources}]}}
+    projected = gpu_pod(obj)
+    assert (projected.node if projected else None) == ("n7" if kept else None)
+
+
+def test_an_unscheduled_gpu_pod_holds_no_node():
+    obj = {"metadata": {"name": "w"}, "spec": {"containers": [{"resources": {"limits": {"metax-tech.com/gpu": 1}}}]}}
+    assert gpu_pod(obj).node == ""
+
+
+def test_current_revision_is_the_newest_owned_controllerrevision():
+    revs = [project_revision(r) for r in (revision("old", 1), revision("new", 3), revision("back", 2),
+                                          revision("other", 9, owner="another-ds"))]
+    snap = build(daemonset(), revs, [], [], applied_cr(), None)
+    assert snap.observed.current_revision == "new"
+    assert set(snap.revisions) == {"old", "new", "back"}
+    assert snap.observed.caught_up
+    assert json.loads(snap.observed.driver_spec) == {"payload": {"version": "1"}}
+
+
+def test_not_caught_up_until_the_controller_observed_the_generation():
+    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [],
+                 applied_cr(), None)
+    assert not snap.observed.caught_up
+
+
+def test_not_caught_up_while_the_revision_cache_lags_the_daemonset_template():
+    newer = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
+    revs = [project_revision(revision("a", 1))]
+    assert not build(daemonset(template=newer), revs, [], [], applied_cr(), None).observed.caught_up
+    revs.append(project_revision(revision("b", 2, template=newer)))
+    snap = build(daemonset(template=newer), revs, [], [], applied_cr(), None)
+    assert snap.observed.caught_up and snap.observed.current_revision == "b"
+
+
+def test_not_caught_up_until_the_reconcile_applied_the_crs_generation():
+    """Else a version patched into the CR but not yet in the template would be recorded as the
+    stable revision's lastCoDriverSpec, and a rollback would restore it."""
+    revs = [project_revision(revision("a", 1))]
+    assert not build(daemonset(), revs, [], [], applied_cr(generation=5, observed=4), None).observed.caught_up
+
+
+def test_nodes_are_the_pods_nodes_plus_the_wave_in_flight():
+    pods = [project_driver_pod(pod("p1", "n1", "a")), project_driver_pod(pod("p2", "n2", "a")),
+            project_driver_pod(pod("x", "n9", "a", owner="someone-else"))]
+    status = {"resume": {"wave": ["n3"]}}
+    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, ["n2"], applied_cr(), status)
+    assert snap.observed.nodes == {"n1", "n2", "n3"}
+    assert {p.name for p in snap.observed.pods} == {"p1", "p2"}
+    assert snap.observed.gpu_busy_nodes == {"n2"}
+
+
+def cr(status: dict, policy: dict = SEED_POLICY) -> dict:
+    return {"spec": {"driver": {"upgradePolicy": policy}}, "status": {"upgradeStatus": status}}
+
+
+def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
+    status = engine.empty_status()
+    status.update(phase="Progressing", upgrading=True)
+    status["status"].update(currentStepIndex=1, currentStepState="StepUpgrade", totalUpgradeReplicas=10,
+                            totalUpgradeReadyReplicas=3, lastPodSpecRevision="a", upgradingPodSpecRevision="b")
+    status["resume"].update(wave=["n3", "n4"], waveKind="upgrade", failedNodes=["n9"], failedNodeCount=1)
+    text = admin.render(cr(status))
+    lines = text.splitlines()
+    assert "Phase: Progressing" in lines[0] and "a -> b" in lines[0] and "upgraded 3/10" in lines[0]
+    assert lines[1].split() == ["STEP", "TARGET", "UPGRADED", "AFTER", "STATE"]
+    assert lines[2].split()[:3] == ["0", "2", "(2)"] and lines[2].endswith("done")
+    assert lines[3].endswith("StepUpgrade") and lines[4].endswith("pending")
+    assert "Wave (upgrade" in text and "n3, n4" in text
+    assert "Failed nodes: 1: n9" in text
+    assert "Next: waiting for 2 new pods to become Ready" in text
+
+
+def test_next_action_after_a_runner_pause_is_resume():
+    status = engine.empty_status()
+    status.update(phase="Progressing", upgrading=True)
+    status["status"].update(currentStepState="StepPaused")
+    status["resume"].update(pausedByRunner=True, pauseReason="failure")
+    policy = {**SEED_POLICY, "pause": True}
+    assert "fix the failed nodes, then resume: metax-operator rollout resume" in admin.render(cr(status, policy))
+
+
+def test_status_json_is_the_upgrade_status():
+    status = {"phase": "Idling"}
+    assert json.loads(admin.render(cr(status), "json")) == status
+
+
+def test_status_table_lists_skipped_and_cordoned_nodes():
+    status = engine.empty_status()
+    status["resume"].update(skippedNodes=["n2", "n7"], skippedNodeCount=2, cordonedNodes=["n3"] * 20,
+                            cordonedNodeCount=25)
+    text = admin.render(cr(status))
+    assert "Skipped (label metax-tech.com/driver-upgrade.skip=true): 2: n2, n7" in text.splitlines()
+    assert "Cordoned by the runner: 25: " in text and text.count("(+5 more)") == 1
+
+
+def test_skipped_nodes_are_not_eligible_unless_their_pod_is_in_the_wave_in_flight():
+    pods = [project_driver_pod(pod(f"p{i}", f"n{i}", "a")) for i in (1, 2, 3)]
+    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, [], applied_cr(),
+                 {"resume": {"wave": ["n3"]}}, skipped=["n2", "n3"], cordoned=["n3"])
+    assert snap.observed.nodes == {"n1", "n3"}
+    assert snap.observed.skipped == {"n2", "n3"} and snap.observed.cordoned == {"n3"}
+
+
+def event(node: str, reason: str, last: str) -> dict:
+    return {"metadata": {"name": f"{node}.{reason}", "creationTimestamp": last}, "reason": reason,
+            "involvedObject": {"kind": "Node", "name": node}, "lastTimestamp": last}
+
+
+def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
+    asked = [node_event(event("n1", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+             node_event(event("n2", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+             node_event(event("n3", "NodeNeedReboot", "2026-01-01T12:00:00Z"))]
+    rebooted = [node_event(event("n2", "Rebooted", "2026-01-01T11:00:00Z")),
+                node_event(event("n3", "Rebooted", "2026-01-01T11:00:00Z"))]  # before its firmware upgrade
+    assert need_reboot(asked, rebooted) == {"n1", "n3"}
+    snap = build(daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None,
+                 need_reboot=need_reboot(asked, rebooted))
+    status = engine.decide(snap.observed, admin.policy_mod.validate({}), None, 0.0).status
+    assert (status["resume"]["needRebootNodes"], status["resume"]["needRebootNodeCount"]) == (["n1", "n3"], 2)
+    assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status))

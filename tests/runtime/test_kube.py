@@ -1,0 +1,86 @@
+"""kube.py without a cluster: retry policy and paths (the API calls themselves are in test_hooks_api.py)."""
+from __future__ import annotations
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.runtime import kube
+
+
+def api_error(status: int, headers: dict | None = None) -> ApiException:
+    err = ApiException(status=status, reason="test")
+    err.headers = headers or {}
+    return err
+
+
+class Flaky:
+    """Raises the given errors in turn, then returns 'ok'."""
+
+    def __init__(self, *errors: BaseException):
+        self.errors = list(errors)
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+
+@pytest.mark.parametrize("err", [api_error(429), api_error(500), api_error(503), api_error(504),
+                                 urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
+                                 urllib3.exceptions.ProtocolError("reset")])
+def test_transient_failures_are_retried(err):
+    sleeps: list[float] = []
+    fn = Flaky(err, err)
+    assert kube.with_backoff(fn, kube.Backoff(attempts=3), sleep=sleeps.append) == "ok"
+    assert fn.calls == 3 and len(sleeps) == 2
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 409, 422])
+def test_client_errors_are_not_retried(status):
+    fn = Flaky(api_error(status))
+    with pytest.raises(ApiException):
+        kube.with_backoff(fn, kube.Backoff(attempts=5), sleep=lambda s: None)
+    assert fn.calls == 1
+
+
+def test_backoff_is_bounded_and_gives_up():
+    sleeps: list[float] = []
+    fn = Flaky(*[api_error(503)] * 10)
+    with pytest.raises(ApiException):
+        kube.with_backoff(fn, kube.Backoff(attempts=4, base=1, cap=2), sleep=sleeps.append)
+    assert fn.calls == 4
+    assert len(sleeps) == 3 and all(0 <= s <= 2 for s in sleeps)
+
+
+def test_retry_after_is_honoured_up_to_the_cap():
+    sleeps: list[float] = []
+    kube.with_backoff(Flaky(api_error(429, {"Retry-After": "3"}), api_error(429, {"Retry-After": "60"})),
+                      kube.Backoff(attempts=3, cap=10), sleep=sleeps.append)
+    assert sleeps == [3.0, 10.0]
+
+
+def test_conflicts_rerun_the_callers_function():
+    fn = Flaky(api_error(409), api_error(409))
+    assert kube.retry_on_conflict(fn, attempts=3) == "ok"
+    assert fn.calls == 3
+    with pytest.raises(ApiException):
+        kube.retry_on_conflict(Flaky(*[api_error(409)] * 3), attempts=3)
+    with pytest.raises(ApiException):
+        kube.retry_on_conflict(Flaky(api_error(422)))
+
+
+def test_resource_paths():
+    node = kube.Resource("v1", "Node", "nodes", False)
+    cm = kube.Resource("v1", "ConfigMap", "configmaps", True)
+    co = kube.Resource("gpu.metax-tech.com/v1", "ClusterOperator", "clusteroperators", False)
+    assert node.path("n1") == "/api/v1/nodes/n1"
+    assert cm.path("driver-config", "ns") == "/api/v1/namespaces/ns/configmaps/driver-config"
+    assert co.path("cluster-operator", subresource="status") == \
+        "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator/status"
+    assert co.path() == "/apis/gpu.metax-tech.com/v1/clusteroperators"
+    assert cm.path(all_namespaces=True) == "/api/v1/configmaps"
+    with pytest.raises(ValueError, match="namespace is required"):
+        cm.path("x")

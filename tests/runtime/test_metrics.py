@@ -1,0 +1,135 @@
+"""The runner's Prometheus metrics without a cluster: the gauges a rollout pass sets, the wave
+histogram, the text exposition served on the health port (parsed back with prometheus_client's own
+parser). Scraped from a real runner during a rollout: tests/e2e/test_node_safety.py."""
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from metax_operator.rollout import engine
+from metax_operator.runtime.health import Health, serve
+from metax_operator.runtime.metrics import NODE_STATES, Metrics, names
+from tests.helm import find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
+from tests.templates.test_chart_render import SEED_INSTALL
+from tests.runtime.test_health import FakeElector
+
+T0 = 1_800_000_000.0
+
+
+def samples(metrics: Metrics) -> dict[tuple, float]:
+    text = metrics.exposition()[0].decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: list[str], start: float) -> dict:
+    st = engine.empty_status()
+    st["phase"] = phase
+    st["status"].update(currentStepIndex=step, currentStepState=state, totalUpgradeReplicas=total,
+                        totalUpgradeReadyReplicas=upgraded)
+    st["resume"].update(wave=wave, waveStartTime=engine.rfc3339(start), failedNodeCount=1, heldNodeCount=2,
+                        skippedNodeCount=3, cordonedNodeCount=len(wave), needRebootNodeCount=5)
+    return st
+
+
+def test_a_pass_sets_phase_step_and_node_counts():
+    m = Metrics()
+    m.rollout_pass(None, status(engine.PROGRESSING, 2, engine.STEP_UPGRADE, 10, 4, ["n1", "n2"], T0), T0)
+    got = samples(m)
+    assert got[("metax_operator_rollout_phase", (("metax_operator_rollout_phase", "Progressing"),))] == 1
+    assert got[("metax_operator_rollout_phase", (("metax_operator_rollout_phase", "Idling"),))] == 0
+    assert got[("metax_operator_rollout_step", ())] == 2
+    assert got[("metax_operator_rollout_step_state", (("metax_operator_rollout_step_state", "StepUpgrade"),))] == 1
+    nodes = {state: got[("metax_operator_rollout_nodes", (("state", state),))] for state in NODE_STATES}
+    assert nodes == {"total": 10, "upgraded": 4, "failed": 1, "held": 2, "skipped": 3, "cordoned": 2, "in_wave": 2}
+    assert got[("metax_operator_nodes_need_reboot", ())] == 5
+
+
+def test_a_wave_is_timed_from_its_start_to_the_pass_that_saw_it_done():
+    m = Metrics()
+    first = status(engine.PROGRESSING, 0, engine.STEP_UPGRADE, 10, 0, ["n1"], T0)
+    m.rollout_pass(None, first, T0)
+    m.rollout_pass(first, first, T0 + 3)  # still in flight
+    assert samples(m)[("metax_operator_rollout_wave_duration_seconds_count", ())] == 0
+    second = status(engine.PROGRESSING, 0, engine.STEP_UPGRADE, 10, 1, ["n2"], T0 + 7)
+    m.rollout_pass(first, second, T0 + 7)  # the next wave replaced it
+    done = status(engine.IDLING, 0, engine.COMPLETED, 10, 10, [], T0 + 7)
+    m.rollout_pass(second, done, T0 + 12)
+    got = samples(m)
+    assert got[("metax_operator_rollout_wave_duration_seconds_count", ())] == 2
+    assert got[("metax_operator_rollout_wave_duration_seconds_sum", ())] == 12
+    assert got[("metax_operator_rollout_wave_duration_seconds_bucket", (("le", "5.0"),))] == 1
+
+
+def test_the_health_port_serves_the_exposition_with_the_prometheus_content_type():
+    m = Metrics()
+    m.pass_seconds.observe(0.2)
+    m.leader.set(1)
+    server = serve(Health(FakeElector(), lambda: (), stall_timeout=30, api_timeout=15), "127.0.0.1", 0, m)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=5) as answer:
+            assert answer.headers["Content-Type"].startswith("text/plain; version=")
+            body = answer.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        assert families["metax_operator_runner_pass_duration_seconds"].type == "histogram"
+        assert families["metax_operator_leader"].samples[0].value == 1
+        assert families["metax_operator_api_requests"].type == "counter"
+    finally:
+        server.shutdown()
+
+
+def test_every_exported_name_has_the_prefix():
+    exported = names(Metrics())
+    assert exported and all(n.startswith("metax_operator_") for n in exported)
+    assert {"metax_operator_api_requests_total", "metax_operator_nodes_need_reboot",
+            "metax_operator_rollout_wave_duration_seconds_bucket"} <= exported
+
+
+# -- the chart's ServiceMonitor and Grafana dashboard ------------------------------------------
+
+METRIC_NAME = re.compile(r"\bmetax_operator_[a-z_]+\b")
+ON = SEED_INSTALL + ("--set", "runner.serviceMonitor.enabled=true", "--set", "runner.dashboard.enabled=true")
+
+
+def dashboard(objects) -> dict:
+    config = find(objects, "ConfigMap", "metax-operator-runner-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(config["data"]["metax-driver-rollout.json"])
+
+
+def test_every_dashboard_query_names_only_metrics_the_runner_exports(helm_bin):
+    board = dashboard(render_chart(helm=helm_bin, args=ON))
+    exported = names(Metrics())
+    exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        named = set(METRIC_NAME.findall(expr))  # an Enum's label bears its metric's name: exported too
+        assert named, f"a query that reads no runner metric: {expr}"
+        assert named <= exported, f"{expr} names {named - exported}, which the runner does not export"
+    shown = {name for expr in exprs for name in METRIC_NAME.findall(expr)}
+    wanted = {"metax_operator_rollout_phase", "metax_operator_rollout_step", "metax_operator_rollout_nodes",
+              "metax_operator_rollout_wave_duration_seconds_bucket", "metax_operator_runner_pass_duration_seconds_bucket",
+              "metax_operator_api_requests_total", "metax_operator_leader", "metax_operator_nodes_need_reboot"}
+    assert wanted <= shown
+
+
+def test_the_checker_above_catches_a_misspelt_metric():
+    exported = names(Metrics())
+    assert not set(METRIC_NAME.findall("rate(metax_operator_api_request_total[5m])")) <= exported
+
+
+def test_the_service_monitor_scrapes_the_health_port_and_both_are_off_by_default(helm_bin):
+    objects = render_chart(helm=helm_bin, args=ON + ("--set", "runner.health.port=9090"))
+    service = find(objects, "Service", "metax-operator-runner")
+    assert service["spec"]["ports"] == [{"name": "health", "protocol": "TCP", "port": 9090, "targetPort": "health"}]
+    runner = find(objects, "Deployment", "metax-operator-runner")
+    assert service["spec"]["selector"].items() <= runner["spec"]["template"]["metadata"]["labels"].items()
+    monitor = find(objects, "ServiceMonitor", "metax-operator-runner")
+    assert monitor["spec"]["endpoints"] == [{"port": "health", "path": "/metrics", "interval": "30s"}]
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in render_chart(helm=helm_bin, args=SEED_INSTALL)}
+    assert not kinds & {("ServiceMonitor", "metax-operator-runner"), ("Service", "metax-operator-runner"),
+                        ("ConfigMap", "metax-operator-runner-dashboard")}
