@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import simulate
 from tests.bench.bench_rollout_cluster import (INTERVAL, NS, POLICY, READY_LATENCY, cluster_session, passes,
-                                               start_runner)
+                                               rolled_out, start_runner)
 from tests.controlplane import free_port, stop_pid
 from tests.e2e.tools import CR
 
@@ -44,12 +44,11 @@ def rollout(api, log: Path, port: int, image: str, cordon: bool, deadline: float
     client.CustomObjectsApi(api).patch_cluster_custom_object(
         *CR, {"spec": {"driver": {"upgradePolicy": {"cordon": cordon}}}})
     time.sleep(3)  # a few passes: the runner reads the policy
-    done_before = sum(p.get("state") == "Completed" for p in passes(log))
     before, lines = requests(port), len(passes(log))
     client.AppsV1Api(api).patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
         "containers": [{"name": "driver-manager", "image": image}]}}}})
     t0 = time.monotonic()
-    while sum(p.get("state") == "Completed" for p in passes(log)) <= done_before:
+    while not rolled_out(log, lines):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the rollout to {image} did not complete in time")
         time.sleep(0.5)

@@ -7,11 +7,15 @@ with `--interval-only`, then without. Two edits, `EDITS` times each, alternating
   as observed (`status.observedGeneration`: the pass that planned from the edit wrote its status);
 - `spec.gpuLabel.log.level` changed: done when the DaemonSet `metax-gpu-label` carries the new
   `LOG_LEVEL` (the reconcile applied it).
-Polled every `POLL` s by this process. Printed: median and max seconds per edit and mode.
+Each edit at a moment drawn uniformly over the interval (the same moments in both modes), polled
+every `POLL` s by this process. Printed: median and max seconds per edit and mode, with the load
+average (the machine is shared).
 `python -m tests.bench cr_edit`.
 """
 from __future__ import annotations
 
+import os
+import random
 import statistics
 import subprocess
 import time
@@ -24,7 +28,7 @@ from tests.controlplane import stop_pid
 from tests.e2e.tools import CR, log_entries
 
 INTERVAL = 5.0
-EDITS = 6
+EDITS = 8
 POLL = 0.02
 TIMEOUT = 60.0
 
@@ -52,11 +56,12 @@ def measure(admin) -> dict[str, list[float]]:
                    for e in c.env or [])
 
     times: dict[str, list[float]] = {"pause": [], "log level": []}
+    moments = random.Random(16)  # edits at moments spread over the interval, the same in both modes
     for i in range(EDITS):
-        time.sleep(0.5 + i % 3 * 0.37)  # edits at various moments between two passes of the fixed pace
+        time.sleep(moments.uniform(0, INTERVAL))
         crs.patch_cluster_custom_object(*CR, {"spec": {"driver": {"upgradePolicy": {"pause": i % 2 == 0}}}})
         times["pause"].append(until(observed, "pause"))
-        time.sleep(0.5 + i % 3 * 0.37)
+        time.sleep(moments.uniform(0, INTERVAL))
         level = ("debug", "info")[i % 2]
         crs.patch_cluster_custom_object(*CR, {"spec": {"gpuLabel": {"log": {"level": level}}}})
         times["log level"].append(until(lambda level=level: log_level(level), "log level"))
@@ -81,8 +86,8 @@ def main() -> None:
                 stop_pid(runner.pid, runner)
             mode = "woken by the watches" if woken else "--interval-only     "
             print("  " + mode + ": " + "; ".join(
-                f"{what} median {statistics.median(t):.2f} s, max {max(t):.2f} s" for what, t in times.items()),
-                flush=True)
+                f"{what} median {statistics.median(t):.2f} s, max {max(t):.2f} s" for what, t in times.items())
+                + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from kubernetes import client, watch
 
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import simulate
-from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, start_runner
+from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, rolled_out, start_runner
 from tests.controlplane import stop_pid
 from tests.e2e.tools import CR
 
@@ -74,12 +74,7 @@ def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, inte
             "containers": [{"name": "driver-manager", "image": image}]}}}})
         t0 = time.monotonic()
 
-        def completed() -> bool:  # a pass that deleted pods, then one that found them all done
-            entries = passes(log)
-            first = next((i for i, p in enumerate(entries) if p.get("deleted")), None)
-            return first is not None and any(p.get("state") == "Completed" for p in entries[first:])
-
-        while not completed():
+        while not rolled_out(log):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the rollout to {image} did not complete in time")
             time.sleep(0.2)

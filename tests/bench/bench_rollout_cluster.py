@@ -69,6 +69,15 @@ def passes(log: Path) -> list[dict]:
     return log_entries(log, "rollout-pass")
 
 
+def rolled_out(log: Path, since: int = 0) -> bool:
+    """Whether the rollout begun after the runner's `since`-th logged pass is done: a pass that
+    deleted pods, then one that found them all done (the state of an earlier rollout, still in
+    the status until the new one starts, does not count)."""
+    entries = passes(log)[since:]
+    first = next((i for i, p in enumerate(entries) if p.get("deleted")), None)
+    return first is not None and any(p.get("state") == "Completed" for p in entries[first:])
+
+
 def start_runner(cp: ControlPlane, log: Path, runners: list, *args: str, profile: Path | None = None) -> subprocess.Popen:
     """`metax-operator run` (debug log to `log`, `args` added), appended to `runners` for the
     session to stop; returned once its first pass found the cluster idle. With `profile`, under
@@ -134,7 +143,7 @@ def run_size(nodes: int, budget: float, profile: bool = False) -> None:
         apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
             "containers": [{"name": "driver-manager", "image": image}]}}}})
         t0 = time.monotonic()
-        while not any(p.get("state") == "Completed" for p in passes(log)):
+        while not rolled_out(log):
             if time.monotonic() - started > budget:
                 raise TimeoutError(f"not completed within the budget ({pods_at(api, image)} of {nodes} upgraded)")
             time.sleep(0.5)
