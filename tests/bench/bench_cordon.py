@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import simulate
+from tests.bench.bench_pass_latency import PodTimes
 from tests.bench.bench_rollout_cluster import (INTERVAL, NS, POLICY, READY_LATENCY, cluster_session, passes,
                                                rolled_out, start_runner)
 from tests.controlplane import free_port, stop_pid
@@ -39,7 +40,7 @@ def requests(port: int) -> dict[str, float]:
             for s in f.samples if s.name == "metax_operator_api_requests_total"}
 
 
-def rollout(api, log: Path, port: int, image: str, cordon: bool, deadline: float) -> dict:
+def rollout(api, times: PodTimes, log: Path, port: int, image: str, cordon: bool, deadline: float) -> dict:
     """Patch the policy's `cordon`, then the template to `image`; the figures once it completed."""
     client.CustomObjectsApi(api).patch_cluster_custom_object(
         *CR, {"spec": {"driver": {"upgradePolicy": {"cordon": cordon}}}})
@@ -54,13 +55,15 @@ def rollout(api, log: Path, port: int, image: str, cordon: bool, deadline: float
         time.sleep(0.5)
     wall, after = time.monotonic() - t0, requests(port)
     seen: set[str] = set()
-    waves = 0
+    waves = []
     for entry in passes(log)[lines:]:
         new = [name for name in entry["deleted"] if name not in seen]
         seen.update(new)
-        waves += bool(new)
-    return {"wall": wall, "waves": waves, "pods": len(seen),
-            "requests": {m: after.get(m, 0) - before.get(m, 0) for m in METHODS}}
+        if new:
+            waves.append(new)
+    gaps, swaps = times.between(waves, image)
+    return {"wall": wall, "waves": len(waves), "pods": len(seen), "gap": statistics.median(gaps),
+            "swap": statistics.median(swaps), "requests": {m: after.get(m, 0) - before.get(m, 0) for m in METHODS}}
 
 
 def main() -> None:
@@ -73,6 +76,7 @@ def main() -> None:
         cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
         deadline = started + budget
         ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=0.05).end_time
+        times = PodTimes(api)
         results = {}
         # Off, on, off: the first rollout of a fresh cluster is not favoured either way; then on
         # at the fixed pace.
@@ -83,7 +87,7 @@ def main() -> None:
             runner = start_runner(cp, log, runners, "--interval", str(INTERVAL), "--health-port", str(port),
                                   "--health-host", "127.0.0.1", *([] if woken else ["--interval-only"]))
             try:
-                r = rollout(api, log, port, f"registry.example/driver:{version}", cordon, deadline)
+                r = rollout(api, times, log, port, f"registry.example/driver:{version}", cordon, deadline)
             finally:
                 stop_pid(runner.pid, runner)
                 runners.remove(runner)
@@ -94,13 +98,16 @@ def main() -> None:
               f"requests during each rollout:")
         mean = {}
         for name, rs in results.items():
-            r = mean[name] = {"wall": statistics.mean(x["wall"] for x in rs), "waves": statistics.mean(x["waves"] for x in rs),
-                              "pods": rs[0]["pods"], "load": statistics.mean(x["load"] for x in rs),
-                              "requests": {m: statistics.mean(x["requests"][m] for x in rs) for m in METHODS}}
+            r = mean[name] = {key: statistics.mean(x[key] for x in rs) for key in ("wall", "waves", "gap", "swap", "load")}
+            r["pods"], r["requests"] = rs[0]["pods"], {m: statistics.mean(x["requests"][m] for x in rs) for m in METHODS}
             calls = ", ".join(f"{m} {r['requests'][m]:.0f}" for m in METHODS if r["requests"][m])
             print(f"  {name}{f' (mean of {len(rs)})' if len(rs) > 1 else ''}: {r['wall']:.1f} s, {r['waves']:g} waves "
                   f"({r['wall'] / r['waves']:.2f} s per wave, {(r['wall'] - ideal) / r['waves']:+.2f} s per wave over "
-                  f"the ideal; target <= 0.25), {r['pods']} pods; {calls}; load average {r['load']:.1f}", flush=True)
+                  f"the ideal; target <= 0.25); median gap from a wave's last pod Ready to the next wave's first "
+                  f"deletion {r['gap']:.2f} s (the runner), median wave swap from first deletion to last pod Ready "
+                  f"{r['swap']:.2f} s (the cluster; {READY_LATENCY:g} s in the ideal); {r['pods']} pods; {calls}; "
+                  f"load average {r['load']:.1f}", flush=True)
+        times.stop()
         on, off = mean["cordon: true"], mean["cordon: false"]
         added = {m: on["requests"][m] - off["requests"][m] for m in ("GET", "PATCH")}
         print(f"  cordoning adds {added['PATCH']:.0f} PATCH (writes: {added['PATCH'] / nodes:.2f} per node, "

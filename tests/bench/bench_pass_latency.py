@@ -59,6 +59,16 @@ class PodTimes:
                                             for c in pod.status.conditions or []):
             self.ready[name] = (now, node, pod.spec.containers[0].image)
 
+    def between(self, waves: list[list[str]], image: str) -> tuple[list[float], list[float]]:
+        """For `waves` (the pods each deleted): the gaps from a wave's last new pod (at `image`)
+        turning Ready to the next wave's first deletion (what the runner adds), and each wave's
+        swap, from its first deletion to its last new pod Ready (what the cluster takes)."""
+        ready_on = {node: at for at, node, img in self.ready.values() if img == image}
+        first_deleted = [min(self.deleted[pod][0] for pod in wave) for wave in waves]
+        last_ready = [max(ready_on[self.deleted[pod][1]] for pod in wave) for wave in waves]
+        gaps = [start - end for end, start in zip(last_ready, first_deleted[1:], strict=False)]
+        return gaps, [end - start for start, end in zip(first_deleted, last_ready, strict=True)]
+
     def stop(self) -> None:
         self._stopped.set()
         self._watch.stop()
@@ -83,11 +93,7 @@ def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, inte
         stop_pid(runner.pid, runner)
         runners.remove(runner)
     waves = [entry["deleted"] for entry in passes(log) if entry.get("deleted")]
-    ready_on = {node: at for at, node, img in times.ready.values() if img == image}
-    gaps = []
-    for wave, following in zip(waves, waves[1:], strict=False):
-        last_ready = max(ready_on[times.deleted[pod][1]] for pod in wave)
-        gaps.append(min(times.deleted[pod][0] for pod in following) - last_ready)
+    gaps, _ = times.between(waves, image)
     return {"wall": wall, "waves": len(waves), "gaps": gaps}
 
 
