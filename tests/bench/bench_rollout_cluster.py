@@ -175,7 +175,8 @@ def run_size(nodes: int, budget: float, profile: bool = False) -> None:
               f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
         print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
               f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
-              f"initial LIST+sync {first['cache_bytes'] / 1e6:.1f} MB received", flush=True)
+              f"the watch caches received {first['cache_bytes'] / 1e6:.1f} MB from their first LIST to the end "
+              f"of the rollout", flush=True)
         if profile:
             stop_pid(runner.pid, runner)
             runners.remove(runner)
