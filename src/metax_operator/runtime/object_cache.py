@@ -16,9 +16,9 @@ The three ways a cache could mislead a pass, and what this module does about eac
   from the API server (`Client.on_written`) and is kept; a read returns it until the cache has
   seen its resourceVersion (`Informer.has_seen`), then the cache's object, the same or newer.
 - Stale reads under a precondition. The status writes carry the resourceVersion read; when the
-  cache is behind someone else's write the API server answers 409 and the pass ends without
-  acting, as it did when a live read raced a write. That write's watch event then wakes the next
-  pass, which reads it.
+  cache is behind someone else's write the API server answers 409: the reconcile's conditions
+  wait for the next pass and the rollout does not act, as when a live read raced a write. That
+  write's watch event then wakes the next pass, which reads it.
 - A cache that has not listed yet, or whose last LIST or WATCH failed (its store may be stale),
   is never read as "absent": the read raises `NotReady` and the pass does not act.
 
