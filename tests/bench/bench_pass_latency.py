@@ -22,7 +22,7 @@ from kubernetes import client, watch
 
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import simulate
-from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, start_runner
+from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, rolled_out, start_runner
 from tests.controlplane import stop_pid
 from tests.e2e.tools import CR
 
@@ -59,6 +59,16 @@ class PodTimes:
                                             for c in pod.status.conditions or []):
             self.ready[name] = (now, node, pod.spec.containers[0].image)
 
+    def between(self, waves: list[list[str]], image: str) -> tuple[list[float], list[float]]:
+        """For `waves` (the pods each deleted): the gaps from a wave's last new pod (at `image`)
+        turning Ready to the next wave's first deletion (what the runner adds), and each wave's
+        swap, from its first deletion to its last new pod Ready (what the cluster takes)."""
+        ready_on = {node: at for at, node, img in self.ready.values() if img == image}
+        first_deleted = [min(self.deleted[pod][0] for pod in wave) for wave in waves]
+        last_ready = [max(ready_on[self.deleted[pod][1]] for pod in wave) for wave in waves]
+        gaps = [start - end for end, start in zip(last_ready, first_deleted[1:], strict=False)]
+        return gaps, [end - start for start, end in zip(first_deleted, last_ready, strict=True)]
+
     def stop(self) -> None:
         self._stopped.set()
         self._watch.stop()
@@ -74,12 +84,7 @@ def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, inte
             "containers": [{"name": "driver-manager", "image": image}]}}}})
         t0 = time.monotonic()
 
-        def completed() -> bool:  # a pass that deleted pods, then one that found them all done
-            entries = passes(log)
-            first = next((i for i, p in enumerate(entries) if p.get("deleted")), None)
-            return first is not None and any(p.get("state") == "Completed" for p in entries[first:])
-
-        while not completed():
+        while not rolled_out(log):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the rollout to {image} did not complete in time")
             time.sleep(0.2)
@@ -88,11 +93,7 @@ def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, inte
         stop_pid(runner.pid, runner)
         runners.remove(runner)
     waves = [entry["deleted"] for entry in passes(log) if entry.get("deleted")]
-    ready_on = {node: at for at, node, img in times.ready.values() if img == image}
-    gaps = []
-    for wave, following in zip(waves, waves[1:], strict=False):
-        last_ready = max(ready_on[times.deleted[pod][1]] for pod in wave)
-        gaps.append(min(times.deleted[pod][0] for pod in following) - last_ready)
+    gaps, _ = times.between(waves, image)
     return {"wall": wall, "waves": len(waves), "gaps": gaps}
 
 

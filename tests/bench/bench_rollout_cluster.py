@@ -3,16 +3,22 @@
 For each size: a `metax-driver` DaemonSet (OnDelete, one pod per GPU node, pods Ready
 `READY_LATENCY` s after creation), the ClusterOperator CRD and CR with a 4-step policy, and one
 `metax-operator run` process (admin credentials, 1 s interval). The driver template changes; the
-runner rolls it out. Printed: wall time against the ideal schedule (the engine's simulator with
-the same Ready latency and pass interval), the runner's API requests and bytes per pass in steady
-state (its own request counter and watch-cache counters from its log, and the bytes it read from
-its sockets, /proc/PID/io rchar), its CPU seconds and peak memory. Each size is bounded in time:
-`python -m tests.bench rollout_cluster` (env METAX_BENCH_SIZES="500,5000" to choose).
+runner rolls it out. Printed: the time the control plane took to come up with every driver pod
+Ready and its processes' memory, the rollout's wall time against the ideal schedule (the
+engine's simulator with the same Ready latency and passes 50 ms apart: pod re-creation only),
+the runner's API requests and bytes per pass in steady state (its own request counter and
+watch-cache counters from its log, and the bytes it read from its sockets, /proc/PID/io rchar),
+its CPU seconds and peak memory, with the load average (the machine is shared). Each size is
+bounded in time: `python -m tests.bench rollout_cluster` (env METAX_BENCH_SIZES="500,5000" to
+choose; METAX_BENCH_PROFILE=1 runs the runner under cProfile and prints where its passes spend
+their time).
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -63,10 +69,21 @@ def passes(log: Path) -> list[dict]:
     return log_entries(log, "rollout-pass")
 
 
-def start_runner(cp: ControlPlane, log: Path, runners: list, *args: str) -> subprocess.Popen:
+def rolled_out(log: Path, since: int = 0) -> bool:
+    """Whether the rollout begun after the runner's `since`-th logged pass is done: a pass that
+    deleted pods, then one that found them all done (the state of an earlier rollout, still in
+    the status until the new one starts, does not count)."""
+    entries = passes(log)[since:]
+    first = next((i for i, p in enumerate(entries) if p.get("deleted")), None)
+    return first is not None and any(p.get("state") == "Completed" for p in entries[first:])
+
+
+def start_runner(cp: ControlPlane, log: Path, runners: list, *args: str, profile: Path | None = None) -> subprocess.Popen:
     """`metax-operator run` (debug log to `log`, `args` added), appended to `runners` for the
-    session to stop; returned once its first pass found the cluster idle."""
-    runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
+    session to stop; returned once its first pass found the cluster idle. With `profile`, under
+    cProfile (its main thread: the passes), the profile written there when it stops."""
+    profiler = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else []
+    runner = subprocess.Popen([*profiler, METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
                                "--log-level", "debug", *args], stdout=subprocess.DEVNULL, stderr=log.open("w"))
     runners.append(runner)
     while not any(p["phase"] == "Idling" for p in passes(log)):
@@ -111,27 +128,29 @@ def pods_at(api, image: str | None = None) -> int:
                and (image is None or p.spec.containers[0].image == image))
 
 
-def run_size(nodes: int, budget: float) -> None:
+def run_size(nodes: int, budget: float, profile: bool = False) -> None:
     with cluster_session(nodes, budget, "bench-rollout-") as session:
         if session is None:
             return
         cp, api, tmp, started, runners = session
+        up, up_load = time.monotonic() - started, os.getloadavg()[0]
         apps = client.AppsV1Api(api)
         cp.pods_ready_after([f"gpu-node-{i:04d}" for i in range(nodes)], READY_LATENCY)
-        log = tmp / "runner.log"
-        runner = start_runner(cp, log, runners, "--interval", str(INTERVAL))
+        log, profiled = tmp / "runner.log", tmp / "runner.prof"
+        runner = start_runner(cp, log, runners, "--interval", str(INTERVAL), profile=profiled if profile else None)
         idle_at = time.monotonic() - started
         image = "registry.example/driver:2"
         apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
             "containers": [{"name": "driver-manager", "image": image}]}}}})
         t0 = time.monotonic()
-        while not any(p.get("state") == "Completed" for p in passes(log)):
+        while not rolled_out(log):
             if time.monotonic() - started > budget:
                 raise TimeoutError(f"not completed within the budget ({pods_at(api, image)} of {nodes} upgraded)")
             time.sleep(0.5)
-        wall = time.monotonic() - t0
-        ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=INTERVAL)
-        during = proc_stats(runner.pid)
+        wall, wall_load = time.monotonic() - t0, os.getloadavg()[0]
+        # The ideal: pod re-creation and Ready latency only (passes 50 ms apart).
+        ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=0.05)
+        during, control_plane = proc_stats(runner.pid), cp.rss()
         # Steady state: passes over an unchanged cluster.
         before, first = proc_stats(runner.pid), passes(log)[-1]
         count = len(passes(log))
@@ -139,10 +158,16 @@ def run_size(nodes: int, budget: float) -> None:
             time.sleep(0.5)
         after, last = proc_stats(runner.pid), passes(log)[-1]
         n = len(passes(log)) - count
+        waves = sum(1 for p in passes(log) if p.get("deleted"))
         print(f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
-              f"creation, pass every {INTERVAL:g} s:")
+              f"creation, --interval {INTERVAL:g} (passes woken by the watches){', runner under cProfile' * profile}:")
+        print(f"  control plane up with the driver pods Ready in {up:.0f} s (load average {up_load:.1f}); "
+              f"memory " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in control_plane.items()
+                                     if k in ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")))
         print(f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
-              f"({wall / ideal.end_time:.2f}x); runner idle (caches listed) {idle_at:.0f} s into the run")
+              f"({wall / ideal.end_time:.2f}x, {(wall - ideal.end_time) / max(waves, 1):+.2f} s per wave over "
+              f"{waves} passes that deleted); runner idle (caches listed) {idle_at:.0f} s into the run "
+              f"(load average {wall_load:.1f})")
         print(f"  steady state per pass: rollout requests "
               f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
               f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
@@ -150,7 +175,20 @@ def run_size(nodes: int, budget: float) -> None:
               f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
         print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
               f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
-              f"initial LIST+sync {first['cache_bytes'] / 1e6:.1f} MB received", flush=True)
+              f"the watch caches received {first['cache_bytes'] / 1e6:.1f} MB from their first LIST to the end "
+              f"of the rollout", flush=True)
+        if profile:
+            stop_pid(runner.pid, runner)
+            runners.remove(runner)
+            out = io.StringIO()
+            stats = pstats.Stats(str(profiled), stream=out)
+            stats.sort_stats("tottime").print_stats(15)
+            stats.sort_stats("cumulative").print_stats("metax_operator", 20)
+            print("  where the runner's passes spend their time (cProfile of its main thread; the watch caches'")
+            print("  threads, which parse the events, are not in it):")
+            print("\n".join("    " + line for line in out.getvalue().splitlines()
+                            if line.strip() and not line.startswith(("   Ordered", "   List reduced"))), flush=True)
+
 
 def over_budget(nodes: int, budget: float, err: TimeoutError) -> None:
     print(f"{nodes} nodes: stopped at the time budget ({budget:.0f} s): {err}", flush=True)
@@ -183,7 +221,7 @@ def cluster_session(nodes: int, budget: float, prefix: str) -> Iterator[tuple | 
 def main() -> None:
     sizes = [int(s) for s in os.environ.get("METAX_BENCH_SIZES", "500,5000").split(",") if s]
     for nodes in sizes:
-        run_size(nodes, budget=300 + nodes * 0.3)
+        run_size(nodes, budget=300 + nodes * 0.3, profile=bool(os.environ.get("METAX_BENCH_PROFILE")))
 
 
 if __name__ == "__main__":

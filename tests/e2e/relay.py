@@ -4,7 +4,9 @@ fail the ways a network does, for one client only (the control plane stays up fo
 - `sever()`: reset every open connection (a watch dies), new ones still get through;
 - `down()`: reset every connection and every new one (the server is unreachable); `up()` ends it;
 - `freeze()`: accept and hold connections but pass no byte either way (a server, or a path to
-  it, that stops answering without closing anything); `thaw()` lets the bytes through again.
+  it, that stops answering without closing anything); `freeze(requests_only=True)`: hold the
+  client's bytes only, so what the server sends on open connections (watch events) still
+  arrives but no new request does; `thaw()` lets the bytes through again.
 """
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ class Relay:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.refusing = False
-        self.flowing = threading.Event()
+        self.flowing = threading.Event()  # the server's bytes to the client
         self.flowing.set()
+        self.requests = threading.Event()  # the client's bytes to the server
+        self.requests.set()
         self.closed = False
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         self._lock = threading.Lock()
@@ -50,15 +54,18 @@ class Relay:
     def up(self) -> None:
         self.refusing = False
 
-    def freeze(self) -> None:
-        self.flowing.clear()
+    def freeze(self, requests_only: bool = False) -> None:
+        self.requests.clear()
+        if not requests_only:
+            self.flowing.clear()
 
     def thaw(self) -> None:
         self.flowing.set()
+        self.requests.set()
 
     def close(self) -> None:
         self.closed = True
-        self.flowing.set()
+        self.thaw()
         self.listener.close()
         self.sever()
 
@@ -78,20 +85,20 @@ class Relay:
                 continue
             with self._lock:
                 self._pairs.add((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst, (client, upstream)), daemon=True).start()
+            for src, dst, gate in ((client, upstream, self.requests), (upstream, client, self.flowing)):
+                threading.Thread(target=self._pump, args=(src, dst, gate, (client, upstream)), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, pair) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, gate: threading.Event, pair) -> None:
         try:
             while True:
-                self.flowing.wait()
+                gate.wait()
                 readable, _, _ = select.select([src], [], [], 0.5)
                 if not readable:
                     continue
                 data = src.recv(65536)
                 if not data:
                     break
-                self.flowing.wait()
+                gate.wait()
                 dst.sendall(data)
         except (OSError, ValueError):  # reset, or closed by sever() (fileno -1)
             pass

@@ -350,6 +350,84 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
         one_pass()
 
 
+# -- what a pass costs the API server -------------------------------------------------------------
+
+class Counted:
+    """Every request a kubernetes ApiClient sends (what `metrics.Metrics.count_requests` counts)."""
+
+    def __init__(self, api_client):
+        self.requests: list[str] = []
+        send = api_client.request
+
+        def counted(method, url, *args, **kwargs):
+            self.requests.append(f"{method} {url.split('?')[0]}")
+            return send(method, url, *args, **kwargs)
+
+        api_client.request = counted
+
+
+def test_a_steady_pass_sends_no_request(api, installed):
+    """Once the runner's caches have listed and a pass found nothing to do, the next pass, the
+    reconcile and the rollout step both, reads the CR, the DaemonSets, the ConfigMaps and the
+    Service from its caches: not one request. The runner's own ServiceAccount, so the chart's
+    RBAC allows the watches."""
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.run import Runner
+
+    runner_api = Client.connect(str(installed))
+    runner = Runner(runner_api, NS, lambda: True)
+    try:
+        patch_cr(api, seed_example_spec())
+        eventually(lambda: runner.run_pass() == 0, 60, "a pass that writes nothing")
+        counted = Counted(runner_api.api_client)
+        assert runner.run_pass() == 0
+        assert counted.requests == [], f"a steady pass sent {counted.requests}"
+    finally:
+        runner.objects.stop()
+        runner.watches.stop()
+        runner.workloads.stop()
+
+
+def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, installed):
+    """Read-your-writes: right after the runner's client writes an object the runner caches, a
+    read through the cache returns that write (or a newer object), never the one before it."""
+    from metax_operator.runtime.informer import compare_versions
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.object_cache import ObjectCache
+
+    runner_api = Client.connect(str(installed))
+    cache = ObjectCache(runner_api, NS).start()
+    try:
+        assert cache.wait_synced(30)
+        for level in ("debug", "info") * 10:
+            written = runner_api.patch("apps/v1", "DaemonSet", "metax-gpu-label",
+                                       {"metadata": {"annotations": {"bench.example/level": level}}},
+                                       namespace=NS)
+            read = cache.get("apps/v1", "DaemonSet", "metax-gpu-label", NS)
+            assert compare_versions(read["metadata"]["resourceVersion"], written["metadata"]["resourceVersion"]) >= 0
+            assert read["metadata"]["annotations"]["bench.example/level"] == level
+    finally:
+        cache.stop()
+        runner_api.patch("apps/v1", "DaemonSet", "metax-gpu-label",
+                         {"metadata": {"annotations": {"bench.example/level": None}}}, namespace=NS)
+
+
+def test_a_cache_that_cannot_list_is_never_read_as_absent(installed):
+    """The runner's Role covers its release namespace only: caches of another namespace fail
+    to list, and a read of them is an error, not "no such ConfigMap"."""
+    from metax_operator.runtime.kube import Client
+    from metax_operator.runtime.object_cache import NotReady, ObjectCache
+
+    cache = ObjectCache(Client.connect(str(installed)), "default").start()
+    try:
+        eventually(lambda: {i.name: i.state for i in cache.informers}["configmap-driver-config"] == "failing", 30,
+                   "the ConfigMap cache failing to list (403)")
+        with pytest.raises(NotReady, match="configmap-driver-config is failing"):
+            cache.get("v1", "ConfigMap", "driver-config", "default")
+    finally:
+        cache.stop()
+
+
 # -- leader election -----------------------------------------------------------------------------
 
 def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane, api, installed, tmp_path):

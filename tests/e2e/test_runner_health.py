@@ -15,11 +15,12 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from kubernetes import client
 from metax_operator.runtime.kube import Backoff
 
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (METAX, bootstrap, install_chart, log_entries, release_values,
+from tests.e2e.tools import (CR, METAX, bootstrap, install_chart, log_entries, release_values,
                              service_account_kubeconfig, uninstall_chart)
 from tests.waiting import consistently, eventually
 
@@ -28,9 +29,11 @@ pytestmark = pytest.mark.e2e
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
-# The rollout's caches, then the workload check's.
-CACHES = {"controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "node-need-reboot",
-          "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler", "cr-edits"}
+# The objects a pass reads, the rollout's caches, then the workload check's.
+CACHES = {"clusteroperator-cluster-operator", "daemonsets", "configmap-driver-config", "configmap-metax-vfio-config",
+          "service-metax-data-exporter",
+          "controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "nodes",
+          "node-need-reboot", "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
 # A pass the API server refuses fails within one call's retries: Backoff's sleeps at their longest
 # (7.75 s), plus a second for the refused requests themselves.
 REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2 ** n) for n in range(Backoff.attempts - 1)) + 1
@@ -137,13 +140,21 @@ def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(r
     assert all(state == "synced" for state in back["caches"].values())
 
 
-def test_a_pass_hung_on_an_unanswering_api_server_fails_liveness_until_it_returns(relay, start):
+def test_a_pass_hung_on_an_unanswering_api_server_fails_liveness_until_it_returns(control_plane, relay, start):
+    """A steady pass sends no request (its reads come from the caches), so the pass that hangs is
+    one with a write to make: a CR edit, which the runner's watch still delivers while the relay
+    holds every request the runner sends."""
     runner = start(stall_timeout=10)
     runner.until("/readyz", 200, 60, "the runner to lead with its caches synced", caches=True)
-    relay.freeze()
-    stalled = runner.until("/healthz", 503, 40, "/healthz to fail while a pass hangs")
-    assert stalled["iterationRunningSeconds"] >= 10 and stalled["electionRunning"]
-    assert runner.get("/readyz")[0] == 503
-    relay.thaw()
+    relay.freeze(requests_only=True)
+    crs = client.CustomObjectsApi(control_plane.api())
+    crs.patch_cluster_custom_object(*CR, {"spec": {"gpuLabel": {"log": {"level": "debug"}}}})
+    try:
+        stalled = runner.until("/healthz", 503, 40, "/healthz to fail while a pass hangs")
+        assert stalled["iterationRunningSeconds"] >= 10 and stalled["electionRunning"]
+        assert runner.get("/readyz")[0] == 503
+    finally:
+        relay.thaw()
+        crs.patch_cluster_custom_object(*CR, {"spec": {"gpuLabel": {"log": {"level": "info"}}}})
     runner.until("/healthz", 200, 90, "/healthz to recover once the pass returns")
     runner.until("/readyz", 200, 90, "/readyz to recover")

@@ -14,7 +14,9 @@ runner never sees it), while an ICMP refusal is rate-limited (part of the connec
   /readyz fails, the kubelet marks the pod not Ready and the Deployment unavailable, and
   liveness holds: no restart, a restart would not bring the API server back. Ready again once
   the API server is reachable.
-- DROP (the API server stops answering): a pass hangs on its requests, /healthz fails once the
+- DROP (the API server stops answering) and a CR edit, which the runner's watch still receives
+  (the drop is of what the pod sends): the pass that applies it hangs on its writes (a pass over
+  an unchanged cluster sends nothing, its reads come from its caches), /healthz fails once the
   iteration has run for `runner.health.stallTimeout` seconds (set low through the chart's
   values) and the kubelet restarts the container. Ready again once the API server answers.
 """
@@ -26,7 +28,7 @@ import os
 import pytest
 from kubernetes import client
 
-from tests.e2e.tools import run
+from tests.e2e.tools import CR, run
 from tests.waiting import eventually
 from tests.e2e.userpath import NS, ok, runner_log, runner_pod, seed_install
 
@@ -96,8 +98,11 @@ def test_readiness_follows_the_api_server_and_liveness_restarts_a_hung_runner(
     assert restarts(current()) == 0, "an unreachable API server does not get the runner restarted"
     assert not [e for e in kubelet_events(api, pod.metadata.name) if "Liveness" in e]
 
-    # The API server stops answering: a pass hangs; liveness gets the container restarted.
+    # The API server stops answering and the CR changes: the pass that applies the change hangs;
+    # liveness gets the container restarted.
+    crs = client.CustomObjectsApi(api)
     with cut_off(cluster.cp, api, pod, UNANSWERED):
+        crs.patch_cluster_custom_object(*CR, {"spec": {"gpuLabel": {"log": {"level": "debug"}}}})
         restarted = eventually(lambda: restarts(p := current()) >= 1 and p, STALL_TIMEOUT + 120,
                                "the kubelet to restart the hung runner")
     events = kubelet_events(api, pod.metadata.name)

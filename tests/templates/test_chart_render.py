@@ -361,7 +361,7 @@ def test_runner_rbac_is_the_contract(helm_bin):
         *{("apps", "controllerrevisions", v) for v in ("list", "watch")},
         ("", "pods", "delete"),
         *{("", "configmaps", v) for v in ("get", "list", "watch", "patch")},  # patch: the two, by name
-        ("", "services", "get"),  # the exporter's, by name
+        *{("", "services", v) for v in ("get", "list", "watch")},  # the exporter's, by name (its watch cache)
         *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
     }
     # Events about the cluster-scoped CR live in namespace default (as client-go writes them).

@@ -12,9 +12,13 @@ leaves the label, and the next leader uncordons the node. A node that is already
 without that label was cordoned by someone else: the runner neither labels nor uncordons it.
 
 Both writes are conditional, so nothing an admin does meanwhile is overwritten: the cordon is a
-merge patch carrying the resourceVersion the runner read (409 when the node changed since: the
-deletion waits for the next pass); the uncordon is a JSON patch whose first op tests the label
-(422 when an admin removed it, which is how an admin keeps a node the runner cordoned cordoned).
+merge patch carrying the resourceVersion of the node as the runner's node cache holds it
+(`rollout_observe.Watches.nodes`: whether each node is unschedulable, and its resourceVersion;
+409 when the node changed since, or the cache is behind: the deletion waits for the next pass,
+by when the watch has brought the node's latest version); the uncordon is a JSON patch whose
+first op tests the label (422 when an admin removed it, which is how an admin keeps a node the
+runner cordoned cordoned). A cordon is one request, or none when the node is already
+unschedulable.
 
 A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does: the API server
 refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
@@ -22,8 +26,11 @@ next pass, until the drain times out (`upgradePolicy.drain.timeout`).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
 
@@ -31,21 +38,31 @@ CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
 SKIP_SELECTOR = f"{SKIP_LABEL}=true"
 
 
+class NodeState(NamedTuple):
+    """What the node cache keeps of a node: all a cordon needs."""
+
+    unschedulable: bool
+    resource_version: str
+
+
+def node_state(obj: dict) -> NodeState:
+    return NodeState(bool((obj.get("spec") or {}).get("unschedulable")), obj["metadata"]["resourceVersion"])
+
+
 #: What `cordon` found or did.
 CORDONED, ALREADY, NOT_NOW = "cordoned", "already-unschedulable", "not-now"
 
 
-def cordon(api: Client, node: str) -> str:
-    """Make `node` unschedulable for a driver swap: CORDONED (this call did, one GET and one
-    PATCH), ALREADY (by an earlier pass or by someone else: one GET) or NOT_NOW (the node changed
-    meanwhile, or is gone: the driver pod waits)."""
-    obj = api.get("v1", "Node", node)
-    if obj is None:
+def cordon(api: Client, node: str, nodes: Informer) -> str:
+    """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
+    (by an earlier pass or by someone else, as the node cache `nodes` says: no request) or
+    NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
+    known = nodes.get(node)
+    if known is None:
         return NOT_NOW
-    if (obj.get("spec") or {}).get("unschedulable"):
+    if known.unschedulable:
         return ALREADY  # the runner's own cordon of an earlier pass, or someone else's: it stays theirs
-    patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"],
-                          "labels": {CORDONED_LABEL: "true"}},
+    patch = {"metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
              "spec": {"unschedulable": True}}
     try:
         api.patch("v1", "Node", node, patch)

@@ -1,7 +1,7 @@
 """The staged driver rollout's imperative shell: one step of every runner pass.
 
-Each pass: read the CR and the driver DaemonSet (two GETs), snapshot the watch caches
-(`rollout.observe`), let the engine
+Each pass: read the CR and the driver DaemonSet (from the runner's `runtime.object_cache`), snapshot
+the watch caches (`rollout.observe`), let the engine
 decide (`engine.decide`), write the intended `status.upgradeStatus` (a PUT of the status
 subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
 the pass stops without acting; the next pass decides again), then act:
@@ -59,8 +59,9 @@ class RolloutExecutor:
 
     def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
                  clock: Callable[[], float] = time.time, watches: Watches | None = None,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, reader=None):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
+        self.reader = reader or api  # where the CR and the DaemonSet are read (`object_cache`), else live
         self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
 
@@ -91,8 +92,7 @@ class RolloutExecutor:
                   msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} "
                       "has not listed yet")
             return 0
-        self.requests += 1
-        ds = self.api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return 0
@@ -125,8 +125,7 @@ class RolloutExecutor:
     # -- the status write -----------------------------------------------------------------------
 
     def _get_cr(self) -> dict | None:
-        self.requests += 1
-        return self.api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+        return self.reader.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
 
     def _write_status(self, cr: dict, status: UpgradeStatus) -> bool:
         """PUT the status subresource with the resourceVersion read; False on a conflict."""
@@ -222,7 +221,7 @@ class RolloutExecutor:
         self._check()
 
         def delete(pod: engine.PodRef) -> tuple[str, str]:
-            found = cordon.cordon(self.api, pod.node) if cordon_first else ""
+            found = cordon.cordon(self.api, pod.node, self.watches.nodes) if cordon_first else ""
             if found == cordon.NOT_NOW:
                 return found, ""
             try:
@@ -236,7 +235,7 @@ class RolloutExecutor:
         outcomes = self._parallel(delete, pods)
         cordons = [c for c, _ in outcomes]
         deletes = sum(1 for _, d in outcomes if d)
-        self.requests += deletes + len(pods) * cordon_first + cordons.count(cordon.CORDONED)
+        self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
         event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
               cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
@@ -247,8 +246,9 @@ class RolloutExecutor:
         if not cordons and not drains:
             return 0
         self._check()
-        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node), cordons), strict=True))
-        self.requests += len(cordons) + list(found.values()).count(cordon.CORDONED)
+        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes),
+                                                 cordons), strict=True))
+        self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
         ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
         pods = self.watches.gpu_pods_on(ready)
         outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)

@@ -1,6 +1,6 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Five caches, started once and kept across passes:
+Six caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `engine.Pod` plus its owner's uid;
@@ -11,6 +11,9 @@ Five caches, started once and kept across passes:
   strings per GPU pod;
 - the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout) and the
   nodes the runner cordoned (`cordon.py`), by label selector: names only;
+- every node, projected to whether it is unschedulable and its resourceVersion: what a cordon
+  reads before its conditional write (`cordon.cordon`), so that a wave's cordons are one request
+  per node, not two;
 - the Node events of namespace `default` (where node events are kept) with reason
   `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
   finds a new boot id), by field selector: node name and time. A node needs a reboot while its
@@ -19,9 +22,9 @@ Five caches, started once and kept across passes:
 With `upgradePolicy.waitForCompletion.podSelector` set, a sixth cache follows the running pods
 that match it (their nodes only); it is replaced when the selector changes.
 
-The DaemonSet itself is read live each pass (one GET, `rollout.execute`): the runner's reconcile may
-have changed its template a moment before in the same pass, and a cache could still show the
-template before that change.
+The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
+runner's own write until its watch has delivered it: the reconcile may have changed the
+template a moment before in the same pass.
 
 `Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Observed`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
@@ -99,12 +102,13 @@ class Watches:
                                 resync=resync, name="skipped-nodes")
         self.cordoned = Informer(api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name,
                                  resync=resync, name="cordoned-nodes")
+        self.nodes = Informer(api, nodes, project=cordon.node_state, resync=resync, name="nodes")
         events = "/api/v1/namespaces/default/events"
         self.reboot_asked = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={NEED_REBOOT}",
                                      project=node_event, resync=resync, name="node-need-reboot")
         self.rebooted = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={REBOOTED}",
                                  project=node_event, resync=resync, name="node-rebooted")
-        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned,
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned, self.nodes,
                     self.reboot_asked, self.rebooted)
 
     def start(self) -> Watches:

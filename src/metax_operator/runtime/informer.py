@@ -105,6 +105,18 @@ class Informer:
         with self._lock:
             return dict(self._store)
 
+    def get(self, key: str) -> Any:
+        """What the store holds under `key` (`namespace/name`, or `name`), or None."""
+        with self._lock:
+            return self._store.get(key)
+
+    def has_seen(self, resource_version: str) -> bool:
+        """Whether the store holds every change up to `resource_version` (of this kind: an
+        object's, e.g. what a write returned), by its last LIST, event or bookmark. Resource
+        versions are compared as the decimal integers the API server gives (`compare_versions`)."""
+        with self._lock:
+            return bool(self.resource_version) and compare_versions(self.resource_version, resource_version) >= 0
+
     def stop(self) -> None:
         self._stop.set()
         response = self._response
@@ -154,7 +166,7 @@ class Informer:
                 break
         with self._lock:
             changed, self._store = store != self._store, store
-        self.resource_version = version
+            self.resource_version = version
         if changed:
             self._changed()
         self._failing = False
@@ -177,17 +189,19 @@ class Informer:
                     if obj.get("code") == 410:
                         return False
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                self.resource_version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
+                version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
                 if kind == "BOOKMARK":
+                    self.resource_version = version
                     continue
                 self.stats.events += 1
-                with self._lock:
+                with self._lock:  # the store, then the version it holds (what `has_seen` reads)
                     before = self._store.get(_key(obj))
                     if kind == "DELETED":
                         self._store.pop(_key(obj), None)
                     else:
                         self._put(self._store, obj)
                     changed = self._store.get(_key(obj)) != before
+                    self.resource_version = version
                 if changed:
                     self._changed()
         finally:
@@ -251,6 +265,19 @@ class _Gone:
 
     def shutdown(self) -> None:
         pass
+
+
+def compare_versions(a: str, b: str) -> int:
+    """-1, 0 or 1 as resourceVersion `a` is older than, the same as or newer than `b` (objects
+    of the same kind). Kubernetes 1.35 made them comparable (KEP-5504, client-go's
+    `CompareResourceVersion`): positive decimal integers without leading zeros, so the longer is
+    the newer, and at equal length the string order is the number order. Anything else is a
+    ValueError: an API server whose versions cannot be compared is not one this runner supports."""
+    for version in (a, b):
+        if not (version.isascii() and version.isdigit()) or version.startswith("0"):
+            raise ValueError(f"resourceVersion {version!r} is not a positive decimal integer")
+    key = lambda v: (len(v), v)  # noqa: E731
+    return (key(a) > key(b)) - (key(a) < key(b))
 
 
 def _key(obj: dict) -> str:

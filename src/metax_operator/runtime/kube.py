@@ -45,6 +45,8 @@ PAGE_SIZE = 500
 #: Requests one process sends at once (pod deletions, node patches): the connection pool the
 #: kubernetes client keeps per host is 5 x CPUs, at least 10 on the hook's 2-CPU nodes.
 PARALLEL_REQUESTS = 8
+#: The HTTP methods whose answer is the object as written.
+WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 
 class NotServed(LookupError):
@@ -176,6 +178,9 @@ class Client:
         self.backoff = backoff
         self._resources: dict[tuple[str, str], Resource] = {}
         self._discovered: set[str] = set()
+        #: Called with every object a write (POST, PUT, PATCH) returns: how a cache of what this
+        #: client reads learns of its own writes before its watch does (`object_cache`).
+        self.on_written: list[Callable[[dict], None]] = []
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -224,7 +229,11 @@ class Client:
                 response_type="object", auth_settings=["BearerToken"],
                 _return_http_data_only=True, _request_timeout=REQUEST_TIMEOUT)
 
-        return with_backoff(once, self.backoff)
+        result = with_backoff(once, self.backoff)
+        if method in WRITES and isinstance(result, dict):
+            for written in self.on_written:
+                written(result)
+        return result
 
     def server_version(self) -> tuple[int, int, str]:
         """(major, minor, gitVersion) of the API server; minor stripped of a vendor '+'."""

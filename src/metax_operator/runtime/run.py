@@ -1,10 +1,11 @@
 """`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
-Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps, decides
-(`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass over an unchanged
-cluster writes nothing. A pass runs as soon as a watch sees a change a decision reads (a driver
-pod turning Ready, failing or gone, a new ControllerRevision, an edit of the CR's spec) or the
-previous pass wrote something (the next step of the rollout may act at once), after
+Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps (from watch caches,
+`runtime.object_cache`), decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
+over an unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
+a change a decision reads (a driver pod turning Ready, failing or gone, a new ControllerRevision,
+an edit of the CR, a DaemonSet, a ConfigMap or the exporter's Service by anyone but this runner)
+or the previous pass wrote something (the next step of the rollout may act at once), after
 `COALESCE` seconds so that a burst of changes makes one pass, and at the latest `--interval`
 seconds after the previous one (what no watch announces: a timed pause running out, a busy
 node turning idle). Only the holder of a coordination.k8s.io Lease acts
@@ -31,10 +32,10 @@ from metax_operator.workloads import check
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError
 from metax_operator.runtime.health import Health, serve
-from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
+from metax_operator.runtime.object_cache import ObjectCache
 from metax_operator.rollout.observe import Watches
 
 log = logging.getLogger("metax_operator.runtime.run")
@@ -59,34 +60,35 @@ class Runner:
         self.is_leader = is_leader
         self.identity = identity
         self.metrics = metrics
-        # One set of watch caches for the rollout and the workload check, started at the first pass.
-        self.watches = Watches(api, namespace)
-        self.rollout = execute.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches,
-                                                    metrics=metrics)
-        self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
-        self.watching = False
         # Set by the caches whose changes a decision reads: the loop's next pass is due now.
         self.wake = threading.Event()
-        self.cr_edits: Informer | None = None
+        # The CR, DaemonSets, ConfigMaps and Service: started at the first pass.
+        self.objects = ObjectCache(api, namespace)
+        self.objects.on_change = self.wake.set
+        # One set of watch caches for the rollout and the workload check, started once the CR exists.
+        self.watches = Watches(api, namespace)
+        self.rollout = execute.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches,
+                                               metrics=metrics, reader=self.objects)
+        self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.watching = False
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes."""
         started = time.monotonic()
-        observed = reconcile.observe(self.api, self.namespace)
+        if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
+            jsonlog.event(log, "wait-cache", logging.WARNING, msg="the caches of the CR, DaemonSets, ConfigMaps "
+                          "and Service have not listed yet")
+            return 0
+        observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
             jsonlog.event(log, "no-cr", logging.DEBUG,
                           msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
         if not self.watching:
-            # The CR's generation moves with every edit of its spec, not with status writes.
-            self.cr_edits = Informer(self.api, self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(),
-                                     field_selector=f"metadata.name={reconcile.CR_NAME}", name="cr-edits",
-                                     project=lambda cr: cr["metadata"].get("generation"))
-            for informer in (self.watches.revisions, self.watches.driver_pods, self.cr_edits):
+            for informer in (self.watches.revisions, self.watches.driver_pods):
                 informer.on_change = self.wake.set
             self.watches.start()
             self.workloads.start()
-            self.cr_edits.start()
             self.watching = True
         outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
@@ -99,9 +101,9 @@ class Runner:
         return writes
 
     def caches(self) -> tuple:
-        """The watch caches this runner has started (none before its first pass over a CR):
-        what its readiness waits for."""
-        return (*self.watches.all, *self.workloads.informers, self.cr_edits) if self.watching else ()
+        """The watch caches this runner has started (the objects' from its first pass, the
+        rollout's once the CR exists): what its readiness waits for."""
+        return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watching else ()))
 
 
 def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
