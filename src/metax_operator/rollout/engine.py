@@ -23,7 +23,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from metax_operator.rollout import restore
 from metax_operator.rollout.policy import Policy
@@ -72,10 +72,10 @@ class Observed:
     cr_spec: Mapping = field(default_factory=dict)  # the CR's spec
 
 
-@dataclass(frozen=True)
-class PodRef:
+class PodRef(NamedTuple):
     """A pod to delete; the runner cordons its node, then deletes with a uid precondition, so a
-    repeat is harmless."""
+    repeat is harmless. A tuple, not a frozen dataclass: a 100,000-node wave makes 100,000 of
+    them, and a frozen dataclass takes twice as long to build (81 ms against 43 ms for 100,000)."""
 
     name: str
     uid: str
@@ -119,20 +119,30 @@ def decide(observed: Observed, policy: Policy, status: UpgradeStatus | None, now
     return _Pass(observed, policy, status, now).run()
 
 
-class _View:
-    """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
+class _NodePods:
+    """Each eligible node's live driver pod (the newest not being deleted) and since when a pod of
+    it is being deleted: what every `_View` of one pass starts from, worked out once."""
 
-    def __init__(self, observed: Observed, revision: str, wave: set[str], timeout: float, now: float):
-        self.revision = revision
+    def __init__(self, observed: Observed):
         self.live: dict[str, Pod] = {}
-        deleting: dict[str, float] = {}
+        self.deleting: dict[str, float] = {}
         for pod in observed.pods:
             if pod.node not in observed.nodes:
                 continue
             if pod.deleting is not None:
-                deleting[pod.node] = min(pod.deleting, deleting.get(pod.node, pod.deleting))
+                self.deleting[pod.node] = min(pod.deleting, self.deleting.get(pod.node, pod.deleting))
             elif pod.node not in self.live or pod.created > self.live[pod.node].created:
                 self.live[pod.node] = pod
+
+
+class _View:
+    """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
+
+    def __init__(self, observed: Observed, pods: _NodePods, revision: str, wave: set[str], timeout: float,
+                 now: float):
+        self.revision = revision
+        self.live = pods.live
+        deleting = pods.deleting
         self.at_rev_ready: set[str] = set()
         self.failed: set[str] = set()  # at the revision and failed, or stuck without a pod
         self.pending: set[str] = set()  # at the revision, neither Ready nor failed yet
@@ -165,6 +175,7 @@ class _View:
 class _Pass:
     def __init__(self, observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float):
         self.obs, self.pol, self.now = observed, policy, now
+        self.node_pods = _NodePods(observed)
         self.before = status or UpgradeStatus()
         self.st = copy.deepcopy(self.before)
         self.sub, self.rs = self.st.step, self.st.resume
@@ -239,7 +250,7 @@ class _Pass:
 
     def _replace_all(self, cur: str) -> Handler | None:
         """enableRollout false and nothing in flight: delete every old pod at once."""
-        view = _View(self.obs, cur, set(), self._timeout(), self.now)
+        view = _View(self.obs, self.node_pods, cur, set(), self._timeout(), self.now)
         if not view.others and not view.coming:
             self.rs.stable_revision = cur
             self._event("Normal", "Replaced", f"every driver pod is at revision {cur}")
@@ -469,7 +480,7 @@ class _Pass:
 
     # -- waves --------------------------------------------------------------------------------
     def _view(self, revision: str) -> _View:
-        view = _View(self.obs, revision, set(self.rs.wave), self._timeout(), self.now)
+        view = _View(self.obs, self.node_pods, revision, set(self.rs.wave), self._timeout(), self.now)
         if view.deadline is not None:
             self.wakes.append(view.deadline)  # a pending pod turns failed then
         if self.st.phase == PROGRESSING and self.pol.on_timeout == "fail":
@@ -585,14 +596,17 @@ class _Pass:
     def _takeable(self, pods: list[Pod]) -> list[Pod]:
         """Pods that may be deleted now (or once their node's work ends): nodes without work to
         wait for first, then not-ready first, then by node; lists the held-back nodes."""
-        timed_out = set(self.rs.timed_out_nodes)
-        held = [p.node for p in pods if self._held(p.node) or (p.node in timed_out and self._to_prepare(p.node))]
+        # Only nodes running GPU work or pods to wait for have work to end or are held: looking
+        # them up in those (usually small) sets keeps a 100,000-pod wave from costing three
+        # calls per pod.
+        prepare = {n for n in self.obs.wait_busy_nodes | self.obs.gpu_busy_nodes if self._to_prepare(n)}
+        held_nodes = {n for n in self.obs.gpu_busy_nodes if self._held(n)} | (set(self.rs.timed_out_nodes) & prepare)
+        held = [p.node for p in pods if p.node in held_nodes]
         self.rs.held = NodeList.of(held)
         if held and len(held) != self.before.resume.held.count:
             self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads (or their wait or drain "
                         f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}")
-        return sorted((p for p in pods if p.node not in held),
-                      key=lambda p: (bool(self._to_prepare(p.node)), p.ready, p.node))
+        return sorted((p for p in pods if p.node not in held_nodes), key=lambda p: (p.node in prepare, p.ready, p.node))
 
     def _held(self, node: str) -> bool:
         """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
