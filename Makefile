@@ -9,9 +9,11 @@ PYTEST := $(PY) -m pytest
 setup:
 	@scripts/setup
 
-# ruff (configured in pyproject.toml) over every Python file of the repository.
+# ruff (configured in pyproject.toml) over every Python file of the repository: the lint rules,
+# then the formatting.
 lint: setup
 	.venv/bin/ruff check --no-cache .
+	.venv/bin/ruff format --no-cache --check .
 
 test: setup lint
 	$(PYTEST) -n 2 --dist loadgroup tests

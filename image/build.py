@@ -21,6 +21,7 @@ $METAX_CACHE/image/builds/<key>/{oci/,digest,contents.txt}, keyed by every input
 $METAX_CACHE/image/metax-operator-tools-<appVersion> linking to the latest. Needs root (chroot
 and a mount namespace) and, the first time, the Debian mirror and PyPI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,10 @@ def git_time(*paths: Path) -> int | None:
 def source_date_epoch() -> int:
     if os.environ.get("SOURCE_DATE_EPOCH"):
         if not os.environ["SOURCE_DATE_EPOCH"].isdigit():
-            raise BuildError(f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} is not a number of seconds since 1970:"
-                             " set it to one, or unset it to take the commit's time")
+            raise BuildError(
+                f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} is not a number of seconds since 1970:"
+                " set it to one, or unset it to take the commit's time"
+            )
         return int(os.environ["SOURCE_DATE_EPOCH"])
     epoch = git_time()
     if epoch is None:
@@ -105,8 +108,7 @@ def hash_files(paths) -> str:
 
 def source_files() -> list[Path]:
     """The package's files a wheel can contain (not caches or build leftovers)."""
-    return [path for path in SOURCES.rglob("*") if path.is_file()
-            and "__pycache__" not in path.parts and path.suffix != ".pyc"]
+    return [path for path in SOURCES.rglob("*") if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"]
 
 
 def app_version() -> str:
@@ -123,23 +125,29 @@ def image_config(epoch: int, base_epoch: int) -> dict:
     parser = DockerfileParser(path=str(DOCKERFILE))
     stages = [i for i, instruction in enumerate(parser.structure) if instruction["instruction"] == "FROM"]
     facts = {}
-    for instruction in parser.structure[stages[-1]:]:
+    for instruction in parser.structure[stages[-1] :]:
         name, value = instruction["instruction"], instruction["value"]
         if name in ("ENTRYPOINT", "CMD"):
             try:
                 facts[name] = json.loads(value)
             except json.JSONDecodeError:
-                raise BuildError(f"image/Dockerfile: {name} {value}: write it in exec form, {name} [\"...\"]") from None
+                raise BuildError(f'image/Dockerfile: {name} {value}: write it in exec form, {name} ["..."]') from None
         elif name in ("USER", "WORKDIR"):
             facts[name] = value
     missing = {"USER", "WORKDIR", "ENTRYPOINT", "CMD"} - facts.keys()
     if missing:
         raise BuildError(f"image/Dockerfile's final stage has no {', '.join(sorted(missing))}: the image config comes from it")
     return {
-        "created": oci.rfc3339(epoch), **oci.PLATFORM,
-        "config": {"User": facts["USER"], "WorkingDir": facts["WORKDIR"], "Entrypoint": facts["ENTRYPOINT"],
-                   "Cmd": facts["CMD"], "Env": [PATH_ENV] + [f"{k}={v}" for k, v in parser.envs.items()],
-                   "Labels": parser.labels},
+        "created": oci.rfc3339(epoch),
+        **oci.PLATFORM,
+        "config": {
+            "User": facts["USER"],
+            "WorkingDir": facts["WORKDIR"],
+            "Entrypoint": facts["ENTRYPOINT"],
+            "Cmd": facts["CMD"],
+            "Env": [PATH_ENV] + [f"{k}={v}" for k, v in parser.envs.items()],
+            "Labels": parser.labels,
+        },
         "history": [
             {"created": oci.rfc3339(base_epoch), "created_by": "image/mkbase: Debian bookworm"},
             {"created": oci.rfc3339(epoch), "created_by": "image/build.py: metax-operator and image/pylock.toml"},
@@ -192,24 +200,56 @@ class Builder:
         """The locked wheels, downloaded once (pip checks each against the lock's sha256)."""
         store = self.cache / "wheels"
         locked = locked_wheels()
-        missing = [wheel for wheel in locked if not (store / wheel.filename).exists()
-                   or hashlib.sha256((store / wheel.filename).read_bytes()).hexdigest() != wheel.sha256]
+        missing = [
+            wheel
+            for wheel in locked
+            if not (store / wheel.filename).exists()
+            or hashlib.sha256((store / wheel.filename).read_bytes()).hexdigest() != wheel.sha256
+        ]
         if missing:
             step(f"downloading {len(missing)} locked wheels")
             requirements = self.work / "requirements.txt"
             requirements.write_text("\n".join(wheel.requirement() for wheel in missing) + "\n")
-            run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-                 "--dest", store, "--requirement", requirements])
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--require-hashes",
+                    "--dest",
+                    store,
+                    "--requirement",
+                    requirements,
+                ]
+            )
         return [store / wheel.filename for wheel in locked]
 
     def package_wheel(self) -> Path:
         """The package's wheel, built from a copy of the source tree (nothing written into it)."""
         src = self.work / "src"
-        shutil.copytree(SOURCES, src / SOURCES.relative_to(REPO),
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        shutil.copytree(
+            SOURCES, src / SOURCES.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        )
         shutil.copy(REPO / "pyproject.toml", src)
-        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-             "--wheel-dir", self.work / "dist", src], env={**os.environ, "SOURCE_DATE_EPOCH": str(self.epoch)})
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--wheel-dir",
+                self.work / "dist",
+                src,
+            ],
+            env={**os.environ, "SOURCE_DATE_EPOCH": str(self.epoch)},
+        )
         (wheel,) = (self.work / "dist").glob("*.whl")
         return wheel
 
@@ -220,11 +260,12 @@ class Builder:
         from installer.sources import WheelFile
 
         app = self.work / "app"
-        scheme = json.loads(run(["chroot", rootfs, INTERPRETER, "-c",
-                                 "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"]))
+        scheme = json.loads(
+            run(["chroot", rootfs, INTERPRETER, "-c", "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"])
+        )
         destination = SchemeDictionaryDestination(
-            {**scheme, "headers": scheme["include"]}, interpreter=INTERPRETER, script_kind="posix",
-            destdir=str(app))
+            {**scheme, "headers": scheme["include"]}, interpreter=INTERPRETER, script_kind="posix", destdir=str(app)
+        )
         for wheel in sorted(wheels):
             with WheelFile.open(wheel) as source:
                 install(source, destination, additional_metadata={})
@@ -232,12 +273,26 @@ class Builder:
         os.chmod(app / "usr/local", local.stat().st_mode)  # the layer must not change /usr/local itself
         os.chown(app / "usr/local", local.stat().st_uid, local.stat().st_gid)
         # The base's python3 compiles, in a mount namespace where the cached base is read-only.
-        compile_all = (f"env -i PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH={self.epoch} "
-                       f"{INTERPRETER} -m compileall -q -f"
-                       f" --invalidation-mode checked-hash {scheme['purelib']}")
-        run(["unshare", "--mount", "--propagation", "private", "sh", "-euc",
-             'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; mount --bind "$2" "$1/usr/local";'
-             f' exec chroot "$1" {compile_all}', "sh", rootfs, app / "usr/local"])
+        compile_all = (
+            f"env -i PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH={self.epoch} "
+            f"{INTERPRETER} -m compileall -q -f"
+            f" --invalidation-mode checked-hash {scheme['purelib']}"
+        )
+        run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-euc",
+                'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; mount --bind "$2" "$1/usr/local";'
+                f' exec chroot "$1" {compile_all}',
+                "sh",
+                rootfs,
+                app / "usr/local",
+            ]
+        )
         return app
 
 
@@ -260,8 +315,9 @@ def build(cache: Path, output: Path | None, base_mode: str) -> dict:
         layer = oci.write_layer(app, builder.work, builder.epoch)
         config = image_config(builder.epoch, builder.base_epoch)
         new = builder.work / "result"
-        digest = oci.write_layout(new / "oci", [(base_layer["path"], base_layer),
-                                               (oci.blob_path(builder.work, layer), layer)], config, tag)
+        digest = oci.write_layout(
+            new / "oci", [(base_layer["path"], base_layer), (oci.blob_path(builder.work, layer), layer)], config, tag
+        )
         (new / "digest").write_text(digest + "\n")
         (new / "contents.txt").write_text(_contents(base, app))
         if result.exists():
@@ -270,16 +326,22 @@ def build(cache: Path, output: Path | None, base_mode: str) -> dict:
         shutil.move(new, result)
         if output is None:
             _link_latest(cache, result, tag)
-        step(f"built in {time.monotonic() - started:.0f} s; layers {base_layer['size'] / 1e6:.1f} MB + "
-             f"{layer['size'] / 1e6:.1f} MB compressed")
+        step(
+            f"built in {time.monotonic() - started:.0f} s; layers {base_layer['size'] / 1e6:.1f} MB + "
+            f"{layer['size'] / 1e6:.1f} MB compressed"
+        )
         return _report(result, tag, cached=False)
 
 
 def _contents(base: Path, app: Path) -> str:
     """What the image holds, for audits: the Debian packages and the Python distributions."""
     dists = sorted(path.name.removesuffix(".dist-info") for path in app.rglob("*.dist-info"))
-    return "# Debian packages\n" + (base / "packages.txt").read_text() + "# Python distributions\n" + \
-        "".join(f"{dist}\n" for dist in dists)
+    return (
+        "# Debian packages\n"
+        + (base / "packages.txt").read_text()
+        + "# Python distributions\n"
+        + "".join(f"{dist}\n" for dist in dists)
+    )
 
 
 def _link_latest(cache: Path, result: Path, tag: str) -> None:
@@ -306,15 +368,20 @@ def _report(result: Path, tag: str, cached: bool) -> dict:
 
 def lock() -> None:
     """Rewrites pylock.toml: pyproject.toml's dependencies resolved by pip, wheels only."""
-    if (sys.implementation.name, sys.version_info[:2], sys.platform, os.uname().machine) != \
-            ("cpython", (3, 11), "linux", "x86_64"):
+    if (sys.implementation.name, sys.version_info[:2], sys.platform, os.uname().machine) != (
+        "cpython",
+        (3, 11),
+        "linux",
+        "x86_64",
+    ):
         raise BuildError("the lock is for the image's CPython 3.11 on linux x86_64: run it on such a machine")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(SOURCES, src / SOURCES.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO / "pyproject.toml", src)
-        run([sys.executable, "-m", "pip", "lock", "--quiet", "--only-binary", ":all:",
-             "--output", Path(tmp) / "pylock.toml", src])
+        run(
+            [sys.executable, "-m", "pip", "lock", "--quiet", "--only-binary", ":all:", "--output", Path(tmp) / "pylock.toml", src]
+        )
         text = (Path(tmp) / "pylock.toml").read_text().replace('path = "src"', 'path = "../.."')  # the repository root
     LOCK.write_text(text)
     step(f"wrote {LOCK.relative_to(REPO)}: {len(locked_wheels())} wheels")
@@ -324,10 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/image", description=__doc__.splitlines()[0])
     parser.add_argument("command", nargs="?", default="build", choices=["build", "lock"])
     parser.add_argument("--output", type=Path, help="write the result here (not cached; replaced if it exists)")
-    parser.add_argument("--base", choices=["cached", "refresh", "fresh"], default="cached",
-                        help="the Debian base: the cached one (default); refresh: make the cached one anew from the"
-                             " mirror (takes Debian's updates); fresh: make one in a temporary directory, leaving"
-                             " the cache alone")
+    parser.add_argument(
+        "--base",
+        choices=["cached", "refresh", "fresh"],
+        default="cached",
+        help="the Debian base: the cached one (default); refresh: make the cached one anew from the"
+        " mirror (takes Debian's updates); fresh: make one in a temporary directory, leaving"
+        " the cache alone",
+    )
     args = parser.parse_args(argv)
     os.umask(0o022)  # files the build writes get the same modes on every machine
     os.environ["PATH"] += ":/usr/sbin:/sbin"  # chroot, where a user's PATH has no sbin

@@ -4,12 +4,14 @@
 Run as a script it prints them as pip requirement lines (`name @ URL --hash=sha256:...`), which
 any pip downloads in hash-checking mode: image/Dockerfile does that. Standard library only.
 """
+
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 from typing import NamedTuple
+
+import tomllib
 
 LOCK = Path(__file__).with_name("pylock.toml")
 PROJECT = "metax-operator"  # the lock's root; its wheel is built from the source tree
@@ -32,8 +34,7 @@ def locked_wheels(lock: Path = LOCK) -> list[Wheel]:
         if package["name"] == PROJECT:
             continue
         (wheel,) = package["wheels"]  # `pip lock --only-binary :all:` records the one it chose
-        wheels.append(Wheel(package["name"], package["version"], wheel["name"], wheel["url"],
-                            wheel["hashes"]["sha256"]))
+        wheels.append(Wheel(package["name"], package["version"], wheel["name"], wheel["url"], wheel["hashes"]["sha256"]))
     return wheels
 
 

@@ -7,6 +7,7 @@ give one digest. (umoci and skopeo read the result in the tests and publish it.)
 with entries in sorted order, numeric owners only, no user or group names, times clamped to
 an epoch, no device nodes, then gzip with no name and no time in its header.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -60,8 +61,7 @@ def write_layer(root: Path, blobs: Path, epoch: int, skip_contents: frozenset[st
     (relative to root) are kept, empty."""
     (blobs / "sha256").mkdir(parents=True, exist_ok=True)
     partial = blobs / "sha256" / ".layer.partial"
-    with open(partial, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+    with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
         uncompressed = _Hashing(gz)
         with tarfile.open(fileobj=uncompressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for path, arcname in _sorted_tree(root, skip_contents):
@@ -112,11 +112,18 @@ def write_layout(out: Path, layers: list[tuple[Path, dict]], config: dict, tag: 
         shutil.copyfile(path, blob_path(blobs, layer))
         descriptors.append({key: layer[key] for key in ("mediaType", "digest", "size")})
     config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for _, layer in layers]}}
-    manifest = {"schemaVersion": 2, "mediaType": MANIFEST,
-                "config": write_blob(blobs, canonical_json(config), CONFIG), "layers": descriptors}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": write_blob(blobs, canonical_json(config), CONFIG),
+        "layers": descriptors,
+    }
     manifest_descriptor = write_blob(blobs, canonical_json(manifest), MANIFEST)
-    index = {"schemaVersion": 2, "mediaType": INDEX,
-             "manifests": [{**manifest_descriptor, "platform": PLATFORM, "annotations": {REF_NAME: tag}}]}
+    index = {
+        "schemaVersion": 2,
+        "mediaType": INDEX,
+        "manifests": [{**manifest_descriptor, "platform": PLATFORM, "annotations": {REF_NAME: tag}}],
+    }
     (out / "index.json").write_bytes(canonical_json(index))
     (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     return manifest_descriptor["digest"]

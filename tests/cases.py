@@ -1,5 +1,6 @@
 """The acceptance cases taken from the product documentation (docs/product/): the podTemplateSpec
 merge rules and the rollout's worked examples, under tests/data/."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ Control plane (tests/controlplane.py): `control_plane` is one real kube-apiserve
 manager, scheduler, etcd and kwok per test session (per xdist worker), with 10 simulated GPU
 nodes and 2 plain nodes; `faults` clears every fault a test injected when it ends.
 """
+
 from __future__ import annotations
 
 import pytest

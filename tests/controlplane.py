@@ -21,6 +21,7 @@ of a year: it never marks a quiet node unreachable, yet it still does its real w
 nodes report: it lifts the `not-ready` taint from new nodes once Ready, and taints a node whose
 Ready condition goes False (the node-not-ready fault), evicting pods that do not tolerate it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,6 +98,7 @@ class Fault:
     """One injected fault; `clear()` removes it. A pod fault is a kwok Stage for new pods on the
     nodes: pods it already changed keep their state (a never-ready pod stays unready until it is
     deleted), as on a real node. A node fault is a label on the nodes."""
+
     clear: Callable[[], None]
 
 
@@ -113,7 +115,8 @@ def check_port_free(port: int) -> None:
         except OSError:
             raise ControlPlaneError(
                 f"port {port} on 127.0.0.1 is in use: stop what listens there "
-                f"('scripts/cluster down' if it is an earlier cluster) or pick another (--port)") from None
+                f"('scripts/cluster down' if it is an earlier cluster) or pick another (--port)"
+            ) from None
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -131,22 +134,55 @@ def issue_cert(pki: Path, name: str, subject: str, usage: str = "clientAuth", na
     """`name.crt`/`name.key` signed by the CA in `pki`: a client (`clientAuth`, the subject's O is
     the group) or a server (`serverAuth`, `names` its subjectAltName)."""
     extensions = ["-addext", f"extendedKeyUsage={usage}"] + (["-addext", f"subjectAltName={names}"] if names else [])
-    _openssl("req", "-x509", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "365", *_EC,
-             "-keyout", f"{name}.key", "-out", f"{name}.crt", "-subj", subject, *extensions, cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-days",
+        "365",
+        *_EC,
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        "-subj",
+        subject,
+        *extensions,
+        cwd=pki,
+    )
 
 
 def make_certs(pki: Path, apiserver_ips: tuple[str, ...] = ()) -> None:
     """A CA, the API server's serving certificate (also for `apiserver_ips`), an admin client
     certificate (group system:masters) and the service-account signing key, all EC P-256."""
     pki.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-             "-subj", "/CN=metax-operator-test-ca", cwd=pki)
-    issue_cert(pki, "apiserver", "/CN=kube-apiserver", "serverAuth",
-               "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-               "IP:10.96.0.1" + "".join(f",IP:{ip}" for ip in apiserver_ips))
+    _openssl(
+        "req",
+        "-x509",
+        *_EC,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=metax-operator-test-ca",
+        cwd=pki,
+    )
+    issue_cert(
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        "serverAuth",
+        "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        "IP:10.96.0.1" + "".join(f",IP:{ip}" for ip in apiserver_ips),
+    )
     issue_cert(pki, "admin", "/O=system:masters/CN=metax-admin")
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-out", "sa.key", cwd=pki)
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=pki)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
@@ -155,11 +191,11 @@ def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
         return base64.b64encode((pki / name).read_bytes()).decode()
 
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "metax-test",
-        "clusters": [{"name": "metax-test", "cluster": {
-            "server": server, "certificate-authority-data": b64("ca.crt")}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "metax-test",
+        "clusters": [{"name": "metax-test", "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": "admin", "user": {"client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
         "contexts": [{"name": "metax-test", "context": {"cluster": "metax-test", "user": "admin"}}],
     }
     path.write_text(yaml.safe_dump(config))
@@ -171,8 +207,11 @@ def _status(url: str, context: ssl.SSLContext | None = None) -> int:
     scheme, rest = url.split("://", 1)
     hostport, _, urlpath = rest.partition("/")
     host, port = hostport.rsplit(":", 1)
-    conn = (http.client.HTTPSConnection(host, int(port), context=context, timeout=2)
-            if scheme == "https" else http.client.HTTPConnection(host, int(port), timeout=2))
+    conn = (
+        http.client.HTTPSConnection(host, int(port), context=context, timeout=2)
+        if scheme == "https"
+        else http.client.HTTPConnection(host, int(port), timeout=2)
+    )
     try:
         conn.request("GET", "/" + urlpath)
         return conn.getresponse().status
@@ -195,19 +234,27 @@ def _accepts(path: Path) -> bool:
 def _check_node_prerequisites() -> None:
     """What the real node needs of this machine, named with the fix."""
     if os.geteuid():
-        raise ControlPlaneError("the real node needs root (network namespaces, mounts, cgroups): run as root, "
-                                "or start without it (scripts/cluster up --no-real-node)")
-    missing = [tool for tool in ("containerd", "runc", "iptables", "skopeo", "nsenter", "unshare", "ip")
-               if shutil.which(tool) is None]
+        raise ControlPlaneError(
+            "the real node needs root (network namespaces, mounts, cgroups): run as root, "
+            "or start without it (scripts/cluster up --no-real-node)"
+        )
+    missing = [
+        tool for tool in ("containerd", "runc", "iptables", "skopeo", "nsenter", "unshare", "ip") if shutil.which(tool) is None
+    ]
     if missing:
-        raise ControlPlaneError(f"{', '.join(missing)} not on PATH: run 'make setup' (scripts/setup.d/15-node-packages "
-                                f"installs them)")
+        raise ControlPlaneError(
+            f"{', '.join(missing)} not on PATH: run 'make setup' (scripts/setup.d/15-node-packages installs them)"
+        )
 
 
-def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None,
-                  resources: dict | None = None) -> dict:
-    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                  "kubernetes.io/arch": "amd64", "type": "kwok", **(labels or {})}
+def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None, resources: dict | None = None) -> dict:
+    all_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        **(labels or {}),
+    }
     annotations = {KWOK_NODE_ANNOTATION: "fake"}
     if gpus or resources:
         all_labels[GPU_LABEL] = "true"
@@ -215,9 +262,12 @@ def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None
         annotations[GPUS_ANNOTATION] = str(gpus)
     if resources:
         annotations[RESOURCES_ANNOTATION] = json.dumps({k: str(v) for k, v in resources.items()})
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": all_labels, "annotations": annotations},
-            "spec": {"taints": taints or []}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels, "annotations": annotations},
+        "spec": {"taints": taints or []},
+    }
 
 
 # What a kubelet on a GPU server reports, in place of kwok's stock node-initialize stage: the
@@ -257,24 +307,35 @@ nodeInfo:
   systemUUID: {{ .metadata.uid | Quote }}
   bootID: {{ .metadata.uid | Quote }}
 phase: Running
-""" % {"gpus": GPUS_ANNOTATION, "resources": RESOURCES_ANNOTATION, "resource": GPU_RESOURCE,
-       "version": K8S_VERSION}
+""" % {"gpus": GPUS_ANNOTATION, "resources": RESOURCES_ANNOTATION, "resource": GPU_RESOURCE, "version": K8S_VERSION}
 
 NODE_INITIALIZE = {
-    "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": "node-initialize"},
-    "spec": {"resourceRef": {"apiGroup": "v1", "kind": "Node"},
-             "selector": {"matchExpressions": [{
-                 "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
-                 "operator": "NotIn", "values": ["True"]}]},
-             "next": {"statusTemplate": _NODE_INITIALIZE_STATUS}}}
+    "apiVersion": "kwok.x-k8s.io/v1alpha1",
+    "kind": "Stage",
+    "metadata": {"name": "node-initialize"},
+    "spec": {
+        "resourceRef": {"apiGroup": "v1", "kind": "Node"},
+        "selector": {
+            "matchExpressions": [
+                {"key": '.status.conditions.[] | select( .type == "Ready" ) | .status', "operator": "NotIn", "values": ["True"]}
+            ]
+        },
+        "next": {"statusTemplate": _NODE_INITIALIZE_STATUS},
+    },
+}
 
 
 # --- fault stages ------------------------------------------------------------------------------
 
+
 def _on_nodes(nodes: list[str], *more: dict) -> dict:
-    return {"matchExpressions": [
-        {"key": ".spec.nodeName", "operator": "In", "values": list(nodes)},
-        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}, *more]}
+    return {
+        "matchExpressions": [
+            {"key": ".spec.nodeName", "operator": "In", "values": list(nodes)},
+            {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+            *more,
+        ]
+    }
 
 
 _NEW_POD = {"key": ".status.podIP", "operator": "DoesNotExist"}
@@ -343,21 +404,27 @@ conditions:
 
 
 def _stage(name: str, kind: str, selector: dict, next_: dict, delay_ms: int = 0) -> dict:
-    spec = {"resourceRef": {"apiGroup": "v1", "kind": kind}, "selector": selector,
-            "weight": 1, "next": next_}  # weight 1 beats the stock stages (weight 0)
+    spec = {
+        "resourceRef": {"apiGroup": "v1", "kind": kind},
+        "selector": selector,
+        "weight": 1,
+        "next": next_,
+    }  # weight 1 beats the stock stages (weight 0)
     if delay_ms:
         spec["delay"] = {"durationMilliseconds": delay_ms}
-    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",
-            "metadata": {"name": name},
-            "spec": spec}
+    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": name}, "spec": spec}
 
 
-NODE_NOT_READY = _stage("node-not-ready", "Node", {"matchExpressions": [
-    {"key": f'.metadata.labels["{NOT_READY_LABEL}"]', "operator": "In", "values": ["true"]}]},
-    {"statusTemplate": _NODE_NOT_READY_STATUS})  # always there; the fault is the label
+NODE_NOT_READY = _stage(
+    "node-not-ready",
+    "Node",
+    {"matchExpressions": [{"key": f'.metadata.labels["{NOT_READY_LABEL}"]', "operator": "In", "values": ["true"]}]},
+    {"statusTemplate": _NODE_NOT_READY_STATUS},
+)  # always there; the fault is the label
 
 
 # --- the control plane -------------------------------------------------------------------------
+
 
 @dataclass
 class ControlPlane:
@@ -394,8 +461,9 @@ class ControlPlane:
     # -- lifecycle --
 
     @classmethod
-    def start(cls, workdir: Path, gpu_nodes: int = 10, plain_nodes: int = 2, port: int = 0,
-              timeout: float = 90, real_node: bool = False) -> ControlPlane:
+    def start(
+        cls, workdir: Path, gpu_nodes: int = 10, plain_nodes: int = 2, port: int = 0, timeout: float = 90, real_node: bool = False
+    ) -> ControlPlane:
         """Start everything and return once the nodes are Ready; on failure stop what was
         started, print each component's log tail and raise ControlPlaneError. With `real_node`,
         also the local OCI registry and the real node (tests/realnode.py)."""
@@ -403,8 +471,8 @@ class ControlPlane:
         for binary in binaries + (["kubelet", "kube-proxy", "pause-image"] if real_node else []):
             if not os.access(BIN_DIR / binary, os.X_OK):
                 raise ControlPlaneError(
-                    f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; "
-                    f"10-20 minutes the first time)")
+                    f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; 10-20 minutes the first time)"
+                )
         if real_node:
             _check_node_prerequisites()
         if port:
@@ -430,61 +498,113 @@ class ControlPlane:
             self._start_registry(pki, deadline)
             self.node = RealNode(self.workdir / "node", f"metax-node-{secrets.token_hex(4)}")
             self.node.create()
-            self._run("node-relay", [sys.executable, "-m", "tests.noderelay", f"--netns={self.node.netns}",
-                                     f"--forward={APISERVER_IP}:{self.port}=127.0.0.1:{self.port}",
-                                     f"--forward={self.registry}={self.registry}",
-                                     f"--connect-proxy={self.workdir / 'egress.sock'}"],
-                      healthy=lambda: _accepts(self.workdir / "egress.sock"), exe=os.path.realpath(sys.executable))
+            self._run(
+                "node-relay",
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.noderelay",
+                    f"--netns={self.node.netns}",
+                    f"--forward={APISERVER_IP}:{self.port}=127.0.0.1:{self.port}",
+                    f"--forward={self.registry}={self.registry}",
+                    f"--connect-proxy={self.workdir / 'egress.sock'}",
+                ],
+                healthy=lambda: _accepts(self.workdir / "egress.sock"),
+                exe=os.path.realpath(sys.executable),
+            )
         etcd_port, etcd_peer = free_port(), free_port()
-        self._run_binary("etcd", [
-            "--name=metax-test", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-cluster=metax-test=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync", "--quota-backend-bytes=8589934592",
-            "--auto-compaction-retention=1", "--log-level=warn",
-        ], health=f"http://127.0.0.1:{etcd_port}/health")
+        self._run_binary(
+            "etcd",
+            [
+                "--name=metax-test",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=metax-test=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=8589934592",
+                "--auto-compaction-retention=1",
+                "--log-level=warn",
+            ],
+            health=f"http://127.0.0.1:{etcd_port}/health",
+        )
         self._wait_healthy(["etcd"], deadline)
-        self._run_binary("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.port}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-            *(self._node_apiserver_flags(pki) if real_node else
-              ["--advertise-address=127.0.0.1",
-               "--endpoint-reconciler-type=none"]),  # the default one refuses a loopback address
-            "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
-            f"--cert-dir={self.workdir / 'apiserver'}", "--profiling=false",
-        ], health=f"{self.server}/readyz", tls=self._admin_tls())
+        self._run_binary(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                *(
+                    self._node_apiserver_flags(pki)
+                    if real_node
+                    else ["--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+                ),  # the default one refuses a loopback address
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                f"--cert-dir={self.workdir / 'apiserver'}",
+                "--profiling=false",
+            ],
+            health=f"{self.server}/readyz",
+            tls=self._admin_tls(),
+        )
         self._wait_healthy(["kube-apiserver"], deadline)
         kcm_port, sched_port = free_port(), free_port()
-        self._run_binary("kube-controller-manager", [
-            f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-            "--node-monitor-grace-period=8760h", "--node-startup-grace-period=8760h",
-            "--node-monitor-period=1s",
-            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--kube-api-qps=1000", "--kube-api-burst=2000",
-            "--concurrent-daemonset-syncs=4", "--concurrent-gc-syncs=40",
-            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
-            f"--cert-dir={self.workdir / 'kcm'}", "--profiling=false",
-        ], health=f"https://127.0.0.1:{kcm_port}/healthz")
+        self._run_binary(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--node-monitor-grace-period=8760h",
+                "--node-startup-grace-period=8760h",
+                "--node-monitor-period=1s",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=2000",
+                "--concurrent-daemonset-syncs=4",
+                "--concurrent-gc-syncs=40",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={self.workdir / 'kcm'}",
+                "--profiling=false",
+            ],
+            health=f"https://127.0.0.1:{kcm_port}/healthz",
+        )
         scheduler_config = self.workdir / "scheduler.yaml"
-        scheduler_config.write_text(yaml.safe_dump({
-            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 1000, "burst": 2000},
-            "leaderElection": {"leaderElect": False}}))
-        self._run_binary("kube-scheduler", [
-            f"--config={scheduler_config}", "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
-            f"--cert-dir={self.workdir / 'scheduler'}",
-        ], health=f"https://127.0.0.1:{sched_port}/healthz")
+        scheduler_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 1000, "burst": 2000},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._run_binary(
+            "kube-scheduler",
+            [
+                f"--config={scheduler_config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+            ],
+            health=f"https://127.0.0.1:{sched_port}/healthz",
+        )
         self._start_kwok()
         self.add_nodes(gpu_nodes, gpu=True, wait=False)
         self.add_nodes(plain_nodes, gpu=False, wait=False)
@@ -505,10 +625,16 @@ class ControlPlane:
         if not os.access(binary, os.X_OK):
             raise ControlPlaneError(f"{binary} is missing: run 'make setup' (builds the distribution registry)")
         context = ssl.create_default_context(cafile=str(self.ca))
-        self._run("registry", [str(binary), "serve",
-                               str(registry.config(self.workdir, self.registry_port, pki / "registry.crt",
-                                                   pki / "registry.key"))],
-                  healthy=lambda: _status(f"https://{self.registry}/v2/", context) == 200, exe=str(binary))
+        self._run(
+            "registry",
+            [
+                str(binary),
+                "serve",
+                str(registry.config(self.workdir, self.registry_port, pki / "registry.crt", pki / "registry.key")),
+            ],
+            healthy=lambda: _status(f"https://{self.registry}/v2/", context) == 200,
+            exe=str(binary),
+        )
         self._wait_healthy(["registry"], deadline)
         registry.push_image(BIN_DIR / "pause-image", PAUSE_TAG, RealNode.pause_image(self.registry), self.ca)
 
@@ -519,15 +645,31 @@ class ControlPlane:
         them with a client certificate in system:masters."""
         issue_cert(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
         egress = self.workdir / "egress.yaml"
-        egress.write_text(yaml.safe_dump({
-            "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
-            "egressSelections": [{"name": "cluster", "connection": {
-                "proxyProtocol": "HTTPConnect",
-                "transport": {"uds": {"udsName": str(self.workdir / "egress.sock")}}}}]}))
-        return [f"--advertise-address={APISERVER_IP}", "--endpoint-reconciler-type=lease",
-                f"--egress-selector-config-file={egress}", "--kubelet-preferred-address-types=InternalIP",
-                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}"]
+        egress.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.k8s.io/v1beta1",
+                    "kind": "EgressSelectorConfiguration",
+                    "egressSelections": [
+                        {
+                            "name": "cluster",
+                            "connection": {
+                                "proxyProtocol": "HTTPConnect",
+                                "transport": {"uds": {"udsName": str(self.workdir / "egress.sock")}},
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        return [
+            f"--advertise-address={APISERVER_IP}",
+            "--endpoint-reconciler-type=lease",
+            f"--egress-selector-config-file={egress}",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        ]
 
     def _start_real_node(self, pki: Path, deadline: float) -> None:
         """containerd, then the kubelet and kube-proxy in its mount namespace; returns once the
@@ -540,15 +682,26 @@ class ControlPlane:
         def inside(port: int, urlpath: str) -> Callable[[], bool]:
             return lambda: netns.call_in(node.netns, _status, f"http://127.0.0.1:{port}/{urlpath}") == 200
 
-        self._run("containerd", node.containerd_command(), inside(PORTS["containerd-metrics"], "v1/metrics"),
-                  exe=shutil.which("containerd") or "containerd", preexec_fn=node.join_system_cgroup)
+        self._run(
+            "containerd",
+            node.containerd_command(),
+            inside(PORTS["containerd-metrics"], "v1/metrics"),
+            exe=shutil.which("containerd") or "containerd",
+            preexec_fn=node.join_system_cgroup,
+        )
         self._wait_healthy(["containerd"], deadline)
         holder = self.components["containerd"].process.pid
         for name, args, health in (
-                ("kubelet", node.kubelet_args(), inside(PORTS["kubelet-healthz"], "healthz")),
-                ("kube-proxy", node.kube_proxy_args(), inside(PORTS["kube-proxy-healthz"], "healthz"))):
-            self._run(name, node.joined(holder, BIN_DIR / name, *args), health, exe=str(BIN_DIR / name),
-                      preexec_fn=node.join_system_cgroup)
+            ("kubelet", node.kubelet_args(), inside(PORTS["kubelet-healthz"], "healthz")),
+            ("kube-proxy", node.kube_proxy_args(), inside(PORTS["kube-proxy-healthz"], "healthz")),
+        ):
+            self._run(
+                name,
+                node.joined(holder, BIN_DIR / name, *args),
+                health,
+                exe=str(BIN_DIR / name),
+                preexec_fn=node.join_system_cgroup,
+            )
         self._wait_healthy(["kubelet", "kube-proxy"], deadline)
         self.wait_nodes_ready(deadline, [NODE_NAME], selector=f"{TOOLS_NODE}=true")
 
@@ -556,10 +709,17 @@ class ControlPlane:
 
     def _write_state(self) -> None:
         """What `scripts/cluster down` stops: each process (pid and binary) and the real node."""
-        (self.workdir / "state.json").write_text(json.dumps({
-            "port": self.port, "kubeconfig": str(self.kubeconfig),
-            "node": self.node.id if self.node else None, "registry": self.registry if self.node else None,
-            "pids": {name: [c.process.pid, c.exe] for name, c in self.components.items()}}))
+        (self.workdir / "state.json").write_text(
+            json.dumps(
+                {
+                    "port": self.port,
+                    "kubeconfig": str(self.kubeconfig),
+                    "node": self.node.id if self.node else None,
+                    "registry": self.registry if self.node else None,
+                    "pids": {name: [c.process.pid, c.exe] for name, c in self.components.items()},
+                }
+            )
+        )
 
     def _run_binary(self, name: str, args: list[str], health: str, tls: ssl.SSLContext | None = None) -> None:
         """A control-plane binary of BIN_DIR, healthy once `health` answers 200."""
@@ -569,14 +729,22 @@ class ControlPlane:
             tls.verify_mode = ssl.CERT_NONE
         self._run(name, [str(BIN_DIR / name), *args], lambda: _status(health, tls) == 200, str(BIN_DIR / name))
 
-    def _run(self, name: str, command: list[str], healthy: Callable[[], bool], exe: str,
-             preexec_fn: Callable[[], None] | None = None) -> None:
+    def _run(
+        self, name: str, command: list[str], healthy: Callable[[], bool], exe: str, preexec_fn: Callable[[], None] | None = None
+    ) -> None:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       cwd=self.workdir, start_new_session=True, preexec_fn=preexec_fn,
-                                       env={**os.environ, "PYTHONPATH": str(REPO)})
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
+                preexec_fn=preexec_fn,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
         self.components[name] = Component(name, process, log, healthy, exe)
 
     def _admin_tls(self) -> ssl.SSLContext:
@@ -592,7 +760,8 @@ class ControlPlane:
                 if "address already in use" in text:
                     raise ControlPlaneError(
                         f"{c.name} could not listen: a port it was given is in use (another process "
-                        f"took it after we picked it): start again; its log: {c.log}")
+                        f"took it after we picked it): start again; its log: {c.log}"
+                    )
                 last = next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
                 raise ControlPlaneError(f"{c.name} exited with status {code} ({last[:300]}); log: {c.log}")
 
@@ -611,8 +780,10 @@ class ControlPlane:
         while not core.list_namespaced_service_account("default", field_selector="metadata.name=default").items:
             self._check_alive()
             if time.monotonic() > deadline:
-                raise ControlPlaneError("kube-controller-manager created no default ServiceAccount in time; "
-                                        f"log: {self.components['kube-controller-manager'].log}")
+                raise ControlPlaneError(
+                    "kube-controller-manager created no default ServiceAccount in time; "
+                    f"log: {self.components['kube-controller-manager'].log}"
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -636,17 +807,34 @@ class ControlPlane:
     def _start_kwok(self) -> None:
         port = free_port()
         config = self.workdir / "kwok.yaml"
-        stock = [yaml.safe_load((BIN_DIR / "kwok-stages" / f"{name}.yaml").read_text())
-                 for name in ("pod-ready", "pod-delete")]
-        config.write_text(yaml.safe_dump_all([
-            {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-             "options": {"cidr": POD_CIDR, "nodeLeaseDurationSeconds": 0,
-                         "nodePlayStageParallelism": 16, "podPlayStageParallelism": 16,
-                         "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
-                         "serverAddress": f"127.0.0.1:{port}"}},
-            NODE_INITIALIZE, NODE_NOT_READY, *stock, *self._pod_faults.values()]))
-        self._run_binary("kwok", [f"--config={config}", f"--kubeconfig={self.kubeconfig}",
-                           "--node-lease-duration-seconds=0"], health=f"http://127.0.0.1:{port}/healthz")
+        stock = [yaml.safe_load((BIN_DIR / "kwok-stages" / f"{name}.yaml").read_text()) for name in ("pod-ready", "pod-delete")]
+        config.write_text(
+            yaml.safe_dump_all(
+                [
+                    {
+                        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+                        "kind": "KwokConfiguration",
+                        "options": {
+                            "cidr": POD_CIDR,
+                            "nodeLeaseDurationSeconds": 0,
+                            "nodePlayStageParallelism": 16,
+                            "podPlayStageParallelism": 16,
+                            "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
+                            "serverAddress": f"127.0.0.1:{port}",
+                        },
+                    },
+                    NODE_INITIALIZE,
+                    NODE_NOT_READY,
+                    *stock,
+                    *self._pod_faults.values(),
+                ]
+            )
+        )
+        self._run_binary(
+            "kwok",
+            [f"--config={config}", f"--kubeconfig={self.kubeconfig}", "--node-lease-duration-seconds=0"],
+            health=f"http://127.0.0.1:{port}/healthz",
+        )
 
     def _restart_kwok(self) -> None:
         stop_pid(self.components["kwok"].process.pid, self.components.pop("kwok").process)
@@ -663,6 +851,7 @@ class ControlPlane:
         def clear() -> None:
             if self._pod_faults.pop(name, None):
                 self._restart_kwok()
+
         return Fault(clear)
 
     def clear_faults(self) -> None:
@@ -679,24 +868,46 @@ class ControlPlane:
 
     def pods_never_ready(self, nodes: list[str]) -> Fault:
         """New pods on these nodes run but never pass readiness."""
-        return self._pod_fault("never-ready", lambda name: _stage(
-            name, "Pod", _on_nodes(nodes, _NEW_POD),
-            {"statusTemplate": _UNREADY_STATUS,
-             "event": {"type": "Warning", "reason": "Unhealthy", "message": "Readiness probe failed (injected fault)"}}))
+        return self._pod_fault(
+            "never-ready",
+            lambda name: _stage(
+                name,
+                "Pod",
+                _on_nodes(nodes, _NEW_POD),
+                {
+                    "statusTemplate": _UNREADY_STATUS,
+                    "event": {"type": "Warning", "reason": "Unhealthy", "message": "Readiness probe failed (injected fault)"},
+                },
+            ),
+        )
 
     def pods_ready_after(self, nodes: list[str], seconds: float) -> Fault:
         """New pods on these nodes stay Pending, then become Ready after `seconds`."""
         ready = yaml.safe_load((BIN_DIR / "kwok-stages" / "pod-ready.yaml").read_text())
-        return self._pod_fault("slow", lambda name: _stage(
-            name, "Pod", _on_nodes(nodes, _NEW_POD), ready["spec"]["next"], delay_ms=int(seconds * 1000)))
+        return self._pod_fault(
+            "slow",
+            lambda name: _stage(name, "Pod", _on_nodes(nodes, _NEW_POD), ready["spec"]["next"], delay_ms=int(seconds * 1000)),
+        )
 
     def pods_crash_loop(self, nodes: list[str], every: float = 2) -> Fault:
         """Pods on these nodes crash every `every` seconds: restartCount rises, never Ready."""
-        return self._pod_fault("crash-loop", lambda name: _stage(
-            name, "Pod", _on_nodes(nodes), {"statusTemplate": _CRASH_STATUS,
-                                            "event": {"type": "Warning", "reason": "BackOff",
-                                                      "message": "Back-off restarting failed container (injected fault)"}},
-            delay_ms=int(every * 1000)))
+        return self._pod_fault(
+            "crash-loop",
+            lambda name: _stage(
+                name,
+                "Pod",
+                _on_nodes(nodes),
+                {
+                    "statusTemplate": _CRASH_STATUS,
+                    "event": {
+                        "type": "Warning",
+                        "reason": "BackOff",
+                        "message": "Back-off restarting failed container (injected fault)",
+                    },
+                },
+                delay_ms=int(every * 1000),
+            ),
+        )
 
     def nodes_not_ready(self, nodes: list[str]) -> Fault:
         """These nodes report Ready=False (and get tainted not-ready) until the fault is cleared.
@@ -706,9 +917,17 @@ class ControlPlane:
 
     # -- nodes --
 
-    def add_nodes(self, n: int, gpu: bool = True, prefix: str | None = None, labels: dict | None = None,
-                  taints: list | None = None, gpus: int = 8, wait: bool = True,
-                  resources: dict | None = None) -> list[str]:
+    def add_nodes(
+        self,
+        n: int,
+        gpu: bool = True,
+        prefix: str | None = None,
+        labels: dict | None = None,
+        taints: list | None = None,
+        gpus: int = 8,
+        wait: bool = True,
+        resources: dict | None = None,
+    ) -> list[str]:
         """Create n simulated nodes (GPU nodes carry the gpu label, `gpus` allocatable GPUs and the
         other allocatable `resources`, e.g. {"metax-tech.com/sgpu": 16}) and return their names;
         with `wait`, return once kwok reports them Ready."""
@@ -722,8 +941,9 @@ class ControlPlane:
             if not hasattr(local, "core"):
                 local.core = client.CoreV1Api(self.api())
             # The answer is not turned into a client model: at thousands of nodes that is most of the cost.
-            local.core.create_node(node_manifest(name, gpus if gpu else 0, labels, taints,
-                                                 resources if gpu else None), _preload_content=False)
+            local.core.create_node(
+                node_manifest(name, gpus if gpu else 0, labels, taints, resources if gpu else None), _preload_content=False
+            )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, n))) as pool:
             list(pool.map(create, names))
@@ -736,8 +956,7 @@ class ControlPlane:
         for name in names:
             core.delete_node(name)
 
-    def wait_nodes_ready(self, deadline: float, names: list[str] | None = None,
-                         selector: str = "type=kwok") -> None:
+    def wait_nodes_ready(self, deadline: float, names: list[str] | None = None, selector: str = "type=kwok") -> None:
         """Until the nodes matching `selector` (all of them, or `names`) exist, are Ready and the
         node-lifecycle controller has lifted the not-ready taint every new node starts with."""
         core = client.CoreV1Api(self.api())
@@ -748,14 +967,15 @@ class ControlPlane:
             response = core.list_node(label_selector=selector, _preload_content=False)
             nodes = json.loads(response.data)["items"]
             not_ready = sorted((wanted or set()) - {n["metadata"]["name"] for n in nodes}) + [
-                n["metadata"]["name"] for n in nodes
-                if (wanted is None or n["metadata"]["name"] in wanted) and not is_schedulable(n)]
+                n["metadata"]["name"]
+                for n in nodes
+                if (wanted is None or n["metadata"]["name"] in wanted) and not is_schedulable(n)
+            ]
             if not not_ready:
                 return
             if time.monotonic() > deadline:
                 log = self.components["kubelet" if NODE_NAME in not_ready else "kwok"].log
-                raise ControlPlaneError(f"{len(not_ready)} nodes not Ready in time (e.g. {not_ready[0]}); "
-                                        f"log: {log}")
+                raise ControlPlaneError(f"{len(not_ready)} nodes not Ready in time (e.g. {not_ready[0]}); log: {log}")
             time.sleep(0.3 if len(nodes) < 1000 else 2)
 
 
@@ -822,19 +1042,30 @@ def cluster_down(workdir: Path = CLUSTER_DIR) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/cluster", description=(
-        "A local Kubernetes control plane with kwok-simulated GPU nodes, a real node for the tools "
-        "image's pods and a local OCI registry, for trying the chart."))
+    parser = argparse.ArgumentParser(
+        prog="scripts/cluster",
+        description=(
+            "A local Kubernetes control plane with kwok-simulated GPU nodes, a real node for the tools "
+            "image's pods and a local OCI registry, for trying the chart."
+        ),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start it (in the background) and print the KUBECONFIG line")
     up.add_argument("--nodes", type=int, default=10, help="simulated GPU nodes (default 10)")
     up.add_argument("--plain-nodes", type=int, default=2, help="simulated nodes without GPUs (default 2)")
     up.add_argument("--port", type=int, default=6443, help="API server port on 127.0.0.1 (default 6443)")
-    up.add_argument("--no-real-node", dest="real_node", action="store_false",
-                    help="without the local OCI registry and the real node (no root needed; kwok nodes only)")
+    up.add_argument(
+        "--no-real-node",
+        dest="real_node",
+        action="store_false",
+        help="without the local OCI registry and the real node (no root needed; kwok nodes only)",
+    )
     sub.add_parser("down", help="stop it and delete its files")
-    sub.add_parser("publish", help="build the tools image (scripts/image), push it and the chart to the cluster's "
-                                   "registry; print chart=, registry=, image=, digest=, ca=")
+    sub.add_parser(
+        "publish",
+        help="build the tools image (scripts/image), push it and the chart to the cluster's "
+        "registry; print chart=, registry=, image=, digest=, ca=",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "down":
@@ -853,16 +1084,26 @@ def main(argv: list[str] | None = None) -> int:
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()
-        cp = ControlPlane.start(CLUSTER_DIR, gpu_nodes=args.nodes, plain_nodes=args.plain_nodes, port=args.port,
-                                real_node=args.real_node, timeout=180 if args.real_node else 90)
+        cp = ControlPlane.start(
+            CLUSTER_DIR,
+            gpu_nodes=args.nodes,
+            plain_nodes=args.plain_nodes,
+            port=args.port,
+            real_node=args.real_node,
+            timeout=180 if args.real_node else 90,
+        )
     except (ControlPlaneError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
-          f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}")
+    print(
+        f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
+        f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}"
+    )
     if cp.node:
-        print(f"real node {NODE_NAME} (tainted {TOOLS_NODE}=true:NoSchedule), OCI registry {cp.registry} "
-              f"(trust {cp.ca}: export SSL_CERT_FILE={cp.ca} for helm)")
+        print(
+            f"real node {NODE_NAME} (tainted {TOOLS_NODE}=true:NoSchedule), OCI registry {cp.registry} "
+            f"(trust {cp.ca}: export SSL_CERT_FILE={cp.ca} for helm)"
+        )
     print(f"export KUBECONFIG={cp.kubeconfig}")
     print("stop it with: scripts/cluster down")
     return 0

@@ -1,5 +1,6 @@
 """The checked parts of a Markdown page: each fenced code block or table preceded by a marker line
 `<!-- check: KIND [ARGS...] -->` (invisible once rendered), so a test can run or validate it."""
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ def blocks(page: Path) -> list[Block]:
         start = i + 1
         if lines[start].startswith(FENCE):
             end = next(j for j in range(start + 1, len(lines)) if lines[j].startswith(FENCE))
-            text = "\n".join(lines[start + 1:end]) + "\n"
+            text = "\n".join(lines[start + 1 : end]) + "\n"
         elif lines[start].startswith("|"):
             end = next((j for j in range(start, len(lines)) if not lines[j].startswith("|")), len(lines))
             text = "\n".join(lines[start:end]) + "\n"

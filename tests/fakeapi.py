@@ -16,6 +16,7 @@ codes, retries and watch streaming), with just enough of the API behind it:
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,11 +32,15 @@ from kubernetes import client as k8s
 from metax_operator.runtime.kube import Backoff, Client
 
 # (group/version path, plural, kind, namespaced)
-KINDS = [("/api/v1", "pods", "Pod", True), ("/api/v1", "nodes", "Node", False),
-         ("/api/v1", "events", "Event", True), ("/api/v1", "configmaps", "ConfigMap", True),
-         ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
-         ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
-         ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False)]
+KINDS = [
+    ("/api/v1", "pods", "Pod", True),
+    ("/api/v1", "nodes", "Node", False),
+    ("/api/v1", "events", "Event", True),
+    ("/api/v1", "configmaps", "ConfigMap", True),
+    ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
+    ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
+    ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
+]
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,9 @@ class FakeApi:
     def _notify(self, path: str, change: str, obj: dict) -> None:
         collection = path.rsplit("/", 1)[0]
         for watched, query, events in self._watchers:
-            if watched in (collection, _all_namespaces(collection)) and \
-                    _matches(obj, query.get("labelSelector"), query.get("fieldSelector")):
+            if watched in (collection, _all_namespaces(collection)) and _matches(
+                obj, query.get("labelSelector"), query.get("fieldSelector")
+            ):
                 events.put({"type": change, "object": copy.deepcopy(obj)})
 
     def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
@@ -145,8 +151,13 @@ class FakeApi:
 
     def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         if method == "GET" and path in ("/api/v1", "/apis/apps/v1", "/apis/gpu.metax-tech.com/v1"):
-            return 200, {"resources": [{"name": plural, "kind": kind, "namespaced": namespaced}
-                                       for gv, plural, kind, namespaced in KINDS if gv == path]}
+            return 200, {
+                "resources": [
+                    {"name": plural, "kind": kind, "namespaced": namespaced}
+                    for gv, plural, kind, namespaced in KINDS
+                    if gv == path
+                ]
+            }
         target = path.removesuffix("/status")
         if method == "GET":
             if path in self.objects:
@@ -184,12 +195,15 @@ class FakeApi:
         return 405, _status(405, f"{method} not supported")
 
     def _list(self, path: str, query: dict) -> dict:
-        items = [copy.deepcopy(obj) for key, obj in sorted(self.objects.items())
-                 if key.rsplit("/", 1)[0] in (path, *_namespaced(path, self.objects))
-                 and _matches(obj, query.get("labelSelector"), query.get("fieldSelector"))]
+        items = [
+            copy.deepcopy(obj)
+            for key, obj in sorted(self.objects.items())
+            if key.rsplit("/", 1)[0] in (path, *_namespaced(path, self.objects))
+            and _matches(obj, query.get("labelSelector"), query.get("fieldSelector"))
+        ]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or len(items) or 1)
-        page = items[start:start + limit]
+        page = items[start : start + limit]
         meta = {"resourceVersion": str(self.version)}
         if start + limit < len(items):
             meta["continue"] = str(start + limit)
@@ -211,8 +225,13 @@ class _TestFailed(Exception):
 
 
 def _status(code: int, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure" if code >= 400 else "Success",
-            "message": message, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure" if code >= 400 else "Success",
+        "message": message,
+        "code": code,
+    }
 
 
 def _subresource(path: str, live: dict, written: dict) -> dict:
@@ -232,7 +251,7 @@ def _all_namespaces(collection: str) -> str:
     parts = collection.split("/")
     if "namespaces" in parts:
         i = parts.index("namespaces")
-        return "/".join(parts[:i] + parts[i + 2:])
+        return "/".join(parts[:i] + parts[i + 2 :])
     return collection
 
 

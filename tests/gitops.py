@@ -18,6 +18,7 @@ tests apply exactly what the docs tell users to write.
 
 Logs of every process are in the work directory; failures raise GitOpsError with one line.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,8 @@ import yaml
 from kubernetes import client
 
 from tests.controlplane import CACHE, REPO, Component, ControlPlane, free_port, stop_pid
-from tests.waiting import eventually
 from tests.helm import BIN
+from tests.waiting import eventually
 
 ARGOCD_VERSION = "v3.2.6"
 ARGOCD_DIR = CACHE / "argocd" / ARGOCD_VERSION  # built by scripts/setup.d/30-argocd
@@ -53,8 +54,7 @@ class GitOpsError(Exception):
 
 def snippet(name: str, doc: Path = DOCS) -> str:
     """The fenced code block that follows the line `<!-- snippet: NAME -->` in `doc`."""
-    match = re.search(rf"^<!-- snippet: {re.escape(name)} -->\n```[a-z]*\n(.*?)^```", doc.read_text(),
-                      re.MULTILINE | re.DOTALL)
+    match = re.search(rf"^<!-- snippet: {re.escape(name)} -->\n```[a-z]*\n(.*?)^```", doc.read_text(), re.MULTILINE | re.DOTALL)
     if not match:
         raise GitOpsError(f"{doc} has no code block marked '<!-- snippet: {name} -->'")
     return match.group(1)
@@ -91,8 +91,13 @@ def _redis_ok(port: int) -> bool:
 
 def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
     """The real kubectl against `cp`; its stdout, or GitOpsError with kubectl's last line."""
-    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
-                            input=stdin, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if result.returncode:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise GitOpsError(f"kubectl {' '.join(args[:2])} failed: {last}")
@@ -101,8 +106,16 @@ def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
 
 def apply(cp: ControlPlane, objects: list[dict], manager: str = "metax-gitops-test") -> None:
     """Server-side apply `objects` (as a GitOps tool's installer would)."""
-    kubectl(cp, "apply", "--server-side", f"--field-manager={manager}", "--force-conflicts", "-f", "-",
-            stdin=yaml.safe_dump_all(objects))
+    kubectl(
+        cp,
+        "apply",
+        "--server-side",
+        f"--field-manager={manager}",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(objects),
+    )
 
 
 def install_crds(cp: ControlPlane, path: Path, deadline: float) -> None:
@@ -113,6 +126,7 @@ def install_crds(cp: ControlPlane, path: Path, deadline: float) -> None:
     def established(name: str) -> bool:
         conditions = crds.read_custom_resource_definition(name).status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
+
     pending = [n.split("/", 1)[1] for n in names]
     while True:
         pending = [name for name in pending if not established(name)]
@@ -126,6 +140,7 @@ def install_crds(cp: ControlPlane, path: Path, deadline: float) -> None:
 @dataclass
 class Processes:
     """Local processes with logs in `workdir/logs`, each with a readiness check."""
+
     workdir: Path
     components: dict[str, Component] = field(default_factory=dict)
 
@@ -133,8 +148,15 @@ class Processes:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       cwd=self.workdir, env={**os.environ, **(env or {})}, start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
         self.components[name] = Component(name, process, log, healthy=ready, exe=argv[0])
 
     def wait_ready(self, timeout: float) -> None:
@@ -167,21 +189,35 @@ def _settings(reconciliation: str) -> list[dict]:
     part_of = {"app.kubernetes.io/part-of": "argocd"}
 
     def configmap(name: str, data: dict) -> dict:
-        return {"apiVersion": "v1", "kind": "ConfigMap", "data": data,
-                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE, "labels": part_of}}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "data": data,
+            "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE, "labels": part_of},
+        }
 
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ARGOCD_NAMESPACE}},
         configmap("argocd-cm", {"timeout.reconciliation": reconciliation, "timeout.reconciliation.jitter": "0s"}),
         configmap("argocd-rbac-cm", {}),
         configmap("argocd-tls-certs-cm", {}),
-        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-         "metadata": {"name": "argocd-secret", "namespace": ARGOCD_NAMESPACE, "labels": part_of},
-         "stringData": {"server.secretkey": secrets.token_urlsafe(32)}},
-        {"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
-         "metadata": {"name": "default", "namespace": ARGOCD_NAMESPACE},
-         "spec": {"sourceRepos": ["*"], "destinations": [{"server": "*", "namespace": "*"}],
-                  "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": "argocd-secret", "namespace": ARGOCD_NAMESPACE, "labels": part_of},
+            "stringData": {"server.secretkey": secrets.token_urlsafe(32)},
+        },
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "AppProject",
+            "metadata": {"name": "default", "namespace": ARGOCD_NAMESPACE},
+            "spec": {
+                "sourceRepos": ["*"],
+                "destinations": [{"server": "*", "namespace": "*"}],
+                "clusterResourceWhitelist": [{"group": "*", "kind": "*"}],
+            },
+        },
     ]
 
 
@@ -228,31 +264,88 @@ class ArgoCD:
             (self.workdir / "path" / "helm").symlink_to(BIN / "helm3")
         redis_port, repo_port, repo_metrics = free_port(), free_port(), free_port()
         common = {
-            "HOME": str(self.workdir / "home"), "TMPDIR": str(self.workdir / "tmp"),
+            "HOME": str(self.workdir / "home"),
+            "TMPDIR": str(self.workdir / "tmp"),
             "PATH": f"{self.workdir / 'path'}{os.pathsep}{os.environ.get('PATH', '')}",
-            "KUBECONFIG": str(self.cp.kubeconfig), "ARGOCD_FAKE_IN_CLUSTER": "true",
-            "ARGOCD_GPG_ENABLED": "false", "ARGOCD_TLS_DATA_PATH": str(self.workdir / "tls"),
-            "ARGOCD_CONTROLLER_REPLICAS": "1", "ARGOCD_CONTROLLER_SHARD": "0",
+            "KUBECONFIG": str(self.cp.kubeconfig),
+            "ARGOCD_FAKE_IN_CLUSTER": "true",
+            "ARGOCD_GPG_ENABLED": "false",
+            "ARGOCD_TLS_DATA_PATH": str(self.workdir / "tls"),
+            "ARGOCD_CONTROLLER_REPLICAS": "1",
+            "ARGOCD_CONTROLLER_SHARD": "0",
         }
         p = self.processes
-        p.run("redis", [redis, "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
-                        "--appendonly", "no", "--dir", str(self.workdir)], lambda: _redis_ok(redis_port))
-        p.run("repo-server", [str(binary), "--address", "127.0.0.1", "--port", str(repo_port),
-                              "--metrics-address", "127.0.0.1", "--metrics-port", str(repo_metrics),
-                              "--redis", f"127.0.0.1:{redis_port}", "--disable-tls", "--loglevel", "info"],
-              lambda: _http_ok(f"http://127.0.0.1:{repo_metrics}/healthz"),
-              env={**common, "ARGOCD_BINARY_NAME": "argocd-repo-server"})
-        p.run("application-controller", [
-            str(binary), "--kubeconfig", str(self.cp.kubeconfig), "--namespace", ARGOCD_NAMESPACE,
-            "--repo-server", f"127.0.0.1:{repo_port}", "--repo-server-plaintext",
-            "--redis", f"127.0.0.1:{redis_port}", "--metrics-port", str(self.metrics_port),
-            "--status-processors", "4", "--operation-processors", "2", "--loglevel", "info",
-            "--persist-resource-health"],  # each resource's health in the Application, for the tests' messages
+        p.run(
+            "redis",
+            [
+                redis,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(redis_port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            lambda: _redis_ok(redis_port),
+        )
+        p.run(
+            "repo-server",
+            [
+                str(binary),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(repo_port),
+                "--metrics-address",
+                "127.0.0.1",
+                "--metrics-port",
+                str(repo_metrics),
+                "--redis",
+                f"127.0.0.1:{redis_port}",
+                "--disable-tls",
+                "--loglevel",
+                "info",
+            ],
+            lambda: _http_ok(f"http://127.0.0.1:{repo_metrics}/healthz"),
+            env={**common, "ARGOCD_BINARY_NAME": "argocd-repo-server"},
+        )
+        p.run(
+            "application-controller",
+            [
+                str(binary),
+                "--kubeconfig",
+                str(self.cp.kubeconfig),
+                "--namespace",
+                ARGOCD_NAMESPACE,
+                "--repo-server",
+                f"127.0.0.1:{repo_port}",
+                "--repo-server-plaintext",
+                "--redis",
+                f"127.0.0.1:{redis_port}",
+                "--metrics-port",
+                str(self.metrics_port),
+                "--status-processors",
+                "4",
+                "--operation-processors",
+                "2",
+                "--loglevel",
+                "info",
+                "--persist-resource-health",
+            ],  # each resource's health in the Application, for the tests' messages
             lambda: _http_ok(f"http://127.0.0.1:{self.metrics_port}/healthz"),
             # timeout.reconciliation of argocd-cm, as Argo CD's StatefulSet passes it: how often
             # each Application is compared with its source (Argo CD's default: 120 s + up to 60 s).
-            env={**common, "ARGOCD_BINARY_NAME": "argocd-application-controller",
-                 "ARGOCD_RECONCILIATION_TIMEOUT": reconciliation, "ARGOCD_RECONCILIATION_JITTER": "0s"})
+            env={
+                **common,
+                "ARGOCD_BINARY_NAME": "argocd-application-controller",
+                "ARGOCD_RECONCILIATION_TIMEOUT": reconciliation,
+                "ARGOCD_RECONCILIATION_JITTER": "0s",
+            },
+        )
         p.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
         self.start_seconds = time.monotonic() - started
 
@@ -271,9 +364,16 @@ class ArgoCD:
         """Trust `ca_pem` for TLS to `host` (a registry or repository), as an entry of
         argocd-tls-certs-cm does: the repo-server reads them from ARGOCD_TLS_DATA_PATH, where
         a pod has that ConfigMap mounted."""
-        self.apply([{"apiVersion": "v1", "kind": "ConfigMap",
-                     "metadata": {"name": "argocd-tls-certs-cm", "namespace": ARGOCD_NAMESPACE},
-                     "data": {host: ca_pem}}])
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "argocd-tls-certs-cm", "namespace": ARGOCD_NAMESPACE},
+                    "data": {host: ca_pem},
+                }
+            ]
+        )
         (self.workdir / "tls" / host).write_text(ca_pem)
 
     def application(self, name: str) -> dict | None:
@@ -288,18 +388,23 @@ class ArgoCD:
     def wait_application(self, name: str, check, timeout: float, what: str) -> dict:
         """Poll Application `name` until `check(app)` is truthy; AssertionError naming `what`
         and the Application's sync, health and conditions otherwise."""
+
         def state() -> dict | None:
             app = self.application(name)
             return app if app is not None and check(app) else None
+
         try:
             return eventually(state, timeout, what, interval=1)
         except AssertionError:
-            raise AssertionError(f"Application {name}: timed out after {timeout:.0f} s waiting for {what}; "
-                                 f"now {summary(self.application(name))}; logs in {self.workdir / 'logs'}") from None
+            raise AssertionError(
+                f"Application {name}: timed out after {timeout:.0f} s waiting for {what}; "
+                f"now {summary(self.application(name))}; logs in {self.workdir / 'logs'}"
+            ) from None
 
     def metrics(self) -> dict[str, float]:
         """The application-controller's Prometheus metrics."""
         return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
 
 # Flux: helm-controller is not on the Go module proxy, so `make setup` cannot build it; the Flux
 # tests run where these point at a source-controller and a helm-controller binary and at a
@@ -313,8 +418,10 @@ def flux_unavailable() -> str | None:
     """Why the Flux controllers cannot run here (one line), or None."""
     unset = [name for name in FLUX_ENV if not os.environ.get(name)]
     if unset:
-        return (f"{', '.join(unset)} not set: Flux's helm-controller is not on the Go module proxy, so CI "
-                f"cannot build it; docs/gitops.md shows how to build it and run this test")
+        return (
+            f"{', '.join(unset)} not set: Flux's helm-controller is not on the Go module proxy, so CI "
+            f"cannot build it; docs/gitops.md shows how to build it and run this test"
+        )
     for name in FLUX_ENV:
         path = Path(os.environ[name])
         if not (path.is_dir() if name == "METAX_FLUX_CRDS" else os.access(path, os.X_OK)):
@@ -352,19 +459,40 @@ class Flux:
         started = time.monotonic()
         install_crds(self.cp, Path(os.environ["METAX_FLUX_CRDS"]), started + timeout)
         apply(self.cp, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}}])
-        env = {"KUBECONFIG": str(self.cp.kubeconfig), "RUNTIME_NAMESPACE": FLUX_NAMESPACE,
-               "HOME": str(self.workdir), "TMPDIR": str(self.workdir)}
+        env = {
+            "KUBECONFIG": str(self.cp.kubeconfig),
+            "RUNTIME_NAMESPACE": FLUX_NAMESPACE,
+            "HOME": str(self.workdir),
+            "TMPDIR": str(self.workdir),
+        }
         storage = free_port()
         (self.workdir / "storage").mkdir(parents=True, exist_ok=True)
-        for name, extra in (("source-controller", [
-                f"--storage-path={self.workdir / 'storage'}", f"--storage-addr=127.0.0.1:{storage}",
-                f"--storage-adv-addr=127.0.0.1:{storage}"]), ("helm-controller", [])):
+        for name, extra in (
+            (
+                "source-controller",
+                [
+                    f"--storage-path={self.workdir / 'storage'}",
+                    f"--storage-addr=127.0.0.1:{storage}",
+                    f"--storage-adv-addr=127.0.0.1:{storage}",
+                ],
+            ),
+            ("helm-controller", []),
+        ):
             health, self.metrics_ports[name] = free_port(), free_port()
-            self.processes.run(name, [
-                os.environ[f"METAX_{name.upper().replace('-', '_')}_BIN"], *extra,
-                f"--metrics-addr=127.0.0.1:{self.metrics_ports[name]}", f"--health-addr=127.0.0.1:{health}",
-                "--enable-leader-election=false", "--watch-all-namespaces=true", "--log-level=info"],
-                lambda health=health: _http_ok(f"http://127.0.0.1:{health}/readyz"), env=env)
+            self.processes.run(
+                name,
+                [
+                    os.environ[f"METAX_{name.upper().replace('-', '_')}_BIN"],
+                    *extra,
+                    f"--metrics-addr=127.0.0.1:{self.metrics_ports[name]}",
+                    f"--health-addr=127.0.0.1:{health}",
+                    "--enable-leader-election=false",
+                    "--watch-all-namespaces=true",
+                    "--log-level=info",
+                ],
+                lambda health=health: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+                env=env,
+            )
         self.processes.wait_ready(max(1.0, timeout - (time.monotonic() - started)))
         self.start_seconds = time.monotonic() - started
 
@@ -377,15 +505,24 @@ class Flux:
     def reconciles(self, release: str) -> int:
         """How many times helm-controller has reconciled HelmRelease `release`."""
         metrics = scrape(f"http://127.0.0.1:{self.metrics_ports['helm-controller']}/metrics")
-        return int(sum(v for k, v in metrics.items() if k.startswith("gotk_reconcile_duration_seconds_count{")
-                       and 'kind="HelmRelease"' in k and f'name="{release}"' in k))
+        return int(
+            sum(
+                v
+                for k, v in metrics.items()
+                if k.startswith("gotk_reconcile_duration_seconds_count{")
+                and 'kind="HelmRelease"' in k
+                and f'name="{release}"' in k
+            )
+        )
 
 
 def synced_healthy(app: dict) -> bool:
     status = app.get("status") or {}
-    return ((status.get("sync") or {}).get("status") == "Synced"
-            and (status.get("health") or {}).get("status") == "Healthy"
-            and (status.get("operationState") or {}).get("phase") in (None, "Succeeded"))
+    return (
+        (status.get("sync") or {}).get("status") == "Synced"
+        and (status.get("health") or {}).get("status") == "Healthy"
+        and (status.get("operationState") or {}).get("phase") in (None, "Succeeded")
+    )
 
 
 def summary(app: dict | None) -> str:
@@ -394,12 +531,19 @@ def summary(app: dict | None) -> str:
         return "no Application"
     status = app.get("status") or {}
     operation = status.get("operationState") or {}
-    unhealthy = [f"{r['kind']}/{r['name']}: {(r.get('health') or {}).get('status')}"
-                 for r in status.get("resources") or []
-                 if (r.get("health") or {}).get("status") not in (None, "Healthy")]
+    unhealthy = [
+        f"{r['kind']}/{r['name']}: {(r.get('health') or {}).get('status')}"
+        for r in status.get("resources") or []
+        if (r.get("health") or {}).get("status") not in (None, "Healthy")
+    ]
     out_of_sync = [f"{r['kind']}/{r['name']}" for r in status.get("resources") or [] if r.get("status") == "OutOfSync"]
-    return json.dumps({"sync": (status.get("sync") or {}).get("status"),
-                       "health": (status.get("health") or {}).get("status"),
-                       "operation": [operation.get("phase"), (operation.get("message") or "")[:300]],
-                       "unhealthy": unhealthy[:8], "outOfSync": out_of_sync[:8],
-                       "conditions": [c.get("message", "")[:300] for c in status.get("conditions") or []]})
+    return json.dumps(
+        {
+            "sync": (status.get("sync") or {}).get("status"),
+            "health": (status.get("health") or {}).get("status"),
+            "operation": [operation.get("phase"), (operation.get("message") or "")[:300]],
+            "unhealthy": unhealthy[:8],
+            "outOfSync": out_of_sync[:8],
+            "conditions": [c.get("message", "")[:300] for c in status.get("conditions") or []],
+        }
+    )

@@ -11,6 +11,7 @@ installed by `make setup`), parses the output with PyYAML's C loader and returns
 `HelmError` carries helm's stderr when the render fails. `validate_objects` checks objects
 against the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,25 +62,28 @@ def template_args(values: dict | None, args: Iterable[str], tmp: str) -> list[st
     return flags + list(args)
 
 
-def render_chart(values: dict | None = None, *, helm: str = "helm3", show_only: Iterable[str] = (),
-                 args: Iterable[str] = (), chart: Path = CHART) -> list[dict]:
+def render_chart(
+    values: dict | None = None,
+    *,
+    helm: str = "helm3",
+    show_only: Iterable[str] = (),
+    args: Iterable[str] = (),
+    chart: Path = CHART,
+) -> list[dict]:
     """The objects `helm template` renders for `values` (plus raw helm `args` such as
     `--set k=v`, `--set-file`, `-f FILE`), optionally only from the `show_only` templates."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = ["template", RELEASE, str(chart), "--namespace", NAMESPACE,
-                   *template_args(values, args, tmp)]
+        command = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, *template_args(values, args, tmp)]
         for template in show_only:
             command += ["--show-only", template]
         output = run_helm(helm, *command)
     return [doc for doc in yaml.load_all(output, Loader=yaml.CSafeLoader) if doc]
 
 
-def lint_chart(values: dict | None = None, *, helm: str = "helm3", args: Iterable[str] = (),
-               chart: Path = CHART) -> str:
+def lint_chart(values: dict | None = None, *, helm: str = "helm3", args: Iterable[str] = (), chart: Path = CHART) -> str:
     """`helm lint --strict` output; raises HelmError when the chart fails."""
     with tempfile.TemporaryDirectory() as tmp:
-        return run_helm(helm, "lint", "--strict", str(chart), "--namespace", NAMESPACE,
-                        *template_args(values, args, tmp))
+        return run_helm(helm, "lint", "--strict", str(chart), "--namespace", NAMESPACE, *template_args(values, args, tmp))
 
 
 def validate_objects(objects: Iterable[dict]) -> None:
@@ -90,7 +94,7 @@ def validate_objects(objects: Iterable[dict]) -> None:
         try:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
-            name = f'{obj["kind"]}/{obj["metadata"]["name"]}'
+            name = f"{obj['kind']}/{obj['metadata']['name']}"
             raise AssertionError(f"{name} is not a valid object: {error.message} at {list(error.path)}") from None
 
 

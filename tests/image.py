@@ -11,6 +11,7 @@ the rendered chart: its command and args, user and group, read-only root, droppe
 no privilege escalation, and each emptyDir it mounts as a tmpfs of its size limit. Other mounts
 are given as (host path, container path) pairs, read-only.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -51,8 +52,7 @@ class Layout:
 
     def _members(self, digest: str) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
         with gzip.open(self.blob(digest)) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
-            return {member.name: (member, tar.extractfile(member).read() if member.isreg() else None)
-                    for member in tar}
+            return {member.name: (member, tar.extractfile(member).read() if member.isreg() else None) for member in tar}
 
     def files(self) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
         """The image's paths as the layers stack them (a later layer's entry wins)."""
@@ -66,14 +66,21 @@ def unpack(result: dict, folder: Path) -> Path:
     """The image unpacked by umoci into a runtime bundle; the spec umoci derived from the image
     config is kept as image-spec.json, which each run starts from."""
     bundle = folder / "bundle"
-    subprocess.run(["umoci", "unpack", "--image", result["reference"].removeprefix("oci:"), bundle],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["umoci", "unpack", "--image", result["reference"].removeprefix("oci:"), bundle], check=True, capture_output=True
+    )
     (bundle / "config.json").rename(bundle / "image-spec.json")
     return bundle
 
 
-def run_as_pod(bundle: Path, container: dict, pod_security: dict, args: list[str] | None = None,
-               volumes: dict | None = None, mounts: list[tuple[Path, str]] = ()) -> subprocess.CompletedProcess:
+def run_as_pod(
+    bundle: Path,
+    container: dict,
+    pod_security: dict,
+    args: list[str] | None = None,
+    volumes: dict | None = None,
+    mounts: list[tuple[Path, str]] = (),
+) -> subprocess.CompletedProcess:
     """Runs the bundle under runc as the kubelet would run `container` (a rendered pod container
     with the pod's securityContext `pod_security` and `volumes` by name); `args` replace its args.
     Returns the completed process (stdout and stderr as text)."""
@@ -90,8 +97,14 @@ def run_as_pod(bundle: Path, container: dict, pod_security: dict, args: list[str
         source = (volumes or {})[mount["name"]]
         assert "emptyDir" in source, f"volume {mount['name']}: only emptyDir volumes are run here"
         size = source["emptyDir"].get("sizeLimit", "16Mi").removesuffix("i").lower()
-        spec["mounts"].append({"destination": mount["mountPath"], "type": "tmpfs", "source": "tmpfs",
-                               "options": ["nosuid", "nodev", f"size={size}", "mode=1777"]})
+        spec["mounts"].append(
+            {
+                "destination": mount["mountPath"],
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "nodev", f"size={size}", "mode=1777"],
+            }
+        )
     for host, path in mounts:
         spec["mounts"].append({"destination": path, "type": "bind", "source": str(host), "options": ["rbind", "ro"]})
     return runc(bundle, spec)
@@ -104,5 +117,9 @@ def runc(bundle: Path, spec: dict | None = None) -> subprocess.CompletedProcess:
     spec["process"]["terminal"] = False
     (bundle / "config.json").write_text(json.dumps(spec))
     RUNC_STATE.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["runc", "--root", RUNC_STATE, "run", "--bundle", bundle, f"metax-test-{uuid.uuid4().hex[:12]}"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["runc", "--root", RUNC_STATE, "run", "--bundle", bundle, f"metax-test-{uuid.uuid4().hex[:12]}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -11,6 +11,7 @@ Creation and deletion use `ip netns` (iproute2); code runs inside with `setns`, 
 `nsenter --net=/run/netns/NAME`, never `ip netns exec`, which also remounts /sys and so hides the
 cgroup mounts the kubelet and runc need.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,10 @@ def path(name: str) -> Path:
 def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True)
     if done.returncode:
-        raise NetnsError(f"ip {' '.join(args)} failed: {done.stderr.strip()}"
-                         + (" (creating network namespaces needs root)" if os.geteuid() else ""))
+        raise NetnsError(
+            f"ip {' '.join(args)} failed: {done.stderr.strip()}"
+            + (" (creating network namespaces needs root)" if os.geteuid() else "")
+        )
 
 
 def create(name: str, interface: str, addresses: list[str]) -> None:
@@ -48,10 +51,13 @@ def create(name: str, interface: str, addresses: list[str]) -> None:
     `dummy` interface would do, but not every kernel has that driver)."""
     _ip("netns", "add", name)
     try:
-        for command in (["link", "set", "lo", "up"],
-                        ["link", "add", interface, "type", "veth", "peer", "name", f"{interface}-peer"],
-                        *(["addr", "add", a, "dev", interface] for a in addresses),
-                        ["link", "set", f"{interface}-peer", "up"], ["link", "set", interface, "up"]):
+        for command in (
+            ["link", "set", "lo", "up"],
+            ["link", "add", interface, "type", "veth", "peer", "name", f"{interface}-peer"],
+            *(["addr", "add", a, "dev", interface] for a in addresses),
+            ["link", "set", f"{interface}-peer", "up"],
+            ["link", "set", interface, "up"],
+        ):
             _ip("-n", name, *command)
     except NetnsError:
         delete(name)

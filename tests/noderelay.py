@@ -17,6 +17,7 @@ that stays in the host's namespace and makes each socket in the namespace it nee
 
 It runs until SIGTERM. The proxy's socket is made last: once it accepts, every forward listens.
 """
+
 from __future__ import annotations
 
 import argparse

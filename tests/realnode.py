@@ -17,6 +17,7 @@ host is left as it was:
   every shim), the kubelet and kube-proxy; the kubelet's pods go under `kubepods/` (its
   cgroupRoot). Stopping the node kills whatever is left in that tree and removes it.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,12 +44,16 @@ CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 PORTS = {"containerd-metrics": 1338, "kubelet": 10250, "kubelet-healthz": 10248, "kube-proxy-healthz": 10256}
 
 # The node's own directories, bind-mounted over these paths in its mount namespace.
-NODE_DIRS = ("/var/lib/kubelet", "/var/lib/containerd", "/run/containerd", "/var/lib/cni", "/var/log/pods",
-             "/etc/cni/net.d")
+NODE_DIRS = ("/var/lib/kubelet", "/var/lib/containerd", "/run/containerd", "/var/lib/cni", "/var/log/pods", "/etc/cni/net.d")
 # What the kubelet requires of the kernel (it would write these host-wide settings itself).
-KERNEL_SETTINGS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
-                   "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
-                   "kernel/keys/root_maxbytes": "25000000"}
+KERNEL_SETTINGS = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
 
 
 def cgroup_mounts() -> list[Path]:
@@ -65,6 +70,7 @@ def cgroup_mounts() -> list[Path]:
 class RealNode:
     """One real node. `id` names its network namespace and cgroup tree; `workdir` holds its
     configuration, state, logs of its pods and images."""
+
     workdir: Path
     id: str
 
@@ -151,8 +157,10 @@ class RealNode:
         # (after a 404 too, whose "not found" must not turn into an x509 error); the [host]
         # entry makes it speak TLS to a loopback address, which it would otherwise try as HTTP.
         ca = pki / "ca.crt"
-        (certs / "hosts.toml").write_text(f'server = "https://{registry}"\nca = "{ca}"\n\n[host."https://{registry}"]\n'
-                                          f'  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n')
+        (certs / "hosts.toml").write_text(
+            f'server = "https://{registry}"\nca = "{ca}"\n\n[host."https://{registry}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n'
+        )
         (self.workdir / "containerd.toml").write_text(f"""\
 version = 2
 [metrics]
@@ -168,51 +176,108 @@ version = 2
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{self.workdir / "certs.d"}"
 """)
-        (self._own("/etc/cni/net.d") / "10-bridge.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "metax-node",
-            "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
-                         "hairpinMode": True,
-                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                                  "routes": [{"dst": "0.0.0.0/0"}]}}]}, indent=1))
+        (self._own("/etc/cni/net.d") / "10-bridge.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "metax-node",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "cni0",
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": POD_SUBNET}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                            },
+                        }
+                    ],
+                },
+                indent=1,
+            )
+        )
 
         def kubeconfig(user: str) -> Path:
             path = self.workdir / f"{user}.kubeconfig"
-            path.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "current-context": "node",
-                "clusters": [{"name": "node", "cluster": {"server": server,
-                                                          "certificate-authority": str(pki / "ca.crt")}}],
-                "users": [{"name": user, "user": {"client-certificate": str(pki / f"{user}.crt"),
-                                                  "client-key": str(pki / f"{user}.key")}}],
-                "contexts": [{"name": "node", "context": {"cluster": "node", "user": user}}]}))
+            path.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Config",
+                        "current-context": "node",
+                        "clusters": [
+                            {"name": "node", "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")}}
+                        ],
+                        "users": [
+                            {
+                                "name": user,
+                                "user": {"client-certificate": str(pki / f"{user}.crt"), "client-key": str(pki / f"{user}.key")},
+                            }
+                        ],
+                        "contexts": [{"name": "node", "context": {"cluster": "node", "user": user}}],
+                    }
+                )
+            )
             return path
 
-        (self.workdir / "kubelet.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": NODE_IP, "port": PORTS["kubelet"], "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": PORTS["kubelet-healthz"],
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-            "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup, "failCgroupV1": False, "failSwapOn": False,
-            "protectKernelDefaults": True,  # the settings read as wanted; never write the host's
-            "registerWithTaints": [TOOLS_NODE_TAINT],
-            # No DNS service runs: pods get a cluster DNS address nothing answers at (and
-            # nothing routes out of the namespace); the hooks and the runner use the
-            # service's IP from their environment, as the Kubernetes client does in a pod.
-            "clusterDNS": [CLUSTER_DNS_IP], "clusterDomain": "cluster.local", "resolvConf": "",
-            "serializeImagePulls": False,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-        }))
-        (self.workdir / "kube-proxy.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(kubeconfig("kube-proxy"))},
-            "hostnameOverride": NODE_NAME, "mode": "iptables", "clusterCIDR": POD_SUBNET,
-            "healthzBindAddress": f"127.0.0.1:{PORTS['kube-proxy-healthz']}", "metricsBindAddress": "127.0.0.1:10249",
-            # Leave the host-wide conntrack table settings alone.
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-        }))
+        (self.workdir / "kubelet.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    "address": NODE_IP,
+                    "port": PORTS["kubelet"],
+                    "readOnlyPort": 0,
+                    "healthzBindAddress": "127.0.0.1",
+                    "healthzPort": PORTS["kubelet-healthz"],
+                    "authentication": {
+                        "anonymous": {"enabled": False},
+                        "webhook": {"enabled": True},
+                        "x509": {"clientCAFile": str(pki / "ca.crt")},
+                    },
+                    "authorization": {"mode": "Webhook"},
+                    "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+                    "cgroupDriver": "cgroupfs",
+                    "cgroupRoot": self.cgroup,
+                    "failCgroupV1": False,
+                    "failSwapOn": False,
+                    "protectKernelDefaults": True,  # the settings read as wanted; never write the host's
+                    "registerWithTaints": [TOOLS_NODE_TAINT],
+                    # No DNS service runs: pods get a cluster DNS address nothing answers at (and
+                    # nothing routes out of the namespace); the hooks and the runner use the
+                    # service's IP from their environment, as the Kubernetes client does in a pod.
+                    "clusterDNS": [CLUSTER_DNS_IP],
+                    "clusterDomain": "cluster.local",
+                    "resolvConf": "",
+                    "serializeImagePulls": False,
+                    "evictionHard": {
+                        "memory.available": "100Mi",
+                        "nodefs.available": "1%",
+                        "imagefs.available": "1%",
+                        "nodefs.inodesFree": "1%",
+                    },
+                }
+            )
+        )
+        (self.workdir / "kube-proxy.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+                    "kind": "KubeProxyConfiguration",
+                    "clientConnection": {"kubeconfig": str(kubeconfig("kube-proxy"))},
+                    "hostnameOverride": NODE_NAME,
+                    "mode": "iptables",
+                    "clusterCIDR": POD_SUBNET,
+                    "healthzBindAddress": f"127.0.0.1:{PORTS['kube-proxy-healthz']}",
+                    "metricsBindAddress": "127.0.0.1:10249",
+                    # Leave the host-wide conntrack table settings alone.
+                    "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+                }
+            )
+        )
         kubeconfig("kubelet")
 
     def _own(self, directory: str) -> Path:
@@ -234,8 +299,10 @@ version = 2
             lines.append(f"mount --bind {shlex.quote(str(self._own(directory)))} {shlex.quote(directory)}")
         for key in KERNEL_SETTINGS:
             lines.append(f"mount --bind {shlex.quote(str(self.workdir / 'kernel' / key))} /proc/sys/{key}")
-        lines.append(f"exec nsenter --net={shlex.quote(str(self.netns))} -- containerd "
-                     f"--config {shlex.quote(str(self.workdir / 'containerd.toml'))}")
+        lines.append(
+            f"exec nsenter --net={shlex.quote(str(self.netns))} -- containerd "
+            f"--config {shlex.quote(str(self.workdir / 'containerd.toml'))}"
+        )
         return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", "\n".join(lines)]
 
     def joined(self, holder: int, binary: Path, *args: str) -> list[str]:
@@ -243,8 +310,13 @@ version = 2
         return ["nsenter", f"--mount=/proc/{holder}/ns/mnt", f"--net={self.netns}", "--", str(binary), *args]
 
     def kubelet_args(self) -> list[str]:
-        return [f"--config={self.workdir / 'kubelet.yaml'}", f"--kubeconfig={self.workdir / 'kubelet.kubeconfig'}",
-                f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}", f"--node-labels={TOOLS_NODE}=true"]
+        return [
+            f"--config={self.workdir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.workdir / 'kubelet.kubeconfig'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={NODE_IP}",
+            f"--node-labels={TOOLS_NODE}=true",
+        ]
 
     def kube_proxy_args(self) -> list[str]:
         return [f"--config={self.workdir / 'kube-proxy.yaml'}"]

@@ -7,6 +7,7 @@ TLS reads it), skopeo through a certificate directory, the real node's container
 `hosts.toml` naming the CA. So `helm install oci://127.0.0.1:PORT/...` needs neither
 `--plain-http` nor `--insecure-skip-tls-verify`.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,12 +29,16 @@ class RegistryError(Exception):
 def config(workdir: Path, port: int, cert: Path, key: Path) -> Path:
     """The registry's configuration file: storage in workdir, TLS, quiet logs."""
     path = workdir / "registry.yaml"
-    path.write_text(yaml.safe_dump({
-        "version": 0.1,
-        "log": {"level": "warn", "accesslog": {"disabled": True}},
-        "storage": {"filesystem": {"rootdirectory": str(workdir / "registry")}, "delete": {"enabled": True}},
-        "http": {"addr": f"127.0.0.1:{port}", "tls": {"certificate": str(cert), "key": str(key)}},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "warn", "accesslog": {"disabled": True}},
+                "storage": {"filesystem": {"rootdirectory": str(workdir / "registry")}, "delete": {"enabled": True}},
+                "http": {"addr": f"127.0.0.1:{port}", "tls": {"certificate": str(cert), "key": str(key)}},
+            }
+        )
+    )
     return path
 
 
@@ -62,8 +67,10 @@ def _run(command: list[str], what: str, env: dict | None = None) -> str:
 def push_image(layout: Path, tag: str, target: str, ca: Path) -> None:
     """Copy the image tagged `tag` in the OCI image layout directory `layout` to `target`
     (`127.0.0.1:PORT/PROJECT/NAME:TAG`)."""
-    _run(["skopeo", "copy", "--quiet", "--dest-cert-dir", str(trust_dir(ca)), f"oci:{layout}:{tag}",
-          f"docker://{target}"], f"skopeo copy of {layout}:{tag} to {target}")
+    _run(
+        ["skopeo", "copy", "--quiet", "--dest-cert-dir", str(trust_dir(ca)), f"oci:{layout}:{tag}", f"docker://{target}"],
+        f"skopeo copy of {layout}:{tag} to {target}",
+    )
 
 
 def push_chart(helm: Path, chart: Path, host: str, ca: Path, workdir: Path) -> str:
@@ -92,6 +99,9 @@ def publish(helm: Path, host: str, ca: Path, workdir: Path) -> dict[str, str]:
     image = build_tools_image()
     target = f"{host}/{PROJECT}/{TOOLS_IMAGE}:{APP_VERSION}"
     push_image(Path(image["layout"]), image["reference"].rsplit(":", 1)[1], target, ca)
-    return {"chart": push_chart(helm, REPO, host, ca, workdir), "image": target, "digest": image["digest"],
-            "registry": f"{host}/{PROJECT}"}
-
+    return {
+        "chart": push_chart(helm, REPO, host, ca, workdir),
+        "image": target,
+        "digest": image["digest"],
+        "registry": f"{host}/{PROJECT}",
+    }

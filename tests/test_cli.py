@@ -1,4 +1,5 @@
 """The `metax-operator` entry point: every subcommand is registered by the module COMMANDS names."""
+
 import argparse
 import importlib
 import os
@@ -24,8 +25,7 @@ def test_help_lists_every_command():
 
 
 def test_a_command_imports_only_its_own_module():
-    code = ("import sys; from metax_operator import cli; cli.build_parser(['validate']);"
-            "print('kubernetes' in sys.modules)")
+    code = "import sys; from metax_operator import cli; cli.build_parser(['validate']);print('kubernetes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -33,9 +33,23 @@ def test_a_command_imports_only_its_own_module():
 def test_a_user_error_is_one_line_and_exit_status_1(tmp_path):
     values = tmp_path / "v.yaml"
     values.write_text("driver: {deployPolicy: Sometimes}\n")
-    out = subprocess.run([sys.executable, "-m", "metax_operator.cli", "validate", "-f", str(values),
-                          "--set", "registry=r.example/metax", "--set-string", "driver.payload.version=1"],
-                         capture_output=True, text=True, env={**os.environ, "HELM_BIN": str(BIN / "helm3")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metax_operator.cli",
+            "validate",
+            "-f",
+            str(values),
+            "--set",
+            "registry=r.example/metax",
+            "--set-string",
+            "driver.payload.version=1",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HELM_BIN": str(BIN / "helm3")},
+    )
     assert out.returncode == 1
     assert out.stderr.startswith("error: ") and "driver.deployPolicy" in out.stderr
     assert "Traceback" not in out.stderr

@@ -5,6 +5,7 @@ option; where it reads a file, one that is not UTF-8; where it takes a number, n
 it talks to the API server, a kubeconfig that does not exist and one whose server does not answer
 (a closed port on loopback). The installed `metax-operator` script runs each, as a user would.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,14 @@ from tests.helm import CHART
 
 SCRIPT = Path(sys.executable).with_name("metax-operator")
 NOT_UTF8 = b"registry: caf\xe9\n"
-UNREACHABLE = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
-               "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1",
-                                                      "insecure-skip-tls-verify": True}}],
-               "users": [{"name": "u", "user": {"token": "t"}}],
-               "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+UNREACHABLE = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "current-context": "c",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+    "users": [{"name": "u", "user": {"token": "t"}}],
+    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+}
 
 
 def commands() -> dict[tuple[str, ...], argparse.ArgumentParser]:
@@ -77,9 +81,11 @@ NUMBER_ARGS = {
     ("rollout", "simulate"): ["--nodes", "10", "--policy", "{policy}", "--interval", "{n}"],
     ("rollout", "status"): ["--interval", "{n}"],
 }
-SIZES = [["rollout", "simulate", "--nodes", "10000000", "--policy", "{policy}"],
-         ["rollout", "simulate", "--nodes", "10", "--policy", "{policy}", "--ready-latency", "inf"],
-         ["run", "--namespace", "x", "--lease-duration", str(10 ** 30)]]
+SIZES = [
+    ["rollout", "simulate", "--nodes", "10000000", "--policy", "{policy}"],
+    ["rollout", "simulate", "--nodes", "10", "--policy", "{policy}", "--ready-latency", "inf"],
+    ["run", "--namespace", "x", "--lease-duration", str(10**30)],
+]
 
 
 def cases() -> list[tuple[str, list[str], bytes]]:
@@ -105,15 +111,21 @@ def files(tmp_path_factory) -> dict[str, str]:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     values.update(registry="cr.example.com/metax")
     values["driver"]["payload"]["version"] = "2.32.0.6"
-    paths = {"values": tmp / "values.json", "bad": tmp / "bad.yaml", "policy": tmp / "policy.yaml",
-             "unreachable": tmp / "unreachable.kubeconfig"}
+    paths = {
+        "values": tmp / "values.json",
+        "bad": tmp / "bad.yaml",
+        "policy": tmp / "policy.yaml",
+        "unreachable": tmp / "unreachable.kubeconfig",
+    }
     paths["values"].write_text(json.dumps(values))
     paths["bad"].write_bytes(NOT_UTF8)
-    paths["policy"].write_text(yaml.safe_dump({"upgradePolicy": {"enableRollout": True,
-                                                                 "upgradeSteps": [{"replicas": "100%"}]}}))
+    paths["policy"].write_text(yaml.safe_dump({"upgradePolicy": {"enableRollout": True, "upgradeSteps": [{"replicas": "100%"}]}}))
     paths["unreachable"].write_text(yaml.safe_dump(UNREACHABLE))
-    return {**{k: str(v) for k, v in paths.items()}, "missing": str(tmp / "missing.kubeconfig"),
-            "crd": str(CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml")}
+    return {
+        **{k: str(v) for k, v in paths.items()},
+        "missing": str(tmp / "missing.kubeconfig"),
+        "crd": str(CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml"),
+    }
 
 
 def test_every_command_has_an_unknown_option_case_and_every_api_command_kubeconfig_cases():
@@ -126,8 +138,9 @@ def test_every_command_has_an_unknown_option_case_and_every_api_command_kubeconf
 @pytest.mark.parametrize("name, argv, stdin", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_error_line_and_exit_status_1(name, argv, stdin, files, tmp_path):
     argv = [arg.format(**files) if "{" in arg else arg for arg in argv]
-    result = subprocess.run([SCRIPT, *argv], input=stdin, capture_output=True, timeout=180,
-                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    result = subprocess.run(
+        [SCRIPT, *argv], input=stdin, capture_output=True, timeout=180, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     err = result.stderr.decode(errors="replace")
     assert "Traceback" not in err, err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]

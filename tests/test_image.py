@@ -1,5 +1,6 @@
 """The tools image built by `scripts/image` (`make image`): reproducible, small, the config of
 image/Dockerfile, and running under runc exactly as the chart's pods run it."""
+
 from __future__ import annotations
 
 import calendar
@@ -8,10 +9,10 @@ import json
 import re
 import subprocess
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
@@ -41,10 +42,13 @@ def pods() -> list[dict]:
     the runner and the components' wait-for init containers."""
     specs = []
     for obj in render_chart(VALUES, helm="helm3"):
-        spec = {"Pod": lambda o: o["spec"], "Job": lambda o: o["spec"]["template"]["spec"],
-                "Deployment": lambda o: o["spec"]["template"]["spec"],
-                "DaemonSet": lambda o: o["spec"]["template"]["spec"],
-                "CronJob": lambda o: o["spec"]["jobTemplate"]["spec"]["template"]["spec"]}.get(obj["kind"])
+        spec = {
+            "Pod": lambda o: o["spec"],
+            "Job": lambda o: o["spec"]["template"]["spec"],
+            "Deployment": lambda o: o["spec"]["template"]["spec"],
+            "DaemonSet": lambda o: o["spec"]["template"]["spec"],
+            "CronJob": lambda o: o["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        }.get(obj["kind"])
         if spec:
             specs.append(spec(obj))
     return specs
@@ -80,10 +84,11 @@ def run_image(bundle, preflight, args, **kwargs):
 def dockerfile_final_stage() -> tuple[DockerfileParser, list[dict]]:
     parser = DockerfileParser(path=str(REPO / "image/Dockerfile"))
     stages = [i for i, instruction in enumerate(parser.structure) if instruction["instruction"] == "FROM"]
-    return parser, parser.structure[stages[-1]:]
+    return parser, parser.structure[stages[-1] :]
 
 
 # --- reproducible -------------------------------------------------------------------------------
+
 
 def test_two_builds_of_one_tree_give_one_digest_and_identical_files(tools_image, tmp_path):
     """Each --output build redoes every step the package goes through (wheel, install, compile,
@@ -94,8 +99,9 @@ def test_two_builds_of_one_tree_give_one_digest_and_identical_files(tools_image,
     assert not comparison.left_only and not comparison.right_only and not comparison.diff_files
     blobs = filecmp.dircmp(tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256")
     assert not blobs.left_only and not blobs.right_only
-    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256",
-                                           blobs.common_files, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(
+        tmp_path / "a/oci/blobs/sha256", tmp_path / "b/oci/blobs/sha256", blobs.common_files, shallow=False
+    )
     assert not mismatch and not errors
 
 
@@ -116,11 +122,13 @@ def contents(result: dict) -> str:
 def test_skopeo_copies_it_keeping_its_digest(tools_image, tmp_path):
     """What a user runs to publish it (here into an archive: no registry is reachable)."""
     archive = f"oci-archive:{tmp_path / 'tools.tar'}:{tools_image['reference'].rsplit(':', 1)[1]}"
-    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", tools_image["reference"], archive],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["skopeo", "copy", "--quiet", "--preserve-digests", tools_image["reference"], archive], check=True, capture_output=True
+    )
     for reference in (tools_image["reference"], archive):
-        inspected = json.loads(subprocess.run(["skopeo", "inspect", reference], check=True,
-                                              capture_output=True, text=True).stdout)
+        inspected = json.loads(
+            subprocess.run(["skopeo", "inspect", reference], check=True, capture_output=True, text=True).stdout
+        )
         assert inspected["Digest"] == tools_image["digest"], reference
 
 
@@ -135,8 +143,15 @@ def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):
 
 def test_no_machine_specific_or_timestamped_files(image):
     files = image.files()
-    for path in ("etc/machine-id", "etc/hostname", "etc/resolv.conf", "var/lib/dbus/machine-id",
-                 "var/cache/ldconfig/aux-cache", "var/log/dpkg.log", "var/log/apt/history.log"):
+    for path in (
+        "etc/machine-id",
+        "etc/hostname",
+        "etc/resolv.conf",
+        "var/lib/dbus/machine-id",
+        "var/cache/ldconfig/aux-cache",
+        "var/log/dpkg.log",
+        "var/log/apt/history.log",
+    ):
         assert path not in files or not files[path][1], f"{path} is in the image"
     pycs = {name: data for name, (_, data) in files.items() if name.endswith(".pyc")}
     assert len(pycs) > 1000
@@ -154,20 +169,26 @@ def test_every_module_is_compiled_so_no_import_compiles(image):
 
 # --- small --------------------------------------------------------------------------------------
 
+
 def test_image_is_small_with_no_package_manager_caches_docs_or_compilers(image, capsys):
     files = image.files()
-    forbidden = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.|usr/share/(doc|man|info|locale)/.*[^/]$"
-                           r"|usr/bin/(gcc|cc|c\+\+|g\+\+|make|pip3?)$|usr/lib/gcc/)")
+    forbidden = re.compile(
+        r"^(var/lib/apt/lists/.|var/cache/apt/.|usr/share/(doc|man|info|locale)/.*[^/]$"
+        r"|usr/bin/(gcc|cc|c\+\+|g\+\+|make|pip3?)$|usr/lib/gcc/)"
+    )
     assert sorted(name for name in files if forbidden.match(name)) == []
     sizes = [layer["size"] / 1e6 for layer in image.manifest["layers"]]
     unpacked = sum(info.size for info, _ in files.values()) / 1e6
     with capsys.disabled():
-        print(f"\ntools image: {sum(sizes):.1f} MB compressed (base {sizes[0]:.1f} MB, package "
-              f"{sizes[1]:.1f} MB), {unpacked:.0f} MB unpacked")
+        print(
+            f"\ntools image: {sum(sizes):.1f} MB compressed (base {sizes[0]:.1f} MB, package "
+            f"{sizes[1]:.1f} MB), {unpacked:.0f} MB unpacked"
+        )
     assert sum(sizes) < MAX_COMPRESSED_MB
 
 
 # --- one config: image/Dockerfile, the image, the chart -----------------------------------------
+
 
 def test_config_is_the_dockerfiles_final_stage(image):
     parser, final = dockerfile_final_stage()
@@ -197,12 +218,18 @@ def test_dockerfile_installs_the_same_wheels_and_account(image):
     assert "source=image/add-user" in run
 
     lock = tomllib.loads((REPO / "image/pylock.toml").read_text())
-    locked = {(p["name"].replace("-", "_").replace(".", "_").lower(), p["version"]) for p in lock["packages"]
-              if p["name"] != "metax-operator"}
+    locked = {
+        (p["name"].replace("-", "_").replace(".", "_").lower(), p["version"])
+        for p in lock["packages"]
+        if p["name"] != "metax-operator"
+    }
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     dist_info = re.compile(r".*/([^/]+)-([^-/]+)\.dist-info$")
-    installed = {(match[1].replace(".", "_").lower(), match[2]) for name, (info, _) in image.layers[1].items()
-                 if info.isdir() and (match := dist_info.match(name))}
+    installed = {
+        (match[1].replace(".", "_").lower(), match[2])
+        for name, (info, _) in image.layers[1].items()
+        if info.isdir() and (match := dist_info.match(name))
+    }
     assert installed == locked | {("metax_operator", project["version"])}
     passwd = image.files()["etc/passwd"][1].decode()
     assert "metax:x:65532:65532:metax-operator tools:/nonexistent:/usr/sbin/nologin\n" in passwd
@@ -225,8 +252,9 @@ def test_lock_pins_what_pyproject_pins():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     for dependency in project["dependencies"]:
         name, version = dependency.split("==")
-        assert lock.get(name.lower().replace(".", "-")) == version, \
+        assert lock.get(name.lower().replace(".", "-")) == version, (
             f"{dependency} is not what image/pylock.toml holds: run 'scripts/image lock'"
+        )
 
 
 def test_chart_runs_the_image_as_its_config_says(image, pods):
@@ -241,11 +269,13 @@ def test_chart_runs_the_image_as_its_config_says(image, pods):
         assert (security["runAsUser"], security["runAsGroup"]) == (uid, gid), container["name"]
         assert security["readOnlyRootFilesystem"] is True
         if container["name"] != "wait-for":  # reads pods only: it has no volume, nothing is writable
-            assert config["WorkingDir"] in {m["mountPath"] for m in container["volumeMounts"]}, \
+            assert config["WorkingDir"] in {m["mountPath"] for m in container["volumeMounts"]}, (
                 f"{container['name']}: the working directory must be its writable emptyDir"
+            )
 
 
 # --- runs under runc as the chart runs it --------------------------------------------------------
+
 
 def test_default_command_prints_help_as_the_images_user(bundle):
     """No pod settings: the runtime spec umoci derives from the image config alone."""
@@ -260,9 +290,11 @@ def test_default_command_prints_help_as_the_images_user(bundle):
 def test_runs_as_65532_with_only_tmp_writable(bundle, preflight):
     out = run_image(bundle, preflight, ["--help"])
     assert out.returncode == 0 and out.stdout.startswith("usage: metax-operator"), out.stderr
-    probe = ("id -u; id -g; echo ok > /tmp/probe && cat /tmp/probe; "
-             "for path in /probe /etc/probe /usr/local/probe /nonexistent/probe; do "
-             "  (echo x > $path) 2>&1 | sed 's/^.*: //'; done")
+    probe = (
+        "id -u; id -g; echo ok > /tmp/probe && cat /tmp/probe; "
+        "for path in /probe /etc/probe /usr/local/probe /nonexistent/probe; do "
+        "  (echo x > $path) 2>&1 | sed 's/^.*: //'; done"
+    )
     spec, container = preflight
     out = run_image(bundle, ({**spec}, {**container, "command": ["sh", "-c", probe]}), [])
     lines = out.stdout.splitlines()
@@ -280,8 +312,9 @@ def test_validate_with_the_chart_and_helm_mounted_read_only(bundle, preflight, t
     out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "--chart", "/chart"], mounts=mounts)
     assert (out.returncode, out.stdout.strip()) == (0, "values are valid"), out.stderr
     (values / "bad.yaml").write_text("driver: {deployPolicy: Sometimes}\n")
-    out = run_image(bundle, preflight, ["validate", "-f", "/values/good.yaml", "-f", "/values/bad.yaml",
-                                        "--chart", "/chart"], mounts=mounts)
+    out = run_image(
+        bundle, preflight, ["validate", "-f", "/values/good.yaml", "-f", "/values/bad.yaml", "--chart", "/chart"], mounts=mounts
+    )
     assert out.returncode == 1 and out.stderr.startswith("error: ") and "driver.deployPolicy" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -289,13 +322,15 @@ def test_validate_with_the_chart_and_helm_mounted_read_only(bundle, preflight, t
 def test_every_module_and_extension_imports_in_the_image(bundle, preflight):
     """Each module of the package and each compiled extension of its dependencies loads: no
     system library a wheel needs is missing from the Debian base."""
-    code = ("import importlib, pathlib, pkgutil, metax_operator\n"
-            "for m in pkgutil.walk_packages(metax_operator.__path__, 'metax_operator.'):\n"
-            "    importlib.import_module(m.name)\n"
-            "site = pathlib.Path(metax_operator.__path__[0]).parent\n"
-            "for so in sorted(site.rglob('*.cpython-311-*.so')) + sorted(site.rglob('*.abi3.so')):\n"
-            "    importlib.import_module('.'.join(so.relative_to(site).with_suffix('').with_suffix('').parts))\n"
-            "    print(so.name)\n")
+    code = (
+        "import importlib, pathlib, pkgutil, metax_operator\n"
+        "for m in pkgutil.walk_packages(metax_operator.__path__, 'metax_operator.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "site = pathlib.Path(metax_operator.__path__[0]).parent\n"
+        "for so in sorted(site.rglob('*.cpython-311-*.so')) + sorted(site.rglob('*.abi3.so')):\n"
+        "    importlib.import_module('.'.join(so.relative_to(site).with_suffix('').with_suffix('').parts))\n"
+        "    print(so.name)\n"
+    )
     spec, container = preflight
     out = run_image(bundle, (spec, {**container, "command": ["python3", "-c", code]}), [])
     assert out.returncode == 0, out.stderr

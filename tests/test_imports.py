@@ -1,5 +1,6 @@
 """The package's import graph has no cycle: a module that imports another, directly or through
 others, is never imported back by it, not even from inside a function."""
+
 from __future__ import annotations
 
 import ast

@@ -1,5 +1,6 @@
 """The in-cluster commands' log lines: JSON or text, level and format from the options or from
 $LOG_LEVEL and $LOG_FORMAT (the chart sets those from the `log` values), a bad value refused."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,13 @@ def test_json_at_info_by_default(capsys, monkeypatch):
     (line,) = log_two_events(capsys, monkeypatch, {})
     record = json.loads(line)
     assert {k: record[k] for k in ("level", "logger", "action", "daemonset", "changed", "count")} == {
-        "level": "info", "logger": "runner", "action": "apply", "daemonset": "metax-driver",
-        "changed": ["a b"], "count": 3}
+        "level": "info",
+        "logger": "runner",
+        "action": "apply",
+        "daemonset": "metax-driver",
+        "changed": ["a b"],
+        "count": 3,
+    }
 
 
 def test_level_and_format_from_the_environment(capsys, monkeypatch):
@@ -47,17 +53,22 @@ def test_level_and_format_from_the_environment(capsys, monkeypatch):
 
 
 def test_options_win_over_the_environment(capsys, monkeypatch):
-    (line,) = log_two_events(capsys, monkeypatch, {"LOG_LEVEL": "debug", "LOG_FORMAT": "text"},
-                             "--log-level", "info", "--log-format", "json")
+    (line,) = log_two_events(
+        capsys, monkeypatch, {"LOG_LEVEL": "debug", "LOG_FORMAT": "text"}, "--log-level", "info", "--log-format", "json"
+    )
     assert json.loads(line)["action"] == "apply"
 
 
-@pytest.mark.parametrize("command", [["run", "--namespace", "x"], ["wait-for", "--namespace", "x", "--node", "n",
-                                                                    "--component", "driver"]])
-@pytest.mark.parametrize("env, fragment", [
-    ({"LOG_LEVEL": "loud"}, "argument --log-level: 'loud' is not one of debug, info, warn, error"),
-    ({"LOG_FORMAT": "xml"}, "argument --log-format: 'xml' is not one of json, text"),
-])
+@pytest.mark.parametrize(
+    "command", [["run", "--namespace", "x"], ["wait-for", "--namespace", "x", "--node", "n", "--component", "driver"]]
+)
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"LOG_LEVEL": "loud"}, "argument --log-level: 'loud' is not one of debug, info, warn, error"),
+        ({"LOG_FORMAT": "xml"}, "argument --log-format: 'xml' is not one of json, text"),
+    ],
+)
 def test_a_bad_value_in_the_environment_is_one_line_naming_it(capsys, monkeypatch, command, env, fragment):
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -1,5 +1,6 @@
 """The project stands alone: no code, comment, document, template or `--help` text refers to
 what is outside the repository (design notes, issue trackers, sibling directories of a checkout)."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,23 +18,32 @@ OUTSIDE = [
     (re.compile(r"\bDESIGN(\.md\b|\s*§)"), "a design document the repository does not hold"),
     (re.compile(r"\bSTYLE\.md\b"), "a style guide the repository does not hold"),
     (re.compile(r"\bissues?\s+(#\s*)?\d+\b|\bissues\s+(show|note|resolved|blocked)\b", re.I), "an issue tracker"),
-    (re.compile(r"\.\./shared\b|(^|[\s\"'`(])/work/|\bshared/(cases|seeds)\b|/\s*[\"']shared[\"']"),
-     "a directory outside the repository"),
+    (
+        re.compile(r"\.\./shared\b|(^|[\s\"'`(])/work/|\bshared/(cases|seeds)\b|/\s*[\"']shared[\"']"),
+        "a directory outside the repository",
+    ),
 ]
 
 
 def outside_references(text: str) -> list[str]:
     """The lines of `text` that refer outside the repository, with the reason."""
-    return [f"line {number}: {line.strip()} ({reason})"
-            for number, line in enumerate(text.splitlines(), 1)
-            for pattern, reason in OUTSIDE if pattern.search(line)]
+    return [
+        f"line {number}: {line.strip()} ({reason})"
+        for number, line in enumerate(text.splitlines(), 1)
+        for pattern, reason in OUTSIDE
+        if pattern.search(line)
+    ]
 
 
 def tracked_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    return [REPO / name for name in listed if name and (REPO / name).is_file()
-            and REPO / name != Path(__file__)]
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    return [REPO / name for name in listed if name and (REPO / name).is_file() and REPO / name != Path(__file__)]
 
 
 def _text(path: Path) -> str | None:
@@ -53,7 +63,8 @@ def test_no_file_refers_outside_the_repository():
         if text is not None and (lines := outside_references(text)):
             found[str(path.relative_to(REPO))] = lines
     assert not found, "references outside the repository:\n" + "\n".join(
-        f"{name}: {line}" for name, lines in sorted(found.items()) for line in lines)
+        f"{name}: {line}" for name, lines in sorted(found.items()) for line in lines
+    )
 
 
 def _parsers(parser: argparse.ArgumentParser):
@@ -76,17 +87,32 @@ def test_no_help_text_refers_outside_the_repository():
     assert not found, f"--help refers outside the repository: {found}"
 
 
-@pytest.mark.parametrize("line", [
-    "the loop (DESIGN §1, §3, §4)", "see DESIGN.md", "as STYLE.md says", "fixed in issue #12", "issue 15 says",
-    "cases = ROOT.parent / 'shared' / 'cases'", "see ../shared/seeds", "open /work/shared/DESIGN.md",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "the loop (DESIGN §1, §3, §4)",
+        "see DESIGN.md",
+        "as STYLE.md says",
+        "fixed in issue #12",
+        "issue 15 says",
+        "cases = ROOT.parent / 'shared' / 'cases'",
+        "see ../shared/seeds",
+        "open /work/shared/DESIGN.md",
+    ],
+)
 def test_a_reference_outside_is_found(line):
     assert outside_references(f"fine\n{line}\n") != []
 
 
-@pytest.mark.parametrize("line", [
-    "an unchanged CR issues no request that writes", "seed §3.2.6", "/etc/metax-operator/values",
-    "https://github.com/helm/helm/issues", "tests/data/rollout-worked-examples.yaml",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "an unchanged CR issues no request that writes",
+        "seed §3.2.6",
+        "/etc/metax-operator/values",
+        "https://github.com/helm/helm/issues",
+        "tests/data/rollout-worked-examples.yaml",
+    ],
+)
 def test_references_inside_are_not_reported(line):
     assert outside_references(line) == []

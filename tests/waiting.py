@@ -2,6 +2,7 @@
 (something keeps holding until something else happens). A fixed sleep before an assertion is
 either too short on a loaded machine or too long everywhere else, and asserts once where the
 condition can flap; these poll."""
+
 from __future__ import annotations
 
 import time

@@ -9,6 +9,7 @@ status 1: a bad option (`Parser.error`), a number out of range (`bounded`), a `U
 command, a kubeconfig that cannot be loaded or an API server that cannot be reached or refuses
 (`kube.api_problem`). Anything else is a bug and keeps its stack trace.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ checked against values.yaml by tests/test_contract.py.
 Plain constants and namedtuples only: the post-renderer imports this inside every `helm
 template`, where importing dataclasses would cost more than the work.
 """
+
 from __future__ import annotations
 
 from collections import namedtuple
@@ -21,15 +22,18 @@ from collections import namedtuple
 Component = namedtuple("Component", "key daemonset prerequisites deploy")
 
 #: In install order.
-COMPONENTS: dict[str, Component] = {c.key: c for c in (
-    Component("gpuLabel", "metax-gpu-label", (), True),
-    Component("runtime", "metax-container-runtime", ("gpuLabel",), True),
-    Component("driver", "metax-driver", ("gpuLabel", "runtime"), True),
-    Component("maca", "metax-maca", ("gpuLabel", "runtime"), True),
-    Component("gpuDevice", "metax-gpu-device", ("gpuLabel", "runtime", "maca"), True),
-    Component("exporter", "metax-data-exporter", ("gpuLabel", "driver"), False),
-    Component("vfioManager", "metax-vfio-manager", ("gpuLabel",), True),
-)}
+COMPONENTS: dict[str, Component] = {
+    c.key: c
+    for c in (
+        Component("gpuLabel", "metax-gpu-label", (), True),
+        Component("runtime", "metax-container-runtime", ("gpuLabel",), True),
+        Component("driver", "metax-driver", ("gpuLabel", "runtime"), True),
+        Component("maca", "metax-maca", ("gpuLabel", "runtime"), True),
+        Component("gpuDevice", "metax-gpu-device", ("gpuLabel", "runtime", "maca"), True),
+        Component("exporter", "metax-data-exporter", ("gpuLabel", "driver"), False),
+        Component("vfioManager", "metax-vfio-manager", ("gpuLabel",), True),
+    )
+}
 #: values key -> DaemonSet name, in install order.
 DAEMONSETS: dict[str, str] = {key: c.daemonset for key, c in COMPONENTS.items()}
 #: values key -> the values keys it needs first, for the components that have prerequisites.
@@ -118,8 +122,9 @@ VFIO_CONFIG = "metax-vfio-config"
 ConfigMapKey = namedtuple("ConfigMapKey", "configmap key component field wrap empty")
 NODE_VFNUMS = ConfigMapKey(DRIVER_CONFIG, "node-vfnums", "driver", ("driver", "config", "nodeVfnums"), "nodes", dict)
 MODULE_PARAMS = ConfigMapKey(DRIVER_CONFIG, "module-params", "driver", ("driver", "config", "moduleParams"), None, dict)
-NODE_MODULE_PARAMS = ConfigMapKey(DRIVER_CONFIG, "node-module-params", "driver",
-                                  ("driver", "config", "nodeModuleParams"), None, dict)
+NODE_MODULE_PARAMS = ConfigMapKey(
+    DRIVER_CONFIG, "node-module-params", "driver", ("driver", "config", "nodeModuleParams"), None, dict
+)
 VFIO_CONFIG_KEY = ConfigMapKey(VFIO_CONFIG, "config", "vfioManager", ("vfioManager", "vfioConfig"), None, list)
 CONFIGMAP_KEYS = (NODE_VFNUMS, MODULE_PARAMS, NODE_MODULE_PARAMS, VFIO_CONFIG_KEY)
 CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)

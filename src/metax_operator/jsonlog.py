@@ -6,6 +6,7 @@ object (`--log-format json`, the default) or as `ts level logger action key=valu
 Both commands take `--log-level` and `--log-format`, defaulting to $LOG_LEVEL and $LOG_FORMAT,
 which the chart sets from the `log` values of the runner and of each component.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     """`ts level logger action key=value ...`; a value that is not a plain word is JSON-quoted."""
+
     def format(self, record: logging.LogRecord) -> str:
         line = _record(record, self)
         head = [line.pop("ts"), line.pop("level"), line.pop("logger"), str(line.pop("action", ""))]
@@ -52,22 +54,31 @@ def _word(value) -> str:
 
 def _choice(name: str, allowed: tuple[str, ...]):
     """An argparse type that also checks a default taken from the environment."""
+
     def parse(text: str) -> str:
         if text.lower() not in allowed:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not one of {', '.join(allowed)} (from --{name} or ${name.upper().replace('-', '_')})")
+                f"{text!r} is not one of {', '.join(allowed)} (from --{name} or ${name.upper().replace('-', '_')})"
+            )
         return text.lower()
+
     return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--log-level and --log-format, defaulting to $LOG_LEVEL and $LOG_FORMAT."""
-    parser.add_argument("--log-level", type=_choice("log-level", LEVELS),
-                        default=os.environ.get("LOG_LEVEL") or "info",
-                        help=f"{', '.join(LEVELS)} (default: $LOG_LEVEL, else info)")
-    parser.add_argument("--log-format", type=_choice("log-format", FORMATS),
-                        default=os.environ.get("LOG_FORMAT") or "json",
-                        help=f"{' or '.join(FORMATS)} (default: $LOG_FORMAT, else json)")
+    parser.add_argument(
+        "--log-level",
+        type=_choice("log-level", LEVELS),
+        default=os.environ.get("LOG_LEVEL") or "info",
+        help=f"{', '.join(LEVELS)} (default: $LOG_LEVEL, else info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=_choice("log-format", FORMATS),
+        default=os.environ.get("LOG_FORMAT") or "json",
+        help=f"{' or '.join(FORMATS)} (default: $LOG_FORMAT, else json)",
+    )
 
 
 def setup(level: str = "info", log_format: str = "json") -> None:

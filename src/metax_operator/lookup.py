@@ -1,4 +1,5 @@
 """Reading a field of plain data (a parsed manifest, values, a CR) that may be absent."""
+
 from __future__ import annotations
 
 from typing import Any

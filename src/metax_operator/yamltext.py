@@ -14,6 +14,7 @@ policies, the CRD, the hook values); the post-renderer uses the two checks below
 
 Imported by the post-renderer inside every `helm template`: nothing heavier than `re` at import.
 """
+
 from __future__ import annotations
 
 import re
@@ -77,8 +78,7 @@ def read_text(path: str | Path, fix: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(where, f"is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})",
-                        "save it as UTF-8") from None
+        raise UserError(where, f"is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})", "save it as UTF-8") from None
 
 
 def load_one(text: str, where: str) -> Any:
@@ -93,17 +93,28 @@ def load_one(text: str, where: str) -> Any:
         documents = [node for node in yaml.compose_all(text, Loader=loader) if node is not None]
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise UserError(f"{where}:{mark.line + 1}" if mark else where,
-                        f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax") from None
+        raise UserError(
+            f"{where}:{mark.line + 1}" if mark else where,
+            f"is not valid YAML: {getattr(err, 'problem', None) or err}",
+            "fix the YAML syntax",
+        ) from None
     if len(documents) > 1:
-        raise UserError(where, f"holds {len(documents)} YAML documents",
-                        "keep one (remove the `---` between them): tools disagree on which one counts "
-                        "(Helm 3 reads the first, Helm 4 the last)")
+        raise UserError(
+            where,
+            f"holds {len(documents)} YAML documents",
+            "keep one (remove the `---` between them): tools disagree on which one counts "
+            "(Helm 3 reads the first, Helm 4 the last)",
+        )
     if not documents:
         return None
-    repeated = [UserError(f"{where}:{line}", f"key {key!r} is repeated (first at line {first})",
-                          "remove one of them: a parser would keep only the last, silently")
-                for key, line, first in duplicate_keys(documents[0])]
+    repeated = [
+        UserError(
+            f"{where}:{line}",
+            f"key {key!r} is repeated (first at line {first})",
+            "remove one of them: a parser would keep only the last, silently",
+        )
+        for key, line, first in duplicate_keys(documents[0])
+    ]
     if repeated:
         raise UserErrors(repeated)
     return yaml.load(text, Loader=loader)

@@ -2,6 +2,7 @@
 
 `python -m tests.bench [NAME ...]` runs only the named benchmarks (e.g. `rollout postrender`).
 """
+
 import importlib
 import pkgutil
 import sys

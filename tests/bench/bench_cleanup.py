@@ -5,6 +5,7 @@ kube-apiserver and etcd; kwok nodes). The figures size the hook's budget in docs
 `python -m tests.bench cleanup` (part of `make bench`); `BENCH_CLEANUP_NODES=1000` probes only the
 sizes listed.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from metax_operator.runtime import kube
 from metax_operator.hooks import cleanup
+from metax_operator.runtime import kube
 from tests.controlplane import GPU_LABEL, ControlPlane, ControlPlaneError
 
 SIZES = [int(n) for n in os.environ.get("BENCH_CLEANUP_NODES", "1000,10000").split(",")]
@@ -45,14 +46,20 @@ def probe(nodes: int, workdir: Path) -> None:
         client = kube.Client.connect(str(cp.kubeconfig))
         parallel = cleanup.NODE_WORKERS
         seconds, cpu, cleaned = timed_cleanup(client, parallel)
-        print(f"{nodes:>6} nodes: cleanup with {parallel} patches in flight: {seconds:.1f} s "
-              f"({cleaned / seconds:.0f} nodes/s, {cleaned} nodes cleaned; the hook's own CPU "
-              f"{1000 * cpu / cleaned:.1f} ms per node)", flush=True)
+        print(
+            f"{nodes:>6} nodes: cleanup with {parallel} patches in flight: {seconds:.1f} s "
+            f"({cleaned / seconds:.0f} nodes/s, {cleaned} nodes cleaned; the hook's own CPU "
+            f"{1000 * cpu / cleaned:.1f} ms per node)",
+            flush=True,
+        )
         if nodes <= 1000:
             label_all(client, names)
             seconds, cpu, cleaned = timed_cleanup(client, 1)
-            print(f"{nodes:>6} nodes: cleanup one patch at a time: {seconds:.1f} s ({cleaned / seconds:.0f} nodes/s; "
-                  f"CPU {1000 * cpu / cleaned:.1f} ms per node)", flush=True)
+            print(
+                f"{nodes:>6} nodes: cleanup one patch at a time: {seconds:.1f} s ({cleaned / seconds:.0f} nodes/s; "
+                f"CPU {1000 * cpu / cleaned:.1f} ms per node)",
+                flush=True,
+            )
         cleanup.NODE_WORKERS = parallel
     finally:
         cp.stop()

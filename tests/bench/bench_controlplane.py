@@ -6,6 +6,7 @@ its control plane whatever happens.
 `python -m tests.bench controlplane` (part of `make bench`); `BENCH_CONTROLPLANE_NODES=1000`
 probes only the sizes listed.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,12 +37,24 @@ def probe(nodes: int, workdir: Path) -> None:
         up = time.monotonic() - started
         apps = client.AppsV1Api(cp.api())
         labels = {"app": "probe"}
-        apps.create_namespaced_daemon_set("default", {
-            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "probe"},
-            "spec": {"selector": {"matchLabels": labels}, "template": {
-                "metadata": {"labels": labels},
-                "spec": {"nodeSelector": {GPU_LABEL: "true"},
-                         "containers": [{"name": "driver", "image": "registry.invalid/metax/driver:1"}]}}}})
+        apps.create_namespaced_daemon_set(
+            "default",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": "probe"},
+                "spec": {
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "nodeSelector": {GPU_LABEL: "true"},
+                            "containers": [{"name": "driver", "image": "registry.invalid/metax/driver:1"}],
+                        },
+                    },
+                },
+            },
+        )
         rolled = time.monotonic()
         ready, deadline = 0, started + LIMIT_S
         while ready < nodes and time.monotonic() < deadline:
@@ -50,8 +63,10 @@ def probe(nodes: int, workdir: Path) -> None:
         rollout = time.monotonic() - rolled
         rss = cp.rss()
         outcome = "all Ready" if ready == nodes else f"only {ready} Ready when the {LIMIT_S} s limit hit"
-        print(f"{nodes:>5} nodes: control plane up with nodes Ready in {up:.1f} s; DaemonSet of {nodes} pods "
-              f"{outcome} in {rollout:.1f} s ({ready / rollout:.0f} pods/s)")
+        print(
+            f"{nodes:>5} nodes: control plane up with nodes Ready in {up:.1f} s; DaemonSet of {nodes} pods "
+            f"{outcome} in {rollout:.1f} s ({ready / rollout:.0f} pods/s)"
+        )
         print(f"       memory: total {mib(sum(rss.values()))}; " + ", ".join(f"{k} {mib(v)}" for k, v in rss.items()))
     finally:
         cp.stop()

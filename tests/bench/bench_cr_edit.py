@@ -12,6 +12,7 @@ every `POLL` s by this process. Printed: median and max seconds per edit and mod
 average (the machine is shared).
 `python -m tests.bench cr_edit`.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,7 @@ def measure(admin) -> dict[str, list[float]]:
 
     def log_level(level: str) -> bool:
         ds = apps.read_namespaced_daemon_set("metax-gpu-label", NS)
-        return any(e.name == "LOG_LEVEL" and e.value == level for c in ds.spec.template.spec.containers
-                   for e in c.env or [])
+        return any(e.name == "LOG_LEVEL" and e.value == level for c in ds.spec.template.spec.containers for e in c.env or [])
 
     times: dict[str, list[float]] = {"pause": [], "log level": []}
     moments = random.Random(16)  # edits at moments spread over the interval, the same in both modes
@@ -70,24 +70,49 @@ def measure(admin) -> dict[str, list[float]]:
 
 def main() -> None:
     with installed_chart("bench-cr-edit-") as (_cp, admin, tmp, kubeconfig):
-        print(f"time from a CR edit to its effect, runner interval {INTERVAL:g} s, {EDITS} edits each "
-              f"(polled every {POLL * 1000:.0f} ms):")
+        print(
+            f"time from a CR edit to its effect, runner interval {INTERVAL:g} s, {EDITS} edits each "
+            f"(polled every {POLL * 1000:.0f} ms):"
+        )
         for woken in (False, True):
             log = tmp / f"runner-{'woken' if woken else 'fixed'}.log"
-            runner = subprocess.Popen([METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig),
-                                       "--interval", str(INTERVAL), "--log-level", "debug",
-                                       "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
-                                       *([] if woken else ["--interval-only"])],
-                                      stdout=subprocess.DEVNULL, stderr=log.open("w"))
+            runner = subprocess.Popen(
+                [
+                    METAX,
+                    "run",
+                    "--namespace",
+                    NS,
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--interval",
+                    str(INTERVAL),
+                    "--log-level",
+                    "debug",
+                    "--lease-duration",
+                    "4",
+                    "--renew-deadline",
+                    "3",
+                    "--retry-period",
+                    "1",
+                    *([] if woken else ["--interval-only"]),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log.open("w"),
+            )
             try:
                 until(lambda log=log: any(p["writes"] == 0 for p in log_entries(log, "pass")), "the runner idle")
                 times = measure(admin)
             finally:
                 stop_pid(runner.pid, runner)
             mode = "woken by the watches" if woken else "--interval-only     "
-            print("  " + mode + ": " + "; ".join(
-                f"{what} median {statistics.median(t):.2f} s, max {max(t):.2f} s" for what, t in times.items())
-                + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                "  "
+                + mode
+                + ": "
+                + "; ".join(f"{what} median {statistics.median(t):.2f} s, max {max(t):.2f} s" for what, t in times.items())
+                + f" (load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

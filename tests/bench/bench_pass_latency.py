@@ -10,6 +10,7 @@ deletion (median and max, as this process's pod watch sees them), and the rollou
 against the ideal schedule (pod re-creation and Ready latency only: no pass interval).
 `python -m tests.bench pass_latency`.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,17 @@ from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session
 from tests.controlplane import stop_pid
 from tests.e2e.tools import CR
 
-POLICY = {"enableRollout": True, "maxParallel": 4, "maxFailureThreshold": 0,
-          "upgradeSteps": [{"replicas": "10%", "pauseDuration": 0}, {"replicas": "30%", "pauseDuration": 0},
-                           {"replicas": "60%", "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
+POLICY = {
+    "enableRollout": True,
+    "maxParallel": 4,
+    "maxFailureThreshold": 0,
+    "upgradeSteps": [
+        {"replicas": "10%", "pauseDuration": 0},
+        {"replicas": "30%", "pauseDuration": 0},
+        {"replicas": "60%", "pauseDuration": 0},
+        {"replicas": "100%", "pauseDuration": 0},
+    ],
+}
 
 
 class PodTimes:
@@ -55,8 +64,7 @@ class PodTimes:
         name, node = pod.metadata.name, pod.spec.node_name
         if (change["type"] == "DELETED" or pod.metadata.deletion_timestamp) and name not in self.deleted:
             self.deleted[name] = (now, node)
-        elif name not in self.ready and any(c.type == "Ready" and c.status == "True"
-                                            for c in pod.status.conditions or []):
+        elif name not in self.ready and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []):
             self.ready[name] = (now, node, pod.spec.containers[0].image)
 
     def between(self, waves: list[list[str]], image: str) -> tuple[list[float], list[float]]:
@@ -74,14 +82,16 @@ class PodTimes:
         self._watch.stop()
 
 
-def rollout(cp, api, times: PodTimes, tmp: Path, runners: list, image: str, interval: float,
-            woken: bool, deadline: float) -> dict:
+def rollout(
+    cp, api, times: PodTimes, tmp: Path, runners: list, image: str, interval: float, woken: bool, deadline: float
+) -> dict:
     """One rollout to `image` by a fresh runner; the gaps between waves and the wall time."""
     log = tmp / f"runner-{image.rsplit(':', 1)[1]}.log"
     runner = start_runner(cp, log, runners, "--interval", str(interval), *([] if woken else ["--interval-only"]))
     try:
-        client.AppsV1Api(api).patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
-            "containers": [{"name": "driver-manager", "image": image}]}}}})
+        client.AppsV1Api(api).patch_namespaced_daemon_set(
+            "metax-driver", NS, {"spec": {"template": {"spec": {"containers": [{"name": "driver-manager", "image": image}]}}}}
+        )
         t0 = time.monotonic()
 
         while not rolled_out(log):
@@ -109,20 +119,26 @@ def main() -> None:
         times = PodTimes(api)
         # The ideal: passes 50 ms apart, so the schedule is the pods' re-creation and Ready latency.
         ideal = simulate(policy_mod.validate(POLICY), nodes, ready_latency=READY_LATENCY, interval=0.05).end_time
-        print(f"{nodes} nodes, 4 steps (10/30/60/100%), 4 nodes at a time, pods Ready {READY_LATENCY:g} s after "
-              f"creation; ideal schedule {ideal:.1f} s:")
+        print(
+            f"{nodes} nodes, 4 steps (10/30/60/100%), 4 nodes at a time, pods Ready {READY_LATENCY:g} s after "
+            f"creation; ideal schedule {ideal:.1f} s:"
+        )
         version = 1
         try:
             for interval in (5.0, 1.0):
                 for woken in (False, True):
                     version += 1
-                    r = rollout(cp, api, times, tmp, runners, f"registry.example/driver:{version}", interval, woken,
-                                started + budget)
+                    r = rollout(
+                        cp, api, times, tmp, runners, f"registry.example/driver:{version}", interval, woken, started + budget
+                    )
                     name = "woken by the watches" if woken else "fixed interval     "
-                    print(f"  --interval {interval:g}, {name}: gap Ready -> next deletion median "
-                          f"{statistics.median(r['gaps']):.2f} s, max {max(r['gaps']):.2f} s over {len(r['gaps'])} "
-                          f"gaps; wall {r['wall']:.1f} s for {r['waves']} waves ({r['wall'] / ideal:.2f}x ideal, "
-                          f"{(r['wall'] - ideal) / r['waves']:+.2f} s per wave)", flush=True)
+                    print(
+                        f"  --interval {interval:g}, {name}: gap Ready -> next deletion median "
+                        f"{statistics.median(r['gaps']):.2f} s, max {max(r['gaps']):.2f} s over {len(r['gaps'])} "
+                        f"gaps; wall {r['wall']:.1f} s for {r['waves']} waves ({r['wall'] / ideal:.2f}x ideal, "
+                        f"{(r['wall'] - ideal) / r['waves']:+.2f} s per wave)",
+                        flush=True,
+                    )
         finally:
             times.stop()
 

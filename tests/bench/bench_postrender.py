@@ -8,6 +8,7 @@ nodeSelector/affinity/tolerations, so both produce the same DaemonSets (checked)
 wall time, peak RSS of the child and the ratios, and what the post-renderer adds to
 `helm template` under Helm 3 and Helm 4.
 """
+
 import os
 import re
 import statistics
@@ -21,8 +22,7 @@ import yaml
 
 from metax_operator.chart.merge import MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import COMPONENT_ANNOTATION, DAEMONSETS, SCHEDULING_INPUTS_ANNOTATION
-from tests.chart.test_postrender import (CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES,
-                                   helm_env)
+from tests.chart.test_postrender import CHART_REQUIRED, EXECUTABLE, FIXTURE_CHART, HELM3, HELM4, REPO, SEED_VALUES, helm_env
 
 KUBECTL = HELM3.parent / "kubectl"
 DOCUMENTS = 5000
@@ -64,14 +64,23 @@ def measure(command: list, stdin: Path, stdout: Path, runs: int, limit: int = 36
     """`runs` runs of `command`, each measured from its own rusage."""
     samples = []
     for _ in range(runs):
-        result = subprocess.run([sys.executable, "-c", _MEASURE, str(limit), stdin, stdout, *map(str, command)],
-                                capture_output=True, text=True, check=True, env=env)
+        result = subprocess.run(
+            [sys.executable, "-c", _MEASURE, str(limit), stdin, stdout, *map(str, command)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
         wall, cpu, rss, status = result.stdout.split()
         if status not in ("0", "-9"):
             raise SystemExit(f"{command[0]} failed: {result.stderr}")
         samples.append((float(wall), float(cpu), int(rss) / 1024, status == "-9"))
-    return Sample(statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples),
-                  max(s[2] for s in samples), any(s[3] for s in samples))
+    return Sample(
+        statistics.median(s[0] for s in samples),
+        statistics.median(s[1] for s in samples),
+        max(s[2] for s in samples),
+        any(s[3] for s in samples),
+    )
 
 
 def chart_output(work: Path) -> tuple[str, Path, dict]:
@@ -91,9 +100,10 @@ def many_documents(text: str, count: int) -> str:
     out = []
     while len(out) < count:
         copy = len(out) // len(documents)
-        for document in documents[:count - len(out)]:
-            out.append(re.sub(r"(?m)^(  name: )(\S+)", lambda m, copy=copy: f"{m.group(1)}{m.group(2)}-{copy}", document,
-                              count=1))
+        for document in documents[: count - len(out)]:
+            out.append(
+                re.sub(r"(?m)^(  name: )(\S+)", lambda m, copy=copy: f"{m.group(1)}{m.group(2)}-{copy}", document, count=1)
+            )
     return "---\n" + "---\n".join(out)
 
 
@@ -108,19 +118,31 @@ def kustomization(directory: Path, manifest: Path) -> None:
         if key is None or key in {p["key"] for p in patches}:
             continue
         result, _ = merge_scheduling(inputs_from_annotations(annotations))
-        patch = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": DAEMONSETS[key]},
-                 "spec": {"template": {"spec": result}}}
+        patch = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": DAEMONSETS[key]},
+            "spec": {"template": {"spec": result}},
+        }
         (directory / f"patch-{key}.yaml").write_text(yaml.safe_dump(patch))
-        patches.append({"key": key, "path": f"patch-{key}.yaml", "target": {
-            "kind": "DaemonSet", "annotationSelector": f"{COMPONENT_ANNOTATION}={key}"}})
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [manifest.name],
-        "patches": [{"path": p["path"], "target": p["target"]} for p in patches]}))
+        patches.append(
+            {
+                "key": key,
+                "path": f"patch-{key}.yaml",
+                "target": {"kind": "DaemonSet", "annotationSelector": f"{COMPONENT_ANNOTATION}={key}"},
+            }
+        )
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [manifest.name], "patches": [{"path": p["path"], "target": p["target"]} for p in patches]})
+    )
 
 
 def scheduling_of_daemonsets(path: Path) -> dict:
-    return {d["metadata"]["name"]: {k: d["spec"]["template"]["spec"].get(k) for k in MANAGED_FIELDS}
-            for d in yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader) if d and d.get("kind") == "DaemonSet"}
+    return {
+        d["metadata"]["name"]: {k: d["spec"]["template"]["spec"].get(k) for k in MANAGED_FIELDS}
+        for d in yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader)
+        if d and d.get("kind") == "DaemonSet"
+    }
 
 
 def compare(label: str, manifest: Path, work: Path) -> None:
@@ -130,19 +152,24 @@ def compare(label: str, manifest: Path, work: Path) -> None:
     kustomization(kustomize_dir, kustomize_dir / manifest.name)
     ours_out, theirs_out = work / "ours.yaml", work / "theirs.yaml"
     ours = measure([EXECUTABLE], manifest, ours_out, RUNS[label])
-    theirs = measure([KUBECTL, "kustomize", kustomize_dir], manifest, theirs_out, KUSTOMIZE_RUNS[label],
-                     limit=KUSTOMIZE_LIMIT)
+    theirs = measure([KUBECTL, "kustomize", kustomize_dir], manifest, theirs_out, KUSTOMIZE_RUNS[label], limit=KUSTOMIZE_LIMIT)
     bound = ">" if theirs.stopped else ""
-    same = "not checked (kustomize stopped)" if theirs.stopped else \
-        scheduling_of_daemonsets(ours_out) == scheduling_of_daemonsets(theirs_out)
+    same = (
+        "not checked (kustomize stopped)"
+        if theirs.stopped
+        else scheduling_of_daemonsets(ours_out) == scheduling_of_daemonsets(theirs_out)
+    )
     documents = manifest.read_text().count("\nkind: ")
-    print(f"{label} ({documents} documents):\n"
-          f"  post-renderer  wall {ours.wall:8.3f} s  cpu {ours.cpu:8.3f} s  peak {ours.rss:6.1f} MiB"
-          f"  (median of {RUNS[label]})\n"
-          f"  kustomize      wall {bound}{theirs.wall:7.3f} s  cpu {bound}{theirs.cpu:7.3f} s  peak {theirs.rss:6.1f} MiB"
-          f"  (median of {KUSTOMIZE_RUNS[label]}{', stopped at the limit' if theirs.stopped else ''})\n"
-          f"  ratio          {bound}{theirs.wall / ours.wall:.1f}x faster (wall), {bound}{theirs.cpu / ours.cpu:.1f}x"
-          f" less CPU, {theirs.rss / ours.rss:.1f}x less memory; same DaemonSets: {same}", flush=True)
+    print(
+        f"{label} ({documents} documents):\n"
+        f"  post-renderer  wall {ours.wall:8.3f} s  cpu {ours.cpu:8.3f} s  peak {ours.rss:6.1f} MiB"
+        f"  (median of {RUNS[label]})\n"
+        f"  kustomize      wall {bound}{theirs.wall:7.3f} s  cpu {bound}{theirs.cpu:7.3f} s  peak {theirs.rss:6.1f} MiB"
+        f"  (median of {KUSTOMIZE_RUNS[label]}{', stopped at the limit' if theirs.stopped else ''})\n"
+        f"  ratio          {bound}{theirs.wall / ours.wall:.1f}x faster (wall), {bound}{theirs.cpu / ours.cpu:.1f}x"
+        f" less CPU, {theirs.rss / ours.rss:.1f}x less memory; same DaemonSets: {same}",
+        flush=True,
+    )
     if same is False:
         raise SystemExit(f"{label}: the post-renderer and kustomize disagree on the DaemonSets")
 
@@ -154,9 +181,12 @@ def added_to_helm_template(chart: Path, values: Path, work: Path, runs: int = 7)
         base = [helm, "template", "release", chart, "-f", values]
         without = measure(base, Path(os.devnull), work / "out.yaml", runs, env=env)
         with_it = measure(base + ["--post-renderer", post_renderer], Path(os.devnull), work / "out.yaml", runs, env=env)
-        print(f"helm template, {helm.name}: wall {without.wall:.3f} s without, {with_it.wall:.3f} s with the"
-              f" post-renderer ({with_it.wall - without.wall:+.3f} s); cpu {without.cpu:.3f} s without,"
-              f" {with_it.cpu:.3f} s with ({with_it.cpu - without.cpu:+.3f} s); median of {runs}", flush=True)
+        print(
+            f"helm template, {helm.name}: wall {without.wall:.3f} s without, {with_it.wall:.3f} s with the"
+            f" post-renderer ({with_it.wall - without.wall:+.3f} s); cpu {without.cpu:.3f} s without,"
+            f" {with_it.cpu:.3f} s with ({with_it.cpu - without.cpu:+.3f} s); median of {runs}",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ bounded in time: `python -m tests.bench rollout_cluster` (env METAX_BENCH_SIZES=
 choose; METAX_BENCH_PROFILE=1 runs the runner under cProfile and prints where its passes spend
 their time).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,9 +37,17 @@ from tests.e2e.tools import log_entries
 NS = "bench-rollout"
 READY_LATENCY = 2.0
 INTERVAL = 1.0
-POLICY = {"enableRollout": True, "maxParallel": "50%", "maxFailureThreshold": 0,
-          "upgradeSteps": [{"replicas": "10%", "pauseDuration": 0}, {"replicas": "30%", "pauseDuration": 0},
-                           {"replicas": "60%", "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
+POLICY = {
+    "enableRollout": True,
+    "maxParallel": "50%",
+    "maxFailureThreshold": 0,
+    "upgradeSteps": [
+        {"replicas": "10%", "pauseDuration": 0},
+        {"replicas": "30%", "pauseDuration": 0},
+        {"replicas": "60%", "pauseDuration": 0},
+        {"replicas": "100%", "pauseDuration": 0},
+    ],
+}
 CRD = Path(__file__).resolve().parents[2] / "crds" / "clusteroperators.gpu.metax-tech.com.yaml"
 METAX = str(Path(sys.executable).with_name("metax-operator"))
 CR = ("gpu.metax-tech.com", "v1", "clusteroperators", "cluster-operator")
@@ -47,12 +56,23 @@ STEADY_PASSES = 10
 
 def daemonset(image: str) -> dict:
     labels = {"app.kubernetes.io/component": "driver", "app.kubernetes.io/name": "metax-operator"}
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "metax-driver", "namespace": NS},
-            "spec": {"selector": {"matchLabels": labels}, "updateStrategy": {"type": "OnDelete"},
-                     "template": {"metadata": {"labels": labels}, "spec": {
-                         "nodeSelector": {GPU_LABEL: "true"},
-                         "tolerations": [{"operator": "Exists"}],
-                         "containers": [{"name": "driver-manager", "image": image}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "metax-driver", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {GPU_LABEL: "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "driver-manager", "image": image}],
+                },
+            },
+        },
+    }
 
 
 def proc_stats(pid: int) -> dict:
@@ -60,8 +80,12 @@ def proc_stats(pid: int) -> dict:
     ticks = os.sysconf("SC_CLK_TCK")
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return {"cpu": (int(stat[11]) + int(stat[12])) / ticks, "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
-            "peak_mb": int(status["VmHWM"].split()[0]) / 1024, "rchar": int(io["rchar"])}
+    return {
+        "cpu": (int(stat[11]) + int(stat[12])) / ticks,
+        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+        "peak_mb": int(status["VmHWM"].split()[0]) / 1024,
+        "rchar": int(io["rchar"]),
+    }
 
 
 def passes(log: Path) -> list[dict]:
@@ -83,8 +107,11 @@ def start_runner(cp: ControlPlane, log: Path, runners: list, *args: str, profile
     session to stop; returned once its first pass found the cluster idle. With `profile`, under
     cProfile (its main thread: the passes), the profile written there when it stops."""
     profiler = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else []
-    runner = subprocess.Popen([*profiler, METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig),
-                               "--log-level", "debug", *args], stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    runner = subprocess.Popen(
+        [*profiler, METAX, "run", "--namespace", NS, "--kubeconfig", str(cp.kubeconfig), "--log-level", "debug", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
     runners.append(runner)
     while not any(p["phase"] == "Idling" for p in passes(log)):
         if runner.poll() is not None:
@@ -101,14 +128,29 @@ def start_cluster(tmp: Path, nodes: int, policy: dict, started: float, budget: f
         api = cp.api()
         print(f"{nodes} nodes: control plane up in {time.monotonic() - started:.0f} s", flush=True)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-        subprocess.run([str(Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator"))
-                            / "bin" / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "apply",
-                        "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(Path(os.environ.get("METAX_CACHE", Path.home() / ".cache/metax-operator")) / "bin" / "kubectl"),
+                "--kubeconfig",
+                str(cp.kubeconfig),
+                "apply",
+                "--server-side",
+                "-f",
+                str(CRD),
+            ],
+            check=True,
+            capture_output=True,
+        )
         time.sleep(2)
-        client.CustomObjectsApi(api).create_cluster_custom_object(*CR[:3], {
-            "apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-            "metadata": {"name": "cluster-operator"},
-            "spec": {"registry": "registry.example", "driver": {"payload": {"version": "1"}, "upgradePolicy": policy}}})
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            *CR[:3],
+            {
+                "apiVersion": "gpu.metax-tech.com/v1",
+                "kind": "ClusterOperator",
+                "metadata": {"name": "cluster-operator"},
+                "spec": {"registry": "registry.example", "driver": {"payload": {"version": "1"}, "upgradePolicy": policy}},
+            },
+        )
         client.AppsV1Api(api).create_namespaced_daemon_set(NS, daemonset("registry.example/driver:1"))
         while pods_at(api) < nodes:
             if time.monotonic() - started > budget:
@@ -123,9 +165,13 @@ def start_cluster(tmp: Path, nodes: int, policy: dict, started: float, budget: f
 def pods_at(api, image: str | None = None) -> int:
     """Driver pods Ready (at `image`, if given)."""
     items = client.CoreV1Api(api).list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=driver").items
-    return sum(1 for p in items if p.metadata.deletion_timestamp is None
-               and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-               and (image is None or p.spec.containers[0].image == image))
+    return sum(
+        1
+        for p in items
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        and (image is None or p.spec.containers[0].image == image)
+    )
 
 
 def run_size(nodes: int, budget: float, profile: bool = False) -> None:
@@ -140,8 +186,9 @@ def run_size(nodes: int, budget: float, profile: bool = False) -> None:
         runner = start_runner(cp, log, runners, "--interval", str(INTERVAL), profile=profiled if profile else None)
         idle_at = time.monotonic() - started
         image = "registry.example/driver:2"
-        apps.patch_namespaced_daemon_set("metax-driver", NS, {"spec": {"template": {"spec": {
-            "containers": [{"name": "driver-manager", "image": image}]}}}})
+        apps.patch_namespaced_daemon_set(
+            "metax-driver", NS, {"spec": {"template": {"spec": {"containers": [{"name": "driver-manager", "image": image}]}}}}
+        )
         t0 = time.monotonic()
         while not rolled_out(log):
             if time.monotonic() - started > budget:
@@ -159,24 +206,39 @@ def run_size(nodes: int, budget: float, profile: bool = False) -> None:
         after, last = proc_stats(runner.pid), passes(log)[-1]
         n = len(passes(log)) - count
         waves = sum(1 for p in passes(log) if p.get("deleted"))
-        print(f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
-              f"creation, --interval {INTERVAL:g} (passes woken by the watches){', runner under cProfile' * profile}:")
-        print(f"  control plane up with the driver pods Ready in {up:.0f} s (load average {up_load:.1f}); "
-              f"memory " + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in control_plane.items()
-                                     if k in ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")))
-        print(f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
-              f"({wall / ideal.end_time:.2f}x, {(wall - ideal.end_time) / max(waves, 1):+.2f} s per wave over "
-              f"{waves} passes that deleted); runner idle (caches listed) {idle_at:.0f} s into the run "
-              f"(load average {wall_load:.1f})")
-        print(f"  steady state per pass: rollout requests "
-              f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
-              f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
-              f"{(last['cache_bytes'] - first['cache_bytes']) / n:,.0f}; all sockets of the runner "
-              f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read")
-        print(f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
-              f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
-              f"the watch caches received {first['cache_bytes'] / 1e6:.1f} MB from their first LIST to the end "
-              f"of the rollout", flush=True)
+        print(
+            f"{nodes} nodes, 4 steps (10/30/60/100%, maxParallel 50%), pods Ready {READY_LATENCY:g} s after "
+            f"creation, --interval {INTERVAL:g} (passes woken by the watches){', runner under cProfile' * profile}:"
+        )
+        print(
+            f"  control plane up with the driver pods Ready in {up:.0f} s (load average {up_load:.1f}); "
+            f"memory "
+            + ", ".join(
+                f"{k} {v / 2**20:,.0f} MiB"
+                for k, v in control_plane.items()
+                if k in ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
+            )
+        )
+        print(
+            f"  rollout wall time {wall:.1f} s; ideal schedule {ideal.end_time:.1f} s "
+            f"({wall / ideal.end_time:.2f}x, {(wall - ideal.end_time) / max(waves, 1):+.2f} s per wave over "
+            f"{waves} passes that deleted); runner idle (caches listed) {idle_at:.0f} s into the run "
+            f"(load average {wall_load:.1f})"
+        )
+        print(
+            f"  steady state per pass: rollout requests "
+            f"{(last['requests'] - first['requests']) / n:.1f}, watch-cache requests "
+            f"{(last['cache_requests'] - first['cache_requests']) / n:.2f}, watch bytes "
+            f"{(last['cache_bytes'] - first['cache_bytes']) / n:,.0f}; all sockets of the runner "
+            f"(reconcile included, TLS) {(after['rchar'] - before['rchar']) / n:,.0f} bytes read"
+        )
+        print(
+            f"  runner CPU {during['cpu']:.1f} s for the rollout, {(after['cpu'] - before['cpu']) / n:.3f} s "
+            f"per steady pass; memory {after['rss_mb']:.0f} MB (peak {after['peak_mb']:.0f} MB); "
+            f"the watch caches received {first['cache_bytes'] / 1e6:.1f} MB from their first LIST to the end "
+            f"of the rollout",
+            flush=True,
+        )
         if profile:
             stop_pid(runner.pid, runner)
             runners.remove(runner)
@@ -186,8 +248,14 @@ def run_size(nodes: int, budget: float, profile: bool = False) -> None:
             stats.sort_stats("cumulative").print_stats("metax_operator", 20)
             print("  where the runner's passes spend their time (cProfile of its main thread; the watch caches'")
             print("  threads, which parse the events, are not in it):")
-            print("\n".join("    " + line for line in out.getvalue().splitlines()
-                            if line.strip() and not line.startswith(("   Ordered", "   List reduced"))), flush=True)
+            print(
+                "\n".join(
+                    "    " + line
+                    for line in out.getvalue().splitlines()
+                    if line.strip() and not line.startswith(("   Ordered", "   List reduced"))
+                ),
+                flush=True,
+            )
 
 
 def over_budget(nodes: int, budget: float, err: TimeoutError) -> None:

@@ -12,6 +12,7 @@ chart's runner ServiceAccount. Printed side by side:
   (bookmarks, a watch reopened), which does not grow with the number of passes.
 `python -m tests.bench steady_pass`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,9 +21,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from metax_operator.rollout.observe import DRIVER_DAEMONSET
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.kube import Client
-from metax_operator.rollout.observe import DRIVER_DAEMONSET
 from metax_operator.runtime.run import Runner
 from tests.controlplane import ControlPlane
 from tests.e2e.tools import bootstrap, install_chart, release_values, service_account_kubeconfig
@@ -69,8 +70,9 @@ def installed_chart(prefix: str) -> Iterator[tuple[ControlPlane, object, Path, P
         cp = ControlPlane.start(Path(tmp) / "cp", gpu_nodes=10, plain_nodes=0)
         try:
             admin = cp.api()
-            install_chart(cp, admin, Path(tmp), RELEASE, NS, {"registry": "registry.example",
-                                                              "driver": {"payload": {"version": "1"}}})
+            install_chart(
+                cp, admin, Path(tmp), RELEASE, NS, {"registry": "registry.example", "driver": {"payload": {"version": "1"}}}
+            )
             bootstrap(cp, Path(tmp), RELEASE, release_values(cp, RELEASE, NS))
             yield cp, admin, Path(tmp), service_account_kubeconfig(cp, Path(tmp), "metax-operator-runner", NS)
         finally:
@@ -106,15 +108,24 @@ def main() -> None:
         time.sleep(IDLE)
         idle_requests, _ = traffic.since(mark)
         watched = cache_bytes(runner) - watched
-        print(f"one runner pass over an unchanged cluster (chart installed, {len(runner.caches())} watch caches, "
-              f"counted at the client as the runner's ServiceAccount):")
-        print(f"  before (the CR, DaemonSets, ConfigMaps, Service read live): {live_requests} requests, "
-              f"{live_bytes:,} bytes per pass")
-        print(f"  after (read from the caches), mean of {STEADY_PASSES} passes: "
-              f"{requests / STEADY_PASSES:g} requests, {received / STEADY_PASSES:g} bytes per pass; "
-              f"{cpu * 1000:.1f} ms CPU per pass (target: 0 requests)")
-        print(f"  the watch caches, whatever the number of passes: {watched * 60 / IDLE:,.0f} bytes and "
-              f"{idle_requests * 60 / IDLE:g} requests per minute (measured over {IDLE:g} s idle)", flush=True)
+        print(
+            f"one runner pass over an unchanged cluster (chart installed, {len(runner.caches())} watch caches, "
+            f"counted at the client as the runner's ServiceAccount):"
+        )
+        print(
+            f"  before (the CR, DaemonSets, ConfigMaps, Service read live): {live_requests} requests, "
+            f"{live_bytes:,} bytes per pass"
+        )
+        print(
+            f"  after (read from the caches), mean of {STEADY_PASSES} passes: "
+            f"{requests / STEADY_PASSES:g} requests, {received / STEADY_PASSES:g} bytes per pass; "
+            f"{cpu * 1000:.1f} ms CPU per pass (target: 0 requests)"
+        )
+        print(
+            f"  the watch caches, whatever the number of passes: {watched * 60 / IDLE:,.0f} bytes and "
+            f"{idle_requests * 60 / IDLE:g} requests per minute (measured over {IDLE:g} s idle)",
+            flush=True,
+        )
         for cache in (runner.objects, runner.watches, runner.workloads):
             cache.stop()
 

@@ -7,6 +7,7 @@ CRD's CEL rules (admission.py) and, where installed, the chart's ValidatingAdmis
 generated upgrade policies go through `policy.problems` and the API server. Finally the real
 `kubectl patch` of the live CR with each bad policy of the table.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator import cli, contract
 from metax_operator.chart import admission, validation
-from metax_operator import contract
-from metax_operator import cli
-from metax_operator.runtime import kube
-from metax_operator.rollout import policy
+from metax_operator.chart.validate import merged_values
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import bootstrap
-from metax_operator.chart.validate import merged_values
-from tests.waiting import eventually
-from tests.helm import BIN, CHART, render_chart
+from metax_operator.rollout import policy
+from metax_operator.runtime import kube
 from tests.chart.test_bad_values import CASES, case_args
+from tests.helm import BIN, CHART, render_chart
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -72,17 +72,27 @@ def client(control_plane) -> kube.Client:
     tests on this API server install their own release's)."""
     assert cli.main(["upgrade-crds", "--crd", str(CRD_FILE), "--kubeconfig", str(control_plane.kubeconfig)]) == 0
     api = kube.Client.connect(str(control_plane.kubeconfig))
-    objects = render_chart({"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}},
-                           show_only=[admission.TEMPLATE], args=["--api-versions", admission.VAP_API])
+    objects = render_chart(
+        {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}},
+        show_only=[admission.TEMPLATE],
+        args=["--api-versions", admission.VAP_API],
+    )
     assert sorted(o["kind"] for o in objects) == ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
     for obj in objects:
         api.apply(obj, field_manager="test")
     # A binding takes effect once the API server's policy informer has it: wait until it refuses.
-    spec = {"registry": "r.example.com/m", "driver": {"payload": {"version": "1"},
-                                                      "upgradePolicy": {"upgradeSteps": [{"replicas": 1, "pauseDuration": "x"}]}}}
+    spec = {
+        "registry": "r.example.com/m",
+        "driver": {"payload": {"version": "1"}, "upgradePolicy": {"upgradeSteps": [{"replicas": 1, "pauseDuration": "x"}]}},
+    }
     eventually(lambda: not admit(api, spec)[0], 30, "the ValidatingAdmissionPolicy in force")
-    api.runner_user = next(v["expression"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-                           for v in o["spec"].get("variables", []) if v["name"] == "runnerUser").strip("'")
+    api.runner_user = next(
+        v["expression"]
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicy"
+        for v in o["spec"].get("variables", [])
+        if v["name"] == "runnerUser"
+    ).strip("'")
     yield api
     for obj in reversed(objects):
         api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
@@ -95,8 +105,7 @@ def spec_schema(client) -> dict:
 
 def admit(client: kube.Client, spec: dict) -> tuple[bool, list[str], str]:
     """Create the CR with `spec` in dry run: (admitted, the CEL messages, the whole refusal)."""
-    body = {"apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND,
-            "metadata": {"name": contract.CR_NAME}, "spec": spec}
+    body = {"apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND, "metadata": {"name": contract.CR_NAME}, "spec": spec}
     try:
         client.call("POST", CR_PATH, body=body, query={"dryRun": "All", "fieldValidation": "Strict"})
     except ApiException as error:
@@ -145,13 +154,18 @@ def test_the_api_server_gives_each_case_validates_verdict(case, client, spec_sch
 
 _int = st.integers(min_value=1, max_value=30)
 _percent = st.integers(min_value=1, max_value=100).map(lambda n: f"{n}%")
-_step = st.fixed_dictionaries({"replicas": st.one_of(_int, _percent)},
-                              optional={"pauseDuration": st.sampled_from([10000, "10s", {}]), "pause": st.just({})})
-_policy = st.fixed_dictionaries({}, optional={
-    "enableRollout": st.booleans(),
-    "upgradeSteps": st.lists(_step, max_size=6),
-    "maxParallel": st.one_of(st.integers(0, 5), _percent),
-    "fallback": st.sampled_from(["pause", "rollback"])})
+_step = st.fixed_dictionaries(
+    {"replicas": st.one_of(_int, _percent)}, optional={"pauseDuration": st.sampled_from([10000, "10s", {}]), "pause": st.just({})}
+)
+_policy = st.fixed_dictionaries(
+    {},
+    optional={
+        "enableRollout": st.booleans(),
+        "upgradeSteps": st.lists(_step, max_size=6),
+        "maxParallel": st.one_of(st.integers(0, 5), _percent),
+        "fallback": st.sampled_from(["pause", "rollback"]),
+    },
+)
 # A fragment of each rule's line; the CRD's are checked before the policy's (pause), which the
 # API server consults only for an object the CRD admits.
 _CRD_RULES = ("is below the previous step's", "the last step reaches only", "is empty while")
@@ -176,8 +190,9 @@ def test_generated_policies_get_the_same_verdict(raw, client):
 
 # --- kubectl patch of the live CR ----------------------------------------------------------------
 
-POLICY_CASES = [case for case in CASES if case.get("field", "").startswith("driver.upgradePolicy")
-                and case["by"] in ("rule", "schema")]
+POLICY_CASES = [
+    case for case in CASES if case.get("field", "").startswith("driver.upgradePolicy") and case["by"] in ("rule", "schema")
+]
 
 
 @pytest.fixture(scope="module")
@@ -192,18 +207,22 @@ def live_cr(client, spec_schema, tmp_path_factory):
 
 def kubectl(control_plane, *args: str) -> subprocess.CompletedProcess:
     """The real kubectl, with the HTTP status of each request in its log (-v=6)."""
-    return subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "-v=6", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(BIN / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "-v=6", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def patch(control_plane, operations: list[dict], *flags: str) -> subprocess.CompletedProcess:
-    return kubectl(control_plane, "patch", "clusteroperator", contract.CR_NAME, "--type=json",
-                   "-p", json.dumps(operations), *flags)
+    return kubectl(
+        control_plane, "patch", "clusteroperator", contract.CR_NAME, "--type=json", "-p", json.dumps(operations), *flags
+    )
 
 
 @pytest.mark.parametrize("case", POLICY_CASES, ids=[case["name"] for case in POLICY_CASES])
-def test_kubectl_patch_with_a_bad_policy_fails_with_422_naming_the_field(case, control_plane, live_cr,
-                                                                           spec_schema, tmp_path):
+def test_kubectl_patch_with_a_bad_policy_fails_with_422_naming_the_field(case, control_plane, live_cr, spec_schema, tmp_path):
     values = case_values(case, tmp_path)
     said = [str(e) for e in validation.values_problems(values)]
     bad = bootstrap.prune(values, spec_schema)["driver"]["upgradePolicy"]
@@ -219,13 +238,26 @@ def test_kubectl_patch_with_a_bad_policy_fails_with_422_naming_the_field(case, c
 
 def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(control_plane, client, live_cr):
     def status(upgrading: bool, phase: str) -> None:
-        client.patch(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME,
-                     {"status": {"upgradeStatus": {"upgrading": upgrading, "phase": phase}}}, subresource="status")
+        client.patch(
+            contract.CR_API_VERSION,
+            contract.CR_KIND,
+            contract.CR_NAME,
+            {"status": {"upgradeStatus": {"upgrading": upgrading, "phase": phase}}},
+            subresource="status",
+        )
 
     version = [{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.1"}]
     policy = "/spec/driver/upgradePolicy"
-    assert patch(control_plane, [{"op": "replace", "path": f"{policy}/upgradeSteps", "value": [{"replicas": "100%"}]},
-                                 {"op": "replace", "path": f"{policy}/enableRollout", "value": True}]).returncode == 0
+    assert (
+        patch(
+            control_plane,
+            [
+                {"op": "replace", "path": f"{policy}/upgradeSteps", "value": [{"replicas": "100%"}]},
+                {"op": "replace", "path": f"{policy}/enableRollout", "value": True},
+            ],
+        ).returncode
+        == 0
+    )
     status(True, "Progressing")
     try:
         result = patch(control_plane, version)
@@ -234,8 +266,12 @@ def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(con
         firmware = patch(control_plane, [{"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"}])
         assert "driver.fwUpgradePolicy: cannot change while a driver rollout is in progress" in firmware.stderr
         for control, value in zip(admission.ROLLOUT_CONTROLS, (True, False), strict=True):  # the admin's switches
-            assert patch(control_plane, [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{control}",
-                                          "value": value}]).returncode == 0
+            assert (
+                patch(
+                    control_plane, [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{control}", "value": value}]
+                ).returncode
+                == 0
+            )
         # the runner itself (its rollback writes spec.driver back; its RBAC is not the point here)
         assert patch(control_plane, version, f"--as={client.runner_user}", "--as-group=system:masters").returncode == 0
     finally:
@@ -246,8 +282,10 @@ def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(con
 def test_firmware_rules(control_plane, client, live_cr):
     """Seed §3.2.9: no upgrade from non-virtualised to virtualised firmware; seed 001: no firmware
     upgrade of GPUs bound to vfio-pci (a warning: the other GPUs are upgraded)."""
-    virt = [{"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"},
-            {"op": "replace", "path": "/spec/driver/fwEnableVirt", "value": True}]
+    virt = [
+        {"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"},
+        {"op": "replace", "path": "/spec/driver/fwEnableVirt", "value": True},
+    ]
     result = patch(control_plane, virt)
     assert 'status="422 Unprocessable Entity"' in result.stderr and str(admission.virt_firmware_upgrade()) in result.stderr
     # a fresh install may ask for virtualised firmware (no old object to compare)
@@ -256,8 +294,10 @@ def test_firmware_rules(control_plane, client, live_cr):
     client.wait_deleted(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, timeout=60)
     assert admit(client, spec)[0]
     bootstrap.bootstrap(client, {**spec}, "metax")
-    vfio = [{"op": "replace", "path": "/spec/vfioManager/deploy", "value": True},
-            {"op": "replace", "path": "/spec/vfioManager/vfioConfig", "value": [{"nodeName": "gpu-node-1", "gpus": "all"}]}]
+    vfio = [
+        {"op": "replace", "path": "/spec/vfioManager/deploy", "value": True},
+        {"op": "replace", "path": "/spec/vfioManager/vfioConfig", "value": [{"nodeName": "gpu-node-1", "gpus": "all"}]},
+    ]
     result = patch(control_plane, vfio)
     assert result.returncode == 0 and "Warning: Validation failed for ValidatingAdmissionPolicy" in result.stderr
     assert str(admission.vfio_firmware_warning()) in result.stderr

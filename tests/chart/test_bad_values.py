@@ -10,6 +10,7 @@ one refused) or does not name the field:
 
 Cross-field rules print the same sentence from all of them; every component prerequisite is a case.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,10 +23,10 @@ import yaml
 
 from metax_operator import cli
 from metax_operator.chart import validation
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.validate import merged_values
 from metax_operator.chart.validation import dependency_problem
 from metax_operator.contract import PREREQUISITES
+from metax_operator.errors import UserError, UserErrors
 from tests.helm import BIN, CHART, HELM_VERSIONS, HelmError, render_chart
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -52,10 +53,15 @@ def _dependency_cases() -> list[dict]:
     cases = []
     for component, prerequisites in PREREQUISITES.items():
         for prerequisite in prerequisites:
-            cases.append({"name": f"{component} without {prerequisite}", "by": "rule",
-                          "set": [f"{component}.deploy=true", f"{prerequisite}.deploy=false"],
-                          "field": f"{component}.deploy",
-                          "expect": str(dependency_problem(component, prerequisite))})
+            cases.append(
+                {
+                    "name": f"{component} without {prerequisite}",
+                    "by": "rule",
+                    "set": [f"{component}.deploy=true", f"{prerequisite}.deploy=false"],
+                    "field": f"{component}.deploy",
+                    "expect": str(dependency_problem(component, prerequisite)),
+                }
+            )
     return cases
 
 
@@ -68,8 +74,11 @@ def case_args(case: dict, tmp_path: Path) -> list[str]:
     args = []
     if "valuesFile" in case:
         args += ["-f", str(DATA / case["valuesFile"])]
-    files = {"values": lambda v: yaml.safe_dump(v).encode(), "valuesText": str.encode,
-             "valuesLatin1": lambda v: v.encode("latin-1")}
+    files = {
+        "values": lambda v: yaml.safe_dump(v).encode(),
+        "valuesText": str.encode,
+        "valuesLatin1": lambda v: v.encode("latin-1"),
+    }
     for key, encode in files.items():
         if key in case:
             path = tmp_path / f"case-{key}.yaml"
@@ -157,11 +166,14 @@ def test_the_table_covers_every_verdict():
 def test_validate_entry_point_prints_one_line_per_problem():
     """The installed `metax-operator` script, as a user runs it, Helm found through $HELM_BIN."""
     script = Path(sys.executable).with_name("metax-operator")
-    result = subprocess.run([script, "validate", "--set", "gpuLabel.deploy=false", "--set", "driver.deployPolicy=Never"],
-                            capture_output=True, text=True, env={"HELM_BIN": str(BIN / "helm4"), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [script, "validate", "--set", "gpuLabel.deploy=false", "--set", "driver.deployPolicy=Never"],
+        capture_output=True,
+        text=True,
+        env={"HELM_BIN": str(BIN / "helm4"), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 1
     lines = result.stderr.splitlines()
-    assert lines[0] == ("error: registry: is required; set it to DOMAIN/PROJECT, "
-                        "e.g. --set registry=cr.example.com/metax")
+    assert lines[0] == ("error: registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax")
     assert len(lines) == 1 + 5  # registry, then the five components that need gpuLabel
     assert all(line.startswith("error: ") for line in lines)

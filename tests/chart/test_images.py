@@ -1,13 +1,14 @@
 """Image references: what the chart renders (templates/_helpers.tpl) and what the runner builds
 (`reconcile`) are both `images.reference` of the values, under Helm 3.18 and Helm 4.1."""
+
 from __future__ import annotations
 
 import pytest
 import yaml
 
 from metax_operator.chart import images
-from metax_operator.runtime import reconcile
 from metax_operator.contract import DAEMONSETS
+from metax_operator.runtime import reconcile
 from tests.helm import CHART, helm_bin, render_chart  # noqa: F401
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -39,8 +40,9 @@ def expected_references(values: dict) -> dict[str, str]:
             out[f"{name}/main"] = image(key)
             if key != "gpuLabel":
                 out[f"{name}/wait-for"] = image("tools")
-    out["metax-driver/payload"] = images.reference(payload["registry"] or common, payload["name"],
-                                                   payload["version"], payload["digest"])
+    out["metax-driver/payload"] = images.reference(
+        payload["registry"] or common, payload["name"], payload["version"], payload["digest"]
+    )
     maca = {**defaults["maca"]["payload"], **(values.get("maca") or {}).get("payload", {})}
     for i, entry in enumerate(maca["images"]):
         out[f"metax-maca/payload-{i}"] = f"{maca['registry'] or common}/{entry}"
@@ -52,8 +54,11 @@ def rendered_references(objects: list[dict]) -> tuple[dict[str, str], set[str]]:
     every image of the hook Jobs, the test pod and the runner (all the tools image)."""
     out, tools = {}, set()
     for obj in objects:
-        pod = obj.get("spec", {}).get("template", {}).get("spec") or obj.get("spec", {}).get("jobTemplate", {}) \
-            .get("spec", {}).get("template", {}).get("spec") or (obj["spec"] if obj["kind"] == "Pod" else None)
+        pod = (
+            obj.get("spec", {}).get("template", {}).get("spec")
+            or obj.get("spec", {}).get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
+            or (obj["spec"] if obj["kind"] == "Pod" else None)
+        )
         if pod is None:
             continue
         if obj["kind"] == "DaemonSet":
@@ -76,10 +81,14 @@ def test_every_rendered_image_is_the_reference_format(helm_bin, values):
 @pytest.mark.helm
 def test_the_runner_builds_the_payload_references_the_chart_renders():
     objects = render_chart(PINNED)
-    daemonsets = {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds
-                  for ds in objects if ds["kind"] == "DaemonSet"}
-    spec = {"registry": PINNED["registry"], "driver": PINNED["driver"] | {"payload": {
-        "name": "driver-image", **PINNED["driver"]["payload"]}}, "maca": PINNED["maca"]}
+    daemonsets = {
+        ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds for ds in objects if ds["kind"] == "DaemonSet"
+    }
+    spec = {
+        "registry": PINNED["registry"],
+        "driver": PINNED["driver"] | {"payload": {"name": "driver-image", **PINNED["driver"]["payload"]}},
+        "maca": PINNED["maca"],
+    }
     for key in ("driver", "maca"):
         desired, _ = reconcile.desired_daemonset(key, daemonsets[key], spec)
         live = {c["name"]: c["image"] for c in daemonsets[key]["spec"]["template"]["spec"]["initContainers"]}
@@ -87,12 +96,15 @@ def test_the_runner_builds_the_payload_references_the_chart_renders():
         assert wanted and all(live[c["name"]] == c["image"] for c in wanted)
 
 
-@pytest.mark.parametrize("ref, parts", [
-    ("r.example/metax/driver-image:2.32.0.6", ("r.example/metax/driver-image", "2.32.0.6", "")),
-    (f"localhost:5000/a/b:1@{DIGEST}", ("localhost:5000/a/b", "1", DIGEST)),
-    (f"localhost:5000/a/b@{DIGEST}", ("localhost:5000/a/b", "", DIGEST)),
-    ("localhost:5000/a/b", ("localhost:5000/a/b", "", "")),
-])
+@pytest.mark.parametrize(
+    "ref, parts",
+    [
+        ("r.example/metax/driver-image:2.32.0.6", ("r.example/metax/driver-image", "2.32.0.6", "")),
+        (f"localhost:5000/a/b:1@{DIGEST}", ("localhost:5000/a/b", "1", DIGEST)),
+        (f"localhost:5000/a/b@{DIGEST}", ("localhost:5000/a/b", "", DIGEST)),
+        ("localhost:5000/a/b", ("localhost:5000/a/b", "", "")),
+    ],
+)
 def test_split_is_the_inverse_of_reference(ref, parts):
     assert images.split(ref) == parts
     repository, tag, digest = parts

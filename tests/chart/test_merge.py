@@ -2,18 +2,22 @@
 
 import pytest
 
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.merge import SchedulingInputs, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import COMPONENT_ANNOTATION, SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.errors import UserError, UserErrors
 from tests.cases import MERGE_CASES
 
 CASES = MERGE_CASES
 
 
 def inputs(case: dict, component: str = "maca") -> SchedulingInputs:
-    return SchedulingInputs(component=component, base=case["base"], global_pts=case.get("global"),
-                            component_pts=case.get("component"),
-                            deprecated_tolerations=case.get("deprecatedTolerations"))
+    return SchedulingInputs(
+        component=component,
+        base=case["base"],
+        global_pts=case.get("global"),
+        component_pts=case.get("component"),
+        deprecated_tolerations=case.get("deprecatedTolerations"),
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -23,12 +27,20 @@ def test_acceptance_case(case):
 
 
 def test_seed_example_both_components():
-    global_pts = {"spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "general",
-                                            "effect": "NoSchedule"}]}}
-    maca_pts = {"spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "gpu",
-                                          "effect": "NoSchedule"}]}}
-    role = lambda value, effect: {"tolerations": [{"key": "node-role", "operator": "Equal", "value": value,  # noqa: E731
-                                                   "effect": effect}]}
+    global_pts = {
+        "spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}]}
+    }
+    maca_pts = {"spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}}
+    role = lambda value, effect: {  # noqa: E731
+        "tolerations": [
+            {
+                "key": "node-role",
+                "operator": "Equal",
+                "value": value,
+                "effect": effect,
+            }
+        ]
+    }
     maca, _ = merge_scheduling(SchedulingInputs("maca", role("maca", "NoSchedule"), global_pts, maca_pts))
     driver, _ = merge_scheduling(SchedulingInputs("driver", role("driver", "NoExecute"), global_pts, None))
     assert [(t["key"], t["value"]) for t in maca["tolerations"]] == [("node-role", "maca"), ("node-type", "gpu")]
@@ -49,33 +61,46 @@ def test_deprecated_tolerations_fill_in_with_a_notice_naming_the_replacement():
 
 def test_deprecated_tolerations_ignored_with_a_notice_when_custom_sets_tolerations():
     custom = {"spec": {"tolerations": [{"key": "a", "operator": "Exists"}]}}
-    result, notices = merge_scheduling(SchedulingInputs("maca", {}, None, custom, [{"key": "b", "operator": "Exists"}]),
-                                       prefix="spec.")
+    result, notices = merge_scheduling(
+        SchedulingInputs("maca", {}, None, custom, [{"key": "b", "operator": "Exists"}]), prefix="spec."
+    )
     assert result == {"tolerations": [{"key": "a", "operator": "Exists"}]}
     assert "ignored for maca" in notices[0] and "spec.maca.podTemplateSpec.spec.tolerations win" in notices[0]
 
 
 def test_affinity_maps_merge_deeply_and_lists_inside_append():
     term = lambda key: {"matchExpressions": [{"key": key, "operator": "Exists"}]}  # noqa: E731
-    base = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [term("gpu")]}}}}
-    custom = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [term("gpu"), term("zone")]}}, "podAntiAffinity": {"x": "y"}}}}
+    base = {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term("gpu")]}}}
+    }
+    custom = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term("gpu"), term("zone")]}
+                },
+                "podAntiAffinity": {"x": "y"},
+            }
+        }
+    }
     result, _ = merge_scheduling(SchedulingInputs("maca", base, custom))
     terms = result["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [term("gpu"), term("zone")]
     assert result["affinity"]["podAntiAffinity"] == {"x": "y"}
 
 
-@pytest.mark.parametrize("pts, field", [
-    ({"spec": {"containers": []}}, "maca.podTemplateSpec.spec.containers"),
-    ({"metadata": {"labels": {"a": "b"}}}, "maca.podTemplateSpec.metadata"),
-    ({"spec": {"nodeSelector": {"n": 1}}}, "maca.podTemplateSpec.spec.nodeSelector"),
-    ({"spec": {"tolerations": {"key": "a"}}}, "maca.podTemplateSpec.spec.tolerations"),
-    ({"spec": {"affinity": ["x"]}}, "maca.podTemplateSpec.spec.affinity"),
-    ({"spec": "nodeSelector"}, "maca.podTemplateSpec.spec"),
-    ("yes", "maca.podTemplateSpec"),
-])
+@pytest.mark.parametrize(
+    "pts, field",
+    [
+        ({"spec": {"containers": []}}, "maca.podTemplateSpec.spec.containers"),
+        ({"metadata": {"labels": {"a": "b"}}}, "maca.podTemplateSpec.metadata"),
+        ({"spec": {"nodeSelector": {"n": 1}}}, "maca.podTemplateSpec.spec.nodeSelector"),
+        ({"spec": {"tolerations": {"key": "a"}}}, "maca.podTemplateSpec.spec.tolerations"),
+        ({"spec": {"affinity": ["x"]}}, "maca.podTemplateSpec.spec.affinity"),
+        ({"spec": "nodeSelector"}, "maca.podTemplateSpec.spec"),
+        ("yes", "maca.podTemplateSpec"),
+    ],
+)
 def test_malformed_component_podtemplatespec_is_refused_naming_the_field(pts, field):
     with pytest.raises(UserError) as err:
         merge_scheduling(SchedulingInputs("maca", {}, None, pts))
@@ -84,24 +109,36 @@ def test_malformed_component_podtemplatespec_is_refused_naming_the_field(pts, fi
 
 def test_every_malformed_input_is_reported_at_once_with_the_cr_prefix():
     with pytest.raises(UserErrors) as err:
-        merge_scheduling(SchedulingInputs("driver", {}, {"spec": {"hostNetwork": True}},
-                                          {"spec": {"nodeName": "n1"}}, {"key": "a"}), prefix="spec.")
+        merge_scheduling(
+            SchedulingInputs("driver", {}, {"spec": {"hostNetwork": True}}, {"spec": {"nodeName": "n1"}}, {"key": "a"}),
+            prefix="spec.",
+        )
     assert [e.field for e in err.value.errors] == [
-        "spec.podTemplateSpec.spec.hostNetwork", "spec.driver.podTemplateSpec.spec.nodeName", "spec.tolerations"]
+        "spec.podTemplateSpec.spec.hostNetwork",
+        "spec.driver.podTemplateSpec.spec.nodeName",
+        "spec.tolerations",
+    ]
 
 
 def test_inputs_read_from_daemonset_annotations():
-    annotations = {COMPONENT_ANNOTATION: "maca", SCHEDULING_BASE_ANNOTATION: '{"tolerations":[{"key":"a"}]}',
-                   SCHEDULING_INPUTS_ANNOTATION: '{"global":{"spec":{}},"component":null,"tolerations":[{"key":"b"}]}'}
+    annotations = {
+        COMPONENT_ANNOTATION: "maca",
+        SCHEDULING_BASE_ANNOTATION: '{"tolerations":[{"key":"a"}]}',
+        SCHEDULING_INPUTS_ANNOTATION: '{"global":{"spec":{}},"component":null,"tolerations":[{"key":"b"}]}',
+    }
     assert inputs_from_annotations(annotations) == SchedulingInputs(
-        "maca", {"tolerations": [{"key": "a"}]}, {"spec": {}}, None, [{"key": "b"}])
+        "maca", {"tolerations": [{"key": "a"}]}, {"spec": {}}, None, [{"key": "b"}]
+    )
 
 
-@pytest.mark.parametrize("change, field", [
-    ({SCHEDULING_INPUTS_ANNOTATION: "{not json"}, f'metadata.annotations["{SCHEDULING_INPUTS_ANNOTATION}"]'),
-    ({SCHEDULING_BASE_ANNOTATION: "[]"}, f'metadata.annotations["{SCHEDULING_BASE_ANNOTATION}"]'),
-    ({COMPONENT_ANNOTATION: "gpu"}, f'metadata.annotations["{COMPONENT_ANNOTATION}"]'),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({SCHEDULING_INPUTS_ANNOTATION: "{not json"}, f'metadata.annotations["{SCHEDULING_INPUTS_ANNOTATION}"]'),
+        ({SCHEDULING_BASE_ANNOTATION: "[]"}, f'metadata.annotations["{SCHEDULING_BASE_ANNOTATION}"]'),
+        ({COMPONENT_ANNOTATION: "gpu"}, f'metadata.annotations["{COMPONENT_ANNOTATION}"]'),
+    ],
+)
 def test_bad_annotation_is_refused_naming_it(change, field):
     annotations = {COMPONENT_ANNOTATION: "maca", SCHEDULING_BASE_ANNOTATION: "{}", SCHEDULING_INPUTS_ANNOTATION: "{}", **change}
     with pytest.raises(UserError) as err:

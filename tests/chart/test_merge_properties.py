@@ -1,25 +1,34 @@
 """Properties of the podTemplateSpec merge over generated inputs (hypothesis)."""
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from metax_operator.chart.merge import SchedulingInputs, merge_scheduling, merge_values
 
 small_text = st.sampled_from(["a", "b", "gpu", "node-role", "node-type", "zone", ""])
-tolerations = st.lists(st.fixed_dictionaries(
-    {"key": small_text}, optional={"operator": st.sampled_from(["Equal", "Exists"]), "value": small_text,
-                                   "effect": st.sampled_from(["NoSchedule", "NoExecute"]),
-                                   "tolerationSeconds": st.integers(0, 3)}), max_size=4)
+tolerations = st.lists(
+    st.fixed_dictionaries(
+        {"key": small_text},
+        optional={
+            "operator": st.sampled_from(["Equal", "Exists"]),
+            "value": small_text,
+            "effect": st.sampled_from(["NoSchedule", "NoExecute"]),
+            "tolerationSeconds": st.integers(0, 3),
+        },
+    ),
+    max_size=4,
+)
 node_selector = st.dictionaries(small_text, small_text, max_size=4)
-json_value = st.recursive(st.none() | st.booleans() | st.integers(-2, 2) | small_text,
-                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(small_text, inner, max_size=3),
-                          max_leaves=12)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 2) | small_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(small_text, inner, max_size=3),
+    max_leaves=12,
+)
 affinity = st.dictionaries(st.sampled_from(["nodeAffinity", "podAffinity", "podAntiAffinity"]), json_value, max_size=2)
-scheduling = st.fixed_dictionaries({}, optional={"nodeSelector": node_selector, "affinity": affinity,
-                                                 "tolerations": tolerations})
+scheduling = st.fixed_dictionaries({}, optional={"nodeSelector": node_selector, "affinity": affinity, "tolerations": tolerations})
 pod_template_spec = st.none() | st.builds(lambda spec: {"spec": spec}, scheduling)
 component = st.sampled_from(["gpuLabel", "runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager"])
-all_inputs = st.builds(SchedulingInputs, component, scheduling, pod_template_spec, pod_template_spec,
-                       st.none() | tolerations)
+all_inputs = st.builds(SchedulingInputs, component, scheduling, pod_template_spec, pod_template_spec, st.none() | tolerations)
 
 
 def custom_spec(inputs: SchedulingInputs) -> dict:
@@ -61,8 +70,8 @@ def test_base_list_is_kept_in_order_and_nothing_equal_is_appended(inputs):
     result, _ = merge_scheduling(inputs)
     base = inputs.base.get("tolerations", [])
     merged = result.get("tolerations", [])
-    appended = merged[len(base):]
-    assert merged[:len(base)] == base
+    appended = merged[len(base) :]
+    assert merged[: len(base)] == base
     assert all(item not in base for item in appended)
     assert all(item not in appended[:i] for i, item in enumerate(appended))
 

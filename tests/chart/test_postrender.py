@@ -1,4 +1,5 @@
 """The post-renderer: exact pass-through, idempotence, errors, and end to end under real Helm 3 and Helm 4."""
+
 import json
 import os
 import subprocess
@@ -8,8 +9,8 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
-from metax_operator.contract import SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
 from metax_operator.chart.postrender import error_document, postrender, split_documents
+from metax_operator.contract import SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
 from tests.chart.test_merge_properties import all_inputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,11 +20,17 @@ BIN = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operato
 HELM3, HELM4 = BIN / "helm3", BIN / "helm4"
 HELM4_FILENAME = "postrenderer.helm.sh/postrender-filename"
 
-toleration = lambda key, value, effect="NoSchedule": {"key": key, "operator": "Equal", "value": value,  # noqa: E731
-                                                      "effect": effect}
+toleration = lambda key, value, effect="NoSchedule": {  # noqa: E731
+    "key": key,
+    "operator": "Equal",
+    "value": value,
+    "effect": effect,
+}
 # Seed 000 §3.2.5.2: global node-type=general, maca node-type=gpu.
-SEED_VALUES = {"podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "general")]}},
-               "maca": {"podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "gpu")]}}}}
+SEED_VALUES = {
+    "podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "general")]}},
+    "maca": {"podTemplateSpec": {"spec": {"tolerations": [toleration("node-type", "gpu")]}}},
+}
 # Documents a first pass leaves as they were, whatever they look like.
 UNTOUCHED = """\
 # leading comment of the stream
@@ -48,8 +55,12 @@ spec: {template: {spec: {tolerations: [{operator: Exists}]}}}
 
 def helm_env(home: Path) -> dict:
     """Helm's homes inside `home`, so that no plugin or repository leaks in or out of the test."""
-    return {**os.environ, "HELM_DATA_HOME": str(home / "data"), "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_CACHE_HOME": str(home / "cache")}
+    return {
+        **os.environ,
+        "HELM_DATA_HOME": str(home / "data"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_CACHE_HOME": str(home / "cache"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +73,8 @@ def helm_home(tmp_path_factory) -> dict:
     capture.mkdir()
     (capture / "plugin.yaml").write_text(
         "apiVersion: v1\ntype: postrenderer/v1\nname: capture\nversion: 0.1.0\nruntime: subprocess\n"
-        "runtimeConfig:\n  platformCommand:\n    - command: ${HELM_PLUGIN_DIR}/capture.sh\n")
+        "runtimeConfig:\n  platformCommand:\n    - command: ${HELM_PLUGIN_DIR}/capture.sh\n"
+    )
     (capture / "capture.sh").write_text(f'#!/bin/sh\ntee "{home}/captured.yaml"\n')
     (capture / "capture.sh").chmod(0o755)
     for plugin in (REPO / "postrender", capture):
@@ -97,6 +109,7 @@ def pairs(tolerations: list) -> list:
 
 
 # --- the stream, in process -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", [UNTOUCHED, "", "---\n", "a: 1", "---\na: 1\n---\nb: 2", "x: |\n  ---\n  y\n"])
 def test_split_documents_joins_back_exactly(text):
@@ -135,10 +148,24 @@ def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tm
 
 @pytest.mark.helm
 def test_output_run_through_again_is_byte_identical(helm_home, tmp_path):
-    values = {**SEED_VALUES, "tolerations": [toleration("key1", "value1")],
-              "driver": {"podTemplateSpec": {"spec": {"nodeSelector": {"pool": "gpu"}, "affinity": {
-                  "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                      {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}}}}
+    values = {
+        **SEED_VALUES,
+        "tolerations": [toleration("key1", "value1")],
+        "driver": {
+            "podTemplateSpec": {
+                "spec": {
+                    "nodeSelector": {"pool": "gpu"},
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+                            }
+                        }
+                    },
+                }
+            }
+        },
+    }
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, values)).stdout
     once, _ = postrender(rendered)
     assert once != rendered
@@ -147,8 +174,7 @@ def test_output_run_through_again_is_byte_identical(helm_home, tmp_path):
 
 @pytest.mark.helm
 def test_helm4_stream_keeps_the_filename_annotation_and_is_idempotent(helm_home, tmp_path):
-    result = helm_template(HELM4, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES),
-                           "--post-renderer", "capture")
+    result = helm_template(HELM4, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES), "--post-renderer", "capture")
     assert result.returncode == 0, result.stderr
     stream = Path(helm_home["CAPTURED"]).read_text()
     output, _ = postrender(stream)
@@ -160,26 +186,32 @@ def test_helm4_stream_keeps_the_filename_annotation_and_is_idempotent(helm_home,
 
 def contract_daemonset(pod_spec: str, base: str = "{}", inputs: str = "{}") -> str:
     """A component DaemonSet as the chart renders it, with `pod_spec` as the pod spec's text."""
-    return ("---\n# Source: chart/templates/maca.yaml\n# 注释: non-ASCII text before the edit\n"
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
-            "    gpu.metax-tech.com/component: maca\n"
-            f"    gpu.metax-tech.com/scheduling-base: '{base}'\n"
-            f"    gpu.metax-tech.com/scheduling-inputs: '{inputs}'\n"
-            "spec:\n  template:\n    spec:" + pod_spec + "status: {}\n")
+    return (
+        "---\n# Source: chart/templates/maca.yaml\n# 注释: non-ASCII text before the edit\n"
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
+        "    gpu.metax-tech.com/component: maca\n"
+        f"    gpu.metax-tech.com/scheduling-base: '{base}'\n"
+        f"    gpu.metax-tech.com/scheduling-inputs: '{inputs}'\n"
+        "spec:\n  template:\n    spec:" + pod_spec + "status: {}\n"
+    )
 
 
 GPU_INPUTS = '{"component":{"spec":{"tolerations":[{"key":"node-type","value":"gpu"}],"nodeSelector":{"pool":"gpu"}}}}'
 
 
 def test_changed_field_is_replaced_in_place_keeping_the_text_around_it():
-    pod_spec = ("\n      tolerations:   # ours\n        - key: node-role  # last\n      # after tolerations\n"
-                "      containers: [{name: c}]\n")
+    pod_spec = (
+        "\n      tolerations:   # ours\n        - key: node-role  # last\n      # after tolerations\n"
+        "      containers: [{name: c}]\n"
+    )
     text = contract_daemonset(pod_spec, '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
     output, _ = postrender(text)
     assert output == contract_daemonset(
         "\n      tolerations:\n        - key: node-role\n        - key: node-type\n          value: gpu\n"
         "      # after tolerations\n      containers: [{name: c}]\n      nodeSelector:\n        pool: gpu\n",
-        '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+        '{"tolerations":[{"key":"node-role"}]}',
+        GPU_INPUTS,
+    )
     assert postrender(output)[0] == output
 
 
@@ -189,12 +221,15 @@ def test_a_block_scalar_at_the_end_of_a_replaced_field_is_cut_exactly():
     output, _ = postrender(text)
     assert "      containers: []\n      nodeSelector:\n        pool: gpu\n" in output
     assert yaml.safe_load(output)["spec"]["template"]["spec"]["tolerations"] == [
-        {"key": "node-role", "value": "x\n"}, {"key": "node-type", "value": "gpu"}]
+        {"key": "node-role", "value": "x\n"},
+        {"key": "node-type", "value": "gpu"},
+    ]
 
 
 def test_indentless_lists_stay_indentless():
-    text = contract_daemonset("\n      tolerations:\n      - key: node-role\n", '{"tolerations":[{"key":"node-role"}]}',
-                              GPU_INPUTS)
+    text = contract_daemonset(
+        "\n      tolerations:\n      - key: node-role\n", '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS
+    )
     assert "      tolerations:\n      - key: node-role\n      - key: node-type\n        value: gpu\n" in postrender(text)[0]
 
 
@@ -204,12 +239,18 @@ def test_a_field_the_base_does_not_have_is_removed():
 
 
 def test_a_flow_style_pod_spec_is_replaced_in_flow_style_keeping_the_text_around_it():
-    text = contract_daemonset(" {containers: [], tolerations: [{key: node-role}], hostPID: true}  # pod\n",
-                              '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+    text = contract_daemonset(
+        " {containers: [], tolerations: [{key: node-role}], hostPID: true}  # pod\n",
+        '{"tolerations":[{"key":"node-role"}]}',
+        GPU_INPUTS,
+    )
     output, _ = postrender(text)
     assert output == contract_daemonset(
         " {containers: [], tolerations: [{key: node-role}, {key: node-type, value: gpu}], hostPID: true, "
-        "nodeSelector: {pool: gpu}}  # pod\n", '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+        "nodeSelector: {pool: gpu}}  # pod\n",
+        '{"tolerations":[{"key":"node-role"}]}',
+        GPU_INPUTS,
+    )
     assert postrender(output)[0] == output
 
 
@@ -220,12 +261,13 @@ def test_any_inputs_give_the_merge_result_and_a_second_run_changes_nothing(input
 
     base_text = yaml.safe_dump(inputs.base, default_flow_style=False) if inputs.base else ""
     pod_spec = "\n      containers: []\n" + "".join("      " + line + "\n" for line in base_text.splitlines())
-    recorded = {"global": inputs.global_pts, "component": inputs.component_pts,
-                "tolerations": inputs.deprecated_tolerations}
-    text = contract_daemonset(pod_spec).replace(
-        "gpu.metax-tech.com/component: maca", f"gpu.metax-tech.com/component: {inputs.component}").replace(
-        "scheduling-base: '{}'", f"scheduling-base: {json.dumps(json.dumps(inputs.base))}").replace(
-        "scheduling-inputs: '{}'", f"scheduling-inputs: {json.dumps(json.dumps(recorded))}")
+    recorded = {"global": inputs.global_pts, "component": inputs.component_pts, "tolerations": inputs.deprecated_tolerations}
+    text = (
+        contract_daemonset(pod_spec)
+        .replace("gpu.metax-tech.com/component: maca", f"gpu.metax-tech.com/component: {inputs.component}")
+        .replace("scheduling-base: '{}'", f"scheduling-base: {json.dumps(json.dumps(inputs.base))}")
+        .replace("scheduling-inputs: '{}'", f"scheduling-inputs: {json.dumps(json.dumps(recorded))}")
+    )
     output, _ = postrender(text)
     pod = yaml.safe_load(output)["spec"]["template"]["spec"]
     assert {k: v for k, v in pod.items() if k != "containers"} == merge_scheduling(inputs)[0]
@@ -234,44 +276,59 @@ def test_any_inputs_give_the_merge_result_and_a_second_run_changes_nothing(input
 
 # --- errors -----------------------------------------------------------------------------
 
+
 @pytest.mark.helm
 def test_malformed_podtemplatespec_fails_naming_document_source_and_field(helm_home, tmp_path):
     values = {"maca": {"podTemplateSpec": {"spec": {"containers": [{"name": "x"}]}}}}
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, values)).stdout
     result = run_executable(rendered)
     assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.startswith("error: DaemonSet/metax-maca (metax-fixture/templates/daemonsets.yaml): "
-                                    "maca.podTemplateSpec.spec.containers: is not supported")
+    assert result.stderr.startswith(
+        "error: DaemonSet/metax-maca (metax-fixture/templates/daemonsets.yaml): "
+        "maca.podTemplateSpec.spec.containers: is not supported"
+    )
 
 
 def test_a_bad_global_input_is_reported_once_not_per_daemonset():
-    doc = ("---\n# Source: chart/templates/{name}.yaml\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n"
-           "  name: {name}\n  annotations:\n    gpu.metax-tech.com/component: {key}\n"
-           "    gpu.metax-tech.com/scheduling-base: '{{}}'\n"
-           "    gpu.metax-tech.com/scheduling-inputs: '{{\"global\":{{\"spec\":{{\"hostPID\":true}}}}}}'\n"
-           "spec: {{template: {{spec: {{}}}}}}\n")
+    doc = (
+        "---\n# Source: chart/templates/{name}.yaml\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n"
+        "  name: {name}\n  annotations:\n    gpu.metax-tech.com/component: {key}\n"
+        "    gpu.metax-tech.com/scheduling-base: '{{}}'\n"
+        '    gpu.metax-tech.com/scheduling-inputs: \'{{"global":{{"spec":{{"hostPID":true}}}}}}\'\n'
+        "spec: {{template: {{spec: {{}}}}}}\n"
+    )
     stream = doc.format(name="metax-maca", key="maca") + doc.format(name="metax-driver", key="driver")
     result = run_executable(stream)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: DaemonSet/metax-maca (chart/templates/metax-maca.yaml): podTemplateSpec.spec.hostPID: is not "
         "supported: only nodeSelector, affinity and tolerations are managed (seed table 3.15); remove it, or set "
-        "it in the chart's values for that component if it has one"]
+        "it in the chart's values for that component if it has one"
+    ]
 
 
-@pytest.mark.parametrize("document, expected", [
-    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
-     "    gpu.metax-tech.com/scheduling-inputs: [unclosed\n",
-     "DaemonSet/metax-maca (templates/m.yaml): is not valid YAML"),
-    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
-     "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{\"global\": nul'\n"
-     "spec: {template: {spec: {}}}\n",
-     'DaemonSet/metax-maca (templates/m.yaml): metadata.annotations["gpu.metax-tech.com/scheduling-inputs"]: '
-     "is not valid JSON"),
-    ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
-     "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{}'\n",
-     "DaemonSet/metax-maca (templates/m.yaml): spec.template.spec: is missing"),
-])
+@pytest.mark.parametrize(
+    "document, expected",
+    [
+        (
+            "kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
+            "    gpu.metax-tech.com/scheduling-inputs: [unclosed\n",
+            "DaemonSet/metax-maca (templates/m.yaml): is not valid YAML",
+        ),
+        (
+            "kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
+            "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{\"global\": nul'\n"
+            "spec: {template: {spec: {}}}\n",
+            'DaemonSet/metax-maca (templates/m.yaml): metadata.annotations["gpu.metax-tech.com/scheduling-inputs"]: '
+            "is not valid JSON",
+        ),
+        (
+            "kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/component: maca\n"
+            "    gpu.metax-tech.com/scheduling-base: '{}'\n    gpu.metax-tech.com/scheduling-inputs: '{}'\n",
+            "DaemonSet/metax-maca (templates/m.yaml): spec.template.spec: is missing",
+        ),
+    ],
+)
 def test_malformed_input_fails_naming_the_document(document, expected):
     result = run_executable("---\n# Source: templates/m.yaml\n" + document)
     assert result.returncode == 1
@@ -279,20 +336,21 @@ def test_malformed_input_fails_naming_the_document(document, expected):
 
 
 def test_a_document_without_source_and_with_flow_metadata_is_still_named():
-    result = run_executable("kind: DaemonSet\nmetadata: {name: metax-x, annotations: "
-                            "{gpu.metax-tech.com/scheduling-inputs: '{}'}}\n")
+    result = run_executable(
+        "kind: DaemonSet\nmetadata: {name: metax-x, annotations: {gpu.metax-tech.com/scheduling-inputs: '{}'}}\n"
+    )
     assert result.returncode == 1
-    assert result.stderr.startswith('error: DaemonSet/metax-x: metadata.annotations["gpu.metax-tech.com/component"]: '
-                                    "is missing")
+    assert result.stderr.startswith('error: DaemonSet/metax-x: metadata.annotations["gpu.metax-tech.com/component"]: is missing')
 
 
-ANNOTATED = ("kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n"
-             "    gpu.metax-tech.com/scheduling-inputs: '{}'\n")
+ANNOTATED = "kind: DaemonSet\nmetadata:\n  name: metax-maca\n  annotations:\n    gpu.metax-tech.com/scheduling-inputs: '{}'\n"
 
 
-@pytest.mark.parametrize("nesting", ["  deep: " + "[" * 50_000 + "]" * 50_000 + "\n",
-                                     "  deep:\n" + "".join("  " * i + "- \n" for i in range(1, 600))],
-                         ids=["flow", "block"])
+@pytest.mark.parametrize(
+    "nesting",
+    ["  deep: " + "[" * 50_000 + "]" * 50_000 + "\n", "  deep:\n" + "".join("  " * i + "- \n" for i in range(1, 600))],
+    ids=["flow", "block"],
+)
 def test_an_over_deep_document_is_refused_with_a_message_not_a_crash(nesting):
     """Regression: PyYAML's C composer recursed once per level and died with SIGSEGV (no message,
     Helm only saw the plugin vanish) on a 50,000-deep nesting inside an annotated document."""
@@ -300,17 +358,22 @@ def test_an_over_deep_document_is_refused_with_a_message_not_a_crash(nesting):
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: DaemonSet/metax-maca (templates/m.yaml): is nested more than 1000 levels deep; "
-        "fix the template or values that produced it"]
+        "fix the template or values that produced it"
+    ]
 
 
 def test_a_repeated_key_in_a_daemonset_is_refused_with_its_line():
     """YAML forbids duplicate keys; a parser that keeps the last one silently drops the first."""
-    result = run_executable("---\n# Source: templates/m.yaml\n" + ANNOTATED
-                            + "spec:\n  template:\n    spec:\n      nodeSelector: {a: b}\n      nodeSelector: {c: d}\n")
+    result = run_executable(
+        "---\n# Source: templates/m.yaml\n"
+        + ANNOTATED
+        + "spec:\n  template:\n    spec:\n      nodeSelector: {a: b}\n      nodeSelector: {c: d}\n"
+    )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: DaemonSet/metax-maca (templates/m.yaml): line 11: key 'nodeSelector' is repeated (first at "
-        "line 10); remove one of them: YAML forbids duplicate keys and Helm keeps only the last"]
+        "line 10); remove one of them: YAML forbids duplicate keys and Helm keeps only the last"
+    ]
 
 
 def test_input_that_is_not_utf8_is_refused():
@@ -319,8 +382,9 @@ def test_input_that_is_not_utf8_is_refused():
 
 
 def test_error_document_mode_exits_zero_with_one_document_carrying_the_message():
-    result = run_executable("kind: DaemonSet\nmetadata: {name: x, annotations: "
-                            "{gpu.metax-tech.com/scheduling-inputs: '{}'}}\n", "--error-document")
+    result = run_executable(
+        "kind: DaemonSet\nmetadata: {name: x, annotations: {gpu.metax-tech.com/scheduling-inputs: '{}'}}\n", "--error-document"
+    )
     assert result.returncode == 0
     (doc,) = yaml.safe_load_all(result.stdout)
     assert "gpu.metax-tech.com/component" in doc["metadata"]["annotations"][HELM4_FILENAME]
@@ -333,16 +397,22 @@ def test_error_document_mode_exits_zero_with_one_document_carrying_the_message()
 CHART_REQUIRED = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 
 
-
-
 @pytest.mark.helm
-@pytest.mark.parametrize("chart, required", [pytest.param(FIXTURE_CHART, {}, id="fixture-chart"),
-                                             pytest.param(REPO, CHART_REQUIRED, id="chart")])
-@pytest.mark.parametrize("helm, post_renderer", [(HELM3, str(EXECUTABLE)), (HELM4, "metax-postrender")],
-                         ids=["helm3", "helm4"])
+@pytest.mark.parametrize(
+    "chart, required", [pytest.param(FIXTURE_CHART, {}, id="fixture-chart"), pytest.param(REPO, CHART_REQUIRED, id="chart")]
+)
+@pytest.mark.parametrize("helm, post_renderer", [(HELM3, str(EXECUTABLE)), (HELM4, "metax-postrender")], ids=["helm3", "helm4"])
 def test_seed_example_end_to_end(helm_home, tmp_path, chart, required, helm, post_renderer):
-    result = helm_template(helm, helm_home, chart, write_values(tmp_path, {**SEED_VALUES, **required}),
-                           "--post-renderer", post_renderer, "--post-renderer-args", "--namespace=gpu")
+    result = helm_template(
+        helm,
+        helm_home,
+        chart,
+        write_values(tmp_path, {**SEED_VALUES, **required}),
+        "--post-renderer",
+        post_renderer,
+        "--post-renderer-args",
+        "--namespace=gpu",
+    )
     assert result.returncode == 0, result.stderr
     found = daemonsets(result.stdout)
     for name, role, added in (("metax-maca", "maca", "gpu"), ("metax-driver", "driver", "general")):
@@ -360,8 +430,10 @@ def test_helm3_shows_the_error_and_fails(helm_home, tmp_path):
     values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
     result = helm_template(HELM3, helm_home, FIXTURE_CHART, values, "--post-renderer", str(EXECUTABLE))
     assert result.returncode != 0
-    assert ("DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
-            "driver.podTemplateSpec.spec.hostNetwork: is not supported") in result.stderr
+    assert (
+        "DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
+        "driver.podTemplateSpec.spec.hostNetwork: is not supported"
+    ) in result.stderr
 
 
 @pytest.mark.helm
@@ -369,6 +441,8 @@ def test_helm4_shows_the_error_and_fails(helm_home, tmp_path):
     values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
     result = helm_template(HELM4, helm_home, FIXTURE_CHART, values, "--post-renderer", "metax-postrender")
     assert result.returncode != 0
-    assert ("DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
-            "driver.podTemplateSpec.spec.hostNetwork: is not supported") in result.stderr
+    assert (
+        "DaemonSet/metax-driver (metax-fixture/templates/daemonsets.yaml): "
+        "driver.podTemplateSpec.spec.hostNetwork: is not supported"
+    ) in result.stderr
     assert result.stdout == ""

@@ -4,6 +4,7 @@ Fails when an output is stale, when values.yaml and the schema disagree on a key
 Airflow's chart test does), when values.yaml or an example does not validate, and when the CRD
 is not one a real API server accepts with the rules it is meant to enforce.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metax_operator import contract
 from metax_operator.chart import admission, generate, problems, schema, validation
@@ -26,9 +28,21 @@ VALUES_SCHEMA = json.loads((ROOT / "values.schema.json").read_text())
 CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
 CR_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin" / "helm-docs"
-CHART_ONLY = {"global", "imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
-              "priorityClassName", "tools", "runner", "hooks", "crds", "tests", "networkPolicy",
-              "nodeWritePolicy"}
+CHART_ONLY = {
+    "global",
+    "imagePullPolicy",
+    "imagePullSecrets",
+    "commonLabels",
+    "commonAnnotations",
+    "priorityClassName",
+    "tools",
+    "runner",
+    "hooks",
+    "crds",
+    "tests",
+    "networkPolicy",
+    "nodeWritePolicy",
+}
 
 
 def test_generated_files_are_up_to_date():
@@ -49,16 +63,34 @@ def test_an_edited_comment_makes_both_outputs_stale(tmp_path):
 def test_values_reference_is_up_to_date():
     assert HELM_DOCS.exists(), f"{HELM_DOCS} is missing: run 'make setup'"
     result = subprocess.run(
-        [HELM_DOCS, "--chart-search-root", ".", "--chart-to-generate", ".", "--dry-run",
-         "--template-files", "docs/values.md.gotmpl", "--sort-values-order", "file",
-         "--skip-version-footer", "--log-level", "error"],
-        cwd=ROOT, capture_output=True, text=True, check=True)
+        [
+            HELM_DOCS,
+            "--chart-search-root",
+            ".",
+            "--chart-to-generate",
+            ".",
+            "--dry-run",
+            "--template-files",
+            "docs/values.md.gotmpl",
+            "--sort-values-order",
+            "file",
+            "--skip-version-footer",
+            "--log-level",
+            "error",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert result.stdout.strip() == (ROOT / "docs" / "values.md").read_text().strip(), (
         "docs/values.md is stale: run `$METAX_CACHE/bin/helm-docs -g . --template-files "
-        "docs/values.md.gotmpl --output-file docs/values.md --sort-values-order file --skip-version-footer`")
+        "docs/values.md.gotmpl --output-file docs/values.md --sort-values-order file --skip-version-footer`"
+    )
 
 
 # --- values.schema.json -------------------------------------------------------------------------
+
 
 def test_values_schema_is_draft_07_and_self_contained():
     assert VALUES_SCHEMA["$schema"] == "http://json-schema.org/draft-07/schema#"
@@ -75,6 +107,7 @@ def test_every_object_of_ours_refuses_unknown_keys():
         for key, child in node.get("properties", {}).items():
             if key != "global":
                 check(child, f"{path}.{key}")
+
     check(VALUES_SCHEMA, "values")
     for name, definition in VALUES_SCHEMA["definitions"].items():
         check(definition, name)
@@ -118,6 +151,7 @@ def test_every_values_key_has_a_description():
             missing.append(path)
         for key, child in node.get("properties", {}).items():
             check(child, f"{path}.{key}" if path else key)
+
     check(VALUES_SCHEMA, "")
     assert not missing, missing
 
@@ -129,18 +163,36 @@ def _examples() -> dict[str, dict]:
     for path in sorted((ROOT / "tests" / "data").glob("values-*.yaml")):
         examples[path.name] = yaml.safe_load(path.read_text())
     examples["seed §3.2.5 podTemplateSpec"] = {
-        "podTemplateSpec": {"spec": {"tolerations": [
-            {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}]}},
-        "maca": {"podTemplateSpec": {"spec": {"tolerations": [
-            {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}}}}
-    examples["seed §3.2.6.1 vfioConfig"] = {"vfioManager": {"vfioConfig": [
-        {"nodeName": "worknode1", "gpus": "0,1,2"}, {"nodeName": r"worknode\d+", "gpus": "0,1,2"}]}}
-    examples["seed §3.2.8 policy (steps written `pause:`)"] = {"driver": {"upgradePolicy": {
-        "enableRollout": True,
-        "upgradeSteps": [{"replicas": 2, "pause": None}, {"replicas": 5, "pauseDuration": 10000},
-                         {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%", "pause": None}],
-        "pause": False, "maxParallel": "50%", "maxUnavailable": 0, "maxFailureThreshold": 3,
-        "fallback": "pause"}}}
+        "podTemplateSpec": {
+            "spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}]}
+        },
+        "maca": {
+            "podTemplateSpec": {
+                "spec": {"tolerations": [{"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}
+            }
+        },
+    }
+    examples["seed §3.2.6.1 vfioConfig"] = {
+        "vfioManager": {"vfioConfig": [{"nodeName": "worknode1", "gpus": "0,1,2"}, {"nodeName": r"worknode\d+", "gpus": "0,1,2"}]}
+    }
+    examples["seed §3.2.8 policy (steps written `pause:`)"] = {
+        "driver": {
+            "upgradePolicy": {
+                "enableRollout": True,
+                "upgradeSteps": [
+                    {"replicas": 2, "pause": None},
+                    {"replicas": 5, "pauseDuration": 10000},
+                    {"replicas": 8, "pauseDuration": 10000},
+                    {"replicas": "100%", "pause": None},
+                ],
+                "pause": False,
+                "maxParallel": "50%",
+                "maxUnavailable": 0,
+                "maxFailureThreshold": 3,
+                "fallback": "pause",
+            }
+        }
+    }
     cases = ROOT / "tests" / "data" / "rollout-worked-examples.yaml"
     for case in yaml.safe_load(cases.read_text())["cases"]:
         examples[f"worked example: {case['name']}"] = {"driver": {"upgradePolicy": case["policy"]}}
@@ -161,10 +213,8 @@ def test_example_is_valid(name):
 @given(st.integers(min_value=-1000, max_value=1000))
 def test_percent_patterns_accept_exactly_0_to_100(n):
     text = f"{n}%"
-    assert (jsonschema.Draft7Validator({"pattern": schema.percent_pattern(True)}).is_valid(text)
-            == (0 <= n <= 100))
-    assert (jsonschema.Draft7Validator({"pattern": schema.percent_pattern(False)}).is_valid(text)
-            == (1 <= n <= 100))
+    assert jsonschema.Draft7Validator({"pattern": schema.percent_pattern(True)}).is_valid(text) == (0 <= n <= 100)
+    assert jsonschema.Draft7Validator({"pattern": schema.percent_pattern(False)}).is_valid(text) == (1 <= n <= 100)
 
 
 @pytest.mark.parametrize("text", ["150%", "abc", "-5%", "101%", "05%", "5 %", "%", "1.5%"])
@@ -173,8 +223,10 @@ def test_percent_patterns_refuse(text):
 
 
 def test_descriptions_come_from_values_comments():
-    text = ("# heading of a section\nsection:\n  # -- What it does,\n  # and more.\n  key: 1\n"
-            "  # a plain note\n\n  other: 2\n  # @default -- x\n  # -- Described.\n  third: 3\n")
+    text = (
+        "# heading of a section\nsection:\n  # -- What it does,\n  # and more.\n  key: 1\n"
+        "  # a plain note\n\n  other: 2\n  # @default -- x\n  # -- Described.\n  third: 3\n"
+    )
     assert schema.values_descriptions(text) == {
         ("section",): "heading of a section",
         ("section", "key"): "What it does, and more.",
@@ -184,22 +236,29 @@ def test_descriptions_come_from_values_comments():
 
 # --- the CRD ------------------------------------------------------------------------------------
 
+
 def test_crd_names_scope_and_columns():
     spec = CRD["spec"]
     assert CRD["metadata"]["name"] == "clusteroperators.gpu.metax-tech.com"
     assert spec["group"] == "gpu.metax-tech.com" and spec["scope"] == "Cluster"
-    assert spec["names"] == {"kind": "ClusterOperator", "listKind": "ClusterOperatorList",
-                             "plural": "clusteroperators", "singular": "clusteroperator",
-                             "shortNames": ["mxco"]}
-    version, = spec["versions"]
+    assert spec["names"] == {
+        "kind": "ClusterOperator",
+        "listKind": "ClusterOperatorList",
+        "plural": "clusteroperators",
+        "singular": "clusteroperator",
+        "shortNames": ["mxco"],
+    }
+    (version,) = spec["versions"]
     assert version["name"] == "v1" and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert columns == {"Phase": ".status.upgradeStatus.phase",
-                       "Step": ".status.upgradeStatus.status.currentStepIndex",
-                       "Upgraded": ".status.upgradeStatus.status.totalUpgradeReadyReplicas",
-                       "Total": ".status.upgradeStatus.status.totalUpgradeReplicas",
-                       "Age": ".metadata.creationTimestamp"}
+    assert columns == {
+        "Phase": ".status.upgradeStatus.phase",
+        "Step": ".status.upgradeStatus.status.currentStepIndex",
+        "Upgraded": ".status.upgradeStatus.status.totalUpgradeReadyReplicas",
+        "Total": ".status.upgradeStatus.status.totalUpgradeReplicas",
+        "Age": ".metadata.creationTimestamp",
+    }
 
 
 def test_cr_spec_is_the_values_less_chart_settings():
@@ -207,23 +266,44 @@ def test_cr_spec_is_the_values_less_chart_settings():
     assert set(spec) == set(VALUES) - CHART_ONLY
     for component in contract.COMPONENTS:
         assert not {"image", "resources", "serviceMonitor"} & set(spec[component]["properties"])
-    assert set(spec["driver"]["properties"]["upgradePolicy"]["properties"]) == \
-        set(VALUES["driver"]["upgradePolicy"])
+    assert set(spec["driver"]["properties"]["upgradePolicy"]["properties"]) == set(VALUES["driver"]["upgradePolicy"])
 
 
 def test_status_has_the_seed_table_3_16_shape():
     upgrade = CR_SCHEMA["properties"]["status"]["properties"]["upgradeStatus"]["properties"]
-    assert set(upgrade) == {"lastAppliedSpec", "lastCoDriverSpec", "upgrading", "condition", "phase",
-                            "message", "status", "resume"}
-    assert set(upgrade["condition"]["items"]["properties"]) == {
-        "type", "status", "lastTransitionTime", "reason", "message"}
+    assert set(upgrade) == {
+        "lastAppliedSpec",
+        "lastCoDriverSpec",
+        "upgrading",
+        "condition",
+        "phase",
+        "message",
+        "status",
+        "resume",
+    }
+    assert set(upgrade["condition"]["items"]["properties"]) == {"type", "status", "lastTransitionTime", "reason", "message"}
     assert set(upgrade["status"]["properties"]) == {
-        "lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex", "currentUpgradeReplicas",
-        "currentUpgradeReadyReplicas", "currentFailureRetry", "currentStepState", "message",
-        "totalUpgradeReplicas", "totalUpgradeReadyReplicas", "lastUpdateTime", "recheckTime"}
+        "lastPodSpecRevision",
+        "upgradingPodSpecRevision",
+        "currentStepIndex",
+        "currentUpgradeReplicas",
+        "currentUpgradeReadyReplicas",
+        "currentFailureRetry",
+        "currentStepState",
+        "message",
+        "totalUpgradeReplicas",
+        "totalUpgradeReadyReplicas",
+        "lastUpdateTime",
+        "recheckTime",
+    }
     assert upgrade["phase"]["enum"] == ["Idling", "Progressing", "Terminating", "Disabled", "Disabling"]
     assert upgrade["status"]["properties"]["currentStepState"]["enum"] == [
-        "StepUpgradeInit", "StepUpgrade", "StepPaused", "StepReady", "Completed"]
+        "StepUpgradeInit",
+        "StepUpgrade",
+        "StepPaused",
+        "StepReady",
+        "Completed",
+    ]
 
 
 def test_crd_schema_is_structural_and_described():
@@ -233,13 +313,11 @@ def test_crd_schema_is_structural_and_described():
         """Kubernetes' own types (affinity, tolerations) keep only their top description:
         their fields are documented by `kubectl explain pod.spec.affinity`, and eight copies
         of the API reference would push the CRD past the 256 KiB `kubectl apply` can annotate."""
-        if not (node.get("type") or node.get("x-kubernetes-int-or-string")
-                or node.get("x-kubernetes-preserve-unknown-fields")):
+        if not (node.get("type") or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")):
             problems.append(f"{path}: no type")
         if node.get("additionalProperties") is False or "$ref" in node or "patternProperties" in node:
             problems.append(f"{path}: not structural")
-        if "description" not in node and not in_metadata and path.count(".") > 0 \
-                and not path.endswith("[]"):
+        if "description" not in node and not in_metadata and path.count(".") > 0 and not path.endswith("[]"):
             problems.append(f"{path}: no description")
         if path.endswith((".affinity", ".tolerations[]")):
             return
@@ -249,6 +327,7 @@ def test_crd_schema_is_structural_and_described():
             check(node["items"], f"{path}[]", in_metadata)
         if isinstance(node.get("additionalProperties"), dict):
             check(node["additionalProperties"], f"{path}{{}}", True)
+
     check(CR_SCHEMA, "")
     assert not problems, "\n".join(problems)
 
@@ -258,17 +337,67 @@ def test_crd_schema_is_structural_and_described():
 # values.schema.json. A stray key is a YAML slip in schema_source.yaml, e.g. an unquoted comma
 # in a flow-style description (`{description: Why, for humans.}` made a key "for humans.").
 CRD_SCHEMA_FIELDS = {
-    "$schema", "$ref", "id", "description", "type", "format", "title", "default", "maximum",
-    "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
-    "maxItems", "minItems", "uniqueItems", "multipleOf", "enum", "maxProperties", "minProperties",
-    "required", "items", "allOf", "oneOf", "anyOf", "not", "properties", "additionalProperties",
-    "patternProperties", "dependencies", "additionalItems", "definitions", "externalDocs", "example",
-    "nullable", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-embedded-resource",
-    "x-kubernetes-int-or-string", "x-kubernetes-list-map-keys", "x-kubernetes-list-type",
-    "x-kubernetes-map-type", "x-kubernetes-validations"}
+    "$schema",
+    "$ref",
+    "id",
+    "description",
+    "type",
+    "format",
+    "title",
+    "default",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "multipleOf",
+    "enum",
+    "maxProperties",
+    "minProperties",
+    "required",
+    "items",
+    "allOf",
+    "oneOf",
+    "anyOf",
+    "not",
+    "properties",
+    "additionalProperties",
+    "patternProperties",
+    "dependencies",
+    "additionalItems",
+    "definitions",
+    "externalDocs",
+    "example",
+    "nullable",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-list-type",
+    "x-kubernetes-map-type",
+    "x-kubernetes-validations",
+}
 DRAFT_07_KEYWORDS = CRD_SCHEMA_FIELDS - {"id", "nullable"} - {k for k in CRD_SCHEMA_FIELDS if k.startswith("x-")} | {
-    "$id", "$comment", "const", "contains", "propertyNames", "if", "then", "else", "readOnly",
-    "writeOnly", "contentMediaType", "contentEncoding", "examples", "x-hint"}
+    "$id",
+    "$comment",
+    "const",
+    "contains",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+    "examples",
+    "x-hint",
+}
 
 
 def stray_keys(node, allowed: set, path: str = "") -> list[str]:
@@ -312,6 +441,7 @@ def test_crd_accepts_the_default_values_as_a_spec():
 
 # --- the CRD on a real API server ----------------------------------------------------------------
 
+
 def _valid_spec() -> dict:
     return {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 
@@ -333,12 +463,10 @@ def test_api_server_accepts_the_crd_and_enforces_its_rules(control_plane):
         crd = ext.read_custom_resource_definition("clusteroperators.gpu.metax-tech.com")
         if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
             break
-    resource = dynamic.DynamicClient(api).resources.get(api_version="gpu.metax-tech.com/v1",
-                                                       kind="ClusterOperator")
+    resource = dynamic.DynamicClient(api).resources.get(api_version="gpu.metax-tech.com/v1", kind="ClusterOperator")
 
     def create(name: str, spec: dict):
-        body = {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-                "metadata": {"name": name}, "spec": spec}
+        body = {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator", "metadata": {"name": name}, "spec": spec}
         return resource.create(body=body, dry_run="All")
 
     created = create("cluster-operator", _valid_spec())

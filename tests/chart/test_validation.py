@@ -3,6 +3,7 @@
 The same rules under Helm are tested case by case in test_bad_values.py; here each rule's edges,
 the CR-spec variant the runner uses, and the parsers of the two ConfigMaps.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,20 +12,31 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
+from metax_operator import cli
 from metax_operator.chart import validation
 from metax_operator.chart.problems import regex_problem
+from metax_operator.chart.validate import merged_values
 from metax_operator.contract import PREREQUISITES
 from metax_operator.errors import UserErrors
-from metax_operator import cli
-from metax_operator.chart.validate import merged_values
 from tests.helm import BIN, overlay, render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = yaml.safe_load((ROOT / "values.yaml").read_text())
-CHART_ONLY = {"imagePullPolicy", "imagePullSecrets", "commonLabels", "commonAnnotations",
-              "priorityClassName", "tools", "runner", "hooks", "crds", "tests"}
+CHART_ONLY = {
+    "imagePullPolicy",
+    "imagePullSecrets",
+    "commonLabels",
+    "commonAnnotations",
+    "priorityClassName",
+    "tools",
+    "runner",
+    "hooks",
+    "crds",
+    "tests",
+}
 
 
 def values(**changes) -> dict:
@@ -50,11 +62,16 @@ def test_all_problems_are_raised_at_once():
     with pytest.raises(UserErrors) as raised:
         validation.validate_values(bad)
     assert [e.field for e in raised.value.errors] == [
-        "registry", "runtime.deploy", "driver.deploy", "maca.deploy", "gpuDevice.deploy", "vfioManager.deploy"]
+        "registry",
+        "runtime.deploy",
+        "driver.deploy",
+        "maca.deploy",
+        "gpuDevice.deploy",
+        "vfioManager.deploy",
+    ]
 
 
-@pytest.mark.parametrize("component, prerequisite",
-                         [(c, p) for c, ps in PREREQUISITES.items() for p in ps])
+@pytest.mark.parametrize("component, prerequisite", [(c, p) for c, ps in PREREQUISITES.items() for p in ps])
 def test_each_prerequisite(component, prerequisite):
     vals = values(**{component: {"deploy": True}, prerequisite: {"deploy": False}})
     assert str(validation.dependency_problem(component, prerequisite)) in problems(vals)
@@ -65,21 +82,30 @@ def test_each_prerequisite(component, prerequisite):
 def test_payload_version_required_unless_never_or_driver_off():
     assert "driver.payload.version" in fields(values(driver={"payload": {"version": ""}}))
     assert fields(values(driver={"payload": {"version": ""}, "deployPolicy": "Never"})) == []
-    assert fields(values(driver={"payload": {"version": ""}, "deploy": False},
-                         exporter={"deploy": False})) == []
+    assert fields(values(driver={"payload": {"version": ""}, "deploy": False}, exporter={"deploy": False})) == []
 
 
 def test_upgrade_policy_problems_come_from_policy_module():
-    vals = values(driver={"upgradePolicy": {"enableRollout": True, "upgradeSteps": [
-        {"replicas": 5}, {"replicas": 2}, {"replicas": "100%"}]}})
+    vals = values(
+        driver={
+            "upgradePolicy": {"enableRollout": True, "upgradeSteps": [{"replicas": 5}, {"replicas": 2}, {"replicas": "100%"}]}
+        }
+    )
     assert fields(vals) == ["driver.upgradePolicy.upgradeSteps[1].replicas"]
 
 
 def test_seed_rollout_policy_with_pause_steps_is_valid():
-    policy = {"enableRollout": True, "upgradeSteps": [
-        {"replicas": 2, "pause": None}, {"replicas": 5, "pauseDuration": 10000},
-        {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%", "pause": None}],
-        "maxParallel": "50%", "maxFailureThreshold": 3}
+    policy = {
+        "enableRollout": True,
+        "upgradeSteps": [
+            {"replicas": 2, "pause": None},
+            {"replicas": 5, "pauseDuration": 10000},
+            {"replicas": 8, "pauseDuration": 10000},
+            {"replicas": "100%", "pause": None},
+        ],
+        "maxParallel": "50%",
+        "maxFailureThreshold": 3,
+    }
     assert problems(values(driver={"upgradePolicy": policy})) == []
 
 
@@ -88,21 +114,23 @@ def test_re2_patterns_accepted(pattern):
     assert regex_problem(pattern) is None
 
 
-@pytest.mark.parametrize("pattern, why", [
-    ("worknode(", "missing )"),
-    (r"node(?=1)", "invalid perl operator"),      # lookahead: Python's re accepts it, Go does not
-    (r"(?<!x)node", "invalid perl operator"),     # lookbehind
-    (r"(a)\1", "invalid escape sequence"),        # backreference
-    ("*node", "no argument for repetition operator"),
-])
+@pytest.mark.parametrize(
+    "pattern, why",
+    [
+        ("worknode(", "missing )"),
+        (r"node(?=1)", "invalid perl operator"),  # lookahead: Python's re accepts it, Go does not
+        (r"(?<!x)node", "invalid perl operator"),  # lookbehind
+        (r"(a)\1", "invalid escape sequence"),  # backreference
+        ("*node", "no argument for repetition operator"),
+    ],
+)
 def test_regexes_go_refuses_are_refused(pattern, why):
     assert why in regex_problem(pattern)
 
 
 def test_vfio_gpus_duplicates_named_in_order():
     vals = values(vfioManager={"vfioConfig": [{"nodeName": "n1", "gpus": "3,1,3,1,2"}]})
-    assert problems(vals) == ["vfioManager.vfioConfig[0].gpus: lists GPU 3, 1 more than once; "
-                              "list each GPU index once"]
+    assert problems(vals) == ["vfioManager.vfioConfig[0].gpus: lists GPU 3, 1 more than once; list each GPU index once"]
 
 
 @given(st.lists(st.integers(min_value=0, max_value=15), min_size=1, max_size=12))
@@ -111,18 +139,27 @@ def test_gpu_list_is_valid_exactly_when_no_index_repeats(gpus):
     assert (validation.vfio_config_problems(entry, "v") == []) == (len(set(gpus)) == len(gpus))
 
 
-@pytest.mark.parametrize("service, field", [
-    ({"type": "ClusterIP", "port": 9400}, "exporter.service.port"),
-    ({"type": "ExternalName"}, "exporter.service.externalName"),
-    ({"type": "LoadBalancer", "externalName": "x.example.com"}, "exporter.service.externalName"),
-])
+@pytest.mark.parametrize(
+    "service, field",
+    [
+        ({"type": "ClusterIP", "port": 9400}, "exporter.service.port"),
+        ({"type": "ExternalName"}, "exporter.service.externalName"),
+        ({"type": "LoadBalancer", "externalName": "x.example.com"}, "exporter.service.externalName"),
+    ],
+)
 def test_service_rules(service, field):
     assert fields(values(exporter={"deploy": True, "service": service})) == [field]
 
 
-@pytest.mark.parametrize("service", [{"type": "NodePort", "port": 30400}, {"type": "LoadBalancer", "port": 9400},
-                                     {"type": "ExternalName", "externalName": "metrics.example.com"},
-                                     {"type": "ClusterIP"}])
+@pytest.mark.parametrize(
+    "service",
+    [
+        {"type": "NodePort", "port": 30400},
+        {"type": "LoadBalancer", "port": 9400},
+        {"type": "ExternalName", "externalName": "metrics.example.com"},
+        {"type": "ClusterIP"},
+    ],
+)
 def test_service_accepted(service):
     assert fields(values(exporter={"deploy": True, "service": service})) == []
 
@@ -144,25 +181,34 @@ def test_deprecated_tolerations_file_shapes_accepted(text):
     assert problems(values(tolerations=text)) == []
 
 
-@pytest.mark.parametrize("text, field", [
-    ("other: [1]\n", "tolerations"),
-    ("tolerations: [{key: a, operator: Matches}]\n", "tolerations[0].operator"),
-    ("- key: a\n  effect: Never\n", "tolerations[0].effect"),
-    ("- [not, a, mapping]\n", "tolerations[0]"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("other: [1]\n", "tolerations"),
+        ("tolerations: [{key: a, operator: Matches}]\n", "tolerations[0].operator"),
+        ("- key: a\n  effect: Never\n", "tolerations[0].effect"),
+        ("- [not, a, mapping]\n", "tolerations[0]"),
+    ],
+)
 def test_deprecated_tolerations_file_problems(text, field):
     assert fields(values(tolerations=text)) == [field]
 
 
 def test_driver_config_checked_like_the_configmap():
-    config = {"nodeVfnums": {"node-a": {"vfnum": 0}}, "moduleParams": {"xcore_page_size": "10"},
-              "nodeModuleParams": {"Node_B": {"gpu_model": "x"}}}
+    config = {
+        "nodeVfnums": {"node-a": {"vfnum": 0}},
+        "moduleParams": {"xcore_page_size": "10"},
+        "nodeModuleParams": {"Node_B": {"gpu_model": "x"}},
+    }
     assert sorted(fields(values(driver={"config": config}))) == [
-        "driver.config.moduleParams.xcore_page_size", "driver.config.nodeModuleParams.Node_B",
-        "driver.config.nodeVfnums.node-a.vfnum"]
+        "driver.config.moduleParams.xcore_page_size",
+        "driver.config.nodeModuleParams.Node_B",
+        "driver.config.nodeVfnums.node-a.vfnum",
+    ]
 
 
 # --- the CR spec, as the runner checks it ---------------------------------------------------------
+
 
 def cr_spec(**changes) -> dict:
     spec = {k: copy.deepcopy(v) for k, v in values(**changes).items() if k not in CHART_ONLY}
@@ -183,27 +229,35 @@ def test_cr_spec_valid_and_problems_named_under_spec():
 
 # --- the two ConfigMaps ---------------------------------------------------------------------------
 
+
 def test_parse_seed_driver_config():
     assert validation.parse_node_vfnums(
         "nodes:\n  sample-node:\n    vfnum: 4\n  sample-node2:\n    vfnum: 2\n  foo:\n    vfnum: 2\n"
     ) == {"sample-node": 4, "sample-node2": 2, "foo": 2}
     assert validation.parse_module_params("xcore_page_size: 10\n") == {"xcore_page_size": 10}
     assert validation.parse_node_module_params("sample-node1:\n  xcore_page_size: 12\n") == {
-        "sample-node1": {"xcore_page_size": 12}}
+        "sample-node1": {"xcore_page_size": 12}
+    }
     assert validation.parse_node_vfnums("") == {} and validation.parse_module_params(None) == {}
 
 
-@pytest.mark.parametrize("parse, text, field", [
-    (validation.parse_node_vfnums, "nodes:\n  n1:\n    vfnum: 17\n", "configmap/driver-config[node-vfnums].nodes.n1.vfnum"),
-    (validation.parse_node_vfnums, "n1:\n  vfnum: 2\n", "configmap/driver-config[node-vfnums]"),
-    (validation.parse_node_vfnums, "nodes: [", "configmap/driver-config[node-vfnums]"),
-    (validation.parse_module_params, "xcore_page_size: -1\n", "configmap/driver-config[module-params].xcore_page_size"),
-    (validation.parse_module_params, "page_size: 4\n", "configmap/driver-config[module-params].page_size"),
-    (validation.parse_node_module_params, "n1:\n  gpu_model: 3\n",
-     "configmap/driver-config[node-module-params].n1.gpu_model"),
-    (validation.parse_vfio_config, "- nodeName: 'a('\n  gpus: all\n", "configmap/metax-vfio-config[0].nodeName"),
-    (validation.parse_vfio_config, "- nodeName: a\n  gpus: '1,1'\n", "configmap/metax-vfio-config[0].gpus"),
-])
+@pytest.mark.parametrize(
+    "parse, text, field",
+    [
+        (validation.parse_node_vfnums, "nodes:\n  n1:\n    vfnum: 17\n", "configmap/driver-config[node-vfnums].nodes.n1.vfnum"),
+        (validation.parse_node_vfnums, "n1:\n  vfnum: 2\n", "configmap/driver-config[node-vfnums]"),
+        (validation.parse_node_vfnums, "nodes: [", "configmap/driver-config[node-vfnums]"),
+        (validation.parse_module_params, "xcore_page_size: -1\n", "configmap/driver-config[module-params].xcore_page_size"),
+        (validation.parse_module_params, "page_size: 4\n", "configmap/driver-config[module-params].page_size"),
+        (
+            validation.parse_node_module_params,
+            "n1:\n  gpu_model: 3\n",
+            "configmap/driver-config[node-module-params].n1.gpu_model",
+        ),
+        (validation.parse_vfio_config, "- nodeName: 'a('\n  gpus: all\n", "configmap/metax-vfio-config[0].nodeName"),
+        (validation.parse_vfio_config, "- nodeName: a\n  gpus: '1,1'\n", "configmap/metax-vfio-config[0].gpus"),
+    ],
+)
 def test_configmap_problems_name_the_key(parse, text, field):
     with pytest.raises(UserErrors) as raised:
         parse(text)
@@ -213,12 +267,19 @@ def test_configmap_problems_name_the_key(parse, text, field):
 @pytest.mark.helm
 def test_rendered_configmaps_parse_back_to_the_values():
     """What the chart renders into driver-config and metax-vfio-config is what the parsers read."""
-    config = {"nodeVfnums": {"sample-node": {"vfnum": 4}}, "moduleParams": {"xcore_page_size": 10},
-              "nodeModuleParams": {"sample-node1": {"xcore_page_size": 12}}}
+    config = {
+        "nodeVfnums": {"sample-node": {"vfnum": 4}},
+        "moduleParams": {"xcore_page_size": 10},
+        "nodeModuleParams": {"sample-node1": {"xcore_page_size": 12}},
+    }
     vfio = [{"nodeName": "worknode1", "gpus": "0,1,2"}, {"nodeName": r"worknode\d+", "gpus": "all"}]
-    objects = render_chart({"registry": "r.example/metax", "driver": {"payload": {"version": "1.0.0"},
-                                                                       "config": config},
-                            "vfioManager": {"vfioConfig": vfio}})
+    objects = render_chart(
+        {
+            "registry": "r.example/metax",
+            "driver": {"payload": {"version": "1.0.0"}, "config": config},
+            "vfioManager": {"vfioConfig": vfio},
+        }
+    )
     maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
     driver = maps["driver-config"]
     assert validation.parse_node_vfnums(driver["node-vfnums"]) == {"sample-node": 4}
@@ -240,12 +301,26 @@ def test_helm_merges_files_and_every_set_flag_in_its_own_order(tmp_path):
     second.write_text("registry: two\n")
     tolerations = tmp_path / "t.yaml"
     tolerations.write_text(SEED_TOLERATIONS_FILE)
-    merged = merged_values(ROOT, ["--values", str(first), "--values", str(second),
-                                  "--set", "vfioManager.vfioConfig[1].gpus=all",
-                                  "--set-string", "driver.payload.version=2.32",
-                                  "--set-json", 'driver.upgradePolicy.upgradeSteps=[{"replicas": "100%"}]',
-                                  "--set-literal", "commonAnnotations.note=a,b\\c",
-                                  "--set-file", f"tolerations={tolerations}"], HELM)
+    merged = merged_values(
+        ROOT,
+        [
+            "--values",
+            str(first),
+            "--values",
+            str(second),
+            "--set",
+            "vfioManager.vfioConfig[1].gpus=all",
+            "--set-string",
+            "driver.payload.version=2.32",
+            "--set-json",
+            'driver.upgradePolicy.upgradeSteps=[{"replicas": "100%"}]',
+            "--set-literal",
+            "commonAnnotations.note=a,b\\c",
+            "--set-file",
+            f"tolerations={tolerations}",
+        ],
+        HELM,
+    )
     assert merged["registry"] == "two"
     assert merged["driver"]["payload"] == {"name": "driver-image", "version": "2.32", "registry": "", "digest": ""}
     assert merged["driver"]["upgradePolicy"]["upgradeSteps"] == [{"replicas": "100%"}]
@@ -262,7 +337,8 @@ def test_an_index_helm_refuses_is_refused_at_once(capsys):
     assert cli.main(["validate", "--helm", HELM, "--set", "a[99999999]=1"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "error: helm: failed parsing --set data: index of 99999999 is greater than maximum supported index "
-        "of 65536; fix the values or flags Helm names"]
+        "of 65536; fix the values or flags Helm names"
+    ]
 
 
 def test_without_helm_validate_says_how_to_get_it(capsys, monkeypatch, tmp_path):
@@ -270,7 +346,8 @@ def test_without_helm_validate_says_how_to_get_it(capsys, monkeypatch, tmp_path)
     monkeypatch.delenv("HELM_BIN", raising=False)
     assert cli.main(["validate"]) == 1
     assert capsys.readouterr().err.splitlines() == [
-        "error: helm: is not on PATH; install Helm 3 (3.18 or later) or Helm 4, or pass --helm PATH (or set $HELM_BIN)"]
+        "error: helm: is not on PATH; install Helm 3 (3.18 or later) or Helm 4, or pass --helm PATH (or set $HELM_BIN)"
+    ]
     monkeypatch.setenv("HELM_BIN", str(tmp_path / "helm"))
     assert cli.main(["validate"]) == 1
     assert capsys.readouterr().err.startswith(f"error: $HELM_BIN: {tmp_path / 'helm'} is not an executable file")
@@ -279,8 +356,9 @@ def test_without_helm_validate_says_how_to_get_it(capsys, monkeypatch, tmp_path)
 @pytest.mark.helm
 def test_helm_bin_is_the_helm_validate_runs(capsys, monkeypatch):
     monkeypatch.setenv("HELM_BIN", str(BIN / "helm4"))
-    assert cli.main(["validate", "--set", "registry=cr.example.com/metax", "--set-string",
-                     "driver.payload.version=2.32.0.6"]) == 0
+    assert (
+        cli.main(["validate", "--set", "registry=cr.example.com/metax", "--set-string", "driver.payload.version=2.32.0.6"]) == 0
+    )
     assert capsys.readouterr().out == "values are valid\n"
 
 
@@ -296,13 +374,18 @@ def test_helm_refusals_become_one_line_each_naming_the_field(helm, tmp_path):
         assert result.returncode == 1
         return result.stderr
 
-    schema = helm_problems(stderr("--set", "driver.deployPolicy=Sometimes",
-                                  "--set", "driver.upgradePolicy.upgradeSteps[0].replicas=abc"))
+    schema = helm_problems(
+        stderr("--set", "driver.deployPolicy=Sometimes", "--set", "driver.upgradePolicy.upgradeSteps[0].replicas=abc")
+    )
     assert {e.field for e in schema} >= {"driver.deployPolicy", "driver.upgradePolicy.upgradeSteps[0].replicas"}
     rules = helm_problems(stderr("--set", "driver.payload.version=v1", "--set", "gpuLabel.deploy=false"))
     assert sorted(str(e) for e in rules) == sorted(
         ["registry: is required; set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax"]
-        + [str(validation.dependency_problem(c, "gpuLabel")) for c, ps in PREREQUISITES.items()
-           if "gpuLabel" in ps and c != "exporter"])  # the exporter is off by default
+        + [
+            str(validation.dependency_problem(c, "gpuLabel"))
+            for c, ps in PREREQUISITES.items()
+            if "gpuLabel" in ps and c != "exporter"
+        ]
+    )  # the exporter is off by default
     [other] = helm_problems(stderr("--set", "a[99999999]=1"))
     assert other.field == "helm" and "greater than maximum supported index" in other.problem

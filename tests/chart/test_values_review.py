@@ -2,6 +2,7 @@
 Applications and Flux HelmReleases (values_sources.py), each problem at its file, line and column
 (found here by searching the file's text, not by parsing it), in the text, github and json outputs.
 The installed `metax-operator` script runs with the real Helm, as a user's hook or CI job would."""
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,7 @@ spec:
 
 
 def validate(*args, cwd: Path, helm: str = "helm3") -> subprocess.CompletedProcess:
-    return subprocess.run([SCRIPT, "validate", "--helm", BIN / helm, *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True)
+    return subprocess.run([SCRIPT, "validate", "--helm", BIN / helm, *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
 def at(text: str, needle: str, nth: int = 1) -> str:
@@ -100,9 +100,10 @@ def test_a_bad_driver_version_and_step_list_in_a_helm_release_are_reported_at_th
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"error: {name}:{at(HELM_RELEASE, 'version: 2.32')}: driver.payload.version: must be a string, not number "
-        "2.32; use an image tag such as \"2.32.0.6\" (quote it in YAML)",
+        '2.32; use an image tag such as "2.32.0.6" (quote it in YAML)',
         f"error: {name}:{at(HELM_RELEASE, BAD_STEP)}: driver.upgradePolicy.upgradeSteps[1].replicas: "
-        "'150%' is not valid; use an integer >= 1 or a percentage from 1% to 100% such as \"50%\""]
+        "'150%' is not valid; use an integer >= 1 or a percentage from 1% to 100% such as \"50%\"",
+    ]
 
 
 def test_falling_steps_a_cross_field_rule_are_reported_at_the_step(tmp_path):
@@ -110,8 +111,10 @@ def test_falling_steps_a_cross_field_rule_are_reported_at_the_step(tmp_path):
     name = write(tmp_path, "release.yaml", text)
     result = validate(name, cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stderr.startswith(f"error: {name}:{at(text, 'replicas: 2')}: "
-                                    "driver.upgradePolicy.upgradeSteps[1].replicas: 2 is below the previous step's 5")
+    assert result.stderr.startswith(
+        f"error: {name}:{at(text, 'replicas: 2')}: "
+        "driver.upgradePolicy.upgradeSteps[1].replicas: 2 is below the previous step's 5"
+    )
 
 
 def test_an_application_values_string_is_located_line_by_line_and_its_parameters_apply(tmp_path):
@@ -121,10 +124,14 @@ def test_an_application_values_string_is_located_line_by_line_and_its_parameters
     # sources[1]: the version comes from the parameters (forceString), so only deployPolicy is wrong;
     # sources[2]: the label value, on its key's line (a key holding dots and a slash)
     deploy_policy, label = result.stderr.splitlines()
-    assert deploy_policy == (f"error: {name}:{at(APPLICATION, 'deployPolicy')}: driver.deployPolicy: 'Sometimes' "
-                             "is not one of PreferCloud, PreferHost, PreferNewer, Never; use one of them")
-    assert label.startswith(f"error: {name}:{at(APPLICATION, 'team.example.com/owner')}: "
-                            "commonLabels.team.example.com/owner: 'not a label value' is not valid")
+    assert deploy_policy == (
+        f"error: {name}:{at(APPLICATION, 'deployPolicy')}: driver.deployPolicy: 'Sometimes' "
+        "is not one of PreferCloud, PreferHost, PreferNewer, Never; use one of them"
+    )
+    assert label.startswith(
+        f"error: {name}:{at(APPLICATION, 'team.example.com/owner')}: "
+        "commonLabels.team.example.com/owner: 'not a label value' is not valid"
+    )
 
 
 def test_parameters_win_over_the_values_as_argo_cd_passes_them(tmp_path):
@@ -132,24 +139,29 @@ def test_parameters_win_over_the_values_as_argo_cd_passes_them(tmp_path):
     name = write(tmp_path, "app.yaml", text)
     result = validate(name, cwd=tmp_path)
     # without forceString, `--set driver.payload.version=2.32.0.6` is a string all the same
-    assert f"{name}:{at(text, 'values: |')}: Application argocd/metax spec.sources[1].helm.values: values are valid" \
+    assert (
+        f"{name}:{at(text, 'values: |')}: Application argocd/metax spec.sources[1].helm.values: values are valid"
         in result.stdout.splitlines()
+    )
     # `--set driver.payload.version=32` is Helm's integer 32 (forceString would keep the string);
     # the problem is reported at the parameter that sets it
     text = text.replace('value: "2.32.0.6"', 'value: "32"')
     write(tmp_path, name, text)
     result = validate(name, cwd=tmp_path)
-    assert f"error: {name}:{at(text, 'name: driver.payload.version')}: driver.payload.version: must be a string, " \
-           "not integer 32" in result.stderr, result.stderr
+    assert (
+        f"error: {name}:{at(text, 'name: driver.payload.version')}: driver.payload.version: must be a string, "
+        "not integer 32" in result.stderr
+    ), result.stderr
 
 
 def test_values_beside_values_object_are_refused(tmp_path):
     text = APPLICATION.replace("        valuesObject:", "        values: 'registry: x'\n        valuesObject:")
     name = write(tmp_path, "app.yaml", text)
     result = validate(name, cwd=tmp_path)
-    assert f"error: {name}:{at(text, 'values: ' + chr(39))}: spec.sources[2].helm.values: is not read by Argo CD " \
-           "when valuesObject is set; move these values into valuesObject, or remove one of the two" \
-        in result.stderr.splitlines()
+    assert (
+        f"error: {name}:{at(text, 'values: ' + chr(39))}: spec.sources[2].helm.values: is not read by Argo CD "
+        "when valuesObject is set; move these values into valuesObject, or remove one of the two" in result.stderr.splitlines()
+    )
 
 
 def test_a_field_the_file_does_not_write_is_reported_where_its_values_start(tmp_path):
@@ -159,7 +171,8 @@ def test_a_field_the_file_does_not_write_is_reported_where_its_values_start(tmp_
     result = validate(name, cwd=tmp_path)
     assert result.stderr.splitlines() == [
         f"error: {name}:{at(text, 'values:')}: registry: is required; set it to DOMAIN/PROJECT, "
-        "e.g. --set registry=cr.example.com/metax"]
+        "e.g. --set registry=cr.example.com/metax"
+    ]
     # what the file cannot show comes from -f files under it and --set flags over it
     base = write(tmp_path, "base.yaml", "registry: cr.example.com/metax\n")
     assert validate(name, "-f", base, cwd=tmp_path).returncode == 0
@@ -175,7 +188,8 @@ def test_a_values_file_and_the_valid_sources_are_listed(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"{values}:1:1: values file: values are valid",
-        f"{release}:{at(text, 'values:')}: HelmRelease metax-operator/metax spec.values: values are valid"]
+        f"{release}:{at(text, 'values:')}: HelmRelease metax-operator/metax spec.values: values are valid",
+    ]
 
 
 def test_releases_of_other_charts_are_skipped_and_a_file_without_this_chart_is_refused(tmp_path):
@@ -185,25 +199,32 @@ def test_releases_of_other_charts_are_skipped_and_a_file_without_this_chart_is_r
     assert result.returncode == 1
     assert result.stdout.splitlines() == [f"{name}:6: HelmRelease metax-operator/metax (chart cert-manager): skipped"]
     assert json.loads(validate("--output", "json", name, cwd=tmp_path).stdout)["skipped"] == [
-        {"file": name, "line": 6, "what": "HelmRelease metax-operator/metax", "chart": "cert-manager"}]
+        {"file": name, "line": 6, "what": "HelmRelease metax-operator/metax", "chart": "cert-manager"}
+    ]
     assert result.stderr.splitlines() == [
         f"error: {name}:1:1: file: holds no values of the metax-operator chart (neither a values file nor an Argo "
         "CD Application or Flux HelmRelease of chart metax-operator); give only the files that do (the pre-commit "
-        "hook's `files:` pattern), or name the chart with --chart-name"]
+        "hook's `files:` pattern), or name the chart with --chart-name"
+    ]
     # --chart-name: the same release checked as this chart's
-    assert "driver.payload.version: must be a string" in validate(name, "--chart-name", "cert-manager",
-                                                                  cwd=tmp_path).stderr
+    assert "driver.payload.version: must be a string" in validate(name, "--chart-name", "cert-manager", cwd=tmp_path).stderr
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("registry: a\nregistry: b\n", "error: {name}:2:1: key 'registry' is repeated (first at line 1); remove one of them"),
-    ("a: 1\n---\nb: 2\n", "error: {name}:1:1: document: is not a Kubernetes object, and the file holds 2 YAML documents"),
-    ("registry: [\n", "error: {name}:2:1: is not valid YAML"),
-    ("- a\n", "error: {name}:1:1: values: must be a mapping of values"),
-    (APPLICATION.replace("          driver:\n", "          registry: again\n          driver:\n"),
-     "error: {name}:" + str(APPLICATION.splitlines().index("          driver:") + 1)
-     + ":11: key 'registry' is repeated (first at line "),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("registry: a\nregistry: b\n", "error: {name}:2:1: key 'registry' is repeated (first at line 1); remove one of them"),
+        ("a: 1\n---\nb: 2\n", "error: {name}:1:1: document: is not a Kubernetes object, and the file holds 2 YAML documents"),
+        ("registry: [\n", "error: {name}:2:1: is not valid YAML"),
+        ("- a\n", "error: {name}:1:1: values: must be a mapping of values"),
+        (
+            APPLICATION.replace("          driver:\n", "          registry: again\n          driver:\n"),
+            "error: {name}:"
+            + str(APPLICATION.splitlines().index("          driver:") + 1)
+            + ":11: key 'registry' is repeated (first at line ",
+        ),
+    ],
+)
 def test_what_a_tool_would_take_silently_is_refused_at_its_line(tmp_path, text, expect):
     name = write(tmp_path, "file.yaml", text)
     result = validate(name, cwd=tmp_path)
@@ -220,8 +241,9 @@ def test_github_output_is_one_annotation_per_problem(tmp_path):
     line, column = at(HELM_RELEASE, "version: 2.32").split(":")
     assert result.stdout.splitlines()[0] == (
         f"::error file=release%2C 100%25%3A gpu.yaml,line={line},col={column},title=metax-operator validate::"
-        "driver.payload.version: must be a string, not number 2.32; use an image tag such as \"2.32.0.6\" "
-        "(quote it in YAML)")
+        'driver.payload.version: must be a string, not number 2.32; use an image tag such as "2.32.0.6" '
+        "(quote it in YAML)"
+    )
     assert result.stdout.splitlines()[1].startswith("::error ") and "'150%25' is not valid" in result.stdout
 
 
@@ -235,10 +257,15 @@ def test_json_output(tmp_path):
     assert report["checked"] == [{"file": good, "line": 1, "column": 1, "what": "values file"}]
     line, column = map(int, at(HELM_RELEASE, "version: 2.32").split(":"))
     assert report["problems"][0] == {
-        "file": name, "line": line, "column": column, "field": "driver.payload.version",
-        "problem": "must be a string, not number 2.32", "fix": "use an image tag such as \"2.32.0.6\" (quote it in YAML)",
+        "file": name,
+        "line": line,
+        "column": column,
+        "field": "driver.payload.version",
+        "problem": "must be a string, not number 2.32",
+        "fix": 'use an image tag such as "2.32.0.6" (quote it in YAML)',
         "message": f"{name}:{line}:{column}: driver.payload.version: must be a string, not number 2.32; "
-                   "use an image tag such as \"2.32.0.6\" (quote it in YAML)"}
+        'use an image tag such as "2.32.0.6" (quote it in YAML)',
+    }
     assert json.loads(validate("--output", "json", good, cwd=tmp_path).stdout)["valid"] is True
 
 
@@ -247,7 +274,8 @@ def test_without_files_the_flags_are_checked_together_as_before(tmp_path):
     result = validate("-f", good, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (0, "values are valid\n")
     assert json.loads(validate("-f", good, "--output", "json", cwd=tmp_path).stdout)["checked"] == [
-        {"file": None, "line": None, "column": None, "what": "the -f files and --set flags"}]
+        {"file": None, "line": None, "column": None, "what": "the -f files and --set flags"}
+    ]
     result = validate("-f", good, "--set", "driver.deployPolicy=Later", "--output", "json", cwd=tmp_path)
     assert result.returncode == 1
     assert json.loads(result.stdout)["problems"][0]["file"] is None
@@ -257,8 +285,10 @@ def test_the_chart_is_found_beside_the_package_or_named(tmp_path):
     good = write(tmp_path, "good.yaml", 'registry: r.example/m\ndriver: {payload: {version: "1"}}\n')
     result = validate(good, "--chart", tmp_path, cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stderr == (f"error: --chart: {tmp_path} is not a chart directory (no Chart.yaml); pass --chart "
-                             "with the metax-operator chart's directory\n")
+    assert result.stderr == (
+        f"error: --chart: {tmp_path} is not a chart directory (no Chart.yaml); pass --chart "
+        "with the metax-operator chart's directory\n"
+    )
 
 
 def test_a_field_path_is_found_through_keys_holding_dots():
@@ -281,15 +311,20 @@ def test_an_installed_package_finds_the_chart_it_was_installed_from(monkeypatch,
     assert validate_cmd.chart_dir(None) == CHART
 
 
-@pytest.mark.parametrize("values, expect", [
-    ('"registry: a\\nregistry: b\\n"\n', "key 'registry' is repeated"),
-    ("'registry: ['\n", "is not valid YAML"),
-    (">\n          registry: a\n          driver:\n            deployPolicy: Sometimes\n", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "values, expect",
+    [
+        ('"registry: a\\nregistry: b\\n"\n', "key 'registry' is repeated"),
+        ("'registry: ['\n", "is not valid YAML"),
+        (">\n          registry: a\n          driver:\n            deployPolicy: Sometimes\n", "is not valid YAML"),
+    ],
+)
 def test_the_problems_of_values_in_a_quoted_or_folded_string_are_at_the_string(tmp_path, values, expect):
     """A quoted string's or a folded block's lines are not the file's: its problems are at its key."""
-    text = APPLICATION.replace("values: |\n          registry: cr.example.com/metax\n          driver:\n"
-                               "            deployPolicy: Sometimes\n", f"values: {values}")
+    text = APPLICATION.replace(
+        "values: |\n          registry: cr.example.com/metax\n          driver:\n            deployPolicy: Sometimes\n",
+        f"values: {values}",
+    )
     assert text != APPLICATION
     name = write(tmp_path, "app.yaml", text)
     result = validate(name, cwd=tmp_path)
@@ -302,4 +337,5 @@ def test_a_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: latin1.yaml: is not UTF-8 text (byte 13 is 0xe9); save it as UTF-8",
-        "error: missing.yaml: cannot be read: No such file or directory; check the path"]
+        "error: missing.yaml: cannot be read: No such file or directory; check the path",
+    ]

@@ -10,6 +10,7 @@ the page's own snippets (each block is marked, tests/doc_blocks.py):
 - the editor's schema: every values file in examples/ and in the page names values.schema.json in
   its `yaml-language-server` modeline, and passes `check-jsonschema` (PyPI) and `validate`.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,11 +65,18 @@ def env(tmp_path_factory) -> dict:
     """A user's environment: Helm 3.18 in $HELM_BIN, this venv's pre-commit and check-jsonschema on
     PATH, a git identity, pre-commit's cache in a directory of its own."""
     home = tmp_path_factory.mktemp("home")
-    return {**os.environ, "HELM_BIN": str(BIN / "helm3"), "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
-            "PRE_COMMIT_HOME": str(home / "pre-commit"), "HOME": str(home),
-            "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
-            "GIT_AUTHOR_NAME": "admin", "GIT_AUTHOR_EMAIL": "admin@example.com",
-            "GIT_COMMITTER_NAME": "admin", "GIT_COMMITTER_EMAIL": "admin@example.com"}
+    return {
+        **os.environ,
+        "HELM_BIN": str(BIN / "helm3"),
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+        "PRE_COMMIT_HOME": str(home / "pre-commit"),
+        "HOME": str(home),
+        "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
+        "GIT_AUTHOR_NAME": "admin",
+        "GIT_AUTHOR_EMAIL": "admin@example.com",
+        "GIT_COMMITTER_NAME": "admin",
+        "GIT_COMMITTER_EMAIL": "admin@example.com",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +84,13 @@ def hook_source(tmp_path_factory, env) -> tuple[Path, str]:
     """This working tree (its tracked and new files, as they are now) committed in a repository of
     its own: what the page's `repo:` and `rev:` name. Returns the repository and the commit."""
     source = tmp_path_factory.mktemp("metax-operator")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=CHART,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=CHART,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, listed):
         if (CHART / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +128,9 @@ def test_pre_commit_passes_a_good_commit_and_refuses_a_bad_helm_release(tmp_path
     source, commit = hook_source
     repo = gitops_repository(tmp_path / "gitops", env)
     config = yaml.safe_load(the("pre-commit-config"))
-    assert [hook["id"] for hook in config["repos"][0]["hooks"]] == \
-        [hook["id"] for hook in yaml.safe_load((CHART / ".pre-commit-hooks.yaml").read_text())]
+    assert [hook["id"] for hook in config["repos"][0]["hooks"]] == [
+        hook["id"] for hook in yaml.safe_load((CHART / ".pre-commit-hooks.yaml").read_text())
+    ]
     config["repos"][0].update(repo=str(source), rev=commit)  # the page's repository and version: this tree
     (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     run(["git", "add", "-A"], repo, env)
@@ -209,8 +223,19 @@ def test_examples_and_the_page_values_pass_check_jsonschema_and_validate(tmp_pat
     result = run(["check-jsonschema", "--schemafile", CHART / "values.schema.json", *found], tmp_path, env)
     assert "ok -- validation done" in result.stdout
     # the examples are rollout policies: the registry and driver version come from the user's own values
-    result = run(["metax-operator", "validate", *found, "--set", "registry=cr.example.com/metax",
-                  "--set-string", "driver.payload.version=2.32.0.6"], tmp_path, env)
+    result = run(
+        [
+            "metax-operator",
+            "validate",
+            *found,
+            "--set",
+            "registry=cr.example.com/metax",
+            "--set-string",
+            "driver.payload.version=2.32.0.6",
+        ],
+        tmp_path,
+        env,
+    )
     assert len(result.stdout.splitlines()) == len(found)
     # the page's own check-jsonschema command, in the GitOps repository
     result = run(the("shell", "check-jsonschema"), tmp_path / "gitops", env)

@@ -2,6 +2,7 @@
 `kubectl`/`metax-operator` commands and their outputs, which run against the real API server in
 tests/e2e/test_workloads.py. Every label, label value and resource name must be one the
 operator's checks use (metax_operator.workloads)."""
+
 from __future__ import annotations
 
 import re
@@ -13,16 +14,30 @@ import jsonschema
 import pytest
 import yaml
 
-from metax_operator.workloads import nodes
+from metax_operator import contract
+from metax_operator import workloads as wl
 from metax_operator.chart import validation
-from metax_operator import contract, workloads as wl
+from metax_operator.workloads import nodes
 from tests.doc_blocks import blocks, table_rows, unmarked_code_blocks
 from tests.helm import CHART, find, helm_path, render_chart, validate_objects
 
 PAGE = CHART / "docs" / "workloads.md"
 BLOCKS = blocks(PAGE)
-KINDS = {"kubectl", "output", "metax-operator", "manifest", "kubevirt", "values", "dockerfile", "build", "host",
-         "qos-table", "maca-table", "problem", "nodes-output"}
+KINDS = {
+    "kubectl",
+    "output",
+    "metax-operator",
+    "manifest",
+    "kubevirt",
+    "values",
+    "dockerfile",
+    "build",
+    "host",
+    "qos-table",
+    "maca-table",
+    "problem",
+    "nodes-output",
+}
 NODE_LABELS = {**dict.fromkeys(wl.GPU_LABELS), contract.MODE_LABEL: wl.MODES, contract.QOS_LABEL: tuple(wl.QOS_POLICIES)}
 
 
@@ -80,26 +95,95 @@ def _obj(properties: dict, required: tuple = ()) -> dict:
 
 _STRING, _META = {"type": "string"}, _obj({"name": {"type": "string"}, "namespace": {"type": "string"}}, ("name",))
 KUBEVIRT_SCHEMAS = {
-    "KubeVirt": _obj({"apiVersion": {"const": "kubevirt.io/v1"}, "kind": _STRING, "metadata": _META, "spec": _obj({
-        "configuration": _obj({
-            "developerConfiguration": _obj({"featureGates": {"type": "array", "items": _STRING}}),
-            "permittedHostDevices": _obj({"pciHostDevices": {"type": "array", "items": _obj({
-                "pciVendorSelector": {"type": "string", "pattern": "^[0-9a-f]{4}:[0-9a-f]{4}$"},
-                "resourceName": _STRING, "externalResourceProvider": {"type": "boolean"}},
-                ("pciVendorSelector", "resourceName"))}})})})}, ("apiVersion", "kind", "metadata", "spec")),
-    "VirtualMachine": _obj({"apiVersion": {"const": "kubevirt.io/v1"}, "kind": _STRING, "metadata": _META, "spec": _obj({
-        "runStrategy": {"enum": ["Always", "RerunOnFailure", "Manual", "Halted", "Once", "WaitAsReceiver"]},
-        "template": _obj({"spec": _obj({
-            "domain": _obj({
-                "devices": _obj({
-                    "hostDevices": {"type": "array", "items": _obj({"deviceName": _STRING, "name": _STRING},
-                                                                    ("deviceName", "name"))},
-                    "disks": {"type": "array", "items": _obj({"name": _STRING, "disk": _obj({
-                        "bus": {"enum": ["virtio", "sata", "scsi", "usb"]}})}, ("name",))}}),
-                "resources": _obj({"requests": {"type": "object", "additionalProperties": _STRING}})}, ("devices",)),
-            "volumes": {"type": "array", "items": _obj({"name": _STRING, "containerDisk": _obj(
-                {"image": _STRING}, ("image",))}, ("name",))}}, ("domain",))})}, ("template",))},
-        ("apiVersion", "kind", "metadata", "spec")),
+    "KubeVirt": _obj(
+        {
+            "apiVersion": {"const": "kubevirt.io/v1"},
+            "kind": _STRING,
+            "metadata": _META,
+            "spec": _obj(
+                {
+                    "configuration": _obj(
+                        {
+                            "developerConfiguration": _obj({"featureGates": {"type": "array", "items": _STRING}}),
+                            "permittedHostDevices": _obj(
+                                {
+                                    "pciHostDevices": {
+                                        "type": "array",
+                                        "items": _obj(
+                                            {
+                                                "pciVendorSelector": {"type": "string", "pattern": "^[0-9a-f]{4}:[0-9a-f]{4}$"},
+                                                "resourceName": _STRING,
+                                                "externalResourceProvider": {"type": "boolean"},
+                                            },
+                                            ("pciVendorSelector", "resourceName"),
+                                        ),
+                                    }
+                                }
+                            ),
+                        }
+                    )
+                }
+            ),
+        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    ),
+    "VirtualMachine": _obj(
+        {
+            "apiVersion": {"const": "kubevirt.io/v1"},
+            "kind": _STRING,
+            "metadata": _META,
+            "spec": _obj(
+                {
+                    "runStrategy": {"enum": ["Always", "RerunOnFailure", "Manual", "Halted", "Once", "WaitAsReceiver"]},
+                    "template": _obj(
+                        {
+                            "spec": _obj(
+                                {
+                                    "domain": _obj(
+                                        {
+                                            "devices": _obj(
+                                                {
+                                                    "hostDevices": {
+                                                        "type": "array",
+                                                        "items": _obj(
+                                                            {"deviceName": _STRING, "name": _STRING}, ("deviceName", "name")
+                                                        ),
+                                                    },
+                                                    "disks": {
+                                                        "type": "array",
+                                                        "items": _obj(
+                                                            {
+                                                                "name": _STRING,
+                                                                "disk": _obj(
+                                                                    {"bus": {"enum": ["virtio", "sata", "scsi", "usb"]}}
+                                                                ),
+                                                            },
+                                                            ("name",),
+                                                        ),
+                                                    },
+                                                }
+                                            ),
+                                            "resources": _obj({"requests": {"type": "object", "additionalProperties": _STRING}}),
+                                        },
+                                        ("devices",),
+                                    ),
+                                    "volumes": {
+                                        "type": "array",
+                                        "items": _obj(
+                                            {"name": _STRING, "containerDisk": _obj({"image": _STRING}, ("image",))}, ("name",)
+                                        ),
+                                    },
+                                },
+                                ("domain",),
+                            )
+                        }
+                    ),
+                },
+                ("template",),
+            ),
+        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    ),
 }
 
 
@@ -127,14 +211,30 @@ def test_kubevirt_schemas_refuse_what_kubevirt_would():
 def test_values_pass_validation_and_render_into_metax_vfio_config(block, tmp_path):
     path = tmp_path / "values.yaml"
     path.write_text(block.text)
-    done = subprocess.run([sys.executable, "-m", "metax_operator.cli", "validate", "--helm", str(helm_path("helm3")),
-                           "-f", str(path), "--set",
-                           "registry=r.example/metax", "--set-string", "driver.payload.version=2.32.0.6"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metax_operator.cli",
+            "validate",
+            "--helm",
+            str(helm_path("helm3")),
+            "-f",
+            str(path),
+            "--set",
+            "registry=r.example/metax",
+            "--set-string",
+            "driver.payload.version=2.32.0.6",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     values = yaml.safe_load(block.text)
-    rendered = render_chart({**values, "registry": "r.example/metax", "driver": {"payload": {"version": "1"}}},
-                            show_only=["templates/vfio-manager/configmap.yaml"])
+    rendered = render_chart(
+        {**values, "registry": "r.example/metax", "driver": {"payload": {"version": "1"}}},
+        show_only=["templates/vfio-manager/configmap.yaml"],
+    )
     config = find(rendered, "ConfigMap", "metax-vfio-config")["data"]["config"]
     assert validation.parse_vfio_config(config) == values["vfioManager"]["vfioConfig"]
 
@@ -175,8 +275,7 @@ def test_the_maca_table_is_what_choose_maca_does():
 def test_the_example_problem_is_the_checks_own_line():
     shown = of_kind("problem")[0].text.strip()
     nodes = {name: {contract.MODE_LABEL: "sgpu"} for name in ("gpu-7", "gpu-8")}
-    assert [str(p) for p in wl.problems(nodes, [], runtime_deployed=True, maca_images=[],
-                                        hami_running=False)] == [shown]
+    assert [str(p) for p in wl.problems(nodes, [], runtime_deployed=True, maca_images=[], hami_running=False)] == [shown]
 
 
 def test_kubectl_commands_use_the_operators_labels_and_resources():

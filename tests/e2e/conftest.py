@@ -2,16 +2,17 @@
 test that asks for it. The modules that use it mark themselves `xdist_group("real-node")` and
 `make test` runs pytest with `--dist loadgroup`, so one xdist worker starts it.
 """
+
 from __future__ import annotations
 
 import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL, ControlPlaneError
-from tests.waiting import eventually
 from tests.e2e.tools import CR
 from tests.e2e.userpath import CHART_OBJECTS, CRD, NS, ToolsCluster, get_cr
 from tests.registry import RegistryError
+from tests.waiting import eventually
 
 
 @pytest.fixture(scope="session")
@@ -63,5 +64,6 @@ def remove_leftovers(cluster, api) -> None:
         if node.metadata.name.startswith("gpu-node-"):
             core.patch_node(node.metadata.name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
     eventually(lambda: NS not in {n.metadata.name for n in core.list_namespace().items}, 120, f"namespace {NS} gone")
-    eventually(lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items}, 60,
-               "the CRD gone")
+    eventually(
+        lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items}, 60, "the CRD gone"
+    )

@@ -5,6 +5,7 @@ give: the seed's registry and driver version, the tools pods' scheduling on the 
 staged rollout policy. Then what they observe and do alike: the CR, the driver's revisions, the
 runner's log, the admin's seed commands, what a deletion must leave.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,8 @@ from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
 from tests.e2e.test_rollout_cluster import deletions_per_step
 from tests.e2e.tools import CR, kubectl
-from tests.waiting import eventually
 from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
+from tests.waiting import eventually
 
 # Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
 POLICY_WAVES = {0: [1], 1: [2, 1]}
@@ -31,9 +32,13 @@ HOOKS = ("preflight", "upgrade-crds", "bootstrap")
 def user_values(cluster, values: dict) -> dict:
     """The docs' values with the cluster's registry for DOMAIN/PROJECT, plus what the user adds
     here: the tools pods on the real node, a 1 s runner interval and the staged policy."""
-    return {**values, "registry": cluster.registry, "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
-            "runner": {**ON_TOOLS_NODE, "interval": 1},
-            "driver": {**values["driver"], "upgradePolicy": POLICY}}
+    return {
+        **values,
+        "registry": cluster.registry,
+        "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
+        "runner": {**ON_TOOLS_NODE, "interval": 1},
+        "driver": {**values["driver"], "upgradePolicy": POLICY},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +64,7 @@ def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HO
     """Each of `hooks` ran, as a container of the tools image on the real node, and succeeded.
     The pod watch may lag behind the tool that saw the hook finish (Flux's deletion ends as soon
     as the Job completed): wait until it has seen the pods end."""
+
     def ended(hook: str) -> list | None:
         seen = pods.hook(hook)
         return seen if seen and all(map(terminated, seen)) else None
@@ -77,33 +83,52 @@ def step_status(api) -> dict:
 
 
 def reconciled(api) -> bool:
-    return any(c["type"] == "Reconciled" and c["status"] == "True"
-               for c in (get_cr(api).get("status") or {}).get("conditions") or [])
+    return any(
+        c["type"] == "Reconciled" and c["status"] == "True" for c in (get_cr(api).get("status") or {}).get("conditions") or []
+    )
 
 
 def driver_revisions(api) -> set[str]:
-    return {r.metadata.name for r in client.AppsV1Api(api).list_namespaced_controller_revision(
-        NS, label_selector="app.kubernetes.io/component=driver").items}
+    return {
+        r.metadata.name
+        for r in client.AppsV1Api(api)
+        .list_namespaced_controller_revision(NS, label_selector="app.kubernetes.io/component=driver")
+        .items
+    }
 
 
 def generations(api) -> dict[str, int]:
     """metadata.generation of every DaemonSet and Deployment: it moves with each spec change."""
     apps = client.AppsV1Api(api)
-    return ({f"DaemonSet/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_daemon_set(NS).items}
-            | {f"Deployment/{d.metadata.name}": d.metadata.generation
-               for d in apps.list_namespaced_deployment(NS).items})
+    return {f"DaemonSet/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_daemon_set(NS).items} | {
+        f"Deployment/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_deployment(NS).items
+    }
 
 
 def seed_patch(cp, field: str, value) -> None:
     """The seed's admin command on spec.driver.upgradePolicy.<field> (docs/rollout-admin.md)."""
-    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
-            "-p", SEED_PATCH % (field, json.dumps(value)))
+    kubectl(
+        cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=json",
+        "-p",
+        SEED_PATCH % (field, json.dumps(value)),
+    )
 
 
 def runtime_edit(cp, interval: int) -> None:
     """An admin's `kubectl patch` of the CR, which the runner applies to metax-gpu-device."""
-    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=merge",
-            "-p", json.dumps({"spec": {"gpuDevice": {"healthyInterval": interval}}}))
+    kubectl(
+        cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"gpuDevice": {"healthyInterval": interval}}}),
+    )
 
 
 def runner_applied(api, interval: int) -> bool:
@@ -111,7 +136,8 @@ def runner_applied(api, interval: int) -> bool:
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-gpu-device", NS)
     env = {e.name: e.value for c in ds.spec.template.spec.containers for e in c.env or []}
     return env.get("HEALTHY_INTERVAL") == str(interval) and any(
-        m.manager == "metax-operator-runner" for m in ds.metadata.managed_fields)
+        m.manager == "metax-operator-runner" for m in ds.metadata.managed_fields
+    )
 
 
 class RunnerLog:
@@ -129,9 +155,14 @@ class RunnerLog:
 def assert_one_staged_rollout(cp, api, revisions_before: set[str]) -> None:
     """Once the rollout is Completed: exactly one new driver revision, rolled out by the runner
     with POLICY's waves."""
-    eventually(lambda: step_status(api).get("currentStepState") == "Completed"
-               and step_status(api).get("upgradingPodSpecRevision") not in revisions_before, 180,
-               "the rollout of the new revision Completed")
+    eventually(
+        lambda: (
+            step_status(api).get("currentStepState") == "Completed"
+            and step_status(api).get("upgradingPodSpecRevision") not in revisions_before
+        ),
+        180,
+        "the rollout of the new revision Completed",
+    )
     assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
     assert deletions_per_step([RunnerLog(cp)]) == POLICY_WAVES
 
@@ -141,8 +172,11 @@ def left_behind(cp, api) -> list[str]:
     that are kept on purpose: anything in the namespace, our cluster-scoped objects, the CR,
     the GPU label on nodes."""
     kept = {"configmap/kube-root-ca.crt", "serviceaccount/default"}  # every namespace's own
-    left = [name for name in kubectl(cp, "get", "all,configmaps,serviceaccounts,roles,rolebindings,leases", "-n", NS,
-                                     "-o", "name").split() if name not in kept]
+    left = [
+        name
+        for name in kubectl(cp, "get", "all,configmaps,serviceaccounts,roles,rolebindings,leases", "-n", NS, "-o", "name").split()
+        if name not in kept
+    ]
     left += kubectl(cp, "get", "clusterroles,clusterrolebindings", "-l", OURS, "-o", "name").split()
     try:
         get_cr(api)
@@ -150,8 +184,7 @@ def left_behind(cp, api) -> list[str]:
     except client.ApiException as error:
         if error.status != 404:
             raise
-    left += [f"node/{n.metadata.name} label {GPU_LABEL}"
-             for n in client.CoreV1Api(api).list_node(label_selector=GPU_LABEL).items]
+    left += [f"node/{n.metadata.name} label {GPU_LABEL}" for n in client.CoreV1Api(api).list_node(label_selector=GPU_LABEL).items]
     return sorted(set(left))
 
 
@@ -168,8 +201,9 @@ class StatusWatch:
     def _run(self, api, resource, name, extract) -> None:
         objects = client.CustomObjectsApi(api)
         try:
-            for event in self._watch.stream(objects.list_namespaced_custom_object, *resource,
-                                            field_selector=f"metadata.name={name}", timeout_seconds=1800):
+            for event in self._watch.stream(
+                objects.list_namespaced_custom_object, *resource, field_selector=f"metadata.name={name}", timeout_seconds=1800
+            ):
                 self.seen.append(extract(event["object"]))
         except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
             pass

@@ -8,6 +8,7 @@ fail the ways a network does, for one client only (the control plane stays up fo
   client's bytes only, so what the server sends on open connections (watch events) still
   arrives but no new request does; `thaw()` lets the bytes through again.
 """
+
 from __future__ import annotations
 
 import select

@@ -8,6 +8,7 @@ hooks' and the runner's own e2e tests. So this test checks what Helm itself appl
 enabled DaemonSet reaches desired = ready on exactly the nodes it selects (the GPU nodes, or
 every node for gpu-label), an upgrade rolls the changed DaemonSet, and uninstall removes it all.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,11 @@ pytestmark = pytest.mark.e2e
 BIN = CACHE / "bin"
 RELEASE = "metax"
 CRD = "clusteroperators.gpu.metax-tech.com"
-VALUES = {"registry": "registry.invalid/metax", "driver": {"payload": {"version": "2.32.0.6"}},
-          "exporter": {"deploy": True}}  # every component on
+VALUES = {
+    "registry": "registry.invalid/metax",
+    "driver": {"payload": {"version": "2.32.0.6"}},
+    "exporter": {"deploy": True},
+}  # every component on
 HELMS = {
     "helm3": (BIN / "helm3", str(REPO / "postrender" / "metax-postrender")),
     "helm4": (BIN / "helm4", "metax-postrender"),  # the plugin, installed in the test's Helm home
@@ -39,10 +43,14 @@ HELMS = {
 def helm_env(control_plane, tmp_path_factory) -> dict:
     """Helm's homes in a temp dir (the Helm 4 post-renderer plugin installed there), the cluster's kubeconfig."""
     home = tmp_path_factory.mktemp("helm-home")
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig), "HELM_DATA_HOME": str(home / "data"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_CACHE_HOME": str(home / "cache")}
-    subprocess.run([BIN / "helm4", "plugin", "install", REPO / "postrender"], env=env, check=True,
-                   capture_output=True)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(control_plane.kubeconfig),
+        "HELM_DATA_HOME": str(home / "data"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_CACHE_HOME": str(home / "cache"),
+    }
+    subprocess.run([BIN / "helm4", "plugin", "install", REPO / "postrender"], env=env, check=True, capture_output=True)
     return env
 
 
@@ -65,9 +73,11 @@ def daemonsets_settled(api, namespace: str) -> dict | None:
     found = client.AppsV1Api(api).list_namespaced_daemon_set(namespace).items
     for ds in found:
         s = ds.status
-        if not (s.observed_generation == ds.metadata.generation and s.desired_number_scheduled > 0
-                and s.desired_number_scheduled == s.number_ready == (s.updated_number_scheduled or 0)
-                == s.current_number_scheduled):
+        if not (
+            s.observed_generation == ds.metadata.generation
+            and s.desired_number_scheduled > 0
+            and s.desired_number_scheduled == s.number_ready == (s.updated_number_scheduled or 0) == s.current_number_scheduled
+        ):
             return None
     return {ds.metadata.name: ds for ds in found}
 
@@ -97,13 +107,20 @@ def namespace(request, control_plane, helm_env):
     crd_before = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
     namespace = f"metax-{which}"
     yield namespace
-    subprocess.run([str(HELMS[which][0]), "uninstall", RELEASE, "-n", namespace, "--no-hooks", "--ignore-not-found"],
-                   env=helm_env, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(HELMS[which][0]), "uninstall", RELEASE, "-n", namespace, "--no-hooks", "--ignore-not-found"],
+        env=helm_env,
+        capture_output=True,
+        timeout=120,
+    )
     client.CoreV1Api(control_plane.api()).delete_namespace(namespace)
     if CRD not in crd_before:
         extensions.delete_custom_resource_definition(CRD)
-        eventually(lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items},
-                 60, f"CRD {CRD} deleted")
+        eventually(
+            lambda: CRD not in {c.metadata.name for c in extensions.list_custom_resource_definition().items},
+            60,
+            f"CRD {CRD} deleted",
+        )
 
 
 @pytest.mark.parametrize("which", HELMS)
@@ -114,16 +131,46 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
     expected = rendered_daemonsets(which, helm_env, values, namespace)
     assert {"metax-gpu-label", "metax-driver", "metax-data-exporter"} <= expected
 
-    helm(which, helm_env, "install", RELEASE, str(REPO), "-n", namespace, "--create-namespace", "-f", str(values),
-         "--wait", "--timeout", "3m", "--no-hooks")
+    helm(
+        which,
+        helm_env,
+        "install",
+        RELEASE,
+        str(REPO),
+        "-n",
+        namespace,
+        "--create-namespace",
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout",
+        "3m",
+        "--no-hooks",
+    )
     installed = daemonsets_settled(api, namespace)
     assert installed is not None, "helm install --wait returned before the DaemonSets were ready"
     assert set(installed) == expected
     assert_on_selected_nodes_only(api, namespace, installed)
 
-    helm(which, helm_env, "upgrade", RELEASE, str(REPO), "-n", namespace, "-f", str(values),
-         "--set", "gpuDevice.log.level=debug", "--set-string", "driver.payload.version=2.33.0.1",
-         "--wait", "--timeout", "3m", "--no-hooks")
+    helm(
+        which,
+        helm_env,
+        "upgrade",
+        RELEASE,
+        str(REPO),
+        "-n",
+        namespace,
+        "-f",
+        str(values),
+        "--set",
+        "gpuDevice.log.level=debug",
+        "--set-string",
+        "driver.payload.version=2.33.0.1",
+        "--wait",
+        "--timeout",
+        "3m",
+        "--no-hooks",
+    )
     upgraded = eventually(lambda: daemonsets_settled(api, namespace), 60, "DaemonSets settled after upgrade")
     assert upgraded["metax-gpu-device"].metadata.generation == installed["metax-gpu-device"].metadata.generation + 1
     assert "2.33.0.1" in json.dumps(client.ApiClient().sanitize_for_serialization(upgraded["metax-driver"].spec.template))

@@ -1,5 +1,6 @@
 """The control plane harness itself: real API server, DaemonSet controller and scheduler placing
 pods on kwok nodes, and each injected fault visible through the API as a real node would show it."""
+
 from __future__ import annotations
 
 import socket
@@ -26,11 +27,21 @@ def namespace(control_plane):
 
 def daemonset(name: str, node_selector: dict | None = None) -> dict:
     labels = {"app": name}
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name},
-            "spec": {"selector": {"matchLabels": labels}, "template": {
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
                 "metadata": {"labels": labels},
-                "spec": {"nodeSelector": node_selector or {},
-                         "containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}}}}
+                "spec": {
+                    "nodeSelector": node_selector or {},
+                    "containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}],
+                },
+            },
+        },
+    }
 
 
 def create_daemonset(cp, namespace: str, manifest: dict) -> None:
@@ -87,8 +98,11 @@ def test_server_version_is_the_pinned_release(control_plane):
 def test_daemonset_selecting_gpu_nodes_is_ready_on_gpu_nodes_only(control_plane, namespace):
     gpu_nodes = node_names(control_plane, **{GPU_LABEL: "true"})
     create_daemonset(control_plane, namespace, daemonset("gpu-only", {GPU_LABEL: "true"}))
-    eventually(lambda: ready_daemonset(control_plane, namespace, "gpu-only", len(gpu_nodes)), 60,
-             f"gpu-only DaemonSet ready on {len(gpu_nodes)} GPU nodes")
+    eventually(
+        lambda: ready_daemonset(control_plane, namespace, "gpu-only", len(gpu_nodes)),
+        60,
+        f"gpu-only DaemonSet ready on {len(gpu_nodes)} GPU nodes",
+    )
     placed = pods(control_plane, namespace, "gpu-only")
     assert {p.spec.node_name for p in placed} == gpu_nodes
     assert all(is_ready(p) and p.status.pod_ip for p in placed)
@@ -98,8 +112,11 @@ def test_daemonset_without_selector_runs_on_every_node(control_plane, namespace)
     every = node_names(control_plane, type="kwok")
     assert node_names(control_plane, **{GPU_LABEL: "true"}) < every  # plain nodes exist
     create_daemonset(control_plane, namespace, daemonset("everywhere"))
-    eventually(lambda: ready_daemonset(control_plane, namespace, "everywhere", len(every)), 60,
-             f"everywhere DaemonSet ready on all {len(every)} nodes")
+    eventually(
+        lambda: ready_daemonset(control_plane, namespace, "everywhere", len(every)),
+        60,
+        f"everywhere DaemonSet ready on all {len(every)} nodes",
+    )
     assert {p.spec.node_name for p in pods(control_plane, namespace, "everywhere")} == every
 
 
@@ -110,9 +127,13 @@ def test_deleted_pods_go_away_and_are_replaced(control_plane, namespace):
     node = sorted(gpu_nodes)[0]
     old = on_node(control_plane, namespace, "replace", node)
     client.CoreV1Api(control_plane.api()).delete_namespaced_pod(old.metadata.name, namespace)
-    replacement = eventually(lambda: (p := on_node(control_plane, namespace, "replace", node))
-                           and p.metadata.uid != old.metadata.uid and is_ready(p) and p, 60,
-                           f"a new Ready pod on {node}")
+    replacement = eventually(
+        lambda: (
+            (p := on_node(control_plane, namespace, "replace", node)) and p.metadata.uid != old.metadata.uid and is_ready(p) and p
+        ),
+        60,
+        f"a new Ready pod on {node}",
+    )
     assert replacement.metadata.name != old.metadata.name
     names = {p.metadata.name for p in pods(control_plane, namespace, "replace")}
     assert old.metadata.name not in names
@@ -124,8 +145,9 @@ def test_pods_never_ready_on_a_faulted_node(faults, namespace):
     faults.pods_never_ready([bad])
     create_daemonset(faults, namespace, daemonset("never", {GPU_LABEL: "true"}))
     eventually(lambda: number_ready(faults, namespace, "never") == len(gpu_nodes) - 1, 60, "all but one pod Ready")
-    consistently(lambda: not is_ready(on_node(faults, namespace, "never", bad)), for_seconds(3), 10,
-                 "the faulted node's pod unready")
+    consistently(
+        lambda: not is_ready(on_node(faults, namespace, "never", bad)), for_seconds(3), 10, "the faulted node's pod unready"
+    )
     pod = on_node(faults, namespace, "never", bad)
     assert pod.status.phase == "Running" and pod.status.pod_ip
     assert not is_ready(pod)
@@ -182,8 +204,11 @@ def test_node_not_ready_is_tainted_then_recovers_when_cleared(faults):
     # It stays down: kwok does not heal it behind our back.
     consistently(lambda: ready_status() == "False", for_seconds(2), 10, f"{node} NotReady")
     others = node_names(faults, **{GPU_LABEL: "true"}) - {node}
-    assert all(controlplane.is_schedulable(core.api_client.sanitize_for_serialization(n))
-               for n in core.list_node().items if n.metadata.name in others)
+    assert all(
+        controlplane.is_schedulable(core.api_client.sanitize_for_serialization(n))
+        for n in core.list_node().items
+        if n.metadata.name in others
+    )
     fault.clear()
     eventually(lambda: ready_status() == "True", 30, f"{node} Ready again")
     eventually(lambda: not not_ready_taints(), 30, f"{node} untainted")

@@ -7,6 +7,7 @@ from the local OCI registry (`oci://127.0.0.1:PORT/metax/metax-operator`, the re
 argocd-tls-certs-cm), the hook Jobs and the runner run as containers of the tools image on the
 real node, the MetaX components on kwok nodes.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,13 +16,27 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, assert_hooks_ran_on_the_real_node,  # noqa: F401
-                                       assert_one_staged_rollout, driver_revisions, generations, get_cr,
-                                       left_behind, pods, reconciled, release_scope, runner_applied, runtime_edit,
-                                       seed_patch, user_values)
+from tests.e2e.gitops_scenario import (  # noqa: F401
+    NS,
+    POLICY,
+    StatusWatch,
+    assert_hooks_ran_on_the_real_node,
+    assert_one_staged_rollout,
+    driver_revisions,
+    generations,
+    get_cr,
+    left_behind,
+    pods,
+    reconciled,
+    release_scope,
+    runner_applied,
+    runtime_edit,
+    seed_patch,
+    user_values,
+)
 from tests.e2e.tools import kubectl
-from tests.waiting import eventually
 from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
@@ -31,6 +46,7 @@ QUIET_RECONCILES = 4  # Argo CD's comparisons the installed application is watch
 
 
 # -- fixtures ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def argocd(tools_cluster, tmp_path_factory):
@@ -66,6 +82,7 @@ def installed(tools_cluster, tools_api, argocd, pods):
 
 # -- helpers -----------------------------------------------------------------------------------
 
+
 def jobs(api) -> dict[str, client.V1Job]:
     return {j.metadata.name: j for j in client.BatchV1Api(api).list_namespaced_job(NS).items}
 
@@ -73,7 +90,8 @@ def jobs(api) -> dict[str, client.V1Job]:
 def patch_values(api, values: dict) -> None:
     """A commit to the Application's values in Git, as Argo CD sees it."""
     client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        *APPLICATIONS, APP, {"spec": {"source": {"helm": {"valuesObject": values}}}})
+        *APPLICATIONS, APP, {"spec": {"source": {"helm": {"valuesObject": values}}}}
+    )
 
 
 def history(argocd) -> list:
@@ -97,8 +115,8 @@ def reconciles(argocd) -> float:
 
 # -- the scenario, in order --------------------------------------------------------------------
 
-def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_cluster, tools_api, argocd, pods,
-                                                                   installed):
+
+def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_cluster, tools_api, argocd, pods, installed):
     api = tools_api
     found = jobs(api)
     by_hook = {name.rsplit("-", 1)[0].removeprefix("metax-operator-"): job for name, job in found.items()}
@@ -118,33 +136,45 @@ def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_clust
     assert len(history(argocd)) == 1  # one sync did it all
 
 
-def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cluster, tools_api, argocd,
-                                                                       installed):
+def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cluster, tools_api, argocd, installed):
     """An admin's edit of the CR, applied by the runner to a DaemonSet, is not drift for Argo CD;
     over the window Argo CD compares the application every RECONCILIATION seconds and nothing
     syncs, and nothing but the runner's one change is written to the chart's objects."""
     api = tools_api
-    before = {"generations": generations(api), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
-              "reconciles": reconciles(argocd)}
+    before = {
+        "generations": generations(api),
+        "revisions": driver_revisions(api),
+        "jobs": set(jobs(api)),
+        "reconciles": reconciles(argocd),
+    }
     sync = watch_sync(api)
     runtime_edit(tools_cluster.cp, 9)
     eventually(lambda: runner_applied(api, 9), 60, "the runner to apply the CR's healthyInterval to metax-gpu-device")
     started = time.monotonic()
-    eventually(lambda: reconciles(argocd) - before["reconciles"] >= QUIET_RECONCILES,
-               (QUIET_RECONCILES + 2) * RECONCILIATION, f"{QUIET_RECONCILES} comparisons by Argo CD")
+    eventually(
+        lambda: reconciles(argocd) - before["reconciles"] >= QUIET_RECONCILES,
+        (QUIET_RECONCILES + 2) * RECONCILIATION,
+        f"{QUIET_RECONCILES} comparisons by Argo CD",
+    )
     window = time.monotonic() - started
     updates = len(sync.seen)
     seen = sync.stop()
     synced = [status for i, (status, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != status]
     operations = len({started for _, started in seen if started}) - 1  # None: between two operations
-    after = {"generations": generations(api), "revisions": driver_revisions(api), "jobs": set(jobs(api)),
-             "reconciles": reconciles(argocd)}
+    after = {
+        "generations": generations(api),
+        "revisions": driver_revisions(api),
+        "jobs": set(jobs(api)),
+        "reconciles": reconciles(argocd),
+    }
     changed = {k: (v, after["generations"][k]) for k, v in before["generations"].items() if after["generations"][k] != v}
-    figures = (f"window {window:.0f} s: {after['reconciles'] - before['reconciles']:.0f} reconciles, "
-               f"{updates} Application updates, {operations} sync operations, "
-               f"spec changes {changed}, sync statuses {synced}; Argo CD started in {argocd.start_seconds:.1f} s, "
-               f"install {installed['install_seconds']:.0f} s, RSS MB "
-               f"{ {k: round(v / 2**20) for k, v in argocd.rss().items()} }")
+    figures = (
+        f"window {window:.0f} s: {after['reconciles'] - before['reconciles']:.0f} reconciles, "
+        f"{updates} Application updates, {operations} sync operations, "
+        f"spec changes {changed}, sync statuses {synced}; Argo CD started in {argocd.start_seconds:.1f} s, "
+        f"install {installed['install_seconds']:.0f} s, RSS MB "
+        f"{ {k: round(v / 2**20) for k, v in argocd.rss().items()} }"
+    )
     print(figures)
     assert synced == ["Synced"] and operations == 0, figures
     gpu_device = before["generations"]["DaemonSet/metax-gpu-device"]
@@ -153,15 +183,18 @@ def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cl
     argocd.wait_application(APP, synced_healthy, 60, "Synced and Healthy after the window")
 
 
-def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tools_cluster, tools_api, argocd,
-                                                                         installed):
+def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tools_cluster, tools_api, argocd, installed):
     api = tools_api
     before = driver_revisions(api)
     synced_before = len(history(argocd))
     sync = watch_sync(api)
     patch_values(api, {"driver": {"payload": {"version": "2.33.0.1"}}})
-    argocd.wait_application(APP, lambda a: len((a.get("status") or {}).get("history") or []) > synced_before
-                            and synced_healthy(a), 180, "the new values synced")
+    argocd.wait_application(
+        APP,
+        lambda a: len((a.get("status") or {}).get("history") or []) > synced_before and synced_healthy(a),
+        180,
+        "the new values synced",
+    )
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
     assert_one_staged_rollout(tools_cluster.cp, api, before)
     seen = sync.stop()
@@ -179,17 +212,27 @@ def test_a_runtime_pause_survives_the_next_syncs(tools_cluster, tools_api, argoc
         # a sync with nothing new (as `argocd app sync` starts it)
         synced_before = len(history(argocd))
         revision = argocd.application(APP)["spec"]["source"]["targetRevision"]
-        client.CustomObjectsApi(api).patch_namespaced_custom_object(*APPLICATIONS, APP, {"operation": {
-            "initiatedBy": {"username": "admin"}, "sync": {"revision": revision, "prune": True}}})
-        argocd.wait_application(APP, lambda a: len((a.get("status") or {}).get("history") or []) > synced_before
-                                and synced_healthy(a), 120, "the manual sync")
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *APPLICATIONS,
+            APP,
+            {"operation": {"initiatedBy": {"username": "admin"}, "sync": {"revision": revision, "prune": True}}},
+        )
+        argocd.wait_application(
+            APP,
+            lambda a: len((a.get("status") or {}).get("history") or []) > synced_before and synced_healthy(a),
+            120,
+            "the manual sync",
+        )
         assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
         # a values change that runs the bootstrap Job again (new inputs, new Job)
         bootstraps = {n for n in jobs(api) if n.startswith("metax-operator-bootstrap-")}
         patch_values(api, {"gpuDevice": {"healthyInterval": 11}})
-        argocd.wait_application(APP, lambda a: synced_healthy(a) and {
-            n for n in jobs(api) if n.startswith("metax-operator-bootstrap-")} - bootstraps, 180,
-            "the new values synced by a new bootstrap Job")
+        argocd.wait_application(
+            APP,
+            lambda a: synced_healthy(a) and {n for n in jobs(api) if n.startswith("metax-operator-bootstrap-")} - bootstraps,
+            180,
+            "the new values synced by a new bootstrap Job",
+        )
         cr = get_cr(api)
         assert cr["spec"]["gpuDevice"]["healthyInterval"] == 11
         assert cr["spec"]["driver"]["upgradePolicy"]["pause"] is True
@@ -197,15 +240,15 @@ def test_a_runtime_pause_survives_the_next_syncs(tools_cluster, tools_api, argoc
         seed_patch(cp, "pause", False)
 
 
-def test_deleting_the_application_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, argocd, pods,
-                                                                   installed):
+def test_deleting_the_application_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, argocd, pods, installed):
     started = time.monotonic()
     kubectl(tools_cluster.cp, "delete", "application", "-n", "argocd", APP, "--wait=false")
     try:
         eventually(lambda: argocd.application(APP) is None, 180, "the Application deleted")
     except AssertionError:
-        raise AssertionError(f"Application not deleted: {summary(argocd.application(APP))}; "
-                             f"logs in {argocd.workdir / 'logs'}") from None
+        raise AssertionError(
+            f"Application not deleted: {summary(argocd.application(APP))}; logs in {argocd.workdir / 'logs'}"
+        ) from None
     print(f"Application deleted in {time.monotonic() - started:.0f} s")
     assert_hooks_ran_on_the_real_node(pods, tools_cluster, ("cleanup",))
     assert left_behind(tools_cluster.cp, tools_api) == []

@@ -9,6 +9,7 @@ tests are skipped, saying so (docs/gitops.md: the versions, the command, what wa
 chart comes from the local OCI registry (its CA in the HelmRepository's certSecretRef); the Helm
 hooks and the runner run as containers of the tools image on the real node.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,13 +19,27 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.gitops_scenario import (NS, POLICY, StatusWatch, assert_hooks_ran_on_the_real_node,  # noqa: F401
-                                       assert_one_staged_rollout, driver_revisions, generations, get_cr,
-                                       left_behind, pods, reconciled, release_scope, runner_applied, runtime_edit,
-                                       seed_patch, user_values)
+from tests.e2e.gitops_scenario import (  # noqa: F401
+    NS,
+    POLICY,
+    StatusWatch,
+    assert_hooks_ran_on_the_real_node,
+    assert_one_staged_rollout,
+    driver_revisions,
+    generations,
+    get_cr,
+    left_behind,
+    pods,
+    reconciled,
+    release_scope,
+    runner_applied,
+    runtime_edit,
+    seed_patch,
+    user_values,
+)
 from tests.e2e.tools import kubectl
-from tests.waiting import eventually
 from tests.gitops import FLUX_NAMESPACE, HELMRELEASES, Flux, GitOpsError, apply, flux_unavailable, snippet
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
@@ -36,6 +51,7 @@ CA_SECRET = "metax-registry-ca"
 
 
 # -- fixtures ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session", autouse=True)  # session: decided before the cluster starts
 def flux_binaries():
@@ -60,8 +76,12 @@ def manifests(cluster) -> list[dict]:
     in a Secret of the HelmRepository's certSecretRef), with the user's values."""
     repository, release = yaml.safe_load_all(snippet("flux-helmrelease").replace("DOMAIN/PROJECT", cluster.registry))
     repository["spec"]["certSecretRef"] = {"name": CA_SECRET}
-    ca = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": CA_SECRET, "namespace": FLUX_NAMESPACE},
-          "data": {"ca.crt": base64.b64encode(cluster.cp.ca.read_bytes()).decode()}}
+    ca = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": CA_SECRET, "namespace": FLUX_NAMESPACE},
+        "data": {"ca.crt": base64.b64encode(cluster.cp.ca.read_bytes()).decode()},
+    }
     release["spec"]["interval"] = f"{INTERVAL}s"
     release["spec"]["values"] = user_values(cluster, release["spec"]["values"])
     return [ca, repository, release]
@@ -79,8 +99,9 @@ def ready(release: dict) -> str | None:
 
 def is_ready(api) -> bool:
     release = helm_release(api)
-    return (ready(release) or "").startswith("True") and \
-        (release.get("status") or {}).get("observedGeneration", 0) >= release["metadata"]["generation"]
+    return (ready(release) or "").startswith("True") and (release.get("status") or {}).get("observedGeneration", 0) >= release[
+        "metadata"
+    ]["generation"]
 
 
 def revisions(api) -> list[int]:
@@ -97,8 +118,9 @@ def patch_values(api, values: dict) -> None:
 def reconcile_now(api) -> str:
     """What `flux reconcile helmrelease` does: request a reconciliation; returns the token."""
     token = str(time.time())
-    client.CustomObjectsApi(api).patch_namespaced_custom_object(*HELMRELEASE, RELEASE, {
-        "metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": token}}})
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *HELMRELEASE, RELEASE, {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": token}}}
+    )
     return token
 
 
@@ -108,8 +130,7 @@ def watch_ready(api) -> StatusWatch:
 
 def delete_helm_release(cp) -> None:
     kubectl(cp, "delete", "helmrelease", "-n", FLUX_NAMESPACE, RELEASE, "--ignore-not-found", "--wait=false")
-    eventually(lambda: not kubectl(cp, "get", "helmrelease", "-n", FLUX_NAMESPACE, "-o", "name"), 180,
-               "the HelmRelease deleted")
+    eventually(lambda: not kubectl(cp, "get", "helmrelease", "-n", FLUX_NAMESPACE, "-o", "name"), 180, "the HelmRelease deleted")
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +143,17 @@ def installed(tools_cluster, tools_api, flux, pods):
         try:
             eventually(lambda: is_ready(api), 300, "the HelmRelease Ready after the install")
         except AssertionError:
-            raise AssertionError(f"HelmRelease not Ready: {(helm_release(api).get('status') or {}).get('conditions')}; "
-                                 f"logs in {flux.workdir / 'logs'}") from None
+            raise AssertionError(
+                f"HelmRelease not Ready: {(helm_release(api).get('status') or {}).get('conditions')}; "
+                f"logs in {flux.workdir / 'logs'}"
+            ) from None
         yield {"install_seconds": time.monotonic() - started}
         delete_helm_release(cp)
         kubectl(cp, "delete", "helmrepository,secret", "-n", FLUX_NAMESPACE, "metax", CA_SECRET, "--ignore-not-found")
 
 
 # -- the scenario, in order --------------------------------------------------------------------
+
 
 def test_install_runs_the_helm_hooks_and_the_release_is_ready(tools_cluster, tools_api, pods, installed):
     api = tools_api
@@ -146,23 +170,36 @@ def test_stays_ready_and_quiet_while_the_runner_applies_a_runtime_edit(tools_clu
     ignored); over the window the HelmRelease is reconciled every INTERVAL seconds, with drift
     detection, and nothing upgrades."""
     api = tools_api
-    before = {"generations": generations(api), "revisions": driver_revisions(api), "release": revisions(api),
-              "reconciles": flux.reconciles(RELEASE)}
+    before = {
+        "generations": generations(api),
+        "revisions": driver_revisions(api),
+        "release": revisions(api),
+        "reconciles": flux.reconciles(RELEASE),
+    }
     readiness = watch_ready(api)
     runtime_edit(tools_cluster.cp, 9)
     eventually(lambda: runner_applied(api, 9), 60, "the runner to apply the CR's healthyInterval to metax-gpu-device")
     started = time.monotonic()
-    eventually(lambda: flux.reconciles(RELEASE) - before["reconciles"] >= QUIET_RECONCILES,
-               (QUIET_RECONCILES + 2) * INTERVAL, f"{QUIET_RECONCILES} reconciliations by Flux")
+    eventually(
+        lambda: flux.reconciles(RELEASE) - before["reconciles"] >= QUIET_RECONCILES,
+        (QUIET_RECONCILES + 2) * INTERVAL,
+        f"{QUIET_RECONCILES} reconciliations by Flux",
+    )
     window = time.monotonic() - started
     seen = readiness.stop()
-    after = {"generations": generations(api), "revisions": driver_revisions(api), "release": revisions(api),
-             "reconciles": flux.reconciles(RELEASE)}
+    after = {
+        "generations": generations(api),
+        "revisions": driver_revisions(api),
+        "release": revisions(api),
+        "reconciles": flux.reconciles(RELEASE),
+    }
     changed = {k: (v, after["generations"][k]) for k, v in before["generations"].items() if after["generations"][k] != v}
-    figures = (f"window {window:.0f} s: {after['reconciles'] - before['reconciles']} reconciles, Ready {seen}, "
-               f"release revisions {after['release']}, spec changes {changed}; Flux started in "
-               f"{flux.start_seconds:.1f} s, install {installed['install_seconds']:.0f} s, RSS MB "
-               f"{ {k: round(v / 2**20) for k, v in flux.rss().items()} }")
+    figures = (
+        f"window {window:.0f} s: {after['reconciles'] - before['reconciles']} reconciles, Ready {seen}, "
+        f"release revisions {after['release']}, spec changes {changed}; Flux started in "
+        f"{flux.start_seconds:.1f} s, install {installed['install_seconds']:.0f} s, RSS MB "
+        f"{ {k: round(v / 2**20) for k, v in flux.rss().items()} }"
+    )
     print(figures)
     assert all(s.startswith("True") for s in seen), figures
     assert after["release"] == before["release"], figures
@@ -190,8 +227,11 @@ def test_a_runtime_pause_survives_the_next_reconciliations(tools_cluster, tools_
     try:
         release = revisions(api)
         token = reconcile_now(api)  # nothing new: no upgrade, drift detection only
-        eventually(lambda: (helm_release(api).get("status") or {}).get("lastHandledReconcileAt") == token, 60,
-                   "the requested reconciliation")
+        eventually(
+            lambda: (helm_release(api).get("status") or {}).get("lastHandledReconcileAt") == token,
+            60,
+            "the requested reconciliation",
+        )
         assert revisions(api) == release
         assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
         patch_values(api, {"gpuDevice": {"healthyInterval": 11}})  # an upgrade: the hooks run again

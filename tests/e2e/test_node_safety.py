@@ -7,12 +7,13 @@ their driver while the rollout completes; the runner's /metrics, scraped during 
 Evidence: a watch of the nodes and of the driver pods in one thread each, their events ordered by
 resourceVersion (one etcd: its revision orders every write), and the runners' JSON logs.
 """
+
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
-import math
 import time
 import urllib.request
 from collections import defaultdict
@@ -21,10 +22,26 @@ import pytest
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
-    DRIVER_PODS, NODES, NS, QUICK_POLICY, SEED_POLICY, Runner, all_at, api, driver_pods, idle, installed,
-    patch_driver, revisions, seed_patch, start_rollout, sub, upgrade_status)
 from tests.controlplane import free_port
+from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
+    DRIVER_PODS,
+    NODES,
+    NS,
+    QUICK_POLICY,
+    SEED_POLICY,
+    Runner,
+    all_at,
+    api,
+    driver_pods,
+    idle,
+    installed,
+    patch_driver,
+    revisions,
+    seed_patch,
+    start_rollout,
+    sub,
+    upgrade_status,
+)
 from tests.e2e.tools import METAX, kubectl, run
 from tests.waiting import consistently, eventually
 
@@ -50,7 +67,8 @@ class Witness:
         pods = self.core.list_namespaced_pod(NS, label_selector=DRIVER_PODS)
         self.threads = [
             threading.Thread(target=self._follow_nodes, args=(nodes.metadata.resource_version,), daemon=True),
-            threading.Thread(target=self._follow_pods, args=(pods.metadata.resource_version,), daemon=True)]
+            threading.Thread(target=self._follow_pods, args=(pods.metadata.resource_version,), daemon=True),
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -66,8 +84,9 @@ class Witness:
 
     def _follow_pods(self, since: str) -> None:
         try:
-            for change in self.watches[1].stream(self.core.list_namespaced_pod, NS, label_selector=DRIVER_PODS,
-                                                 resource_version=since, timeout_seconds=600):
+            for change in self.watches[1].stream(
+                self.core.list_namespaced_pod, NS, label_selector=DRIVER_PODS, resource_version=since, timeout_seconds=600
+            ):
                 pod = change["object"]
                 if pod.metadata.deletion_timestamp is not None and pod.metadata.uid not in self.deleted:
                     self.deleted[pod.metadata.uid] = (int(pod.metadata.resource_version), pod.spec.node_name)
@@ -116,8 +135,11 @@ def test_each_node_is_cordoned_while_its_driver_is_swapped_and_an_admins_cordon_
     try:
         old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 2})
         eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
-        eventually(lambda: runner_cordoned(api) == [] and unschedulable(api) == [admins], 30,
-                   "every node the runner cordoned uncordoned, the admin's cordon kept")
+        eventually(
+            lambda: runner_cordoned(api) == [] and unschedulable(api) == [admins],
+            30,
+            "every node the runner cordoned uncordoned, the admin's cordon kept",
+        )
         witness.stop()
         assert all_at(api, new)
         swapped = {node for _, node in witness.deleted.values()}
@@ -125,8 +147,7 @@ def test_each_node_is_cordoned_while_its_driver_is_swapped_and_an_admins_cordon_
         for uid, (version, node) in witness.deleted.items():
             assert witness.cordoned_at(node, version), f"{node}'s driver pod {uid} deleted while schedulable"
         for node in set(GPU_NODES) - {admins}:  # cordoned once, uncordoned once
-            assert [v for _, v in witness.unschedulable[node]] == [False, True, False], (
-                node, witness.unschedulable[node])
+            assert [v for _, v in witness.unschedulable[node]] == [False, True, False], (node, witness.unschedulable[node])
         assert [v for _, v in witness.unschedulable[admins]] == [True], "the admin's cordon was touched"
         assert CORDONED not in (nodes(api)[admins].metadata.labels or {})
         lines = [line for r in idle["runners"] for line in r.lines("rollout-uncordon")]
@@ -169,16 +190,18 @@ def test_skipped_nodes_keep_their_driver_and_the_rollout_completes(control_plane
     for node in skipped:
         kubectl(cp, "label", "node", node, f"{SKIP}=true")
     try:
-        eventually(lambda: upgrade_status(api).get("resume", {}).get("skippedNodes") == skipped, 30,
-                   "the skipped nodes listed while idle")
+        eventually(
+            lambda: upgrade_status(api).get("resume", {}).get("skippedNodes") == skipped,
+            30,
+            "the skipped nodes listed while idle",
+        )
         old, new = start_rollout(cp, api, QUICK_POLICY)
         eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
         at = {p.spec.node_name: p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}
         assert {n: r for n, r in at.items() if r == old} == {n: old for n in skipped}
         assert sum(r == new for r in at.values()) == NODES - len(skipped)
         status = upgrade_status(api)
-        assert status["status"]["totalUpgradeReplicas"] == NODES - len(skipped) == \
-            status["status"]["totalUpgradeReadyReplicas"]
+        assert status["status"]["totalUpgradeReplicas"] == NODES - len(skipped) == status["status"]["totalUpgradeReadyReplicas"]
         assert status["resume"]["skippedNodeCount"] == len(skipped)
         shown = run(METAX, "rollout", "status", "--kubeconfig", str(cp.kubeconfig))
         assert f"Skipped (label {SKIP}=true): 2: {', '.join(skipped)}" in shown, shown
@@ -196,13 +219,19 @@ def test_skipped_nodes_keep_their_driver_and_the_rollout_completes(control_plane
 def scrape(port: int) -> dict[tuple, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def phase_of(sample: dict) -> str:
-    return next(dict(labels)["metax_operator_rollout_phase"] for (name, labels), value in sample.items()
-                if name == "metax_operator_rollout_phase" and value == 1)
+    return next(
+        dict(labels)["metax_operator_rollout_phase"]
+        for (name, labels), value in sample.items()
+        if name == "metax_operator_rollout_phase" and value == 1
+    )
 
 
 def nodes_in(sample: dict, state: str) -> float:
@@ -214,8 +243,10 @@ def test_metrics_scraped_during_a_rollout_follow_its_progress(control_plane, api
     runners = idle["runners"]
     runners[-1].stop()  # SIGTERM: the lease is released at once
     port = free_port()
-    runners.append(Runner(idle["kubeconfig"], idle["tmp"], "runner-metrics", "--health-port", str(port),
-                          "--health-host", "127.0.0.1"))
+    runners.append(
+        Runner(idle["kubeconfig"], idle["tmp"], "runner-metrics", "--health-port", str(port), "--health-host", "127.0.0.1")
+    )
+
     def leading() -> bool:
         try:
             return scrape(port)[("metax_operator_leader", ())] == 1
@@ -239,14 +270,21 @@ def test_metrics_scraped_during_a_rollout_follow_its_progress(control_plane, api
     assert nodes_in(last, "upgraded") == nodes_in(last, "total") == NODES
     assert max(nodes_in(s, "cordoned") for s in seen) >= 1 and max(nodes_in(s, "in_wave") for s in seen) >= 1
     assert last[("metax_operator_rollout_step_state", (("metax_operator_rollout_step_state", "Completed"),))] == 1
-    waves = last[("metax_operator_rollout_wave_duration_seconds_count", ())] \
+    waves = (
+        last[("metax_operator_rollout_wave_duration_seconds_count", ())]
         - before[("metax_operator_rollout_wave_duration_seconds_count", ())]
+    )
     assert waves >= NODES // 2, waves  # waves of at most 2 nodes
-    requests = {m: last[("metax_operator_api_requests_total", (("method", m),))]
-                - before[("metax_operator_api_requests_total", (("method", m),))] for m in ("DELETE", "PATCH", "GET")}
+    requests = {
+        m: last[("metax_operator_api_requests_total", (("method", m),))]
+        - before[("metax_operator_api_requests_total", (("method", m),))]
+        for m in ("DELETE", "PATCH", "GET")
+    }
     assert requests["DELETE"] >= NODES and requests["PATCH"] >= 2 * NODES and requests["GET"] >= NODES, requests
-    assert last[("metax_operator_runner_pass_duration_seconds_count", ())] > \
-        before[("metax_operator_runner_pass_duration_seconds_count", ())]
+    assert (
+        last[("metax_operator_runner_pass_duration_seconds_count", ())]
+        > before[("metax_operator_runner_pass_duration_seconds_count", ())]
+    )
     assert last[("metax_operator_nodes_need_reboot", ())] == 0
 
     # driver-manager reports a firmware upgrade done; the kubelet later reports the reboot.
@@ -268,18 +306,35 @@ def report_node_event(api, node: str, reason: str, message: str) -> None:
     """A Node event in namespace default, as driver-manager (NodeNeedReboot) or the kubelet
     (Rebooted) posts it."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    client.CoreV1Api(api).create_namespaced_event("default", {
-        "metadata": {"generateName": f"{node}."}, "type": "Normal", "reason": reason, "message": message,
-        "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
-        "source": {"component": "driver-manager" if reason == "NodeNeedReboot" else "kubelet", "host": node},
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+    client.CoreV1Api(api).create_namespaced_event(
+        "default",
+        {
+            "metadata": {"generateName": f"{node}."},
+            "type": "Normal",
+            "reason": reason,
+            "message": message,
+            "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+            "source": {"component": "driver-manager" if reason == "NodeNeedReboot" else "kubelet", "host": node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        },
+    )
 
 
 def gpu_pod(name: str, node: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [{
-                "name": "app", "image": "registry.example/app:1.0",
-                "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "app", "image": "registry.example/app:1.0", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}
+            ],
+        },
+    }
 
 
 def pod_state(api, name: str) -> str:
@@ -297,22 +352,41 @@ def test_drain_evicts_gpu_pods_respects_a_disruption_budget_and_holds_the_node_o
     free, guarded = ("gpu-node-0001", "train-free"), ("gpu-node-0002", "train-guarded")
     for node, name in (free, guarded):
         core.create_namespaced_pod("default", gpu_pod(name, node))
-    policy.create_namespaced_pod_disruption_budget("default", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train-guarded"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-guarded"}}}})
+    policy.create_namespaced_pod_disruption_budget(
+        "default",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "train-guarded"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-guarded"}}},
+        },
+    )
     try:
-        eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "Running", 30,
-                   "both GPU pods running")
-        eventually(lambda: (s := policy.read_namespaced_pod_disruption_budget("train-guarded", "default").status)
-                   and s.current_healthy == 1, 30, "the disruption controller counts the guarded pod")
-        old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 3, "onTimeout": "hold",
-                                           "drain": {"enable": True, "timeout": "15s"}})
+        eventually(
+            lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "Running", 30, "both GPU pods running"
+        )
+        eventually(
+            lambda: (
+                (s := policy.read_namespaced_pod_disruption_budget("train-guarded", "default").status) and s.current_healthy == 1
+            ),
+            30,
+            "the disruption controller counts the guarded pod",
+        )
+        old, new = start_rollout(
+            cp, api, {**QUICK_POLICY, "maxParallel": 3, "onTimeout": "hold", "drain": {"enable": True, "timeout": "15s"}}
+        )
         eventually(lambda: pod_state(api, "train-free") in ("gone", "terminating"), 60, "the free GPU pod evicted")
-        held = eventually(lambda: guarded[0] in upgrade_status(api).get("resume", {}).get("heldNodes", []), 90,
-                          "the guarded node held back after its drain timed out")
+        held = eventually(
+            lambda: guarded[0] in upgrade_status(api).get("resume", {}).get("heldNodes", []),
+            90,
+            "the guarded node held back after its drain timed out",
+        )
         assert held and pod_state(api, "train-guarded") == "Running", "the budget must keep the guarded pod"
-        events = client.CoreV1Api(api).list_namespaced_event(
-            "default", field_selector="involvedObject.name=cluster-operator,reason=DrainTimeout").items
+        events = (
+            client.CoreV1Api(api)
+            .list_namespaced_event("default", field_selector="involvedObject.name=cluster-operator,reason=DrainTimeout")
+            .items
+        )
         assert any(guarded[0] in e.message and "held back" in e.message for e in events)
         eventually(lambda: guarded[0] not in unschedulable(api), 30, "the held node uncordoned")
         eventually(lambda: revisions(api)[new] == NODES - 1, 90, "every other node upgraded")
@@ -332,11 +406,11 @@ def test_drain_evicts_gpu_pods_respects_a_disruption_budget_and_holds_the_node_o
                 core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         policy.delete_namespaced_pod_disruption_budget("train-guarded", "default")
         patch_driver(api, {"upgradePolicy": {"drain": {"enable": False}, "onTimeout": "hold"}})
-        eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "gone", 30,
-                   "the GPU pods gone")
+        eventually(lambda: pod_state(api, "train-free") == pod_state(api, "train-guarded") == "gone", 30, "the GPU pods gone")
 
 
 # -- node writes of the components' ServiceAccounts --------------------------------------------
+
 
 def token_client(cp, token: str):
     configuration = client.Configuration(host=cp.server, api_key={"authorization": f"Bearer {token}"})
@@ -357,54 +431,94 @@ def refusal(call) -> str:
 def test_a_component_token_patches_only_its_own_node_and_only_metax_keys(control_plane, api, installed):
     cp = control_plane
     policies = client.AdmissionregistrationV1Api(api).list_validating_admission_policy().items
-    assert [p.metadata.name for p in policies if p.metadata.name.endswith(f"{NS}-node-writes")], \
+    assert [p.metadata.name for p in policies if p.metadata.name.endswith(f"{NS}-node-writes")], (
         "helm install on a 1.30+ cluster renders the policy"
+    )
     pod = next(p for p in driver_pods(api) if p.spec.node_name == "gpu-node-0003")
-    token = kubectl(cp, "create", "token", "metax-driver", "-n", NS, "--duration", "10m", "--bound-object-kind",
-                    "Pod", "--bound-object-name", pod.metadata.name, "--bound-object-uid", pod.metadata.uid).strip()
+    token = kubectl(
+        cp,
+        "create",
+        "token",
+        "metax-driver",
+        "-n",
+        NS,
+        "--duration",
+        "10m",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        pod.metadata.name,
+        "--bound-object-uid",
+        pod.metadata.uid,
+    ).strip()
     driver = token_client(cp, token)
     own, other = "gpu-node-0003", "gpu-node-0004"
     try:
         # The policy's binding takes effect within a moment of its creation: its own node's
         # metax-tech.com/ keys pass, another node is refused.
-        eventually(lambda: "may change only the node its pod runs on (gpu-node-0003), not gpu-node-0004" in refusal(
-            lambda: driver.patch_node(other, {"metadata": {"annotations": {"metax-tech.com/driver": "ready"}}})),
-            30, "another node refused")
-        driver.patch_node(own, {"metadata": {"annotations": {"metax-tech.com/driver": "ready"},
-                                             "labels": {"metax-tech.com/driver.version": "2.33"}}})
+        eventually(
+            lambda: (
+                "may change only the node its pod runs on (gpu-node-0003), not gpu-node-0004"
+                in refusal(lambda: driver.patch_node(other, {"metadata": {"annotations": {"metax-tech.com/driver": "ready"}}}))
+            ),
+            30,
+            "another node refused",
+        )
+        driver.patch_node(
+            own,
+            {
+                "metadata": {
+                    "annotations": {"metax-tech.com/driver": "ready"},
+                    "labels": {"metax-tech.com/driver.version": "2.33"},
+                }
+            },
+        )
         assert nodes(api)[own].metadata.annotations["metax-tech.com/driver"] == "ready"
         message = refusal(lambda: driver.patch_node(own, {"metadata": {"labels": {"team": "ml"}}}))
         assert "may change only labels and annotations under metax-tech.com/ on its node, not team" in message
-        assert "may not change its node's spec" in refusal(
-            lambda: driver.patch_node(own, {"spec": {"unschedulable": True}}))
+        assert "may not change its node's spec" in refusal(lambda: driver.patch_node(own, {"spec": {"unschedulable": True}}))
         unbound = token_client(cp, kubectl(cp, "create", "token", "metax-driver", "-n", NS, "--duration", "10m").strip())
         assert "its token names no node" in refusal(
-            lambda: unbound.patch_node(own, {"metadata": {"labels": {"metax-tech.com/x": "1"}}}))
+            lambda: unbound.patch_node(own, {"metadata": {"labels": {"metax-tech.com/x": "1"}}})
+        )
         client.CoreV1Api(api).patch_node(other, {"metadata": {"labels": {"team": "ml"}}})  # an admin: not matched
     finally:
-        client.CoreV1Api(api).patch_node(own, {"metadata": {"annotations": {"metax-tech.com/driver": None},
-                                                            "labels": {"metax-tech.com/driver.version": None}}})
+        client.CoreV1Api(api).patch_node(
+            own, {"metadata": {"annotations": {"metax-tech.com/driver": None}, "labels": {"metax-tech.com/driver.version": None}}}
+        )
         client.CoreV1Api(api).patch_node(other, {"metadata": {"labels": {"team": None}}})
 
 
 def test_a_wave_node_waits_cordoned_for_its_pods_matching_the_wait_selector(control_plane, api, idle):
     cp, core = control_plane, client.CoreV1Api(api)
     node = "gpu-node-0004"
-    training = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "training", "labels": {"app": "training"}},
-                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
-                         "containers": [{"name": "app", "image": "registry.example/app:1.0"}]}}  # no GPU: not held
+    training = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "training", "labels": {"app": "training"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "registry.example/app:1.0"}],
+        },
+    }  # no GPU: not held
     core.create_namespaced_pod("default", training)
     try:
         eventually(lambda: pod_state(api, "training") == "Running", 30, "the training pod running")
-        old, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 0,
-                                           "waitForCompletion": {"podSelector": "app=training"}})
+        old, new = start_rollout(
+            cp, api, {**QUICK_POLICY, "maxParallel": 0, "waitForCompletion": {"podSelector": "app=training"}}
+        )
         eventually(lambda: revisions(api)[new] == NODES - 1, 90, "every other node upgraded")
         assert node in runner_cordoned(api) and node in unschedulable(api)
         at = lambda: {p.spec.node_name: p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}  # noqa: E731
         runner = idle["runners"][-1]
         passes = len(runner.lines("rollout-pass"))
-        consistently(lambda: at()[node] == old and node in unschedulable(api), lambda: len(runner.lines("rollout-pass"))
-                     >= passes + 3, 30, "the waiting node cordoned with its old driver while the job runs")
+        consistently(
+            lambda: at()[node] == old and node in unschedulable(api),
+            lambda: len(runner.lines("rollout-pass")) >= passes + 3,
+            30,
+            "the waiting node cordoned with its old driver while the job runs",
+        )
         assert "waiting for their work to end" in upgrade_status(api)["message"]
         core.delete_namespaced_pod("training", "default", grace_period_seconds=0)  # the job ends
         eventually(lambda: sub(api).get("currentStepState") == "Completed", 90, "Completed once the job ended")

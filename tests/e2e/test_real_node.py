@@ -1,5 +1,6 @@
 """The real node's harness keeps the networking rule: everything of the node lives in its own
 network namespace, mount namespace and cgroup tree, and stopping it leaves the host as it was."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,9 +17,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 def host_network() -> dict[str, str]:
     """The host's interfaces, addresses, routes and iptables rules (counters left out)."""
-    show = {name: subprocess.run(command, capture_output=True, text=True).stdout for name, command in {
-        "links": ["ip", "-o", "link", "show"], "addresses": ["ip", "-o", "addr", "show"],
-        "routes": ["ip", "route", "show", "table", "all"], "iptables": ["iptables-save"]}.items()}
+    show = {
+        name: subprocess.run(command, capture_output=True, text=True).stdout
+        for name, command in {
+            "links": ["ip", "-o", "link", "show"],
+            "addresses": ["ip", "-o", "addr", "show"],
+            "routes": ["ip", "route", "show", "table", "all"],
+            "iptables": ["iptables-save"],
+        }.items()
+    }
     show["iptables"] = "\n".join(line for line in show["iptables"].splitlines() if not line.startswith(("#", ":")))
     return show
 

@@ -10,6 +10,7 @@ seed's kubectl commands, corrected (docs/rollout-admin.md), with the real kubect
 Evidence comes from the API server (pods, the CR's status and events) and from the runners' JSON
 log lines (`rollout-pass`: the step and the pods deleted in that pass).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,23 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from tests.e2e.tools import (more_passes, CR, METAX, bootstrap, delete_cr, helm3, install_chart, kubectl, log_entries,
-                             release_values, run, service_account_kubeconfig, uninstall_chart)
-from tests.waiting import consistently, eventually
+from tests.e2e.tools import (
+    CR,
+    METAX,
+    bootstrap,
+    delete_cr,
+    helm3,
+    install_chart,
+    kubectl,
+    log_entries,
+    more_passes,
+    release_values,
+    run,
+    service_account_kubeconfig,
+    uninstall_chart,
+)
 from tests.helm import CHART
+from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -40,15 +54,27 @@ NODES = 10  # the control plane fixture's GPU nodes
 # Seed 000 section 3.2.8: 10 nodes, maxParallel 50%.
 SEED_POLICY = {
     "enableRollout": True,
-    "upgradeSteps": [{"replicas": 2}, {"replicas": 5, "pauseDuration": 10000},
-                     {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%"}],
-    "pause": False, "maxParallel": "50%", "maxUnavailable": 0, "maxFailureThreshold": 3,
+    "upgradeSteps": [
+        {"replicas": 2},
+        {"replicas": 5, "pauseDuration": 10000},
+        {"replicas": 8, "pauseDuration": 10000},
+        {"replicas": "100%"},
+    ],
+    "pause": False,
+    "maxParallel": "50%",
+    "maxUnavailable": 0,
+    "maxFailureThreshold": 3,
     "fallback": "pause",
 }
 # Where the seed's exact durations are not the point: the same steps, no pauses.
-QUICK_POLICY = {**SEED_POLICY, "upgradeSteps": [{"replicas": 2, "pauseDuration": 0},
-                                                {"replicas": 5, "pauseDuration": 0},
-                                                {"replicas": "100%", "pauseDuration": 0}]}
+QUICK_POLICY = {
+    **SEED_POLICY,
+    "upgradeSteps": [
+        {"replicas": 2, "pauseDuration": 0},
+        {"replicas": 5, "pauseDuration": 0},
+        {"replicas": "100%", "pauseDuration": 0},
+    ],
+}
 
 # The seed's admin commands, corrected (resource name, --type=json, /spec paths, pause: true pauses).
 SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
@@ -59,8 +85,15 @@ SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value
 
 def seed_patch(cp, field: str, value) -> None:
     """The seed's `kubectl patch ... --type=json` on spec.driver.upgradePolicy.<field>, corrected."""
-    kubectl(cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json",
-            "-p", SEED_PATCH % (field, json.dumps(value)))
+    kubectl(
+        cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=json",
+        "-p",
+        SEED_PATCH % (field, json.dumps(value)),
+    )
 
 
 def get_cr(api) -> dict:
@@ -84,8 +117,11 @@ def patch_driver(api, driver: dict) -> None:
 
 
 def driver_pods(api) -> list:
-    return [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-            if p.metadata.deletion_timestamp is None]
+    return [
+        p
+        for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
+        if p.metadata.deletion_timestamp is None
+    ]
 
 
 def revisions(api) -> Counter:
@@ -98,8 +134,7 @@ def ready(pod) -> bool:
 
 def all_at(api, revision: str) -> bool:
     pods = driver_pods(api)
-    return len(pods) == NODES and all(
-        p.metadata.labels.get("controller-revision-hash") == revision and ready(p) for p in pods)
+    return len(pods) == NODES and all(p.metadata.labels.get("controller-revision-hash") == revision and ready(p) for p in pods)
 
 
 def template(api) -> dict:
@@ -124,10 +159,30 @@ class Runner:
     def __init__(self, kubeconfig: Path, tmp: Path, identity: str, *more: str):
         self.log_path = tmp / f"{identity}.log"
         self.proc = subprocess.Popen(
-            [METAX, "run", "--namespace", NS, "--kubeconfig", str(kubeconfig), "--identity", identity,
-             "--interval", "1", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "1",
-             "--log-level", "debug", *more],
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
+            [
+                METAX,
+                "run",
+                "--namespace",
+                NS,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--identity",
+                identity,
+                "--interval",
+                "1",
+                "--lease-duration",
+                "3",
+                "--renew-deadline",
+                "2",
+                "--retry-period",
+                "1",
+                "--log-level",
+                "debug",
+                *more,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("w"),
+        )
 
     def lines(self, action: str) -> list[dict]:
         return log_entries(self.log_path, action)
@@ -174,8 +229,9 @@ class PodHistory:
             pass
 
     def _follow(self, core, version: str) -> None:
-        for change in self._watch.stream(core.list_namespaced_pod, NS, label_selector=DRIVER_PODS,
-                                         resource_version=version, timeout_seconds=600):
+        for change in self._watch.stream(
+            core.list_namespaced_pod, NS, label_selector=DRIVER_PODS, resource_version=version, timeout_seconds=600
+        ):
             pod = change["object"]
             if pod.spec.node_name:
                 self.created[pod.spec.node_name].add(pod.metadata.uid)
@@ -195,6 +251,7 @@ class PodHistory:
 
 # -- fixtures ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def api(control_plane):
     return control_plane.api()
@@ -205,13 +262,17 @@ def installed(control_plane, api, tmp_path_factory):
     """The chart (rollout enabled, the seed policy) installed with Helm 3, the CR bootstrapped."""
     tmp = tmp_path_factory.mktemp("rollout-install")
     cp = control_plane
-    install_chart(cp, api, tmp, RELEASE, NS, {"registry": "cr.example.com/metax",
-                                              "driver": {"payload": {"version": "2.32.0.6"},
-                                                         "upgradePolicy": SEED_POLICY}})
+    install_chart(
+        cp,
+        api,
+        tmp,
+        RELEASE,
+        NS,
+        {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}, "upgradePolicy": SEED_POLICY}},
+    )
     bootstrap(cp, tmp, RELEASE, release_values(cp, RELEASE, NS))
     kubeconfig = service_account_kubeconfig(cp, tmp, "metax-operator-runner", NS)
-    eventually(lambda: len(driver_pods(api)) == NODES and all(ready(p) for p in driver_pods(api)), 60,
-               "every driver pod Ready")
+    eventually(lambda: len(driver_pods(api)) == NODES and all(ready(p) for p in driver_pods(api)), 60, "every driver pod Ready")
     yield {"kubeconfig": kubeconfig, "helm": helm3(cp), "tmp": tmp}
     uninstall_chart(cp, api, RELEASE, NS)
 
@@ -225,10 +286,12 @@ def idle(installed, api, tmp_path):
     starts are stopped at its end."""
     runners = [Runner(installed["kubeconfig"], tmp_path, "runner-0")]
     try:
-        eventually(lambda: upgrade_status(api).get("phase") in ("Idling", "Disabled")
-                   and not upgrade_status(api).get("upgrading"), 60, "an idle rollout")
-        eventually(lambda: len(revisions(api)) == 1 and all(ready(p) for p in driver_pods(api)), 60,
-                   "one revision")
+        eventually(
+            lambda: upgrade_status(api).get("phase") in ("Idling", "Disabled") and not upgrade_status(api).get("upgrading"),
+            60,
+            "an idle rollout",
+        )
+        eventually(lambda: len(revisions(api)) == 1 and all(ready(p) for p in driver_pods(api)), 60, "one revision")
         yield {**installed, "runners": runners, "tmp": tmp_path}
     finally:
         for r in runners:
@@ -244,8 +307,16 @@ def start_rollout(cp, api, policy: dict) -> tuple[str, str]:
     returns (old revision, new revision)."""
     patch_driver(api, {"upgradePolicy": policy})
     old = next(iter(revisions(api)))
-    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
-            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
+    kubectl(
+        cp,
+        "patch",
+        "ClusterOperator/cluster-operator",
+        "--type",
+        "json",
+        "--patch",
+        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]),
+    )
+
     def started() -> str | None:  # one read: the revision and the phase of the same status
         status = upgrade_status(api)
         revision = (status.get("status") or {}).get("upgradingPodSpecRevision")
@@ -256,6 +327,7 @@ def start_rollout(cp, api, policy: dict) -> tuple[str, str]:
 
 # -- the seed policy ---------------------------------------------------------------------------
 
+
 def test_seed_policy_runs_to_completion(control_plane, api, idle):
     cp = control_plane
     history = PodHistory(api)
@@ -264,17 +336,32 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
     assert "PHASE" in shown and "STEP" in shown and "UPGRADED" in shown and "TOTAL" in shown
 
     # Step 0: two waves of one, then the runner pauses (spec pause: true) and waits for the admin.
-    eventually(lambda: sub(api).get("currentStepState") == "StepPaused" and sub(api)["currentStepIndex"] == 0, 60,
-               "step 0 paused")
+    eventually(
+        lambda: sub(api).get("currentStepState") == "StepPaused" and sub(api)["currentStepIndex"] == 0, 60, "step 0 paused"
+    )
     eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
-    consistently(lambda: sub(api)["currentStepIndex"] == 0 and revisions(api)[new] == 2,
-                 more_passes(idle["runners"][0], 3), 30, "a manual pause holding")
-    status = json.loads(kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator",
-                                "-o", "jsonpath={.status.upgradeStatus}"))
-    assert set(status["status"]) >= {"lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex",
-                                     "currentUpgradeReplicas", "currentUpgradeReadyReplicas",
-                                     "currentFailureRetry", "currentStepState", "totalUpgradeReplicas",
-                                     "totalUpgradeReadyReplicas", "lastUpdateTime", "message"}
+    consistently(
+        lambda: sub(api)["currentStepIndex"] == 0 and revisions(api)[new] == 2,
+        more_passes(idle["runners"][0], 3),
+        30,
+        "a manual pause holding",
+    )
+    status = json.loads(
+        kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "-o", "jsonpath={.status.upgradeStatus}")
+    )
+    assert set(status["status"]) >= {
+        "lastPodSpecRevision",
+        "upgradingPodSpecRevision",
+        "currentStepIndex",
+        "currentUpgradeReplicas",
+        "currentUpgradeReadyReplicas",
+        "currentFailureRetry",
+        "currentStepState",
+        "totalUpgradeReplicas",
+        "totalUpgradeReadyReplicas",
+        "lastUpdateTime",
+        "message",
+    }
     assert status["upgrading"] is True and status["phase"] == "Progressing"
     assert status["status"]["lastPodSpecRevision"] == old and status["lastAppliedSpec"]
     seed_patch(cp, "pause", False)  # resume (the seed had true/false swapped)
@@ -312,12 +399,10 @@ def test_admin_pause_stops_new_deletions(control_plane, api, idle):
     old, new = start_rollout(cp, api, policy)
     eventually(lambda: revisions(api)[new] >= 1, 30, "the first upgraded pod")
     seed_patch(cp, "pause", True)
-    eventually(lambda: len(pods := driver_pods(api)) == NODES and all(map(ready, pods)), 30,
-               "the wave in flight to finish")
+    eventually(lambda: len(pods := driver_pods(api)) == NODES and all(map(ready, pods)), 30, "the wave in flight to finish")
     held = revisions(api)[new]
     assert held < NODES
-    consistently(lambda: revisions(api)[new] == held, more_passes(idle["runners"][0], 4), 30,
-                 "no deletion while paused")
+    consistently(lambda: revisions(api)[new] == held, more_passes(idle["runners"][0], 4), 30, "no deletion while paused")
     seed_patch(cp, "pause", False)
     eventually(lambda: sub(api).get("currentStepState") == "Completed", 60, "Completed after resume")
     assert all_at(api, new)
@@ -326,9 +411,13 @@ def test_admin_pause_stops_new_deletions(control_plane, api, idle):
 def first_cr_where(api, since: str, check, timeout: int = 90) -> dict:
     """The first version of the CR after resourceVersion `since` that satisfies `check`, from a
     watch: a status that a later pass overwrites within a second is still seen."""
-    stream = watch.Watch().stream(client.CustomObjectsApi(api).list_cluster_custom_object, *CR[:3],
-                                  field_selector=f"metadata.name={CR[3]}", resource_version=since,
-                                  timeout_seconds=timeout)
+    stream = watch.Watch().stream(
+        client.CustomObjectsApi(api).list_cluster_custom_object,
+        *CR[:3],
+        field_selector=f"metadata.name={CR[3]}",
+        resource_version=since,
+        timeout_seconds=timeout,
+    )
     for change in stream:
         if check(change["object"]):
             return change["object"]
@@ -343,9 +432,14 @@ def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revisi
     runners = idle["runners"]
     since = get_cr(api)["metadata"]["resourceVersion"]
     _, done = start_rollout(cp, api, QUICK_POLICY)
-    completed = first_cr_where(api, since, lambda cr: (
-        ((cr.get("status") or {}).get("upgradeStatus") or {}).get("status") or {}).items() >= {
-        "upgradingPodSpecRevision": done, "currentStepState": "Completed"}.items())
+    completed = first_cr_where(
+        api,
+        since,
+        lambda cr: (
+            (((cr.get("status") or {}).get("upgradeStatus") or {}).get("status") or {}).items()
+            >= {"upgradingPodSpecRevision": done, "currentStepState": "Completed"}.items()
+        ),
+    )
     runners[-1].stop(signal.SIGKILL)  # no idle pass after the one that completed
     version = completed["spec"]["driver"]["payload"]["version"]
     recorded = completed["status"]["upgradeStatus"]
@@ -356,18 +450,33 @@ def test_a_forced_rollback_right_after_a_completed_rollout_returns_to_its_revisi
     eventually(lambda: all_at(api, done), 30, "every pod at the completed revision")
     before = template(api)
 
-    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
-            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
+    kubectl(
+        cp,
+        "patch",
+        "ClusterOperator/cluster-operator",
+        "--type",
+        "json",
+        "--patch",
+        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]),
+    )
     runners.append(Runner(idle["kubeconfig"], idle["tmp"], "runner-1"))
-    eventually(lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, "", done)
-               and s["lastPodSpecRevision"] == done, 30, "the next rollout to start")
+    eventually(
+        lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, "", done) and s["lastPodSpecRevision"] == done,
+        30,
+        "the next rollout to start",
+    )
     seed_patch(cp, "enableRollout", False)
-    eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, done), 90,
-               "rolled back to the completed revision")
+    eventually(
+        lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, done), 90, "rolled back to the completed revision"
+    )
     assert template(api) == before
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
-    consistently(lambda: template(api) == before and all_at(api, done), more_passes(runners[-1], 3), 30,
-                 "the runner's reconcile keeping the restored template")
+    consistently(
+        lambda: template(api) == before and all_at(api, done),
+        more_passes(runners[-1], 3),
+        30,
+        "the runner's reconcile keeping the restored template",
+    )
     patch_driver(api, {"upgradePolicy": {"enableRollout": True}})
 
 
@@ -379,9 +488,16 @@ def test_a_forced_rollback_of_a_rollout_first_met_in_flight_converges(control_pl
     cp = control_plane
     setup = Runner(installed["kubeconfig"], tmp_path, "runner-setup")
     try:  # settle whatever an earlier test left, then no runner: nothing records anything
-        eventually(lambda: upgrade_status(api).get("phase") in ("Idling", "Disabled")
-                   and not upgrade_status(api).get("upgrading") and len(revisions(api)) == 1
-                   and all(ready(p) for p in driver_pods(api)), 90, "an idle rollout")
+        eventually(
+            lambda: (
+                upgrade_status(api).get("phase") in ("Idling", "Disabled")
+                and not upgrade_status(api).get("upgrading")
+                and len(revisions(api)) == 1
+                and all(ready(p) for p in driver_pods(api))
+            ),
+            90,
+            "an idle rollout",
+        )
     finally:
         setup.stop()
     old, before = next(iter(revisions(api))), template(api)
@@ -395,23 +511,38 @@ def test_a_forced_rollback_of_a_rollout_first_met_in_flight_converges(control_pl
     bootstrap(cp, tmp_path, RELEASE, values)
     runner = Runner(installed["kubeconfig"], tmp_path, "runner-first")
     try:
-        new = eventually(lambda: (s := upgrade_status(api)).get("phase") == "Progressing"
-                         and s["status"]["lastPodSpecRevision"] == old and s["status"]["upgradingPodSpecRevision"],
-                         60, "a rollout from the pods' revision")
+        new = eventually(
+            lambda: (
+                (s := upgrade_status(api)).get("phase") == "Progressing"
+                and s["status"]["lastPodSpecRevision"] == old
+                and s["status"]["upgradingPodSpecRevision"]
+            ),
+            60,
+            "a rollout from the pods' revision",
+        )
         assert upgrade_status(api)["lastCoDriverSpec"] == ""  # the case: nothing recorded the old revision's spec
-        eventually(lambda: sub(api).get("currentStepState") == "StepPaused" and revisions(api)[new] == 2, 60,
-                   "step 0 paused with two pods upgraded")
+        eventually(
+            lambda: sub(api).get("currentStepState") == "StepPaused" and revisions(api)[new] == 2,
+            60,
+            "step 0 paused with two pods upgraded",
+        )
         seed_patch(cp, "enableRollout", False)  # the forced rollback
-        eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 90,
-                   "rolled back to the pods' first revision")
+        eventually(
+            lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old),
+            90,
+            "rolled back to the pods' first revision",
+        )
         assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
         assert template(api) == before
         # Every template change, even one undone a second later, bumps a ControllerRevision's number.
         latest = newest_revision_number(api)
         passes = len(runner.lines("pass"))
-        consistently(lambda: template(api) == before and all_at(api, old) and newest_revision_number(api) == latest,
-                     lambda: len(runner.lines("pass")) >= passes + 6, 30,
-                     "the template at the old revision while the runner passes")
+        consistently(
+            lambda: template(api) == before and all_at(api, old) and newest_revision_number(api) == latest,
+            lambda: len(runner.lines("pass")) >= passes + 6,
+            30,
+            "the template at the old revision while the runner passes",
+        )
         assert get_cr(api)["spec"]["driver"]["payload"]["version"] == version
     finally:
         runner.stop()
@@ -420,10 +551,15 @@ def test_a_forced_rollback_of_a_rollout_first_met_in_flight_converges(control_pl
 
 # -- failures ----------------------------------------------------------------------------------
 
-FAILING = {"enableRollout": True, "upgradeSteps": [{"replicas": 3, "pauseDuration": 0},
-                                                   {"replicas": "100%", "pauseDuration": 0}],
-           "pause": False, "maxParallel": 3, "maxUnavailable": 0, "maxFailureThreshold": 2,
-           "readinessTimeout": "4s"}
+FAILING = {
+    "enableRollout": True,
+    "upgradeSteps": [{"replicas": 3, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
+    "pause": False,
+    "maxParallel": 3,
+    "maxUnavailable": 0,
+    "maxFailureThreshold": 2,
+    "readinessTimeout": "4s",
+}
 
 
 def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(control_plane, api, idle, faults):
@@ -441,14 +577,19 @@ def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(contr
         assert bad in status["resume"]["failedNodes"]
         # The runner writes the status first, then sets pause: true.
         eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 10, "pause: true set")
-        consistently(lambda: revisions(api)[new] == 3, more_passes(idle["runners"][0], 3), 30,
-                     "no deletion beyond step 0 while paused")
+        consistently(
+            lambda: revisions(api)[new] == 3, more_passes(idle["runners"][0], 3), 30, "no deletion beyond step 0 while paused"
+        )
         history.stop()
         per_node = history.deletions_per_node()
         assert per_node[bad] == 1 + FAILING["maxFailureThreshold"], per_node  # the upgrade, then each retry
         assert sorted(n for n, c in per_node.items() if c) == ["gpu-node-0000", "gpu-node-0001", "gpu-node-0002"]
-        reasons = [e.reason for e in client.CoreV1Api(api).list_namespaced_event(
-            EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items]
+        reasons = [
+            e.reason
+            for e in client.CoreV1Api(api)
+            .list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator")
+            .items
+        ]
         assert reasons.count("StepRetry") >= FAILING["maxFailureThreshold"] and "StepFailed" in reasons
     finally:  # roll back by disabling, so the next test starts idle
         faults.clear_faults()
@@ -465,14 +606,19 @@ def test_fallback_rollback_restores_the_old_revision_everywhere(control_plane, a
     old, new = start_rollout(cp, api, {**FAILING, "fallback": "rollback"})
     eventually(lambda: upgrade_status(api).get("phase") == "Terminating", 90, "Terminating")
     faults.clear_faults()  # the fault hits every new pod on that node, the old revision's too
-    eventually(lambda: upgrade_status(api).get("phase") == "Idling" and all_at(api, old), 90,
-               "every pod back at the old revision")
+    eventually(
+        lambda: upgrade_status(api).get("phase") == "Idling" and all_at(api, old), 90, "every pod back at the old revision"
+    )
     assert template(api) == before
     assert payload_image(api) == image
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] in image  # the CR follows (lastCoDriverSpec)
     assert condition(api, "Terminating")["reason"] == "RolledBack"
-    consistently(lambda: template(api) == before and all_at(api, old), more_passes(idle["runners"][0], 3), 30,
-                 "the runner's reconcile not bringing the abandoned version back")
+    consistently(
+        lambda: template(api) == before and all_at(api, old),
+        more_passes(idle["runners"][0], 3),
+        30,
+        "the runner's reconcile not bringing the abandoned version back",
+    )
 
 
 def test_enable_rollout_false_mid_rollout_rolls_back(control_plane, api, idle):
@@ -492,6 +638,7 @@ def test_enable_rollout_false_mid_rollout_rolls_back(control_plane, api, idle):
 
 # -- runner kills ------------------------------------------------------------------------------
 
+
 def test_runners_killed_at_random_moments_complete_the_rollout(control_plane, api, idle, faults):
     cp = control_plane
     rng = random.Random(7)
@@ -509,10 +656,15 @@ def test_runners_killed_at_random_moments_complete_the_rollout(control_plane, ap
                 steps_seen.append(s["currentStepIndex"])
             time.sleep(0.1)
 
-    policy = {**QUICK_POLICY, "upgradeSteps": [{"replicas": 2, "pauseDuration": 500},
-                                               {"replicas": 5, "pauseDuration": 500},
-                                               {"replicas": 8, "pauseDuration": 500},
-                                               {"replicas": "100%", "pauseDuration": 500}]}
+    policy = {
+        **QUICK_POLICY,
+        "upgradeSteps": [
+            {"replicas": 2, "pauseDuration": 500},
+            {"replicas": 5, "pauseDuration": 500},
+            {"replicas": 8, "pauseDuration": 500},
+            {"replicas": "100%", "pauseDuration": 500},
+        ],
+    }
     old, new = start_rollout(cp, api, policy)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -537,6 +689,7 @@ def test_runners_killed_at_random_moments_complete_the_rollout(control_plane, ap
 
 # -- where a version change comes from -----------------------------------------------------------
 
+
 def test_helm_upgrade_of_the_payload_version_starts_a_rollout(control_plane, api, idle):
     cp = control_plane
     patch_driver(api, {"upgradePolicy": QUICK_POLICY})
@@ -549,13 +702,27 @@ def test_helm_upgrade_of_the_payload_version_starts_a_rollout(control_plane, api
     values["driver"]["payload"]["version"] = version
     values["driver"]["upgradePolicy"] = QUICK_POLICY
     bootstrap(cp, idle["tmp"], RELEASE, values)
-    run(*idle["helm"], "upgrade", RELEASE, str(CHART), "-n", NS, "--no-hooks", "--reuse-values",
-        "--set", f"driver.payload.version={version}", "--set-json",
-        f"driver.upgradePolicy={json.dumps(QUICK_POLICY)}")
+    run(
+        *idle["helm"],
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NS,
+        "--no-hooks",
+        "--reuse-values",
+        "--set",
+        f"driver.payload.version={version}",
+        "--set-json",
+        f"driver.upgradePolicy={json.dumps(QUICK_POLICY)}",
+    )
     # The rollout of the new revision, started and done (woken by the changes, ten nodes can be
     # done between two polls: no waiting for the phase Progressing).
-    eventually(lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, old)
-               and s.get("currentStepState") == "Completed", 120, "the new revision rolled out")
+    eventually(
+        lambda: (s := sub(api)).get("upgradingPodSpecRevision") not in (None, old) and s.get("currentStepState") == "Completed",
+        120,
+        "the new revision rolled out",
+    )
     assert payload_image(api).endswith(f":{version}")
     new = sub(api)["upgradingPodSpecRevision"]
     assert new != old and all_at(api, new)
@@ -573,14 +740,27 @@ def test_with_rollout_off_every_pod_is_replaced_at_once(control_plane, api, idle
     history = PodHistory(api)
     old = next(iter(revisions(api)))
     started = time.monotonic()
-    kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
-            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]))
-    eventually(lambda: (r := revisions(api)) and old not in r and all(ready(p) for p in driver_pods(api))
-               and len(driver_pods(api)) == NODES, 30, "every pod replaced")
+    kubectl(
+        cp,
+        "patch",
+        "ClusterOperator/cluster-operator",
+        "--type",
+        "json",
+        "--patch",
+        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": new_version()}]),
+    )
+    eventually(
+        lambda: (
+            (r := revisions(api)) and old not in r and all(ready(p) for p in driver_pods(api)) and len(driver_pods(api)) == NODES
+        ),
+        30,
+        "every pod replaced",
+    )
     took = time.monotonic() - started
     # The test's watch may trail the LIST above by a moment.
-    eventually(lambda: sum(uid not in history.before for uid in history.ready_at) >= NODES, 10,
-               "the watch to see every new pod Ready")
+    eventually(
+        lambda: sum(uid not in history.before for uid in history.ready_at) >= NODES, 10, "the watch to see every new pod Ready"
+    )
     history.stop()
     print(f"10 driver pods replaced at once in {took:.1f} s")
     assert set(history.deletions_per_node().values()) == {1}

@@ -12,6 +12,7 @@ toleration of the metax-tech.com/gpu taint. `seed_default_templates` adds the se
 tolerations to those two DaemonSets (their pod template and the recorded scheduling base), as a
 chart with the seed's templates would have rendered them.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,18 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
-from tests.e2e.tools import (more_passes, CR, METAX, bootstrap, install_chart, kubectl, log_entries, release_values,
-                             service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (
+    CR,
+    METAX,
+    bootstrap,
+    install_chart,
+    kubectl,
+    log_entries,
+    more_passes,
+    release_values,
+    service_account_kubeconfig,
+    uninstall_chart,
+)
 from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +53,12 @@ ROLE_DRIVER = {"key": "node-role", "operator": "Equal", "value": "driver", "effe
 GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
 GPU = {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
 # The seed's §3.2.5.2 values: a global and a maca podTemplateSpec.
-SEED_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}},
-               "podTemplateSpec": {"spec": {"tolerations": [GENERAL]}},
-               "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}}}
+SEED_VALUES = {
+    "registry": "cr.example.com/metax",
+    "driver": {"payload": {"version": "2.32.0.6"}},
+    "podTemplateSpec": {"spec": {"tolerations": [GENERAL]}},
+    "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}},
+}
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -58,10 +72,30 @@ class Runner:
         self.identity = identity
         self.log_path = tmp / f"{identity}.log"
         self.proc = subprocess.Popen(
-            [METAX, "run", "--namespace", namespace, "--kubeconfig", str(kubeconfig), "--identity", identity,
-             "--interval", "1", "--lease-duration", str(LEASE["duration"]), "--renew-deadline",
-             str(LEASE["renew"]), "--retry-period", str(LEASE["retry"]), "--log-level", "debug", *extra],
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
+            [
+                METAX,
+                "run",
+                "--namespace",
+                namespace,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--identity",
+                identity,
+                "--interval",
+                "1",
+                "--lease-duration",
+                str(LEASE["duration"]),
+                "--renew-deadline",
+                str(LEASE["renew"]),
+                "--retry-period",
+                str(LEASE["retry"]),
+                "--log-level",
+                "debug",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("w"),
+        )
 
     def lines(self, action: str) -> list[dict]:
         return log_entries(self.log_path, action)
@@ -84,8 +118,15 @@ def tolerations(api, name: str) -> list[dict]:
 
 def seed_tolerations_output(cp) -> dict[str, list]:
     """The seed's own check (§3.2.4.1): `kubectl get ds -o jsonpath='{range .items[*]}...'`."""
-    out = kubectl(cp, "get", "ds", "-n", NS, "-o",
-                  "jsonpath={range .items[*]}{.metadata.name}{'\\t'}{.spec.template.spec.tolerations}{'\\n'}{end}")
+    out = kubectl(
+        cp,
+        "get",
+        "ds",
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}{'\\t'}{.spec.template.spec.tolerations}{'\\n'}{end}",
+    )
     return {name: json.loads(value) for name, value in (line.split("\t") for line in out.splitlines() if line)}
 
 
@@ -123,10 +164,16 @@ def kubectl_edit(cp, tmp: Path, change: dict) -> None:
         "doc = yaml.safe_load(open(path))\n"
         "for key, value in json.loads(open(sys.argv[-2]).read()).items():\n"
         "    doc['spec'].pop(key, None) if value is None else doc['spec'].__setitem__(key, value)\n"
-        "open(path, 'w').write(yaml.safe_dump(doc))\n")
+        "open(path, 'w').write(yaml.safe_dump(doc))\n"
+    )
     (tmp / "change.json").write_text(json.dumps(change))
-    kubectl(cp, "edit", "clusteroperators.gpu.metax-tech.com", "cluster-operator",
-            env={"KUBE_EDITOR": f"{sys.executable} {editor} {tmp / 'change.json'}"})
+    kubectl(
+        cp,
+        "edit",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        env={"KUBE_EDITOR": f"{sys.executable} {editor} {tmp / 'change.json'}"},
+    )
 
 
 def seed_default_templates(cp, api) -> None:
@@ -136,9 +183,23 @@ def seed_default_templates(cp, api) -> None:
         ds = apps.read_namespaced_daemon_set(name, NS)
         base = json.loads(ds.metadata.annotations["gpu.metax-tech.com/scheduling-base"])
         base["tolerations"].append(role)
-        kubectl(cp, "patch", "ds", name, "-n", NS, "--type", "merge", "-p", json.dumps({
-            "metadata": {"annotations": {"gpu.metax-tech.com/scheduling-base": json.dumps(base)}},
-            "spec": {"template": {"spec": {"tolerations": base["tolerations"]}}}}))
+        kubectl(
+            cp,
+            "patch",
+            "ds",
+            name,
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps(
+                {
+                    "metadata": {"annotations": {"gpu.metax-tech.com/scheduling-base": json.dumps(base)}},
+                    "spec": {"template": {"spec": {"tolerations": base["tolerations"]}}},
+                }
+            ),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -167,29 +228,31 @@ def runner(installed, tmp_path):
 def wait_converged(api, runner: Runner, timeout: float = 30) -> None:
     """Until a pass writes nothing (the runner logs `pass` with writes 0)."""
     start = len(runner.lines("pass"))
-    eventually(lambda: any(p["writes"] == 0 for p in runner.lines("pass")[start:]), timeout,
-               "a pass without writes")
+    eventually(lambda: any(p["writes"] == 0 for p in runner.lines("pass")[start:]), timeout, "a pass without writes")
 
 
 def seed_example_spec() -> dict:
-    return {"podTemplateSpec": {"spec": {"tolerations": [GENERAL]}}, "tolerations": None,
-            "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}}}
+    return {
+        "podTemplateSpec": {"spec": {"tolerations": [GENERAL]}},
+        "tolerations": None,
+        "maca": {"podTemplateSpec": {"spec": {"tolerations": [GPU]}}},
+    }
 
 
 # -- the seed's example and kubectl edit --------------------------------------------------------
 
+
 def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api, runner):
     patch_cr(api, seed_example_spec())
     eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "metax-maca tolerations")
-    eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20,
-               "metax-driver tolerations")
+    eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20, "metax-driver tolerations")
     shown = seed_tolerations_output(control_plane)
     assert shown["metax-maca"] == [BASE, ROLE_MACA, GPU]
     assert shown["metax-driver"] == [BASE, ROLE_DRIVER, GENERAL]
     assert shown["metax-gpu-device"] == [BASE, GENERAL]
     wait_converged(api, runner)
     passes = [p["writes"] for p in runner.lines("pass")]
-    print(f"writes per pass until converged: {passes[:passes.index(0) + 1]}")
+    print(f"writes per pass until converged: {passes[: passes.index(0) + 1]}")
     assert passes.index(0) <= 3, f"it took more than a few passes: {passes}"
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-maca", NS)
     managers = {m.manager: m.operation for m in ds.metadata.managed_fields}
@@ -208,8 +271,11 @@ def test_kubectl_edit_of_the_cr_tolerations_changes_the_daemonsets(control_plane
     key1 = {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"}
     key2 = {"key": "key2", "operator": "Equal", "value": "value1", "effect": "NoExecute"}
     kubectl_edit(control_plane, tmp_path, {"podTemplateSpec": None, "tolerations": [key1, key2]})
-    eventually(lambda: seed_tolerations_output(control_plane)["metax-gpu-label"] == [BASE, key1, key2], 20,
-               "the deprecated tolerations applied")
+    eventually(
+        lambda: seed_tolerations_output(control_plane)["metax-gpu-label"] == [BASE, key1, key2],
+        20,
+        "the deprecated tolerations applied",
+    )
     shown = seed_tolerations_output(control_plane)
     assert shown["metax-driver"] == [BASE, ROLE_DRIVER, key1, key2]
     assert shown["metax-maca"] == [BASE, ROLE_MACA, GPU]  # custom tolerations win over deprecated ones
@@ -222,16 +288,19 @@ def test_a_second_identical_pass_writes_nothing(installed, api, runner):
     assert runner.stop() == 0
     assert runner.lines("stopped")[-1]["released_lease"] is True
     before = versions(api)
-    once = subprocess.run([METAX, "run", "--once", "--namespace", NS, "--kubeconfig", str(installed),
-                           "--log-level", "debug"], capture_output=True, text=True, timeout=60)
+    once = subprocess.run(
+        [METAX, "run", "--once", "--namespace", NS, "--kubeconfig", str(installed), "--log-level", "debug"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert once.returncode == 0, once.stderr
     assert versions(api) == before
     passes = [json.loads(line) for line in once.stderr.splitlines() if '"action": "pass"' in line]
     assert [p["writes"] for p in passes] == [0]
 
 
-def test_enabling_the_rollout_by_kubectl_edit_switches_the_driver_to_on_delete_and_back(control_plane, api, runner,
-                                                                                          tmp_path):
+def test_enabling_the_rollout_by_kubectl_edit_switches_the_driver_to_on_delete_and_back(control_plane, api, runner, tmp_path):
     """Seed §3.2.8 turns the staged rollout on with `kubectl edit` of the CR: the driver DaemonSet
     the chart rendered with RollingUpdate must become OnDelete (else the DaemonSet controller would
     replace every driver pod itself), and go back once the rollout is turned off again."""
@@ -249,41 +318,56 @@ def test_enabling_the_rollout_by_kubectl_edit_switches_the_driver_to_on_delete_a
 
 # -- validation at run time ----------------------------------------------------------------------
 
+
 def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runner):
     patch_cr(api, seed_example_spec())
     eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "seed state")
     wait_converged(api, runner)
     before = {k: v for k, v in versions(api).items() if k.startswith("metax-")}
     # The CRD's schema accepts it (a string); the shared validation refuses a regex Go cannot compile.
-    bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(?=0)", "gpus": "0"}]},
-           "podTemplateSpec": {"spec": {"tolerations": [{**GENERAL, "value": "never-applied"}]}}}
+    bad = {
+        "vfioManager": {"vfioConfig": [{"nodeName": "gpu-(?=0)", "gpus": "0"}]},
+        "podTemplateSpec": {"spec": {"tolerations": [{**GENERAL, "value": "never-applied"}]}},
+    }
     patch_cr(api, bad)
     try:
-        spec_valid = eventually(lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20,
-                                "SpecValid=False")
+        spec_valid = eventually(
+            lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20, "SpecValid=False"
+        )
         assert "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
         assert condition(api, "Reconciled")["reason"] == "InvalidSpec"
         # Events of a cluster-scoped object live in namespace default (`kubectl describe` finds them).
-        events = eventually(lambda: [
-            e for e in client.CoreV1Api(api).list_namespaced_event("default", field_selector="reason=InvalidSpec").items
-            if "spec.vfioManager.vfioConfig[0].nodeName" in e.message and e.type == "Warning"
-            and e.involved_object.name == "cluster-operator"], 10, "a Warning event InvalidSpec naming the field")
+        events = eventually(
+            lambda: [
+                e
+                for e in client.CoreV1Api(api).list_namespaced_event("default", field_selector="reason=InvalidSpec").items
+                if "spec.vfioManager.vfioConfig[0].nodeName" in e.message
+                and e.type == "Warning"
+                and e.involved_object.name == "cluster-operator"
+            ],
+            10,
+            "a Warning event InvalidSpec naming the field",
+        )
         assert events
-        consistently(lambda: {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before,
-                     more_passes(runner, 3), 30, "the DaemonSets untouched by a runner refusing the spec")
+        consistently(
+            lambda: {k: v for k, v in versions(api).items() if k.startswith("metax-")} == before,
+            more_passes(runner, 3),
+            30,
+            "the DaemonSets untouched by a runner refusing the spec",
+        )
     finally:
         patch_cr(api, {"vfioManager": {"vfioConfig": []}})
     eventually(lambda: condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
-    eventually(lambda: {**GENERAL, "value": "never-applied"} in tolerations(api, "metax-driver"), 20,
-               "the fixed spec applied")
+    eventually(lambda: {**GENERAL, "value": "never-applied"} in tolerations(api, "metax-driver"), 20, "the fixed spec applied")
 
 
 def test_a_broken_configmap_edit_is_reported(control_plane, api, runner):
     core = client.CoreV1Api(api)
     core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n"}})
     try:
-        found = eventually(lambda: (c := condition(api, "ConfigMapsValid")) and c["status"] == "False" and c, 20,
-                           "ConfigMapsValid=False")
+        found = eventually(
+            lambda: (c := condition(api, "ConfigMapsValid")) and c["status"] == "False" and c, 20, "ConfigMapsValid=False"
+        )
         assert "driver-config[node-vfnums].nodes.foo.vfnum" in found["message"]
     finally:
         core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes: {}\n"}})
@@ -293,12 +377,19 @@ def test_a_broken_configmap_edit_is_reported(control_plane, api, runner):
 def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, runner):
     patch_cr(api, {"exporter": {"deploy": True}})
     try:
-        found = eventually(lambda: (c := condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c,
-                           20, "HelmUpgradeRequired=True")
+        found = eventually(
+            lambda: (c := condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c, 20, "HelmUpgradeRequired=True"
+        )
         assert "--set exporter.deploy=true" in found["message"]
-        consistently(lambda: "metax-data-exporter" not in {
-            ds.metadata.name for ds in client.AppsV1Api(api).list_namespaced_daemon_set(NS).items},
-            more_passes(runner, 2), 30, "no exporter DaemonSet created by the runner")
+        consistently(
+            lambda: (
+                "metax-data-exporter"
+                not in {ds.metadata.name for ds in client.AppsV1Api(api).list_namespaced_daemon_set(NS).items}
+            ),
+            more_passes(runner, 2),
+            30,
+            "no exporter DaemonSet created by the runner",
+        )
     finally:
         patch_cr(api, {"exporter": {"deploy": False}})
     eventually(lambda: condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
@@ -352,6 +443,7 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
 
 # -- what a pass costs the API server -------------------------------------------------------------
 
+
 class Counted:
     """Every request a kubernetes ApiClient sends (what `metrics.Metrics.count_requests` counts)."""
 
@@ -400,16 +492,21 @@ def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, ins
     try:
         assert cache.wait_synced(30)
         for level in ("debug", "info") * 10:
-            written = runner_api.patch("apps/v1", "DaemonSet", "metax-gpu-label",
-                                       {"metadata": {"annotations": {"bench.example/level": level}}},
-                                       namespace=NS)
+            written = runner_api.patch(
+                "apps/v1",
+                "DaemonSet",
+                "metax-gpu-label",
+                {"metadata": {"annotations": {"bench.example/level": level}}},
+                namespace=NS,
+            )
             read = cache.get("apps/v1", "DaemonSet", "metax-gpu-label", NS)
             assert compare_versions(read["metadata"]["resourceVersion"], written["metadata"]["resourceVersion"]) >= 0
             assert read["metadata"]["annotations"]["bench.example/level"] == level
     finally:
         cache.stop()
-        runner_api.patch("apps/v1", "DaemonSet", "metax-gpu-label",
-                         {"metadata": {"annotations": {"bench.example/level": None}}}, namespace=NS)
+        runner_api.patch(
+            "apps/v1", "DaemonSet", "metax-gpu-label", {"metadata": {"annotations": {"bench.example/level": None}}}, namespace=NS
+        )
 
 
 def test_a_cache_that_cannot_list_is_never_read_as_absent(installed):
@@ -420,8 +517,11 @@ def test_a_cache_that_cannot_list_is_never_read_as_absent(installed):
 
     cache = ObjectCache(Client.connect(str(installed)), "default").start()
     try:
-        eventually(lambda: {i.name: i.state for i in cache.informers}["configmap-driver-config"] == "failing", 30,
-                   "the ConfigMap cache failing to list (403)")
+        eventually(
+            lambda: {i.name: i.state for i in cache.informers}["configmap-driver-config"] == "failing",
+            30,
+            "the ConfigMap cache failing to list (403)",
+        )
         with pytest.raises(NotReady, match="configmap-driver-config is failing"):
             cache.get("v1", "ConfigMap", "driver-config", "default")
     finally:
@@ -430,14 +530,18 @@ def test_a_cache_that_cannot_list_is_never_read_as_absent(installed):
 
 # -- leader election -----------------------------------------------------------------------------
 
+
 def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane, api, installed, tmp_path):
     patch_cr(api, seed_example_spec())
     a, b = Runner(installed, tmp_path, "runner-a"), Runner(installed, tmp_path, "runner-b")
     try:
         eventually(lambda: a.lines("lease-acquired") or b.lines("lease-acquired"), 20, "a leader")
         leader, follower = (a, b) if a.lines("lease-acquired") else (b, a)
-        eventually(lambda: any(w["holder"] == leader.identity for w in follower.lines("wait-lease")), 10,
-                   "the follower to log that it waits for the leader's lease")
+        eventually(
+            lambda: any(w["holder"] == leader.identity for w in follower.lines("wait-lease")),
+            10,
+            "the follower to log that it waits for the leader's lease",
+        )
         new = {**GENERAL, "value": "rack-1"}
         patch_cr(api, {"podTemplateSpec": {"spec": {"tolerations": [new]}}})
         eventually(lambda: new in tolerations(api, "metax-driver"), 20, "the leader to apply")
@@ -445,8 +549,9 @@ def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane
 
         killed = time.monotonic()
         leader.stop(signal.SIGKILL)
-        eventually(lambda: follower.lines("lease-acquired"), LEASE["duration"] + 2 * LEASE["retry"] + 2,
-                   "the follower to take the lease")
+        eventually(
+            lambda: follower.lines("lease-acquired"), LEASE["duration"] + 2 * LEASE["retry"] + 2, "the follower to take the lease"
+        )
         handover = time.monotonic() - killed
         print(f"handover after SIGKILL of the leader: {handover:.1f}s (lease {LEASE['duration']}s)")
         assert handover <= LEASE["duration"] + 2 * LEASE["retry"] + 1
@@ -466,11 +571,18 @@ def test_only_the_lease_holder_acts_and_a_killed_leader_hands_over(control_plane
 
 # -- wait-for ------------------------------------------------------------------------------------
 
+
 def component_pod(name: str, component: str, node: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example/c:1"}],
-                     "tolerations": [{"operator": "Exists"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "image": "registry.example/c:1"}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
 
 
 def pod_ready(core, name: str, ns: str) -> bool:
@@ -493,9 +605,26 @@ def gpu_nodes(api) -> list[str]:
 
 
 def start_wait_for(cp, ns: str, node: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([METAX, "wait-for", "--namespace", ns, "--node", node, "--component", "gpuLabel",
-                             "--component", "runtime", "--kubeconfig", str(cp.kubeconfig), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            METAX,
+            "wait-for",
+            "--namespace",
+            ns,
+            "--node",
+            node,
+            "--component",
+            "gpuLabel",
+            "--component",
+            "runtime",
+            "--kubeconfig",
+            str(cp.kubeconfig),
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_wait_for_returns_only_once_the_prerequisites_on_its_node_are_ready(faults, api, waitfor_ns):
@@ -503,14 +632,18 @@ def test_wait_for_returns_only_once_the_prerequisites_on_its_node_are_ready(faul
     node, other = gpu_nodes(api)[:2]
     core.create_namespaced_pod(waitfor_ns, component_pod("label", "gpuLabel", node))
     core.create_namespaced_pod(waitfor_ns, component_pod("runtime-elsewhere", "runtime", other))
-    eventually(lambda: pod_ready(core, "label", waitfor_ns) and pod_ready(core, "runtime-elsewhere", waitfor_ns),
-               20, "the gpuLabel pod and the other node's runtime pod Ready")
+    eventually(
+        lambda: pod_ready(core, "label", waitfor_ns) and pod_ready(core, "runtime-elsewhere", waitfor_ns),
+        20,
+        "the gpuLabel pod and the other node's runtime pod Ready",
+    )
     faults.pods_ready_after([node], 6)
     core.create_namespaced_pod(waitfor_ns, component_pod("runtime", "runtime", node))
     proc = start_wait_for(faults, waitfor_ns, node)
     try:
-        consistently(lambda: proc.poll() is None, for_seconds(3), 10,
-                     "wait-for waiting while the runtime pod on its node is not Ready")
+        consistently(
+            lambda: proc.poll() is None, for_seconds(3), 10, "wait-for waiting while the runtime pod on its node is not Ready"
+        )
         assert not pod_ready(core, "runtime", waitfor_ns)
         assert proc.wait(30) == 0
         assert pod_ready(core, "runtime", waitfor_ns), "wait-for returned before the pod was Ready"
@@ -530,13 +663,15 @@ def test_wait_for_blocks_while_a_prerequisite_never_becomes_ready(faults, api, w
     eventually(lambda: pod_ready(core, "label", waitfor_ns), 20, "the gpuLabel pod Ready")
     faults.pods_never_ready([node])
     core.create_namespaced_pod(waitfor_ns, component_pod("runtime", "runtime", node))
-    eventually(lambda: core.read_namespaced_pod("runtime", waitfor_ns).status.phase == "Running", 20,
-               "the runtime pod Running (not Ready)")
+    eventually(
+        lambda: core.read_namespaced_pod("runtime", waitfor_ns).status.phase == "Running",
+        20,
+        "the runtime pod Running (not Ready)",
+    )
     started = time.monotonic()
     proc = start_wait_for(faults, waitfor_ns, node, "--timeout", "4")
     assert proc.wait(30) == 1
     assert time.monotonic() - started >= 4
     log = [json.loads(line) for line in proc.stderr.read().splitlines()]
-    assert any(e["action"] == "waiting" and e["pending"] == {"runtime": "pod runtime is Running, not Ready"}
-               for e in log)
+    assert any(e["action"] == "waiting" and e["pending"] == {"runtime": "pod runtime is Running, not Ready"} for e in log)
     assert log[-1]["action"] == "timeout"

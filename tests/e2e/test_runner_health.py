@@ -4,6 +4,7 @@ that the test cuts, freezes or whose connections it kills, and the test asks `/h
 `/readyz` what the kubelet would. The chart is installed with Helm 3 without hooks and the CR
 bootstrapped as in tests/e2e/test_runner.py, so the runner leads, passes and starts its watches.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,20 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from kubernetes import client
-from metax_operator.runtime.kube import Backoff
 
+from metax_operator.runtime.kube import Backoff
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
-from tests.e2e.tools import (CR, METAX, bootstrap, install_chart, log_entries, release_values,
-                             service_account_kubeconfig, uninstall_chart)
+from tests.e2e.tools import (
+    CR,
+    METAX,
+    bootstrap,
+    install_chart,
+    log_entries,
+    release_values,
+    service_account_kubeconfig,
+    uninstall_chart,
+)
 from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e
@@ -30,13 +39,27 @@ NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
 # The objects a pass reads, the rollout's caches, then the workload check's.
-CACHES = {"clusteroperator-cluster-operator", "daemonsets", "configmap-driver-config", "configmap-metax-vfio-config",
-          "service-metax-data-exporter",
-          "controllerrevisions", "driver-pods", "gpu-workloads", "skipped-nodes", "cordoned-nodes", "nodes",
-          "node-need-reboot", "node-rebooted", "nodes-mode", "nodes-qos-policy", "hami-scheduler"}
+CACHES = {
+    "clusteroperator-cluster-operator",
+    "daemonsets",
+    "configmap-driver-config",
+    "configmap-metax-vfio-config",
+    "service-metax-data-exporter",
+    "controllerrevisions",
+    "driver-pods",
+    "gpu-workloads",
+    "skipped-nodes",
+    "cordoned-nodes",
+    "nodes",
+    "node-need-reboot",
+    "node-rebooted",
+    "nodes-mode",
+    "nodes-qos-policy",
+    "hami-scheduler",
+}
 # A pass the API server refuses fails within one call's retries: Backoff's sleeps at their longest
 # (7.75 s), plus a second for the refused requests themselves.
-REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2 ** n) for n in range(Backoff.attempts - 1)) + 1
+REFUSED_PASS = sum(min(Backoff.cap, Backoff.base * 2**n) for n in range(Backoff.attempts - 1)) + 1
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +67,9 @@ def installed(control_plane, tmp_path_factory):
     """The runner ServiceAccount's kubeconfig, with the chart installed and the CR bootstrapped."""
     tmp = tmp_path_factory.mktemp("runner-health")
     api = control_plane.api()
-    install_chart(control_plane, api, tmp, RELEASE, NS,
-                  {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}})
+    install_chart(
+        control_plane, api, tmp, RELEASE, NS, {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
+    )
     bootstrap(control_plane, tmp, RELEASE, release_values(control_plane, RELEASE, NS))
     yield service_account_kubeconfig(control_plane, tmp, "metax-operator-runner", NS)
     uninstall_chart(control_plane, api, RELEASE, NS)
@@ -70,9 +94,28 @@ class HealthRunner:
         self.port = free_port()
         self.log = tmp / "runner.log"
         self.proc = subprocess.Popen(
-            [METAX, "run", "--namespace", NS, "--kubeconfig", str(path), "--interval", "1", *LEASE,
-             "--health-port", str(self.port), "--health-host", "127.0.0.1", "--stall-timeout", str(stall_timeout),
-             "--log-level", "debug"], stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+            [
+                METAX,
+                "run",
+                "--namespace",
+                NS,
+                "--kubeconfig",
+                str(path),
+                "--interval",
+                "1",
+                *LEASE,
+                "--health-port",
+                str(self.port),
+                "--health-host",
+                "127.0.0.1",
+                "--stall-timeout",
+                str(stall_timeout),
+                "--log-level",
+                "debug",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+        )
 
     def get(self, path: str) -> tuple[int, dict]:
         try:
@@ -88,9 +131,11 @@ class HealthRunner:
 
     def until(self, path: str, status: int, timeout: float, what: str, caches: bool = False) -> dict:
         """The body of `path` once it answers `status` (with `caches`: and lists the three caches)."""
+
         def answered():
             code, body = self.get(path)
             return code == status and (not caches or set(body["caches"]) == CACHES) and body
+
         return eventually(answered, timeout, what)
 
     def stop(self) -> None:
@@ -106,6 +151,7 @@ def start(installed, relay, tmp_path):
     def start(stall_timeout: int) -> HealthRunner:
         runners.append(HealthRunner(installed, relay, tmp_path, stall_timeout))
         return runners[-1]
+
     yield start
     for runner in runners:
         runner.stop()
@@ -120,19 +166,24 @@ def test_readiness_follows_the_api_server_and_the_watches_while_liveness_holds(r
     # Its watches killed: the caches relist and the runner is Ready again.
     errors = len(runner.lines("informer-error"))
     relay.sever()
-    eventually(lambda: len(runner.lines("informer-error")) >= errors + len(CACHES), 30,
-               "every watch to notice it was cut")
+    eventually(lambda: len(runner.lines("informer-error")) >= errors + len(CACHES), 30, "every watch to notice it was cut")
     runner.until("/readyz", 200, 30, "the caches to relist")
 
     # The API server out of reach: not Ready, but alive (its passes fail, the loop goes on).
     relay.down()
     runner.until("/readyz", 503, 30, "/readyz to fail without the API server")
-    eventually(lambda: (body := runner.get("/readyz")[1])["lastApiAnswerSeconds"] >= 4
-               and "failing" in body["caches"].values(), 30, "both the lease and the caches to see it")
+    eventually(
+        lambda: (body := runner.get("/readyz")[1])["lastApiAnswerSeconds"] >= 4 and "failing" in body["caches"].values(),
+        30,
+        "both the lease and the caches to see it",
+    )
     # Alive all along: it lost the lease, and its loop goes on as a follower's.
-    consistently(lambda: (r := runner.get("/healthz"))[0] == 200 and r[1]["iterationRunningSeconds"] < REFUSED_PASS,
-                 lambda: runner.get("/readyz")[1]["lastApiAnswerSeconds"] >= 4 + 10, 30,
-                 "/healthz to pass while the API server is out of reach for 10 s more")
+    consistently(
+        lambda: (r := runner.get("/healthz"))[0] == 200 and r[1]["iterationRunningSeconds"] < REFUSED_PASS,
+        lambda: runner.get("/readyz")[1]["lastApiAnswerSeconds"] >= 4 + 10,
+        30,
+        "/healthz to pass while the API server is out of reach for 10 s more",
+    )
     assert runner.lines("lease-lost")
 
     relay.up()

@@ -20,6 +20,7 @@ runner never sees it), while an ICMP refusal is rate-limited (part of the connec
   iteration has run for `runner.health.stallTimeout` seconds (set low through the chart's
   values) and the kubelet restarts the container. Ready again once the API server answers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,8 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.tools import CR, run
-from tests.waiting import eventually
 from tests.e2e.userpath import NS, ok, runner_log, runner_pod, seed_install
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
@@ -74,8 +75,7 @@ def kubelet_events(api, pod: str) -> list[str]:
     return [f"{e.reason}: {e.message}" for e in events if e.source.component == "kubelet"]
 
 
-def test_readiness_follows_the_api_server_and_liveness_restarts_a_hung_runner(
-        tools_cluster, tools_api, clean_slate, tmp_path):
+def test_readiness_follows_the_api_server_and_liveness_restarts_a_hung_runner(tools_cluster, tools_api, clean_slate, tmp_path):
     cluster, api = tools_cluster, tools_api
     apps = client.AppsV1Api(api)
     values = cluster.user_values(tmp_path, runner={"interval": 1, "health": {"stallTimeout": STALL_TIMEOUT}})
@@ -89,8 +89,11 @@ def test_readiness_follows_the_api_server_and_liveness_restarts_a_hung_runner(
 
     # The API server refuses the runner: not Ready, the Deployment unavailable; not restarted.
     with cut_off(cluster.cp, api, pod, REFUSED):
-        eventually(lambda: not ready(current()) and not apps.read_namespaced_deployment(DEPLOYMENT, NS)
-                   .status.ready_replicas, 90, "the runner pod not Ready and its Deployment unavailable")
+        eventually(
+            lambda: not ready(current()) and not apps.read_namespaced_deployment(DEPLOYMENT, NS).status.ready_replicas,
+            90,
+            "the runner pod not Ready and its Deployment unavailable",
+        )
         assert any(line.get("action") == "lease-lost" for line in runner_log(cluster))
     events = kubelet_events(api, pod.metadata.name)
     assert "Unhealthy: Readiness probe failed: HTTP probe failed with statuscode: 503" in events, events
@@ -103,8 +106,9 @@ def test_readiness_follows_the_api_server_and_liveness_restarts_a_hung_runner(
     crs = client.CustomObjectsApi(api)
     with cut_off(cluster.cp, api, pod, UNANSWERED):
         crs.patch_cluster_custom_object(*CR, {"spec": {"gpuLabel": {"log": {"level": "debug"}}}})
-        restarted = eventually(lambda: restarts(p := current()) >= 1 and p, STALL_TIMEOUT + 120,
-                               "the kubelet to restart the hung runner")
+        restarted = eventually(
+            lambda: restarts(p := current()) >= 1 and p, STALL_TIMEOUT + 120, "the kubelet to restart the hung runner"
+        )
     events = kubelet_events(api, pod.metadata.name)
     assert "Unhealthy: Liveness probe failed: HTTP probe failed with statuscode: 503" in events, events
     assert "Killing: Container runner failed liveness probe, will be restarted" in events, events

@@ -3,6 +3,7 @@ way the administrator sees it: helm's output and the hook pod's status, the runn
 (`kubectl logs`), a Job's log. Each runs under one Helm version (the path itself is tested under
 both in test_user_path.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,23 +13,22 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.waiting import eventually
 from tests.e2e.tools import kubectl
-from tests.e2e.userpath import (NS, POLICY, TOOLS_UID, PodWatch, driver_pods, ok, runner_pod, seed_install,
-                                upgrade_status)
+from tests.e2e.userpath import NS, POLICY, TOOLS_UID, PodWatch, driver_pods, ok, runner_pod, seed_install, upgrade_status
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 RUNNER_ROLE = "metax-operator-runner"
 
 
-def test_a_hook_image_tag_that_does_not_exist_fails_the_install_naming_the_image(
-        tools_cluster, tools_api, clean_slate, tmp_path):
+def test_a_hook_image_tag_that_does_not_exist_fails_the_install_naming_the_image(tools_cluster, tools_api, clean_slate, tmp_path):
     cluster, api = tools_cluster, tools_api
     pods = PodWatch(api, NS)
     missing = f"{cluster.registry}/metax-operator-tools:0.0.0-missing"
-    failed = seed_install(cluster, "helm4", cluster.user_values(tmp_path), "--set", "tools.image.tag=0.0.0-missing",
-                          "--timeout", "60s")
+    failed = seed_install(
+        cluster, "helm4", cluster.user_values(tmp_path), "--set", "tools.image.tag=0.0.0-missing", "--timeout", "60s"
+    )
     pods.stop()
     assert failed.returncode != 0 and "pre-install" in failed.stderr, failed.stderr
     # What `kubectl get pods` / `kubectl describe pod` show: the preflight hook cannot pull the tag.
@@ -41,19 +41,36 @@ def test_a_hook_image_tag_that_does_not_exist_fails_the_install_naming_the_image
 
 
 def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_log_names_it(
-        tools_cluster, tools_api, clean_slate, tmp_path):
+    tools_cluster, tools_api, clean_slate, tmp_path
+):
     cluster, api = tools_cluster, tools_api
-    ok(seed_install(cluster, "helm3", cluster.user_values(tmp_path, runner={"interval": 1},
-                                                          driver={"upgradePolicy": POLICY})))
+    ok(seed_install(cluster, "helm3", cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})))
     eventually(lambda: upgrade_status(api).get("phase") == "Idling", 90, "the runner's idle rollout status")
     # An administrator tightens the runner's Role: no more `delete` on pods.
     rules = json.loads(kubectl(cluster.cp, "get", "role", RUNNER_ROLE, "-n", NS, "-o", "json"))["rules"]
     index = next(i for i, r in enumerate(rules) if r["resources"] == ["pods"])
-    kubectl(cluster.cp, "patch", "role", RUNNER_ROLE, "-n", NS, "--type", "json",
-            "-p", json.dumps([{"op": "remove", "path": f"/rules/{index}"}]))
+    kubectl(
+        cluster.cp,
+        "patch",
+        "role",
+        RUNNER_ROLE,
+        "-n",
+        NS,
+        "--type",
+        "json",
+        "-p",
+        json.dumps([{"op": "remove", "path": f"/rules/{index}"}]),
+    )
     before = {p.metadata.uid for p in driver_pods(api)}
-    kubectl(cluster.cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch",
-            json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.9"}]))
+    kubectl(
+        cluster.cp,
+        "patch",
+        "ClusterOperator/cluster-operator",
+        "--type",
+        "json",
+        "--patch",
+        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.9"}]),
+    )
     runner = runner_pod(api).metadata.name
 
     def forbidden() -> list[str]:
@@ -65,20 +82,47 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     assert "system:serviceaccount:metax-operator:metax-operator-runner" in line["error"]
     assert {p.metadata.uid for p in driver_pods(api)} == before, "no driver pod was replaced"
     # Giving the permission back lets the rollout finish.
-    kubectl(cluster.cp, "patch", "role", RUNNER_ROLE, "-n", NS, "--type", "json",
-            "-p", json.dumps([{"op": "add", "path": f"/rules/{index}", "value": rules[index]}]))
-    eventually(lambda: (upgrade_status(api).get("status") or {}).get("currentStepState") == "Completed", 120,
-               "the rollout Completed once the Role allows it")
+    kubectl(
+        cluster.cp,
+        "patch",
+        "role",
+        RUNNER_ROLE,
+        "-n",
+        NS,
+        "--type",
+        "json",
+        "-p",
+        json.dumps([{"op": "add", "path": f"/rules/{index}", "value": rules[index]}]),
+    )
+    eventually(
+        lambda: (upgrade_status(api).get("status") or {}).get("currentStepState") == "Completed",
+        120,
+        "the rollout Completed once the Role allows it",
+    )
 
 
 def test_a_write_outside_tmp_fails_on_the_read_only_root_filesystem(tools_cluster, tools_api, clean_slate, tmp_path):
     """The tools image run with the chart's own pod spec (a hook Job's, rendered by Helm from the
     pushed chart with the user's values): /tmp is writable, anything else is not."""
     cluster, api = tools_cluster, tools_api
-    rendered = ok(cluster.helm("helm3", "template", "probe", cluster.chart, "-n", NS, "--set",
-                               f"registry={cluster.registry}", "--set", "driver.payload.version=2.32.0.6",
-                               "-f", str(cluster.user_values(tmp_path)),
-                               "--show-only", "templates/hooks/preflight.yaml"))
+    rendered = ok(
+        cluster.helm(
+            "helm3",
+            "template",
+            "probe",
+            cluster.chart,
+            "-n",
+            NS,
+            "--set",
+            f"registry={cluster.registry}",
+            "--set",
+            "driver.payload.version=2.32.0.6",
+            "-f",
+            str(cluster.user_values(tmp_path)),
+            "--show-only",
+            "templates/hooks/preflight.yaml",
+        )
+    )
     job = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Job")
     job["metadata"] = {"name": "write-probe", "namespace": NS}
     job["spec"]["backoffLimit"] = 0
@@ -92,9 +136,13 @@ def test_a_write_outside_tmp_fails_on_the_read_only_root_filesystem(tools_cluste
     container["args"] = ["id -u && touch /tmp/ok && echo /tmp is writable && touch /etc/metax-probe"]
     client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
     client.BatchV1Api(api).create_namespaced_job(NS, job)
-    eventually(lambda: (client.BatchV1Api(api).read_namespaced_job("write-probe", NS).status.failed or 0) >= 1, 120,
-               "the probe Job failed")
+    eventually(
+        lambda: (client.BatchV1Api(api).read_namespaced_job("write-probe", NS).status.failed or 0) >= 1,
+        120,
+        "the probe Job failed",
+    )
     log = kubectl(cluster.cp, "logs", "-n", NS, "job/write-probe")
     # stdout and stderr interleave in any order in the container log
-    assert {str(TOOLS_UID), "/tmp is writable", "touch: cannot touch '/etc/metax-probe': Read-only file system"} \
-        == set(log.splitlines()), log
+    assert {str(TOOLS_UID), "/tmp is writable", "touch: cannot touch '/etc/metax-probe': Read-only file system"} == set(
+        log.splitlines()
+    ), log

@@ -9,6 +9,7 @@ this working tree, on the real node (tests/realnode.py); the values file the adm
 with -f puts them there (`hooks.*`/`runner.*` nodeSelector and tolerations); the MetaX
 components stay on the kwok nodes.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,17 +18,33 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
-from tests.waiting import eventually
 from tests.e2e.tools import CR, kubectl
-from tests.e2e.userpath import (CHART_OBJECTS, CRD, GPU_NODES, NS, POLICY, TOOLS_UID, PodWatch,
-                                assert_ran_as_tools_pod, driver_pods, get_cr, ok, runner_log, runner_pod,
-                                seed_install, terminated, upgrade_status)
+from tests.e2e.userpath import (
+    CHART_OBJECTS,
+    CRD,
+    GPU_NODES,
+    NS,
+    POLICY,
+    TOOLS_UID,
+    PodWatch,
+    assert_ran_as_tools_pod,
+    driver_pods,
+    get_cr,
+    ok,
+    runner_log,
+    runner_pod,
+    seed_install,
+    terminated,
+    upgrade_status,
+)
 from tests.realnode import NODE_NAME
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 EVENTS_NS = "default"  # where the API server keeps events of the cluster-scoped CR
 LEASE = "metax-operator-runner"
+
 
 def release_name(output: str) -> str:
     return re.search(r"^NAME: (\S+)$", output, re.M).group(1)
@@ -63,10 +80,18 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     runner = eventually(lambda: runner_pod(api), 60, "one running runner pod")
     assert runner.spec.node_name == NODE_NAME
     lease = client.CoordinationV1Api(api)
-    eventually(lambda: (lease.read_namespaced_lease(LEASE, NS).spec.holder_identity or "")
-               .startswith(f"{runner.metadata.name}_"), 60, "the runner pod holding the Lease")
-    healthy = {"SpecValid": "True", "ConfigMapsValid": "True", "Reconciled": "True", "HelmUpgradeRequired": "False",
-               "WorkloadsValid": "True"}
+    eventually(
+        lambda: (lease.read_namespaced_lease(LEASE, NS).spec.holder_identity or "").startswith(f"{runner.metadata.name}_"),
+        60,
+        "the runner pod holding the Lease",
+    )
+    healthy = {
+        "SpecValid": "True",
+        "ConfigMapsValid": "True",
+        "Reconciled": "True",
+        "HelmUpgradeRequired": "False",
+        "WorkloadsValid": "True",
+    }
     eventually(lambda: conditions(api) == healthy, 60, "the runner's conditions on the CR")
     assert kubectl(cluster.cp, "exec", "-n", NS, runner.metadata.name, "--", "id", "-u").strip() == str(TOOLS_UID)
     touched = kubectl(cluster.cp, "exec", "-n", NS, runner.metadata.name, "--", "touch", "/probe", check=False)
@@ -81,12 +106,33 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     # driver out step by step over the kwok driver pods.
     old = {p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)}
     assert len(old) == 1 and len(driver_pods(api)) == GPU_NODES
-    ok(cluster.helm(which, "upgrade", release, cluster.chart, "-n", NS, "--reuse-values",
-                    "--set", "driver.payload.version=2.33.0.1", "--wait", "--timeout", "5m"))
+    ok(
+        cluster.helm(
+            which,
+            "upgrade",
+            release,
+            cluster.chart,
+            "-n",
+            NS,
+            "--reuse-values",
+            "--set",
+            "driver.payload.version=2.33.0.1",
+            "--wait",
+            "--timeout",
+            "5m",
+        )
+    )
     assert len(pods.hook("bootstrap")) == 2, "bootstrap runs again before the upgrade"
-    done = eventually(lambda: (s := upgrade_status(api)).get("phase") == "Idling" and not s.get("upgrading")
-                      and (s.get("status") or {}).get("currentStepState") == "Completed" and s, 120,
-                      "the staged rollout Completed")
+    done = eventually(
+        lambda: (
+            (s := upgrade_status(api)).get("phase") == "Idling"
+            and not s.get("upgrading")
+            and (s.get("status") or {}).get("currentStepState") == "Completed"
+            and s
+        ),
+        120,
+        "the staged rollout Completed",
+    )
     step = done["status"]
     assert step["upgradingPodSpecRevision"] not in old and step["lastPodSpecRevision"] in old
     assert step["totalUpgradeReplicas"] == step["totalUpgradeReadyReplicas"] == GPU_NODES
@@ -122,14 +168,18 @@ def ours_left(api) -> dict[str, list[str]]:
         "daemonsets": [d.metadata.name for d in apps.list_namespaced_daemon_set(NS).items],
         "deployments": [d.metadata.name for d in apps.list_namespaced_deployment(NS).items],
         "jobs": [j.metadata.name for j in batch.list_namespaced_job(NS).items],
-        "configmaps": [c.metadata.name for c in core.list_namespaced_config_map(NS).items
-                       if c.metadata.name != "kube-root-ca.crt"],
-        "serviceaccounts": [s.metadata.name for s in core.list_namespaced_service_account(NS).items
-                            if s.metadata.name != "default"],
+        "configmaps": [
+            c.metadata.name for c in core.list_namespaced_config_map(NS).items if c.metadata.name != "kube-root-ca.crt"
+        ],
+        "serviceaccounts": [
+            s.metadata.name for s in core.list_namespaced_service_account(NS).items if s.metadata.name != "default"
+        ],
         "services": [s.metadata.name for s in core.list_namespaced_service(NS).items],
         "leases": [lease.metadata.name for lease in coordination.list_namespaced_lease(NS).items],
-        "roles": [f"{r.metadata.namespace}/{r.metadata.name}"
-                  for r in rbac.list_role_for_all_namespaces(label_selector=CHART_OBJECTS).items],
+        "roles": [
+            f"{r.metadata.namespace}/{r.metadata.name}"
+            for r in rbac.list_role_for_all_namespaces(label_selector=CHART_OBJECTS).items
+        ],
         "clusterroles": [r.metadata.name for r in rbac.list_cluster_role(label_selector=CHART_OBJECTS).items],
         "cr": [CR[-1]] if get_cr(api) else [],
         "node labels": [n.metadata.name for n in core.list_node(label_selector=GPU_LABEL).items],

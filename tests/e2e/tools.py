@@ -1,5 +1,6 @@
 """Small helpers the e2e tests share: the real kubectl and helm, installing the chart the way the
 tests do (no hooks: kwok runs no containers, so each hook's command runs here instead), polling."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def more_passes(runner, count: int):
 
 def kubectl(cp, *args: str, env: dict | None = None, check: bool = True) -> str:
     """The real kubectl against control plane `cp`; its stdout, or an AssertionError with stderr."""
-    result = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
-                            capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60)
+    result = subprocess.run(
+        [str(BIN / "kubectl"), "--kubeconfig", str(cp.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
     if check and result.returncode:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
     return result.stdout
@@ -62,13 +68,11 @@ def install_chart(cp, api, tmp: Path, release: str, namespace: str, values: dict
     delete_cr(api)
     path = tmp / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    run(*helm3(cp), "install", release, str(CHART), "-n", namespace, "--create-namespace", "--no-hooks",
-        "-f", str(path))
+    run(*helm3(cp), "install", release, str(CHART), "-n", namespace, "--create-namespace", "--no-hooks", "-f", str(path))
 
 
 def uninstall_chart(cp, api, release: str, namespace: str) -> None:
-    subprocess.run([*helm3(cp), "uninstall", release, "-n", namespace, "--no-hooks"], capture_output=True,
-                   timeout=120)
+    subprocess.run([*helm3(cp), "uninstall", release, "-n", namespace, "--no-hooks"], capture_output=True, timeout=120)
     delete_cr(api)
 
 

@@ -8,6 +8,7 @@ a hash of its inputs, so a test never runs a stale image). The chart is installe
 values keep the tools pods (hook Jobs, runner, helm test) on the real node with the chart's own
 scheduling values, while every MetaX component stays on kwok nodes.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,15 @@ TOLERATE_TOOLS_NODE = {"key": TOOLS_NODE, "operator": "Equal", "value": "true", 
 ON_TOOLS_NODE = {"nodeSelector": {TOOLS_NODE: "true"}, "tolerations": [TOLERATE_TOOLS_NODE]}
 
 # Two steps over the 4 GPU nodes, no pauses: 1 pod, then the other 3 in waves of 2 (maxParallel 50%).
-POLICY = {"enableRollout": True, "pause": False, "maxParallel": "50%", "maxUnavailable": 0,
-          "maxFailureThreshold": 3, "fallback": "pause",
-          "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
+POLICY = {
+    "enableRollout": True,
+    "pause": False,
+    "maxParallel": "50%",
+    "maxUnavailable": 0,
+    "maxFailureThreshold": 3,
+    "fallback": "pause",
+    "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
+}
 
 
 @dataclass
@@ -71,9 +78,13 @@ class ToolsCluster:
     def helm(self, which: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """`helm3`/`helm4` ARGS as a user runs it: the cluster's kubeconfig, the registry's CA
         trusted through SSL_CERT_FILE, Helm's own homes in a temporary directory."""
-        env = {**registry.helm_env(self.cp.ca), "KUBECONFIG": str(self.cp.kubeconfig),
-               "HELM_CONFIG_HOME": str(self.helm_home / "config"), "HELM_CACHE_HOME": str(self.helm_home / "cache"),
-               "HELM_DATA_HOME": str(self.helm_home / "data")}
+        env = {
+            **registry.helm_env(self.cp.ca),
+            "KUBECONFIG": str(self.cp.kubeconfig),
+            "HELM_CONFIG_HOME": str(self.helm_home / "config"),
+            "HELM_CACHE_HOME": str(self.helm_home / "cache"),
+            "HELM_DATA_HOME": str(self.helm_home / "data"),
+        }
         return subprocess.run([str(BIN / which), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
     @staticmethod
@@ -81,15 +92,13 @@ class ToolsCluster:
         """The values file the administrator passes with -f: the tools pods' scheduling, plus
         `runner` settings and `more` top-level values."""
         path = tmp / "my-values.yaml"
-        path.write_text(yaml.safe_dump({"hooks": ON_TOOLS_NODE, "runner": {**ON_TOOLS_NODE, **(runner or {})},
-                                        **more}))
+        path.write_text(yaml.safe_dump({"hooks": ON_TOOLS_NODE, "runner": {**ON_TOOLS_NODE, **(runner or {})}, **more}))
         return path
 
 
 def ok(done: subprocess.CompletedProcess) -> str:
     """stdout of a command that must succeed; else an AssertionError with what it printed."""
-    assert done.returncode == 0, (f"{done.args[0]} {done.args[1]} failed ({done.returncode}):\n"
-                                  f"{done.stderr}{done.stdout}")
+    assert done.returncode == 0, f"{done.args[0]} {done.args[1]} failed ({done.returncode}):\n{done.stderr}{done.stdout}"
     return done.stdout
 
 
@@ -97,6 +106,7 @@ def ok(done: subprocess.CompletedProcess) -> str:
 class PodWatch:
     """Every pod of a namespace as last seen by a watch started before the action: hook pods are
     deleted with their Job once they succeed, so their final status is only seen this way."""
+
     api: object
     namespace: str
     pods: dict[str, client.V1Pod] = field(default_factory=dict)
@@ -107,14 +117,14 @@ class PodWatch:
         start = core.list_namespaced_pod(self.namespace)
         for pod in start.items:
             self.pods[pod.metadata.name] = pod
-        self._thread = threading.Thread(target=self._follow, args=(core, start.metadata.resource_version),
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._follow, args=(core, start.metadata.resource_version), daemon=True)
         self._thread.start()
 
     def _follow(self, core, version: str) -> None:
         try:
-            for change in self._watch.stream(core.list_namespaced_pod, self.namespace, resource_version=version,
-                                             timeout_seconds=1800):
+            for change in self._watch.stream(
+                core.list_namespaced_pod, self.namespace, resource_version=version, timeout_seconds=1800
+            ):
                 pod = change["object"]
                 self.pods[pod.metadata.name] = pod
         except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
@@ -150,9 +160,25 @@ def assert_ran_as_tools_pod(pod: client.V1Pod, cluster: ToolsCluster, exit_code:
 
 def seed_install(cluster, which: str, values, *more: str) -> subprocess.CompletedProcess:
     """The seed's command (§3.2.1) with the administrator's values file."""
-    return cluster.helm(which, "install", cluster.chart, "--create-namespace", "-n", NS, "--generate-name",
-                        "--wait", "--timeout", "5m", "--set", f"registry={cluster.registry}",
-                        "--set", "driver.payload.version=2.32.0.6", "-f", str(values), *more)
+    return cluster.helm(
+        which,
+        "install",
+        cluster.chart,
+        "--create-namespace",
+        "-n",
+        NS,
+        "--generate-name",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        f"registry={cluster.registry}",
+        "--set",
+        "driver.payload.version=2.32.0.6",
+        "-f",
+        str(values),
+        *more,
+    )
 
 
 def get_cr(api) -> dict | None:
@@ -169,8 +195,11 @@ def upgrade_status(api) -> dict:
 
 
 def runner_pod(api) -> client.V1Pod | None:
-    pods = [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=RUNNER_PODS).items
-            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+    pods = [
+        p
+        for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=RUNNER_PODS).items
+        if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+    ]
     return pods[0] if len(pods) == 1 else None
 
 
@@ -181,5 +210,8 @@ def runner_log(cluster: ToolsCluster) -> list[dict]:
 
 
 def driver_pods(api) -> list[client.V1Pod]:
-    return [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-            if p.metadata.deletion_timestamp is None]
+    return [
+        p
+        for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
+        if p.metadata.deletion_timestamp is None
+    ]

@@ -6,6 +6,7 @@ an upgrade that changes another field (the edit is kept, and said); an upgrade w
 the field (the values win, and an override of the edit is reported: an Event on the CR and a line
 of the hook's log).
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,18 +14,22 @@ import json
 
 import pytest
 
-from metax_operator import cli
-from metax_operator import contract
-from metax_operator.runtime import kube
-from metax_operator.hooks import bootstrap
+from metax_operator import cli, contract
 from metax_operator.chart.validate import merged_values
+from metax_operator.hooks import bootstrap
+from metax_operator.runtime import kube
 from tests.helm import BIN, CHART
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
 CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
-AFFINITY = lambda key: {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {  # noqa: E731
-    "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "Exists"}]}]}}}
+AFFINITY = lambda key: {  # noqa: E731
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "Exists"}]}]
+        }
+    }
+}
 TOLERATIONS = lambda key: [{"key": key, "operator": "Exists", "effect": "NoSchedule"}]  # noqa: E731
 # (run-time edit, new values) of the fields whose type says too little; `base` adjusts the
 # defaults so that both are valid (a field's prerequisites).
@@ -37,10 +42,14 @@ SAMPLES: dict[str, dict] = {
     "driver.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},
     "driver.config.nodeVfnums": {"edit": {"gpu-node-1": {"vfnum": 2}}, "values": {"gpu-node-1": {"vfnum": 4}}},
     "driver.config.moduleParams.gpu_model": {"edit": "c500", "values": "c550"},
-    "driver.config.nodeModuleParams": {"edit": {"gpu-node-1": {"xcore_page_size": 2}},
-                                       "values": {"gpu-node-1": {"xcore_page_size": 4}}},
-    "driver.upgradePolicy.upgradeSteps": {"edit": [{"replicas": 5}, {"replicas": "100%"}],
-                                          "values": [{"replicas": "50%"}, {"replicas": "100%"}]},
+    "driver.config.nodeModuleParams": {
+        "edit": {"gpu-node-1": {"xcore_page_size": 2}},
+        "values": {"gpu-node-1": {"xcore_page_size": 4}},
+    },
+    "driver.upgradePolicy.upgradeSteps": {
+        "edit": [{"replicas": 5}, {"replicas": "100%"}],
+        "values": [{"replicas": "50%"}, {"replicas": "100%"}],
+    },
     "driver.upgradePolicy.enableRollout": {"base": {"driver.upgradePolicy.upgradeSteps": [{"replicas": "100%"}]}},
     "driver.upgradePolicy.maxParallel": {"edit": "50%", "values": 3},
     "driver.upgradePolicy.maxUnavailable": {"edit": 1, "values": "10%"},
@@ -52,14 +61,19 @@ SAMPLES: dict[str, dict] = {
     "maca.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},
     "exporter.service.port": {"edit": 30001, "values": 30002, "base": {"exporter.service.type": "NodePort"}},
     "exporter.service.nodePortRange": {"edit": "20000-22767", "values": "31000-32000"},
-    "exporter.service.externalName": {"edit": "b.example.com", "values": "c.example.com",
-                                      "base": {"exporter.service.type": "ExternalName",
-                                               "exporter.service.externalName": "a.example.com"}},
-    "vfioManager.vfioConfig": {"edit": [{"nodeName": "gpu-node-1", "gpus": "0"}],
-                               "values": [{"nodeName": "gpu-node-1", "gpus": "1"}]},
+    "exporter.service.externalName": {
+        "edit": "b.example.com",
+        "values": "c.example.com",
+        "base": {"exporter.service.type": "ExternalName", "exporter.service.externalName": "a.example.com"},
+    },
+    "vfioManager.vfioConfig": {
+        "edit": [{"nodeName": "gpu-node-1", "gpus": "0"}],
+        "values": [{"nodeName": "gpu-node-1", "gpus": "1"}],
+    },
     # components others need: turned off with their dependents
-    "gpuLabel.deploy": {"base": {f"{c}.deploy": False for c in ("runtime", "driver", "maca", "gpuDevice", "exporter",
-                                                                "vfioManager")}},
+    "gpuLabel.deploy": {
+        "base": {f"{c}.deploy": False for c in ("runtime", "driver", "maca", "gpuDevice", "exporter", "vfioManager")}
+    },
     "runtime.deploy": {"base": {f"{c}.deploy": False for c in ("driver", "maca", "gpuDevice", "exporter")}},
     "driver.deploy": {"base": {"exporter.deploy": False}},
     "maca.deploy": {"base": {"gpuDevice.deploy": False}},
@@ -134,8 +148,9 @@ def client(control_plane):
 @pytest.fixture(scope="module")
 def defaults(tmp_path_factory) -> dict:
     """The values Helm merges from the chart's defaults and the two required settings."""
-    return merged_values(CHART, ["--set", "registry=cr.example.com/metax", "--set", "driver.payload.version=2.32.0.6"],
-                         str(BIN / "helm3"))
+    return merged_values(
+        CHART, ["--set", "registry=cr.example.com/metax", "--set", "driver.payload.version=2.32.0.6"], str(BIN / "helm3")
+    )
 
 
 def test_every_crd_field_survives_an_unrelated_upgrade_and_yields_to_a_values_change(client, defaults, capsys):
@@ -177,14 +192,12 @@ def test_every_crd_field_survives_an_unrelated_upgrade_and_yields_to_a_values_ch
     assert {f for f in expected if any(m.startswith(f"spec.{f}") for m in said)} == expected
 
 
-def test_the_hook_says_what_it_kept_and_overrode_and_refuses_an_invalid_merge(client, defaults, control_plane,
-                                                                               tmp_path, capsys):
+def test_the_hook_says_what_it_kept_and_overrode_and_refuses_an_invalid_merge(client, defaults, control_plane, tmp_path, capsys):
     def hook(values: dict) -> tuple[int, list[str]]:
         path = tmp_path / "values.json"
         path.write_text(json.dumps(values))
         capsys.readouterr()
-        code = cli.main(["bootstrap", "--release", "metax", "--values", str(path),
-                         "--kubeconfig", str(control_plane.kubeconfig)])
+        code = cli.main(["bootstrap", "--release", "metax", "--values", str(path), "--kubeconfig", str(control_plane.kubeconfig)])
         out, err = capsys.readouterr()
         return code, (out + err).splitlines()
 
@@ -192,18 +205,27 @@ def test_the_hook_says_what_it_kept_and_overrode_and_refuses_an_invalid_merge(cl
     assert hook(rollout)[0] == 0
     client.patch(*CR, {"spec": {"driver": {"payload": {"version": "2.33.0.1"}}}}, field_manager="kubectl-edit")
     code, lines = hook(put(rollout, "gpuDevice.healthyInterval", 9))
-    assert code == 0 and ('bootstrap: spec.driver.payload.version kept at "2.33.0.1" '
-                          "(changed at run time; the values did not change it)") in lines
+    assert (
+        code == 0
+        and ('bootstrap: spec.driver.payload.version kept at "2.33.0.1" (changed at run time; the values did not change it)')
+        in lines
+    )
     code, lines = hook(put(put(rollout, "gpuDevice.healthyInterval", 9), "driver.payload.version", "2.34.0.1"))
-    assert code == 0 and ('bootstrap: spec.driver.payload.version set from "2.33.0.1" to "2.34.0.1" '
-                          "by the values (a run-time edit overridden)") in lines
+    assert (
+        code == 0
+        and (
+            'bootstrap: spec.driver.payload.version set from "2.33.0.1" to "2.34.0.1" by the values (a run-time edit overridden)'
+        )
+        in lines
+    )
 
     # steps removed at run time, then values that turn the rollout on: refused, nothing written
     client.patch(*CR, {"spec": {"driver": {"upgradePolicy": {"upgradeSteps": []}}}}, field_manager="kubectl-edit")
     before = client.get(*CR)["metadata"]["resourceVersion"]
     code, lines = hook(put(put(rollout, "gpuDevice.healthyInterval", 9), "driver.upgradePolicy.enableRollout", True))
     assert code == 1 and lines == [
-        'error: spec.driver.upgradePolicy.upgradeSteps: is empty while enableRollout is true; add at least one step, '
+        "error: spec.driver.upgradePolicy.upgradeSteps: is empty while enableRollout is true; add at least one step, "
         'the last with replicas: "100%" (this upgrade keeps the run-time edits of spec.driver.upgradePolicy.upgradeSteps: '
-        'set them in the values, or change them with kubectl first)']
+        "set them in the values, or change them with kubectl first)"
+    ]
     assert client.get(*CR)["metadata"]["resourceVersion"] == before

@@ -1,4 +1,5 @@
 """The hook commands' pure parts: prerequisite checks, the bootstrap apply, node cleanup, test checks."""
+
 from __future__ import annotations
 
 import http.server
@@ -9,51 +10,86 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metax_operator.hooks import bootstrap, cleanup, preflight, test
 from metax_operator import contract
+from metax_operator.hooks import bootstrap, cleanup, preflight, test
 
 
-def node(name: str, runtime: str = "containerd://1.7.13", kubelet: str = "v1.34.4",
-         os_image: str = "Ubuntu 22.04.4 LTS", gpu: bool = True, labels: dict | None = None,
-         annotations: dict | None = None, allocatable: dict | None = None) -> dict:
+def node(
+    name: str,
+    runtime: str = "containerd://1.7.13",
+    kubelet: str = "v1.34.4",
+    os_image: str = "Ubuntu 22.04.4 LTS",
+    gpu: bool = True,
+    labels: dict | None = None,
+    annotations: dict | None = None,
+    allocatable: dict | None = None,
+) -> dict:
     all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
     if gpu:
         all_labels[preflight.GPU_NODE_LABEL] = "true"
-    return {"metadata": {"name": name, "labels": all_labels, "annotations": annotations or {},
-                         "resourceVersion": "7"},
-            "status": {"allocatable": allocatable or {},
-                       "nodeInfo": {"containerRuntimeVersion": runtime, "kubeletVersion": kubelet,
-                                    "osImage": os_image, "kernelVersion": "5.15.0-105-generic"}}}
+    return {
+        "metadata": {"name": name, "labels": all_labels, "annotations": annotations or {}, "resourceVersion": "7"},
+        "status": {
+            "allocatable": allocatable or {},
+            "nodeInfo": {
+                "containerRuntimeVersion": runtime,
+                "kubeletVersion": kubelet,
+                "osImage": os_image,
+                "kernelVersion": "5.15.0-105-generic",
+            },
+        },
+    }
 
 
 # --- preflight: seed §3 prerequisites ------------------------------------------------------------
 
-@pytest.mark.parametrize("runtime, kubelet", [
-    ("containerd://1.5.0", "v1.23.17"), ("containerd://1.7.13", "v1.34.4"),
-    ("containerd://2.0.0", "v1.31.0"), ("docker://18.9.3", "v1.23.4"), ("docker://20.10.24", "v1.23.0"),
-])
+
+@pytest.mark.parametrize(
+    "runtime, kubelet",
+    [
+        ("containerd://1.5.0", "v1.23.17"),
+        ("containerd://1.7.13", "v1.34.4"),
+        ("containerd://2.0.0", "v1.31.0"),
+        ("docker://18.9.3", "v1.23.4"),
+        ("docker://20.10.24", "v1.23.0"),
+    ],
+)
 def test_supported_runtimes_pass(runtime, kubelet):
     assert preflight.runtime_problem(runtime, kubelet) is None
 
 
-@pytest.mark.parametrize("runtime, kubelet, fragment", [
-    ("docker://18.9.2", "v1.23.4", "docker 18.9.2 is older than 18.09.3"),
-    ("docker://18.06.1-ce", "v1.23.4", "older than 18.09.3"),
-    ("containerd://1.4.13", "v1.23.4", "containerd 1.4.13 is older than 1.5.0"),
-    ("containerd://1.4.0", "v1.28.0", "older than 1.5.0"),
-    ("docker://24.0.7", "v1.24.0", "docker is not supported on Kubernetes v1.24.0"),
-    ("cri-o://1.28.1", "v1.28.0", "cri-o://1.28.1 is not supported"),
-])
+@pytest.mark.parametrize(
+    "runtime, kubelet, fragment",
+    [
+        ("docker://18.9.2", "v1.23.4", "docker 18.9.2 is older than 18.09.3"),
+        ("docker://18.06.1-ce", "v1.23.4", "older than 18.09.3"),
+        ("containerd://1.4.13", "v1.23.4", "containerd 1.4.13 is older than 1.5.0"),
+        ("containerd://1.4.0", "v1.28.0", "older than 1.5.0"),
+        ("docker://24.0.7", "v1.24.0", "docker is not supported on Kubernetes v1.24.0"),
+        ("cri-o://1.28.1", "v1.28.0", "cri-o://1.28.1 is not supported"),
+    ],
+)
 def test_unsupported_runtimes_are_named(runtime, kubelet, fragment):
     assert fragment in preflight.runtime_problem(runtime, kubelet)
 
 
-@pytest.mark.parametrize("os_image, supported", [
-    ("Ubuntu 18.04.6 LTS", True), ("Ubuntu 20.04.6 LTS", True), ("Ubuntu 22.04.4 LTS", True),
-    ("Ubuntu 24.04 LTS", False), ("CentOS Linux 8", True), ("CentOS Stream 9", True),
-    ("CentOS Linux 7 (Core)", False), ("openEuler 20.03 (LTS-SP3)", True), ("openEuler 22.03 (LTS-SP1)", True),
-    ("openEuler 24.03 (LTS)", False), ("Kylin Linux Advanced Server V10 (Lance)", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "os_image, supported",
+    [
+        ("Ubuntu 18.04.6 LTS", True),
+        ("Ubuntu 20.04.6 LTS", True),
+        ("Ubuntu 22.04.4 LTS", True),
+        ("Ubuntu 24.04 LTS", False),
+        ("CentOS Linux 8", True),
+        ("CentOS Stream 9", True),
+        ("CentOS Linux 7 (Core)", False),
+        ("openEuler 20.03 (LTS-SP3)", True),
+        ("openEuler 22.03 (LTS-SP1)", True),
+        ("openEuler 24.03 (LTS)", False),
+        ("Kylin Linux Advanced Server V10 (Lance)", False),
+        ("", False),
+    ],
+)
 def test_os_recognised(os_image, supported):
     assert preflight.os_supported(os_image) is supported
 
@@ -65,25 +101,29 @@ def test_old_server_fails_new_passes():
 
 
 def test_gpu_node_with_old_runtime_fails_and_names_the_node():
-    findings = preflight.check_cluster("v1.23.4", [
-        node("gpu-1"), node("gpu-2", runtime="docker://18.9.2", kubelet="v1.23.4"),
-        node("cpu-1", runtime="cri-o://1.28.1", gpu=False)])
+    findings = preflight.check_cluster(
+        "v1.23.4",
+        [
+            node("gpu-1"),
+            node("gpu-2", runtime="docker://18.9.2", kubelet="v1.23.4"),
+            node("cpu-1", runtime="cri-o://1.28.1", gpu=False),
+        ],
+    )
     assert [str(e) for e in findings.errors] == [
         "node gpu-2: docker 18.9.2 is older than 18.09.3; move the node to containerd >= 1.5.0 "
-        "(docker >= 18.09.3 works only on Kubernetes 1.23), or keep MetaX components off it"]
+        "(docker >= 18.09.3 works only on Kubernetes 1.23), or keep MetaX components off it"
+    ]
     assert not any("cpu-1" in w for w in findings.warnings)  # not a GPU node: not checked
 
 
 def test_unlisted_os_only_warns_per_node():
-    findings = preflight.check_cluster("v1.34.4", [node("gpu-1", os_image="Rocky Linux 9.3 (Blue Onyx)"),
-                                                   node("gpu-2")])
+    findings = preflight.check_cluster("v1.34.4", [node("gpu-1", os_image="Rocky Linux 9.3 (Blue Onyx)"), node("gpu-2")])
     assert findings.errors == []
     assert len(findings.warnings) == 1 and findings.warnings[0].startswith("node gpu-1: OS Rocky Linux 9.3")
 
 
 def test_before_gpu_label_ran_every_node_is_checked_but_only_warns():
-    findings = preflight.check_cluster("v1.34.4", [node("a", gpu=False, runtime="containerd://1.4.1"),
-                                                   node("b", gpu=False)])
+    findings = preflight.check_cluster("v1.34.4", [node("a", gpu=False, runtime="containerd://1.4.1"), node("b", gpu=False)])
     assert findings.errors == []
     assert any("no node is labelled" in w for w in findings.warnings)
     assert any(w.startswith("node a: containerd 1.4.1 is older than 1.5.0") for w in findings.warnings)
@@ -91,32 +131,66 @@ def test_before_gpu_label_ran_every_node_is_checked_but_only_warns():
 
 # --- bootstrap: what goes into the CR, and the runtime controls ---------------------------------
 
-SCHEMA = {"type": "object", "properties": {
-    "registry": {"type": "string"},
-    "tolerations": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-    "driver": {"type": "object", "properties": {
-        "deploy": {"type": "boolean"},
-        "config": {"type": "object", "properties": {
-            "nodeVfnums": {"type": "object", "additionalProperties": {
-                "type": "object", "properties": {"vfnum": {"type": "integer"}}}}}},
-        "upgradePolicy": {"type": "object", "properties": {
-            "pause": {"type": "boolean"}, "enableRollout": {"type": "boolean"}}}}}}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "registry": {"type": "string"},
+        "tolerations": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        "driver": {
+            "type": "object",
+            "properties": {
+                "deploy": {"type": "boolean"},
+                "config": {
+                    "type": "object",
+                    "properties": {
+                        "nodeVfnums": {
+                            "type": "object",
+                            "additionalProperties": {"type": "object", "properties": {"vfnum": {"type": "integer"}}},
+                        }
+                    },
+                },
+                "upgradePolicy": {
+                    "type": "object",
+                    "properties": {"pause": {"type": "boolean"}, "enableRollout": {"type": "boolean"}},
+                },
+            },
+        },
+    },
+}
 
 
 def test_prune_keeps_only_what_the_crd_declares():
-    values = {"registry": "r", "runner": {"enabled": True}, "tolerations": [{"key": "k", "x": 1}],
-              "driver": {"deploy": True, "image": {"name": "x"}, "resources": {},
-                         "config": {"nodeVfnums": {"n1": {"vfnum": 4, "junk": 1}}},
-                         "upgradePolicy": {"pause": False, "enableRollout": None}}}
+    values = {
+        "registry": "r",
+        "runner": {"enabled": True},
+        "tolerations": [{"key": "k", "x": 1}],
+        "driver": {
+            "deploy": True,
+            "image": {"name": "x"},
+            "resources": {},
+            "config": {"nodeVfnums": {"n1": {"vfnum": 4, "junk": 1}}},
+            "upgradePolicy": {"pause": False, "enableRollout": None},
+        },
+    }
     assert bootstrap.prune(values, SCHEMA) == {
-        "registry": "r", "tolerations": [{"key": "k", "x": 1}],
-        "driver": {"deploy": True, "config": {"nodeVfnums": {"n1": {"vfnum": 4}}},
-                   "upgradePolicy": {"pause": False}}}
+        "registry": "r",
+        "tolerations": [{"key": "k", "x": 1}],
+        "driver": {"deploy": True, "config": {"nodeVfnums": {"n1": {"vfnum": 4}}}, "upgradePolicy": {"pause": False}},
+    }
 
 
-CR_SPEC = {"properties": {"a": {"properties": {"b": {}}}, "driver": {"properties": {
-    "deploy": {}, "upgradePolicy": {"properties": {"pause": {}, "enableRollout": {}}},
-    "payload": {"properties": {"version": {}}}}}}}
+CR_SPEC = {
+    "properties": {
+        "a": {"properties": {"b": {}}},
+        "driver": {
+            "properties": {
+                "deploy": {},
+                "upgradePolicy": {"properties": {"pause": {}, "enableRollout": {}}},
+                "payload": {"properties": {"version": {}}},
+            }
+        },
+    }
+}
 
 
 def controls(pause: bool, enable: bool) -> dict:
@@ -140,8 +214,9 @@ def test_a_run_time_edit_the_values_did_not_change_is_left_out():
     live = live_cr(controls(True, False), controls(False, True))
     merge = bootstrap.desired(controls(False, True), live, {}, CR_SPEC)
     assert merge.manifest["spec"] == {"driver": {"deploy": True}}
-    assert [c.kept() for c in merge.kept][0] == ("spec.driver.upgradePolicy.pause kept at true "
-                                                 "(changed at run time; the values did not change it)")
+    assert [c.kept() for c in merge.kept][0] == (
+        "spec.driver.upgradePolicy.pause kept at true (changed at run time; the values did not change it)"
+    )
     assert merge.overridden == []
     # the record keeps what the values say, so the next values change is seen as one
     assert json.loads(merge.manifest["metadata"]["annotations"][contract.BOOTSTRAP_APPLIED_ANNOTATION]) == controls(False, True)
@@ -157,13 +232,21 @@ def test_values_that_change_an_edited_field_win_and_say_so():
     live = live_cr({"driver": {"payload": {"version": "2.33.0.9"}}}, {"driver": {"payload": {"version": "2.32.0.6"}}})
     merge = bootstrap.desired({"driver": {"payload": {"version": "2.34.0.1"}}}, live, {}, CR_SPEC)
     assert [c.overridden() for c in merge.overridden] == [
-        'spec.driver.payload.version set from "2.33.0.9" to "2.34.0.1" by the values (a run-time edit overridden)']
+        'spec.driver.payload.version set from "2.33.0.9" to "2.34.0.1" by the values (a run-time edit overridden)'
+    ]
 
 
 def test_an_older_charts_record_of_the_controls_still_protects_them():
-    live = {"metadata": {"annotations": {contract.BOOTSTRAP_CONTROLS_ANNOTATION:
-                                         '{"driver.upgradePolicy.enableRollout":true,"driver.upgradePolicy.pause":false}'}},
-            "spec": controls(True, True)}
+    live = {
+        "metadata": {
+            "annotations": {
+                contract.BOOTSTRAP_CONTROLS_ANNOTATION: (
+                    '{"driver.upgradePolicy.enableRollout":true,"driver.upgradePolicy.pause":false}'
+                )
+            }
+        },
+        "spec": controls(True, True),
+    }
     merge = bootstrap.desired(controls(False, True), live, {}, CR_SPEC)
     assert [c.field for c in merge.kept] == ["spec.driver.upgradePolicy.pause"]
 
@@ -193,45 +276,59 @@ def test_three_way_merge_of_one_field(recorded, values, live):
 
 # --- cleanup: exactly our node keys -------------------------------------------------------------
 
+
 def test_node_patch_removes_only_our_keys():
-    n = node("gpu-1", labels={"metax-tech.com/gpu-device.mode": "sgpu", "team": "a"},
-             annotations={"metax-tech.com/gpu-vfio": '{"0":1}', "other": "x"})
-    assert cleanup.node_patch(n) == {"metadata": {
-        "labels": {"metax-tech.com/gpu.installed": None},
-        "annotations": {"metax-tech.com/gpu-vfio": None}}}
+    n = node(
+        "gpu-1",
+        labels={"metax-tech.com/gpu-device.mode": "sgpu", "team": "a"},
+        annotations={"metax-tech.com/gpu-vfio": '{"0":1}', "other": "x"},
+    )
+    assert cleanup.node_patch(n) == {
+        "metadata": {"labels": {"metax-tech.com/gpu.installed": None}, "annotations": {"metax-tech.com/gpu-vfio": None}}
+    }
     assert cleanup.node_patch(node("cpu-1", gpu=False, labels={"metax-tech.com/gpu-device.mode": "sgpu"})) is None
 
 
 # --- test: each failure one line ----------------------------------------------------------------
 
+
 def ready_pod(node_name: str, ready: bool) -> dict:
-    return {"metadata": {"name": f"p-{node_name}"}, "spec": {"nodeName": node_name},
-            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {"name": f"p-{node_name}"},
+        "spec": {"nodeName": node_name},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 def test_daemonset_not_ready_names_the_nodes():
     ds = {"status": {"desiredNumberScheduled": 8, "numberReady": 1}}
     pods = [ready_pod("gpu-0", True)] + [ready_pod(f"gpu-{i}", False) for i in range(1, 8)]
     assert test.check_daemonset("ns", "metax-driver", ds, pods) == [
-        "DaemonSet ns/metax-driver: 1 of 8 pods ready (not ready on gpu-1, gpu-2, gpu-3, gpu-4, gpu-5 and 2 more)"]
+        "DaemonSet ns/metax-driver: 1 of 8 pods ready (not ready on gpu-1, gpu-2, gpu-3, gpu-4, gpu-5 and 2 more)"
+    ]
     assert test.check_daemonset("ns", "metax-driver", {"status": {"desiredNumberScheduled": 2, "numberReady": 2}}, []) == []
-    assert test.check_daemonset("ns", "metax-maca", None, []) == [
-        "DaemonSet ns/metax-maca: not found, though the CR enables it"]
+    assert test.check_daemonset("ns", "metax-maca", None, []) == ["DaemonSet ns/metax-maca: not found, though the CR enables it"]
 
 
 def test_gpu_nodes_need_allocatable_gpus():
-    nodes = [node("gpu-1", allocatable={"metax-tech.com/gpu": "8"}),
-             node("gpu-2", allocatable={"metax-tech.com/gpu": "0"}),
-             node("gpu-3", allocatable={"metax-tech.com/sgpu": "16"}),
-             node("cpu-1", gpu=False)]
-    assert test.check_gpu_nodes(nodes) == [
-        "node gpu-2: no allocatable metax-tech.com/gpu (a component is not working there)"]
+    nodes = [
+        node("gpu-1", allocatable={"metax-tech.com/gpu": "8"}),
+        node("gpu-2", allocatable={"metax-tech.com/gpu": "0"}),
+        node("gpu-3", allocatable={"metax-tech.com/sgpu": "16"}),
+        node("cpu-1", gpu=False),
+    ]
+    assert test.check_gpu_nodes(nodes) == ["node gpu-2: no allocatable metax-tech.com/gpu (a component is not working there)"]
     assert "none is labelled" in test.check_gpu_nodes([node("cpu-1", gpu=False)])[0]
 
 
 def test_configmap_problems_are_one_line_each():
-    cm = {"data": {"node-vfnums": "nodes:\n  n1:\n    vfnum: 40\n", "module-params": "xcore_page_size: 10\n",
-                   "node-module-params": ": bad"}}
+    cm = {
+        "data": {
+            "node-vfnums": "nodes:\n  n1:\n    vfnum: 40\n",
+            "module-params": "xcore_page_size: 10\n",
+            "node-module-params": ": bad",
+        }
+    }
     lines = test.check_configmap("ns", "driver-config", cm)
     assert len(lines) == 2 and all(line.startswith("ConfigMap ns/driver-config: ") for line in lines)
     assert "vfnum" in lines[0] and "node-module-params" in lines[1]
@@ -268,12 +365,28 @@ def test_exporter_answering_passes_and_silence_fails(metrics_server):
 # --- the workload checks in preflight and helm test ---------------------------------------------
 
 SGPU_NODE = node("n1", labels={"metax-tech.com/gpu-device.mode": "sgpu", "metax-tech.com/gpu-device.qos-policy": "fair"})
-GPU_POD = {"metadata": {"name": "job", "namespace": "team"},
-           "spec": {"nodeName": "n1", "containers": [{"name": "c", "env": [{"name": "METAX_MACA_VERSION", "value": "maca-3"}],
-                                                      "resources": {"limits": {"metax-tech.com/sgpu": "1"}}}]}}
-HAMI = {"metadata": {"name": "hami-scheduler-0", "namespace": "kube-system",
-                     "labels": {"app.kubernetes.io/component": "hami-scheduler"}},
-        "spec": {"containers": []}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+GPU_POD = {
+    "metadata": {"name": "job", "namespace": "team"},
+    "spec": {
+        "nodeName": "n1",
+        "containers": [
+            {
+                "name": "c",
+                "env": [{"name": "METAX_MACA_VERSION", "value": "maca-3"}],
+                "resources": {"limits": {"metax-tech.com/sgpu": "1"}},
+            }
+        ],
+    },
+}
+HAMI = {
+    "metadata": {
+        "name": "hami-scheduler-0",
+        "namespace": "kube-system",
+        "labels": {"app.kubernetes.io/component": "hami-scheduler"},
+    },
+    "spec": {"containers": []},
+    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+}
 VALUES = {"runtime": {"deploy": True}, "maca": {"deploy": True, "payload": {"images": ["maca-c500:2.18.0.3-amd64"]}}}
 
 
@@ -281,11 +394,13 @@ def test_preflight_fails_only_on_what_the_values_cause_and_warns_of_the_rest():
     findings = preflight.Findings()
     preflight.check_workloads({**VALUES, "runtime": {"deploy": False}}, [SGPU_NODE], [GPU_POD], findings)
     assert [e.rule for e in findings.errors] == ["sgpu-without-runtime"]
-    assert str(findings.errors[0]).startswith("node n1: labelled metax-tech.com/gpu-device.mode=sgpu, but sGPU "
-                                              "needs the container-runtime component")
+    assert str(findings.errors[0]).startswith(
+        "node n1: labelled metax-tech.com/gpu-device.mode=sgpu, but sGPU needs the container-runtime component"
+    )
     assert len(findings.warnings) == 3  # the QoS value, no HAMi, METAX_MACA_VERSION=maca-3
-    assert any("METAX_MACA_VERSION=maca-3 matches none of the MXMACA versions deployed (maca-2.18.0.3)" in w
-               for w in findings.warnings)
+    assert any(
+        "METAX_MACA_VERSION=maca-3 matches none of the MXMACA versions deployed (maca-2.18.0.3)" in w for w in findings.warnings
+    )
 
 
 def test_preflight_and_helm_test_say_the_same_words():

@@ -4,6 +4,7 @@ Hook Jobs cannot run under kwok (no containers), so each test runs the command a
 process through `cli.main`, with the Job's arguments: the values file is the `values.json` of the
 hook values ConfigMap as `helm template` renders it, the CRD the chart's `crds/` file.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from metax_operator import cli
-from metax_operator import contract
-from metax_operator.runtime import kube
+from metax_operator import cli, contract
 from metax_operator.hooks import bootstrap, cleanup, common
+from metax_operator.runtime import kube
 from tests.controlplane import GPU_LABEL
-from tests.waiting import consistently, eventually, for_seconds
 from tests.e2e.tools import service_account_kubeconfig
 from tests.helm import BIN, CHART, find, render_chart
+from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
 
@@ -80,11 +80,13 @@ def crd(client, hooks):
 @pytest.fixture
 def no_cr(client, crd):
     """No cluster-operator CR before and after the test (other tests may use it too)."""
+
     def delete():
         current = client.get(*CR)
         if current:
             client.delete(*CR)
             client.wait_deleted(*CR, uid=current["metadata"]["uid"], timeout=30)
+
     delete()
     yield
     delete()
@@ -106,9 +108,17 @@ def gpu_nodes(client):
     assert names
     yield names
     for name in names:
-        client.patch("v1", "Node", name, {"metadata": {
-            "labels": {GPU_LABEL: "true", "metax-tech.com/gpu-device.mode": None},
-            "annotations": {"team.example.com/owner": None, "metax-tech.com/gpu-vfio": None}}})
+        client.patch(
+            "v1",
+            "Node",
+            name,
+            {
+                "metadata": {
+                    "labels": {GPU_LABEL: "true", "metax-tech.com/gpu-device.mode": None},
+                    "annotations": {"team.example.com/owner": None, "metax-tech.com/gpu-vfio": None},
+                }
+            },
+        )
 
 
 def managed(cr: dict) -> dict[str, dict]:
@@ -118,6 +128,7 @@ def managed(cr: dict) -> dict[str, dict]:
 
 # --- kube.py against the API server ---------------------------------------------------------
 
+
 def test_list_follows_continue_tokens(client, monkeypatch):
     everything = client.list("v1", "Node")
     monkeypatch.setattr(kube, "PAGE_SIZE", 5)
@@ -126,8 +137,7 @@ def test_list_follows_continue_tokens(client, monkeypatch):
 
 
 def test_delete_preconditions_refuse_another_object_of_the_same_name(client, namespace):
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": namespace},
-          "data": {"a": "1"}}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": namespace}, "data": {"a": "1"}}
     first = client.apply(cm, field_manager="test")
     client.apply({**cm, "data": {"a": "2"}}, field_manager="test")
     with pytest.raises(kube.ApiException) as err:  # changed since it was read
@@ -141,8 +151,7 @@ def test_delete_preconditions_refuse_another_object_of_the_same_name(client, nam
 
 
 def test_apply_conflicts_without_force_and_takes_over_with_it(client, namespace):
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned", "namespace": namespace},
-          "data": {"a": "1"}}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned", "namespace": namespace}, "data": {"a": "1"}}
     client.apply(cm, field_manager="first")
     with pytest.raises(kube.ApiException) as err:
         client.apply({**cm, "data": {"a": "2"}}, field_manager="second")
@@ -158,6 +167,7 @@ def test_unknown_kinds_are_named(client):
 
 
 # --- upgrade-crds ----------------------------------------------------------------------------
+
 
 def test_upgrade_crds_updates_an_older_crd_and_then_changes_nothing(client, hooks, crd):
     # An older chart's CRD, as Helm left it (a description differs): the hook brings it current.
@@ -193,6 +203,7 @@ def test_upgrade_crds_on_install_never_creates(client, hooks, crd):
 
 # --- preflight -------------------------------------------------------------------------------
 
+
 def test_preflight_passes_on_supported_nodes(hooks, tmp_path):
     code, out, err = hooks("preflight", "--values", str(values_file(tmp_path)))
     assert code == 0, err
@@ -211,15 +222,38 @@ def test_preflight_rejects_bad_values_in_one_line(hooks, tmp_path):
 
 def test_preflight_fails_on_a_gpu_node_with_old_containerd(client, hooks, tmp_path):
     name = f"old-runtime-{uuid.uuid4().hex[:6]}"  # not kwok-managed: its status is ours to write
-    client.apply({"apiVersion": "v1", "kind": "Node",
-                  "metadata": {"name": name, "labels": {GPU_LABEL: "true"}},
-                  "spec": {"unschedulable": True}}, field_manager="test")
+    client.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {GPU_LABEL: "true"}},
+            "spec": {"unschedulable": True},
+        },
+        field_manager="test",
+    )
     try:
-        client.patch("v1", "Node", name, {"status": {"nodeInfo": {
-            "containerRuntimeVersion": "containerd://1.4.13", "kubeletVersion": "v1.34.4",
-            "osImage": "CentOS Linux 7 (Core)", "kernelVersion": "3.10.0", "machineID": "", "systemUUID": "",
-            "bootID": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}}},
-            subresource="status")
+        client.patch(
+            "v1",
+            "Node",
+            name,
+            {
+                "status": {
+                    "nodeInfo": {
+                        "containerRuntimeVersion": "containerd://1.4.13",
+                        "kubeletVersion": "v1.34.4",
+                        "osImage": "CentOS Linux 7 (Core)",
+                        "kernelVersion": "3.10.0",
+                        "machineID": "",
+                        "systemUUID": "",
+                        "bootID": "",
+                        "kubeProxyVersion": "",
+                        "operatingSystem": "linux",
+                        "architecture": "amd64",
+                    }
+                }
+            },
+            subresource="status",
+        )
         code, _, err = hooks("preflight", "--values", str(values_file(tmp_path)))
         assert code == 1
         assert f"error: node {name}: containerd 1.4.13 is older than 1.5.0" in err
@@ -230,6 +264,7 @@ def test_preflight_fails_on_a_gpu_node_with_old_containerd(client, hooks, tmp_pa
 
 
 # --- bootstrap -------------------------------------------------------------------------------
+
 
 def test_bootstrap_creates_the_cr_from_values_only(client, hooks, no_cr, tmp_path):
     code, out, err = hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))
@@ -254,9 +289,14 @@ def test_bootstrap_creates_the_cr_from_values_only(client, hooks, no_cr, tmp_pat
 
 def test_bootstrap_updates_what_the_values_change(client, hooks, no_cr, tmp_path):
     assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
-    changed = values_file(tmp_path, {"driver": {"payload": {"version": "2.33.0.1"}},
-                                     "vfioManager": {"vfioConfig": [{"nodeName": "gpu-node-\\d+", "gpus": "0,1"}]}},
-                          name="v2.json")
+    changed = values_file(
+        tmp_path,
+        {
+            "driver": {"payload": {"version": "2.33.0.1"}},
+            "vfioManager": {"vfioConfig": [{"nodeName": "gpu-node-\\d+", "gpus": "0,1"}]},
+        },
+        name="v2.json",
+    )
     assert hooks("bootstrap", "--release", "metax", "--values", str(changed))[0] == 0
     spec = client.get(*CR)["spec"]
     assert spec["driver"]["payload"]["version"] == "2.33.0.1"
@@ -270,15 +310,19 @@ def test_runtime_controls_set_by_an_admin_survive_upgrades_that_do_not_set_them(
         return [line for line in out.splitlines() if "kept at" in line]
 
     def admin_patch(path: str, value: bool) -> None:  # what `kubectl patch --type=json` sends
-        client.patch(*CR, [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{path}", "value": value}],
-                     patch_type="json", field_manager="kubectl-patch")
+        client.patch(
+            *CR,
+            [{"op": "replace", "path": f"/spec/driver/upgradePolicy/{path}", "value": value}],
+            patch_type="json",
+            field_manager="kubectl-patch",
+        )
 
     def policy() -> dict:
         return client.get(*CR)["spec"]["driver"]["upgradePolicy"]
 
     rollout = {"driver": {"upgradePolicy": {"enableRollout": True, "upgradeSteps": [{"replicas": "100%"}]}}}
     run(rollout, "v1.json")
-    admin_patch("pause", True)        # the admin pauses the rollout
+    admin_patch("pause", True)  # the admin pauses the rollout
     admin_patch("enableRollout", False)  # and flips the rollout off
 
     # helm upgrade with a new driver version, not touching the controls: the admin's values stay
@@ -299,8 +343,7 @@ def test_runtime_controls_set_by_an_admin_survive_upgrades_that_do_not_set_them(
     # values that set a control win: pause set to true, then back to false, overrides the admin
     run(merged(rollout, {"driver": {"payload": {"version": "2.33.0.1"}, "upgradePolicy": {"pause": True}}}), "v3.json")
     assert policy()["pause"] is True
-    notes = run(merged(rollout, {"driver": {"payload": {"version": "2.33.0.1"}, "upgradePolicy": {"pause": False}}}),
-                "v4.json")
+    notes = run(merged(rollout, {"driver": {"payload": {"version": "2.33.0.1"}, "upgradePolicy": {"pause": False}}}), "v4.json")
     assert policy()["pause"] is False and all("pause" not in n for n in notes)
     # enableRollout: the values still say true, unchanged since v1, so the admin's false stays
     assert policy()["enableRollout"] is False
@@ -314,8 +357,11 @@ def test_bootstrap_waits_for_the_crd_to_be_served(client, hooks, no_cr, tmp_path
     client.wait_deleted(*CRD, timeout=60)
     values = json.loads(values_file(tmp_path).read_text())
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(
-        cr=bootstrap.bootstrap(kube.Client.connect(hooks.kubeconfig), values, "metax", timeout=60)[0]))
+    worker = threading.Thread(
+        target=lambda: result.update(
+            cr=bootstrap.bootstrap(kube.Client.connect(hooks.kubeconfig), values, "metax", timeout=60)[0]
+        )
+    )
     worker.start()
     consistently(worker.is_alive, for_seconds(3), 10, "bootstrap waiting for the CRD (not failed)")
     assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
@@ -343,22 +389,38 @@ def test_bootstrap_survives_a_concurrent_admin_edit(client, hooks, no_cr, tmp_pa
 
 # --- cleanup ---------------------------------------------------------------------------------
 
+
 def daemonset(name: str, namespace: str) -> dict:
     labels = {"app": name}
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"selector": {"matchLabels": labels}, "template": {
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}}}}
+                "spec": {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]},
+            },
+        },
+    }
 
 
-def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, no_cr, namespace, gpu_nodes,
-                                                                  tmp_path):
+def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, no_cr, namespace, gpu_nodes, tmp_path):
     assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
     for name in cleanup.NODE_WRITERS:
         client.apply(daemonset(name, namespace), field_manager="helm")
-    client.patch("v1", "Node", gpu_nodes[0], {"metadata": {
-        "annotations": {"metax-tech.com/gpu-vfio": '{"0":1,"1":0}', "team.example.com/owner": "ml"},
-        "labels": {"metax-tech.com/gpu-device.mode": "sgpu"}}})
+    client.patch(
+        "v1",
+        "Node",
+        gpu_nodes[0],
+        {
+            "metadata": {
+                "annotations": {"metax-tech.com/gpu-vfio": '{"0":1,"1":0}', "team.example.com/owner": "ml"},
+                "labels": {"metax-tech.com/gpu-device.mode": "sgpu"},
+            }
+        },
+    )
     eventually(lambda: len(client.list("v1", "Pod", namespace)) >= 2 * len(gpu_nodes), 60, "node-writer pods")
     code, out, err = hooks("cleanup", "--namespace", namespace)
     assert code == 0, err
@@ -368,9 +430,9 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
     assert client.list("v1", "Node", label_selector=GPU_LABEL) == []
     first = client.get("v1", "Node", gpu_nodes[0])["metadata"]
     assert "metax-tech.com/gpu-vfio" not in first["annotations"]
-    assert first["annotations"]["team.example.com/owner"] == "ml"         # not ours: kept
-    assert first["labels"]["metax-tech.com/gpu-device.mode"] == "sgpu"    # the admin's: kept
-    assert client.get(*CRD) is not None                                   # crds.keep (default)
+    assert first["annotations"]["team.example.com/owner"] == "ml"  # not ours: kept
+    assert first["labels"]["metax-tech.com/gpu-device.mode"] == "sgpu"  # the admin's: kept
+    assert client.get(*CRD) is not None  # crds.keep (default)
     assert f"node {gpu_nodes[0]}" in out
 
     code, out, _ = hooks("cleanup", "--namespace", namespace)  # idempotent
@@ -380,13 +442,28 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
 def test_cleanup_stops_the_runner_then_deletes_its_lease_and_the_kept_test_pod(client, hooks, namespace, gpu_nodes):
     labels = {"app": "runner"}
     pod_spec = {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}
-    client.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "r", "namespace": namespace},
-                  "spec": {"selector": {"matchLabels": labels},
-                           "template": {"metadata": {"labels": labels}, "spec": pod_spec}}}, field_manager="helm")
-    client.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "r", "namespace": namespace},
-                  "spec": {"holderIdentity": "r-0_abc"}}, field_manager="metax-operator-runner")
-    client.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t", "namespace": namespace},
-                  "spec": pod_spec}, field_manager="helm")
+    client.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "r", "namespace": namespace},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+        },
+        field_manager="helm",
+    )
+    client.apply(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "r", "namespace": namespace},
+            "spec": {"holderIdentity": "r-0_abc"},
+        },
+        field_manager="metax-operator-runner",
+    )
+    client.apply(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t", "namespace": namespace}, "spec": pod_spec},
+        field_manager="helm",
+    )
     eventually(lambda: len(client.list("v1", "Pod", namespace)) == 2, 60, "the runner's and the test pod")
     code, out, err = hooks("cleanup", "--namespace", namespace, "--runner", "r", "--test-pod", "t")
     assert code == 0, err
@@ -408,13 +485,11 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, 
         assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
 
 
-def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace,
-                                                          gpu_nodes, tmp_path):
+def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace, gpu_nodes, tmp_path):
     """GitOps mode (Argo CD): the cleanup Job's ClusterRole and binding are not hooks, and the
     cleanup, running as its own ServiceAccount with exactly the chart's rules, deletes them."""
     assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
-    rendered = render_chart(merged(BASE_VALUES, {"hooks": {"useHelmHooks": False}}),
-                            show_only=["templates/hooks/cleanup.yaml"])
+    rendered = render_chart(merged(BASE_VALUES, {"hooks": {"useHelmHooks": False}}), show_only=["templates/hooks/cleanup.yaml"])
     for obj in rendered:
         if "namespace" in obj["metadata"]:
             obj["metadata"]["namespace"] = namespace
@@ -431,14 +506,17 @@ def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client,
     assert "deleted its ClusterRole and ClusterRoleBinding metax-operator-cleanup" in out
     rbac = "rbac.authorization.k8s.io/v1"
     assert client.get(rbac, "ClusterRole", "metax-operator-cleanup") is None
-    eventually(lambda: client.get(rbac, "ClusterRoleBinding", "metax-operator-cleanup") is None, 30,
-             "the garbage collector to delete the binding, a dependent of the deleted role")
+    eventually(
+        lambda: client.get(rbac, "ClusterRoleBinding", "metax-operator-cleanup") is None,
+        30,
+        "the garbage collector to delete the binding, a dependent of the deleted role",
+    )
 
 
 # --- helm test -------------------------------------------------------------------------------
 
-def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(client, hooks, no_cr, gpu_nodes,
-                                                                             tmp_path):
+
+def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(client, hooks, no_cr, gpu_nodes, tmp_path):
     """The chart installed for real (Helm 3, hooks run here instead of as Jobs)."""
     release, ns = f"t{uuid.uuid4().hex[:6]}", f"hooks-install-{uuid.uuid4().hex[:6]}"
     kubeconfig = ["--kubeconfig", hooks.kubeconfig]
@@ -447,8 +525,26 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
     code, out, err = hooks("test", "--namespace", ns)
     assert code == 1 and "FAIL ClusterOperator cluster-operator: not found" in err
 
-    subprocess.run([BIN / "helm3", "install", release, str(CHART), "-n", ns, "--create-namespace", "--no-hooks",
-                    "-f", str(values), "--wait", "--timeout", "120s", *kubeconfig], check=True, capture_output=True)
+    subprocess.run(
+        [
+            BIN / "helm3",
+            "install",
+            release,
+            str(CHART),
+            "-n",
+            ns,
+            "--create-namespace",
+            "--no-hooks",
+            "-f",
+            str(values),
+            "--wait",
+            "--timeout",
+            "120s",
+            *kubeconfig,
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
         assert hooks("bootstrap", "--release", release, "--values", str(values_file(tmp_path)))[0] == 0
         last: list = []
@@ -465,8 +561,9 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
         assert (code, err) == (0, "") and "healthy" in out, err
 
         # break three things: one line each, naming what and where
-        client.patch("v1", "ConfigMap", "driver-config", {"data": {"node-vfnums": "nodes:\n  n1:\n    vfnum: 99\n"}},
-                     namespace=ns)
+        client.patch(
+            "v1", "ConfigMap", "driver-config", {"data": {"node-vfnums": "nodes:\n  n1:\n    vfnum: 99\n"}}, namespace=ns
+        )
         client.delete("apps/v1", "DaemonSet", "metax-maca", ns)
         node = gpu_nodes[0]
         client.patch("v1", "Node", node, {"status": {"allocatable": {"metax-tech.com/gpu": "0"}}}, subresource="status")
@@ -479,11 +576,11 @@ def test_test_command_reports_each_problem_then_passes_on_a_healthy_install(clie
             assert f"FAIL node {node}: no allocatable metax-tech.com/gpu (a component is not working there)" in lines
             assert len(lines) == 3
         finally:
-            client.patch("v1", "Node", node, {"status": {"allocatable": {"metax-tech.com/gpu": "8"}}},
-                         subresource="status")
+            client.patch("v1", "Node", node, {"status": {"allocatable": {"metax-tech.com/gpu": "8"}}}, subresource="status")
     finally:
         code, _, err = hooks("cleanup", "--namespace", ns)
-        subprocess.run([BIN / "helm3", "uninstall", release, "-n", ns, "--no-hooks", "--wait", *kubeconfig],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [BIN / "helm3", "uninstall", release, "-n", ns, "--no-hooks", "--wait", *kubeconfig], check=True, capture_output=True
+        )
         client.delete("v1", "Namespace", ns)
         assert code == 0, err

@@ -3,6 +3,7 @@ need: pods that fail or hang, a runner that crashes between two actions, GPU wor
 joining and leaving, an admin who follows a script, and the counters the safety properties check
 (deletions of upgraded Ready pods, pods in flight beyond the cap, deletions while paused, retries,
 fallbacks)."""
+
 from __future__ import annotations
 
 import random
@@ -54,9 +55,14 @@ class Simulation(simulate.Simulation):
 
     def run(self) -> Result:
         result = super().run()
-        return Result(**vars(result), rollback_waves=self.rollback_waves, crashes=self.crashes,
-                      deleted_ready_upgraded=self.deleted_ready_upgraded, max_in_flight_over_cap=self.over_cap,
-                      deletions_while_paused=self.paused_deletions)
+        return Result(
+            **vars(result),
+            rollback_waves=self.rollback_waves,
+            crashes=self.crashes,
+            deleted_ready_upgraded=self.deleted_ready_upgraded,
+            max_in_flight_over_cap=self.over_cap,
+            deletions_while_paused=self.paused_deletions,
+        )
 
     # -- the cluster ------------------------------------------------------------------------
     def add_node(self, name: str, now: float) -> None:
@@ -82,10 +88,15 @@ class Simulation(simulate.Simulation):
         timeout = self.policy.readiness_timeout_ms / 1000
         for node in list(self.in_flight):
             live = self._live(node)
-            if live and live.revision == self.revision and (
+            if (
+                live
+                and live.revision == self.revision
+                and (
                     (live.ready_at is not None and live.ready_at <= now)
                     or (live.failed_at is not None and live.failed_at <= now)
-                    or now - live.created >= timeout):  # the engine's failed pods hold no slot
+                    or now - live.created >= timeout
+                )
+            ):  # the engine's failed pods hold no slot
                 self.in_flight.discard(node)
 
     def _gpu_busy(self, now: float) -> frozenset[str]:
@@ -122,10 +133,14 @@ class Simulation(simulate.Simulation):
 
     def _delete(self, ref: engine.PodRef, now: float, decision: engine.Decision) -> None:
         pod = self.pods.get(ref.uid)
-        upgrading = decision.status.step.upgrading_pod_spec_revision \
-            if decision.status.phase == engine.PROGRESSING else None
-        if pod is not None and pod.deleting is None and pod.revision == upgrading \
-                and pod.ready_at is not None and pod.ready_at <= now:
+        upgrading = decision.status.step.upgrading_pod_spec_revision if decision.status.phase == engine.PROGRESSING else None
+        if (
+            pod is not None
+            and pod.deleting is None
+            and pod.revision == upgrading
+            and pod.ready_at is not None
+            and pod.ready_at <= now
+        ):
             self.deleted_ready_upgraded += 1
         super()._delete(ref, now, decision)
         if pod is not None and pod.deleting == now:
@@ -139,8 +154,9 @@ class Simulation(simulate.Simulation):
         super()._record(status, now)
         rec = self.steps.get(index)
         if rec is not None and not was_ready and rec.ready == now:
-            rec.upgraded_at_ready = sum(1 for n in self.nodes if (p := self._live(n))
-                                        and p.revision == sub.upgrading_pod_spec_revision)
+            rec.upgraded_at_ready = sum(
+                1 for n in self.nodes if (p := self._live(n)) and p.revision == sub.upgrading_pod_spec_revision
+            )
             rec.failed_at_ready = rs.failed.count
         failure_pause = status.phase == engine.PROGRESSING and rs.paused_by_runner and rs.pause_reason == "failure"
         rolled_back = status.phase == engine.TERMINATING and rs.abandoned_revision
@@ -165,4 +181,3 @@ class Simulation(simulate.Simulation):
         if status.phase not in (engine.PROGRESSING, engine.TERMINATING, engine.DISABLING) or not self.policy.steps:
             return None
         return self.policy.caps(len(self.nodes))[min(status.step.current_step_index, len(self.policy.steps) - 1)]
-

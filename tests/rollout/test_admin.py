@@ -1,4 +1,5 @@
 """The admin's view of a rollout: `metax-operator rollout status` (`rollout.admin.render`)."""
+
 from __future__ import annotations
 
 import json
@@ -6,10 +7,17 @@ import json
 from metax_operator.rollout import admin
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
 
-SEED_POLICY = {"enableRollout": True,
-               "upgradeSteps": [{"replicas": 2}, {"replicas": 5, "pauseDuration": 10000},
-                                {"replicas": 8, "pauseDuration": 10000}, {"replicas": "100%"}],
-               "maxParallel": "50%", "maxFailureThreshold": 3}
+SEED_POLICY = {
+    "enableRollout": True,
+    "upgradeSteps": [
+        {"replicas": 2},
+        {"replicas": 5, "pauseDuration": 10000},
+        {"replicas": 8, "pauseDuration": 10000},
+        {"replicas": "100%"},
+    ],
+    "maxParallel": "50%",
+    "maxFailureThreshold": 3,
+}
 
 
 def cr(status: dict, policy: dict = SEED_POLICY) -> dict:
@@ -17,10 +25,19 @@ def cr(status: dict, policy: dict = SEED_POLICY) -> dict:
 
 
 def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
-    status = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(
-        current_step_index=1, current_step_state="StepUpgrade", total_upgrade_replicas=10,
-        total_upgrade_ready_replicas=3, last_pod_spec_revision="a", upgrading_pod_spec_revision="b"),
-        resume=Resume(wave=["n3", "n4"], wave_kind="upgrade", failed=NodeList(["n9"], 1)))
+    status = UpgradeStatus(
+        phase="Progressing",
+        upgrading=True,
+        step=StepStatus(
+            current_step_index=1,
+            current_step_state="StepUpgrade",
+            total_upgrade_replicas=10,
+            total_upgrade_ready_replicas=3,
+            last_pod_spec_revision="a",
+            upgrading_pod_spec_revision="b",
+        ),
+        resume=Resume(wave=["n3", "n4"], wave_kind="upgrade", failed=NodeList(["n9"], 1)),
+    )
     text = admin.render(cr(status.to_json()))
     lines = text.splitlines()
     assert "Phase: Progressing" in lines[0] and "a -> b" in lines[0] and "upgraded 3/10" in lines[0]
@@ -33,8 +50,12 @@ def test_status_table_shows_steps_wave_failed_nodes_and_the_next_action():
 
 
 def test_next_action_after_a_runner_pause_is_resume():
-    status = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(current_step_state="StepPaused"),
-                           resume=Resume(paused_by_runner=True, pause_reason="failure"))
+    status = UpgradeStatus(
+        phase="Progressing",
+        upgrading=True,
+        step=StepStatus(current_step_state="StepPaused"),
+        resume=Resume(paused_by_runner=True, pause_reason="failure"),
+    )
     policy = {**SEED_POLICY, "pause": True}
     assert "fix the failed nodes, then resume: metax-operator rollout resume" in admin.render(cr(status.to_json(), policy))
 

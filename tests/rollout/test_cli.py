@@ -1,4 +1,5 @@
 """`metax-operator rollout simulate`, run as the admin runs it: the installed CLI in a subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests.cases import WORKED_EXAMPLES
 
 CLI = Path(sys.executable).parent / "metax-operator"
@@ -50,10 +52,11 @@ def test_worked_examples_as_json(case, tmp_path):
 @pytest.mark.parametrize("wrap", ["values", "cr", "bare"])
 def test_policy_from_values_cr_or_bare_mapping(wrap, tmp_path):
     policy = yaml.safe_load(SEED_EXAMPLE)["driver"]["upgradePolicy"]
-    doc = {"values": {"driver": {"upgradePolicy": policy}},
-           "cr": {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-                  "spec": {"driver": {"upgradePolicy": policy}}},
-           "bare": policy}[wrap]
+    doc = {
+        "values": {"driver": {"upgradePolicy": policy}},
+        "cr": {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator", "spec": {"driver": {"upgradePolicy": policy}}},
+        "bare": policy,
+    }[wrap]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(doc))
     done = cli("--nodes", "10", "--policy", str(path), "--output", "json")
@@ -77,30 +80,49 @@ def test_table_shows_steps_and_estimated_duration(tmp_path):
 
 def test_invalid_policy_exits_1_with_one_line_per_problem(tmp_path):
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"driver": {"upgradePolicy": {
-        "enableRollout": True, "maxParallel": "-5%",
-        "upgradeSteps": [{"replicas": "150%"}, {"replicas": "abc"}, {"replicas": 4}]}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "driver": {
+                    "upgradePolicy": {
+                        "enableRollout": True,
+                        "maxParallel": "-5%",
+                        "upgradeSteps": [{"replicas": "150%"}, {"replicas": "abc"}, {"replicas": 4}],
+                    }
+                }
+            }
+        )
+    )
     done = cli("--nodes", "10", "--policy", str(path))
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        line for line in done.stderr.splitlines() if line.startswith("error: driver.upgradePolicy.")]
+        line for line in done.stderr.splitlines() if line.startswith("error: driver.upgradePolicy.")
+    ]
     fields = [line.split(":")[1].strip() for line in done.stderr.splitlines()]
-    assert fields == ["driver.upgradePolicy.maxParallel", "driver.upgradePolicy.upgradeSteps[0].replicas",
-                      "driver.upgradePolicy.upgradeSteps[1].replicas", "driver.upgradePolicy.upgradeSteps[2].replicas"]
+    assert fields == [
+        "driver.upgradePolicy.maxParallel",
+        "driver.upgradePolicy.upgradeSteps[0].replicas",
+        "driver.upgradePolicy.upgradeSteps[1].replicas",
+        "driver.upgradePolicy.upgradeSteps[2].replicas",
+    ]
 
 
 def test_int_last_step_is_checked_against_the_node_count(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump({"spec": {"driver": {"upgradePolicy": {
-        "enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": 10}]}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"spec": {"driver": {"upgradePolicy": {"enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": 10}]}}}}
+        )
+    )
     assert cli("--nodes", "10", "--policy", str(path)).returncode == 0
     done = cli("--nodes", "12", "--policy", str(path))
     assert done.returncode == 1
     assert done.stderr.startswith("error: spec.driver.upgradePolicy.upgradeSteps[1].replicas: ")
 
 
-@pytest.mark.parametrize("args,field", [(["--nodes", "0"], "--nodes"),
-                                        (["--nodes", "3", "--ready-latency", "0"], "--ready-latency")])
+@pytest.mark.parametrize(
+    "args,field", [(["--nodes", "0"], "--nodes"), (["--nodes", "3", "--ready-latency", "0"], "--ready-latency")]
+)
 def test_bad_arguments_name_the_flag(args, field, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(SEED_EXAMPLE)
@@ -121,9 +143,11 @@ def test_a_dry_run_too_large_to_compute_says_so(tmp_path):
     """Regression: --nodes 10000000 ran out of memory; a policy of one pod per wave on 50,000
     nodes would compute for hours."""
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump({"upgradePolicy": {"enableRollout": True, "maxParallel": 1,
-                                                      "upgradeSteps": [{"replicas": "100%"}]}}))
+    path.write_text(
+        yaml.safe_dump({"upgradePolicy": {"enableRollout": True, "maxParallel": 1, "upgradeSteps": [{"replicas": "100%"}]}})
+    )
     done = cli("--nodes", "50000", "--policy", str(path))
     assert done.returncode == 1 and done.stderr.splitlines() == [
         "error: --nodes: 50000 nodes in 50000 waves is more than this dry run computes (nodes x waves at most "
-        "2,000,000); simulate fewer nodes (percentages keep the shape of the steps) or a larger maxParallel"]
+        "2,000,000); simulate fewer nodes (percentages keep the shape of the steps) or a larger maxParallel"
+    ]

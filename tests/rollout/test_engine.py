@@ -4,6 +4,7 @@
 deletions replace pods at once at the current revision, and the test says when they are Ready or
 failed. The worked examples run through the OnDelete simulator (tests/rollout/test_simulate.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,19 +19,31 @@ from metax_operator.rollout.policy import validate
 
 T0 = 1_800_000_000.0
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
-UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
-    "properties"]["upgradeStatus"]
+UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
+    "upgradeStatus"
+]
 TABLE_3_16 = {"lastAppliedSpec", "lastCoDriverSpec", "upgrading", "condition", "phase", "message", "status"}
-TABLE_3_16_STATUS = {"lastPodSpecRevision", "upgradingPodSpecRevision", "currentStepIndex",
-                     "currentUpgradeReplicas", "currentUpgradeReadyReplicas", "currentFailureRetry",
-                     "currentStepState", "totalUpgradeReplicas", "totalUpgradeReadyReplicas", "lastUpdateTime",
-                     "message"}
+TABLE_3_16_STATUS = {
+    "lastPodSpecRevision",
+    "upgradingPodSpecRevision",
+    "currentStepIndex",
+    "currentUpgradeReplicas",
+    "currentUpgradeReadyReplicas",
+    "currentFailureRetry",
+    "currentStepState",
+    "totalUpgradeReplicas",
+    "totalUpgradeReadyReplicas",
+    "lastUpdateTime",
+    "message",
+}
 
 
 def policy(**overrides):
-    raw = {"enableRollout": True, "upgradeSteps": [{"replicas": 2, "pauseDuration": 0},
-                                                   {"replicas": "100%", "pauseDuration": 0}],
-           "maxParallel": 1}
+    raw = {
+        "enableRollout": True,
+        "upgradeSteps": [{"replicas": 2, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
+        "maxParallel": 1,
+    }
     raw.update(overrides)
     return validate(raw)
 
@@ -41,8 +54,7 @@ class Cluster:
     def __init__(self, n: int, old: str = "old", new: str = "new"):
         self.revision = new
         self.nodes = {f"n{i:02d}" for i in range(n)}
-        self.pods = {node: R.Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000)
-                     for node in self.nodes}
+        self.pods = {node: R.Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000) for node in self.nodes}
         self.busy: set[str] = set()
         self.skipped: set[str] = set()  # as rollout.observe.build: out of `nodes`, listed
         self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
@@ -52,10 +64,18 @@ class Cluster:
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> R.Observed:
-        return R.Observed(self.revision, caught_up, frozenset(self.nodes - self.skipped), tuple(self.pods.values()),
-                          frozenset(self.busy), wait_busy_nodes=frozenset(self.waiting),
-                          skipped=frozenset(self.skipped), cordoned=frozenset(self.cordoned),
-                          template=f"template-{self.revision}", driver_spec=f"spec-{self.revision}")
+        return R.Observed(
+            self.revision,
+            caught_up,
+            frozenset(self.nodes - self.skipped),
+            tuple(self.pods.values()),
+            frozenset(self.busy),
+            wait_busy_nodes=frozenset(self.waiting),
+            skipped=frozenset(self.skipped),
+            cordoned=frozenset(self.cordoned),
+            template=f"template-{self.revision}",
+            driver_spec=f"spec-{self.revision}",
+        )
 
     def decide(self, pol, now: float) -> R.Decision:
         decision = R.decide(self.observed(), pol, self.status, now)
@@ -69,8 +89,9 @@ class Cluster:
             assert ref.node == node
             self.cordoned.add(node)
             self.serial += 1
-            self.pods[node] = R.Pod(f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision,
-                                    False, "Running", 0, now)
+            self.pods[node] = R.Pod(
+                f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision, False, "Running", 0, now
+            )
         if decision.restore is not None:
             self.revision = decision.restore.revision
         return decision
@@ -107,8 +128,7 @@ def drive(cluster: Cluster, pol, now: float, passes: int = 200, step: float = 5.
         cluster.decide(pol, now)
         cluster.ready_all()
         now += step
-        if cluster.status.phase in (R.IDLING, R.DISABLED) and cluster.status.step.current_step_state \
-                in (R.COMPLETED, ""):
+        if cluster.status.phase in (R.IDLING, R.DISABLED) and cluster.status.step.current_step_state in (R.COMPLETED, ""):
             break
     return now
 
@@ -149,8 +169,7 @@ def test_no_new_wave_until_the_previous_one_is_ready():
 
 def test_an_upgraded_ready_pod_is_never_deleted_and_the_rollout_completes():
     cluster = Cluster(7)
-    pol = policy(maxParallel="50%", upgradeSteps=[{"replicas": 3, "pauseDuration": 0},
-                                                  {"replicas": "100%", "pauseDuration": 0}])
+    pol = policy(maxParallel="50%", upgradeSteps=[{"replicas": 3, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}])
     deleted: list[str] = []
     now = T0
     for _ in range(50):
@@ -194,8 +213,9 @@ def test_failed_pod_is_retried_then_fallback_pause():
 
 def test_toleration_lets_a_step_finish_with_failures():
     cluster = Cluster(4)
-    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": 2, "toleration": 1, "pauseDuration": 0},
-                                              {"replicas": "100%", "toleration": 1}])
+    pol = policy(
+        maxParallel=2, upgradeSteps=[{"replicas": 2, "toleration": 1, "pauseDuration": 0}, {"replicas": "100%", "toleration": 1}]
+    )
     cluster.decide(pol, T0)
     cluster.set("n00", ready=True)
     cluster.set("n01", phase="Failed")
@@ -369,8 +389,7 @@ def test_edited_steps_continue_at_the_first_step_reaching_the_upgraded_pods():
     cluster.decide(pol, T0)
     cluster.ready_all()
     cluster.decide(pol, T0 + 5)  # step 0 ready, manual pause
-    edited = policy(maxParallel=0, upgradeSteps=[{"replicas": 1}, {"replicas": 2}, {"replicas": 5},
-                                                 {"replicas": "100%"}])
+    edited = policy(maxParallel=0, upgradeSteps=[{"replicas": 1}, {"replicas": 2}, {"replicas": 5}, {"replicas": "100%"}])
     decision = cluster.decide(edited, T0 + 10)
     assert decision.status.step.current_step_index == 2
     assert "StepsEdited" in [e.reason for e in decision.events]
@@ -398,8 +417,9 @@ def test_pod_stuck_terminating_fails_after_the_timeout():
     pol = policy(readinessTimeout="1m", upgradeSteps=[{"replicas": "100%", "toleration": 1}])
     decision = cluster.decide(pol, T0)
     stuck = cluster.pods["n00"]
-    cluster.pods["n00"] = dataclasses.replace(R.Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0,
-                                                    T0 - 1000), deleting=T0)
+    cluster.pods["n00"] = dataclasses.replace(
+        R.Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000), deleting=T0
+    )
     assert stuck.revision == "new" and decision.delete
     assert cluster.decide(pol, T0 + 30).delete == []  # still terminating: the wave waits
     late = cluster.decide(pol, T0 + 61)
@@ -491,6 +511,7 @@ def test_a_rollout_started_right_after_a_completed_one_records_the_completed_rev
 
 
 # -- node safety: cordons, re-deletions, skipped nodes -------------------------------------------
+
 
 def test_a_cordoned_node_is_uncordoned_once_its_new_pod_is_ready():
     cluster = Cluster(3)
@@ -585,8 +606,11 @@ def test_drain_takes_a_busy_node_last_cordons_it_evicts_its_gpu_pods_then_swaps_
 def test_a_wait_that_times_out_holds_the_node_back_uncordoned_until_its_work_ends():
     cluster = Cluster(2)
     cluster.waiting = {"n00"}
-    pol = policy(maxParallel=0, waitForCompletion={"podSelector": "app=training", "timeout": "1m"},
-                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    pol = policy(
+        maxParallel=0,
+        waitForCompletion={"podSelector": "app=training", "timeout": "1m"},
+        upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}],
+    )
     first = cluster.decide(pol, T0)
     assert nodes_of(cluster, first) == ["n01"] and first.cordon == ["n00"] and first.evict == []
     cluster.ready_all()
@@ -605,8 +629,13 @@ def test_a_wait_that_times_out_holds_the_node_back_uncordoned_until_its_work_end
 def test_a_drain_that_times_out_with_on_timeout_fail_counts_against_the_toleration():
     cluster = Cluster(3)
     cluster.busy = {"n00"}
-    pol = policy(maxParallel=0, drain={"enable": True, "timeout": "30s"}, onTimeout="fail", maxUnavailable=1,
-                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0, "toleration": 1}])
+    pol = policy(
+        maxParallel=0,
+        drain={"enable": True, "timeout": "30s"},
+        onTimeout="fail",
+        maxUnavailable=1,
+        upgradeSteps=[{"replicas": "100%", "pauseDuration": 0, "toleration": 1}],
+    )
     cluster.decide(pol, T0)
     cluster.ready_all()
     assert cluster.decide(pol, T0 + 1).evict == ["n00"]
@@ -622,8 +651,13 @@ def test_a_drain_that_times_out_with_on_timeout_fail_counts_against_the_tolerati
 def test_a_drain_timeout_beyond_the_toleration_is_retried_with_a_new_drain():
     cluster = Cluster(2)
     cluster.busy = {"n00"}
-    pol = policy(maxParallel=0, drain={"enable": True, "timeout": "30s"}, onTimeout="fail", maxFailureThreshold=1,
-                 upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    pol = policy(
+        maxParallel=0,
+        drain={"enable": True, "timeout": "30s"},
+        onTimeout="fail",
+        maxFailureThreshold=1,
+        upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}],
+    )
     cluster.decide(pol, T0)
     cluster.ready_all()
     cluster.decide(pol, T0 + 1)
@@ -637,6 +671,7 @@ def test_a_drain_timeout_beyond_the_toleration_is_retried_with_a_new_drain():
 
 def test_handlers_name_the_next_one_and_a_chain_that_does_not_settle_is_an_error(monkeypatch):
     """Each handler returns the next (or None): a pass that would cycle raises instead of looping."""
+
     def _idle(self):
         return self._idle
 

@@ -5,11 +5,13 @@ with the faults and counters of tests/rollout/oracle.py).
 Bounded so the file runs in well under a minute: small clusters get many examples, clusters up to
 20,000 nodes a few, with caps that keep the number of waves (and passes) small.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import IntOrPercent, Policy, Step
@@ -23,31 +25,49 @@ LARGE = settings(max_examples=3, deadline=None, suppress_health_check=[HealthChe
 def policies(draw, nodes: int, min_parallel_percent: int = 1) -> Policy:
     """A valid upgradePolicy for `nodes` nodes."""
     percents = sorted(draw(st.lists(st.integers(1, 99), max_size=3)))
-    steps = [Step(IntOrPercent(p, True), draw(st.one_of(st.none(), st.integers(0, 120_000))),
-                  draw(st.one_of(st.integers(0, 2), st.integers(0, 30).map(lambda p: IntOrPercent(p, True)))
-                       .map(lambda t: t if isinstance(t, IntOrPercent) else IntOrPercent(t))))
-             for p in percents]
+    steps = [
+        Step(
+            IntOrPercent(p, True),
+            draw(st.one_of(st.none(), st.integers(0, 120_000))),
+            draw(
+                st.one_of(st.integers(0, 2), st.integers(0, 30).map(lambda p: IntOrPercent(p, True))).map(
+                    lambda t: t if isinstance(t, IntOrPercent) else IntOrPercent(t)
+                )
+            ),
+        )
+        for p in percents
+    ]
     last = draw(st.one_of(st.just(IntOrPercent(100, True)), st.integers(nodes, nodes + 5).map(IntOrPercent)))
     steps.append(Step(last, draw(st.one_of(st.none(), st.integers(0, 60_000))), IntOrPercent(0)))
-    parallel = draw(st.one_of(
-        st.just(IntOrPercent(0)),
-        st.integers(max(1, nodes * min_parallel_percent // 100), max(1, nodes)).map(IntOrPercent),
-        st.integers(min_parallel_percent, 100).map(lambda p: IntOrPercent(p, True))))
-    return Policy(enable_rollout=True, steps=tuple(steps), max_parallel=parallel,
-                  max_unavailable=draw(st.one_of(st.integers(0, 3).map(IntOrPercent),
-                                                 st.integers(0, 20).map(lambda p: IntOrPercent(p, True)))),
-                  max_failure_threshold=draw(st.integers(0, 3)),
-                  fallback=draw(st.sampled_from(["pause", "rollback"])),
-                  readiness_timeout_ms=draw(st.integers(200_000, 600_000)),  # above the latencies drawn
-                  steps_key="random")
+    parallel = draw(
+        st.one_of(
+            st.just(IntOrPercent(0)),
+            st.integers(max(1, nodes * min_parallel_percent // 100), max(1, nodes)).map(IntOrPercent),
+            st.integers(min_parallel_percent, 100).map(lambda p: IntOrPercent(p, True)),
+        )
+    )
+    return Policy(
+        enable_rollout=True,
+        steps=tuple(steps),
+        max_parallel=parallel,
+        max_unavailable=draw(
+            st.one_of(st.integers(0, 3).map(IntOrPercent), st.integers(0, 20).map(lambda p: IntOrPercent(p, True)))
+        ),
+        max_failure_threshold=draw(st.integers(0, 3)),
+        fallback=draw(st.sampled_from(["pause", "rollback"])),
+        readiness_timeout_ms=draw(st.integers(200_000, 600_000)),  # above the latencies drawn
+        steps_key="random",
+    )
 
 
 def admin_pauses(draw) -> list:
     """Random windows in which the admin sets pause: true, then false."""
     script = []
     for start, length in draw(st.lists(st.tuples(st.floats(0, 3000), st.floats(1, 900)), max_size=2)):
-        script += [(start, lambda sim: setattr(sim, "spec_pause", True)),
-                   (start + length, lambda sim: setattr(sim, "spec_pause", False))]
+        script += [
+            (start, lambda sim: setattr(sim, "spec_pause", True)),
+            (start + length, lambda sim: setattr(sim, "spec_pause", False)),
+        ]
     return script
 
 
@@ -87,12 +107,18 @@ def check_end_state(result, policy: Policy, nodes: int) -> None:
 
 
 @SMALL
-@given(data=st.data(), nodes=st.integers(1, 120), seed=st.integers(0, 2**16),
-       latency=st.tuples(st.floats(1, 60), st.floats(0, 120)))
+@given(
+    data=st.data(), nodes=st.integers(1, 120), seed=st.integers(0, 2**16), latency=st.tuples(st.floats(1, 60), st.floats(0, 120))
+)
 def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latency):
     policy = data.draw(policies(nodes))
-    result = run(policy, Config(nodes=nodes, seed=seed, ready_latency=(latency[0], latency[0] + latency[1]),
-                                admin_delay=data.draw(st.floats(0, 600))), admin_pauses(data.draw))
+    result = run(
+        policy,
+        Config(
+            nodes=nodes, seed=seed, ready_latency=(latency[0], latency[0] + latency[1]), admin_delay=data.draw(st.floats(0, 600))
+        ),
+        admin_pauses(data.draw),
+    )
     check_safety(result, policy)
     assert result.status.step.current_step_state == R.COMPLETED
     assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
@@ -104,15 +130,21 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
 
 
 @SMALL
-@given(data=st.data(), nodes=st.integers(4, 60), seed=st.integers(0, 2**16),  # one node at least stays
-       joins=st.lists(st.floats(0, 2000), max_size=3), leaves=st.lists(st.floats(0, 2000), max_size=3),
-       busy=st.dictionaries(st.integers(0, 59), st.floats(0, 3000), max_size=3))
+@given(
+    data=st.data(),
+    nodes=st.integers(4, 60),
+    seed=st.integers(0, 2**16),  # one node at least stays
+    joins=st.lists(st.floats(0, 2000), max_size=3),
+    leaves=st.lists(st.floats(0, 2000), max_size=3),
+    busy=st.dictionaries(st.integers(0, 59), st.floats(0, 3000), max_size=3),
+)
 def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins, leaves, busy):
     policy = data.draw(policies(nodes + len(joins)))
     script = [(t, lambda sim, i=i, t=t: sim.add_node(f"joined-{i}", t)) for i, t in enumerate(joins)]
     script += [(t, lambda sim, i=i: sim.remove_node(f"node-{i:05d}")) for i, t in enumerate(leaves)]
-    config = Config(nodes=nodes, seed=seed, ready_latency=(5, 60),
-                    busy_nodes={f"node-{i % nodes:05d}": until for i, until in busy.items()})
+    config = Config(
+        nodes=nodes, seed=seed, ready_latency=(5, 60), busy_nodes={f"node-{i % nodes:05d}": until for i, until in busy.items()}
+    )
     sim = Simulation(config, policy, script)
     sim.set_revision(NEW)
     result = sim.run()
@@ -122,23 +154,35 @@ def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins,
 
 
 @SMALL
-@given(data=st.data(), nodes=st.integers(1, 80), seed=st.integers(0, 2**16),
-       fail=st.floats(0, 0.4), hang=st.floats(0, 0.2))
+@given(data=st.data(), nodes=st.integers(1, 80), seed=st.integers(0, 2**16), fail=st.floats(0, 0.4), hang=st.floats(0, 0.2))
 def test_with_failures_steps_hold_toleration_or_take_the_fallback(data, nodes, seed, fail, hang):
     policy = data.draw(policies(nodes))
-    result = run(policy, Config(nodes=nodes, seed=seed, fail_probability=fail, hang_probability=hang,
-                                ready_latency=(5, 90), admin_resumes_failures=False))
+    result = run(
+        policy,
+        Config(
+            nodes=nodes,
+            seed=seed,
+            fail_probability=fail,
+            hang_probability=hang,
+            ready_latency=(5, 90),
+            admin_resumes_failures=False,
+        ),
+    )
     check_safety(result, policy)
     check_end_state(result, policy, nodes)
 
 
 @SMALL
-@given(data=st.data(), nodes=st.integers(1, 60), seed=st.integers(0, 2**16),
-       crash=st.floats(0.05, 0.5), fail=st.sampled_from([0.0, 0.0, 0.2]))
+@given(
+    data=st.data(),
+    nodes=st.integers(1, 60),
+    seed=st.integers(0, 2**16),
+    crash=st.floats(0.05, 0.5),
+    fail=st.sampled_from([0.0, 0.0, 0.2]),
+)
 def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, crash, fail):
     policy = data.draw(policies(nodes))
-    config = Config(nodes=nodes, seed=seed, fail_probability=fail, ready_latency=(5, 60),
-                    admin_resumes_failures=False)
+    config = Config(nodes=nodes, seed=seed, fail_probability=fail, ready_latency=(5, 60), admin_resumes_failures=False)
     calm = run(policy, config)
     crashed = run(policy, dataclasses.replace(config, crash_probability=crash))
     for result in (calm, crashed):
@@ -155,7 +199,16 @@ def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, c
 def test_large_clusters_complete_within_the_cap(data, nodes, seed):
     policy = data.draw(policies(nodes, min_parallel_percent=25))
     policy = dataclasses.replace(policy, steps=policy.steps[-2:])  # at most 2 steps: few passes
-    result = run(policy, Config(nodes=nodes, seed=seed, ready_latency=(20, 60), fail_probability=0.001,
-                                crash_probability=0.001, admin_resumes_failures=False))
+    result = run(
+        policy,
+        Config(
+            nodes=nodes,
+            seed=seed,
+            ready_latency=(20, 60),
+            fail_probability=0.001,
+            crash_probability=0.001,
+            admin_resumes_failures=False,
+        ),
+    )
     check_safety(result, policy)
     check_end_state(result, policy, nodes)

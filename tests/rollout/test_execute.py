@@ -8,6 +8,7 @@ a 5xx that persists fails the pass with nothing after it applied, and a lost lea
 before the next write. Whole passes run on the real control plane in
 tests/e2e/test_rollout_cluster.py; the real API server cannot be told to answer these failures.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,16 +30,18 @@ CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
 DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets/metax-driver"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 NEW_TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
-POLICY = {"enableRollout": True, "pause": False, "maxParallel": 1,
-          "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
+POLICY = {"enableRollout": True, "pause": False, "maxParallel": 1, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
 T0 = 1_800_000_000.0
 
 
 def cluster_operator(policy: dict = POLICY, status: dict | None = None) -> dict:
-    cr = {"apiVersion": "gpu.metax-tech.com/v1", "kind": "ClusterOperator",
-          "metadata": {"name": "cluster-operator", "generation": 3, "uid": "cr-uid"},
-          "spec": {"driver": {"payload": {"version": "2"}, "upgradePolicy": policy}},
-          "status": {"observedGeneration": 3}}
+    cr = {
+        "apiVersion": "gpu.metax-tech.com/v1",
+        "kind": "ClusterOperator",
+        "metadata": {"name": "cluster-operator", "generation": 3, "uid": "cr-uid"},
+        "spec": {"driver": {"payload": {"version": "2"}, "upgradePolicy": policy}},
+        "status": {"observedGeneration": 3},
+    }
     if status is not None:
         cr["status"]["upgradeStatus"] = status
     return cr
@@ -50,13 +53,13 @@ def api():
     with FakeApi() as fake:
         fake.put(DS, {**daemonset(template=NEW_TEMPLATE), "metadata": {**daemonset()["metadata"], "namespace": NS}})
         fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-old", revision("old", 1))
-        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new",
-                 revision("new", 2, template=NEW_TEMPLATE))
+        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new", revision("new", 2, template=NEW_TEMPLATE))
         for i in range(3):
             fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
             driver = pod(f"driver-n{i}", f"n{i}", "old")
-            driver["metadata"].update(namespace=NS, labels={**driver["metadata"]["labels"],
-                                                            "app.kubernetes.io/component": "driver"})
+            driver["metadata"].update(
+                namespace=NS, labels={**driver["metadata"]["labels"], "app.kubernetes.io/component": "driver"}
+            )
             fake.put(f"{PODS}/driver-n{i}", driver)
         fake.put(CR, cluster_operator())
         yield fake
@@ -87,9 +90,13 @@ def read_cr(api: FakeApi) -> dict:
 def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, executor):
     read = api.get(CR)["metadata"]["resourceVersion"]
     assert executor.run_pass() == 5  # status, cordon, deletion, two events
-    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0"),
-                           ("POST", "/api/v1/namespaces/default/events"),
-                           ("POST", "/api/v1/namespaces/default/events")]
+    assert writes(api) == [
+        ("PUT", CR + "/status"),
+        ("PATCH", "/api/v1/nodes/n0"),
+        ("DELETE", f"{PODS}/driver-n0"),
+        ("POST", "/api/v1/namespaces/default/events"),
+        ("POST", "/api/v1/namespaces/default/events"),
+    ]
     assert api.sent("PUT", CR)[0].body["metadata"]["resourceVersion"] == read
     assert api.sent("DELETE")[0].body["preconditions"] == {"uid": "uid-driver-n0"}
     node = api.get("/api/v1/nodes/n0")
@@ -144,12 +151,16 @@ def test_the_runners_pause_is_patched_with_a_test_op_then_confirmed_in_status(ap
     status = UpgradeStatus(phase="Progressing")
     status.resume.paused_by_runner = True
     then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
-    assert executor.execute(read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then),
-                            pause_seen=False) == 3
+    assert (
+        executor.execute(read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then), pause_seen=False)
+        == 3
+    )
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PUT", CR + "/status")]
     pointer = "/spec/driver/upgradePolicy/pause"
-    assert api.sent("PATCH", CR)[0].body == [{"op": "test", "path": pointer, "value": False},
-                                             {"op": "replace", "path": pointer, "value": True}]
+    assert api.sent("PATCH", CR)[0].body == [
+        {"op": "test", "path": pointer, "value": False},
+        {"op": "replace", "path": pointer, "value": True},
+    ]
     assert read_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
     assert stored_status(api).resume.pause_confirmed is True
 
@@ -165,8 +176,12 @@ def test_a_pause_the_admin_changed_meanwhile_is_left_alone(api, executor):
     status = UpgradeStatus(phase="Progressing")
     status.resume.paused_by_runner = True
     then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
-    assert executor.execute(seen, engine.Decision(status=status, set_pause=True, status_once_paused=then,
-                                                  uncordon=["n1"]), pause_seen=False) == 1
+    assert (
+        executor.execute(
+            seen, engine.Decision(status=status, set_pause=True, status_once_paused=then, uncordon=["n1"]), pause_seen=False
+        )
+        == 1
+    )
     assert edited_version != api.get(CR)["metadata"]["resourceVersion"]  # the status write
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PATCH", "/api/v1/nodes/n1")]
     assert stored_status(api).resume.pause_confirmed is False
@@ -193,12 +208,17 @@ def test_a_restore_without_a_spec_or_a_revision_writes_what_it_can(api, executor
 
 
 def test_drain_cordons_then_evicts_only_on_cordoned_nodes(api, executor):
-    gpu = {"metadata": {"name": "train", "namespace": "jobs"},
-           "spec": {"nodeName": "n2", "containers": [{"resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}
+    gpu = {
+        "metadata": {"name": "train", "namespace": "jobs"},
+        "spec": {"nodeName": "n2", "containers": [{"resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
+    }
     api.put("/api/v1/namespaces/jobs/pods/train", gpu)
     executor.run_pass()  # starts the caches (and the rollout: n0's pod)
     api.requests.clear()
     assert executor.execute(read_cr(api), decision(cordon=["n2"], evict=["n2"]), pause_seen=False) == 3
-    assert writes(api) == [("PUT", CR + "/status"), ("PATCH", "/api/v1/nodes/n2"),
-                           ("POST", "/api/v1/namespaces/jobs/pods/train/eviction")]
+    assert writes(api) == [
+        ("PUT", CR + "/status"),
+        ("PATCH", "/api/v1/nodes/n2"),
+        ("POST", "/api/v1/namespaces/jobs/pods/train/eviction"),
+    ]
     assert api.sent("POST")[0].body["metadata"] == {"name": "train", "namespace": "jobs"}

@@ -1,6 +1,7 @@
 """Unit tests of the rollout's observation: projections of API objects and building the engine's
 `Observed` from cache contents (`rollout.observe`). The caches themselves run on the real control
 plane (tests/e2e/test_rollout_cluster.py)."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,23 @@ DS_UID = "ds-uid"
 
 
 def pod(name: str, node: str, revision: str, ready: bool = True, owner: str = DS_UID, **extra) -> dict:
-    meta = {"name": name, "uid": f"uid-{name}", "creationTimestamp": "2025-01-01T00:00:00Z",
-            "labels": {"controller-revision-hash": revision},
-            "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}], **extra}
-    return {"metadata": meta, "spec": {"nodeName": node},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}],
-                       "containerStatuses": [{"restartCount": 1}, {"restartCount": 4}]}}
+    meta = {
+        "name": name,
+        "uid": f"uid-{name}",
+        "creationTimestamp": "2025-01-01T00:00:00Z",
+        "labels": {"controller-revision-hash": revision},
+        "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}],
+        **extra,
+    }
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": str(ready)}],
+            "containerStatuses": [{"restartCount": 1}, {"restartCount": 4}],
+        },
+    }
 
 
 TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:1"}]}}
@@ -30,29 +42,48 @@ TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:
 
 def revision(hash_: str, number: int, owner: str = DS_UID, template: dict = TEMPLATE) -> dict:
     """As the DaemonSet controller writes it: the template as a strategic merge patch."""
-    return {"metadata": {"name": f"metax-driver-{hash_}", "labels": {"controller-revision-hash": hash_},
-                         "ownerReferences": [{"kind": "DaemonSet", "uid": owner}]},
-            "revision": number, "data": {"spec": {"template": {**template, "$patch": "replace"}}}}
+    return {
+        "metadata": {
+            "name": f"metax-driver-{hash_}",
+            "labels": {"controller-revision-hash": hash_},
+            "ownerReferences": [{"kind": "DaemonSet", "uid": owner}],
+        },
+        "revision": number,
+        "data": {"spec": {"template": {**template, "$patch": "replace"}}},
+    }
 
 
 def daemonset(generation: int = 2, observed: int = 2, template: dict = TEMPLATE) -> dict:
-    return {"metadata": {"name": "metax-driver", "uid": DS_UID, "generation": generation},
-            "spec": {"template": template}, "status": {"observedGeneration": observed}}
+    return {
+        "metadata": {"name": "metax-driver", "uid": DS_UID, "generation": generation},
+        "spec": {"template": template},
+        "status": {"observedGeneration": observed},
+    }
 
 
 def applied_cr(generation: int = 4, observed: int = 4) -> dict:
     """A CR whose spec.driver the runner's reconcile applied up to generation `observed`."""
-    return {"metadata": {"generation": generation}, "spec": {"driver": {"payload": {"version": "1"}}},
-            "status": {"observedGeneration": observed}}
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"driver": {"payload": {"version": "1"}}},
+        "status": {"observedGeneration": observed},
+    }
 
 
 def test_driver_pod_projection_keeps_what_the_engine_reads():
-    projected = project_driver_pod(pod("p1", "n1", "abc", ready=False,
-                                       deletionTimestamp="2025-01-01T00:00:10Z"))
+    projected = project_driver_pod(pod("p1", "n1", "abc", ready=False, deletionTimestamp="2025-01-01T00:00:10Z"))
     assert projected.owner_uid == DS_UID
-    assert projected.pod == engine.Pod(name="p1", uid="uid-p1", node="n1", revision="abc", ready=False,
-                                        phase="Running", restart_count=4, created=1735689600.0,
-                                        deleting=1735689610.0)
+    assert projected.pod == engine.Pod(
+        name="p1",
+        uid="uid-p1",
+        node="n1",
+        revision="abc",
+        ready=False,
+        phase="Running",
+        restart_count=4,
+        created=1735689600.0,
+        deleting=1735689610.0,
+    )
 
 
 def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():
@@ -64,12 +95,15 @@ def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():
     assert project_revision(rev) is None
 
 
-@pytest.mark.parametrize("resources, kept", [
-    ({"limits": {"metax-tech.com/gpu": "1"}}, True),
-    ({"requests": {"metax-tech.com/sgpu": "2"}}, True),
-    ({"requests": {"nvidia.com/gpu": "1", "cpu": "1"}}, False),
-    ({}, False),
-])
+@pytest.mark.parametrize(
+    "resources, kept",
+    [
+        ({"limits": {"metax-tech.com/gpu": "1"}}, True),
+        ({"requests": {"metax-tech.com/sgpu": "2"}}, True),
+        ({"requests": {"nvidia.com/gpu": "1", "cpu": "1"}}, False),
+        ({}, False),
+    ],
+)
 def test_gpu_workload_projection_keeps_only_pods_requesting_metax_resources(resources, kept):
     obj = {"metadata": {"name": "w"}, "spec": {"nodeName": "n7", "containers": [{"resources": resources}]}}
     projected = gpu_pod(obj)
@@ -82,8 +116,10 @@ def test_an_unscheduled_gpu_pod_holds_no_node():
 
 
 def test_current_revision_is_the_newest_owned_controllerrevision():
-    revs = [project_revision(r) for r in (revision("old", 1), revision("new", 3), revision("back", 2),
-                                          revision("other", 9, owner="another-ds"))]
+    revs = [
+        project_revision(r)
+        for r in (revision("old", 1), revision("new", 3), revision("back", 2), revision("other", 9, owner="another-ds"))
+    ]
     snap = build(daemonset(), revs, [], [], applied_cr(), None)
     assert snap.observed.current_revision == "new"
     assert set(snap.revisions) == {"old", "new", "back"}
@@ -92,8 +128,7 @@ def test_current_revision_is_the_newest_owned_controllerrevision():
 
 
 def test_not_caught_up_until_the_controller_observed_the_generation():
-    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [],
-                 applied_cr(), None)
+    snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [], applied_cr(), None)
     assert not snap.observed.caught_up
 
 
@@ -114,8 +149,11 @@ def test_not_caught_up_until_the_reconcile_applied_the_crs_generation():
 
 
 def test_nodes_are_the_pods_nodes_plus_the_wave_in_flight():
-    pods = [project_driver_pod(pod("p1", "n1", "a")), project_driver_pod(pod("p2", "n2", "a")),
-            project_driver_pod(pod("x", "n9", "a", owner="someone-else"))]
+    pods = [
+        project_driver_pod(pod("p1", "n1", "a")),
+        project_driver_pod(pod("p2", "n2", "a")),
+        project_driver_pod(pod("x", "n9", "a", owner="someone-else")),
+    ]
     status = {"resume": {"wave": ["n3"]}}
     snap = build(daemonset(), [project_revision(revision("a", 1))], pods, ["n2"], applied_cr(), status)
     assert snap.observed.nodes == {"n1", "n2", "n3"}
@@ -123,29 +161,45 @@ def test_nodes_are_the_pods_nodes_plus_the_wave_in_flight():
     assert snap.observed.gpu_busy_nodes == {"n2"}
 
 
-
 def test_skipped_nodes_are_not_eligible_unless_their_pod_is_in_the_wave_in_flight():
     pods = [project_driver_pod(pod(f"p{i}", f"n{i}", "a")) for i in (1, 2, 3)]
-    snap = build(daemonset(), [project_revision(revision("a", 1))], pods, [], applied_cr(),
-                 {"resume": {"wave": ["n3"]}}, skipped=["n2", "n3"], cordoned=["n3"])
+    snap = build(
+        daemonset(),
+        [project_revision(revision("a", 1))],
+        pods,
+        [],
+        applied_cr(),
+        {"resume": {"wave": ["n3"]}},
+        skipped=["n2", "n3"],
+        cordoned=["n3"],
+    )
     assert snap.observed.nodes == {"n1", "n3"}
     assert snap.observed.skipped == {"n2", "n3"} and snap.observed.cordoned == {"n3"}
 
 
 def event(node: str, reason: str, last: str) -> dict:
-    return {"metadata": {"name": f"{node}.{reason}", "creationTimestamp": last}, "reason": reason,
-            "involvedObject": {"kind": "Node", "name": node}, "lastTimestamp": last}
+    return {
+        "metadata": {"name": f"{node}.{reason}", "creationTimestamp": last},
+        "reason": reason,
+        "involvedObject": {"kind": "Node", "name": node},
+        "lastTimestamp": last,
+    }
 
 
 def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
-    asked = [node_event(event("n1", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
-             node_event(event("n2", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
-             node_event(event("n3", "NodeNeedReboot", "2026-01-01T12:00:00Z"))]
-    rebooted = [node_event(event("n2", "Rebooted", "2026-01-01T11:00:00Z")),
-                node_event(event("n3", "Rebooted", "2026-01-01T11:00:00Z"))]  # before its firmware upgrade
+    asked = [
+        node_event(event("n1", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+        node_event(event("n2", "NodeNeedReboot", "2026-01-01T10:00:00Z")),
+        node_event(event("n3", "NodeNeedReboot", "2026-01-01T12:00:00Z")),
+    ]
+    rebooted = [
+        node_event(event("n2", "Rebooted", "2026-01-01T11:00:00Z")),
+        node_event(event("n3", "Rebooted", "2026-01-01T11:00:00Z")),
+    ]  # before its firmware upgrade
     assert need_reboot(asked, rebooted) == {"n1", "n3"}
-    snap = build(daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None,
-                 need_reboot=need_reboot(asked, rebooted))
+    snap = build(
+        daemonset(), [project_revision(revision("a", 1))], [], [], applied_cr(), None, need_reboot=need_reboot(asked, rebooted)
+    )
     status = engine.decide(snap.observed, admin.policy_mod.validate({}), None, 0.0).status
     assert status.resume.need_reboot == NodeList(["n1", "n3"], 2)
     assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status.to_json()))

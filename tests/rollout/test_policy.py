@@ -1,10 +1,11 @@
 """driver.upgradePolicy parsing and validation (seed 000 table 3.11) and its integer arithmetic."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metax_operator.errors import UserErrors
 from metax_operator.rollout.policy import IntOrPercent, Policy, Step, problems, validate
@@ -19,9 +20,18 @@ def fields(policy, **kwargs) -> list[str]:
 
 def test_defaults_are_table_3_11():
     policy = validate({})
-    assert policy == Policy(enable_rollout=False, steps=(), pause=False, max_parallel=IntOrPercent(100, True),
-                            max_unavailable=IntOrPercent(0), max_failure_threshold=0, fallback="pause",
-                            readiness_timeout_ms=600_000, allow_gpu_workloads=False, cordon=True)
+    assert policy == Policy(
+        enable_rollout=False,
+        steps=(),
+        pause=False,
+        max_parallel=IntOrPercent(100, True),
+        max_unavailable=IntOrPercent(0),
+        max_failure_threshold=0,
+        fallback="pause",
+        readiness_timeout_ms=600_000,
+        allow_gpu_workloads=False,
+        cordon=True,
+    )
     assert validate({"cordon": False}).cordon is False
 
 
@@ -43,15 +53,31 @@ def test_worked_examples_targets_and_caps(case):
 
 
 def test_seed_step_written_with_pause_is_a_manual_pause():
-    policy = validate({"enableRollout": True, "upgradeSteps": [{"replicas": 2, "pause": None},
-                                                               {"replicas": 5, "pause": {}},
-                                                               {"replicas": "100%"}]})
+    policy = validate(
+        {
+            "enableRollout": True,
+            "upgradeSteps": [{"replicas": 2, "pause": None}, {"replicas": 5, "pause": {}}, {"replicas": "100%"}],
+        }
+    )
     assert [s.pause_ms for s in policy.steps] == [None, None, None]
 
 
-@pytest.mark.parametrize("raw,ms", [(None, None), ({}, None), ("", None), (10000, 10000), (0, 0),
-                                    ("10s", 10_000), ("5m", 300_000), ("1m30s", 90_000), ("250ms", 250),
-                                    ("1.5h", 5_400_000), ("10000", 10_000)])
+@pytest.mark.parametrize(
+    "raw,ms",
+    [
+        (None, None),
+        ({}, None),
+        ("", None),
+        (10000, 10000),
+        (0, 0),
+        ("10s", 10_000),
+        ("5m", 300_000),
+        ("1m30s", 90_000),
+        ("250ms", 250),
+        ("1.5h", 5_400_000),
+        ("10000", 10_000),
+    ],
+)
 def test_pause_duration_forms(raw, ms):
     policy = validate({"upgradeSteps": [{"replicas": "100%", "pauseDuration": raw}]})
     assert policy.steps[0].pause_ms == ms
@@ -66,16 +92,28 @@ def test_readiness_timeout_accepts_ms_and_durations():
 
 @pytest.mark.parametrize("replicas", ["150%", "abc", -1, 0, "0%", "-5%", True, 2.5, "5"])
 def test_bad_replicas_are_rejected_naming_the_step(replicas):
-    policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 1}, {"replicas": replicas},
-                                                      {"replicas": "100%"}]}
+    policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 1}, {"replicas": replicas}, {"replicas": "100%"}]}
     assert fields(policy) == ["driver.upgradePolicy.upgradeSteps[1].replicas"]
 
 
-@pytest.mark.parametrize("key,value", [("maxParallel", "-5%"), ("maxParallel", "0%"), ("maxParallel", "101%"),
-                                       ("maxParallel", -1), ("maxUnavailable", "x"), ("maxUnavailable", -2),
-                                       ("maxFailureThreshold", -1), ("maxFailureThreshold", "3"),
-                                       ("fallback", "retry"), ("pause", "false"), ("enableRollout", 1),
-                                       ("allowGpuWorkloads", "yes"), ("cordon", "true")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("maxParallel", "-5%"),
+        ("maxParallel", "0%"),
+        ("maxParallel", "101%"),
+        ("maxParallel", -1),
+        ("maxUnavailable", "x"),
+        ("maxUnavailable", -2),
+        ("maxFailureThreshold", -1),
+        ("maxFailureThreshold", "3"),
+        ("fallback", "retry"),
+        ("pause", "false"),
+        ("enableRollout", 1),
+        ("allowGpuWorkloads", "yes"),
+        ("cordon", "true"),
+    ],
+)
 def test_bad_top_level_fields_are_rejected(key, value):
     assert fields({key: value}) == [f"driver.upgradePolicy.{key}"]
 
@@ -86,10 +124,8 @@ def test_max_parallel_zero_is_unlimited():
 
 
 def test_falling_targets_are_rejected():
-    policy = {"upgradeSteps": [{"replicas": 5}, {"replicas": 3}, {"replicas": "50%"}, {"replicas": "40%"},
-                               {"replicas": "100%"}]}
-    assert fields(policy) == ["driver.upgradePolicy.upgradeSteps[1].replicas",
-                              "driver.upgradePolicy.upgradeSteps[3].replicas"]
+    policy = {"upgradeSteps": [{"replicas": 5}, {"replicas": 3}, {"replicas": "50%"}, {"replicas": "40%"}, {"replicas": "100%"}]}
+    assert fields(policy) == ["driver.upgradePolicy.upgradeSteps[1].replicas", "driver.upgradePolicy.upgradeSteps[3].replicas"]
 
 
 def test_last_step_must_reach_every_node():
@@ -108,18 +144,21 @@ def test_enabled_rollout_needs_steps():
 
 
 def test_unknown_and_conflicting_fields_are_named():
-    policy = {"maxParalel": 2, "upgradeSteps": [{"replicas": "100%", "pause": {}, "pauseDuration": 5},
-                                                 {"replica": 3}]}
-    assert fields(policy) == ["driver.upgradePolicy.maxParalel",
-                              "driver.upgradePolicy.upgradeSteps[0].pause",
-                              "driver.upgradePolicy.upgradeSteps[1].replica",
-                              "driver.upgradePolicy.upgradeSteps[1].replicas"]
+    policy = {"maxParalel": 2, "upgradeSteps": [{"replicas": "100%", "pause": {}, "pauseDuration": 5}, {"replica": 3}]}
+    assert fields(policy) == [
+        "driver.upgradePolicy.maxParalel",
+        "driver.upgradePolicy.upgradeSteps[0].pause",
+        "driver.upgradePolicy.upgradeSteps[1].replica",
+        "driver.upgradePolicy.upgradeSteps[1].replicas",
+    ]
 
 
 def test_every_problem_is_reported_at_once_with_a_fix():
     with pytest.raises(UserErrors) as err:
-        validate({"enableRollout": "yes", "fallback": "x", "upgradeSteps": [{"replicas": "150%"}]},
-                 field_prefix="spec.driver.upgradePolicy")
+        validate(
+            {"enableRollout": "yes", "fallback": "x", "upgradeSteps": [{"replicas": "150%"}]},
+            field_prefix="spec.driver.upgradePolicy",
+        )
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert all(line.startswith("spec.driver.upgradePolicy.") and "; " in line for line in lines)
@@ -135,7 +174,8 @@ def test_toleration_is_int_or_percent_of_the_target():
     policy = validate({"upgradeSteps": [{"replicas": 10, "toleration": "15%"}, {"replicas": "100%", "toleration": 2}]})
     assert policy.tolerations(100) == [2, 2]  # ceil(15% x 10) = 2
     assert fields({"upgradeSteps": [{"replicas": "100%", "toleration": "200%"}]}) == [
-        "driver.upgradePolicy.upgradeSteps[0].toleration"]
+        "driver.upgradePolicy.upgradeSteps[0].toleration"
+    ]
 
 
 def test_validate_has_no_side_effects_on_its_input():
@@ -154,8 +194,11 @@ def test_percent_rounds_up_in_integers(percent, total):
 
 
 @settings(max_examples=200, deadline=None)
-@given(raw=st.lists(st.integers(1, 100), min_size=1, max_size=6), nodes=st.integers(0, 20_000),
-       parallel=st.one_of(st.integers(0, 50), st.integers(1, 100).map(lambda p: f"{p}%")))
+@given(
+    raw=st.lists(st.integers(1, 100), min_size=1, max_size=6),
+    nodes=st.integers(0, 20_000),
+    parallel=st.one_of(st.integers(0, 50), st.integers(1, 100).map(lambda p: f"{p}%")),
+)
 def test_targets_rise_reach_all_nodes_and_caps_are_positive(raw, nodes, parallel):
     steps = tuple(Step(IntOrPercent(p, True)) for p in sorted(raw)) + (Step(IntOrPercent(100, True)),)
     policy = Policy(steps=steps, max_parallel=validate({"maxParallel": parallel}).max_parallel)
@@ -167,24 +210,32 @@ def test_targets_rise_reach_all_nodes_and_caps_are_positive(raw, nodes, parallel
 
 
 def test_wait_drain_and_on_timeout_parse_with_their_defaults():
-    policy = validate({"waitForCompletion": {"podSelector": "team in (ml, hpc),!batch", "timeout": "2h"},
-                       "drain": {"enable": True}, "onTimeout": "fail"})
+    policy = validate(
+        {
+            "waitForCompletion": {"podSelector": "team in (ml, hpc),!batch", "timeout": "2h"},
+            "drain": {"enable": True},
+            "onTimeout": "fail",
+        }
+    )
     assert (policy.wait_selector, policy.wait_timeout_ms) == ("team in (ml, hpc),!batch", 7_200_000)
     assert (policy.drain, policy.drain_timeout_ms, policy.on_timeout) == (True, 300_000, "fail")
     defaults = validate({})
     assert (defaults.wait_selector, defaults.wait_timeout_ms, defaults.drain, defaults.on_timeout) == ("", 0, False, "hold")
 
 
-@pytest.mark.parametrize("policy, field", [
-    ({"waitForCompletion": {"podSelector": "app training"}}, "waitForCompletion.podSelector"),
-    ({"waitForCompletion": {"podSelector": 3}}, "waitForCompletion.podSelector"),
-    ({"waitForCompletion": {"timeout": "soon"}}, "waitForCompletion.timeout"),
-    ({"waitForCompletion": {"selector": "a=b"}}, "waitForCompletion.selector"),
-    ({"waitForCompletion": "a=b"}, "waitForCompletion"),
-    ({"drain": {"enable": "yes"}}, "drain.enable"),
-    ({"drain": {"timeout": 0}}, "drain.timeout"),
-    ({"drain": True}, "drain"),
-    ({"onTimeout": "evict"}, "onTimeout"),
-])
+@pytest.mark.parametrize(
+    "policy, field",
+    [
+        ({"waitForCompletion": {"podSelector": "app training"}}, "waitForCompletion.podSelector"),
+        ({"waitForCompletion": {"podSelector": 3}}, "waitForCompletion.podSelector"),
+        ({"waitForCompletion": {"timeout": "soon"}}, "waitForCompletion.timeout"),
+        ({"waitForCompletion": {"selector": "a=b"}}, "waitForCompletion.selector"),
+        ({"waitForCompletion": "a=b"}, "waitForCompletion"),
+        ({"drain": {"enable": "yes"}}, "drain.enable"),
+        ({"drain": {"timeout": 0}}, "drain.timeout"),
+        ({"drain": True}, "drain"),
+        ({"onTimeout": "evict"}, "onTimeout"),
+    ],
+)
 def test_bad_wait_and_drain_fields_are_named(policy, field):
     assert fields(policy) == [f"driver.upgradePolicy.{field}"]

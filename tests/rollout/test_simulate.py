@@ -1,4 +1,5 @@
 """The OnDelete simulator driving the engine: timelines, failures, hangs, crashes, admin scripts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,8 @@ import pytest
 from metax_operator.rollout import engine as R
 from metax_operator.rollout.policy import validate
 from metax_operator.rollout.simulate import simulate
-from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.cases import WORKED_EXAMPLES
+from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.rollout.test_engine import assert_fits_the_crd
 
 CASES = WORKED_EXAMPLES
@@ -38,8 +39,11 @@ def test_duration_is_the_ideal_schedule_within_one_interval_per_wave(case):
 
 
 def test_same_seed_same_timeline_and_the_table_fields():
-    policy = {"enableRollout": True, "maxParallel": "30%",
-              "upgradeSteps": [{"replicas": "20%", "pauseDuration": 1000}, {"replicas": "100%", "pauseDuration": 0}]}
+    policy = {
+        "enableRollout": True,
+        "maxParallel": "30%",
+        "upgradeSteps": [{"replicas": "20%", "pauseDuration": 1000}, {"replicas": "100%", "pauseDuration": 0}],
+    }
     _, first = run(policy, nodes=40, seed=7, ready_latency=(10, 50))
     _, second = run(policy, nodes=40, seed=7, ready_latency=(10, 50))
     assert first.as_json() == second.as_json() and first.end_time == second.end_time
@@ -49,8 +53,12 @@ def test_same_seed_same_timeline_and_the_table_fields():
 
 
 def test_failing_pods_are_retried_then_the_fallback_pause_waits_for_the_admin():
-    policy = {"enableRollout": True, "maxFailureThreshold": 2, "maxParallel": 2,
-              "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
+    policy = {
+        "enableRollout": True,
+        "maxFailureThreshold": 2,
+        "maxParallel": 2,
+        "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}],
+    }
     sim, result = run(policy, nodes=5, fail_probability=1.0, admin_resumes_failures=False)
     step = result.steps[0]
     assert step.retries == [2, 2] and step.fallback_retries == 2
@@ -60,8 +68,13 @@ def test_failing_pods_are_retried_then_the_fallback_pause_waits_for_the_admin():
 
 
 def test_hanging_pods_fail_at_the_readiness_timeout_and_roll_back():
-    policy = {"enableRollout": True, "fallback": "rollback", "readinessTimeout": "2m", "maxParallel": 3,
-              "upgradeSteps": [{"replicas": 3}, {"replicas": "100%"}]}
+    policy = {
+        "enableRollout": True,
+        "fallback": "rollback",
+        "readinessTimeout": "2m",
+        "maxParallel": 3,
+        "upgradeSteps": [{"replicas": 3}, {"replicas": "100%"}],
+    }
     _, result = run(policy, nodes=6, hang_probability=1.0)
     assert result.rollback_waves == [3]
     assert set(result.pods.values()) == {OLD}
@@ -70,8 +83,11 @@ def test_hanging_pods_fail_at_the_readiness_timeout_and_roll_back():
 
 
 def test_crashes_between_actions_still_complete_without_deleting_upgraded_pods():
-    policy = {"enableRollout": True, "maxParallel": "50%",
-              "upgradeSteps": [{"replicas": "10%", "pause": None}, {"replicas": "100%", "pauseDuration": "30s"}]}
+    policy = {
+        "enableRollout": True,
+        "maxParallel": "50%",
+        "upgradeSteps": [{"replicas": "10%", "pause": None}, {"replicas": "100%", "pauseDuration": "30s"}],
+    }
     _, result = run(policy, nodes=30, crash_probability=0.3, seed=3)
     assert result.crashes > 0
     assert result.status.step.current_step_state == R.COMPLETED
@@ -88,8 +104,7 @@ def test_scripted_admin_pause_holds_deletions_and_resume_continues():
     def resume(sim):
         sim.spec_pause = False
 
-    sim = Simulation(Config(nodes=4, ready_latency=(10, 10)), validate(policy),
-                     admin=[(15, pause), (600, resume)])
+    sim = Simulation(Config(nodes=4, ready_latency=(10, 10)), validate(policy), admin=[(15, pause), (600, resume)])
     sim.set_revision(NEW)
     result = sim.run()
     assert result.deletions_while_paused == 0
@@ -99,8 +114,11 @@ def test_scripted_admin_pause_holds_deletions_and_resume_continues():
 
 def test_nodes_joining_and_leaving_mid_rollout():
     policy = {"enableRollout": True, "maxParallel": 2, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
-    sim = Simulation(Config(nodes=6, ready_latency=(10, 10)), validate(policy),
-                     admin=[(20, lambda s: s.add_node("node-new", 20)), (20, lambda s: s.remove_node("node-00005"))])
+    sim = Simulation(
+        Config(nodes=6, ready_latency=(10, 10)),
+        validate(policy),
+        admin=[(20, lambda s: s.add_node("node-new", 20)), (20, lambda s: s.remove_node("node-00005"))],
+    )
     sim.set_revision(NEW)
     result = sim.run()
     assert result.status.step.current_step_state == R.COMPLETED

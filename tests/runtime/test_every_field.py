@@ -6,6 +6,7 @@ asks the runner's reconcile core (`reconcile.plan`, on the DaemonSets the real c
 it does: apply something to a DaemonSet, or report `HelmUpgradeRequired` naming the field. The
 upgrade policy acts through the rollout engine (tests/rollout/).
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,10 +15,10 @@ import json
 import pytest
 import yaml
 
-from metax_operator.runtime import reconcile
 from metax_operator import contract
-from metax_operator.runtime.reconcile import Observed
 from metax_operator.hooks.bootstrap import prune, spec_schema
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.reconcile import Observed
 from tests.helm import CHART, render_chart
 from tests.hooks.test_bootstrap_merge import fields, get, put, sample
 from tests.runtime.test_reconcile import VALUES, deep_update
@@ -62,8 +63,10 @@ def _spec() -> dict:
 def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     base = _spec()
     first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(reconcile.CONFIGMAPS)))
-    recorded = {a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][contract.CR_APPLIED_ANNOTATION])
-                for a in first.applies}
+    recorded = {
+        a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][contract.CR_APPLIED_ANNOTATION])
+        for a in first.applies
+    }
     assert all("data" not in a.body for a in first.applies)  # the first pass only records
     silent = set()
     for field, node in fields(SCHEMA).items():
@@ -78,8 +81,11 @@ def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
         edited = put(spec, field, edit)
         after = reconcile.plan(seen(rendered, edited, recorded))
         writes = [a.body for a in after.applies] != [a.body for a in before.applies]
-        reported = [c for c in after.conditions if c.status == "True" and c.type == reconcile.HELM_UPGRADE
-                    and f"spec.{field}" in c.message]
+        reported = [
+            c
+            for c in after.conditions
+            if c.status == "True" and c.type == reconcile.HELM_UPGRADE and f"spec.{field}" in c.message
+        ]
         refused = [c for c in after.conditions if c.type == reconcile.SPEC_VALID and c.status == "False"]
         assert not refused, (field, refused)
         if not (writes or reported):
@@ -95,15 +101,25 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
     import uuid
 
     from metax_operator import cli
-    from metax_operator.runtime import kube
     from metax_operator.chart import validation
     from metax_operator.hooks import bootstrap
+    from metax_operator.runtime import kube
 
     api = kube.Client.connect(str(control_plane.kubeconfig))
     namespace = f"cm-{uuid.uuid4().hex[:8]}"
     api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, field_manager="test")
-    assert cli.main(["upgrade-crds", "--crd", str(CHART / "crds" / f"{contract.CRD_NAME}.yaml"),
-                     "--kubeconfig", str(control_plane.kubeconfig)]) == 0
+    assert (
+        cli.main(
+            [
+                "upgrade-crds",
+                "--crd",
+                str(CHART / "crds" / f"{contract.CRD_NAME}.yaml"),
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+            ]
+        )
+        == 0
+    )
     try:
         for obj in rendered:
             if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] in reconcile.CONFIGMAPS:
@@ -123,14 +139,22 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
         one_pass()  # records what the CR holds
         assert data("metax-vfio-config", "config").strip() == "[]"
         edited = "- nodeName: gpu-node-1\n  gpus: '0'\n"  # the admin edits the ConfigMap itself
-        api.patch("v1", "ConfigMap", "metax-vfio-config", {"data": {"config": edited}}, namespace=namespace,
-                  field_manager="kubectl-edit")
+        api.patch(
+            "v1",
+            "ConfigMap",
+            "metax-vfio-config",
+            {"data": {"config": edited}},
+            namespace=namespace,
+            field_manager="kubectl-edit",
+        )
         one_pass()
         assert data("metax-vfio-config", "config") == edited
         entries = [{"nodeName": "gpu-node-\\d+", "gpus": "0,1"}]
-        api.patch(*CR, {"spec": {"vfioManager": {"vfioConfig": entries},
-                                 "driver": {"config": {"moduleParams": {"xcore_page_size": 2}}}}},
-                  field_manager="kubectl-edit")
+        api.patch(
+            *CR,
+            {"spec": {"vfioManager": {"vfioConfig": entries}, "driver": {"config": {"moduleParams": {"xcore_page_size": 2}}}}},
+            field_manager="kubectl-edit",
+        )
         one_pass()
         assert validation.parse_vfio_config(data("metax-vfio-config", "config")) == entries
         assert validation.parse_module_params(data("driver-config", "module-params")) == {"xcore_page_size": 2}

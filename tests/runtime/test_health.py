@@ -1,6 +1,7 @@
 """The runner's health endpoint without a cluster: the liveness and readiness rules on a fake
 clock, the HTTP answers of the real server on loopback, and the real runner loop whose pass hangs.
 Against a real API server (cut, frozen, watches killed): tests/e2e/test_runner_health.py."""
+
 from __future__ import annotations
 
 import json
@@ -51,6 +52,7 @@ def cache(name: str, state: str):
 
 # -- liveness ----------------------------------------------------------------------------------
 
+
 def test_liveness_fails_once_an_iteration_has_run_for_the_stall_timeout():
     clock = Clock()
     h = health(clock, stall=30)
@@ -91,6 +93,7 @@ def test_a_finished_pass_is_reported_with_its_age():
 
 # -- readiness ---------------------------------------------------------------------------------
 
+
 def test_readiness_needs_a_recent_answer_of_the_api_server():
     clock = Clock()
     elector = FakeElector(leader=False)
@@ -116,6 +119,7 @@ def test_readiness_needs_every_watch_cache_synced(state):
 
 # -- the HTTP server -----------------------------------------------------------------------------
 
+
 def get(port: int, path: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
@@ -131,6 +135,7 @@ def server():
     def start(h: Health) -> int:
         servers.append(serve(h, "127.0.0.1", 0))
         return servers[-1].server_address[1]
+
     yield start
     for s in servers:
         s.shutdown()
@@ -158,6 +163,7 @@ def test_an_unknown_path_is_404_naming_the_paths(server):
 
 
 # -- the real loop -------------------------------------------------------------------------------
+
 
 class HangingRunner:
     """A runner whose pass blocks until released, the way a pass stuck on a call would."""
@@ -193,11 +199,15 @@ def test_a_hung_pass_fails_liveness_while_the_endpoint_still_answers_and_recover
         loop.join(5)
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--health-port", "70000"], "argument --health-port: 70000 is not an integer from 0 to 65535"),
-    (["--stall-timeout", "0"], "argument --stall-timeout: 0 is not a number from 1 to 86400"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--health-port", "70000"], "argument --health-port: 70000 is not an integer from 0 to 65535"),
+        (["--stall-timeout", "0"], "argument --stall-timeout: 0 is not a number from 1 to 86400"),
+    ],
+)
 def test_bad_health_options_name_the_option(capsys, argv, fragment):
     from metax_operator import cli
+
     assert cli.main(["run", "--namespace", "ns", "--kubeconfig", "/nonexistent", *argv]) == 1
     assert fragment in capsys.readouterr().err

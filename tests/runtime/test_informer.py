@@ -4,14 +4,15 @@ version is gone (410, as an ERROR event in the stream and as the answer to the W
 outlives 5xx answers (retried; a LIST that keeps failing leaves the cache "failing" until the API
 answers again). The real API server cannot be told to answer these; its own watch is exercised
 by every e2e test of the runner."""
+
 from __future__ import annotations
 
 import pytest
 
 from metax_operator.runtime import kube
 from metax_operator.runtime.informer import Informer
-from tests.waiting import eventually
 from tests.fakeapi import FakeApi
+from tests.waiting import eventually
 
 PODS = "/api/v1/namespaces/ns/pods"
 
@@ -27,8 +28,9 @@ def api():
 
 
 def start(api: FakeApi, **kwargs) -> Informer:
-    informer = Informer(api.client(), PODS, project=lambda o: o["metadata"]["resourceVersion"],
-                        label_selector="app=driver", **kwargs).start()
+    informer = Informer(
+        api.client(), PODS, project=lambda o: o["metadata"]["resourceVersion"], label_selector="app=driver", **kwargs
+    ).start()
     assert informer.wait_synced(10)
     eventually(lambda: api.watching(PODS), 10, "the informer's watch")
     return informer
@@ -48,8 +50,11 @@ def test_lists_in_pages_then_follows_the_watch(api, monkeypatch):
         del api.objects[f"{PODS}/p0"]
         api.push(PODS, "DELETED", pod("p0"))
         api.push(PODS, "BOOKMARK", {"metadata": {"resourceVersion": "999"}})
-        eventually(lambda: "ns/p5" in informer.snapshot() and "ns/p0" not in informer.snapshot(), 10,
-                   "the watched addition and deletion in the cache")
+        eventually(
+            lambda: "ns/p5" in informer.snapshot() and "ns/p0" not in informer.snapshot(),
+            10,
+            "the watched addition and deletion in the cache",
+        )
         eventually(lambda: informer.resource_version == "999", 10, "the bookmark's version kept")
         assert informer.state == "synced" and informer.stats.relists == 0
     finally:
@@ -78,8 +83,7 @@ def test_a_watch_refused_with_410_relists(api):
         api.fail("GET", PODS, 410, watch=True)
         api.put(f"{PODS}/p0", pod("p0"))  # the cache misses it: it is between two watches
         api.close_watches()  # the server ends the watch (timeoutSeconds); the next one gets 410
-        eventually(lambda: informer.stats.relists == 1 and "ns/p0" in informer.snapshot(), 10,
-                   "a relist after the refused watch")
+        eventually(lambda: informer.stats.relists == 1 and "ns/p0" in informer.snapshot(), 10, "a relist after the refused watch")
     finally:
         informer.stop()
 

@@ -1,4 +1,5 @@
 """kube.py without a cluster: retry policy and paths (the API calls themselves are in test_hooks_api.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,9 +29,17 @@ class Flaky:
         return "ok"
 
 
-@pytest.mark.parametrize("err", [api_error(429), api_error(500), api_error(503), api_error(504),
-                                 urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
-                                 urllib3.exceptions.ProtocolError("reset")])
+@pytest.mark.parametrize(
+    "err",
+    [
+        api_error(429),
+        api_error(500),
+        api_error(503),
+        api_error(504),
+        urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
+        urllib3.exceptions.ProtocolError("reset"),
+    ],
+)
 def test_transient_failures_are_retried(err):
     sleeps: list[float] = []
     fn = Flaky(err, err)
@@ -57,8 +66,11 @@ def test_backoff_is_bounded_and_gives_up():
 
 def test_retry_after_is_honoured_up_to_the_cap():
     sleeps: list[float] = []
-    kube.with_backoff(Flaky(api_error(429, {"Retry-After": "3"}), api_error(429, {"Retry-After": "60"})),
-                      kube.Backoff(attempts=3, cap=10), sleep=sleeps.append)
+    kube.with_backoff(
+        Flaky(api_error(429, {"Retry-After": "3"}), api_error(429, {"Retry-After": "60"})),
+        kube.Backoff(attempts=3, cap=10),
+        sleep=sleeps.append,
+    )
     assert sleeps == [3.0, 10.0]
 
 
@@ -78,8 +90,10 @@ def test_resource_paths():
     co = kube.Resource("gpu.metax-tech.com/v1", "ClusterOperator", "clusteroperators", False)
     assert node.path("n1") == "/api/v1/nodes/n1"
     assert cm.path("driver-config", "ns") == "/api/v1/namespaces/ns/configmaps/driver-config"
-    assert co.path("cluster-operator", subresource="status") == \
-        "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator/status"
+    assert (
+        co.path("cluster-operator", subresource="status")
+        == "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator/status"
+    )
     assert co.path() == "/apis/gpu.metax-tech.com/v1/clusteroperators"
     assert cm.path(all_namespaces=True) == "/api/v1/configmaps"
     with pytest.raises(ValueError, match="namespace is required"):

@@ -1,6 +1,7 @@
 """The runner's Prometheus metrics without a cluster: the gauges a rollout pass sets, the wave
 histogram, the text exposition served on the health port (parsed back with prometheus_client's own
 parser). Scraped from a real runner during a rollout: tests/e2e/test_node_safety.py."""
+
 from __future__ import annotations
 
 import json
@@ -9,30 +10,51 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from metax_operator.rollout.status import (COMPLETED, IDLING, PROGRESSING, STEP_UPGRADE, NodeList, Resume, StepStatus,
-                                           UpgradeStatus, rfc3339)
+from metax_operator.rollout.status import (
+    COMPLETED,
+    IDLING,
+    PROGRESSING,
+    STEP_UPGRADE,
+    NodeList,
+    Resume,
+    StepStatus,
+    UpgradeStatus,
+    rfc3339,
+)
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.metrics import NODE_STATES, Metrics, names
 from tests.helm import find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
-from tests.templates.test_chart_render import SEED_INSTALL
 from tests.runtime.test_health import FakeElector
+from tests.templates.test_chart_render import SEED_INSTALL
 
 T0 = 1_800_000_000.0
 
 
 def samples(metrics: Metrics) -> dict[tuple, float]:
     text = metrics.exposition()[0].decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
-def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: list[str],
-           start: float) -> UpgradeStatus:
+def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: list[str], start: float) -> UpgradeStatus:
     return UpgradeStatus(
-        phase=phase, step=StepStatus(current_step_index=step, current_step_state=state, total_upgrade_replicas=total,
-                                     total_upgrade_ready_replicas=upgraded),
-        resume=Resume(wave=wave, wave_start_time=rfc3339(start), failed=NodeList(count=1), held=NodeList(count=2),
-                      skipped=NodeList(count=3), cordoned=NodeList(count=len(wave)), need_reboot=NodeList(count=5)))
+        phase=phase,
+        step=StepStatus(
+            current_step_index=step, current_step_state=state, total_upgrade_replicas=total, total_upgrade_ready_replicas=upgraded
+        ),
+        resume=Resume(
+            wave=wave,
+            wave_start_time=rfc3339(start),
+            failed=NodeList(count=1),
+            held=NodeList(count=2),
+            skipped=NodeList(count=3),
+            cordoned=NodeList(count=len(wave)),
+            need_reboot=NodeList(count=5),
+        ),
+    )
 
 
 def test_a_pass_sets_phase_step_and_node_counts():
@@ -84,8 +106,11 @@ def test_the_health_port_serves_the_exposition_with_the_prometheus_content_type(
 def test_every_exported_name_has_the_prefix():
     exported = names(Metrics())
     assert exported and all(n.startswith("metax_operator_") for n in exported)
-    assert {"metax_operator_api_requests_total", "metax_operator_nodes_need_reboot",
-            "metax_operator_rollout_wave_duration_seconds_bucket"} <= exported
+    assert {
+        "metax_operator_api_requests_total",
+        "metax_operator_nodes_need_reboot",
+        "metax_operator_rollout_wave_duration_seconds_bucket",
+    } <= exported
 
 
 # -- the chart's ServiceMonitor and Grafana dashboard ------------------------------------------
@@ -110,9 +135,16 @@ def test_every_dashboard_query_names_only_metrics_the_runner_exports(helm_bin):
         assert named, f"a query that reads no runner metric: {expr}"
         assert named <= exported, f"{expr} names {named - exported}, which the runner does not export"
     shown = {name for expr in exprs for name in METRIC_NAME.findall(expr)}
-    wanted = {"metax_operator_rollout_phase", "metax_operator_rollout_step", "metax_operator_rollout_nodes",
-              "metax_operator_rollout_wave_duration_seconds_bucket", "metax_operator_runner_pass_duration_seconds_bucket",
-              "metax_operator_api_requests_total", "metax_operator_leader", "metax_operator_nodes_need_reboot"}
+    wanted = {
+        "metax_operator_rollout_phase",
+        "metax_operator_rollout_step",
+        "metax_operator_rollout_nodes",
+        "metax_operator_rollout_wave_duration_seconds_bucket",
+        "metax_operator_runner_pass_duration_seconds_bucket",
+        "metax_operator_api_requests_total",
+        "metax_operator_leader",
+        "metax_operator_nodes_need_reboot",
+    }
     assert wanted <= shown
 
 
@@ -131,5 +163,8 @@ def test_the_service_monitor_scrapes_the_health_port_and_both_are_off_by_default
     assert monitor["spec"]["endpoints"] == [{"port": "health", "path": "/metrics", "interval": "30s"}]
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     kinds = {(o["kind"], o["metadata"]["name"]) for o in render_chart(helm=helm_bin, args=SEED_INSTALL)}
-    assert not kinds & {("ServiceMonitor", "metax-operator-runner"), ("Service", "metax-operator-runner"),
-                        ("ConfigMap", "metax-operator-runner-dashboard")}
+    assert not kinds & {
+        ("ServiceMonitor", "metax-operator-runner"),
+        ("Service", "metax-operator-runner"),
+        ("ConfigMap", "metax-operator-runner-dashboard"),
+    }

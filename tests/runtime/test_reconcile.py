@@ -3,6 +3,7 @@
 What the runner would apply for a CR, when it must write and when it must not, what it reports.
 The same functions run against a real API server in tests/e2e/test_runner.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,26 +15,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metax_operator.chart import images
-from metax_operator.runtime import reconcile
 from metax_operator.contract import RUNNER_FIELD_MANAGER
-from metax_operator.runtime.reconcile import (Condition, Observed, desired_daemonset, merge_conditions,
-                                      needs_write, owned_fields, plan, transition_events)
 from metax_operator.hooks.bootstrap import prune, spec_schema
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.reconcile import (
+    Condition,
+    Observed,
+    desired_daemonset,
+    merge_conditions,
+    needs_write,
+    owned_fields,
+    plan,
+    transition_events,
+)
 from tests.helm import CHART, render_chart
 
 BASE_TOLERATION = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
 GPU = {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
-VALUES = {"registry": "r.example/metax", "driver": {"payload": {"name": "driver-image", "version": "2.32.0.6"}},
-          "maca": {"payload": {"images": ["maca-c500:2.18.0.3-ubuntu18.04-amd64"]}}}
+VALUES = {
+    "registry": "r.example/metax",
+    "driver": {"payload": {"name": "driver-image", "version": "2.32.0.6"}},
+    "maca": {"payload": {"images": ["maca-c500:2.18.0.3-ubuntu18.04-amd64"]}},
+}
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, dict]:
     """The chart's DaemonSets for VALUES, by component key (rendered once)."""
     objects = render_chart(VALUES)
-    return {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds
-            for ds in objects if ds["kind"] == "DaemonSet"}
+    return {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds for ds in objects if ds["kind"] == "DaemonSet"}
 
 
 def deep_update(tree: dict, changes: dict) -> dict:
@@ -60,10 +71,8 @@ def cr_spec(defaults):
 
 
 def observed(rendered, spec, daemonsets=None, configmaps=None) -> Observed:
-    cr = {"metadata": {"name": "cluster-operator", "generation": 3, "resourceVersion": "10", "uid": "u"},
-          "spec": spec}
-    return Observed("metax-operator", cr, copy.deepcopy(daemonsets if daemonsets is not None else rendered),
-                    configmaps or {})
+    cr = {"metadata": {"name": "cluster-operator", "generation": 3, "resourceVersion": "10", "uid": "u"}, "spec": spec}
+    return Observed("metax-operator", cr, copy.deepcopy(daemonsets if daemonsets is not None else rendered), configmaps or {})
 
 
 def applied(live: dict, desired: dict) -> dict:
@@ -82,8 +91,9 @@ def applied(live: dict, desired: dict) -> dict:
                         target[key] = sub
         else:
             pod[name] = value
-    result["metadata"]["managedFields"] = [{"manager": RUNNER_FIELD_MANAGER, "operation": "Apply",
-                                            "fieldsV1": fields_v1(desired)}]
+    result["metadata"]["managedFields"] = [
+        {"manager": RUNNER_FIELD_MANAGER, "operation": "Apply", "fieldsV1": fields_v1(desired)}
+    ]
     return result
 
 
@@ -110,9 +120,12 @@ def pod_spec(obj: dict) -> dict:
 
 # -- the seed's example (§3.2.5.2) ---------------------------------------------------------------
 
+
 def test_seed_example_maca_gets_its_own_tolerations_and_driver_the_global_ones(rendered, cr_spec):
-    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}},
-                   maca={**VALUES["maca"], "podTemplateSpec": {"spec": {"tolerations": [GPU]}}})
+    spec = cr_spec(
+        podTemplateSpec={"spec": {"tolerations": [GENERAL]}},
+        maca={**VALUES["maca"], "podTemplateSpec": {"spec": {"tolerations": [GPU]}}},
+    )
     maca, _ = desired_daemonset("maca", rendered["maca"], spec)
     driver, _ = desired_daemonset("driver", rendered["driver"], spec)
     assert pod_spec(maca)["tolerations"] == [BASE_TOLERATION, GPU]
@@ -124,12 +137,19 @@ def test_deprecated_global_tolerations_apply_to_every_component_without_its_own(
     old = {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"}
     out = plan(observed(rendered, cr_spec(tolerations=[old])))
     tolerations = {a.body["metadata"]["name"]: pod_spec(a.body)["tolerations"] for a in out.applies}
-    assert set(tolerations) == {"metax-gpu-label", "metax-container-runtime", "metax-driver", "metax-maca",
-                                "metax-gpu-device", "metax-vfio-manager"}
+    assert set(tolerations) == {
+        "metax-gpu-label",
+        "metax-container-runtime",
+        "metax-driver",
+        "metax-maca",
+        "metax-gpu-device",
+        "metax-vfio-manager",
+    }
     assert all(t == [BASE_TOLERATION, old] for t in tolerations.values())
 
 
 # -- when to write ---------------------------------------------------------------------------------
+
 
 def test_a_cr_equal_to_the_values_needs_no_write(rendered, cr_spec):
     assert plan(observed(rendered, cr_spec())).applies == []
@@ -147,9 +167,12 @@ def test_a_second_pass_after_the_apply_writes_nothing(rendered, cr_spec):
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL], "nodeSelector": {"zone": "a"}}})
     first = plan(observed(rendered, spec))
     assert len(first.applies) == 6
-    after = {key: applied(ds, next(a.body for a in first.applies if a.body["metadata"]["name"] == ds["metadata"]["name"]))
-             if ds["metadata"]["name"] in {a.body["metadata"]["name"] for a in first.applies} else ds
-             for key, ds in rendered.items()}
+    after = {
+        key: applied(ds, next(a.body for a in first.applies if a.body["metadata"]["name"] == ds["metadata"]["name"]))
+        if ds["metadata"]["name"] in {a.body["metadata"]["name"] for a in first.applies}
+        else ds
+        for key, ds in rendered.items()
+    }
     assert plan(observed(rendered, spec, after)).applies == []
 
 
@@ -173,8 +196,13 @@ def test_a_node_selector_key_removed_from_the_cr_is_written_even_when_helm_owns_
 def test_an_affinity_the_runner_applied_and_the_cr_dropped_is_written(rendered, cr_spec):
     """affinity merges key by key, so the live object still "contains" what is wanted: the write
     is needed because the runner owns a field it no longer wants (the API server then drops it)."""
-    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}]}}
+    affinity = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}
+            ]
+        }
+    }
     desired, _ = desired_daemonset("driver", rendered["driver"], cr_spec(podTemplateSpec={"spec": {"affinity": affinity}}))
     live = applied(rendered["driver"], desired)
     back, _ = desired_daemonset("driver", live, cr_spec())
@@ -183,14 +211,26 @@ def test_an_affinity_the_runner_applied_and_the_cr_dropped_is_written(rendered, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(tolerations=st.lists(st.fixed_dictionaries({
-    "key": st.sampled_from(["a", "b", "node-type"]), "operator": st.just("Equal"),
-    "value": st.sampled_from(["x", "y"]), "effect": st.sampled_from(["NoSchedule", "NoExecute"])}), max_size=4),
+@given(
+    tolerations=st.lists(
+        st.fixed_dictionaries(
+            {
+                "key": st.sampled_from(["a", "b", "node-type"]),
+                "operator": st.just("Equal"),
+                "value": st.sampled_from(["x", "y"]),
+                "effect": st.sampled_from(["NoSchedule", "NoExecute"]),
+            }
+        ),
+        max_size=4,
+    ),
     selector=st.dictionaries(st.sampled_from(["zone", "rack"]), st.sampled_from(["1", "2"]), max_size=2),
-    level=st.sampled_from(["debug", "info", "warn", "error"]))
+    level=st.sampled_from(["debug", "info", "warn", "error"]),
+)
 def test_applying_what_the_runner_wants_makes_the_next_pass_write_nothing(rendered, tolerations, selector, level, cr_spec):
-    spec = cr_spec(podTemplateSpec={"spec": {"tolerations": tolerations, "nodeSelector": selector}},
-                   driver={**VALUES["driver"], "log": {"level": level, "format": "json"}})
+    spec = cr_spec(
+        podTemplateSpec={"spec": {"tolerations": tolerations, "nodeSelector": selector}},
+        driver={**VALUES["driver"], "log": {"level": level, "format": "json"}},
+    )
     desired, _ = desired_daemonset("driver", rendered["driver"], spec)
     live = applied(rendered["driver"], desired)
     again, _ = desired_daemonset("driver", live, spec)
@@ -198,6 +238,7 @@ def test_applying_what_the_runner_wants_makes_the_next_pass_write_nothing(render
 
 
 # -- a rollback's spec.driver: the inverse of the driver mapping --------------------------------------
+
 
 def at_template(ds: dict, template: dict) -> dict:
     """`ds` with its pod template set to `template` (what the rollback's strategic patch does)."""
@@ -210,8 +251,8 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     the reconcile re-applied it (re-creating the abandoned revision) and the rollout restored the
     template again, for ever. The CR is now set back to a spec that gives the old template."""
     from metax_operator.rollout import engine
-    from metax_operator.rollout.policy import validate as policy
     from metax_operator.rollout.observe import canonical
+    from metax_operator.rollout.policy import validate as policy
 
     old_spec, new_spec = cr_spec(), cr_spec(driver={"payload": {"version": "2.33.0.1"}})
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
@@ -219,9 +260,17 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     nodes = frozenset({"n0", "n1", "n2"})
     pods = tuple(engine.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
     revision_data = {"spec": {"template": {**stable["spec"]["template"], "$patch": "replace"}}}
-    observed_pass = engine.Observed("r-new", True, nodes, pods, template=canonical(abandoned["spec"]["template"]),
-                                     driver_spec=canonical(new_spec["driver"]), revisions={"r-old": revision_data},
-                                     daemonset=abandoned, cr_spec=new_spec)
+    observed_pass = engine.Observed(
+        "r-new",
+        True,
+        nodes,
+        pods,
+        template=canonical(abandoned["spec"]["template"]),
+        driver_spec=canonical(new_spec["driver"]),
+        revisions={"r-old": revision_data},
+        daemonset=abandoned,
+        cr_spec=new_spec,
+    )
     steps = [{"replicas": "100%", "pauseDuration": 0}]
     started = engine.decide(observed_pass, policy({"enableRollout": True, "upgradeSteps": steps}), None, 1e9).status
     assert started.phase == "Progressing" and started.last_co_driver_spec == ""  # nothing recorded r-old's spec
@@ -233,8 +282,9 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     back = at_template(abandoned, stable["spec"]["template"])
     assert "initContainers" in desired_daemonset("driver", back, new_spec)[1]
     driver = forced.restore.driver_spec  # what the runner writes back to spec.driver first
-    assert driver == reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec,
-                                                    forced.status.last_co_driver_spec)
+    assert driver == reconcile.restored_driver_spec(
+        abandoned, stable["spec"]["template"], new_spec, forced.status.last_co_driver_spec
+    )
     assert driver["payload"]["version"] == "2.32.0.6"
     assert driver["upgradePolicy"] == new_spec["driver"]["upgradePolicy"]
     _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})
@@ -247,33 +297,44 @@ def test_a_recorded_spec_that_no_longer_gives_the_template_is_not_restored(rende
     stable_spec, stale = cr_spec(driver={"payload": {"version": "2.32.0.7"}}), cr_spec()
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], stable_spec)[0])
     new_spec = cr_spec(driver={"payload": {"version": "2.33.0.1"}})
-    driver = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec,
-                                            json.dumps(stale["driver"]))
+    driver = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stale["driver"]))
     assert driver["payload"]["version"] == "2.32.0.7"
-    recorded = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec,
-                                              json.dumps(stable_spec["driver"]))
+    recorded = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stable_spec["driver"]))
     assert recorded == {**stable_spec["driver"], "upgradePolicy": new_spec["driver"]["upgradePolicy"]}
 
 
-TOLERATION = st.fixed_dictionaries({"key": st.sampled_from(["a", "node-type"]), "operator": st.just("Equal"),
-                                    "value": st.sampled_from(["x", "y"]), "effect": st.just("NoSchedule")})
-DRIVER_FIELDS = st.fixed_dictionaries({
-    "deployPolicy": st.sampled_from(["PreferCloud", "PreferHost", "PreferNewer"]),
-    "fwUpgradePolicy": st.sampled_from(["PreferCloud", "Never"]), "fwEnableVirt": st.booleans(),
-    "log": st.fixed_dictionaries({"level": st.sampled_from(["debug", "info"]), "format": st.sampled_from(["text", "json"])}),
-    "payload": st.fixed_dictionaries({
-        "name": st.sampled_from(["driver-image", "metax/driver"]),
-        "version": st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}\Z"),
-        "registry": st.sampled_from(["", "own.example:5000/x", "r.example/metax"]),
-        "digest": st.sampled_from(["", "sha256:" + "a" * 64])}),
-    "podTemplateSpec": st.one_of(st.just({}), st.builds(lambda t: {"spec": {"tolerations": t}},
-                                                        st.lists(TOLERATION, max_size=2)))})
+TOLERATION = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(["a", "node-type"]),
+        "operator": st.just("Equal"),
+        "value": st.sampled_from(["x", "y"]),
+        "effect": st.just("NoSchedule"),
+    }
+)
+DRIVER_FIELDS = st.fixed_dictionaries(
+    {
+        "deployPolicy": st.sampled_from(["PreferCloud", "PreferHost", "PreferNewer"]),
+        "fwUpgradePolicy": st.sampled_from(["PreferCloud", "Never"]),
+        "fwEnableVirt": st.booleans(),
+        "log": st.fixed_dictionaries({"level": st.sampled_from(["debug", "info"]), "format": st.sampled_from(["text", "json"])}),
+        "payload": st.fixed_dictionaries(
+            {
+                "name": st.sampled_from(["driver-image", "metax/driver"]),
+                "version": st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}\Z"),
+                "registry": st.sampled_from(["", "own.example:5000/x", "r.example/metax"]),
+                "digest": st.sampled_from(["", "sha256:" + "a" * 64]),
+            }
+        ),
+        "podTemplateSpec": st.one_of(
+            st.just({}), st.builds(lambda t: {"spec": {"tolerations": t}}, st.lists(TOLERATION, max_size=2))
+        ),
+    }
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(old=DRIVER_FIELDS, new=DRIVER_FIELDS, global_tolerations=st.lists(TOLERATION, max_size=2))
-def test_the_spec_read_back_from_any_rendered_template_gives_that_template(rendered, cr_spec, old, new,
-                                                                           global_tolerations):
+def test_the_spec_read_back_from_any_rendered_template_gives_that_template(rendered, cr_spec, old, new, global_tolerations):
     """The inverse of the driver mapping, whatever changed between the two revisions (inside
     spec.driver or, for the global podTemplateSpec, outside it)."""
     old_spec = cr_spec(driver=old)
@@ -285,25 +346,45 @@ def test_the_spec_read_back_from_any_rendered_template_gives_that_template(rende
     back = at_template(abandoned, stable["spec"]["template"])
     _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})
     assert set(changed) <= {"updateStrategy"}
-    effective = lambda d: (images.reference(d["payload"].get("registry") or "r.example/metax",  # noqa: E731
-                                            d["payload"]["name"], d["payload"]["version"], d["payload"].get("digest")),
-                           d["log"], d["deployPolicy"], d["fwUpgradePolicy"], d["fwEnableVirt"])
+    effective = lambda d: (  # noqa: E731
+        images.reference(
+            d["payload"].get("registry") or "r.example/metax",
+            d["payload"]["name"],
+            d["payload"]["version"],
+            d["payload"].get("digest"),
+        ),
+        d["log"],
+        d["deployPolicy"],
+        d["fwUpgradePolicy"],
+        d["fwEnableVirt"],
+    )
     assert effective(driver) == effective({**old_spec["driver"], **old})
 
 
 # -- what the CR governs besides scheduling ---------------------------------------------------------
 
+
 def test_log_settings_driver_options_and_payload_follow_the_cr(rendered, cr_spec):
-    spec = cr_spec(registry="mirror.example/metax",
-                   driver={"deployPolicy": "PreferNewer", "fwUpgradePolicy": "PreferCloud", "fwEnableVirt": True,
-                           "payload": {"name": "driver-image", "version": "2.33.0.1"},
-                           "log": {"level": "debug", "format": "json"}})
+    spec = cr_spec(
+        registry="mirror.example/metax",
+        driver={
+            "deployPolicy": "PreferNewer",
+            "fwUpgradePolicy": "PreferCloud",
+            "fwEnableVirt": True,
+            "payload": {"name": "driver-image", "version": "2.33.0.1"},
+            "log": {"level": "debug", "format": "json"},
+        },
+    )
     desired, changed = desired_daemonset("driver", rendered["driver"], spec)
     env = {e["name"]: e["value"] for e in pod_spec(desired)["containers"][0]["env"]}
-    assert env == {"LOG_LEVEL": "debug", "LOG_FORMAT": "json", "DEPLOY_POLICY": "PreferNewer",
-                   "FW_UPGRADE_POLICY": "PreferCloud", "FW_ENABLE_VIRT": "true"}
-    assert pod_spec(desired)["initContainers"] == [
-        {"name": "payload", "image": "mirror.example/metax/driver-image:2.33.0.1"}]
+    assert env == {
+        "LOG_LEVEL": "debug",
+        "LOG_FORMAT": "json",
+        "DEPLOY_POLICY": "PreferNewer",
+        "FW_UPGRADE_POLICY": "PreferCloud",
+        "FW_ENABLE_VIRT": "true",
+    }
+    assert pod_spec(desired)["initContainers"] == [{"name": "payload", "image": "mirror.example/metax/driver-image:2.33.0.1"}]
     assert set(changed) == {"containers", "initContainers"}
 
 
@@ -337,10 +418,15 @@ def test_the_runner_applies_only_what_differs_or_what_it_already_owns(rendered, 
     assert pod_spec(body) == {"tolerations": [BASE_TOLERATION, GENERAL]}
     live = applied(rendered["driver"], body)
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}}, driver={"log": {"level": "debug"}})
-    body = next(a.body for a in plan(observed(rendered, spec, {**rendered, "driver": live})).applies
-                if a.body["metadata"]["name"] == "metax-driver")
-    assert pod_spec(body) == {"tolerations": [BASE_TOLERATION, GENERAL],  # owned: kept, or it would be removed
-                              "containers": [{"name": "driver-manager", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}]}
+    body = next(
+        a.body
+        for a in plan(observed(rendered, spec, {**rendered, "driver": live})).applies
+        if a.body["metadata"]["name"] == "metax-driver"
+    )
+    assert pod_spec(body) == {
+        "tolerations": [BASE_TOLERATION, GENERAL],  # owned: kept, or it would be removed
+        "containers": [{"name": "driver-manager", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}],
+    }
 
 
 def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
@@ -363,8 +449,9 @@ ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
 def test_the_driver_strategy_the_runner_wants_is_what_the_chart_renders_for_the_same_values(rendered, cr_spec):
     for enabled in (False, True):
         policy = {"enableRollout": enabled, "upgradeSteps": [{"replicas": "100%"}]}
-        chart = render_chart({**VALUES, "driver": {**VALUES["driver"], "upgradePolicy": policy}},
-                             show_only=["templates/driver/daemonset.yaml"])[0]
+        chart = render_chart(
+            {**VALUES, "driver": {**VALUES["driver"], "upgradePolicy": policy}}, show_only=["templates/driver/daemonset.yaml"]
+        )[0]
         spec = cr_spec(driver={"upgradePolicy": policy})
         desired, changed = desired_daemonset("driver", chart, spec)
         assert desired["spec"]["updateStrategy"] == ({"type": "OnDelete"} if enabled else ROLLING)
@@ -392,6 +479,7 @@ def test_the_driver_stays_on_delete_while_a_rollout_is_in_flight_even_with_enabl
 
 
 # -- what the runner reports -------------------------------------------------------------------------
+
 
 def conditions(outcome) -> dict[str, Condition]:
     return {c.type: c for c in outcome.conditions}
@@ -436,24 +524,38 @@ def test_in_sync_deploy_switches_need_no_helm_upgrade(rendered, cr_spec):
 
 
 def test_a_broken_driver_config_edit_is_reported(rendered, cr_spec):
-    configmaps = {"driver-config": {"data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n",
-                                             "module-params": "", "node-module-params": ""}}}
+    configmaps = {
+        "driver-config": {
+            "data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n", "module-params": "", "node-module-params": ""}
+        }
+    }
     condition = conditions(plan(observed(rendered, cr_spec(), configmaps=configmaps)))["ConfigMapsValid"]
     assert condition.status == "False" and "configmap/driver-config[node-vfnums].nodes.foo.vfnum" in condition.message
     assert "vfnum" in condition.message
 
 
 def test_a_condition_keeps_its_transition_time_while_its_status_stays():
-    existing = [{"type": "SpecValid", "status": "True", "reason": "Valid", "message": "ok",
-                 "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
-                {"type": "Progressing", "status": "True", "reason": "Other", "message": "kept",
-                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
-    result, changed = merge_conditions(existing, [Condition("SpecValid", "True", "Valid", "ok")], 2,
-                                       "2026-02-02T00:00:00Z")
+    existing = [
+        {
+            "type": "SpecValid",
+            "status": "True",
+            "reason": "Valid",
+            "message": "ok",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "observedGeneration": 1,
+        },
+        {
+            "type": "Progressing",
+            "status": "True",
+            "reason": "Other",
+            "message": "kept",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
+    ]
+    result, changed = merge_conditions(existing, [Condition("SpecValid", "True", "Valid", "ok")], 2, "2026-02-02T00:00:00Z")
     assert result[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and result[0]["observedGeneration"] == 2
     assert result[1] == existing[1] and changed == []
-    result, changed = merge_conditions(result, [Condition("SpecValid", "False", "InvalidSpec", "bad")], 3,
-                                       "2026-03-03T00:00:00Z")
+    result, changed = merge_conditions(result, [Condition("SpecValid", "False", "InvalidSpec", "bad")], 3, "2026-03-03T00:00:00Z")
     assert result[0]["lastTransitionTime"] == "2026-03-03T00:00:00Z" and [c.status for c in changed] == ["False"]
 
 
@@ -466,34 +568,76 @@ def test_events_for_conditions_going_bad_and_recovering_but_not_for_a_healthy_st
 
 
 def test_owned_fields_projects_keyed_lists_and_atomic_fields():
-    obj = {"metadata": {"managedFields": [
-        {"manager": "helm", "operation": "Update", "fieldsV1": {"f:spec": {}}},
-        {"manager": RUNNER_FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
-            "f:tolerations": {}, "f:containers": {'k:{"name":"a"}': {".": {}, "f:name": {}, "f:env": {
-                'k:{"name":"LOG_LEVEL"}': {".": {}, "f:name": {}, "f:value": {}}}}}}}}}}]},
-        "spec": {"template": {"spec": {"tolerations": [GPU], "nodeSelector": {"x": "y"}, "containers": [
-            {"name": "a", "image": "i", "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "O", "value": "1"}]},
-            {"name": "b", "image": "j"}]}}}}
-    assert owned_fields(obj, RUNNER_FIELD_MANAGER) == {"spec": {"template": {"spec": {
-        "tolerations": [GPU], "containers": [{"name": "a", "env": [{"name": "LOG_LEVEL", "value": "info"}]}]}}}}
+    obj = {
+        "metadata": {
+            "managedFields": [
+                {"manager": "helm", "operation": "Update", "fieldsV1": {"f:spec": {}}},
+                {
+                    "manager": RUNNER_FIELD_MANAGER,
+                    "operation": "Apply",
+                    "fieldsV1": {
+                        "f:spec": {
+                            "f:template": {
+                                "f:spec": {
+                                    "f:tolerations": {},
+                                    "f:containers": {
+                                        'k:{"name":"a"}': {
+                                            ".": {},
+                                            "f:name": {},
+                                            "f:env": {'k:{"name":"LOG_LEVEL"}': {".": {}, "f:name": {}, "f:value": {}}},
+                                        }
+                                    },
+                                }
+                            }
+                        }
+                    },
+                },
+            ]
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "tolerations": [GPU],
+                    "nodeSelector": {"x": "y"},
+                    "containers": [
+                        {"name": "a", "image": "i", "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "O", "value": "1"}]},
+                        {"name": "b", "image": "j"},
+                    ],
+                }
+            }
+        },
+    }
+    assert owned_fields(obj, RUNNER_FIELD_MANAGER) == {
+        "spec": {
+            "template": {
+                "spec": {"tolerations": [GPU], "containers": [{"name": "a", "env": [{"name": "LOG_LEVEL", "value": "info"}]}]}
+            }
+        }
+    }
     assert owned_fields(obj, "nobody") == {}
 
 
 # -- the runner's options and its lease lock (no cluster) ------------------------------------------
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--lease-duration", "10", "--renew-deadline", "10"], "--lease-duration: must exceed --renew-deadline"),
-    (["--renew-deadline", "2", "--retry-period", "2"], "--renew-deadline: must exceed 1.2 x --retry-period"),
-    (["--interval", "0"], "argument --interval: 0 is not a number from 0.1 to 3600"),
-])
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--lease-duration", "10", "--renew-deadline", "10"], "--lease-duration: must exceed --renew-deadline"),
+        (["--renew-deadline", "2", "--retry-period", "2"], "--renew-deadline: must exceed 1.2 x --retry-period"),
+        (["--interval", "0"], "argument --interval: 0 is not a number from 0.1 to 3600"),
+    ],
+)
 def test_bad_runner_options_name_the_option(capsys, argv, fragment):
     from metax_operator import cli
+
     assert cli.main(["run", "--namespace", "ns", "--kubeconfig", "/nonexistent", *argv]) == 1
     assert fragment in capsys.readouterr().err
 
 
 def test_the_runner_needs_a_namespace(capsys, monkeypatch):
     from metax_operator import cli
+
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     assert cli.main(["run", "--kubeconfig", "/nonexistent"]) == 1
     assert "--namespace: is not set; pass --namespace NS or set $POD_NAMESPACE" in capsys.readouterr().err
@@ -502,7 +646,9 @@ def test_the_runner_needs_a_namespace(capsys, monkeypatch):
 def test_lease_times_round_trip_between_the_library_and_the_lease():
     """The library keeps what it read and writes it back: a read-write-read must not drift."""
     import datetime as dt
+
     from metax_operator.runtime.leader import _from_record_time, _to_record_time
+
     stamp = dt.datetime(2026, 11, 29, 21, 30, 1, 123456, tzinfo=dt.timezone.utc)
     text = _to_record_time(stamp)
     assert _from_record_time(text) == stamp and _to_record_time(_from_record_time(text)) == text
@@ -513,11 +659,16 @@ def test_lease_times_round_trip_between_the_library_and_the_lease():
 @pytest.mark.parametrize("mode", ["deployment", "cronjob"])
 def test_the_chart_s_runner_command_is_accepted_by_this_cli(mode):
     from metax_operator import cli
+
     objects = render_chart({**VALUES, "runner": {"mode": mode, "interval": 7}})
-    workload = next(o for o in objects if o["kind"] in ("Deployment", "CronJob")
-                    and o["metadata"]["name"] == "metax-operator-runner")
-    pod = workload["spec"]["template"]["spec"] if mode == "deployment" else \
-        workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    workload = next(
+        o for o in objects if o["kind"] in ("Deployment", "CronJob") and o["metadata"]["name"] == "metax-operator-runner"
+    )
+    pod = (
+        workload["spec"]["template"]["spec"]
+        if mode == "deployment"
+        else workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    )
     command = next(c for c in pod["containers"]).get("command")
     args = cli.build_parser().parse_args(command[1:])
     assert args.func.__module__ == "metax_operator.runtime.run" and args.namespace == "metax-operator"
@@ -527,8 +678,11 @@ def test_the_chart_s_runner_command_is_accepted_by_this_cli(mode):
 def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
     """Before its lease can expire (and another runner take over), not after."""
     import time
+
     from kubernetes import client
+
     from metax_operator.runtime.leader import Elector, LeaseLock
+
     lock = LeaseLock("lease", "ns", "me", client.ApiClient())
     elector = Elector(lock, lease_duration=15, renew_deadline=10, retry_period=2)
     elector._started()  # what the library calls once it holds the lease
@@ -543,6 +697,7 @@ def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
 
 # -- the shell's status write, against a fake API ----------------------------------------------------
 
+
 class ConflictOnceApi:
     """What `execute` calls, recorded; the first status patch fails with 409 as the API server
     answers when the CR changed since it was read (the CR now at generation 4)."""
@@ -555,6 +710,7 @@ class ConflictOnceApi:
 
     def patch(self, api_version, kind, name, patch, **kwargs):
         from kubernetes.client.exceptions import ApiException
+
         assert kwargs.get("subresource") == "status"
         if self.conflicts:
             self.conflicts -= 1
@@ -570,6 +726,7 @@ class ConflictOnceApi:
             @staticmethod
             def path(**_):
                 return "/api/v1/namespaces/default/events"
+
         return Resource
 
     def call(self, *args, **kwargs):

@@ -1,6 +1,7 @@
 """The runner's loop: a pass when a watch announces a change (one pass for a burst), the interval
 only as the latest, a failure's backoff kept whatever changes, and `stop` ending any wait. The
 informer's change signal against the real API server."""
+
 from __future__ import annotations
 
 import threading
@@ -10,8 +11,8 @@ import pytest
 from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.informer import Informer
-from tests.waiting import consistently, eventually
 from tests.runtime.test_health import FakeElector
+from tests.waiting import consistently, eventually
 
 HOUR = 3600.0  # an interval no test waits for: every pass here is woken
 
@@ -102,8 +103,9 @@ def informer(control_plane):
     namespace = "informer-changes"
     api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
     changes = []
-    cache = Informer(api, core.path(namespace=namespace), name="configmaps",
-                     project=lambda cm: (cm.get("data") or {}).get("watched"))
+    cache = Informer(
+        api, core.path(namespace=namespace), name="configmaps", project=lambda cm: (cm.get("data") or {}).get("watched")
+    )
     cache.on_change = lambda: changes.append(dict(cache.snapshot()))
     cache.start()
     assert cache.wait_synced(30)
@@ -117,10 +119,8 @@ def test_the_informer_signals_what_its_projection_sees_and_nothing_else(informer
     api.call("POST", path, body={"metadata": {"name": "a"}, "data": {"watched": "1"}})
     eventually(lambda: changes and changes[-1] == {"informer-changes/a": "1"}, 30, "the added object")
     seen = len(changes)
-    api.call("PATCH", f"{path}/a", body={"data": {"other": "x"}},
-             content_type="application/merge-patch+json")
-    api.call("PATCH", f"{path}/a", body={"data": {"watched": "2"}},
-             content_type="application/merge-patch+json")
+    api.call("PATCH", f"{path}/a", body={"data": {"other": "x"}}, content_type="application/merge-patch+json")
+    api.call("PATCH", f"{path}/a", body={"data": {"watched": "2"}}, content_type="application/merge-patch+json")
     eventually(lambda: changes[-1] == {"informer-changes/a": "2"}, 30, "the projected change")
     assert len(changes) == seen + 1, "an update the projection does not see signalled a change"
     api.call("DELETE", f"{path}/a")
@@ -130,8 +130,9 @@ def test_the_informer_signals_what_its_projection_sees_and_nothing_else(informer
 def test_interval_only_ignores_changes():
     runner = GatedRunner()
     stop = threading.Event()
-    thread = threading.Thread(target=runner_mod.loop, args=(runner, FakeElector(), HOUR, stop),
-                              kwargs={"on_change": False}, daemon=True)
+    thread = threading.Thread(
+        target=runner_mod.loop, args=(runner, FakeElector(), HOUR, stop), kwargs={"on_change": False}, daemon=True
+    )
     thread.start()
     try:
         eventually(lambda: runner.passes == 1, 10, "the first pass")

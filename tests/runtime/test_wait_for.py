@@ -2,6 +2,7 @@
 
 The waiting itself (watch, kwok pods turning Ready) is in tests/e2e/test_runner.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,7 @@ def test_all_prerequisites_ready_means_nothing_pending():
 
 
 def test_a_prerequisite_without_a_pod_on_the_node_is_pending():
-    assert pending(by_name(pod("label-a", "gpuLabel", True)), ["gpuLabel", "runtime"]) == {
-        "runtime": "no pod on this node yet"}
+    assert pending(by_name(pod("label-a", "gpuLabel", True)), ["gpuLabel", "runtime"]) == {"runtime": "no pod on this node yet"}
 
 
 def test_a_pod_not_ready_is_pending_with_its_name_and_phase():
@@ -57,13 +57,18 @@ def test_pods_of_other_components_do_not_count():
 
 def test_the_watch_is_restricted_to_the_node_and_the_prerequisites():
     assert selectors("gpu-node-3", ["runtime", "gpuLabel"]) == (
-        "spec.nodeName=gpu-node-3", "app.kubernetes.io/component in (gpuLabel,runtime)")
+        "spec.nodeName=gpu-node-3",
+        "app.kubernetes.io/component in (gpuLabel,runtime)",
+    )
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--component", "drivers"], "--component: drivers is not a component; use values keys: gpuLabel"),
-    (["--component", "runtime", "--node", ""], "--node: is empty"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--component", "drivers"], "--component: drivers is not a component; use values keys: gpuLabel"),
+        (["--component", "runtime", "--node", ""], "--node: is empty"),
+    ],
+)
 def test_bad_arguments_name_the_option_and_the_fix(capsys, argv, fragment):
     base = {"--namespace": "ns", "--node": "n1"}
     args = ["wait-for"]
@@ -77,8 +82,8 @@ def test_bad_arguments_name_the_option_and_the_fix(capsys, argv, fragment):
 def test_the_chart_s_wait_for_init_containers_call_this_command_with_each_component_s_prerequisites():
     from metax_operator.contract import PREREQUISITES
     from tests.helm import render_chart
-    objects = render_chart({"registry": "r.example/metax", "driver": {"payload": {"version": "1"}},
-                            "exporter": {"deploy": True}})
+
+    objects = render_chart({"registry": "r.example/metax", "driver": {"payload": {"version": "1"}}, "exporter": {"deploy": True}})
     seen = {}
     for ds in (o for o in objects if o["kind"] == "DaemonSet"):
         key = ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]

@@ -1,5 +1,6 @@
 """The chart rendered by the real Helm 3.18 and Helm 4.1: lint, Kubernetes schemas, and the chart
 contract (names, labels, gating, strategy, scheduling annotations, RBAC, security contexts)."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,7 @@ import pytest
 import yaml
 
 from metax_operator import contract
-from tests.helm import (CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart,  # noqa: F401
-                        render_chart, run_helm, validate_objects)
+from tests.helm import CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart, render_chart, run_helm, validate_objects  # noqa: F401
 
 pytestmark = pytest.mark.helm
 
@@ -21,19 +21,29 @@ SEED_INSTALL = ("--set", "registry=domain.example/project", "--set", "driver.pay
 ALL_ON = ("--values", str(CHART / "tests/data/values-all.yaml"))
 # Seed §3.2.6.1, as a shell passes `--set ...nodeName='worknode\\d+' --set ...gpus='0\,1\,2'`.
 SEED_VFIO = SEED_INSTALL + (
-    "--set", "vfioManager.vfioConfig[0].nodeName=worknode1",
-    "--set", "vfioManager.vfioConfig[0].gpus=0\\,1\\,2",
-    "--set", "vfioManager.vfioConfig[1].nodeName=worknode\\\\d+",
-    "--set", "vfioManager.vfioConfig[1].gpus=0\\,1\\,2",
+    "--set",
+    "vfioManager.vfioConfig[0].nodeName=worknode1",
+    "--set",
+    "vfioManager.vfioConfig[0].gpus=0\\,1\\,2",
+    "--set",
+    "vfioManager.vfioConfig[1].nodeName=worknode\\\\d+",
+    "--set",
+    "vfioManager.vfioConfig[1].gpus=0\\,1\\,2",
 )
 SCENARIOS = {"seed-install": SEED_INSTALL, "all-components": ALL_ON, "seed-vfio": SEED_VFIO}
 
 # The contract's components: values key -> (DaemonSet, prerequisites of seed §3.2.3).
 COMPONENTS = {key: (c.daemonset, list(c.prerequisites)) for key, c in contract.COMPONENTS.items()}
 PRIVILEGED = {"runtime", "driver", "vfioManager"}
-STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
-                   "app.kubernetes.io/version", "app.kubernetes.io/component", "app.kubernetes.io/part-of",
-                   "helm.sh/chart")
+STANDARD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "helm.sh/chart",
+)
 
 
 @lru_cache(maxsize=None)
@@ -44,8 +54,7 @@ def rendered(helm: str, args: tuple[str, ...]) -> tuple[dict, ...]:
 
 def daemonsets(objects) -> dict[str, dict]:
     """DaemonSets by their component annotation."""
-    return {o["metadata"]["annotations"][contract.COMPONENT_ANNOTATION]: o
-            for o in objects if o["kind"] == "DaemonSet"}
+    return {o["metadata"]["annotations"][contract.COMPONENT_ANNOTATION]: o for o in objects if o["kind"] == "DaemonSet"}
 
 
 def dependents(key: str) -> set[str]:
@@ -65,6 +74,7 @@ def pod_spec(obj: dict) -> dict:
 
 
 # --- lint and Kubernetes schemas ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_lint_strict_is_clean(helm_bin, scenario):
@@ -94,6 +104,7 @@ def test_validator_rejects_an_unknown_field():
 
 # --- the seed's vfio example and the ConfigMaps ------------------------------------------
 
+
 def test_seed_vfio_set_example_renders_the_vfio_config(helm_bin):
     config = find(rendered(helm_bin, SEED_VFIO), "ConfigMap", "metax-vfio-config")
     assert config["data"]["config"] == "- gpus: 0,1,2\n  nodeName: worknode1\n- gpus: 0,1,2\n  nodeName: worknode\\d+\n"
@@ -105,10 +116,12 @@ def test_seed_vfio_set_example_renders_the_vfio_config(helm_bin):
 
 # --- gating and names -------------------------------------------------------------------
 
+
 def test_default_install_deploys_every_component_but_the_exporter(helm_bin):
     objects = rendered(helm_bin, SEED_INSTALL)
     assert {k: o["metadata"]["name"] for k, o in daemonsets(objects).items()} == {
-        k: name for k, (name, _) in COMPONENTS.items() if k != "exporter"}
+        k: name for k, (name, _) in COMPONENTS.items() if k != "exporter"
+    }
     assert not [o for o in objects if o["kind"] == "Service"]
 
 
@@ -131,10 +144,11 @@ def test_deploy_false_removes_the_component_and_nothing_else(helm_bin, key):
 
 # --- labels -----------------------------------------------------------------------------
 
+
 def test_every_object_carries_the_standard_and_common_labels(helm_bin):
     for obj in rendered(helm_bin, ALL_ON):
         labels = obj["metadata"]["labels"]
-        where = f'{obj["kind"]}/{obj["metadata"]["name"]}'
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert all(labels.get(key) for key in STANDARD_LABELS), where
         assert labels["app.kubernetes.io/name"] == "metax-operator", where
         assert labels["app.kubernetes.io/instance"] == RELEASE, where
@@ -157,8 +171,7 @@ def test_selectors_use_only_name_instance_and_component(helm_bin):
     for obj in objects:
         if obj["kind"] in ("DaemonSet", "Deployment"):
             selector = obj["spec"]["selector"]["matchLabels"]
-            assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance",
-                                     "app.kubernetes.io/component"}
+            assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
             assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
     service = find(objects, "Service", "metax-data-exporter")
     assert service["spec"]["selector"] == daemonsets(objects)["exporter"]["spec"]["selector"]["matchLabels"]
@@ -172,6 +185,7 @@ def test_pod_templates_do_not_change_with_the_chart_version(helm_bin):
 
 
 # --- scheduling and the annotation contract ---------------------------------------------
+
 
 def test_scheduling_base_annotation_is_exactly_the_rendered_scheduling_fields(helm_bin):
     for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
@@ -189,9 +203,11 @@ def test_scheduling_inputs_annotation_carries_the_values(helm_bin):
     values = yaml.safe_load((CHART / "tests/data/values-all.yaml").read_text())
     for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
         inputs = json.loads(daemonset["metadata"]["annotations"]["gpu.metax-tech.com/scheduling-inputs"])
-        assert inputs == {"global": values["podTemplateSpec"],
-                          "component": values.get(key, {}).get("podTemplateSpec") or None,
-                          "tolerations": values["tolerations"]}, key
+        assert inputs == {
+            "global": values["podTemplateSpec"],
+            "component": values.get(key, {}).get("podTemplateSpec") or None,
+            "tolerations": values["tolerations"],
+        }, key
 
 
 def test_scheduling_inputs_are_null_when_nothing_is_set(helm_bin):
@@ -200,12 +216,13 @@ def test_scheduling_inputs_are_null_when_nothing_is_set(helm_bin):
         assert json.loads(inputs) == {"global": None, "component": None, "tolerations": None}
 
 
-SEED_TOLERATIONS = [{"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"},
-                    {"key": "key2", "operator": "Equal", "value": "value1", "effect": "NoExecute"}]
+SEED_TOLERATIONS = [
+    {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"},
+    {"key": "key2", "operator": "Equal", "value": "value1", "effect": "NoExecute"},
+]
 
 
-@pytest.mark.parametrize("content", [{"tolerations": SEED_TOLERATIONS}, SEED_TOLERATIONS],
-                         ids=["seed-file-format", "plain-list"])
+@pytest.mark.parametrize("content", [{"tolerations": SEED_TOLERATIONS}, SEED_TOLERATIONS], ids=["seed-file-format", "plain-list"])
 def test_deprecated_tolerations_from_set_file_are_parsed(helm_bin, tmp_path, content):
     path = tmp_path / "tolerations.yaml"
     path.write_text(yaml.safe_dump(content))
@@ -224,6 +241,7 @@ def test_a_tolerations_file_of_another_shape_fails_naming_the_field(helm_bin, tm
 
 # --- component order, images, security --------------------------------------------------
 
+
 def test_dependent_components_wait_for_their_prerequisites(helm_bin):
     for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
         init = {c["name"]: c for c in pod_spec(daemonset).get("initContainers", [])}
@@ -240,9 +258,11 @@ def test_dependent_components_wait_for_their_prerequisites(helm_bin):
 def test_images_come_from_the_registry_with_the_app_version_or_overrides(helm_bin):
     objects = rendered(helm_bin, ALL_ON)
     sets = daemonsets(objects)
+
     def image(key: str, name: str) -> str:
         spec = pod_spec(sets[key])
         return next(c["image"] for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
+
     assert image("gpuLabel", "gpu-label") == "cr.example.com/metax/gpu-label:0.10.0"
     assert image("runtime", "container-runtime") == "mirror.example.com/metax/container-runtime:0.10.1"
     assert image("driver", "payload") == "payload.example.com/metax/driver-image:2.32.0.6"
@@ -264,15 +284,23 @@ def test_only_driver_runtime_and_vfio_manager_are_privileged(helm_bin):
 
 
 def test_unprivileged_components_mount_the_host_read_only_except_their_own_directories(helm_bin):
-    writable = {"gpuDevice": {"/var/lib/kubelet/device-plugins"}, "maca": {"/opt/metax/maca", "/run/metax"},
-                "gpuLabel": set(), "exporter": set()}
+    writable = {
+        "gpuDevice": {"/var/lib/kubelet/device-plugins"},
+        "maca": {"/opt/metax/maca", "/run/metax"},
+        "gpuLabel": set(),
+        "exporter": set(),
+    }
     for key, daemonset in daemonsets(rendered(helm_bin, ALL_ON)).items():
         if key in PRIVILEGED:
             continue
         spec = pod_spec(daemonset)
         host = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
-        mounted_rw = {host[m["name"]] for c in spec["containers"] for m in c.get("volumeMounts", [])
-                      if m["name"] in host and not m.get("readOnly")}
+        mounted_rw = {
+            host[m["name"]]
+            for c in spec["containers"]
+            for m in c.get("volumeMounts", [])
+            if m["name"] in host and not m.get("readOnly")
+        }
         assert mounted_rw == writable[key], key
         for container in spec["containers"]:
             context = container["securityContext"]
@@ -306,8 +334,18 @@ def test_runner_runs_its_command_under_pod_security_restricted(helm_bin, mode):
     command = spec["containers"][0]["command"]
     if mode == "deployment":
         assert runner["spec"]["replicas"] == 1 and runner["spec"]["strategy"] == {"type": "Recreate"}
-        assert command == ["metax-operator", "run", "--namespace", NAMESPACE, "--interval", "7",
-                           "--health-port", "8081", "--stall-timeout", "300"]
+        assert command == [
+            "metax-operator",
+            "run",
+            "--namespace",
+            NAMESPACE,
+            "--interval",
+            "7",
+            "--health-port",
+            "8081",
+            "--stall-timeout",
+            "300",
+        ]
     else:
         assert runner["spec"]["concurrencyPolicy"] == "Forbid"
         assert command == ["metax-operator", "run", "--once", "--namespace", NAMESPACE]
@@ -315,10 +353,16 @@ def test_runner_runs_its_command_under_pod_security_restricted(helm_bin, mode):
 
 # --- RBAC -------------------------------------------------------------------------------
 
+
 def rules_of(objects, kind: str, name: str) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) triples a role grants."""
-    return {(group, resource, verb) for rule in find(objects, kind, name)["rules"]
-            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    return {
+        (group, resource, verb)
+        for rule in find(objects, kind, name)["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_rbac_has_no_wildcards(helm_bin):
@@ -369,7 +413,8 @@ def test_runner_rbac_is_the_contract(helm_bin):
     assert events["metadata"]["namespace"] == "default"
     assert rules_of(objects, "Role", "metax-operator-runner-events") == {
         *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
-        *{("", "events", v) for v in ("list", "watch")}}  # NodeNeedReboot and Rebooted
+        *{("", "events", v) for v in ("list", "watch")},
+    }  # NodeNeedReboot and Rebooted
     binding = find(objects, "RoleBinding", "metax-operator-runner-events")
     assert binding["metadata"]["namespace"] == "default"
     assert binding["roleRef"]["name"] == "metax-operator-runner-events"
@@ -378,10 +423,18 @@ def test_runner_rbac_is_the_contract(helm_bin):
 
 # --- exporter Service -------------------------------------------------------------------
 
-@pytest.mark.parametrize("settings", [{}, {"type": "NodePort", "port": 30090}, {"type": "NodePort"},
-                                      {"type": "LoadBalancer", "port": 9100},
-                                      {"type": "ExternalName", "externalName": "metrics.example.com"}],
-                         ids=["ClusterIP", "NodePort", "NodePort-any-port", "LoadBalancer", "ExternalName"])
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"type": "NodePort", "port": 30090},
+        {"type": "NodePort"},
+        {"type": "LoadBalancer", "port": 9100},
+        {"type": "ExternalName", "externalName": "metrics.example.com"},
+    ],
+    ids=["ClusterIP", "NodePort", "NodePort-any-port", "LoadBalancer", "ExternalName"],
+)
 def test_exporter_service_of_every_type_is_valid_for_the_kubernetes_api(helm_bin, settings):
     """The Service's shape for each type is the helm-unittest suite's (exporter/service_test.yaml);
     here each rendered shape is checked against the Kubernetes API's schema."""
@@ -393,13 +446,22 @@ def test_exporter_service_of_every_type_is_valid_for_the_kubernetes_api(helm_bin
 
 # --- packaging --------------------------------------------------------------------------
 
+
 def test_package_holds_only_the_chart(tmp_path):
     """.helmignore keeps tests, docs, scripts, the Python sources and dev files out of the package."""
     run_helm("helm3", "package", str(CHART), "--destination", str(tmp_path))
     with tarfile.open(next(tmp_path.glob("metax-operator-*.tgz"))) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames()}
     top = {name.split("/")[0] for name in names}
-    assert top <= {"Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates",
-                   "dashboards"}
+    assert top <= {
+        "Chart.yaml",
+        "values.yaml",
+        "values.schema.json",
+        "README.md",
+        ".helmignore",
+        "crds",
+        "templates",
+        "dashboards",
+    }
     assert {"Chart.yaml", "values.yaml", "templates"} <= top
     assert "templates/driver/daemonset.yaml" in names

@@ -1,6 +1,7 @@
 """The chart's security posture, rendered by the real Helm 3.18 and 4.1 (docs/security.md): the
 ServiceAccount token only in containers whose code calls the API, seccomp on every pod, resources
 on every container. Checkov's view of the same renders is tests/templates/test_checkov.py."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -40,8 +41,12 @@ def pod_specs(objects) -> dict[tuple[str, str], dict]:
 def bound_accounts(objects) -> set[str]:
     """ServiceAccounts granted API access by a binding of their own (the pods-read binding that
     every dependent component's wait-for init container uses does not count)."""
-    return {s["name"] for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
-            and o["metadata"]["name"] != "metax-operator-wait-for" for s in o["subjects"]}
+    return {
+        s["name"]
+        for o in objects
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["metadata"]["name"] != "metax-operator-wait-for"
+        for s in o["subjects"]
+    }
 
 
 @pytest.mark.parametrize("mode", ["deployment", "cronjob"])
@@ -53,12 +58,15 @@ def test_the_token_is_mounted_exactly_into_the_containers_that_call_the_api(helm
         for container in spec["containers"] + spec.get("initContainers", []):
             mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
             calls_api = container["name"] in OUR_CLIENTS or (
-                container in spec["containers"] and spec["serviceAccountName"] in bound)
+                container in spec["containers"] and spec["serviceAccountName"] in bound
+            )
             assert (TOKEN_PATH in mounts) == calls_api, (where, container["name"])
             if calls_api:
                 assert mounts[TOKEN_PATH]["readOnly"] is True and mounts[TOKEN_PATH]["name"] == "kube-api-access"
-        if any(TOKEN_PATH in {m["mountPath"] for m in c.get("volumeMounts", [])}
-               for c in spec["containers"] + spec.get("initContainers", [])):
+        if any(
+            TOKEN_PATH in {m["mountPath"] for m in c.get("volumeMounts", [])}
+            for c in spec["containers"] + spec.get("initContainers", [])
+        ):
             volume = next(v for v in spec["volumes"] if v["name"] == "kube-api-access")
             sources = [next(iter(s)) for s in volume["projected"]["sources"]]
             assert sources == ["serviceAccountToken", "configMap", "downwardAPI"], where
@@ -67,8 +75,11 @@ def test_the_token_is_mounted_exactly_into_the_containers_that_call_the_api(helm
 def test_the_components_that_call_the_api_are_those_the_docs_name(helm_bin):
     """docs/security.md: gpu-label, driver, gpu-device and vfio-manager call the API themselves."""
     objects = rendered(helm_bin, "deployment")
-    callers = {name for (kind, name), spec in pod_specs(objects).items() if kind == "DaemonSet"
-               and any(m["mountPath"] == TOKEN_PATH for m in spec["containers"][0].get("volumeMounts", []))}
+    callers = {
+        name
+        for (kind, name), spec in pod_specs(objects).items()
+        if kind == "DaemonSet" and any(m["mountPath"] == TOKEN_PATH for m in spec["containers"][0].get("volumeMounts", []))
+    }
     assert callers == {"metax-gpu-label", "metax-driver", "metax-gpu-device", "metax-vfio-manager"}
 
 
@@ -92,8 +103,12 @@ def test_every_container_requests_cpu_and_memory_and_has_a_memory_limit(helm_bin
 
 
 def test_only_the_driver_and_maca_have_no_cpu_limit(helm_bin):
-    unlimited = {where[1] for where, spec in pod_specs(rendered(helm_bin, "deployment")).items()
-                 for c in spec["containers"] + spec.get("initContainers", []) if "cpu" not in c["resources"]["limits"]}
+    unlimited = {
+        where[1]
+        for where, spec in pod_specs(rendered(helm_bin, "deployment")).items()
+        for c in spec["containers"] + spec.get("initContainers", [])
+        if "cpu" not in c["resources"]["limits"]
+    }
     assert unlimited == {"metax-driver", "metax-maca"}
 
 
@@ -120,8 +135,11 @@ SEED = ("--set", "registry=domain.example/project", "--set", "driver.payload.ver
 
 
 def node_write_policy(helm: str, *args: str) -> list[dict]:
-    return [o for o in render_chart(helm=helm, args=SEED + args)
-            if o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"].endswith("-node-writes")]
+    return [
+        o
+        for o in render_chart(helm=helm, args=SEED + args)
+        if o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"].endswith("-node-writes")
+    ]
 
 
 def test_the_node_write_policy_names_every_component_that_patches_nodes_when_the_cluster_serves_it(helm_bin):
@@ -129,15 +147,23 @@ def test_the_node_write_policy_names_every_component_that_patches_nodes_when_the
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     (condition,) = policy["spec"]["matchConditions"]
     named = set(condition["expression"].split(" in ", 1)[1].strip("[]").replace('"', "").split(","))
-    assert named == {f"system:serviceaccount:metax-operator:metax-{c}"
-                     for c in ("gpu-label", "driver", "gpu-device", "vfio-manager")}
-    patchers = {o["metadata"]["name"] for o in render_chart(helm=helm_bin, args=SEED + ("--set", "vfioManager.deploy=true"))
-                if o["kind"] == "ClusterRole" and any("nodes" in r["resources"] and "patch" in r["verbs"]
-                                                      for r in o["rules"])}
-    assert patchers == {"metax-operator-gpu-label", "metax-operator-driver", "metax-operator-gpu-device",
-                        "metax-operator-vfio-manager",
-                        "metax-operator-runner", "metax-operator-cleanup"}  # cordons; the uninstall hook's unlabelling
-    assert 'k.startsWith(p)' in str(policy["spec"]["variables"]) and '["metax-tech.com/"]' in str(policy["spec"])
+    assert named == {
+        f"system:serviceaccount:metax-operator:metax-{c}" for c in ("gpu-label", "driver", "gpu-device", "vfio-manager")
+    }
+    patchers = {
+        o["metadata"]["name"]
+        for o in render_chart(helm=helm_bin, args=SEED + ("--set", "vfioManager.deploy=true"))
+        if o["kind"] == "ClusterRole" and any("nodes" in r["resources"] and "patch" in r["verbs"] for r in o["rules"])
+    }
+    assert patchers == {
+        "metax-operator-gpu-label",
+        "metax-operator-driver",
+        "metax-operator-gpu-device",
+        "metax-operator-vfio-manager",
+        "metax-operator-runner",
+        "metax-operator-cleanup",
+    }  # cordons; the uninstall hook's unlabelling
+    assert "k.startsWith(p)" in str(policy["spec"]["variables"]) and '["metax-tech.com/"]' in str(policy["spec"])
 
 
 def test_the_node_write_policy_is_left_out_where_it_is_not_served_or_turned_off(helm_bin):

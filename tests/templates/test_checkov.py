@@ -18,6 +18,7 @@ and goes when its condition is lifted); and each skip shows the reason the chart
 The table (`metax-operator.checkov.table` in templates/_security.tpl) is plain YAML, read here
 as it is; docs/security.md must list the same exceptions with the same reasons.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -47,15 +48,20 @@ SCENARIOS = {
     "default": SEED_INSTALL,
     "all-components": ALL_ON,
     "cronjob": ALL_ON + POLICIES + ("--set", "runner.mode=cronjob"),
-    "hardened": ALL_ON + POLICIES + ("--set", "imagePullPolicy=Always", "--set", "driver.resources.limits.cpu=2",
-                                     "--set", "maca.resources.limits.cpu=2"),
+    "hardened": ALL_ON
+    + POLICIES
+    + ("--set", "imagePullPolicy=Always", "--set", "driver.resources.limits.cpu=2", "--set", "maca.resources.limits.cpu=2"),
 }
 # The table's keys (templates/_security.tpl) and the objects that carry their skips.
 TABLE_OBJECTS = {
-    "gpuLabel": {("DaemonSet", "metax-gpu-label")}, "runtime": {("DaemonSet", "metax-container-runtime")},
-    "driver": {("DaemonSet", "metax-driver")}, "maca": {("DaemonSet", "metax-maca")},
-    "gpuDevice": {("DaemonSet", "metax-gpu-device")}, "exporter": {("DaemonSet", "metax-data-exporter")},
-    "vfioManager": {("DaemonSet", "metax-vfio-manager")}, "tests": {("Pod", "metax-operator-test")},
+    "gpuLabel": {("DaemonSet", "metax-gpu-label")},
+    "runtime": {("DaemonSet", "metax-container-runtime")},
+    "driver": {("DaemonSet", "metax-driver")},
+    "maca": {("DaemonSet", "metax-maca")},
+    "gpuDevice": {("DaemonSet", "metax-gpu-device")},
+    "exporter": {("DaemonSet", "metax-data-exporter")},
+    "vfioManager": {("DaemonSet", "metax-vfio-manager")},
+    "tests": {("Pod", "metax-operator-test")},
     "runnerEvents": {("Role", "metax-operator-runner-events"), ("RoleBinding", "metax-operator-runner-events")},
 }
 
@@ -84,9 +90,14 @@ def checkov(path: Path) -> dict:
     objects of every file a run scans)."""
     env = {**os.environ, "CKV_SKIP_PACKAGE_UPDATE_CHECK": "true", "BC_SKIP_MAPPING": "TRUE"}
     # --skip-download: Checkov asks its vendor's platform for metadata otherwise; nothing leaves the machine.
-    result = subprocess.run([str(CHECKOV), "--file", path.name, "--framework", "kubernetes",
-                             "--skip-download", "--compact", "--output", "json"],
-                            cwd=path.parent, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [str(CHECKOV), "--file", path.name, "--framework", "kubernetes", "--skip-download", "--compact", "--output", "json"],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if not result.stdout.startswith("{"):
         raise AssertionError(f"checkov failed (exit {result.returncode}): {result.stderr[-2000:]}")
     return json.loads(result.stdout)
@@ -112,14 +123,24 @@ def scan(directory: Path) -> dict:
             paths[-1].write_text(without_skips(texts[name]))
         rendered = time.monotonic()
         reports = list(pool.map(checkov, paths))
-    return {"results": {f"{outcome}_checks": [r for part in reports for r in part["results"][f"{outcome}_checks"]]
-                        for outcome in ("passed", "failed", "skipped")},
-            "summary": {key: sum(part["summary"][key] for part in reports)
-                        for key in ("passed", "failed", "skipped", "parsing_errors", "resource_count")},
-            "versions": sorted({part["summary"]["checkov_version"] for part in reports}),
-            "timing": {"renders": round(rendered - started, 1), "checkov": round(time.monotonic() - rendered, 1),
-                       "files": len(paths)},
-            "renders": texts, "files": files}
+    return {
+        "results": {
+            f"{outcome}_checks": [r for part in reports for r in part["results"][f"{outcome}_checks"]]
+            for outcome in ("passed", "failed", "skipped")
+        },
+        "summary": {
+            key: sum(part["summary"][key] for part in reports)
+            for key in ("passed", "failed", "skipped", "parsing_errors", "resource_count")
+        },
+        "versions": sorted({part["summary"]["checkov_version"] for part in reports}),
+        "timing": {
+            "renders": round(rendered - started, 1),
+            "checkov": round(time.monotonic() - rendered, 1),
+            "files": len(paths),
+        },
+        "renders": texts,
+        "files": files,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -136,9 +157,11 @@ def report(tmp_path_factory, request) -> dict:
             directory = shared / "checkov-renders"
             directory.mkdir(exist_ok=True)  # a worker whose scan failed may have made it
             report = scan(directory)
-            print(f"\nCheckov: {len(report['renders'])} renders in {report['timing']['renders']} s; "
-                  f"{report['timing']['files']} files (distinct renders and their twins), "
-                  f"{report['summary']['resource_count']} resources, in {report['timing']['checkov']} s")
+            print(
+                f"\nCheckov: {len(report['renders'])} renders in {report['timing']['renders']} s; "
+                f"{report['timing']['files']} files (distinct renders and their twins), "
+                f"{report['summary']['resource_count']} resources, in {report['timing']['checkov']} s"
+            )
             cached.write_text(json.dumps(report))
     return json.loads(cached.read_text())
 
@@ -162,8 +185,11 @@ def test_checkov_scans_every_render_without_parsing_errors(report):
 
 
 def test_checkov_reports_no_unjustified_finding(report):
-    failed = sorted(f'{r["file_path"]}: {r["resource"]} {r["check_id"]} ({r["check_name"]})'
-                    for r in results(report, "failed") if not r["file_path"].endswith(".noskips.yaml"))
+    failed = sorted(
+        f"{r['file_path']}: {r['resource']} {r['check_id']} ({r['check_name']})"
+        for r in results(report, "failed")
+        if not r["file_path"].endswith(".noskips.yaml")
+    )
     assert not failed, "fix these, or add them with a reason to metax-operator.checkov.table:\n" + "\n".join(failed)
 
 
@@ -204,6 +230,7 @@ def test_every_skip_shows_the_reason_its_annotation_gives(report):
 
 
 # -- the table and docs/security.md --------------------------------------------------------------
+
 
 def table() -> dict:
     """`metax-operator.checkov.table`: the YAML between its define and its end."""

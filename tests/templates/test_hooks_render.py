@@ -1,4 +1,5 @@
 """The hook Jobs, their RBAC and ConfigMaps, and the helm test pod, rendered by real Helm 3 and 4."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,13 @@ from tests.helm import CHART, find, helm_bin, render_chart, validate_objects  # 
 pytestmark = pytest.mark.helm
 
 BASE = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
-PHASES = {"preflight": "pre-install,pre-upgrade", "upgrade-crds": "pre-install,pre-upgrade",
-          "bootstrap": "post-install,pre-upgrade,post-rollback", "cleanup": "pre-delete", "test": "test"}
+PHASES = {
+    "preflight": "pre-install,pre-upgrade",
+    "upgrade-crds": "pre-install,pre-upgrade",
+    "bootstrap": "post-install,pre-upgrade,post-rollback",
+    "cleanup": "pre-delete",
+    "test": "test",
+}
 JOB_WEIGHTS = {"preflight": "0", "upgrade-crds": "1", "bootstrap": "2", "cleanup": "3"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
@@ -23,8 +29,11 @@ def render(values: dict | None = None, helm: str = "helm3", args=(), tests: bool
     for key, value in (values or {}).items():
         merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
     components = {"hooks", "tests"} if tests else {"hooks"}
-    return [o for o in render_chart(merged, helm=helm, args=args)
-            if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") in components]
+    return [
+        o
+        for o in render_chart(merged, helm=helm, args=args)
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") in components
+    ]
 
 
 def hook_of(obj: dict) -> str:
@@ -59,21 +68,30 @@ def test_weights_chain_rbac_then_configmaps_then_jobs(helm_bin):
 
 
 def test_delete_policy_and_job_limits_come_from_values(helm_bin):
-    objects = render({"hooks": {"ttlSecondsAfterFinished": 60, "activeDeadlineSeconds": 120, "backoffLimit": 1,
-                                "resources": {"requests": {"cpu": "20m"}, "limits": {"memory": "100Mi"}}}},
-                     helm=helm_bin)
+    objects = render(
+        {
+            "hooks": {
+                "ttlSecondsAfterFinished": 60,
+                "activeDeadlineSeconds": 120,
+                "backoffLimit": 1,
+                "resources": {"requests": {"cpu": "20m"}, "limits": {"memory": "100Mi"}},
+            }
+        },
+        helm=helm_bin,
+    )
     for obj in objects:
         policy = annotations(obj)["helm.sh/hook-delete-policy"]
         # The test pod is kept after a pass so that `helm test --logs` can read it.
-        assert policy == ("before-hook-creation" if obj["kind"] == "Pod"
-                          else "before-hook-creation,hook-succeeded")
+        assert policy == ("before-hook-creation" if obj["kind"] == "Pod" else "before-hook-creation,hook-succeeded")
     for job in (o for o in objects if o["kind"] == "Job"):
-        assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"],
-                job["spec"]["backoffLimit"]) == (60, 120, 1)
+        assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"], job["spec"]["backoffLimit"]) == (
+            60,
+            120,
+            1,
+        )
         [container] = pod_spec(job)["containers"]
         # Helm merges maps: the default memory request and CPU limit stay
-        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
-                                          "limits": {"cpu": "1", "memory": "100Mi"}}
+        assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "100Mi"}}
 
 
 def test_pods_meet_pod_security_restricted(helm_bin):
@@ -85,8 +103,10 @@ def test_pods_meet_pod_security_restricted(helm_bin):
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["restartPolicy"] == "Never"
         assert not spec.get("hostNetwork") and not spec.get("hostPID")
-        assert all(v.get("configMap") or v.get("emptyDir") is not None
-                   or (v["name"] == "kube-api-access" and v["projected"]) for v in spec["volumes"])
+        assert all(
+            v.get("configMap") or v.get("emptyDir") is not None or (v["name"] == "kube-api-access" and v["projected"])
+            for v in spec["volumes"]
+        )
         for container in spec["containers"]:
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False
@@ -143,9 +163,18 @@ def test_values_configmap_carries_the_values_with_tolerations_as_a_list(helm_bin
 
 
 def test_hook_annotations_from_values_extend_and_override(helm_bin):
-    objects = render({"hooks": {"annotations": {"argocd.argoproj.io/sync-options": "Replace=true",
-                                                "helm.sh/hook-delete-policy": "before-hook-creation"}}},
-                     helm=helm_bin, tests=False)
+    objects = render(
+        {
+            "hooks": {
+                "annotations": {
+                    "argocd.argoproj.io/sync-options": "Replace=true",
+                    "helm.sh/hook-delete-policy": "before-hook-creation",
+                }
+            }
+        },
+        helm=helm_bin,
+        tests=False,
+    )
     for obj in objects:
         assert annotations(obj)["argocd.argoproj.io/sync-options"] == "Replace=true"
         assert annotations(obj)["helm.sh/hook-delete-policy"] == "before-hook-creation"
@@ -166,8 +195,7 @@ def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(he
         assert len(name.rsplit("-", 1)[1]) == 10
         assert "ttlSecondsAfterFinished" not in jobs[name]["spec"]
     # the Jobs' service accounts are the hook's, whatever the Job's name
-    assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {
-        f"metax-operator-{h}" for h in JOB_WEIGHTS}
+    assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {f"metax-operator-{h}" for h in JOB_WEIGHTS}
 
 
 def test_plain_job_names_change_with_their_inputs(helm_bin):
@@ -177,8 +205,9 @@ def test_plain_job_names_change_with_their_inputs(helm_bin):
     first = names({"hooks": {"useHelmHooks": False}})
     assert first == names({"hooks": {"useHelmHooks": False}})
     changed = names({"hooks": {"useHelmHooks": False}, "driver": {"payload": {"version": "2.33.0.1"}}})
-    assert [n for n in changed if n.startswith("metax-operator-bootstrap")] != \
-           [n for n in first if n.startswith("metax-operator-bootstrap")]
+    assert [n for n in changed if n.startswith("metax-operator-bootstrap")] != [
+        n for n in first if n.startswith("metax-operator-bootstrap")
+    ]
 
 
 def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
@@ -192,12 +221,16 @@ def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
 
     def jobs(path) -> dict[str, str]:
         objects = render_chart({**BASE, "hooks": {"useHelmHooks": False}}, helm=helm_bin, chart=path)
-        return {o["metadata"]["name"].rsplit("-", 1)[0]: o["metadata"]["name"] for o in objects
-                if o["kind"] == "Job" and "argocd.argoproj.io/hook" not in annotations(o)}
+        return {
+            o["metadata"]["name"].rsplit("-", 1)[0]: o["metadata"]["name"]
+            for o in objects
+            if o["kind"] == "Job" and "argocd.argoproj.io/hook" not in annotations(o)
+        }
 
     before, after = jobs(CHART), jobs(chart)
-    assert before.keys() == after.keys() == {"metax-operator-preflight", "metax-operator-upgrade-crds",
-                                             "metax-operator-bootstrap"}
+    assert (
+        before.keys() == after.keys() == {"metax-operator-preflight", "metax-operator-upgrade-crds", "metax-operator-bootstrap"}
+    )
     assert all(before[k] != after[k] for k in before)
 
 
@@ -217,8 +250,7 @@ def test_plain_hooks_run_in_argo_cd_sync_waves_before_everything_else(helm_bin):
         waves[f"{obj['kind']}/{hook}"] = annotations(obj).get("argocd.argoproj.io/sync-wave")
         assert waves[f"{obj['kind']}/{hook}"] == WAVES[hook], obj["metadata"]["name"]
     assert len(waves) == 3 * 4 + 2  # each hook's Job, ServiceAccount, ClusterRole and binding; two ConfigMaps
-    crd = next(o for o in render_chart(BASE, helm=helm_bin, args=["--include-crds"])
-               if o["kind"] == "CustomResourceDefinition")
+    crd = next(o for o in render_chart(BASE, helm=helm_bin, args=["--include-crds"]) if o["kind"] == "CustomResourceDefinition")
     assert annotations(crd)["argocd.argoproj.io/sync-wave"] == WAVES["crds"]
     # as Helm hooks they carry no wave (Argo CD would take helm.sh/hook-weight instead)
     assert not [o for o in render(helm=helm_bin) if "argocd.argoproj.io/sync-wave" in annotations(o)]
@@ -228,8 +260,11 @@ def test_cleanup_is_an_argo_cd_post_delete_hook_that_removes_its_own_cluster_rba
     """Argo CD ignores pre-delete hooks and runs PostDelete ones after deleting the application;
     before 3.4 it never finishes when one of them is cluster-scoped, so the cleanup's ClusterRole
     and binding are plain resources Argo CD keeps (Delete=false), which the cleanup deletes."""
-    objects = {f"{o['kind']}/{hook_of(o)}": o for o in render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
-               if hook_of(o) == "cleanup"}
+    objects = {
+        f"{o['kind']}/{hook_of(o)}": o
+        for o in render({"hooks": {"useHelmHooks": False}}, helm=helm_bin)
+        if hook_of(o) == "cleanup"
+    }
     for key in ("ServiceAccount/cleanup", "Role/cleanup", "RoleBinding/cleanup", "Job/cleanup"):
         assert annotations(objects[key])["argocd.argoproj.io/hook"] == "PostDelete", key
         assert annotations(objects[key])["helm.sh/hook"] == "pre-delete", key
@@ -237,10 +272,20 @@ def test_cleanup_is_an_argo_cd_post_delete_hook_that_removes_its_own_cluster_rba
         assert annotations(objects[key]) == {"argocd.argoproj.io/sync-options": "Delete=false"}, key
     assert pod_spec(objects["Job/cleanup"])["containers"][0]["args"][-2:] == ["--delete-own-rbac", "metax-operator-cleanup"]
     own = [r for r in objects["ClusterRole/cleanup"]["rules"] if r["apiGroups"] == ["rbac.authorization.k8s.io"]]
-    assert own == [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
-                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "delete"]},
-                   {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
-                    "resourceNames": ["metax-operator-cleanup"], "verbs": ["get", "patch"]}]
+    assert own == [
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "resourceNames": ["metax-operator-cleanup"],
+            "verbs": ["get", "delete"],
+        },
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterrolebindings"],
+            "resourceNames": ["metax-operator-cleanup"],
+            "verbs": ["get", "patch"],
+        },
+    ]
     # as Helm hooks (the Helm CLI, Flux): Helm deletes them; nothing of Argo CD's
     helm_mode = [o for o in render(helm=helm_bin) if hook_of(o) == "cleanup"]
     assert not [o for o in helm_mode if any(k.startswith("argocd.argoproj.io/") for k in annotations(o))]
@@ -250,5 +295,3 @@ def test_cleanup_is_an_argo_cd_post_delete_hook_that_removes_its_own_cluster_rba
 def test_tests_enabled_false_renders_no_test_pod(helm_bin):
     objects = render({"tests": {"enabled": False}}, helm=helm_bin)
     assert objects and not [o for o in objects if "test" in o["metadata"]["name"]]
-
-

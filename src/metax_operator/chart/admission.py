@@ -20,16 +20,17 @@ Where each rule runs (docs/hooks.md, "Admission"):
 CEL's cost estimator decides what a rule may do: a string of unknown length makes a rule too
 dear, hence the schema's maxLength/maxItems on what rules read, and `string(dyn(x))`.
 """
+
 from __future__ import annotations
 
 import re
 from typing import Callable
 
-from metax_operator.rollout import policy
 from metax_operator.chart import problems, validation
-from metax_operator.errors import UserError
 from metax_operator.chart.schema import fragment, percent_pattern
 from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
+from metax_operator.errors import UserError
+from metax_operator.rollout import policy
 
 POLICY = "driver.upgradePolicy"
 STEPS = f"{POLICY}.upgradeSteps"
@@ -44,8 +45,7 @@ def message(make: Callable[..., UserError], *expressions: str) -> str:
     text = str(make(*(f"\x00{i}\x00" for i in range(len(expressions)))))
     parts = _MARK.split(text)
     # string(dyn(x)): the cost estimator takes string() of a typed value as unbounded, of dyn not
-    out = [f"string(dyn({expressions[int(part)]}))" if i % 2 else literal(part)
-           for i, part in enumerate(parts) if i % 2 or part]
+    out = [f"string(dyn({expressions[int(part)]}))" if i % 2 else literal(part) for i, part in enumerate(parts) if i % 2 or part]
     return " + ".join(out)
 
 
@@ -69,9 +69,10 @@ def _rule(rule: str, make: Callable[..., UserError], *expressions: str) -> dict:
 
 # --- rules of the CRD ---------------------------------------------------------------------------
 
+
 def _has(root: str, *path: str) -> str:
     """CEL: every field of `path` under `root` is set (has() of each level)."""
-    return " && ".join(f"has({root}.{'.'.join(path[:i + 1])})" for i in range(len(path)))
+    return " && ".join(f"has({root}.{'.'.join(path[: i + 1])})" for i in range(len(path)))
 
 
 def _deployed(component: str) -> str:
@@ -96,43 +97,59 @@ def _replicas_below(step: str, other: str) -> str:
     """Both of one kind (int or percent) and `step`'s below `other`'s. Percentages compare as
     text, shorter first (the pattern allows no leading zeros): parsing them costs too much."""
     a, b = f"{step}.replicas", f"{other}.replicas"
-    return (f"((type({a}) == int && type({b}) == int && {a} < {b})"
-            f" || (type({a}) == string && type({b}) == string"
-            f" && (size({a}) < size({b}) || (size({a}) == size({b}) && {a} < {b}))))")
+    return (
+        f"((type({a}) == int && type({b}) == int && {a} < {b})"
+        f" || (type({a}) == string && type({b}) == string"
+        f" && (size({a}) < size({b}) || (size({a}) == size({b}) && {a} < {b}))))"
+    )
 
 
 def _steps_rules(node: dict) -> list[dict]:
     """On `upgradeSteps` (self is the list, `node` its CRD schema)."""
     previous = "self[i - 1]"
-    falling = (f"i > 0 && {_valid_replicas('s')} && {_valid_replicas(previous)}"
-               f" && {_replicas_below('s', previous)}")
-    falling_message = message(lambda i, r, p: policy.falling_replicas(f"{STEPS}[{i}]", r, p),
-                              "i", "s.replicas", f"{previous}.replicas")
+    falling = f"i > 0 && {_valid_replicas('s')} && {_valid_replicas(previous)} && {_replicas_below('s', previous)}"
+    falling_message = message(
+        lambda i, r, p: policy.falling_replicas(f"{STEPS}[{i}]", r, p), "i", "s.replicas", f"{previous}.replicas"
+    )
     last = "self[size(self) - 1]"
     fields = []
     for key, child in node["items"]["properties"].items():
         if valid := _single_field_check(child, f"s.{key}"):
             bad = f"has(s.{key}) && !{valid}"
-            fields.append({"rule": f"!self.exists(i, s, {bad})",
-                           "messageExpression": f"self.transformList(i, s, {bad}, "
-                                                f"{_schema_message(key, True, f's.{key}', 'i')})[0]"})
+            fields.append(
+                {
+                    "rule": f"!self.exists(i, s, {bad})",
+                    "messageExpression": f"self.transformList(i, s, {bad}, {_schema_message(key, True, f's.{key}', 'i')})[0]",
+                }
+            )
     return fields + [
-        {"rule": f"!self.exists(i, s, {falling})",
-         "messageExpression": f"self.transformList(i, s, {falling}, {falling_message})[0]"},
-        _rule(f"size(self) == 0 || !{_percent_replicas(last)} || {last}.replicas == '100%'",
-              lambda i, r: policy.last_step_short_percent(f"{STEPS}[{i}]", r), "size(self) - 1", f"{last}.replicas"),
+        {
+            "rule": f"!self.exists(i, s, {falling})",
+            "messageExpression": f"self.transformList(i, s, {falling}, {falling_message})[0]",
+        },
+        _rule(
+            f"size(self) == 0 || !{_percent_replicas(last)} || {last}.replicas == '100%'",
+            lambda i, r: policy.last_step_short_percent(f"{STEPS}[{i}]", r),
+            "size(self) - 1",
+            f"{last}.replicas",
+        ),
     ]
 
 
 def _policy_rules(node: dict) -> list[dict]:
     """On `upgradePolicy` (its CRD schema `node`)."""
-    rules = [_rule("!(has(self.enableRollout) && self.enableRollout) || (has(self.upgradeSteps) && size(self.upgradeSteps) > 0)",
-                   lambda: policy.empty_steps(STEPS))]
+    rules = [
+        _rule(
+            "!(has(self.enableRollout) && self.enableRollout) || (has(self.upgradeSteps) && size(self.upgradeSteps) > 0)",
+            lambda: policy.empty_steps(STEPS),
+        )
+    ]
     for key, child in node["properties"].items():
         if _single_field_check(child, "v"):
             valid = _single_field_check(child, f"self.{key}")
-            rules.append({"rule": f"!has(self.{key}) || {valid}",
-                          "messageExpression": _schema_message(key, False, f"self.{key}", "")})
+            rules.append(
+                {"rule": f"!has(self.{key}) || {valid}", "messageExpression": _schema_message(key, False, f"self.{key}", "")}
+            )
     return rules
 
 
@@ -140,13 +157,16 @@ def _policy_rules(node: dict) -> list[dict]:
 # its own words (`... in body should match '^(100|...'`). These rules add validate's line (a
 # pattern does not stop CEL; a type or enum error does).
 
+
 def _single_field_check(node: dict, value: str) -> str:
     """CEL: `value` passes `node`'s int-or-string minimum and pattern; "" for other fields. (An
     enum needs no copy: a value outside it stops the API server before any CEL rule, with its own
     `Unsupported value: "abort": supported values: "pause", "rollback"`.)"""
     if node.get("x-kubernetes-int-or-string") and "pattern" in node:
-        return (f"((type({value}) == int && {value} >= {node.get('minimum', 0)})"
-                f" || (type({value}) == string && {value}.matches({regex(node['pattern'])})))")
+        return (
+            f"((type({value}) == int && {value} >= {node.get('minimum', 0)})"
+            f" || (type({value}) == string && {value}.matches({regex(node['pattern'])})))"
+        )
     return ""
 
 
@@ -156,9 +176,10 @@ def _schema_message(key: str, in_step: bool, value: str, index: str) -> str:
     step = {"replicas": "100%", key: _PLACEHOLDER}
     raw = {"upgradeSteps": [step]} if in_step else {key: _PLACEHOLDER}
     (error,) = problems.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
-    shown = f"(type({value}) == string ? \"'\" + {value} + \"'\" : string(dyn({value})))"
-    return message(lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v)),
-                   index or "0", shown)
+    shown = f'(type({value}) == string ? "\'" + {value} + "\'" : string(dyn({value})))'
+    return message(
+        lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v)), index or "0", shown
+    )
 
 
 def _spec_rules() -> list[dict]:
@@ -167,8 +188,12 @@ def _spec_rules() -> list[dict]:
     rules = [_rule("has(self.registry) && size(self.registry) > 0", validation.registry_missing)]
     for component, prerequisites in PREREQUISITES.items():
         for prerequisite in prerequisites:
-            rules.append(_rule(f"!{_deployed(component)} || {_deployed(prerequisite)}",
-                               lambda c=component, p=prerequisite: validation.dependency_problem(c, p)))
+            rules.append(
+                _rule(
+                    f"!{_deployed(component)} || {_deployed(prerequisite)}",
+                    lambda c=component, p=prerequisite: validation.dependency_problem(c, p),
+                )
+            )
     return rules
 
 
@@ -177,11 +202,18 @@ def _driver_rules() -> list[dict]:
     support upgrading non-virtualised firmware to virtualised firmware, so turning fwEnableVirt on
     while the operator upgrades firmware is refused; a fresh install (no old object) may set both."""
     virt = "(has(self.fwEnableVirt) && self.fwEnableVirt)"
-    return [_rule(f"!{virt} || (has(oldSelf.fwEnableVirt) && oldSelf.fwEnableVirt)"
-                  " || !(has(self.fwUpgradePolicy) && self.fwUpgradePolicy == 'PreferCloud')", virt_firmware_upgrade),
-            _rule("!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
-                  " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
-                  validation.payload_version_missing)]
+    return [
+        _rule(
+            f"!{virt} || (has(oldSelf.fwEnableVirt) && oldSelf.fwEnableVirt)"
+            " || !(has(self.fwUpgradePolicy) && self.fwUpgradePolicy == 'PreferCloud')",
+            virt_firmware_upgrade,
+        ),
+        _rule(
+            "!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
+            " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
+            validation.payload_version_missing,
+        ),
+    ]
 
 
 def _service_rules(node: dict) -> list[dict]:
@@ -195,9 +227,13 @@ def _service_rules(node: dict) -> list[dict]:
     with_port = ", ".join(f"'{t}'" for t in validation.SERVICE_TYPES_WITH_PORT)
     return [
         _rule(f"!{is_range} || !{backwards}", validation.node_port_range_backwards, ports),
-        _rule(f"!{is_range} || {backwards} || {kind} != 'NodePort' || !has(self.port) || self.port > 65535"
-              f" || ({low} <= self.port && self.port <= {high})",
-              validation.node_port_outside_range, "self.port", ports),
+        _rule(
+            f"!{is_range} || {backwards} || {kind} != 'NodePort' || !has(self.port) || self.port > 65535"
+            f" || ({low} <= self.port && self.port <= {high})",
+            validation.node_port_outside_range,
+            "self.port",
+            ports,
+        ),
         _rule(f"!has(self.port) || {kind} in [{with_port}]", validation.port_with_type, kind),
         _rule(f"{kind} != 'ExternalName' || {external}", validation.external_name_missing),
         _rule(f"{kind} == 'ExternalName' || !{external}", validation.external_name_with_type, kind),
@@ -225,22 +261,31 @@ _PLACEHOLDER = "@@0@@"
 
 
 def frozen_during_rollout(field: str, phase: str) -> UserError:
-    return UserError(field, f"cannot change while a driver rollout is in progress (phase {phase})",
-                     "only driver.upgradePolicy.pause and driver.upgradePolicy.enableRollout can: let the rollout "
-                     "finish, or set enableRollout: false to roll it back, then change the field")
+    return UserError(
+        field,
+        f"cannot change while a driver rollout is in progress (phase {phase})",
+        "only driver.upgradePolicy.pause and driver.upgradePolicy.enableRollout can: let the rollout "
+        "finish, or set enableRollout: false to roll it back, then change the field",
+    )
 
 
 def virt_firmware_upgrade() -> UserError:
-    return UserError("driver.fwEnableVirt", "cannot turn on while driver.fwUpgradePolicy is PreferCloud: "
-                     "the operator does not upgrade non-virtualised firmware to virtualised firmware",
-                     "check that the server model supports virtualised firmware and flash it by hand, "
-                     "with driver.fwUpgradePolicy: Never meanwhile; then set fwEnableVirt: true")
+    return UserError(
+        "driver.fwEnableVirt",
+        "cannot turn on while driver.fwUpgradePolicy is PreferCloud: "
+        "the operator does not upgrade non-virtualised firmware to virtualised firmware",
+        "check that the server model supports virtualised firmware and flash it by hand, "
+        "with driver.fwUpgradePolicy: Never meanwhile; then set fwEnableVirt: true",
+    )
 
 
 def vfio_firmware_warning() -> UserError:
-    return UserError("driver.fwUpgradePolicy", "PreferCloud does not upgrade the firmware of GPUs bound to vfio-pci "
-                     "(vfioManager.vfioConfig): their firmware stays as it is",
-                     "to upgrade them, remove them from vfioManager.vfioConfig for the upgrade")
+    return UserError(
+        "driver.fwUpgradePolicy",
+        "PreferCloud does not upgrade the firmware of GPUs bound to vfio-pci "
+        "(vfioManager.vfioConfig): their firmware stays as it is",
+        "to upgrade them, remove them from vfioManager.vfioConfig for the upgrade",
+    )
 
 
 def _pause_duration_pattern() -> str:
@@ -251,8 +296,10 @@ def _pause_duration_pattern() -> str:
 def _changed(new: str, old: str, prefix: str, skip: tuple[str, ...]) -> str:
     """CEL: the keys (as `prefix` + key) whose values differ between maps `new` and `old`."""
     kept = " && ".join(f"k != '{key}'" for key in skip) or "true"
-    return (f"{new}.filter(k, {kept} && (!(k in {old}) || {new}[k] != {old}[k])).map(k, '{prefix}' + k)"
-            f" + {old}.filter(k, {kept} && !(k in {new})).map(k, '{prefix}' + k)")
+    return (
+        f"{new}.filter(k, {kept} && (!(k in {old}) || {new}[k] != {old}[k])).map(k, '{prefix}' + k)"
+        f" + {old}.filter(k, {kept} && !(k in {new})).map(k, '{prefix}' + k)"
+    )
 
 
 def _map_at(root: str, *path: str) -> str:
@@ -265,19 +312,35 @@ def policy_variables() -> list[dict]:
     """The policy's variables after `runnerUser` (the runner's user name, from the template)."""
     status = "oldObject.status.upgradeStatus"
     return [
-        {"name": "steps", "expression": f"({_has('object', 'spec', 'driver', 'upgradePolicy', 'upgradeSteps')}"
-                                        " ? object.spec.driver.upgradePolicy.upgradeSteps : [])"},
+        {
+            "name": "steps",
+            "expression": f"({_has('object', 'spec', 'driver', 'upgradePolicy', 'upgradeSteps')}"
+            " ? object.spec.driver.upgradePolicy.upgradeSteps : [])",
+        },
         # In progress: the runner's status says so (`upgrading`: phase Progressing, Terminating or
         # Disabling). The runner's own writes (pause, the rollback of spec.driver) pass.
-        {"name": "upgrading",
-         "expression": f"request.operation == 'UPDATE' && {_has('oldObject', 'status', 'upgradeStatus', 'upgrading')}"
-                       f" && {status}.upgrading == true && request.userInfo.username != variables.runnerUser"},
-        {"name": "changed", "expression": " + ".join([
-            _changed(_map_at("object", "spec"), _map_at("oldObject", "spec"), "", ("driver",)),
-            _changed(_map_at("object", "spec", "driver"), _map_at("oldObject", "spec", "driver"), "driver.",
-                     ("upgradePolicy",)),
-            _changed(_map_at("object", "spec", "driver", "upgradePolicy"),
-                     _map_at("oldObject", "spec", "driver", "upgradePolicy"), "driver.upgradePolicy.", ROLLOUT_CONTROLS)])},
+        {
+            "name": "upgrading",
+            "expression": f"request.operation == 'UPDATE' && {_has('oldObject', 'status', 'upgradeStatus', 'upgrading')}"
+            f" && {status}.upgrading == true && request.userInfo.username != variables.runnerUser",
+        },
+        {
+            "name": "changed",
+            "expression": " + ".join(
+                [
+                    _changed(_map_at("object", "spec"), _map_at("oldObject", "spec"), "", ("driver",)),
+                    _changed(
+                        _map_at("object", "spec", "driver"), _map_at("oldObject", "spec", "driver"), "driver.", ("upgradePolicy",)
+                    ),
+                    _changed(
+                        _map_at("object", "spec", "driver", "upgradePolicy"),
+                        _map_at("oldObject", "spec", "driver", "upgradePolicy"),
+                        "driver.upgradePolicy.",
+                        ROLLOUT_CONTROLS,
+                    ),
+                ]
+            ),
+        },
     ]
 
 
@@ -286,18 +349,26 @@ def policy_validations() -> list[dict]:
     steps = "variables.steps"
     both = "has(s.pause) && has(s.pauseDuration)"
     duration = "s.pauseDuration"
-    valid_duration = (f"!has({duration}) || {duration} == null || (type({duration}) == map && size({duration}) == 0)"
-                      f" || (type({duration}) == int && {duration} >= 0)"
-                      f" || (type({duration}) == string && {duration}.matches({regex(_pause_duration_pattern())}))")
+    valid_duration = (
+        f"!has({duration}) || {duration} == null || (type({duration}) == map && size({duration}) == 0)"
+        f" || (type({duration}) == int && {duration} >= 0)"
+        f" || (type({duration}) == string && {duration}.matches({regex(_pause_duration_pattern())}))"
+    )
     bad_duration = _schema_message("pauseDuration", True, duration, "i")
     checks = [
-        {"expression": f"!{steps}.exists(i, s, {both})",
-         "messageExpression": f"{steps}.transformList(i, s, {both}, "
-                              f"{message(lambda i: policy.pause_with_duration(f'{STEPS}[{i}]'), 'i')})[0]"},
-        {"expression": f"{steps}.all(s, {valid_duration})",
-         "messageExpression": f"{steps}.transformList(i, s, !({valid_duration}), {bad_duration})[0]"},
-        {"expression": "!variables.upgrading || size(variables.changed) == 0",
-         "messageExpression": message(frozen_during_rollout, "variables.changed[0]", "oldObject.status.upgradeStatus.phase")},
+        {
+            "expression": f"!{steps}.exists(i, s, {both})",
+            "messageExpression": f"{steps}.transformList(i, s, {both}, "
+            f"{message(lambda i: policy.pause_with_duration(f'{STEPS}[{i}]'), 'i')})[0]",
+        },
+        {
+            "expression": f"{steps}.all(s, {valid_duration})",
+            "messageExpression": f"{steps}.transformList(i, s, !({valid_duration}), {bad_duration})[0]",
+        },
+        {
+            "expression": "!variables.upgrading || size(variables.changed) == 0",
+            "messageExpression": message(frozen_during_rollout, "variables.changed[0]", "oldObject.status.upgradeStatus.phase"),
+        },
     ]
     return [{**check, "reason": "Invalid"} for check in checks]  # 422, as the CRD's rules (else 403)
 
@@ -305,22 +376,32 @@ def policy_validations() -> list[dict]:
 def warning_validations() -> list[dict]:
     """The validations of the warn policy: allowed, but said (kubectl prints `Warning: ...`)."""
     firmware = f"{_has('object', 'spec', 'driver', 'fwUpgradePolicy')} && object.spec.driver.fwUpgradePolicy == 'PreferCloud'"
-    vfio = (f"{_has('object', 'spec', 'vfioManager', 'deploy')} && object.spec.vfioManager.deploy == true"
-            f" && has(object.spec.vfioManager.vfioConfig) && size(object.spec.vfioManager.vfioConfig) > 0")
-    return [{
-        "expression": f"!({firmware} && {vfio})",
-        "message": str(vfio_firmware_warning()),
-    }]
+    vfio = (
+        f"{_has('object', 'spec', 'vfioManager', 'deploy')} && object.spec.vfioManager.deploy == true"
+        f" && has(object.spec.vfioManager.vfioConfig) && size(object.spec.vfioManager.vfioConfig) > 0"
+    )
+    return [
+        {
+            "expression": f"!({firmware} && {vfio})",
+            "message": str(vfio_firmware_warning()),
+        }
+    ]
 
 
 def _policy(name: str, variables: list[dict], validations: list[dict], action: str) -> str:
     """One ValidatingAdmissionPolicy and its binding, as template text (name: a template expression)."""
     import yaml
 
-    match = {"resourceRules": [{"apiGroups": [CR_GROUP], "apiVersions": [CR_VERSION], "operations": ["CREATE", "UPDATE"],
-                                "resources": [CR_PLURAL]}]}
-    body = yaml.safe_dump({"failurePolicy": "Fail", "matchConstraints": match, "variables": variables,
-                           "validations": validations}, sort_keys=False, width=1000)
+    match = {
+        "resourceRules": [
+            {"apiGroups": [CR_GROUP], "apiVersions": [CR_VERSION], "operations": ["CREATE", "UPDATE"], "resources": [CR_PLURAL]}
+        ]
+    }
+    body = yaml.safe_dump(
+        {"failurePolicy": "Fail", "matchConstraints": match, "variables": variables, "validations": validations},
+        sort_keys=False,
+        width=1000,
+    )
     assert "{{" not in body, "a CEL expression would read as a template action"
     spec = "\n".join("  " + line for line in body.splitlines())
     return f"""---
@@ -343,13 +424,15 @@ spec:
 
 def render_template(generated_note: str) -> str:
     """templates/admission/validatingadmissionpolicy.yaml, headed by `generated_note`."""
-    runner = {"name": "runnerUser",
-              "expression": "{{ printf \"'system:serviceaccount:%s:%s-runner'\" .Release.Namespace "
-                            "(include \"metax-operator.fullname\" .) | quote }}"}
+    runner = {
+        "name": "runnerUser",
+        "expression": "{{ printf \"'system:serviceaccount:%s:%s-runner'\" .Release.Namespace "
+        '(include "metax-operator.fullname" .) | quote }}',
+    }
     runner_line = f"  - name: {runner['name']}\n    expression: {runner['expression']}\n"
     deny = _policy("$name", policy_variables(), policy_validations(), "Deny")
     deny = deny.replace("  variables:\n", "  variables:\n" + runner_line, 1)
-    warn = _policy("(printf \"%s-warnings\" $name)", [], warning_validations(), "Warn")
+    warn = _policy('(printf "%s-warnings" $name)', [], warning_validations(), "Warn")
     warn = warn.replace("  variables: []\n", "")
     return f"""{{{{- /* {generated_note}
 The API server's half of the cross-field rules that CRD rules cannot express (docs/hooks.md,

@@ -12,6 +12,7 @@
 
 tests/chart/test_schema.py fails when one of them is stale.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,8 +90,13 @@ def render_contract_template() -> str:
 
 
 def render_crd(values_text: str) -> str:
-    body = yaml.safe_dump(schema.build_crd(values_text, admission.crd_rules), sort_keys=False, width=100,
-                          allow_unicode=True, default_flow_style=None)
+    body = yaml.safe_dump(
+        schema.build_crd(values_text, admission.crd_rules),
+        sort_keys=False,
+        width=100,
+        allow_unicode=True,
+        default_flow_style=None,
+    )
     source = f"src/metax_operator/chart/{schema.SOURCE.name}"
     return f"# {generated_note(source, 'values.yaml')}\n{body}"
 
@@ -99,18 +105,18 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
     """The generated files' paths and what their contents should be."""
     values_text = (root / "values.yaml").read_text()
     values_schema = json.dumps(schema.build_values_schema(values_text), indent=2, ensure_ascii=False) + "\n"
-    return {schema.K8S_SHAPES: schema.render_k8s_shapes(),
-            root / schema.VALUES_SCHEMA: values_schema,
-            root / schema.CRD_FILE: render_crd(values_text),
-            root / admission.TEMPLATE: admission.render_template(
-                generated_note("src/metax_operator/chart/admission.py")),
-            root / CONTRACT_TEMPLATE: render_contract_template()}
+    return {
+        schema.K8S_SHAPES: schema.render_k8s_shapes(),
+        root / schema.VALUES_SCHEMA: values_schema,
+        root / schema.CRD_FILE: render_crd(values_text),
+        root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
+        root / CONTRACT_TEMPLATE: render_contract_template(),
+    }
 
 
 def stale(root: Path = schema.REPO_ROOT) -> list[Path]:
     """The generated files that differ from what the sources give."""
-    return [path for path, text in outputs(root).items()
-            if not path.exists() or path.read_text() != text]
+    return [path for path, text in outputs(root).items() if not path.exists() or path.read_text() != text]
 
 
 def generate(root: Path = schema.REPO_ROOT) -> list[Path]:
@@ -130,8 +136,11 @@ def generate(root: Path = schema.REPO_ROOT) -> list[Path]:
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.chart)
     if not (root / "values.yaml").is_file():
-        raise UserError("--chart", f"{root} is not the chart's directory (no values.yaml)",
-                        "pass --chart with the metax-operator chart's directory")
+        raise UserError(
+            "--chart",
+            f"{root} is not the chart's directory (no values.yaml)",
+            "pass --chart with the metax-operator chart's directory",
+        )
     if args.check:
         paths = stale(root)
         for path in paths:

@@ -13,6 +13,7 @@ The grammar is the distribution project's (github.com/distribution/reference): t
 repository) is at most MAX_REPOSITORY characters, is a rule of `validation.image_problems` and of
 templates/_validations.tpl.
 """
+
 from __future__ import annotations
 
 #: The longest repository (`registry/name`) the distribution reference grammar accepts.
@@ -34,7 +35,7 @@ def split(ref: str) -> tuple[str, str, str]:
     repository, _, digest = ref.partition("@")
     slash, colon = repository.rfind("/"), repository.rfind(":")
     if colon > slash:  # a colon before the last slash is a registry port
-        repository, tag = repository[:colon], repository[colon + 1:]
+        repository, tag = repository[:colon], repository[colon + 1 :]
     else:
         tag = ""
     return repository, tag, digest

@@ -21,17 +21,22 @@ The chart records the inputs on every component DaemonSet (the `*_ANNOTATION` na
 `inputs_from_annotations`); the base is the pod template as the chart renders it
 before any merge, so applying the merge again to its own output changes nothing.
 """
+
 from __future__ import annotations
 
 import json
 from collections import namedtuple
 
-from metax_operator.contract import (COMPONENT_ANNOTATION, COMPONENTS, GPU_NODE_LABEL, SCHEDULING_BASE_ANNOTATION,
-                                     SCHEDULING_INPUTS_ANNOTATION)
+from metax_operator.contract import (
+    COMPONENT_ANNOTATION,
+    COMPONENTS,
+    GPU_NODE_LABEL,
+    SCHEDULING_BASE_ANNOTATION,
+    SCHEDULING_INPUTS_ANNOTATION,
+)
 from metax_operator.errors import UserError, UserErrors
 
 MANAGED_FIELDS = ("nodeSelector", "affinity", "tolerations")
-
 
 
 # What the merge starts from, as plain data (JSON-shaped dicts and lists): the component's
@@ -39,8 +44,9 @@ MANAGED_FIELDS = ("nodeSelector", "affinity", "tolerations")
 # podTemplateSpec and the deprecated global tolerations (each None when not set).
 # (A namedtuple, not a dataclass: the post-renderer runs inside every `helm template`, and
 # importing dataclasses costs more than the merge.)
-SchedulingInputs = namedtuple("SchedulingInputs", "component base global_pts component_pts deprecated_tolerations",
-                              defaults=({}, None, None, None))
+SchedulingInputs = namedtuple(
+    "SchedulingInputs", "component base global_pts component_pts deprecated_tolerations", defaults=({}, None, None, None)
+)
 
 
 def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, list[str]]:
@@ -58,9 +64,13 @@ def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, 
     component_spec = _checked_spec(inputs.component_pts, component_name, errors)
     deprecated = inputs.deprecated_tolerations
     if deprecated is not None and not _is_list_of_maps(deprecated):
-        errors.append(UserError(tolerations_name, "must be a list of tolerations (mappings)",
-                                "write it as in seed §3.2.4, e.g. "
-                                "[{key: key1, operator: Equal, value: value1, effect: NoSchedule}]"))
+        errors.append(
+            UserError(
+                tolerations_name,
+                "must be a list of tolerations (mappings)",
+                "write it as in seed §3.2.4, e.g. [{key: key1, operator: Equal, value: value1, effect: NoSchedule}]",
+            )
+        )
     if errors:
         raise errors[0] if len(errors) == 1 else UserErrors(errors)
 
@@ -73,12 +83,14 @@ def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, 
         if custom.get("tolerations") is not None:
             notices.append(
                 f"{tolerations_name} is deprecated (removed in 0.11.0) and ignored for {inputs.component}: "
-                f"{custom_name}.spec.tolerations win; move your tolerations there")
+                f"{custom_name}.spec.tolerations win; move your tolerations there"
+            )
         else:
             custom = {**custom, "tolerations": deprecated}
             notices.append(
                 f"{tolerations_name} is deprecated (removed in 0.11.0) and applied to {inputs.component}; "
-                f"move them to {global_name}.spec.tolerations")
+                f"move them to {global_name}.spec.tolerations"
+            )
     base = {key: inputs.base[key] for key in MANAGED_FIELDS if key in inputs.base}
     return merge_values(base, custom), notices
 
@@ -112,6 +124,7 @@ def inputs_from_annotations(annotations: dict) -> SchedulingInputs:
     Raises UserError naming the annotation when one is missing or not the JSON the
     contract says.
     """
+
     def load(key: str, shape: str) -> object:
         where = f'metadata.annotations["{key}"]'
         if key not in annotations:
@@ -119,23 +132,36 @@ def inputs_from_annotations(annotations: dict) -> SchedulingInputs:
         try:
             value = json.loads(annotations[key])
         except (TypeError, ValueError) as err:
-            raise UserError(where, f"is not valid JSON ({err})",
-                            "render the DaemonSet with the metax-operator chart; do not edit this annotation") from None
+            raise UserError(
+                where,
+                f"is not valid JSON ({err})",
+                "render the DaemonSet with the metax-operator chart; do not edit this annotation",
+            ) from None
         if not isinstance(value, dict):
-            raise UserError(where, f"must be a JSON object ({shape})",
-                            "render the DaemonSet with the metax-operator chart; do not edit this annotation")
+            raise UserError(
+                where,
+                f"must be a JSON object ({shape})",
+                "render the DaemonSet with the metax-operator chart; do not edit this annotation",
+            )
         return value
 
     component = annotations.get(COMPONENT_ANNOTATION)
     if component not in COMPONENTS:
         problem = "is missing" if component is None else f"is {component!r}, not a component"
-        raise UserError(f'metadata.annotations["{COMPONENT_ANNOTATION}"]', problem,
-                        f"render the DaemonSet with the metax-operator chart, which sets one of {', '.join(COMPONENTS)}")
+        raise UserError(
+            f'metadata.annotations["{COMPONENT_ANNOTATION}"]',
+            problem,
+            f"render the DaemonSet with the metax-operator chart, which sets one of {', '.join(COMPONENTS)}",
+        )
     base = load(SCHEDULING_BASE_ANNOTATION, "the pod template's nodeSelector, affinity, tolerations")
     recorded = load(SCHEDULING_INPUTS_ANNOTATION, '{"global": ..., "component": ..., "tolerations": ...}')
-    return SchedulingInputs(component=component, base=base, global_pts=recorded.get("global"),
-                            component_pts=recorded.get("component"),
-                            deprecated_tolerations=recorded.get("tolerations"))
+    return SchedulingInputs(
+        component=component,
+        base=base,
+        global_pts=recorded.get("global"),
+        component_pts=recorded.get("component"),
+        deprecated_tolerations=recorded.get("tolerations"),
+    )
 
 
 def _checked_spec(pts: object, name: str, errors: list) -> dict | None:
@@ -143,36 +169,71 @@ def _checked_spec(pts: object, name: str, errors: list) -> dict | None:
     if pts is None:
         return None
     if not isinstance(pts, dict):
-        errors.append(UserError(name, f"must be a mapping, not {type(pts).__name__}",
-                                "write it as {spec: {nodeSelector: ..., affinity: ..., tolerations: [...]}}"))
+        errors.append(
+            UserError(
+                name,
+                f"must be a mapping, not {type(pts).__name__}",
+                "write it as {spec: {nodeSelector: ..., affinity: ..., tolerations: [...]}}",
+            )
+        )
         return None
     for key in pts:
         if key != "spec":
-            errors.append(UserError(f"{name}.{key}", "is not supported: only spec.nodeSelector, spec.affinity "
-                                    "and spec.tolerations are managed (seed table 3.15)", "remove it"))
+            errors.append(
+                UserError(
+                    f"{name}.{key}",
+                    "is not supported: only spec.nodeSelector, spec.affinity and spec.tolerations are managed (seed table 3.15)",
+                    "remove it",
+                )
+            )
     spec = pts.get("spec")
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        errors.append(UserError(f"{name}.spec", f"must be a mapping, not {type(spec).__name__}",
-                                "write it as {nodeSelector: ..., affinity: ..., tolerations: [...]}"))
+        errors.append(
+            UserError(
+                f"{name}.spec",
+                f"must be a mapping, not {type(spec).__name__}",
+                "write it as {nodeSelector: ..., affinity: ..., tolerations: [...]}",
+            )
+        )
         return None
     for key, value in spec.items():
         where = f"{name}.spec.{key}"
         if key not in MANAGED_FIELDS:
-            errors.append(UserError(where, "is not supported: only nodeSelector, affinity and tolerations "
-                                    "are managed (seed table 3.15)",
-                                    "remove it, or set it in the chart's values for that component if it has one"))
-        elif key == "nodeSelector" and not (value is None or isinstance(value, dict) and all(
-                isinstance(v, str) for v in value.values())):
-            errors.append(UserError(where, "must be a mapping of label names to string values",
-                                    f'quote numbers and booleans, e.g. {{{GPU_NODE_LABEL}: "true"}}'))
+            errors.append(
+                UserError(
+                    where,
+                    "is not supported: only nodeSelector, affinity and tolerations are managed (seed table 3.15)",
+                    "remove it, or set it in the chart's values for that component if it has one",
+                )
+            )
+        elif key == "nodeSelector" and not (
+            value is None or isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        ):
+            errors.append(
+                UserError(
+                    where,
+                    "must be a mapping of label names to string values",
+                    f'quote numbers and booleans, e.g. {{{GPU_NODE_LABEL}: "true"}}',
+                )
+            )
         elif key == "affinity" and not (value is None or isinstance(value, dict)):
-            errors.append(UserError(where, "must be a mapping (a Kubernetes Affinity)",
-                                    "write it as {nodeAffinity: ..., podAffinity: ..., podAntiAffinity: ...}"))
+            errors.append(
+                UserError(
+                    where,
+                    "must be a mapping (a Kubernetes Affinity)",
+                    "write it as {nodeAffinity: ..., podAffinity: ..., podAntiAffinity: ...}",
+                )
+            )
         elif key == "tolerations" and not (value is None or _is_list_of_maps(value)):
-            errors.append(UserError(where, "must be a list of tolerations (mappings)",
-                                    "write it as [{key: ..., operator: Equal, value: ..., effect: NoSchedule}]"))
+            errors.append(
+                UserError(
+                    where,
+                    "must be a list of tolerations (mappings)",
+                    "write it as [{key: ..., operator: Equal, value: ..., effect: NoSchedule}]",
+                )
+            )
     return spec
 
 

@@ -37,15 +37,16 @@ our stderr; Helm 4 throws a plugin's stderr away and prints only "plugin exited 
 error", so the plugin runs with `--error-document`: on error it exits 0 and outputs one
 document that Helm 4 refuses with a message quoting our text (see `error_document`).
 """
+
 from __future__ import annotations
 
 import json
 import re
 import sys
 
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.merge import MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
 from metax_operator.yamltext import duplicate_keys, nesting_problem
 
@@ -72,7 +73,7 @@ def postrender(text: str) -> tuple[str, list[str]]:
         marker = _SEPARATOR.match(piece)
         head = marker.group(0) if marker else ""
         try:
-            new_body, doc_notices = render_document(piece[len(head):])
+            new_body, doc_notices = render_document(piece[len(head) :])
         except UserError as err:
             for one in getattr(err, "errors", [err]):
                 if str(one) not in reported:  # a bad global input is reported once, not per DaemonSet
@@ -98,20 +99,25 @@ def render_document(body: str) -> tuple[str | None, list[str]]:
     try:
         root = loader.get_single_node()
         if root is not None:
-            repeated = [UserError(f"line {line}", f"key {key!r} is repeated (first at line {first})",
-                                  "remove one of them: YAML forbids duplicate keys and Helm keeps only the last")
-                        for key, line, first in duplicate_keys(root)]
+            repeated = [
+                UserError(
+                    f"line {line}",
+                    f"key {key!r} is repeated (first at line {first})",
+                    "remove one of them: YAML forbids duplicate keys and Helm keeps only the last",
+                )
+                for key, line, first in duplicate_keys(root)
+            ]
             if repeated:
                 raise repeated[0] if len(repeated) == 1 else UserErrors(repeated)
         doc = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as err:
-        raise UserError("", f"is not valid YAML: {err}".replace("\n", " "),
-                        "fix the template or values that produced it") from None
+        raise UserError(
+            "", f"is not valid YAML: {err}".replace("\n", " "), "fix the template or values that produced it"
+        ) from None
     finally:
         loader.dispose()
     annotations = lookup(doc, "metadata", "annotations")
-    if (lookup(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict)
-            or SCHEDULING_INPUTS_ANNOTATION not in annotations):
+    if lookup(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict) or SCHEDULING_INPUTS_ANNOTATION not in annotations:
         return None, []
     result, notices = merge_scheduling(inputs_from_annotations(annotations))
     pod_spec = lookup(doc, "spec", "template", "spec")
@@ -165,7 +171,7 @@ def _splice(body: str, pod_node, current: dict, result: dict) -> str:
             if field in result:
                 own_style = value.tag.endswith(":seq") and not value.flow_style  # keep this list's own style
                 style = value.start_mark.column > key.start_mark.column if own_style else indented
-                edits.append((start, end, _block_text(field, result[field], indent, style)[len(indent):]))
+                edits.append((start, end, _block_text(field, result[field], indent, style)[len(indent) :]))
             else:  # the whole lines go
                 edits.append((starts[key.start_mark.line], min(end + 1, len(body)), ""))
         elif field in result and field not in entries:
@@ -186,8 +192,7 @@ def _block_text(field: str, value: object, indent: str, indented_sequences: bool
         def increase_indent(self, flow=False, indentless=False):
             return super().increase_indent(flow, indentless and not indented_sequences)
 
-    text = yaml.dump({field: value}, Dumper=Dumper, default_flow_style=False, sort_keys=False,
-                     allow_unicode=True, width=1 << 20)
+    text = yaml.dump({field: value}, Dumper=Dumper, default_flow_style=False, sort_keys=False, allow_unicode=True, width=1 << 20)
     return "\n".join(indent + line for line in text.rstrip("\n").split("\n"))
 
 
@@ -202,11 +207,15 @@ def _replace_flow(body: str, pod_node, pod_spec: dict, result: dict) -> str:
     fields, in flow style: each existing key in its place, new ones last, removed ones gone."""
     import yaml
 
-    new_spec = {key: result.get(key) if key in MANAGED_FIELDS else value
-                for key, value in pod_spec.items() if key not in MANAGED_FIELDS or key in result}
+    new_spec = {
+        key: result.get(key) if key in MANAGED_FIELDS else value
+        for key, value in pod_spec.items()
+        if key not in MANAGED_FIELDS or key in result
+    }
     new_spec.update({key: result[key] for key in MANAGED_FIELDS if key in result and key not in new_spec})
-    text = yaml.dump(new_spec, Dumper=yaml.SafeDumper, default_flow_style=True, sort_keys=False,
-                     allow_unicode=True, width=1 << 20).rstrip("\n")
+    text = yaml.dump(
+        new_spec, Dumper=yaml.SafeDumper, default_flow_style=True, sort_keys=False, allow_unicode=True, width=1 << 20
+    ).rstrip("\n")
     starts = _line_starts(body)
     start = starts[pod_node.start_mark.line] + pod_node.start_mark.column
     end = starts[pod_node.end_mark.line] + pod_node.end_mark.column
@@ -216,6 +225,7 @@ def _replace_flow(body: str, pod_node, pod_spec: dict, result: dict) -> str:
 def describe(piece: str) -> str:
     """`DaemonSet/metax-maca (chart/templates/maca.yaml)`: kind/name and source, read from the text
     (it may not parse)."""
+
     def first(key: str) -> str | None:
         found = re.search(rf"""(?:^|[{{,\s])['"]?{re.escape(key)}['"]?:[ \t]*['"]?([^'",}}\s#]+)""", piece, re.MULTILINE)
         return found.group(1) if found else None
@@ -235,12 +245,14 @@ def error_document(message: str) -> str:
     name we give is the message.
     """
     name = "metax-postrender failed:\n" + message + "\n(Helm's own words follow)"
-    return ("apiVersion: {error: metax-postrender failed, see the message}\n"
-            "kind: MetaxPostRenderError\n"
-            "metadata:\n"
-            "  name: metax-postrender-error\n"
-            "  annotations:\n"
-            f"    {_HELM4_FILENAME}: {json.dumps(name)}\n")
+    return (
+        "apiVersion: {error: metax-postrender failed, see the message}\n"
+        "kind: MetaxPostRenderError\n"
+        "metadata:\n"
+        "  name: metax-postrender-error\n"
+        "  annotations:\n"
+        f"    {_HELM4_FILENAME}: {json.dumps(name)}\n"
+    )
 
 
 def _located(err: UserError, where: str) -> UserError:
@@ -272,11 +284,16 @@ def run(error_document_mode: bool = False) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("postrender", help="the Helm post-renderer (stdin to stdout)",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument(ERROR_DOCUMENT_FLAG, action="store_true", dest="error_document",
-                        help="on error, exit 0 and output a document that makes Helm 4 print the error "
-                             "(Helm 4 discards a plugin's stderr); postrender/plugin.yaml sets it")
+    parser = subparsers.add_parser(
+        "postrender", help="the Helm post-renderer (stdin to stdout)", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        ERROR_DOCUMENT_FLAG,
+        action="store_true",
+        dest="error_document",
+        help="on error, exit 0 and output a document that makes Helm 4 print the error "
+        "(Helm 4 discards a plugin's stderr); postrender/plugin.yaml sets it",
+    )
     parser.set_defaults(func=lambda args: run(args.error_document))
 
 

@@ -6,6 +6,7 @@ simulate`), the ConfigMaps' contents. Patterns are matched with RE2, the syntax 
 that Helm and the components use (the `google-re2` wheel): Python's `re` would also accept a
 trailing newline before `$`, Unicode digits for `\\d`, lookarounds and backreferences.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,6 @@ def regex_problem(pattern: str) -> str | None:
         detail = err.args[0] if err.args else ""
         return detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
     return None
-
 
 
 def schema_problems(instance: Any, schema: Mapping, prefix: str = "") -> list[UserError]:
@@ -86,13 +86,21 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]
             return _describe(jsonschema.exceptions.best_match(deeper), prefix)
         return [UserError(field, f"{value!r} is not valid", f"use {hint}" if hint else error.message)]
     if kind == "additionalProperties" and "patternProperties" in schema:  # keys are node names
-        return [UserError(field_path(field, [key]), "is not a valid node name", f"use {hint}")
-                for key in sorted(value) if not any(re2.search(p, key) for p in schema["patternProperties"])]
+        return [
+            UserError(field_path(field, [key]), "is not a valid node name", f"use {hint}")
+            for key in sorted(value)
+            if not any(re2.search(p, key) for p in schema["patternProperties"])
+        ]
     if kind == "additionalProperties":
         allowed = ", ".join(schema.get("properties", {}))
-        return [UserError(field_path(field, [key]), "is not a known option",
-                          f"remove it; {hint}" if hint else f"remove it (known: {allowed})")
-                for key in sorted(set(value) - set(schema.get("properties", {})))]
+        return [
+            UserError(
+                field_path(field, [key]),
+                "is not a known option",
+                f"remove it; {hint}" if hint else f"remove it (known: {allowed})",
+            )
+            for key in sorted(set(value) - set(schema.get("properties", {})))
+        ]
     if kind == "required":
         missing = [key for key in error.validator_value if key not in value]
         return [UserError(field_path(field, [key]), "is required", f"set {key}") for key in missing]
@@ -102,11 +110,21 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[UserError]
     if kind == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        return [UserError(field, f"must be {_a(wanted)}, not {_json_kind(value)} {value!r}",
-                          f"use {hint}" if hint else f"write {_a(wanted)}")]
+        return [
+            UserError(
+                field,
+                f"must be {_a(wanted)}, not {_json_kind(value)} {value!r}",
+                f"use {hint}" if hint else f"write {_a(wanted)}",
+            )
+        ]
     if kind == "format" and error.validator_value == "regex":
-        return [UserError(field, f"{value!r} is not a valid regular expression: {error.cause}",
-                          f"use {hint}" if hint else "write it in Go (RE2) syntax")]
+        return [
+            UserError(
+                field,
+                f"{value!r} is not a valid regular expression: {error.cause}",
+                f"use {hint}" if hint else "write it in Go (RE2) syntax",
+            )
+        ]
     if kind in ("minimum", "maximum"):
         word = "at least" if kind == "minimum" else "at most"
         fix = f"use {hint}" if hint else f"use a number {word} {error.validator_value}"
@@ -121,5 +139,12 @@ def _a(kind: str) -> str:
 
 
 def _json_kind(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "mapping", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

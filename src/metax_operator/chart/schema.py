@@ -12,6 +12,7 @@ Helm 3.18.0 validates values with gojsonschema and Helm 4.1.4 with santhosh-teku
 both honour draft-07 and its `format: regex` (Go RE2 syntax), so the values schema sticks to
 draft-07 keywords and declares `$schema` explicitly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,13 +54,18 @@ def cron_schedule_pattern() -> str:
     five fields of comma-separated `*`, `?`, a value or a range, each with an optional `/step`
     of at least 1, every value within its field's range (names for months and weekdays). That a
     range does not run backwards is a rule of validation.py (a pattern cannot compare)."""
+
     def field(value: str) -> str:
         item = rf"(\*|\?|{value}(-{value})?)(/0*[1-9][0-9]*)?"
         return rf"{item}(,{item})*"
 
-    fields = [r"0*([0-9]|[1-5][0-9])", r"0*([0-9]|1[0-9]|2[0-3])", r"0*([1-9]|[12][0-9]|3[01])",
-              r"(0*([1-9]|1[0-2])|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))",
-              r"(0*[0-6]|(?i:sun|mon|tue|wed|thu|fri|sat))"]
+    fields = [
+        r"0*([0-9]|[1-5][0-9])",
+        r"0*([0-9]|1[0-9]|2[0-3])",
+        r"0*([1-9]|[12][0-9]|3[01])",
+        r"(0*([1-9]|1[0-2])|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))",
+        r"(0*[0-6]|(?i:sun|mon|tue|wed|thu|fri|sat))",
+    ]
     macros = "@(annually|yearly|monthly|weekly|daily|midnight|hourly)"
     blank = r"[ \t]"
     return rf"^{blank}*({macros}|{(blank + '+').join(field(f) for f in fields)}){blank}*$"
@@ -94,13 +100,18 @@ class _Expander:
                 shape["x-kubernetes-map-type"] = "atomic"
             return {**shape, **rest}
         if "x-int-or-percent" in node:
-            return self.node({**self._int_or_percent(node["x-int-or-percent"]),
-                              **{k: v for k, v in node.items() if k != "x-int-or-percent"}})
+            return self.node(
+                {**self._int_or_percent(node["x-int-or-percent"]), **{k: v for k, v in node.items() if k != "x-int-or-percent"}}
+            )
         if node.get("x-cron-schedule"):
-            return self.node({"pattern": cron_schedule_pattern(),
-                              "x-hint": "a cron schedule of five fields (minute hour day-of-month month day-of-week) "
-                                        "such as \"*/5 * * * *\", or a macro such as @hourly",
-                              **{k: v for k, v in node.items() if k != "x-cron-schedule"}})
+            return self.node(
+                {
+                    "pattern": cron_schedule_pattern(),
+                    "x-hint": "a cron schedule of five fields (minute hour day-of-month month day-of-week) "
+                    'such as "*/5 * * * *", or a macro such as @hourly',
+                    **{k: v for k, v in node.items() if k != "x-cron-schedule"},
+                }
+            )
         out = {}
         for key, value in node.items():
             if key == "properties":
@@ -123,22 +134,30 @@ class _Expander:
     def _int_or_percent(self, spec: dict) -> dict:
         minimum, zero_ok = spec["minimum"], spec["percentZero"]
         lowest = 0 if zero_ok else 1
-        hint = f"an integer >= {minimum} or a percentage from {lowest}% to 100% such as \"50%\""
+        hint = f'an integer >= {minimum} or a percentage from {lowest}% to 100% such as "50%"'
         if self.target == "crd":
-            return {"x-kubernetes-int-or-string": True,
-                    "anyOf": [{"type": "integer"}, {"type": "string"}],
-                    "minimum": minimum, "pattern": percent_pattern(zero_ok), "maxLength": len("100%")}
-        return {"anyOf": [{"type": "integer", "minimum": minimum},
-                          {"type": "string", "pattern": percent_pattern(zero_ok)}],
-                "x-hint": hint}
+            return {
+                "x-kubernetes-int-or-string": True,
+                "anyOf": [{"type": "integer"}, {"type": "string"}],
+                "minimum": minimum,
+                "pattern": percent_pattern(zero_ok),
+                "maxLength": len("100%"),
+            }
+        return {
+            "anyOf": [{"type": "integer", "minimum": minimum}, {"type": "string", "pattern": percent_pattern(zero_ok)}],
+            "x-hint": hint,
+        }
 
 
 def _structural(node: dict) -> dict:
     """Drop what a structural CRD schema refuses: additionalProperties false, draft-07-only
     keywords, type lists (`[integer, "null"]` becomes `integer`, nullable)."""
-    node = {k: v for k, v in node.items() if k not in ("propertyNames", "format")
-            or (k == "format" and (v in ("date-time", "int32", "int64")
-                                   or isinstance(v, dict)))}  # a property named `format` (log.format)
+    node = {
+        k: v
+        for k, v in node.items()
+        if k not in ("propertyNames", "format")
+        or (k == "format" and (v in ("date-time", "int32", "int64") or isinstance(v, dict)))
+    }  # a property named `format` (log.format)
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
     if "patternProperties" in node:  # structural schemas have no patternProperties
@@ -185,8 +204,7 @@ def _drop_closed(node: Any) -> Any:
         return [_drop_closed(item) for item in node]
     if not isinstance(node, dict):
         return node
-    return {key: _drop_closed(value) for key, value in node.items()
-            if not (key == "additionalProperties" and value is False)}
+    return {key: _drop_closed(value) for key, value in node.items() if not (key == "additionalProperties" and value is False)}
 
 
 def render_k8s_shapes() -> str:
@@ -195,8 +213,7 @@ def render_k8s_shapes() -> str:
     would make the CRD half a megabyte."""
     import kubernetes_validate
 
-    path = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
-            / K8S_SCHEMA_VERSION / "_definitions.json")
+    path = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / K8S_SCHEMA_VERSION / "_definitions.json"
     definitions = json.loads(path.read_text())["$defs"]
     shapes = {}
     for name in K8S_SHAPE_NAMES:
@@ -217,10 +234,8 @@ def _drop_descriptions(node: Any) -> Any:
 _K8S_ENUMS = {
     ("io.k8s.api.core.v1.Toleration", "operator"): ["Exists", "Equal"],
     ("io.k8s.api.core.v1.Toleration", "effect"): ["NoSchedule", "PreferNoSchedule", "NoExecute"],
-    ("io.k8s.api.core.v1.NodeSelectorRequirement", "operator"):
-        ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"],
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"):
-        ["In", "NotIn", "Exists", "DoesNotExist"],
+    ("io.k8s.api.core.v1.NodeSelectorRequirement", "operator"): ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"],
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): ["In", "NotIn", "Exists", "DoesNotExist"],
 }
 
 
@@ -231,8 +246,9 @@ def _inline_k8s(definitions: dict, full_name: str) -> dict:
         out["description"] = definition["description"]
     out["type"] = _single_type(definition.get("type", "object"))
     if "properties" in definition:
-        out["properties"] = {key: _k8s_property(definitions, full_name, key, prop)
-                             for key, prop in definition["properties"].items()}
+        out["properties"] = {
+            key: _k8s_property(definitions, full_name, key, prop) for key, prop in definition["properties"].items()
+        }
         out["additionalProperties"] = False
     if definition.get("required"):
         out["required"] = definition["required"]
@@ -294,12 +310,13 @@ def _description(block: list[str]) -> str:
     lines = [line for line in block if not line.startswith("@")]
     for i, line in enumerate(lines):
         if line.startswith("--"):
-            lines = [line[2:].strip()] + lines[i + 1:]
+            lines = [line[2:].strip()] + lines[i + 1 :]
             break
     return " ".join(line for line in lines if line)
 
 
 # --- the two outputs -----------------------------------------------------------------------
+
 
 def build_values_schema(values_text: str) -> dict:
     """values.schema.json: the source's `values` tree for draft-07, with descriptions."""
@@ -307,8 +324,7 @@ def build_values_schema(values_text: str) -> dict:
     schema = expander.node(source()["values"])
     _describe(schema, values_descriptions(values_text), ())
     definitions = {name: k8s_definition(name, strict=True) for name in sorted(expander.k8s_used)}
-    return {"$schema": DRAFT_07, "title": "metax-operator values", **schema,
-            "definitions": definitions}
+    return {"$schema": DRAFT_07, "title": "metax-operator values", **schema, "definitions": definitions}
 
 
 def _describe(node: dict, descriptions: dict, path: tuple[str, ...]) -> None:
@@ -328,9 +344,11 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
     _describe(spec, values_descriptions(values_text), ())
     _default(spec, yaml.safe_load(values_text), top=True)
     _default_objects(spec)
-    spec["description"] = ("Desired state of the MetaX GPU stack: the chart values of seed tables "
-                           "3.1-3.15. The bootstrap hook writes it from the values at every "
-                           "install/upgrade; edits take effect through the runner.")
+    spec["description"] = (
+        "Desired state of the MetaX GPU stack: the chart values of seed tables "
+        "3.1-3.15. The bootstrap hook writes it from the values at every "
+        "install/upgrade; edits take effect through the runner."
+    )
     for path, node_rules in rules(spec).items():
         node = spec
         for key in path:
@@ -339,8 +357,7 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
     status = _Expander("crd").node(source()["status"])
     root = {
         "type": "object",
-        "description": ("The MetaX GPU operator's configuration and rollout state: one object "
-                        f"named {CR_NAME}."),
+        "description": (f"The MetaX GPU operator's configuration and rollout state: one object named {CR_NAME}."),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},
@@ -349,13 +366,19 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
             "spec": spec,
             "status": status,
         },
-        "x-kubernetes-validations": [{
-            "rule": f"self.metadata.name == '{CR_NAME}'",
-            "message": f"there is one ClusterOperator and it is named {CR_NAME}",
-        }],
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name == '{CR_NAME}'",
+                "message": f"there is one ClusterOperator and it is named {CR_NAME}",
+            }
+        ],
     }
-    column = lambda name, kind, path, desc: {"name": name, "type": kind, "jsonPath": path,  # noqa: E731
-                                             "description": desc}
+    column = lambda name, kind, path, desc: {  # noqa: E731
+        "name": name,
+        "type": kind,
+        "jsonPath": path,
+        "description": desc,
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -364,26 +387,40 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
         "metadata": {"name": CRD_NAME, "annotations": {"argocd.argoproj.io/sync-wave": "-2"}},
         "spec": {
             "group": CR_GROUP,
-            "names": {"kind": CR_KIND, "listKind": f"{CR_KIND}List", "plural": CR_PLURAL,
-                      "singular": CR_KIND.lower(), "shortNames": list(CR_SHORT_NAMES)},
+            "names": {
+                "kind": CR_KIND,
+                "listKind": f"{CR_KIND}List",
+                "plural": CR_PLURAL,
+                "singular": CR_KIND.lower(),
+                "shortNames": list(CR_SHORT_NAMES),
+            },
             "scope": "Cluster",
-            "versions": [{
-                "name": CR_VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": root},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    column("Phase", "string", ".status.upgradeStatus.phase", "Driver rollout phase"),
-                    column("Step", "integer", ".status.upgradeStatus.status.currentStepIndex",
-                           "Current rollout step"),
-                    column("Upgraded", "integer", ".status.upgradeStatus.status.totalUpgradeReadyReplicas",
-                           "Driver pods upgraded and Ready"),
-                    column("Total", "integer", ".status.upgradeStatus.status.totalUpgradeReplicas",
-                           "Driver pods this rollout upgrades"),
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-            }],
+            "versions": [
+                {
+                    "name": CR_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        column("Phase", "string", ".status.upgradeStatus.phase", "Driver rollout phase"),
+                        column("Step", "integer", ".status.upgradeStatus.status.currentStepIndex", "Current rollout step"),
+                        column(
+                            "Upgraded",
+                            "integer",
+                            ".status.upgradeStatus.status.totalUpgradeReadyReplicas",
+                            "Driver pods upgraded and Ready",
+                        ),
+                        column(
+                            "Total",
+                            "integer",
+                            ".status.upgradeStatus.status.totalUpgradeReplicas",
+                            "Driver pods this rollout upgrades",
+                        ),
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
         },
     }
 
@@ -402,8 +439,7 @@ def _cr_spec_source(node: dict) -> dict:
         properties = dict(node["properties"])
         if "$merge" in properties:
             properties = {**definitions[properties.pop("$merge")], **properties}
-        out["properties"] = {key: _cr_spec_source(child) for key, child in properties.items()
-                             if not chart_only(child)}
+        out["properties"] = {key: _cr_spec_source(child) for key, child in properties.items() if not chart_only(child)}
     return out
 
 
@@ -433,21 +469,21 @@ def _default(node: dict, value: Any, top: bool = False) -> None:
 
 # --- fragments for the Python validation -------------------------------------------------------
 
+
 def fragment(*path: str) -> dict:
     """The draft-07 schema of one values subtree, e.g. fragment("driver", "config", "moduleParams"):
     used to check ConfigMap contents the same way the values schema checks values."""
     expander = _Expander("values")
     node = expander.node(source()["values"])
     for key in path:
-        node = (node["properties"][key] if "properties" in node
-                else next(iter(node["patternProperties"].values())))
-    return {**node, "definitions": {name: k8s_definition(name, strict=True)
-                                    for name in sorted(expander.k8s_used)}}
+        node = node["properties"][key] if "properties" in node else next(iter(node["patternProperties"].values()))
+    return {**node, "definitions": {name: k8s_definition(name, strict=True) for name in sorted(expander.k8s_used)}}
 
 
 def load_values_schema(chart: Path = REPO_ROOT) -> dict:
     path = chart / VALUES_SCHEMA
     if not path.exists():
-        raise UserError(str(path), "not found",
-                        "pass --chart with the chart's directory, or run `python -m metax_operator.chart.generate`")
+        raise UserError(
+            str(path), "not found", "pass --chart with the chart's directory, or run `python -m metax_operator.chart.generate`"
+        )
     return json.loads(path.read_text())

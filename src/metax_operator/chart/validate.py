@@ -28,6 +28,7 @@ fix`) and one line per valid source on stdout; `github`, one workflow-command an
 problem on stdout; `json`, one object on stdout. Exit 0 when every source is valid, 1 when a
 problem was found or nothing could be checked (a bad option, no Helm: one line on stderr).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,8 @@ import yaml
 
 from metax_operator.chart import validation, values_sources
 from metax_operator.chart.problems import field_path
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.schema import REPO_ROOT, load_values_schema
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.yamltext import load_one, read_text
 
 #: Helm's value flags, passed to Helm as given (Helm applies them in its own order).
@@ -65,26 +66,46 @@ data:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("validate", help="check chart values offline (schema and cross-field rules)",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", metavar="FILE",
-                        help="a values file, or manifests holding Argo CD Applications or Flux HelmReleases of the "
-                             "chart: each set of values checked on its own, over the -f files and under the flags, "
-                             "problems reported at FILE:LINE:COLUMN")
-    parser.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
-                        help="a values file, as helm -f takes it (repeatable; later files win)")
+    parser = subparsers.add_parser(
+        "validate", help="check chart values offline (schema and cross-field rules)", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="a values file, or manifests holding Argo CD Applications or Flux HelmReleases of the "
+        "chart: each set of values checked on its own, over the -f files and under the flags, "
+        "problems reported at FILE:LINE:COLUMN",
+    )
+    parser.add_argument(
+        "-f",
+        "--values",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a values file, as helm -f takes it (repeatable; later files win)",
+    )
     for flag in SET_FLAGS:
-        parser.add_argument(f"--{flag}", action="append", default=[], metavar="KEY=VALUE",
-                            help=f"as helm --{flag} takes it (repeatable)")
-    parser.add_argument("--output", choices=OUTPUTS, default="text",
-                        help="text (default), github (workflow-command annotations) or json")
-    parser.add_argument("--chart-name", default=values_sources.CHART_NAME, metavar="NAME",
-                        help="the chart's name in Applications and HelmReleases (default: %(default)s)")
-    parser.add_argument("--chart", default=None, metavar="DIR",
-                        help="the chart directory (default: the checkout this command runs from, or the directory "
-                             "pip installed it from, as a pre-commit hook does)")
-    parser.add_argument("--helm", default=None, metavar="PATH",
-                        help="the helm binary (default: $HELM_BIN, else helm on PATH)")
+        parser.add_argument(
+            f"--{flag}", action="append", default=[], metavar="KEY=VALUE", help=f"as helm --{flag} takes it (repeatable)"
+        )
+    parser.add_argument(
+        "--output", choices=OUTPUTS, default="text", help="text (default), github (workflow-command annotations) or json"
+    )
+    parser.add_argument(
+        "--chart-name",
+        default=values_sources.CHART_NAME,
+        metavar="NAME",
+        help="the chart's name in Applications and HelmReleases (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--chart",
+        default=None,
+        metavar="DIR",
+        help="the chart directory (default: the checkout this command runs from, or the directory "
+        "pip installed it from, as a pre-commit hook does)",
+    )
+    parser.add_argument("--helm", default=None, metavar="PATH", help="the helm binary (default: $HELM_BIN, else helm on PATH)")
     parser.set_defaults(func=run)
 
 
@@ -95,9 +116,10 @@ def run(args) -> int:
         files, sets = values_flags(args, Path(tmp))
         if not args.files:
             errors = problems(chart, helm, [*files, *sets])
-            report = Report(checked=[] if errors else [{"file": None, "line": None, "column": None,
-                                                         "what": "the -f files and --set flags"}],
-                            problems=[values_sources.Problem(None, None, None, e) for e in errors])
+            report = Report(
+                checked=[] if errors else [{"file": None, "line": None, "column": None, "what": "the -f files and --set flags"}],
+                problems=[values_sources.Problem(None, None, None, e) for e in errors],
+            )
         else:
             report = Report()
             for name in args.files:
@@ -110,8 +132,9 @@ def run(args) -> int:
                     errors = problems(chart, helm, [*files, "--values", str(values), *source.flags, *sets])
                     report.problems += [source.locate(e) for e in errors]
                     if not errors:
-                        report.checked.append({"file": source.file, "line": source.line, "column": source.column,
-                                               "what": source.what})
+                        report.checked.append(
+                            {"file": source.file, "line": source.line, "column": source.column, "what": source.what}
+                        )
     return OUTPUTS[args.output](report)
 
 
@@ -131,16 +154,20 @@ class Report:
     """What `validate` found: the sets of values it found valid (file, line, column, what), the
     problems, and the Applications and HelmReleases of other charts it skipped (file, line, what,
     chart)."""
+
     checked: list[dict] = field(default_factory=list)
     problems: list[values_sources.Problem] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The valid and skipped sets of values, one line each."""
-        return [*(f"{e['file']}:{e['line']}:{e['column']}: {e['what']}: values are valid" if e["file"]
-                  else "values are valid" for e in self.checked),
-                *(f"{e['file']}:{e['line']}: {e['what']} (chart {e['chart'] or 'not named'}): skipped"
-                  for e in self.skipped)]
+        return [
+            *(
+                f"{e['file']}:{e['line']}:{e['column']}: {e['what']}: values are valid" if e["file"] else "values are valid"
+                for e in self.checked
+            ),
+            *(f"{e['file']}:{e['line']}: {e['what']} (chart {e['chart'] or 'not named'}): skipped" for e in self.skipped),
+        ]
 
 
 def text_output(report: Report) -> int:
@@ -171,8 +198,17 @@ def _escape(text: str, in_property: bool = False) -> str:
 
 
 def json_output(report: Report) -> int:
-    print(json.dumps({"valid": not report.problems, "checked": report.checked, "skipped": report.skipped,
-                      "problems": [p.as_dict() for p in report.problems]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "valid": not report.problems,
+                "checked": report.checked,
+                "skipped": report.skipped,
+                "problems": [p.as_dict() for p in report.problems],
+            },
+            indent=2,
+        )
+    )
     return 1 if report.problems else 0
 
 
@@ -183,12 +219,18 @@ def chart_dir(name: str | None) -> Path:
     """The chart `--chart` names, else the chart this package came with."""
     path = Path(name) if name is not None else installed_chart()
     if path is None:
-        raise UserError("--chart", "is not given, and this installation of metax-operator holds no chart",
-                        "pass --chart DIR: a checkout of the chart, or the directory `helm pull "
-                        "oci://DOMAIN/PROJECT/metax-operator --untar` writes")
+        raise UserError(
+            "--chart",
+            "is not given, and this installation of metax-operator holds no chart",
+            "pass --chart DIR: a checkout of the chart, or the directory `helm pull "
+            "oci://DOMAIN/PROJECT/metax-operator --untar` writes",
+        )
     if not (path / "Chart.yaml").is_file():
-        raise UserError("--chart", f"{name} is not a chart directory (no Chart.yaml)",
-                        "pass --chart with the metax-operator chart's directory")
+        raise UserError(
+            "--chart",
+            f"{name} is not a chart directory (no Chart.yaml)",
+            "pass --chart with the metax-operator chart's directory",
+        )
     return path
 
 
@@ -220,8 +262,7 @@ def find_helm(explicit: str | None) -> str:
     found = shutil.which(name)
     if found is None:
         problem = "is not on PATH" if source == "helm" else f"{name} is not an executable file"
-        raise UserError(source, problem, "install Helm 3 (3.18 or later) or Helm 4, or pass --helm PATH "
-                                         "(or set $HELM_BIN)")
+        raise UserError(source, problem, "install Helm 3 (3.18 or later) or Helm 4, or pass --helm PATH (or set $HELM_BIN)")
     return found
 
 
@@ -238,8 +279,7 @@ def values_flags(args, tmp: Path) -> tuple[list[str], list[str]]:
             errors.append(err)
     if errors:
         raise UserErrors(errors)
-    sets = [item for flag in SET_FLAGS for value in getattr(args, flag.replace("-", "_"))
-            for item in (f"--{flag}", value)]
+    sets = [item for flag in SET_FLAGS for value in getattr(args, flag.replace("-", "_")) for item in (f"--{flag}", value)]
     return files, sets
 
 
@@ -283,13 +323,11 @@ def render_problems(chart: Path, flags: list[str], helm: str) -> list[UserError]
 
 def _helm(helm: str, *args: str) -> str:
     try:
-        result = subprocess.run([helm, *args], capture_output=True, text=True, errors="replace",
-                                timeout=HELM_TIMEOUT)
+        result = subprocess.run([helm, *args], capture_output=True, text=True, errors="replace", timeout=HELM_TIMEOUT)
     except OSError as err:
         raise UserError("--helm", f"cannot run {helm}: {err.strerror}", "pass --helm with a Helm binary") from None
     except subprocess.TimeoutExpired:
-        raise UserError("helm template", f"did not finish within {HELM_TIMEOUT} s",
-                        "check the values files and flags") from None
+        raise UserError("helm template", f"did not finish within {HELM_TIMEOUT} s", "check the values files and flags") from None
     if result.returncode:
         raise UserErrors(helm_problems(result.stderr or result.stdout))
     return result.stdout
@@ -305,7 +343,7 @@ def helm_problems(stderr: str) -> list[UserError]:
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("Use --debug")]
     for i, line in enumerate(lines):
         if line.rstrip().endswith("invalid values:"):  # _validations.tpl's `fail`
-            return [UserError(*rule.partition(": ")[::2]) for rule in lines[i + 1:]]
+            return [UserError(*rule.partition(": ")[::2]) for rule in lines[i + 1 :]]
     schema = [m for m in map(_SCHEMA_LINE.match, lines) if m]
     if schema:
         return [UserError(_field(m["pointer"], m["dotted"]), m["message"], "see docs/validation.md") for m in schema]

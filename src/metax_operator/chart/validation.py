@@ -13,6 +13,7 @@ Regular expressions (`vfioConfig[].nodeName`) are matched by vfio-manager, a Go 
 are compiled with RE2 (the `google-re2` wheel), the syntax Go's regexp implements: a pattern
 Python's `re` accepts but Go refuses (lookarounds, backreferences) is refused here too.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,58 +23,84 @@ from typing import Any, Mapping
 import yaml
 
 from metax_operator.chart import images
-from metax_operator.rollout import policy
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.problems import regex_problem, schema_problems
-from metax_operator.contract import (COMPONENTS, MODULE_PARAMS, NODE_MODULE_PARAMS, NODE_VFNUMS, PREREQUISITES,
-                                     VFIO_CONFIG_KEY, ConfigMapKey)
 from metax_operator.chart.schema import build_values_schema, fragment
+from metax_operator.contract import (
+    COMPONENTS,
+    MODULE_PARAMS,
+    NODE_MODULE_PARAMS,
+    NODE_VFNUMS,
+    PREREQUISITES,
+    VFIO_CONFIG_KEY,
+    ConfigMapKey,
+)
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.rollout import policy
 
 SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
 
 
 def dependency_problem(component: str, prerequisite: str) -> UserError:
-    return UserError(f"{component}.deploy",
-                     f"is true but its prerequisite {prerequisite}.deploy is false",
-                     f"set {prerequisite}.deploy=true or {component}.deploy=false")
+    return UserError(
+        f"{component}.deploy",
+        f"is true but its prerequisite {prerequisite}.deploy is false",
+        f"set {prerequisite}.deploy=true or {component}.deploy=false",
+    )
 
 
 # The cross-field rules' wording, one function each (admission.py builds the CRD's CEL messages
 # from them too).
+
 
 def registry_missing() -> UserError:
     return UserError("registry", "is required", "set it to DOMAIN/PROJECT, e.g. --set registry=cr.example.com/metax")
 
 
 def payload_version_missing() -> UserError:
-    return UserError("driver.payload.version", "is required unless driver.deployPolicy is Never",
-                     "set the driver version, e.g. --set driver.payload.version=2.32.0.6")
+    return UserError(
+        "driver.payload.version",
+        "is required unless driver.deployPolicy is Never",
+        "set the driver version, e.g. --set driver.payload.version=2.32.0.6",
+    )
 
 
 def node_port_range_backwards(ports: object) -> UserError:
-    return UserError("exporter.service.nodePortRange", f"{ports} is not a range of ports",
-                     "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range")
+    return UserError(
+        "exporter.service.nodePortRange",
+        f"{ports} is not a range of ports",
+        "write LOW-HIGH within 1-65535, as the API server's --service-node-port-range",
+    )
 
 
 def node_port_outside_range(port: object, ports: object) -> UserError:
-    return UserError("exporter.service.port", f"{port} is outside the node port range {ports}",
-                     "use a port in the range, leave it empty to let Kubernetes choose, or set "
-                     "exporter.service.nodePortRange to the cluster's --service-node-port-range")
+    return UserError(
+        "exporter.service.port",
+        f"{port} is outside the node port range {ports}",
+        "use a port in the range, leave it empty to let Kubernetes choose, or set "
+        "exporter.service.nodePortRange to the cluster's --service-node-port-range",
+    )
 
 
 def port_with_type(kind: object) -> UserError:
-    return UserError("exporter.service.port", f"is only valid with type NodePort or LoadBalancer, not {kind}",
-                     "remove the port, or set exporter.service.type=NodePort or LoadBalancer")
+    return UserError(
+        "exporter.service.port",
+        f"is only valid with type NodePort or LoadBalancer, not {kind}",
+        "remove the port, or set exporter.service.type=NodePort or LoadBalancer",
+    )
 
 
 def external_name_missing() -> UserError:
-    return UserError("exporter.service.externalName", "is required with type ExternalName",
-                     "set it to the DNS name the Service points to")
+    return UserError(
+        "exporter.service.externalName", "is required with type ExternalName", "set it to the DNS name the Service points to"
+    )
 
 
 def external_name_with_type(kind: object) -> UserError:
-    return UserError("exporter.service.externalName", f"is only valid with type ExternalName, not {kind}",
-                     "remove it, or set exporter.service.type=ExternalName")
+    return UserError(
+        "exporter.service.externalName",
+        f"is only valid with type ExternalName, not {kind}",
+        "remove it, or set exporter.service.type=ExternalName",
+    )
 
 
 def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
@@ -117,16 +144,13 @@ def _spec_problems(values: Mapping) -> list[UserError]:
         errors.append(registry_missing())
     for component, prerequisites in PREREQUISITES.items():
         if _deployed(values, component):
-            errors += [dependency_problem(component, p) for p in prerequisites
-                       if not _deployed(values, p)]
+            errors += [dependency_problem(component, p) for p in prerequisites if not _deployed(values, p)]
     driver = values.get("driver") or {}
-    if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" \
-            and not (driver.get("payload") or {}).get("version"):
+    if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" and not (driver.get("payload") or {}).get("version"):
         errors.append(payload_version_missing())
     errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
     errors += driver_config_problems(driver.get("config") or {}, "driver.config")
-    errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [],
-                                   "vfioManager.vfioConfig")
+    errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [], "vfioManager.vfioConfig")
     errors += _service_problems((values.get("exporter") or {}).get("service") or {})
     errors += image_problems(values)
     return errors
@@ -140,15 +164,23 @@ def image_problems(values: Mapping) -> list[UserError]:
     sites = [(f"{key}.image", (values.get(key) or {}).get("image")) for key in (*COMPONENTS, "tools")]
     sites.append(("driver.payload", (values.get("driver") or {}).get("payload")))
     maca = (values.get("maca") or {}).get("payload") or {}
-    sites += [(f"maca.payload.images[{i}]", {"registry": maca.get("registry"), "name": images.split(entry)[0]})
-              for i, entry in enumerate(maca.get("images") or []) if isinstance(entry, str)]
+    sites += [
+        (f"maca.payload.images[{i}]", {"registry": maca.get("registry"), "name": images.split(entry)[0]})
+        for i, entry in enumerate(maca.get("images") or [])
+        if isinstance(entry, str)
+    ]
     errors = []
     for field, image in sites:
         if isinstance(image, Mapping) and image.get("name"):
             length = len(image.get("registry") or common) + 1 + len(image["name"])
             if length > images.MAX_REPOSITORY:
-                errors.append(UserError(field, f"the image repository (registry/name) is {length} characters long, "
-                                               f"more than {images.MAX_REPOSITORY}", "shorten the registry or the image name"))
+                errors.append(
+                    UserError(
+                        field,
+                        f"the image repository (registry/name) is {length} characters long, more than {images.MAX_REPOSITORY}",
+                        "shorten the registry or the image name",
+                    )
+                )
     return errors
 
 
@@ -176,9 +208,11 @@ def _service_problems(service: Mapping) -> list[UserError]:
     return errors
 
 
-_CRON_NAMES = {name: number for names, first in (("jan feb mar apr may jun jul aug sep oct nov dec", 1),
-                                                   ("sun mon tue wed thu fri sat", 0))
-               for number, name in enumerate(names.split(), first)}
+_CRON_NAMES = {
+    name: number
+    for names, first in (("jan feb mar apr may jun jul aug sep oct nov dec", 1), ("sun mon tue wed thu fri sat", 0))
+    for number, name in enumerate(names.split(), first)
+}
 
 
 def _schedule_problems(schedule: Any) -> list[UserError]:
@@ -187,8 +221,11 @@ def _schedule_problems(schedule: Any) -> list[UserError]:
     for part in (schedule or "").replace(",", " ").split():
         low, dash, high = part.partition("/")[0].partition("-")
         if dash and _cron_value(low) > _cron_value(high):
-            errors.append(UserError("runner.schedule", f"the range {low}-{high} runs backwards",
-                                    f"write the smaller value first: {high}-{low}"))
+            errors.append(
+                UserError(
+                    "runner.schedule", f"the range {low}-{high} runs backwards", f"write the smaller value first: {high}-{low}"
+                )
+            )
     return errors
 
 
@@ -203,9 +240,13 @@ def _deprecated_tolerations_problems(value: Any) -> list[UserError]:
         return []
     tolerations = parse_tolerations(value)
     if not isinstance(tolerations, list):
-        return [UserError("tolerations", "the file must hold a YAML list of tolerations or a mapping `tolerations: [...]`",
-                          "fix the file given with --set-file tolerations=FILE; better, move them to "
-                          "podTemplateSpec.spec.tolerations")]
+        return [
+            UserError(
+                "tolerations",
+                "the file must hold a YAML list of tolerations or a mapping `tolerations: [...]`",
+                "fix the file given with --set-file tolerations=FILE; better, move them to podTemplateSpec.spec.tolerations",
+            )
+        ]
     return schema_problems(tolerations, fragment("tolerations"), "tolerations")
 
 
@@ -222,6 +263,7 @@ def parse_tolerations(text: str) -> Any:
 
 
 # --- driver-config and metax-vfio-config -------------------------------------------------------
+
 
 def driver_config_problems(config: Mapping, prefix: str) -> list[UserError]:
     """`driver.config` of the values: the contents of the three driver-config keys."""
@@ -240,14 +282,19 @@ def vfio_config_problems(entries: Any, prefix: str) -> list[UserError]:
     for i, entry in enumerate(entries):
         problem = regex_problem(entry["nodeName"])
         if problem:
-            errors.append(UserError(f"{prefix}[{i}].nodeName",
-                                    f"{entry['nodeName']!r} is not a valid regular expression: {problem}",
-                                    "write it in Go (RE2) syntax: no lookarounds or backreferences"))
+            errors.append(
+                UserError(
+                    f"{prefix}[{i}].nodeName",
+                    f"{entry['nodeName']!r} is not a valid regular expression: {problem}",
+                    "write it in Go (RE2) syntax: no lookarounds or backreferences",
+                )
+            )
         gpus = entry["gpus"].split(",") if entry["gpus"] != "all" else []
         duplicates = list(dict.fromkeys(g for g in gpus if gpus.count(g) > 1))
         if duplicates:
-            errors.append(UserError(f"{prefix}[{i}].gpus", f"lists GPU {', '.join(duplicates)} more than once",
-                                    "list each GPU index once"))
+            errors.append(
+                UserError(f"{prefix}[{i}].gpus", f"lists GPU {', '.join(duplicates)} more than once", "list each GPU index once")
+            )
     return errors
 
 
@@ -255,8 +302,9 @@ def _load_configmap_value(text: str | None, where: str) -> Any:
     try:
         return yaml.safe_load(text or "")
     except yaml.YAMLError as err:
-        raise UserErrors([UserError(where, f"is not valid YAML: {err}".replace("\n", " "),
-                                    "fix the ConfigMap with kubectl edit")]) from None
+        raise UserErrors(
+            [UserError(where, f"is not valid YAML: {err}".replace("\n", " "), "fix the ConfigMap with kubectl edit")]
+        ) from None
 
 
 def _where(key: ConfigMapKey) -> str:
@@ -268,8 +316,13 @@ def parse_node_vfnums(text: str | None) -> dict[str, int]:
     where = _where(NODE_VFNUMS)
     doc = _load_configmap_value(text, where) or {"nodes": {}}
     if not isinstance(doc, Mapping) or set(doc) != {"nodes"}:
-        _raise([UserError(where, "must be a mapping with the one key `nodes`",
-                          "write `nodes:` then one `NODE: {vfnum: N}` per node")])
+        _raise(
+            [
+                UserError(
+                    where, "must be a mapping with the one key `nodes`", "write `nodes:` then one `NODE: {vfnum: N}` per node"
+                )
+            ]
+        )
     nodes = doc["nodes"] or {}
     _raise(schema_problems(nodes, fragment(*NODE_VFNUMS.field), f"{where}.nodes"))
     return {node: entry["vfnum"] for node, entry in nodes.items()}
@@ -301,8 +354,10 @@ def parse_vfio_config(text: str | None) -> list[dict[str, str]]:
 
 #: The parser of each ConfigMap key admins edit in place.
 CONFIGMAP_PARSERS: dict[ConfigMapKey, Callable[[str | None], object]] = {
-    NODE_VFNUMS: parse_node_vfnums, MODULE_PARAMS: parse_module_params,
-    NODE_MODULE_PARAMS: parse_node_module_params, VFIO_CONFIG_KEY: parse_vfio_config,
+    NODE_VFNUMS: parse_node_vfnums,
+    MODULE_PARAMS: parse_module_params,
+    NODE_MODULE_PARAMS: parse_node_module_params,
+    VFIO_CONFIG_KEY: parse_vfio_config,
 }
 
 

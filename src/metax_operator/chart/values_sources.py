@@ -20,6 +20,7 @@ is.
 `Problem`s (not YAML, a key repeated, several documents of values, Argo CD's `values` hidden by
 `valuesObject`, nothing of this chart in the file).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 @dataclass(frozen=True)
 class Problem:
     """A `UserError` at a place: file, line and column (1-based; None where the file has none)."""
+
     file: str | None
     line: int | None
     column: int | None
@@ -52,18 +54,26 @@ class Problem:
         return f"{self.where}: {self.error}" if self.where else str(self.error)
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "column": self.column, "field": self.error.field,
-                "problem": self.error.problem, "fix": self.error.fix, "message": str(self)}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "field": self.error.field,
+            "problem": self.error.problem,
+            "fix": self.error.fix,
+            "message": str(self),
+        }
 
 
 @dataclass(frozen=True)
 class Source:
     """One set of chart values in a file."""
+
     file: str
-    what: str             # "values file", "HelmRelease gpu/metax-operator spec.values", ...
-    line: int             # where the values are written (their key, or the file's start)
+    what: str  # "values file", "HelmRelease gpu/metax-operator spec.values", ...
+    line: int  # where the values are written (their key, or the file's start)
     column: int
-    text: str             # the values as the YAML text Helm reads with -f
+    text: str  # the values as the YAML text Helm reads with -f
     flags: tuple[str, ...] = ()  # Helm flags the manifest adds (Argo CD's parameters)
     node: yaml.Node | None = field(default=None, compare=False)  # the values' node, for positions
     offset: tuple[int, int] = (0, 0)  # lines and columns to add to the node's marks
@@ -73,20 +83,22 @@ class Source:
         """`error` at the parameter that sets its field (parameters win over values), else at the
         key or list item its field path names, else at the values themselves (a rule about a field
         the file does not set, such as `registry: is required`)."""
-        parameter = next((node for name, node in self.parameters
-                          if error.field == name or error.field.startswith((f"{name}.", f"{name}["))), None)
+        parameter = next(
+            (node for name, node in self.parameters if error.field == name or error.field.startswith((f"{name}.", f"{name}["))),
+            None,
+        )
         if parameter is not None:
             return Problem(self.file, parameter.start_mark.line + 1, parameter.start_mark.column + 1, error)
         found = _find(self.node, error.field) if self.node is not None else None
         if found is None:
             return Problem(self.file, self.line, self.column, error)
-        return Problem(self.file, found.start_mark.line + 1 + self.offset[0],
-                       found.start_mark.column + 1 + self.offset[1], error)
+        return Problem(self.file, found.start_mark.line + 1 + self.offset[0], found.start_mark.column + 1 + self.offset[1], error)
 
 
 @dataclass
 class FileValues:
     """What `read` found in one file."""
+
     sources: list[Source] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # releases of other charts: file, line, what, chart
@@ -121,26 +133,34 @@ class _Reader:
             return self.found
         for node, data in documents:
             if not _is_object(data):
-                self.problem(node, "document", f"is not a Kubernetes object, and the file holds {len(documents)} "
-                             "YAML documents", "keep chart values in a file of their own, one document: "
-                             "Helm 3 reads the first, Helm 4 the last")
+                self.problem(
+                    node,
+                    "document",
+                    f"is not a Kubernetes object, and the file holds {len(documents)} YAML documents",
+                    "keep chart values in a file of their own, one document: Helm 3 reads the first, Helm 4 the last",
+                )
             elif data["apiVersion"].startswith("argoproj.io/") and data["kind"] == "Application":
                 self.application(node, data)
             elif data["apiVersion"].startswith("helm.toolkit.fluxcd.io/") and data["kind"] == "HelmRelease":
                 self.helm_release(node, data)
         if not self.found.sources and not self.found.problems:
-            self.problem(None, "file", f"holds no values of the {self.chart} chart (neither a values file nor "
-                         f"an Argo CD Application or Flux HelmRelease of chart {self.chart})",
-                         "give only the files that do (the pre-commit hook's `files:` pattern), "
-                         "or name the chart with --chart-name")
+            self.problem(
+                None,
+                "file",
+                f"holds no values of the {self.chart} chart (neither a values file nor "
+                f"an Argo CD Application or Flux HelmRelease of chart {self.chart})",
+                "give only the files that do (the pre-commit hook's `files:` pattern), or name the chart with --chart-name",
+            )
         return self.found
 
-    def documents(self, text: str, offset: tuple[int, int] = (0, 0),
-                  anchor: yaml.Node | None = None) -> list[tuple[yaml.Node, Any]] | None:
+    def documents(
+        self, text: str, offset: tuple[int, int] = (0, 0), anchor: yaml.Node | None = None
+    ) -> list[tuple[yaml.Node, Any]] | None:
         """Every non-empty document of `text`: its composed node and its value; None, with the
         problems recorded, for text nested too deeply, not YAML, or repeating a key. `text` is
         written `offset` lines and columns into the file, or, when its lines are not the file's
         (a quoted string), at `anchor`, where its problems are reported."""
+
         def place(line: int, column: int) -> tuple[int, int]:  # 0-based in `text` -> 1-based in the file
             if anchor is not None:
                 return anchor.start_mark.line + 1, anchor.start_mark.column + 1
@@ -159,8 +179,14 @@ class _Reader:
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             line, column = place(mark.line, mark.column) if mark else (None, None)
-            self.found.problems.append(Problem(self.path, line, column, UserError(
-                "", f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax")))
+            self.found.problems.append(
+                Problem(
+                    self.path,
+                    line,
+                    column,
+                    UserError("", f"is not valid YAML: {getattr(err, 'problem', None) or err}", "fix the YAML syntax"),
+                )
+            )
             return None
         finally:
             loader.dispose()
@@ -169,9 +195,18 @@ class _Reader:
             line, column = place(line - 1, 0)
             if anchor is None:
                 column = self.indent(line, item=True) + 1
-            self.found.problems.append(Problem(self.path, line, column, UserError(
-                "", f"key {key!r} is repeated (first at line {place(first - 1, 0)[0]})",
-                "remove one of them: a parser would keep only the last, silently")))
+            self.found.problems.append(
+                Problem(
+                    self.path,
+                    line,
+                    column,
+                    UserError(
+                        "",
+                        f"key {key!r} is repeated (first at line {place(first - 1, 0)[0]})",
+                        "remove one of them: a parser would keep only the last, silently",
+                    ),
+                )
+            )
         return None if repeated else documents
 
     def application(self, node: yaml.Node, data: dict) -> None:
@@ -197,17 +232,35 @@ class _Reader:
             flags, parameters = _parameters(helm.get("parameters"), _child(helm_node, ["parameters"]))
             if helm.get("valuesObject") is not None:
                 if helm.get("values"):
-                    self.problem(_key(helm_node, "values"), f"{where}.helm.values",
-                                 "is not read by Argo CD when valuesObject is set",
-                                 "move these values into valuesObject, or remove one of the two")
-                self.add_object(f"Application {name}", f"{where}.helm.valuesObject", _key(helm_node, "valuesObject"),
-                                _child(helm_node, ["valuesObject"]), helm["valuesObject"], flags, parameters)
+                    self.problem(
+                        _key(helm_node, "values"),
+                        f"{where}.helm.values",
+                        "is not read by Argo CD when valuesObject is set",
+                        "move these values into valuesObject, or remove one of the two",
+                    )
+                self.add_object(
+                    f"Application {name}",
+                    f"{where}.helm.valuesObject",
+                    _key(helm_node, "valuesObject"),
+                    _child(helm_node, ["valuesObject"]),
+                    helm["valuesObject"],
+                    flags,
+                    parameters,
+                )
             elif helm.get("values") is not None:
-                self.add_text(f"Application {name}", f"{where}.helm.values", _key(helm_node, "values"),
-                              _child(helm_node, ["values"]), helm["values"], flags, parameters)
+                self.add_text(
+                    f"Application {name}",
+                    f"{where}.helm.values",
+                    _key(helm_node, "values"),
+                    _child(helm_node, ["values"]),
+                    helm["values"],
+                    flags,
+                    parameters,
+                )
             else:
-                self.add_object(f"Application {name}", f"{where} (no helm values)", source_node or node, None, {},
-                                flags, parameters)
+                self.add_object(
+                    f"Application {name}", f"{where} (no helm values)", source_node or node, None, {}, flags, parameters
+                )
 
     def helm_release(self, node: yaml.Node, data: dict) -> None:
         """The HelmRelease's `spec.values` when its chart is this one. (`spec.valuesFrom` names
@@ -219,21 +272,44 @@ class _Reader:
             self.skip(node, f"HelmRelease {name}", release_chart)
             return
         spec_node = _child(node, ["spec"])
-        self.add_object(f"HelmRelease {name}", "spec.values", _key(spec_node, "values") or spec_node or node,
-                        _child(spec_node, ["values"]), spec.get("values") or {})
+        self.add_object(
+            f"HelmRelease {name}",
+            "spec.values",
+            _key(spec_node, "values") or spec_node or node,
+            _child(spec_node, ["values"]),
+            spec.get("values") or {},
+        )
 
-    def add_object(self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node | None, values: Any,
-                   flags: tuple[str, ...] = (), parameters: tuple = ()) -> None:
+    def add_object(
+        self,
+        owner: str,
+        field_name: str,
+        key: yaml.Node,
+        node: yaml.Node | None,
+        values: Any,
+        flags: tuple[str, ...] = (),
+        parameters: tuple = (),
+    ) -> None:
         """Values written as YAML inside the manifest: Kubernetes hands them to Helm as JSON."""
         if not isinstance(values, dict):
             self.problem(key, field_name, "must be a mapping of values", "write `key: value` lines under it")
             return
-        self.found.sources.append(Source(self.path, f"{owner} {field_name}", key.start_mark.line + 1,
-                                         key.start_mark.column + 1, json.dumps(values, default=str), flags, node,
-                                         parameters=parameters))
+        self.found.sources.append(
+            Source(
+                self.path,
+                f"{owner} {field_name}",
+                key.start_mark.line + 1,
+                key.start_mark.column + 1,
+                json.dumps(values, default=str),
+                flags,
+                node,
+                parameters=parameters,
+            )
+        )
 
-    def add_text(self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node, values: Any,
-                 flags: tuple[str, ...], parameters: tuple) -> None:
+    def add_text(
+        self, owner: str, field_name: str, key: yaml.Node, node: yaml.Node, values: Any, flags: tuple[str, ...], parameters: tuple
+    ) -> None:
         """Values written as a YAML string (Argo CD's `helm.values`), which Helm reads as a values
         file. A literal block (`values: |`) keeps its lines, so a field inside it is located
         exactly; the fields of another string (quoted, or a folded `>` block, whose lines are
@@ -247,21 +323,35 @@ class _Reader:
         if documents is None:
             return
         if len(documents) > 1:
-            self.problem(key, field_name, f"holds {len(documents)} YAML documents",
-                         "keep one (remove the `---` between them): Helm 3 reads the first, Helm 4 the last")
+            self.problem(
+                key,
+                field_name,
+                f"holds {len(documents)} YAML documents",
+                "keep one (remove the `---` between them): Helm 3 reads the first, Helm 4 the last",
+            )
             return
         inner, data = documents[0] if documents else (None, None)
         if not isinstance(data, (dict, type(None))):
             self.problem(key, field_name, "must be a mapping of values", "write `key: value` lines in it")
             return
-        self.found.sources.append(Source(self.path, f"{owner} {field_name}", key.start_mark.line + 1,
-                                         key.start_mark.column + 1, values, flags, inner if literal else None,
-                                         offset, parameters))
+        self.found.sources.append(
+            Source(
+                self.path,
+                f"{owner} {field_name}",
+                key.start_mark.line + 1,
+                key.start_mark.column + 1,
+                values,
+                flags,
+                inner if literal else None,
+                offset,
+                parameters,
+            )
+        )
 
     def indent(self, line: int, item: bool = False) -> int:
         """The indentation of the first non-blank line from `line` (1-based) on, with a list
         item's `- ` when `item`: where a repeated key starts, or the content of a block scalar."""
-        first = next((text for text in self.text.splitlines()[line - 1:] if text.strip()), "")
+        first = next((text for text in self.text.splitlines()[line - 1 :] if text.strip()), "")
         return len(first) - len(first.lstrip(" -" if item else " "))
 
     def skip(self, node: yaml.Node, what: str, chart: str | None) -> None:
@@ -335,8 +425,7 @@ def _child(node: yaml.Node | None, keys: list) -> yaml.Node | None:
         if isinstance(key, int):
             node = node.value[key] if node.id == "sequence" and key < len(node.value) else None
         else:
-            node = next((v for k, v in node.value if k.id == "scalar" and k.value == key), None) \
-                if node.id == "mapping" else None
+            node = next((v for k, v in node.value if k.id == "scalar" and k.value == key), None) if node.id == "mapping" else None
     return node
 
 
@@ -353,12 +442,15 @@ def _find(node: yaml.Node, path: str) -> yaml.Node | None:
                 break
             node = found = node.value[int(index)]
         elif node.id == "mapping":
-            fits = [(k, v) for k, v in node.value if k.id == "scalar"
-                    and (rest == k.value or rest.startswith((f"{k.value}.", f"{k.value}[")))]
+            fits = [
+                (k, v)
+                for k, v in node.value
+                if k.id == "scalar" and (rest == k.value or rest.startswith((f"{k.value}.", f"{k.value}[")))
+            ]
             if not fits:
                 break
             found, node = max(fits, key=lambda kv: len(kv[0].value))
-            rest = rest[len(found.value):].removeprefix(".")
+            rest = rest[len(found.value) :].removeprefix(".")
         else:
             break
     return found

@@ -25,6 +25,7 @@ does not fit the new values (steps set at run time removed, say, while the value
 `enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
 anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,18 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from metax_operator.runtime import kube, reconcile
-from metax_operator.chart import validation
-from metax_operator.errors import UserError, UserErrors
 from metax_operator import contract
-from metax_operator.contract import (BOOTSTRAP_APPLIED_ANNOTATION, BOOTSTRAP_CONTROLS_ANNOTATION,
-                                     BOOTSTRAP_FIELD_MANAGER, PART_OF, PART_OF_LABEL)
+from metax_operator.chart import validation
+from metax_operator.contract import (
+    BOOTSTRAP_APPLIED_ANNOTATION,
+    BOOTSTRAP_CONTROLS_ANNOTATION,
+    BOOTSTRAP_FIELD_MANAGER,
+    PART_OF,
+    PART_OF_LABEL,
+)
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
+from metax_operator.runtime import kube, reconcile
 
 _MISSING = object()
 
@@ -49,8 +55,7 @@ def prune(value: object, schema: dict) -> object:
     if isinstance(value, dict):
         properties = schema.get("properties")
         if properties is not None:
-            return {k: prune(v, properties[k]) for k, v in value.items()
-                    if k in properties and v is not None}
+            return {k: prune(v, properties[k]) for k, v in value.items() if k in properties and v is not None}
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             return {k: prune(v, extra) for k, v in value.items() if v is not None}
@@ -98,8 +103,9 @@ def _recorded(live: dict | None, schema: dict) -> dict[tuple[str, ...], object] 
         if BOOTSTRAP_APPLIED_ANNOTATION in annotations:
             return leaves(json.loads(annotations[BOOTSTRAP_APPLIED_ANNOTATION]), schema)
         if BOOTSTRAP_CONTROLS_ANNOTATION in annotations:  # an older chart's record: the controls only
-            return {tuple(name.split(".")): value
-                    for name, value in json.loads(annotations[BOOTSTRAP_CONTROLS_ANNOTATION]).items()}
+            return {
+                tuple(name.split(".")): value for name, value in json.loads(annotations[BOOTSTRAP_CONTROLS_ANNOTATION]).items()
+            }
     except (ValueError, AttributeError):
         pass
     return None
@@ -156,10 +162,13 @@ def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict)
         else:
             merge.kept.append(Change(path, now, value))
     merge.manifest = {
-        "apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND,
-        "metadata": {"name": contract.CR_NAME, "labels": labels,
-                     "annotations": {BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True,
-                                                                         separators=(",", ":"))}},
+        "apiVersion": contract.CR_API_VERSION,
+        "kind": contract.CR_KIND,
+        "metadata": {
+            "name": contract.CR_NAME,
+            "labels": labels,
+            "annotations": {BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))},
+        },
         "spec": _tree(sent),
     }
     return merge
@@ -184,8 +193,11 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
         except LookupError:
             client.forget(contract.CR_API_VERSION)
         if time.monotonic() > deadline:
-            raise UserError(contract.CRD_NAME, f"is not served by the API server after {timeout:g}s",
-                            "install the CRD (helm install without --skip-crds), then run the hook again")
+            raise UserError(
+                contract.CRD_NAME,
+                f"is not served by the API server after {timeout:g}s",
+                "install the CRD (helm install without --skip-crds), then run the hook again",
+            )
         time.sleep(1)
 
 
@@ -194,8 +206,7 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
     merge with the kept run-time edits would be invalid (nothing written then)."""
     schema = spec_schema(served_crd(client, timeout))
     spec = prune(values, schema)
-    labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release,
-              PART_OF_LABEL: PART_OF}
+    labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release, PART_OF_LABEL: PART_OF}
 
     def attempt() -> tuple[dict, Merge]:
         live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
@@ -203,9 +214,17 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
         problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
         if problems:
             kept = ", ".join(change.field for change in merge.kept)
-            raise UserErrors([UserError(p.field, p.problem, f"{p.fix} (this upgrade keeps the run-time edits of "
-                                        f"{kept}: set them in the values, or change them with kubectl first)")
-                              for p in problems])
+            raise UserErrors(
+                [
+                    UserError(
+                        p.field,
+                        p.problem,
+                        f"{p.fix} (this upgrade keeps the run-time edits of "
+                        f"{kept}: set them in the values, or change them with kubectl first)",
+                    )
+                    for p in problems
+                ]
+            )
         if live is not None:  # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
@@ -213,8 +232,9 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
     cr, merge = kube.retry_on_conflict(attempt)
     for change in merge.overridden:
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        reconcile.emit_event(client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now,
-                             component=BOOTSTRAP_FIELD_MANAGER)
+        reconcile.emit_event(
+            client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now, component=BOOTSTRAP_FIELD_MANAGER
+        )
     return cr, merge
 
 
@@ -224,14 +244,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:
         print(f"bootstrap: {change.overridden()}")
-    print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion "
-          f"{cr['metadata']['resourceVersion']}")
+    print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion {cr['metadata']['resourceVersion']}")
     return 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("bootstrap", help="create/update the cluster-operator CR from values (hook)",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "bootstrap", help="create/update the cluster-operator CR from values (hook)", description=__doc__.splitlines()[0]
+    )
     common.add_values_argument(parser)
     parser.add_argument("--release", required=True, help="the Helm release name (for labels)")
     common.add_api_arguments(parser, namespace=False)

@@ -27,6 +27,7 @@ the time its pod may take to start: docs/hooks.md has the arithmetic for 10,000 
 that outlasts it ends the run with a line naming what is still there. Every step is idempotent:
 a second run finds nothing to do.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,11 @@ import concurrent.futures
 import functools
 import time
 
-from metax_operator.runtime import kube
+from metax_operator import contract
 from metax_operator.cli import bounded
 from metax_operator.contract import DAEMONSETS, GPU_NODE_LABEL, VFIO_ANNOTATION
-from metax_operator import contract
 from metax_operator.hooks import common
+from metax_operator.runtime import kube
 
 #: Node labels our components set: gpu-label marks GPU nodes.
 NODE_LABELS = (GPU_NODE_LABEL,)
@@ -65,8 +66,15 @@ def node_patch(node: dict) -> dict | None:
     return patch
 
 
-def delete_and_wait(client: kube.Client, api_version: str, kind: str, name: str,
-                    namespace: str | None, timeout: float, propagation: str = "Background") -> bool:
+def delete_and_wait(
+    client: kube.Client,
+    api_version: str,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    timeout: float,
+    propagation: str = "Background",
+) -> bool:
     current = client.get(api_version, kind, name, namespace)
     if current is None:
         return False
@@ -105,31 +113,49 @@ def delete_own_rbac(client: kube.Client, name: str) -> bool:
     return client.delete(rbac, "ClusterRole", name, uid=owner["uid"])
 
 
-def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: str | None = None,
-            test_pod: str | None = None, timeout: float = 240, own_rbac: str | None = None) -> list[str]:
+def cleanup(
+    client: kube.Client,
+    namespace: str,
+    *,
+    delete_crd: bool,
+    runner: str | None = None,
+    test_pod: str | None = None,
+    timeout: float = 240,
+    own_rbac: str | None = None,
+) -> list[str]:
     """Run the steps of the module docstring within `timeout` seconds; what was done, one line each."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
     crd = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
-    waits = {f"deleted DaemonSet {namespace}/{name} and its pods":  # Foreground: gone only after its pods
-             functools.partial(delete_and_wait, client, "apps/v1", "DaemonSet", name, namespace, left(), "Foreground")
-             for name in NODE_WRITERS}
+    waits = {
+        f"deleted DaemonSet {namespace}/{name} and its pods":  # Foreground: gone only after its pods
+        functools.partial(delete_and_wait, client, "apps/v1", "DaemonSet", name, namespace, left(), "Foreground")
+        for name in NODE_WRITERS
+    }
     if crd is not None:
         waits[f"deleted {contract.CR_KIND} {contract.CR_NAME}"] = functools.partial(
-            delete_and_wait, client, contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, None, left())
+            delete_and_wait, client, contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, None, left()
+        )
     for api_version, kind in (("apps/v1", "Deployment"), ("batch/v1", "CronJob")) if runner else ():
         waits[f"deleted {kind} {namespace}/{runner} and its pods"] = functools.partial(
-            delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground")
+            delete_and_wait, client, api_version, kind, runner, namespace, left(), "Foreground"
+        )
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
         happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values()), strict=True))
     done = [line for line, deleted in happened.items() if deleted]
     nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
     with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
         cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
-    done += [f"removed our labels/annotations from node {node['metadata']['name']}"
-             for node, had in zip(nodes, cleaned, strict=True) if had]
-    if delete_crd and crd is not None and delete_and_wait(
-            client, common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME, None, left()):
+    done += [
+        f"removed our labels/annotations from node {node['metadata']['name']}"
+        for node, had in zip(nodes, cleaned, strict=True)
+        if had
+    ]
+    if (
+        delete_crd
+        and crd is not None
+        and delete_and_wait(client, common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME, None, left())
+    ):
         done.append(f"deleted CRD {contract.CRD_NAME}")
     if runner and delete_and_wait(client, "coordination.k8s.io/v1", "Lease", runner, namespace, left()):
         done.append(f"deleted Lease {namespace}/{runner}")
@@ -141,26 +167,37 @@ def cleanup(client: kube.Client, namespace: str, *, delete_crd: bool, runner: st
 
 
 def run(args: argparse.Namespace) -> int:
-    done = cleanup(kube.Client.from_args(args), args.namespace, delete_crd=args.delete_crd,
-                   runner=args.runner, test_pod=args.test_pod, timeout=args.timeout,
-                   own_rbac=args.delete_own_rbac)
+    done = cleanup(
+        kube.Client.from_args(args),
+        args.namespace,
+        delete_crd=args.delete_crd,
+        runner=args.runner,
+        test_pod=args.test_pod,
+        timeout=args.timeout,
+        own_rbac=args.delete_own_rbac,
+    )
     for line in done or ["nothing to clean up"]:
         print(f"cleanup: {line}")
     return 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("cleanup", help="remove the CR and our node labels before uninstall (hook)",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--delete-crd", action="store_true",
-                        help=f"also delete the CRD {contract.CRD_NAME} (crds.keep=false)")
-    parser.add_argument("--runner", metavar="NAME",
-                        help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME")
+    parser = subparsers.add_parser(
+        "cleanup", help="remove the CR and our node labels before uninstall (hook)", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--delete-crd", action="store_true", help=f"also delete the CRD {contract.CRD_NAME} (crds.keep=false)")
+    parser.add_argument(
+        "--runner", metavar="NAME", help="also stop the runner: delete its Deployment or CronJob NAME, then its Lease NAME"
+    )
     parser.add_argument("--test-pod", metavar="NAME", help="also delete the helm test pod NAME")
-    parser.add_argument("--delete-own-rbac", metavar="NAME",
-                        help="last, delete ClusterRole and ClusterRoleBinding NAME that grant this command "
-                             "its rights (where they are not Helm hooks: Argo CD)")
-    parser.add_argument("--timeout", type=bounded(float, 1, 86400), default=240,
-                        help="seconds the whole cleanup may take (default: 240)")
+    parser.add_argument(
+        "--delete-own-rbac",
+        metavar="NAME",
+        help="last, delete ClusterRole and ClusterRoleBinding NAME that grant this command "
+        "its rights (where they are not Helm hooks: Argo CD)",
+    )
+    parser.add_argument(
+        "--timeout", type=bounded(float, 1, 86400), default=240, help="seconds the whole cleanup may take (default: 240)"
+    )
     common.add_api_arguments(parser)
     parser.set_defaults(func=run)

@@ -1,12 +1,13 @@
 """What the hook commands share: the values file and the API options."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from metax_operator.runtime import kube
 from metax_operator.contract import HOOK_VALUES_FILE
 from metax_operator.errors import UserError
+from metax_operator.runtime import kube
 from metax_operator.yamltext import load_one, read_text
 
 CRD_API_VERSION = "apiextensions.k8s.io/v1"
@@ -19,8 +20,13 @@ def add_api_arguments(parser: argparse.ArgumentParser, namespace: bool = True) -
 
 
 def add_values_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--values", "-f", default=HOOK_VALUES_FILE, type=Path,
-                        help=f"the release's values, JSON or YAML (default: {HOOK_VALUES_FILE})")
+    parser.add_argument(
+        "--values",
+        "-f",
+        default=HOOK_VALUES_FILE,
+        type=Path,
+        help=f"the release's values, JSON or YAML (default: {HOOK_VALUES_FILE})",
+    )
 
 
 def load_values(path: Path) -> dict:

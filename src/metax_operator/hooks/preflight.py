@@ -26,6 +26,7 @@ while the values leave container-runtime out fail (the release would cause it); 
 (node labels and pods are the admins' and users', and a pod whose `METAX_MACA_VERSION` matches
 no version may have been broken before this release).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,18 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from metax_operator.runtime import kube
 from metax_operator import workloads
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.chart.validation import validate_values
 from metax_operator.contract import GPU_NODE_LABEL
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
+from metax_operator.runtime import kube
 
 MIN_KUBERNETES = (1, 23)
 MIN_CONTAINERD = (1, 5, 0)
 MIN_DOCKER = (18, 9, 3)
 #: Supported host OS families (lower-case osImage prefix) and their supported major versions.
-SUPPORTED_OS = {"ubuntu": ("18.04", "20.04", "22.04"), "centos": ("8", "9"),
-                "openeuler": ("20.03", "22.03")}
+SUPPORTED_OS = {"ubuntu": ("18.04", "20.04", "22.04"), "centos": ("8", "9"), "openeuler": ("20.03", "22.03")}
 SUPPORTED_OS_TEXT = "Ubuntu 18.04/20.04/22.04, CentOS 8/9, openEuler 20.03/22.03 or a derivative"
 #: Workload problems that stop a release: those its values cause.
 BLOCKING = (workloads.SGPU_WITHOUT_RUNTIME,)
@@ -67,8 +67,13 @@ def check_server(git_version: str) -> list[UserError]:
     version = version_tuple(git_version)
     if version is None or version[:2] >= MIN_KUBERNETES:
         return []
-    return [UserError("cluster", f"Kubernetes {git_version} is older than 1.23, the oldest the "
-                      "MetaX GPU operator supports (seed §3)", "upgrade the cluster to 1.23 or newer")]
+    return [
+        UserError(
+            "cluster",
+            f"Kubernetes {git_version} is older than 1.23, the oldest the MetaX GPU operator supports (seed §3)",
+            "upgrade the cluster to 1.23 or newer",
+        )
+    ]
 
 
 def runtime_problem(runtime: str, kubelet: str) -> str | None:
@@ -82,8 +87,7 @@ def runtime_problem(runtime: str, kubelet: str) -> str | None:
         return None
     if name == "docker":
         if kubelet_version[:2] >= (1, 24):
-            return (f"docker is not supported on Kubernetes {kubelet} (only 1.23 supports docker; "
-                    "use containerd >= 1.5.0)")
+            return f"docker is not supported on Kubernetes {kubelet} (only 1.23 supports docker; use containerd >= 1.5.0)"
         if version is None or version < MIN_DOCKER:
             return f"docker {version_text or '(no version)'} is older than 18.09.3"
         return None
@@ -108,8 +112,10 @@ def check_node(node: dict, enforce: bool, findings: Findings) -> None:
     runtime = info.get("containerRuntimeVersion", "")
     problem = runtime_problem(runtime, info.get("kubeletVersion", ""))
     if problem:
-        fix = ("move the node to containerd >= 1.5.0 (docker >= 18.09.3 works only on Kubernetes 1.23), "
-               "or keep MetaX components off it")
+        fix = (
+            "move the node to containerd >= 1.5.0 (docker >= 18.09.3 works only on Kubernetes 1.23), "
+            "or keep MetaX components off it"
+        )
         if enforce:
             findings.errors.append(UserError(f"node {name}", problem, fix))
         else:
@@ -118,19 +124,20 @@ def check_node(node: dict, enforce: bool, findings: Findings) -> None:
     if not os_supported(os_image):
         findings.warnings.append(
             f"node {name}: OS {os_image or '(none reported)'} is not one the seed lists "
-            f"({SUPPORTED_OS_TEXT}); the driver may not support its kernel {info.get('kernelVersion', '?')}")
+            f"({SUPPORTED_OS_TEXT}); the driver may not support its kernel {info.get('kernelVersion', '?')}"
+        )
 
 
 def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     """The seed §3 prerequisites, from the server version and the nodes (pure)."""
     findings = Findings(errors=check_server(git_version))
-    gpu_nodes = [n for n in nodes
-                 if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
+    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
     enforce = bool(gpu_nodes)
     if not gpu_nodes:
         findings.warnings.append(
             f"no node is labelled {GPU_NODE_LABEL}=true yet (gpu-label has not run): "
-            f"checking all {len(nodes)} nodes, reporting problems as warnings")
+            f"checking all {len(nodes)} nodes, reporting problems as warnings"
+        )
     for node in sorted(gpu_nodes or nodes, key=lambda n: n["metadata"]["name"]):
         check_node(node, enforce, findings)
     return findings
@@ -140,8 +147,11 @@ def check_workloads(values: dict, nodes: list[dict], pods: list[dict], findings:
     """The workload rules with the values' components (pure)."""
     deployed = lambda key: bool((values.get(key) or {}).get("deploy"))  # noqa: E731
     for problem in workloads.problems_of_objects(
-            nodes, pods, runtime_deployed=deployed("runtime"),
-            maca_images=workloads.payload_images(values) if deployed("maca") else None):
+        nodes,
+        pods,
+        runtime_deployed=deployed("runtime"),
+        maca_images=workloads.payload_images(values) if deployed("maca") else None,
+    ):
         if problem.rule in BLOCKING:
             findings.errors.append(problem)
         else:
@@ -167,8 +177,10 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "preflight", help="validate the release's values and the cluster's prerequisites (hook)",
-        description=__doc__.splitlines()[0])
+        "preflight",
+        help="validate the release's values and the cluster's prerequisites (hook)",
+        description=__doc__.splitlines()[0],
+    )
     common.add_values_argument(parser)
     common.add_api_arguments(parser, namespace=False)
     parser.set_defaults(func=run)

@@ -12,20 +12,28 @@ Checks, each failure printed as one line naming what is wrong and where, exit 1 
   words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`.
 The component list comes from the CR, not the values: the CR is what the runner applies.
 """
+
 from __future__ import annotations
 
 import argparse
 import http.client
 import sys
 
-from metax_operator.runtime import kube
-from metax_operator import workloads
-from metax_operator.errors import UserError, UserErrors
+from metax_operator import contract, workloads
 from metax_operator.chart.validation import configmap_problems, validate_cr_spec
-from metax_operator.contract import (COMPONENT_LABEL, CONFIGMAP_KEYS, CONFIGMAPS, DAEMONSETS, EXPORTER_SERVICE,
-                                     GPU_NODE_LABEL, GPU_RESOURCE, SGPU_RESOURCE)
-from metax_operator import contract
+from metax_operator.contract import (
+    COMPONENT_LABEL,
+    CONFIGMAP_KEYS,
+    CONFIGMAPS,
+    DAEMONSETS,
+    EXPORTER_SERVICE,
+    GPU_NODE_LABEL,
+    GPU_RESOURCE,
+    SGPU_RESOURCE,
+)
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
+from metax_operator.runtime import kube
 
 GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE)
 #: Node names listed per failing DaemonSet before "and N more".
@@ -53,16 +61,14 @@ def check_daemonset(namespace: str, name: str, ds: dict | None, pods: list[dict]
     desired, ready = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
     if desired == ready:
         return []
-    not_ready = sorted(p["spec"].get("nodeName") or p["metadata"]["name"] for p in pods
-                       if not _ready(p))
+    not_ready = sorted(p["spec"].get("nodeName") or p["metadata"]["name"] for p in pods if not _ready(p))
     shown = ", ".join(not_ready[:SHOWN_NODES])
     more = f" and {len(not_ready) - SHOWN_NODES} more" if len(not_ready) > SHOWN_NODES else ""
     return [f"{where}: {ready} of {desired} pods ready" + (f" (not ready on {shown}{more})" if shown else "")]
 
 
 def _ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def check_configmap(namespace: str, name: str, cm: dict | None) -> list[str]:
@@ -80,15 +86,20 @@ def check_gpu_nodes(nodes: list[dict]) -> list[str]:
     for node in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"]):
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         if not any(_quantity(allocatable.get(r, "0")) > 0 for r in GPU_RESOURCES):
-            lines.append(f"node {node['metadata']['name']}: no allocatable {GPU_RESOURCE} "
-                         "(a component is not working there)")
+            lines.append(f"node {node['metadata']['name']}: no allocatable {GPU_RESOURCE} (a component is not working there)")
     return lines
 
 
 def check_workloads(spec: dict, enabled: list[str], nodes: list[dict], pods: list[dict]) -> list[str]:
-    return [str(p) for p in workloads.problems_of_objects(
-        nodes, pods, runtime_deployed="runtime" in enabled,
-        maca_images=workloads.payload_images(spec) if "maca" in enabled else None)]
+    return [
+        str(p)
+        for p in workloads.problems_of_objects(
+            nodes,
+            pods,
+            runtime_deployed="runtime" in enabled,
+            maca_images=workloads.payload_images(spec) if "maca" in enabled else None,
+        )
+    ]
 
 
 def _quantity(text: str) -> int:
@@ -156,7 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("test", help="check the install (helm test)",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser("test", help="check the install (helm test)", description=__doc__.splitlines()[0])
     common.add_api_arguments(parser)
     parser.set_defaults(func=run)

@@ -8,6 +8,7 @@ there (left by an earlier release with `crds.keep`): creating it is Helm's job, 
 `helm install --skip-crds` must be respected. It then waits until the API server serves the
 new version (condition Established), so the post-install bootstrap can write the CR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,37 +16,43 @@ import sys
 import time
 from pathlib import Path
 
-from metax_operator.runtime import kube
-from metax_operator.errors import UserError
-from metax_operator.yamltext import load_one, read_text
 from metax_operator import contract
+from metax_operator.errors import UserError
 from metax_operator.hooks import common
-
+from metax_operator.runtime import kube
+from metax_operator.yamltext import load_one, read_text
 
 
 def load_crd(path: Path) -> dict:
     crd = load_one(read_text(path, "mount the CRD ConfigMap or pass --crd FILE"), str(path))
-    if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition" \
-            or crd.get("metadata", {}).get("name") != contract.CRD_NAME:
-        raise UserError(str(path), f"is not the {contract.CRD_NAME} CustomResourceDefinition",
-                        "pass the chart's crds/ file")
+    if (
+        not isinstance(crd, dict)
+        or crd.get("kind") != "CustomResourceDefinition"
+        or crd.get("metadata", {}).get("name") != contract.CRD_NAME
+    ):
+        raise UserError(str(path), f"is not the {contract.CRD_NAME} CustomResourceDefinition", "pass the chart's crds/ file")
     return crd
 
 
 def established(crd: dict | None, generation: int) -> bool:
     status = (crd or {}).get("status") or {}
     conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
-    return (conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"
-            and (crd or {}).get("metadata", {}).get("generation", 0) >= generation)
+    return (
+        conditions.get("Established") == "True"
+        and conditions.get("NamesAccepted") == "True"
+        and (crd or {}).get("metadata", {}).get("generation", 0) >= generation
+    )
 
 
 def wait_established(client: kube.Client, generation: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not established(client.get(common.CRD_API_VERSION, "CustomResourceDefinition",
-                                      contract.CRD_NAME), generation):
+    while not established(client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME), generation):
         if time.monotonic() > deadline:
-            raise UserError(f"CRD {contract.CRD_NAME}", f"is not Established after {timeout:g}s",
-                            "see its status conditions (kubectl describe crd), then run the hook again")
+            raise UserError(
+                f"CRD {contract.CRD_NAME}",
+                f"is not Established after {timeout:g}s",
+                "see its status conditions (kubectl describe crd), then run the hook again",
+            )
         time.sleep(0.5)
 
 
@@ -57,26 +64,29 @@ def upgrade(client: kube.Client, crd: dict, *, if_exists: bool, timeout: float =
     applied = client.apply(crd, field_manager=contract.UPGRADE_CRDS_FIELD_MANAGER, force=True)
     wait_established(client, applied["metadata"]["generation"], timeout)
     client.forget(contract.CR_API_VERSION)
-    unchanged = current is not None and \
-        current["metadata"]["resourceVersion"] == applied["metadata"]["resourceVersion"]
+    unchanged = current is not None and current["metadata"]["resourceVersion"] == applied["metadata"]["resourceVersion"]
     return "unchanged" if unchanged else "applied"
 
 
 def run(args: argparse.Namespace) -> int:
     crd = load_crd(args.crd)
     outcome = upgrade(kube.Client.from_args(args), crd, if_exists=args.if_exists)
-    message = {"skipped": "not installed (Helm installs it from crds/); nothing to upgrade",
-               "unchanged": "already current", "applied": "applied"}[outcome]
+    message = {
+        "skipped": "not installed (Helm installs it from crds/); nothing to upgrade",
+        "unchanged": "already current",
+        "applied": "applied",
+    }[outcome]
     print(f"upgrade-crds: {contract.CRD_NAME} {message}", file=sys.stdout)
     return 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("upgrade-crds", help="apply the chart's current CRD (hook)",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--crd", type=Path, default=Path(contract.HOOK_CRD_FILE),
-                        help=f"the CRD manifest (default: {contract.HOOK_CRD_FILE})")
-    parser.add_argument("--if-exists", action="store_true",
-                        help="only update an existing CRD, never create it (pre-install)")
+    parser = subparsers.add_parser(
+        "upgrade-crds", help="apply the chart's current CRD (hook)", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--crd", type=Path, default=Path(contract.HOOK_CRD_FILE), help=f"the CRD manifest (default: {contract.HOOK_CRD_FILE})"
+    )
+    parser.add_argument("--if-exists", action="store_true", help="only update an existing CRD, never create it (pre-install)")
     common.add_api_arguments(parser, namespace=False)
     parser.set_defaults(func=run)

@@ -6,18 +6,19 @@ to false (the seed's forced rollback: the runner restores the previous driver re
 node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed,
 held-back, skipped and cordoned nodes, nodes that need a reboot, and what happens next; `--watch` prints it again at every change.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import time
 
+from metax_operator.cli import bounded
+from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, SKIP_LABEL
+from metax_operator.errors import UserError, UserErrors
+from metax_operator.lookup import lookup
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
-from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, SKIP_LABEL
-from metax_operator.lookup import lookup
-from metax_operator.cli import bounded
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
@@ -27,11 +28,15 @@ POLICY_PATH = "/spec/driver/upgradePolicy"
 
 
 def register_status(commands) -> None:
-    parser = commands.add_parser("status", help="show the driver rollout: steps, wave, failed nodes, next action",
-                                 description="Show the staged driver rollout from the cluster-operator CR.")
+    parser = commands.add_parser(
+        "status",
+        help="show the driver rollout: steps, wave, failed nodes, next action",
+        description="Show the staged driver rollout from the cluster-operator CR.",
+    )
     parser.add_argument("--watch", "-w", action="store_true", help="print again at every change (Ctrl-C stops)")
-    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=2.0,
-                        help="seconds between reads with --watch (default 2)")
+    parser.add_argument(
+        "--interval", type=bounded(float, 0.1, 3600), default=2.0, help="seconds between reads with --watch (default 2)"
+    )
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     add_arguments(parser)
     parser.set_defaults(func=run_status)
@@ -46,8 +51,7 @@ def register_resume(commands) -> None:
 
 
 def register_undo(commands) -> None:
-    _switch(commands, "undo", "roll back to the previous driver revision (sets enableRollout: false)",
-            "enableRollout", False)
+    _switch(commands, "undo", "roll back to the previous driver revision (sets enableRollout: false)", "enableRollout", False)
 
 
 SUBCOMMANDS = [register_status, register_pause, register_resume, register_undo]
@@ -63,10 +67,14 @@ def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
     api = Client.from_args(args, AT_ONCE)
     cr = _get_cr(api)
     if lookup(cr, "spec", "driver", "upgradePolicy", "enableRollout") is not True and field == "pause":
-        raise UserError("spec.driver.upgradePolicy.enableRollout", "is false: there is no staged rollout to pause",
-                        f"set enableRollout: true first (kubectl edit {CR_PLURAL} {CR_NAME})")
-    api.patch(CR_API_VERSION, CR_KIND, CR_NAME,
-              [{"op": "add", "path": f"{POLICY_PATH}/{field}", "value": value}], patch_type="json")
+        raise UserError(
+            "spec.driver.upgradePolicy.enableRollout",
+            "is false: there is no staged rollout to pause",
+            f"set enableRollout: true first (kubectl edit {CR_PLURAL} {CR_NAME})",
+        )
+    api.patch(
+        CR_API_VERSION, CR_KIND, CR_NAME, [{"op": "add", "path": f"{POLICY_PATH}/{field}", "value": value}], patch_type="json"
+    )
     print(f"{CR_KIND.lower()}/{CR_NAME}: spec.driver.upgradePolicy.{field} set to {str(value).lower()}")
     return 0
 
@@ -92,8 +100,11 @@ def run_status(args: argparse.Namespace) -> int:
 def _get_cr(api: Client) -> dict:
     cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
     if cr is None:
-        raise UserError(f"{CR_PLURAL}/{CR_NAME}", "does not exist",
-                        "install the chart (its bootstrap hook creates it) or check --kubeconfig/--context")
+        raise UserError(
+            f"{CR_PLURAL}/{CR_NAME}",
+            "does not exist",
+            "install the chart (its bootstrap hook creates it) or check --kubeconfig/--context",
+        )
     return cr
 
 
@@ -111,10 +122,12 @@ def render(cr: dict, output: str = "table") -> str:
     sub, resume = status.step, status.resume
     total, upgraded = sub.total_upgrade_replicas, sub.total_upgrade_ready_replicas
     index, state = sub.current_step_index, sub.current_step_state or ""
-    lines = [f"Phase: {status.phase}   upgrading: {str(status.upgrading).lower()}   "
-             f"revision {sub.last_pod_spec_revision or '-'} -> {sub.upgrading_pod_spec_revision or '-'}   "
-             f"upgraded {upgraded}/{total}   pause: {str(policy.pause).lower()}   "
-             f"enableRollout: {str(policy.enable_rollout).lower()}"]
+    lines = [
+        f"Phase: {status.phase}   upgrading: {str(status.upgrading).lower()}   "
+        f"revision {sub.last_pod_spec_revision or '-'} -> {sub.upgrading_pod_spec_revision or '-'}   "
+        f"upgraded {upgraded}/{total}   pause: {str(policy.pause).lower()}   "
+        f"enableRollout: {str(policy.enable_rollout).lower()}"
+    ]
     rows = [("STEP", "TARGET", "UPGRADED", "AFTER", "STATE")]
     for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
         after = "wait for admin" if step.pause_ms is None else f"{step.pause_ms} ms"
@@ -128,12 +141,14 @@ def render(cr: dict, output: str = "table") -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if resume.wave:
-        lines.append(f"Wave ({resume.wave_kind or 'upgrade'}, since {resume.wave_start_time or '-'}): "
-                     + ", ".join(resume.wave))
-    for nodes, label in ((resume.failed, "Failed nodes"), (resume.held, "Held back (GPU workloads)"),
-                         (resume.skipped, f"Skipped (label {SKIP_LABEL}=true)"),
-                         (resume.cordoned, "Cordoned by the runner"),
-                         (resume.need_reboot, "Need a reboot (NodeNeedReboot: firmware upgraded)")):
+        lines.append(f"Wave ({resume.wave_kind or 'upgrade'}, since {resume.wave_start_time or '-'}): " + ", ".join(resume.wave))
+    for nodes, label in (
+        (resume.failed, "Failed nodes"),
+        (resume.held, "Held back (GPU workloads)"),
+        (resume.skipped, f"Skipped (label {SKIP_LABEL}=true)"),
+        (resume.cordoned, "Cordoned by the runner"),
+        (resume.need_reboot, "Need a reboot (NodeNeedReboot: firmware upgraded)"),
+    ):
         if nodes.count:
             more = f" (+{nodes.count - len(nodes.names)} more)" if nodes.count > len(nodes.names) else ""
             lines.append(f"{label}: {nodes.count}: {', '.join(nodes.names)}{more}")
@@ -154,7 +169,8 @@ def next_action(status: rollout.UpgradeStatus, policy: policy_mod.Policy) -> str
         if state == rollout.COMPLETED:
             return "nothing: the last rollout completed; a new driver version starts the next one"
         return "nothing in flight; a new driver version starts a rollout" + (
-            "" if policy.enable_rollout else " that replaces every pod at once (enableRollout: false)")
+            "" if policy.enable_rollout else " that replaces every pod at once (enableRollout: false)"
+        )
     if state == rollout.STEP_PAUSED and resume.paused_by_runner:
         why = "fix the failed nodes, then " if resume.pause_reason == "failure" else ""
         return f"{why}resume: metax-operator rollout resume (sets pause: false)"

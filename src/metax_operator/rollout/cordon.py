@@ -24,15 +24,16 @@ A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does:
 refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
 next pass, until the drain times out (`upgradePolicy.drain.timeout`).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
-from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
 
 CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
 SKIP_SELECTOR = f"{SKIP_LABEL}=true"
@@ -62,8 +63,10 @@ def cordon(api: Client, node: str, nodes: Informer) -> str:
         return NOT_NOW
     if known.unschedulable:
         return ALREADY  # the runner's own cordon of an earlier pass, or someone else's: it stays theirs
-    patch = {"metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
-             "spec": {"unschedulable": True}}
+    patch = {
+        "metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
+        "spec": {"unschedulable": True},
+    }
     try:
         api.patch("v1", "Node", node, patch)
     except ApiException as err:
@@ -96,9 +99,11 @@ def uncordon(api: Client, node: str) -> bool:
     """Make `node` schedulable again and drop the label, if the label is still there; True when
     this call did it."""
     pointer = "/metadata/labels/" + CORDONED_LABEL.replace("~", "~0").replace("/", "~1")
-    patch = [{"op": "test", "path": pointer, "value": "true"},
-             {"op": "remove", "path": pointer},
-             {"op": "add", "path": "/spec/unschedulable", "value": False}]
+    patch = [
+        {"op": "test", "path": pointer, "value": "true"},
+        {"op": "remove", "path": pointer},
+        {"op": "add", "path": "/spec/unschedulable", "value": False},
+    ]
     try:
         api.patch("v1", "Node", node, patch, patch_type="json")
     except ApiException as err:

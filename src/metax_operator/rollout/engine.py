@@ -16,6 +16,7 @@ The runner writes `Decision.status` first (resourceVersion-checked) and then act
 is safe to repeat, so a crash between any two actions loses nothing: the next pass sees the
 persisted status and the cluster and carries on.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,9 +29,24 @@ from typing import NamedTuple, Optional
 from metax_operator.rollout import restore
 from metax_operator.rollout.policy import Policy
 from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import (COMPLETED, DISABLED, DISABLING, IDLING, LISTED_NODES, PROGRESSING,
-                                           STEP_INIT, STEP_PAUSED, STEP_READY, STEP_UPGRADE, TERMINATING,
-                                           Condition, NodeList, UpgradeStatus, parse_time, rfc3339)
+from metax_operator.rollout.status import (
+    COMPLETED,
+    DISABLED,
+    DISABLING,
+    IDLING,
+    LISTED_NODES,
+    PROGRESSING,
+    STEP_INIT,
+    STEP_PAUSED,
+    STEP_READY,
+    STEP_UPGRADE,
+    TERMINATING,
+    Condition,
+    NodeList,
+    UpgradeStatus,
+    parse_time,
+    rfc3339,
+)
 
 # A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
 RESTART_LIMIT = 3
@@ -138,8 +154,7 @@ class _NodePods:
 class _View:
     """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
 
-    def __init__(self, observed: Observed, pods: _NodePods, revision: str, wave: set[str], timeout: float,
-                 now: float):
+    def __init__(self, observed: Observed, pods: _NodePods, revision: str, wave: set[str], timeout: float, now: float):
         self.revision = revision
         self.live = pods.live
         deleting = pods.deleting
@@ -160,15 +175,13 @@ class _View:
                 self.others.append(pod)
             elif pod.ready:
                 self.at_rev_ready.add(node)
-            elif (pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT
-                  or now - pod.created >= timeout):
+            elif pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout:
                 self.failed.add(node)
             else:
                 self.pending.add(node)
                 end = pod.created + timeout
                 self.deadline = end if self.deadline is None else min(self.deadline, end)
-        self.at_rev = len(self.at_rev_ready) + len(self.pending) + sum(
-            1 for n in self.failed if n in self.live)
+        self.at_rev = len(self.at_rev_ready) + len(self.pending) + sum(1 for n in self.failed if n in self.live)
         self.n = len(self.live) + len(self.coming) + sum(1 for n in self.failed if n not in self.live)
 
 
@@ -193,8 +206,11 @@ class _Pass:
         if not self.obs.caught_up:
             self._say("waiting for the DaemonSet controller to observe the latest template")
         else:
-            self._settle({PROGRESSING: self._progress, TERMINATING: self._roll_back,
-                          DISABLING: self._roll_back}.get(self.st.phase, self._idle))
+            self._settle(
+                {PROGRESSING: self._progress, TERMINATING: self._roll_back, DISABLING: self._roll_back}.get(
+                    self.st.phase, self._idle
+                )
+            )
         self.st.upgrading = self.st.phase in (PROGRESSING, TERMINATING, DISABLING)
         self.rs.skipped = NodeList.of(self.obs.skipped)
         self.rs.cordoned = NodeList.of(self.obs.cordoned)
@@ -208,8 +224,7 @@ class _Pass:
             # Once the runner's own pause has landed, the status says so: otherwise an admin's
             # `pause: false` a moment later would look like that pause not applied yet, and the
             # next pass would pause again.
-            self.out.status_once_paused = dataclasses.replace(
-                self.st, resume=dataclasses.replace(self.rs, pause_confirmed=True))
+            self.out.status_once_paused = dataclasses.replace(self.st, resume=dataclasses.replace(self.rs, pause_confirmed=True))
         self.out.wake_at = min(self.wakes) if self.wakes else None
         return self.out
 
@@ -227,25 +242,30 @@ class _Pass:
             if next_handler is None:
                 return
             handler = next_handler
-        raise Unsettled(f"the rollout's transitions did not settle within {bound} steps "
-                        f"(phase {self.st.phase}, step {self.sub.current_step_index} {self.sub.current_step_state or '-'}; "
-                        f"handlers {' -> '.join(trail[-6:])})")
+        raise Unsettled(
+            f"the rollout's transitions did not settle within {bound} steps "
+            f"(phase {self.st.phase}, step {self.sub.current_step_index} {self.sub.current_step_state or '-'}; "
+            f"handlers {' -> '.join(trail[-6:])})"
+        )
 
     # -- Idling / Disabled: nothing in flight ---------------------------------------------
     def _idle(self) -> Handler | None:
         cur, stable = self.obs.current_revision, self.rs.stable_revision
         if not stable:  # the first pass ever: the pods' most common older revision, if any
-            older = Counter(p.revision for p in self.obs.pods
-                            if p.node in self.obs.nodes and p.deleting is None and p.revision != cur)
+            older = Counter(
+                p.revision for p in self.obs.pods if p.node in self.obs.nodes and p.deleting is None and p.revision != cur
+            )
             stable = self.rs.stable_revision = older.most_common(1)[0][0] if older else cur
         self.st.phase = IDLING if self.pol.enable_rollout else DISABLED
         if cur == stable:
             self._record_stable_spec()
-            return self._stop(f"all driver pods are at revision {cur}" if self.st.phase == IDLING
-                              else "staged rollout is disabled; a new driver revision replaces every pod at once")
+            return self._stop(
+                f"all driver pods are at revision {cur}"
+                if self.st.phase == IDLING
+                else "staged rollout is disabled; a new driver revision replaces every pod at once"
+            )
         if self.pol.enable_rollout:
-            return self._start(reason="RolloutStarted",
-                               message=f"driver revision {cur} rolls out in {len(self.pol.steps)} steps")
+            return self._start(reason="RolloutStarted", message=f"driver revision {cur} rolls out in {len(self.pol.steps)} steps")
         return self._replace_all(cur)
 
     def _replace_all(self, cur: str) -> Handler | None:
@@ -279,14 +299,17 @@ class _Pass:
     def _progress(self) -> Handler | None:
         cur, sub = self.obs.current_revision, self.sub
         if not self.pol.enable_rollout:
-            return self._begin_rollback(DISABLING, "RolloutDisabled",
-                                        "enableRollout was set to false during the rollout: rolling back")
+            return self._begin_rollback(
+                DISABLING, "RolloutDisabled", "enableRollout was set to false during the rollout: rolling back"
+            )
         if cur == sub.last_pod_spec_revision:
-            return self._begin_rollback(TERMINATING, "TemplateReverted",
-                                        f"the driver template was set back to revision {cur}: rolling back")
+            return self._begin_rollback(
+                TERMINATING, "TemplateReverted", f"the driver template was set back to revision {cur}: rolling back"
+            )
         if cur != sub.upgrading_pod_spec_revision:
-            self._event("Normal", "NewRevision",
-                        f"driver revision {cur} replaces {sub.upgrading_pod_spec_revision}: restarting at step 0")
+            self._event(
+                "Normal", "NewRevision", f"driver revision {cur} replaces {sub.upgrading_pod_spec_revision}: restarting at step 0"
+            )
             sub.upgrading_pod_spec_revision = cur
             self.rs.wave, self.rs.retry_queue, self.rs.timed_out_nodes = [], [], []
             self._clear_runner_pause()
@@ -307,7 +330,7 @@ class _Pass:
         self.rs.failed = NodeList.of(view.failed)
         if problem := self.pol.last_step_problem(view.n):
             self._condition("Failed", "True", "InvalidPolicy", problem)
-            return self._stop(f"holding: {problem}; set the last step's replicas to \"100%\"")
+            return self._stop(f'holding: {problem}; set the last step\'s replicas to "100%"')
         if any(c.reason == "InvalidPolicy" and c.status == "True" for c in self.st.conditions):
             self._condition("Failed", "False", "PolicyValid", "the upgrade policy reaches every node again")
         state = sub.current_step_state
@@ -335,8 +358,7 @@ class _Pass:
             wave = queue[:cap]
             self.rs.retry_queue = queue[cap:]
             self._start_wave("retry", wave, [view.live[n] for n in wave if n in view.live])
-            return self._stop(f"step {index}: retry {self.sub.current_failure_retry}: "
-                             f"recreating {len(wave)} failed pods")
+            return self._stop(f"step {index}: retry {self.sub.current_failure_retry}: recreating {len(wave)} failed pods")
         self.rs.retry_queue = []
         if len(view.failed) > allowed:
             return self._failed_step(view, index, allowed, "toleration")
@@ -365,7 +387,7 @@ class _Pass:
         pods = self._takeable(view.others)
         if not pods:
             return self._stop(f"step {index}: every remaining node is held back")
-        wave = pods[:min(cap, remaining)]
+        wave = pods[: min(cap, remaining)]
         self._start_wave("upgrade", [p.node for p in wave], wave)
         return self._stop(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
 
@@ -375,11 +397,16 @@ class _Pass:
         if retry < self.pol.max_failure_threshold:
             self.sub.current_failure_retry = retry + 1
             self.rs.retry_queue = sorted(view.failed)
-            self._event("Warning", "StepRetry", f"step {index}: {failed} failed pods exceed {limit} {allowed}: "
-                        f"retry {retry + 1} of {self.pol.max_failure_threshold}")
+            self._event(
+                "Warning",
+                "StepRetry",
+                f"step {index}: {failed} failed pods exceed {limit} {allowed}: "
+                f"retry {retry + 1} of {self.pol.max_failure_threshold}",
+            )
             return self._progress
-        message = (f"step {index}: {failed} failed pods exceed {limit} {allowed} after "
-                   f"{retry} retries: fallback {self.pol.fallback}")
+        message = (
+            f"step {index}: {failed} failed pods exceed {limit} {allowed} after {retry} retries: fallback {self.pol.fallback}"
+        )
         self._condition("Failed", "True", "StepFailed", message)
         self._event("Warning", "StepFailed", message)
         if self.pol.fallback == "rollback":
@@ -451,8 +478,9 @@ class _Pass:
             self.st.phase = DISABLED
             return self._idle
         if cur != last:
-            self.out.restore = restore.plan(last, self.obs.revisions.get(last), self.obs.daemonset,
-                                            self.obs.cr_spec, self.st.last_co_driver_spec)
+            self.out.restore = restore.plan(
+                last, self.obs.revisions.get(last), self.obs.daemonset, self.obs.cr_spec, self.st.last_co_driver_spec
+            )
             return self._stop(f"restoring the driver template to revision {last}")
         view = self._view(last)
         self.sub.total_upgrade_replicas, self.sub.total_upgrade_ready_replicas = view.n, len(view.at_rev_ready)
@@ -528,10 +556,13 @@ class _Pass:
             self._delete(ready)
         self.wakes.append(deadline)
         preparing = len(lost) - len(held) - len(ready)
-        notes = [f"{len(held)} held back by GPU workloads"] * bool(held) + \
-            [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
-        self._say(f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs.wave_kind} wave to be Ready"
-                  + (f" ({'; '.join(notes)})" if notes else ""))
+        notes = [f"{len(held)} held back by GPU workloads"] * bool(held) + [
+            f"{preparing} cordoned, waiting for their work to end"
+        ] * bool(preparing)
+        self._say(
+            f"waiting for {len(busy)} of {len(wave)} pods of the {self.rs.wave_kind} wave to be Ready"
+            + (f" ({'; '.join(notes)})" if notes else "")
+        )
         return True
 
     def _start_wave(self, kind: str, nodes: list[str], pods: list[Pod]) -> None:
@@ -583,11 +614,13 @@ class _Pass:
         self.rs.drain_start.pop(node, None)
         if node not in self.rs.timed_out_nodes:
             self.rs.timed_out_nodes = sorted([*self.rs.timed_out_nodes, node])
-            what = "waiting for its pods matching waitForCompletion.podSelector" if stage == "wait" \
-                else "draining its GPU pods"
+            what = "waiting for its pods matching waitForCompletion.podSelector" if stage == "wait" else "draining its GPU pods"
             then = "held back" if self.pol.on_timeout == "hold" else "counted failed"
-            self._event("Warning", "WaitTimeout" if stage == "wait" else "DrainTimeout",
-                        f"node {node}: {what} timed out; {then} (onTimeout: {self.pol.on_timeout})")
+            self._event(
+                "Warning",
+                "WaitTimeout" if stage == "wait" else "DrainTimeout",
+                f"node {node}: {what} timed out; {then} (onTimeout: {self.pol.on_timeout})",
+            )
         if self.pol.on_timeout == "hold":
             self.rs.wave = [n for n in self.rs.wave if n != node]
         else:
@@ -604,8 +637,12 @@ class _Pass:
         held = [p.node for p in pods if p.node in held_nodes]
         self.rs.held = NodeList.of(held)
         if held and len(held) != self.before.resume.held.count:
-            self._event("Warning", "NodesHeldBack", f"{len(held)} nodes run GPU workloads (or their wait or drain "
-                        f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}")
+            self._event(
+                "Warning",
+                "NodesHeldBack",
+                f"{len(held)} nodes run GPU workloads (or their wait or drain "
+                f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}",
+            )
         return sorted((p for p in pods if p.node not in held_nodes), key=lambda p: (p.node in prepare, p.ready, p.node))
 
     def _held(self, node: str) -> bool:
@@ -650,8 +687,7 @@ class _Pass:
             if pod is None:
                 if node not in wave:
                     back.add(node)
-            elif pod.ready and (node not in wave or (pod.revision == self.obs.current_revision
-                                                     and pod.uid not in doomed)):
+            elif pod.ready and (node not in wave or (pod.revision == self.obs.current_revision and pod.uid not in doomed)):
                 back.add(node)
         return back
 

@@ -26,6 +26,7 @@ Every action is safe to repeat: a runner killed between any two of them resumes 
 it wrote and what the cluster shows. This module decides nothing: what to do is the engine's
 `Decision`; here it is done, in order, with the lease checked before every write.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -36,17 +37,17 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.rollout import policy as policy_mod
-from metax_operator.rollout import cordon, engine
-from metax_operator.runtime import kube, reconcile
 from metax_operator.contract import RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import Client
-from metax_operator.runtime.metrics import Metrics
+from metax_operator.rollout import cordon, engine
+from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.observe import DRIVER_DAEMONSET, Watches
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
+from metax_operator.runtime import kube, reconcile
+from metax_operator.runtime.kube import Client
+from metax_operator.runtime.metrics import Metrics
 
 log = logging.getLogger("metax_operator.rollout.engine")
 
@@ -57,9 +58,17 @@ SYNC_TIMEOUT = 60.0
 class RolloutExecutor:
     """The rollout step of the runner; keeps its watch caches between passes."""
 
-    def __init__(self, api: Client, namespace: str, guard: Callable[[], bool], identity: str = "",
-                 clock: Callable[[], float] = time.time, watches: Watches | None = None,
-                 metrics: Metrics | None = None, reader=None):
+    def __init__(
+        self,
+        api: Client,
+        namespace: str,
+        guard: Callable[[], bool],
+        identity: str = "",
+        clock: Callable[[], float] = time.time,
+        watches: Watches | None = None,
+        metrics: Metrics | None = None,
+        reader=None,
+    ):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
         self.reader = reader or api  # where the CR and the DaemonSet are read (`object_cache`), else live
         self.watches, self.metrics = watches, metrics
@@ -88,9 +97,12 @@ class RolloutExecutor:
         written = (cr.get("status") or {}).get("upgradeStatus") or None  # as stored
         waited = self.watches.wait_for(policy.wait_selector)
         if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
-            event(log, "rollout-wait-cache", logging.WARNING,
-                  msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} "
-                      "has not listed yet")
+            event(
+                log,
+                "rollout-wait-cache",
+                logging.WARNING,
+                msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} has not listed yet",
+            )
             return 0
         ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
@@ -115,11 +127,20 @@ class RolloutExecutor:
             self.metrics.rollout_pass(before, decision.status, self.clock())
         writes += self._act(cr, decision, pause_seen)
         sub = decision.status.step
-        event(log, "rollout-pass", logging.INFO if writes else logging.DEBUG, writes=writes,
-              phase=decision.status.phase, step=sub.current_step_index,
-              state=sub.current_step_state, upgraded=sub.total_upgrade_ready_replicas,
-              total=sub.total_upgrade_replicas, deleted=[p.name for p in decision.delete],
-              message=decision.status.message, **self._traffic())
+        event(
+            log,
+            "rollout-pass",
+            logging.INFO if writes else logging.DEBUG,
+            writes=writes,
+            phase=decision.status.phase,
+            step=sub.current_step_index,
+            state=sub.current_step_state,
+            upgraded=sub.total_upgrade_ready_replicas,
+            total=sub.total_upgrade_replicas,
+            deleted=[p.name for p in decision.delete],
+            message=decision.status.message,
+            **self._traffic(),
+        )
         return writes
 
     # -- the status write -----------------------------------------------------------------------
@@ -132,8 +153,7 @@ class RolloutExecutor:
         self._check()
         body = json.loads(json.dumps(cr))
         body.setdefault("status", {})["upgradeStatus"] = status.to_json()
-        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME,
-                                                                                  subresource="status")
+        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME, subresource="status")
         self.requests += 1
         try:
             written = self.api.call("PUT", path, body=body)
@@ -160,8 +180,9 @@ class RolloutExecutor:
         for item in decision.events:
             self._check()
             self.requests += 1
-            writes += reconcile.emit_event(self.api, cr, item.type, item.reason, item.message,
-                                           rfc3339(self.clock()), self.identity)
+            writes += reconcile.emit_event(
+                self.api, cr, item.type, item.reason, item.message, rfc3339(self.clock()), self.identity
+            )
         return writes
 
     def _set_pause(self, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
@@ -172,8 +193,14 @@ class RolloutExecutor:
         patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
         self.requests += 1
         try:
-            patched = self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME, patch,
-                                     patch_type="json", field_manager=RUNNER_FIELD_MANAGER)
+            patched = self.api.patch(
+                reconcile.CR_API_VERSION,
+                reconcile.CR_KIND,
+                reconcile.CR_NAME,
+                patch,
+                patch_type="json",
+                field_manager=RUNNER_FIELD_MANAGER,
+            )
         except ApiException as err:
             if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
                 raise
@@ -192,25 +219,46 @@ class RolloutExecutor:
         """
         writes, revision, wanted = 0, restore.revision, restore.driver_spec
         if wanted is None:
-            event(log, "rollout-restore-cr-unknown", logging.ERROR, revision=revision,
-                  msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself")
+            event(
+                log,
+                "rollout-restore-cr-unknown",
+                logging.ERROR,
+                revision=revision,
+                msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself",
+            )
         elif wanted != ((cr.get("spec") or {}).get("driver") or {}):  # not written yet
             self._check()
             self.requests += 1
-            self.api.patch(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME,
-                           [{"op": "replace", "path": "/spec/driver", "value": wanted}],
-                           patch_type="json", field_manager=RUNNER_FIELD_MANAGER)
-            event(log, "rollout-restore-cr", revision=revision,
-                  msg=f"spec.driver set back to revision {revision}'s")
+            self.api.patch(
+                reconcile.CR_API_VERSION,
+                reconcile.CR_KIND,
+                reconcile.CR_NAME,
+                [{"op": "replace", "path": "/spec/driver", "value": wanted}],
+                patch_type="json",
+                field_manager=RUNNER_FIELD_MANAGER,
+            )
+            event(log, "rollout-restore-cr", revision=revision, msg=f"spec.driver set back to revision {revision}'s")
             writes += 1
         if restore.template_patch is None:
-            event(log, "rollout-revision-missing", logging.ERROR, revision=revision,
-                  msg=f"no ControllerRevision with hash {revision}: cannot restore the template")
+            event(
+                log,
+                "rollout-revision-missing",
+                logging.ERROR,
+                revision=revision,
+                msg=f"no ControllerRevision with hash {revision}: cannot restore the template",
+            )
             return writes
         self._check()
         self.requests += 1
-        self.api.patch("apps/v1", "DaemonSet", DRIVER_DAEMONSET, restore.template_patch, namespace=self.namespace,
-                       patch_type="strategic", field_manager=RUNNER_FIELD_MANAGER)
+        self.api.patch(
+            "apps/v1",
+            "DaemonSet",
+            DRIVER_DAEMONSET,
+            restore.template_patch,
+            namespace=self.namespace,
+            patch_type="strategic",
+            field_manager=RUNNER_FIELD_MANAGER,
+        )
         event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 
@@ -225,8 +273,7 @@ class RolloutExecutor:
             if found == cordon.NOT_NOW:
                 return found, ""
             try:
-                return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) \
-                    else "gone"
+                return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) else "gone"
             except ApiException as err:
                 if err.status == 409:  # the uid precondition failed: that pod is already gone
                     return found, "gone"
@@ -237,8 +284,14 @@ class RolloutExecutor:
         deletes = sum(1 for _, d in outcomes if d)
         self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
-        event(log, "rollout-delete", pods=[p.name for p in pods], deleted=sum(d == "deleted" for _, d in outcomes),
-              cordoned=cordons.count(cordon.CORDONED), **({"not_cordoned": not_now} if not_now else {}))
+        event(
+            log,
+            "rollout-delete",
+            pods=[p.name for p in pods],
+            deleted=sum(d == "deleted" for _, d in outcomes),
+            cordoned=cordons.count(cordon.CORDONED),
+            **({"not_cordoned": not_now} if not_now else {}),
+        )
         return deletes + cordons.count(cordon.CORDONED)
 
     def _drain(self, cordons: list[str], drains: list[str]) -> int:
@@ -246,17 +299,22 @@ class RolloutExecutor:
         if not cordons and not drains:
             return 0
         self._check()
-        found = dict(zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes),
-                                                 cordons), strict=True))
+        found = dict(
+            zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes), cordons), strict=True)
+        )
         self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
         ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
         pods = self.watches.gpu_pods_on(ready)
         outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)
         self.requests += len(pods)
-        event(log, "rollout-drain", cordoned=sorted(n for n, c in found.items() if c == cordon.CORDONED),
-              evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.EVICTED],
-              blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.BLOCKED],
-              **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}))
+        event(
+            log,
+            "rollout-drain",
+            cordoned=sorted(n for n, c in found.items() if c == cordon.CORDONED),
+            evicted=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.EVICTED],
+            blocked=[f"{p.namespace}/{p.name}" for p, o in zip(pods, outcomes, strict=True) if o == cordon.BLOCKED],
+            **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}),
+        )
         return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
 
     def _uncordon(self, nodes: list[str]) -> int:
@@ -281,5 +339,9 @@ class RolloutExecutor:
 
     def _traffic(self) -> dict:
         stats = self.watches.stats() if self.watches else None
-        return {"requests": self.requests, "cache_requests": stats.requests if stats else 0,
-                "cache_bytes": stats.bytes if stats else 0, "cache_events": stats.events if stats else 0}
+        return {
+            "requests": self.requests,
+            "cache_requests": stats.requests if stats else 0,
+            "cache_bytes": stats.bytes if stats else 0,
+            "cache_events": stats.events if stats else 0,
+        }

@@ -38,17 +38,18 @@ agree, since they come from separate reads:
 The engine's eligible nodes are the nodes of the DaemonSet's pods, less the skipped ones, plus
 the nodes of the wave in flight (whose pod may be between deletion and re-creation).
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
+from metax_operator import workloads
+from metax_operator.contract import COMPONENT_LABEL, DAEMONSETS
 from metax_operator.rollout import cordon, engine
 from metax_operator.rollout.restore import revision_template
-from metax_operator import workloads
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
-from metax_operator.contract import COMPONENT_LABEL, DAEMONSETS
 
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
@@ -91,25 +92,59 @@ class Watches:
         self.waited: Informer | None = None
         core = api.resource("v1", "Pod")
         apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
-        self.revisions = Informer(api, apps("ControllerRevision").path(namespace=namespace),
-                                  project=project_revision, resync=resync, name="controllerrevisions")
-        self.driver_pods = Informer(api, core.path(namespace=namespace), label_selector=DRIVER_POD_SELECTOR,
-                                    project=project_driver_pod, resync=resync, name="driver-pods")
-        self.gpu_pods = Informer(api, "/api/v1/pods", field_selector=RUNNING,
-                                 project=workloads.gpu_pod, resync=resync, name="gpu-workloads")
+        self.revisions = Informer(
+            api,
+            apps("ControllerRevision").path(namespace=namespace),
+            project=project_revision,
+            resync=resync,
+            name="controllerrevisions",
+        )
+        self.driver_pods = Informer(
+            api,
+            core.path(namespace=namespace),
+            label_selector=DRIVER_POD_SELECTOR,
+            project=project_driver_pod,
+            resync=resync,
+            name="driver-pods",
+        )
+        self.gpu_pods = Informer(
+            api, "/api/v1/pods", field_selector=RUNNING, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
+        )
         nodes = api.resource("v1", "Node").path()
-        self.skipped = Informer(api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name,
-                                resync=resync, name="skipped-nodes")
-        self.cordoned = Informer(api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name,
-                                 resync=resync, name="cordoned-nodes")
+        self.skipped = Informer(
+            api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name, resync=resync, name="skipped-nodes"
+        )
+        self.cordoned = Informer(
+            api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name, resync=resync, name="cordoned-nodes"
+        )
         self.nodes = Informer(api, nodes, project=cordon.node_state, resync=resync, name="nodes")
         events = "/api/v1/namespaces/default/events"
-        self.reboot_asked = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={NEED_REBOOT}",
-                                     project=node_event, resync=resync, name="node-need-reboot")
-        self.rebooted = Informer(api, events, field_selector=f"involvedObject.kind=Node,reason={REBOOTED}",
-                                 project=node_event, resync=resync, name="node-rebooted")
-        self.all = (self.revisions, self.driver_pods, self.gpu_pods, self.skipped, self.cordoned, self.nodes,
-                    self.reboot_asked, self.rebooted)
+        self.reboot_asked = Informer(
+            api,
+            events,
+            field_selector=f"involvedObject.kind=Node,reason={NEED_REBOOT}",
+            project=node_event,
+            resync=resync,
+            name="node-need-reboot",
+        )
+        self.rebooted = Informer(
+            api,
+            events,
+            field_selector=f"involvedObject.kind=Node,reason={REBOOTED}",
+            project=node_event,
+            resync=resync,
+            name="node-rebooted",
+        )
+        self.all = (
+            self.revisions,
+            self.driver_pods,
+            self.gpu_pods,
+            self.skipped,
+            self.cordoned,
+            self.nodes,
+            self.reboot_asked,
+            self.rebooted,
+        )
 
     def start(self) -> Watches:
         for informer in self.all:
@@ -124,8 +159,15 @@ class Watches:
             current.stop()
             current = None
         if current is None and selector:
-            current = Informer(self.api, "/api/v1/pods", label_selector=selector, field_selector=RUNNING,
-                               project=pod_node, resync=self.resync, name="wait-for-completion").start()
+            current = Informer(
+                self.api,
+                "/api/v1/pods",
+                label_selector=selector,
+                field_selector=RUNNING,
+                project=pod_node,
+                resync=self.resync,
+                name="wait-for-completion",
+            ).start()
         self.waited = current
         return current
 
@@ -149,38 +191,57 @@ class Watches:
     def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
         waited = self.waited.snapshot().values() if self.waited else ()
-        return build(ds, self.revisions.snapshot().values(), self.driver_pods.snapshot().values(),
-                     (p.node for p in self.gpu_pods.snapshot().values() if p.node), cr, status,
-                     skipped=self.skipped.snapshot().values(), cordoned=self.cordoned.snapshot().values(),
-                     waited=(node for node in waited if node),
-                     need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()))
+        return build(
+            ds,
+            self.revisions.snapshot().values(),
+            self.driver_pods.snapshot().values(),
+            (p.node for p in self.gpu_pods.snapshot().values() if p.node),
+            cr,
+            status,
+            skipped=self.skipped.snapshot().values(),
+            cordoned=self.cordoned.snapshot().values(),
+            waited=(node for node in waited if node),
+            need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
+        )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
         """The GPU pods the cache holds on `nodes` (what a drain evicts)."""
         return [p for p in self.gpu_pods.snapshot().values() if p.node in nodes]
 
 
-def build(ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None,
-          skipped=(), cordoned=(), waited=(), need_reboot=()) -> Snapshot:
+def build(
+    ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None, skipped=(), cordoned=(), waited=(), need_reboot=()
+) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call)."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
     cr_status = cr.get("status") or {}
-    caught_up = (newest is not None and revision_template(newest.data) == ds["spec"]["template"]
-                 and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
-                 and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation"))
+    caught_up = (
+        newest is not None
+        and revision_template(newest.data) == ds["spec"]["template"]
+        and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
+        and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation")
+    )
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     skipped = frozenset(skipped)
     observed = engine.Observed(
-        current_revision=newest.hash if newest else "", caught_up=caught_up,
+        current_revision=newest.hash if newest else "",
+        caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
-        pods=pods, gpu_busy_nodes=frozenset(gpu_nodes), wait_busy_nodes=frozenset(waited), skipped=skipped,
-        cordoned=frozenset(cordoned), need_reboot=frozenset(need_reboot),
+        pods=pods,
+        gpu_busy_nodes=frozenset(gpu_nodes),
+        wait_busy_nodes=frozenset(waited),
+        skipped=skipped,
+        cordoned=frozenset(cordoned),
+        need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
         driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}),
-        revisions={h: r.data for h, r in own.items()}, daemonset=ds, cr_spec=cr.get("spec") or {})
+        revisions={h: r.data for h, r in own.items()},
+        daemonset=ds,
+        cr_spec=cr.get("spec") or {},
+    )
     return Snapshot(observed, ds, own)
 
 
@@ -190,6 +251,7 @@ def canonical(obj) -> str:
 
 
 # -- projections: what each cache keeps of an object -------------------------------------------
+
 
 def node_name(obj: dict) -> str:
     return obj["metadata"]["name"]
@@ -201,8 +263,9 @@ def pod_node(obj: dict) -> str:
 
 def node_event(obj: dict) -> tuple[str, float]:
     """A Node event's node and the last time it happened."""
-    when = obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") \
-        or obj["metadata"].get("creationTimestamp")
+    when = (
+        obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") or obj["metadata"].get("creationTimestamp")
+    )
     return (obj.get("involvedObject") or {}).get("name", ""), engine.parse_time(when) or 0.0
 
 
@@ -219,8 +282,13 @@ def project_revision(obj: dict) -> Revision | None:
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
     if owner is None:
         return None
-    return Revision(meta["name"], owner["uid"], (meta.get("labels") or {}).get(REVISION_LABEL, ""),
-                    int(obj.get("revision") or 0), obj.get("data") or {})
+    return Revision(
+        meta["name"],
+        owner["uid"],
+        (meta.get("labels") or {}).get(REVISION_LABEL, ""),
+        int(obj.get("revision") or 0),
+        obj.get("data") or {},
+    )
 
 
 def project_driver_pod(obj: dict) -> DriverPod | None:
@@ -230,9 +298,17 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
         return None
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
-    return DriverPod(owner, engine.Pod(
-        name=meta["name"], uid=meta["uid"], node=spec.get("nodeName") or "",
-        revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""), ready=ready,
-        phase=status.get("phase") or "Pending", restart_count=restarts,
-        created=engine.parse_time(meta.get("creationTimestamp")) or 0.0,
-        deleting=engine.parse_time(meta.get("deletionTimestamp"))))
+    return DriverPod(
+        owner,
+        engine.Pod(
+            name=meta["name"],
+            uid=meta["uid"],
+            node=spec.get("nodeName") or "",
+            revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""),
+            ready=ready,
+            phase=status.get("phase") or "Pending",
+            restart_count=restarts,
+            created=engine.parse_time(meta.get("creationTimestamp")) or 0.0,
+            deleting=engine.parse_time(meta.get("deletionTimestamp")),
+        ),
+    )

@@ -10,6 +10,7 @@ schema's `driver.upgradePolicy`, checked here with that schema fragment; this mo
 what a schema cannot say: the rules between fields and steps, the label selector's grammar, and
 the last step against the number of nodes at run time.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,10 @@ DEFAULT_DRAIN_TIMEOUT_MS = 300_000
 # `k notin (a,b)`, comma-separated (keys may carry a DNS prefix).
 _SELECTOR_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _SELECTOR_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
-_SELECTOR_TERM = (rf"\s*(!\s*{_SELECTOR_KEY}|{_SELECTOR_KEY}\s*((==?|!=)\s*{_SELECTOR_VALUE}"
-                  rf"|\s(not)?in\s*\(\s*{_SELECTOR_VALUE}(\s*,\s*{_SELECTOR_VALUE})*\s*\))?)\s*")
+_SELECTOR_TERM = (
+    rf"\s*(!\s*{_SELECTOR_KEY}|{_SELECTOR_KEY}\s*((==?|!=)\s*{_SELECTOR_VALUE}"
+    rf"|\s(not)?in\s*\(\s*{_SELECTOR_VALUE}(\s*,\s*{_SELECTOR_VALUE})*\s*\))?)\s*"
+)
 _SELECTOR = re.compile(rf"{_SELECTOR_TERM}(,{_SELECTOR_TERM})*")
 # ASCII digits and whole-string matches only: the grammar of the schema's patterns (Go regexp).
 _PERCENT = re.compile(r"(0|[1-9][0-9]*)%")
@@ -117,12 +120,10 @@ class Policy:
 def _short_last_step(last: IntOrPercent, nodes: int) -> str | None:
     if last.percent or last.value >= nodes:
         return None
-    return (f"the last step's replicas {last.value} is below the {nodes} eligible nodes, "
-            "so the rest would never be upgraded")
+    return f"the last step's replicas {last.value} is below the {nodes} eligible nodes, so the rest would never be upgraded"
 
 
-def validate(policy: Any, field_prefix: str = "driver.upgradePolicy",
-             nodes: int | None = None) -> Policy:
+def validate(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int | None = None) -> Policy:
     """Parse and check an `upgradePolicy` mapping; defaults of seed table 3.11.
 
     `nodes`, when known (at run time), also checks that an int last step reaches every node.
@@ -134,8 +135,7 @@ def validate(policy: Any, field_prefix: str = "driver.upgradePolicy",
     return _build(policy or {})
 
 
-def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
-             nodes: int | None = None) -> list[UserError]:
+def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int | None = None) -> list[UserError]:
     """The same checks as `validate`, returned as a list (empty when the policy is valid): the
     schema's, then the rules between fields wherever the shapes they read are right."""
     if policy is None:
@@ -147,12 +147,17 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy",
     for key in ("waitForCompletion", "drain"):
         selector = (policy.get(key) or {}).get("podSelector", "") if isinstance(policy.get(key), Mapping) else ""
         if isinstance(selector, str) and selector and not _SELECTOR.fullmatch(selector):
-            errors.append(UserError(f"{path}.{key}.podSelector", f"is not a label selector: {selector!r}",
-                                    "write a label selector such as \"app=training\" or \"team in (ml,hpc)\""))
-    errors += _step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps", policy.get("enableRollout") is True,
-                             nodes)
-    return sorted(errors, key=lambda e: [(0, int(part), "") if part.isdigit() else (1, 0, part)
-                                         for part in re.split(r"[.\[\]]+", e.field)])
+            errors.append(
+                UserError(
+                    f"{path}.{key}.podSelector",
+                    f"is not a label selector: {selector!r}",
+                    'write a label selector such as "app=training" or "team in (ml,hpc)"',
+                )
+            )
+    errors += _step_problems(policy.get("upgradeSteps"), f"{path}.upgradeSteps", policy.get("enableRollout") is True, nodes)
+    return sorted(
+        errors, key=lambda e: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.\[\]]+", e.field)]
+    )
 
 
 @functools.cache
@@ -184,7 +189,7 @@ def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> l
             if replicas.percent and replicas.value != 100:
                 errors.append(last_step_short_percent(where, replicas))
             elif nodes is not None and (problem := _short_last_step(replicas, nodes)):
-                errors.append(UserError(f"{where}.replicas", problem, "set the last step's replicas to \"100%\""))
+                errors.append(UserError(f"{where}.replicas", problem, 'set the last step\'s replicas to "100%"'))
         if "pause" in step and "pauseDuration" in step:
             errors.append(pause_with_duration(where))
     return errors
@@ -193,37 +198,48 @@ def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> l
 # The cross-field rules' wording, one function each: the CRD's CEL rules (admission.py) get their
 # messages from these too, so the API server refuses with the line `validate` prints.
 
+
 def empty_steps(path: str) -> UserError:
-    return UserError(path, "is empty while enableRollout is true",
-                     "add at least one step, the last with replicas: \"100%\"")
+    return UserError(path, "is empty while enableRollout is true", 'add at least one step, the last with replicas: "100%"')
 
 
 def falling_replicas(step: str, replicas: object, previous: object) -> UserError:
     """`step` is the step's path (`...upgradeSteps[1]`)."""
-    return UserError(f"{step}.replicas", f"{replicas} is below the previous step's {previous}",
-                     "targets count upgraded pods in total, so make each step's replicas at least the previous one's")
+    return UserError(
+        f"{step}.replicas",
+        f"{replicas} is below the previous step's {previous}",
+        "targets count upgraded pods in total, so make each step's replicas at least the previous one's",
+    )
 
 
 def last_step_short_percent(step: str, replicas: object) -> UserError:
-    return UserError(f"{step}.replicas", f"the last step reaches only {replicas}",
-                     "set the last step's replicas to \"100%\" so every node is upgraded")
+    return UserError(
+        f"{step}.replicas",
+        f"the last step reaches only {replicas}",
+        'set the last step\'s replicas to "100%" so every node is upgraded',
+    )
 
 
 def pause_with_duration(step: str) -> UserError:
-    return UserError(f"{step}.pause", "is given together with pauseDuration",
-                     "keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)")
+    return UserError(
+        f"{step}.pause",
+        "is given together with pauseDuration",
+        "keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)",
+    )
 
 
 def _build(raw: Mapping) -> Policy:
     """The `Policy` of a mapping that passed `problems`."""
     steps = tuple(
-        Step(replicas=_parse_int_or_percent(s["replicas"]),
-             pause_ms=_pause_ms(s.get("pauseDuration"))[0],
-             toleration=_parse_int_or_percent(s.get("toleration", 0)))
-        for s in raw.get("upgradeSteps") or ())
+        Step(
+            replicas=_parse_int_or_percent(s["replicas"]),
+            pause_ms=_pause_ms(s.get("pauseDuration"))[0],
+            toleration=_parse_int_or_percent(s.get("toleration", 0)),
+        )
+        for s in raw.get("upgradeSteps") or ()
+    )
     key = ";".join(f"{s.replicas}/{s.pause_ms}/{s.toleration}" for s in steps)
-    readiness = _duration_ms(raw["readinessTimeout"])[0] if "readinessTimeout" in raw \
-        else DEFAULT_READINESS_TIMEOUT_MS
+    readiness = _duration_ms(raw["readinessTimeout"])[0] if "readinessTimeout" in raw else DEFAULT_READINESS_TIMEOUT_MS
     return Policy(
         enable_rollout=raw.get("enableRollout", False),
         steps=steps,
@@ -268,7 +284,7 @@ def _duration_ms(raw: Any) -> tuple[int | None, str | None]:
         if _DURATION.fullmatch(raw):  # exact arithmetic, rounded up: "0.3s" is 300 ms, "0.1ms" 1 ms
             total = sum(Fraction(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(raw))
             return math.ceil(total), None
-    return None, f"must be milliseconds or a duration such as \"10s\", not {raw!r}"
+    return None, f'must be milliseconds or a duration such as "10s", not {raw!r}'
 
 
 def _is_int(value: Any) -> bool:

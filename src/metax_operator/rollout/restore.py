@@ -2,6 +2,7 @@
 first the CR's `spec.driver` that gives that template, so that the runner's reconcile does not
 re-apply the abandoned version. Pure: the engine calls it with what the pass observed.
 """
+
 from __future__ import annotations
 
 import json

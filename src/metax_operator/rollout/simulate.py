@@ -11,6 +11,7 @@ status shows it. `run()` returns the timeline per step.
 The tests drive the same simulator with failures, crashes and scripted admins by overriding its
 hooks (`_new_pod`, `_gpu_busy`, `_before`, ...): tests/rollout/oracle.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,8 +71,7 @@ class Result:
 
     def as_json(self) -> dict:
         """The `rollout simulate --output json` shape."""
-        return {"steps": [{"step": s.step, "target": s.target, "deletions": s.deletions, "after": s.after}
-                          for s in self.steps]}
+        return {"steps": [{"step": s.step, "target": s.target, "deletions": s.deletions, "after": s.after} for s in self.steps]}
 
 
 class Simulation:
@@ -110,8 +110,7 @@ class Simulation:
 
     def _advance(self, now: float) -> None:
         """Terminated pods go; the DaemonSet controller recreates them at the current revision."""
-        for pod in sorted((p for p in self.pods.values() if p.gone_at is not None and p.gone_at <= now),
-                          key=lambda p: p.gone_at):
+        for pod in sorted((p for p in self.pods.values() if p.gone_at is not None and p.gone_at <= now), key=lambda p: p.gone_at):
             del self.pods[pod.uid]
             self.by_node[pod.node].remove(pod)
             if pod.node in self.nodes:
@@ -126,13 +125,25 @@ class Simulation:
 
     def observe(self, now: float) -> engine.Observed:
         pods = tuple(
-            engine.Pod(name=p.name, uid=p.uid, node=p.node, revision=p.revision,
-                       ready=p.ready_at is not None and p.ready_at <= now,
-                       phase="Failed" if p.failed_at is not None and p.failed_at <= now else "Running",
-                       created=p.created, deleting=p.deleting)
-            for p in self.pods.values())
-        return engine.Observed(current_revision=self.revision, caught_up=True,
-                               nodes=frozenset(self.nodes), pods=pods, gpu_busy_nodes=self._gpu_busy(now))
+            engine.Pod(
+                name=p.name,
+                uid=p.uid,
+                node=p.node,
+                revision=p.revision,
+                ready=p.ready_at is not None and p.ready_at <= now,
+                phase="Failed" if p.failed_at is not None and p.failed_at <= now else "Running",
+                created=p.created,
+                deleting=p.deleting,
+            )
+            for p in self.pods.values()
+        )
+        return engine.Observed(
+            current_revision=self.revision,
+            caught_up=True,
+            nodes=frozenset(self.nodes),
+            pods=pods,
+            gpu_busy_nodes=self._gpu_busy(now),
+        )
 
     # -- the runner ---------------------------------------------------------------------------
     def run(self) -> Result:
@@ -149,18 +160,28 @@ class Simulation:
                 self.spec_pause, self.unpause_at = False, None
             decision = self._pass(now)
             status = self.status or UpgradeStatus()
-            if status.resume.paused_by_runner and status.resume.pause_confirmed and self.spec_pause \
-                    and self.unpause_at is None and self.cfg.admin_delay is not None and self._answers(status):
+            if (
+                status.resume.paused_by_runner
+                and status.resume.pause_confirmed
+                and self.spec_pause
+                and self.unpause_at is None
+                and self.cfg.admin_delay is not None
+                and self._answers(status)
+            ):
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
             self._record(status, now)
             started = started or status.phase not in (engine.IDLING, engine.DISABLED)
             if started and not status.upgrading and not self._changing(now):
                 break
             now = self._next_time(now, decision)
-        return Result(steps=[self.steps[i] for i in sorted(self.steps)], end_time=now, passes=self.passes,
-                      status=self.status or UpgradeStatus(),
-                      pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
-                      actions_per_pass=self.actions_per_pass)
+        return Result(
+            steps=[self.steps[i] for i in sorted(self.steps)],
+            end_time=now,
+            passes=self.passes,
+            status=self.status or UpgradeStatus(),
+            pods={p.node: p.revision for p in self.pods.values() if p.deleting is None},
+            actions_per_pass=self.actions_per_pass,
+        )
 
     def _before_pass(self, now: float) -> None:
         """What happens in the cluster just before the pass at `now` (nothing here)."""
@@ -205,8 +226,11 @@ class Simulation:
             rec = self.steps[index]
             if rec.ready is None:  # the target as the step met it (N may change later)
                 rec.target = sub.current_upgrade_replicas
-            if sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED) \
-                    and rec.ready is None and not (rs.paused_by_runner and rs.pause_reason == "failure"):
+            if (
+                sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED)
+                and rec.ready is None
+                and not (rs.paused_by_runner and rs.pause_reason == "failure")
+            ):
                 rec.ready = now
         wave_key = f"{rs.wave_start_time}/{rs.wave_kind}"
         if rs.wave and wave_key not in self.seen_waves:
@@ -238,8 +262,7 @@ class Simulation:
 
     def _changing(self, now: float) -> bool:
         """Whether pods are still terminating or coming up."""
-        return any(p.gone_at is not None or (p.ready_at is not None and p.ready_at > now)
-                   for p in self.pods.values())
+        return any(p.gone_at is not None or (p.ready_at is not None and p.ready_at > now) for p in self.pods.values())
 
     def _next_time(self, now: float, decision: engine.Decision) -> float:
         """The next pass: one interval on, or the next time anything can change, on the loop's grid."""
@@ -262,7 +285,9 @@ class Simulation:
 
 def simulate(policy: Policy, nodes: int, ready_latency: float = 30.0, interval: float = 5.0) -> Result:
     """The no-failure dry run of `rollout simulate`: every node moves to a new driver revision."""
-    sim = Simulation(Config(nodes=nodes, interval=interval, ready_latency=(ready_latency, ready_latency)),
-                     dataclasses.replace(policy, enable_rollout=True, pause=False))
+    sim = Simulation(
+        Config(nodes=nodes, interval=interval, ready_latency=(ready_latency, ready_latency)),
+        dataclasses.replace(policy, enable_rollout=True, pause=False),
+    )
     sim.set_revision(NEW)
     return sim.run()

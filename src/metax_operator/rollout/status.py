@@ -7,6 +7,7 @@ set yet), `from_json` reads any subset of them (a status written by an older ver
 a missing or null key giving the field's default. Node lists are written as the first
 `LISTED_NODES` names and a count, under two keys (`NodeList`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +16,14 @@ from datetime import datetime, timezone
 from typing import Any, get_args, get_origin, get_type_hints
 
 # Phases and step states: the seed's (OpenKruise Rollout's) names.
-IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = (
-    "Idling", "Progressing", "Terminating", "Disabled", "Disabling")
+IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = ("Idling", "Progressing", "Terminating", "Disabled", "Disabling")
 STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
-    "StepUpgradeInit", "StepUpgrade", "StepPaused", "StepReady", "Completed")
+    "StepUpgradeInit",
+    "StepUpgrade",
+    "StepPaused",
+    "StepReady",
+    "Completed",
+)
 # At most this many node names are listed in status (held back, failed); the count is always given.
 LISTED_NODES = 20
 

@@ -19,6 +19,7 @@ the current iteration has run, the ages (seconds) of the last successful pass an
 API answer, and each cache's state. The server is the standard library's `ThreadingHTTPServer` in a daemon
 thread: two read-only routes need no framework.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,14 @@ from metax_operator.runtime.metrics import Metrics
 class Health:
     """The runner's liveness and readiness, from its loop's progress, its lease and its caches."""
 
-    def __init__(self, elector: Elector, caches: Callable[[], Iterable[Informer]], stall_timeout: float,
-                 api_timeout: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        elector: Elector,
+        caches: Callable[[], Iterable[Informer]],
+        stall_timeout: float,
+        api_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.elector, self.caches, self.clock = elector, caches, clock
         self.stall_timeout, self.api_timeout = stall_timeout, api_timeout
         self.iteration_due = clock()  # when the running iteration started (or starts)
@@ -70,10 +77,14 @@ class Health:
         now = self.clock()
         age = lambda at: None if at is None else round(now - at, 1)  # noqa: E731
         lock = self.elector.lock
-        return {"leader": self.elector.is_leader(), "holder": lock.holder,
-                "iterationRunningSeconds": max(0.0, age(self.iteration_due)), "lastPassSeconds": age(self.pass_at),
-                "lastApiAnswerSeconds": age(lock.answered_at),
-                "caches": {cache.name: cache.state for cache in self.caches()}}
+        return {
+            "leader": self.elector.is_leader(),
+            "holder": lock.holder,
+            "iterationRunningSeconds": max(0.0, age(self.iteration_due)),
+            "lastPassSeconds": age(self.pass_at),
+            "lastApiAnswerSeconds": age(lock.answered_at),
+            "caches": {cache.name: cache.state for cache in self.caches()},
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,8 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
             data, content_type = metrics.exposition()
             self._send(HTTPStatus.OK, data, content_type)
             return
-        probe = {"/healthz": self.server.health.liveness, "/readyz": self.server.health.readiness}.get(
-            self.path.split("?", 1)[0])
+        probe = {"/healthz": self.server.health.liveness, "/readyz": self.server.health.readiness}.get(self.path.split("?", 1)[0])
         if probe is None:
             routes = "/healthz, /readyz or /metrics" if metrics is not None else "/healthz or /readyz"
             self._answer(HTTPStatus.NOT_FOUND, {"error": f"no {self.path}: use {routes}"})
@@ -111,8 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], health: Health, family: socket.AddressFamily,
-                 metrics: Metrics | None = None):
+    def __init__(self, address: tuple[str, int], health: Health, family: socket.AddressFamily, metrics: Metrics | None = None):
         self.address_family = family
         self.health, self.metrics = health, metrics
         super().__init__(address, _Handler)

@@ -12,6 +12,7 @@ which is what a pass costs the API server in steady state. `on_change`, when set
 (from the informer's thread) whenever what the store holds changes: an object added, removed or
 projected to a different value, not a bookmark or an update `project` does not see.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,9 +59,17 @@ class Informer:
     `namespace/name` (or `name` when cluster-scoped).
     """
 
-    def __init__(self, api: Client, path: str, *, project: Callable[[dict], Any] = lambda o: o,
-                 label_selector: str | None = None, field_selector: str | None = None,
-                 resync: float = DEFAULT_RESYNC, name: str = ""):
+    def __init__(
+        self,
+        api: Client,
+        path: str,
+        *,
+        project: Callable[[dict], Any] = lambda o: o,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resync: float = DEFAULT_RESYNC,
+        name: str = "",
+    ):
         self.api, self.path, self.project = api, path, project
         self.label_selector, self.field_selector = label_selector, field_selector
         self.resync = resync
@@ -93,7 +102,7 @@ class Informer:
 
     @property
     def state(self) -> str:
-        """"synced" (listed, following its watch), "listing" (first LIST not done), "failing"
+        """ "synced" (listed, following its watch), "listing" (first LIST not done), "failing"
         (the API failed its last LIST or WATCH: the store may be stale) or "stopped"."""
         if self._thread is None or not self._thread.is_alive():
             return "stopped"
@@ -145,18 +154,32 @@ class Informer:
                     return
                 self._failing = True
                 failures += 1
-                delay = min(30.0, 0.5 * 2 ** failures) * random.uniform(0.5, 1.0)
-                event(log, "informer-error", logging.WARNING, informer=self.name,
-                      error=f"{type(err).__name__}: {err}", retry_in=round(delay, 2))
+                delay = min(30.0, 0.5 * 2**failures) * random.uniform(0.5, 1.0)
+                event(
+                    log,
+                    "informer-error",
+                    logging.WARNING,
+                    informer=self.name,
+                    error=f"{type(err).__name__}: {err}",
+                    retry_in=round(delay, 2),
+                )
                 self._stop.wait(delay)
 
     def _relist(self) -> None:
         store: dict[str, Any] = {}
         token, version = None, ""
         while True:
-            page = with_backoff(lambda token=token: self._get({
-                "labelSelector": self.label_selector, "fieldSelector": self.field_selector,
-                "limit": PAGE_SIZE, "continue": token}), self.api.backoff)
+            page = with_backoff(
+                lambda token=token: self._get(
+                    {
+                        "labelSelector": self.label_selector,
+                        "fieldSelector": self.field_selector,
+                        "limit": PAGE_SIZE,
+                        "continue": token,
+                    }
+                ),
+                self.api.backoff,
+            )
             self.stats.list_requests += 1
             for obj in page.get("items") or []:
                 self._put(store, obj)
@@ -176,9 +199,14 @@ class Informer:
 
     def _watch(self) -> bool:
         """Follow one watch until the server closes it (True) or says 410 Gone (False)."""
-        query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
-                 "timeoutSeconds": random.randint(*WATCH_SECONDS),
-                 "labelSelector": self.label_selector, "fieldSelector": self.field_selector}
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self.resource_version,
+            "timeoutSeconds": random.randint(*WATCH_SECONDS),
+            "labelSelector": self.label_selector,
+            "fieldSelector": self.field_selector,
+        }
         self._response = self._open(query)
         self.stats.watch_requests += 1
         try:
@@ -237,9 +265,15 @@ class Informer:
             timeout = (5, query["timeoutSeconds"] + 30)
         try:
             return self.api.api_client.call_api(
-                self.path, "GET", query_params=params, header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-                _request_timeout=timeout)
+                self.path,
+                "GET",
+                query_params=params,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=timeout,
+            )
         except ApiException as err:
             if err.status == 410:
                 return _Gone()

@@ -15,6 +15,7 @@ call (dozens of requests on a large cluster) and caches the result in a file und
 directory, which a hook pod with a read-only root filesystem cannot write. Here discovery asks only
 for the group/versions actually used, once each, in memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ class Resource:
     plural: str
     namespaced: bool
 
-    def path(self, name: str | None = None, namespace: str | None = None, subresource: str = "",
-             all_namespaces: bool = False) -> str:
+    def path(
+        self, name: str | None = None, namespace: str | None = None, subresource: str = "", all_namespaces: bool = False
+    ) -> str:
         """The object's (or the collection's) path; `all_namespaces`: a namespaced kind's collection
         across every namespace."""
         prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
@@ -114,8 +116,7 @@ def _retry_after(err: BaseException) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
-def with_backoff(fn: Callable[[], T], backoff: Backoff = Backoff(),
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+def with_backoff(fn: Callable[[], T], backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep) -> T:
     """Call `fn`, retrying transient failures (see `is_transient`); others raise at once."""
     for delay in backoff.delays():
         try:
@@ -164,9 +165,10 @@ def retry_on_conflict(fn: Callable[[], T], attempts: int = 5) -> T:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The connection options every command that talks to the API takes."""
     parser.add_argument(
-        "--kubeconfig", default=os.environ.get("KUBECONFIG") or None,
-        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, "
-             "else ~/.kube/config)")
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG") or None,
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, else ~/.kube/config)",
+    )
     parser.add_argument("--context", default=None, help="kubeconfig context (default: current)")
 
 
@@ -183,8 +185,7 @@ class Client:
         self.on_written: list[Callable[[dict], None]] = []
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, context: str | None = None,
-                backoff: Backoff = Backoff()) -> Client:
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None, backoff: Backoff = Backoff()) -> Client:
         """In-cluster credentials when running in a pod and no kubeconfig is given, else the file.
 
         A kubeconfig that cannot be used (missing, not YAML, no such context) is the user's
@@ -199,12 +200,14 @@ class Client:
             if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
-                k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                            client_configuration=configuration)
+                k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
         except Exception as err:  # noqa: BLE001 - everything here comes from the user's file
             detail = " ".join(str(err).split()) or type(err).__name__
-            raise UserError("--kubeconfig", f"{where} cannot be used: {detail}",
-                            "pass a working kubeconfig with --kubeconfig (or $KUBECONFIG) and --context") from None
+            raise UserError(
+                "--kubeconfig",
+                f"{where} cannot be used: {detail}",
+                "pass a working kubeconfig with --kubeconfig (or $KUBECONFIG) and --context",
+            ) from None
         if backoff.attempts == 1:  # fail fast: no retry by urllib3 either
             configuration.retries = 0
         return cls(k8s.ApiClient(configuration), backoff)
@@ -215,8 +218,9 @@ class Client:
 
     # -- raw calls ---------------------------------------------------------------------------
 
-    def call(self, method: str, path: str, *, query: dict[str, Any] | None = None,
-             body: Any = None, content_type: str | None = None) -> Any:
+    def call(
+        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, content_type: str | None = None
+    ) -> Any:
         """One HTTP call, decoded JSON back; transient failures retried."""
         headers = {"Accept": "application/json"}
         if content_type:
@@ -225,9 +229,16 @@ class Client:
 
         def once() -> Any:
             return self.api_client.call_api(
-                path, method, query_params=params, header_params=headers, body=body,
-                response_type="object", auth_settings=["BearerToken"],
-                _return_http_data_only=True, _request_timeout=REQUEST_TIMEOUT)
+                path,
+                method,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
 
         result = with_backoff(once, self.backoff)
         if method in WRITES and isinstance(result, dict):
@@ -257,7 +268,8 @@ class Client:
             for item in served:
                 if "/" not in item["name"]:  # skip subresources such as pods/status
                     self._resources[(api_version, item["kind"])] = Resource(
-                        api_version, item["kind"], item["name"], item["namespaced"])
+                        api_version, item["kind"], item["name"], item["namespaced"]
+                    )
             if served:
                 self._discovered.add(api_version)
         try:
@@ -270,14 +282,12 @@ class Client:
         self._discovered.discard(api_version)
         self._resources = {k: v for k, v in self._resources.items() if k[0] != api_version}
 
-    def _path(self, api_version: str, kind: str, name: str | None, namespace: str | None,
-              subresource: str = "") -> str:
+    def _path(self, api_version: str, kind: str, name: str | None, namespace: str | None, subresource: str = "") -> str:
         return self.resource(api_version, kind).path(name, namespace, subresource)
 
     # -- objects -----------------------------------------------------------------------------
 
-    def apply(self, obj: dict, *, field_manager: str, force: bool = False,
-              subresource: str = "") -> dict:
+    def apply(self, obj: dict, *, field_manager: str, force: bool = False, subresource: str = "") -> dict:
         """Server-side apply `obj` (a full or partial manifest) as `field_manager`.
 
         The fields `obj` contains become owned by `field_manager`; fields it owned before and
@@ -285,10 +295,14 @@ class Client:
         fields over from other managers instead of failing with 409.
         """
         meta = obj["metadata"]
-        path = self._path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"),
-                          subresource)
-        return self.call("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
-                         query={"fieldManager": field_manager, "force": "true" if force else None})
+        path = self._path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"), subresource)
+        return self.call(
+            "PATCH",
+            path,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query={"fieldManager": field_manager, "force": "true" if force else None},
+        )
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
         """The object, or None when it does not exist."""
@@ -299,36 +313,68 @@ class Client:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None, *,
-             label_selector: str | None = None, field_selector: str | None = None,
-             all_namespaces: bool = False) -> list[dict]:
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        all_namespaces: bool = False,
+    ) -> list[dict]:
         """Every matching object (in every namespace with `all_namespaces`), fetched in pages of PAGE_SIZE."""
         path = self.resource(api_version, kind).path(None, namespace, all_namespaces=all_namespaces)
         items: list[dict] = []
         token = None
         while True:
-            page = self.call("GET", path, query={
-                "labelSelector": label_selector, "fieldSelector": field_selector,
-                "limit": PAGE_SIZE, "continue": token})
+            page = self.call(
+                "GET",
+                path,
+                query={"labelSelector": label_selector, "fieldSelector": field_selector, "limit": PAGE_SIZE, "continue": token},
+            )
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
 
-    def patch(self, api_version: str, kind: str, name: str, patch: Any, *,
-              namespace: str | None = None, patch_type: str = "merge",
-              field_manager: str | None = None, subresource: str = "") -> dict:
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        patch_type: str = "merge",
+        field_manager: str | None = None,
+        subresource: str = "",
+    ) -> dict:
         """Patch with `patch_type` "merge" (RFC 7386), "json" (RFC 6902) or "strategic"."""
-        content_type = {"merge": "application/merge-patch+json",
-                        "json": "application/json-patch+json",
-                        "strategic": "application/strategic-merge-patch+json"}[patch_type]
-        return self.call("PATCH", self._path(api_version, kind, name, namespace, subresource),
-                         body=patch, content_type=content_type,
-                         query={"fieldManager": field_manager})
+        content_type = {
+            "merge": "application/merge-patch+json",
+            "json": "application/json-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
+        }[patch_type]
+        return self.call(
+            "PATCH",
+            self._path(api_version, kind, name, namespace, subresource),
+            body=patch,
+            content_type=content_type,
+            query={"fieldManager": field_manager},
+        )
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
-               uid: str | None = None, resource_version: str | None = None,
-               propagation: str = "Background") -> bool:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation: str = "Background",
+    ) -> bool:
         """Delete; False when it was already gone.
 
         `uid`/`resource_version` are preconditions: the server refuses (409) to delete another
@@ -346,9 +392,18 @@ class Client:
                 return False
             raise
 
-    def wait_deleted(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-                     *, uid: str | None = None, timeout: float = 120.0, interval: float = 0.5,
-                     sleep: Callable[[float], None] = time.sleep) -> None:
+    def wait_deleted(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        timeout: float = 120.0,
+        interval: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         """Return once the object (with `uid`, if given) is gone; a UserError after `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
@@ -357,7 +412,9 @@ class Client:
                 return
             if time.monotonic() >= deadline:
                 finalizers = current["metadata"].get("finalizers") or []
-                raise UserError(f"{kind} {name}", f"still exists after {timeout:g}s"
-                                + (f" (finalizers: {', '.join(finalizers)})" if finalizers else ""),
-                                "find what holds it (kubectl describe), then run the command again")
+                raise UserError(
+                    f"{kind} {name}",
+                    f"still exists after {timeout:g}s" + (f" (finalizers: {', '.join(finalizers)})" if finalizers else ""),
+                    "find what holds it (kubectl describe), then run the command again",
+                )
             sleep(interval)

@@ -14,6 +14,7 @@ the library lacks:
 - `release()` on shutdown hands the lease over at once (holder cleared, as client-go's
   ReleaseOnCancel does) and closes the lock so the election thread can never write again.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -52,9 +53,9 @@ class LeaseLock:
         self.namespace = namespace
         self.identity = identity
         self.api = client.CoordinationV1Api(api_client)
-        self.holder: str | None = None          # the holder seen on the last read
-        self.renewed_at = 0.0                   # time.monotonic() of our last successful write
-        self.answered_at: float | None = None   # time.monotonic() the API server last answered us
+        self.holder: str | None = None  # the holder seen on the last read
+        self.renewed_at = 0.0  # time.monotonic() of our last successful write
+        self.answered_at: float | None = None  # time.monotonic() the API server last answered us
         self._lease: client.V1Lease | None = None
         self._closed = False
         self._mutex = threading.Lock()
@@ -76,13 +77,15 @@ class LeaseLock:
         return True, LeaderElectionRecord(
             spec.holder_identity or None,
             str(spec.lease_duration_seconds) if spec.lease_duration_seconds else None,
-            _to_record_time(spec.acquire_time), _to_record_time(spec.renew_time))
+            _to_record_time(spec.acquire_time),
+            _to_record_time(spec.renew_time),
+        )
 
     def create(self, name, namespace, election_record):
-        body = client.V1Lease(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                              spec=self._spec(election_record, transitions=0))
-        return self._write(lambda: self.api.create_namespaced_lease(namespace, body, _request_timeout=10),
-                           election_record)
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace), spec=self._spec(election_record, transitions=0)
+        )
+        return self._write(lambda: self.api.create_namespaced_lease(namespace, body, _request_timeout=10), election_record)
 
     def update(self, name, namespace, updated_record):
         with self._mutex:
@@ -92,8 +95,7 @@ class LeaseLock:
         old = lease.spec
         transitions = (old.lease_transitions or 0) + (old.holder_identity != updated_record.holder_identity)
         body = client.V1Lease(metadata=lease.metadata, spec=self._spec(updated_record, transitions))
-        return self._write(lambda: self.api.replace_namespaced_lease(name, namespace, body, _request_timeout=10),
-                           updated_record)
+        return self._write(lambda: self.api.replace_namespaced_lease(name, namespace, body, _request_timeout=10), updated_record)
 
     def release(self) -> bool:
         """Clear the holder if we hold the lease, and refuse every later write. True if released."""
@@ -103,23 +105,30 @@ class LeaseLock:
             if lease is None or lease.spec.holder_identity != self.identity:
                 return False
             now = dt.datetime.now(dt.timezone.utc)
-            spec = client.V1LeaseSpec(holder_identity="", lease_duration_seconds=1, acquire_time=now,
-                                      renew_time=now, lease_transitions=lease.spec.lease_transitions)
+            spec = client.V1LeaseSpec(
+                holder_identity="",
+                lease_duration_seconds=1,
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=lease.spec.lease_transitions,
+            )
             try:
-                self.api.replace_namespaced_lease(self.name, self.namespace,
-                                                  client.V1Lease(metadata=lease.metadata, spec=spec),
-                                                  _request_timeout=10)
+                self.api.replace_namespaced_lease(
+                    self.name, self.namespace, client.V1Lease(metadata=lease.metadata, spec=spec), _request_timeout=10
+                )
             except Exception as err:  # noqa: BLE001 - the lease then simply expires
                 event(log, "release-lease-failed", logging.WARNING, lease=self.name, error=str(err))
                 return False
             return True
 
     def _spec(self, record: LeaderElectionRecord, transitions: int) -> client.V1LeaseSpec:
-        return client.V1LeaseSpec(holder_identity=record.holder_identity,
-                                  lease_duration_seconds=int(float(record.lease_duration)),
-                                  acquire_time=_from_record_time(record.acquire_time),
-                                  renew_time=_from_record_time(record.renew_time),
-                                  lease_transitions=transitions)
+        return client.V1LeaseSpec(
+            holder_identity=record.holder_identity,
+            lease_duration_seconds=int(float(record.lease_duration)),
+            acquire_time=_from_record_time(record.acquire_time),
+            renew_time=_from_record_time(record.renew_time),
+            lease_transitions=transitions,
+        )
 
     def _write(self, call, record: LeaderElectionRecord) -> bool:
         with self._mutex:
@@ -131,8 +140,7 @@ class LeaseLock:
                 if err.status == 409:  # another candidate wrote first
                     self.answered_at = time.monotonic()
                 else:
-                    event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status,
-                          reason=err.reason)
+                    event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status, reason=err.reason)
                 return False
             except Exception as err:  # noqa: BLE001 - a failed renewal is a lost lease, never a crash
                 event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=str(err))
@@ -150,8 +158,7 @@ class Elector:
     def __init__(self, lock: LeaseLock, lease_duration: float, renew_deadline: float, retry_period: float):
         self.lock = lock
         self.renew_deadline = renew_deadline
-        self._config = dict(lease_duration=lease_duration, renew_deadline=renew_deadline,
-                            retry_period=retry_period)
+        self._config = dict(lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period)
         self._leading = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._campaign, name="leader-election", daemon=True)
@@ -164,8 +171,11 @@ class Elector:
         return self._thread.is_alive()
 
     def is_leader(self) -> bool:
-        return (self._leading.is_set() and not self._stopping.is_set()
-                and time.monotonic() - self.lock.renewed_at < self.renew_deadline)
+        return (
+            self._leading.is_set()
+            and not self._stopping.is_set()
+            and time.monotonic() - self.lock.renewed_at < self.renew_deadline
+        )
 
     def wait_for_leadership(self, timeout: float) -> bool:
         return self._leading.wait(timeout) and self.is_leader()
@@ -178,8 +188,9 @@ class Elector:
 
     def _campaign(self) -> None:
         while not self._stopping.is_set():
-            config = electionconfig.Config(self.lock, onstarted_leading=self._started,
-                                           onstopped_leading=self._stopped, **self._config)
+            config = electionconfig.Config(
+                self.lock, onstarted_leading=self._started, onstopped_leading=self._stopped, **self._config
+            )
             leaderelection.LeaderElection(config).run()
 
     def _started(self) -> None:

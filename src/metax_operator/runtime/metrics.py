@@ -24,6 +24,7 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
 The rollout gauges are what the last pass of this runner decided; a runner that does not lead
 keeps what it last saw (`metax_operator_leader` says which runner to read).
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
@@ -33,8 +34,7 @@ from metax_operator.rollout import status as rollout
 
 PREFIX = "metax_operator_"
 PHASES = [rollout.IDLING, rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLED, rollout.DISABLING]
-STEP_STATES = ["", rollout.STEP_INIT, rollout.STEP_UPGRADE, rollout.STEP_PAUSED, rollout.STEP_READY,
-               rollout.COMPLETED]
+STEP_STATES = ["", rollout.STEP_INIT, rollout.STEP_UPGRADE, rollout.STEP_PAUSED, rollout.STEP_READY, rollout.COMPLETED]
 NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave")
 # A wave lasts from seconds (kwok) to the readiness timeout (10 min by default) or longer.
 WAVE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -47,22 +47,30 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.phase = Enum(PREFIX + "rollout_phase", "The driver rollout's phase (status.upgradeStatus.phase).",
-                          states=PHASES, registry=r)
+        self.phase = Enum(
+            PREFIX + "rollout_phase", "The driver rollout's phase (status.upgradeStatus.phase).", states=PHASES, registry=r
+        )
         self.step = Gauge(PREFIX + "rollout_step", "The rollout's current step index.", registry=r)
-        self.step_state = Enum(PREFIX + "rollout_step_state", "The current step's state ('' before a rollout).",
-                               states=STEP_STATES, registry=r)
+        self.step_state = Enum(
+            PREFIX + "rollout_step_state", "The current step's state ('' before a rollout).", states=STEP_STATES, registry=r
+        )
         self.nodes = Gauge(PREFIX + "rollout_nodes", "Nodes of the driver rollout by state.", ["state"], registry=r)
-        self.wave_seconds = Histogram(PREFIX + "rollout_wave_duration_seconds",
-                                      "Seconds from a wave's start until a pass saw it done.",
-                                      buckets=WAVE_BUCKETS, registry=r)
-        self.pass_seconds = Histogram(PREFIX + "runner_pass_duration_seconds", "Seconds one runner pass took.",
-                                      buckets=PASS_BUCKETS, registry=r)
-        self.requests = Counter(PREFIX + "api_requests", "Requests to the Kubernetes API server by HTTP method.",
-                                ["method"], registry=r)
+        self.wave_seconds = Histogram(
+            PREFIX + "rollout_wave_duration_seconds",
+            "Seconds from a wave's start until a pass saw it done.",
+            buckets=WAVE_BUCKETS,
+            registry=r,
+        )
+        self.pass_seconds = Histogram(
+            PREFIX + "runner_pass_duration_seconds", "Seconds one runner pass took.", buckets=PASS_BUCKETS, registry=r
+        )
+        self.requests = Counter(
+            PREFIX + "api_requests", "Requests to the Kubernetes API server by HTTP method.", ["method"], registry=r
+        )
         self.leader = Gauge(PREFIX + "leader", "1 while this runner holds the lease.", registry=r)
-        self.need_reboot = Gauge(PREFIX + "nodes_need_reboot",
-                                 "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r)
+        self.need_reboot = Gauge(
+            PREFIX + "nodes_need_reboot", "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r
+        )
         for state in NODE_STATES:
             self.nodes.labels(state)
         for method in ("GET", "PUT", "PATCH", "DELETE", "POST"):
@@ -86,16 +94,26 @@ class Metrics:
         self.phase.state(after.phase)
         self.step.set(sub.current_step_index)
         self.step_state.state(sub.current_step_state or "")
-        counts = {"total": sub.total_upgrade_replicas, "upgraded": sub.total_upgrade_ready_replicas,
-                  "failed": resume.failed.count, "held": resume.held.count, "skipped": resume.skipped.count,
-                  "cordoned": resume.cordoned.count, "in_wave": len(resume.wave)}
+        counts = {
+            "total": sub.total_upgrade_replicas,
+            "upgraded": sub.total_upgrade_ready_replicas,
+            "failed": resume.failed.count,
+            "held": resume.held.count,
+            "skipped": resume.skipped.count,
+            "cordoned": resume.cordoned.count,
+            "in_wave": len(resume.wave),
+        }
         for state, value in counts.items():
             self.nodes.labels(state).set(value)
         self.need_reboot.set(resume.need_reboot.count)
         was = before.resume if before is not None else None
         started = rollout.parse_time(was.wave_start_time) if was is not None else None
-        if was is not None and was.wave and started is not None and (
-                not resume.wave or resume.wave_start_time != was.wave_start_time):
+        if (
+            was is not None
+            and was.wave
+            and started is not None
+            and (not resume.wave or resume.wave_start_time != was.wave_start_time)
+        ):
             self.wave_seconds.observe(max(0.0, now - started))
 
     def exposition(self) -> tuple[bytes, str]:

@@ -26,6 +26,7 @@ The three ways a cache could mislead a pass, and what this module does about eac
 (an admin's edit of the CR, spec or status, of a DaemonSet or a ConfigMap; the DaemonSet
 controller's status): the next pass is due.
 """
+
 from __future__ import annotations
 
 import collections
@@ -69,13 +70,20 @@ class ObjectCache:
             return self
         ns = self.namespace
         by_name = lambda api_version, kind, name: Informer(  # noqa: E731
-            self.api, self.api.resource(api_version, kind).path(namespace=ns), field_selector=f"metadata.name={name}",
-            resync=self.resync, name=f"{kind.lower()}-{name}")
-        informers = {(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME): by_name(
-            reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)}
+            self.api,
+            self.api.resource(api_version, kind).path(namespace=ns),
+            field_selector=f"metadata.name={name}",
+            resync=self.resync,
+            name=f"{kind.lower()}-{name}",
+        )
+        informers = {
+            (reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME): by_name(
+                reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME
+            )
+        }
         informers[("apps/v1", "DaemonSet", None)] = Informer(
-            self.api, self.api.resource("apps/v1", "DaemonSet").path(namespace=ns), resync=self.resync,
-            name="daemonsets")
+            self.api, self.api.resource("apps/v1", "DaemonSet").path(namespace=ns), resync=self.resync, name="daemonsets"
+        )
         for name in reconcile.CONFIGMAPS:
             informers[("v1", "ConfigMap", name)] = by_name("v1", "ConfigMap", name)
         informers[("v1", "Service", reconcile.EXPORTER_SERVICE)] = by_name("v1", "Service", reconcile.EXPORTER_SERVICE)
@@ -100,8 +108,7 @@ class ObjectCache:
         informer = self._informer(api_version, kind, name, namespace)
         return self._read(informer, (api_version, kind, name), f"{namespace}/{name}" if namespace else name)
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None, *,
-             label_selector: str | None = None) -> list[dict]:
+    def list(self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None) -> list[dict]:
         """The DaemonSets of the namespace matching `label_selector` (`key=value` terms)."""
         informer = self._informer(api_version, kind, None, namespace)
         wanted = dict(term.split("=", 1) for term in (label_selector or "").split(",") if term)
@@ -162,6 +169,7 @@ class ObjectCache:
             self._versions[informer.name] = versions
             own = set(self._own)
         others = versions.keys() != before.keys() or any(
-            version != before[key] and version not in own for key, version in versions.items())
+            version != before[key] and version not in own for key, version in versions.items()
+        )
         if others and self.on_change is not None:
             self.on_change()

@@ -32,6 +32,7 @@ Writes are server-side applies as field manager `metax-operator-runner` with `fo
 wins over what Helm rendered), and only when needed (`needs_write`): a second pass over an
 unchanged CR issues no request that writes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,14 +46,28 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import images, validation
+from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+from metax_operator.contract import (
+    COMPONENT_ANNOTATION,
+    CONFIGMAP_KEYS,
+    CONFIGMAPS,
+    CR_API_VERSION,
+    CR_APPLIED_ANNOTATION,
+    CR_KIND,
+    CR_NAME,
+    DAEMONSETS,
+    DEFAULT_DEPLOY,
+    DRIVER_PAYLOAD_CONTAINER,
+    EXPORTER_SERVICE,
+    MACA_PAYLOAD_PREFIX,
+    PART_OF,
+    PART_OF_LABEL,
+    RUNNER_FIELD_MANAGER,
+)
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import Client
-from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
-from metax_operator.contract import (COMPONENT_ANNOTATION, CONFIGMAP_KEYS, CONFIGMAPS, CR_API_VERSION, CR_APPLIED_ANNOTATION,
-                                     CR_KIND, CR_NAME, DAEMONSETS, DEFAULT_DEPLOY, DRIVER_PAYLOAD_CONTAINER, EXPORTER_SERVICE,
-                                     MACA_PAYLOAD_PREFIX, PART_OF, PART_OF_LABEL, RUNNER_FIELD_MANAGER)
 from metax_operator.lookup import lookup
+from metax_operator.runtime.kube import Client
 
 log = logging.getLogger("metax_operator.runtime.reconcile")
 
@@ -64,8 +79,7 @@ RELEASE_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 #: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
 #: `spec.<component>`}. `LOG_*` are on every component's containers.
 ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in DAEMONSETS}
-ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",),
-                     FW_ENABLE_VIRT=("fwEnableVirt",))
+ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",), FW_ENABLE_VIRT=("fwEnableVirt",))
 ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
 ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
 
@@ -75,8 +89,7 @@ CONFIG_VALID = "ConfigMapsValid"
 RECONCILED = "Reconciled"
 HELM_UPGRADE = "HelmUpgradeRequired"
 WORKLOADS_VALID = "WorkloadsValid"  # set by workloads.check
-HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False",
-           WORKLOADS_VALID: "True"}
+HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False", WORKLOADS_VALID: "True"}
 
 
 @dataclass
@@ -126,6 +139,7 @@ class Outcome:
 
 # -- the core: pure functions of the observed state ----------------------------------------------
 
+
 def spec_errors(spec: dict) -> list[UserError]:
     """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs
     (the global podTemplateSpec is checked once per component: each problem is kept once)."""
@@ -150,9 +164,12 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
     errors = spec_errors(observed.spec)
     if errors:
         message = "; ".join(str(e) for e in errors)
-        out.conditions += [Condition(SPEC_VALID, "False", "InvalidSpec", message),
-                           Condition(RECONCILED, "False", "InvalidSpec",
-                                     f"the CR is not applied to the DaemonSets until it is fixed: {message}")]
+        out.conditions += [
+            Condition(SPEC_VALID, "False", "InvalidSpec", message),
+            Condition(
+                RECONCILED, "False", "InvalidSpec", f"the CR is not applied to the DaemonSets until it is fixed: {message}"
+            ),
+        ]
         return out
     out.conditions.append(Condition(SPEC_VALID, "True", "Valid", "the spec passes validation"))
     problems = []
@@ -182,25 +199,31 @@ def check_helm_owned(observed: Observed) -> Outcome:
         wanted = (spec.get(key) or {}).get("deploy", DEFAULT_DEPLOY[key])
         exists = key in observed.daemonsets
         if bool(wanted) != exists:
-            needs.append(f"spec.{key}.deploy is {str(bool(wanted)).lower()} but DaemonSet {name} "
-                         f"{'does not exist' if wanted else 'exists'}: run helm upgrade with "
-                         f"--set {key}.deploy={str(bool(wanted)).lower()} (the runner never creates or "
-                         f"deletes what Helm owns)")
+            needs.append(
+                f"spec.{key}.deploy is {str(bool(wanted)).lower()} but DaemonSet {name} "
+                f"{'does not exist' if wanted else 'exists'}: run helm upgrade with "
+                f"--set {key}.deploy={str(bool(wanted)).lower()} (the runner never creates or "
+                f"deletes what Helm owns)"
+            )
     driver = observed.daemonsets.get("driver")
     if driver is not None:
         has_payload = DRIVER_PAYLOAD_CONTAINER in _names(_pod(driver).get("initContainers"))
         policy = (spec.get("driver") or {}).get("deployPolicy")
         if policy is not None and (policy == "Never") == has_payload:
-            needs.append(f"spec.driver.deployPolicy is {policy} but DaemonSet {DAEMONSETS['driver']} "
-                         f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
-                         f"with --set driver.deployPolicy={policy}")
+            needs.append(
+                f"spec.driver.deployPolicy is {policy} but DaemonSet {DAEMONSETS['driver']} "
+                f"{'has' if has_payload else 'has no'} payload init container: run helm upgrade "
+                f"with --set driver.deployPolicy={policy}"
+            )
     maca = observed.daemonsets.get("maca")
     images = lookup(spec, "maca", "payload", "images")
     if maca is not None and images is not None:
         count = len(_payload_containers(_pod(maca)))
         if count != len(images):
-            needs.append(f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
-                         f"{count} payload init containers: run helm upgrade with the new maca.payload.images")
+            needs.append(
+                f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
+                f"{count} payload init containers: run helm upgrade with the new maca.payload.images"
+            )
     needs += _service_differences(spec, observed.service)
     if needs:
         out.conditions.append(Condition(HELM_UPGRADE, "True", "HelmOwnedChange", "; ".join(needs)))
@@ -223,9 +246,12 @@ def _service_differences(spec: dict, service: dict | None) -> list[str]:
     if wanted.get("port") is not None and kind in validation.SERVICE_TYPES_WITH_PORT:
         have["port"] = port.get("nodePort" if kind == "NodePort" else "port")
         want["port"] = wanted["port"]
-    return [f"spec.exporter.service.{key} is {json.dumps(want[key])} but Service {EXPORTER_SERVICE} has "
-            f"{json.dumps(have[key])}: run helm upgrade with the same exporter.service.{key}"
-            for key in want if want[key] != have[key]]
+    return [
+        f"spec.exporter.service.{key} is {json.dumps(want[key])} but Service {EXPORTER_SERVICE} has "
+        f"{json.dumps(have[key])}: run helm upgrade with the same exporter.service.{key}"
+        for key in want
+        if want[key] != have[key]
+    ]
 
 
 def reconcile_configmaps(observed: Observed) -> Outcome:
@@ -254,9 +280,15 @@ def reconcile_configmaps(observed: Observed) -> Outcome:
                 data[key.key] = yaml.safe_dump({key.wrap: content} if key.wrap else content, sort_keys=False)
                 changed.append("spec." + ".".join(key.field))
         if recorded != record:
-            body = {"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": name, "namespace": observed.namespace,
-                                 "annotations": {CR_APPLIED_ANNOTATION: json.dumps(record, sort_keys=True)}}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": observed.namespace,
+                    "annotations": {CR_APPLIED_ANNOTATION: json.dumps(record, sort_keys=True)},
+                },
+            }
             if data:
                 body["data"] = data
             out.applies.append(Apply(body, tuple(changed)))
@@ -280,8 +312,12 @@ def check_configmaps(observed: Observed) -> Outcome:
 
 
 #: One pass = these, in order. Each takes the observed state and returns what it wants done.
-RECONCILERS: list[Callable[[Observed], Outcome]] = [reconcile_daemonsets, reconcile_configmaps, check_helm_owned,
-                                                    check_configmaps]
+RECONCILERS: list[Callable[[Observed], Outcome]] = [
+    reconcile_daemonsets,
+    reconcile_configmaps,
+    check_helm_owned,
+    check_configmaps,
+]
 
 
 def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
@@ -300,8 +336,7 @@ def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -
     """
     meta = ds["metadata"]
     annotations = meta.get("annotations") or {}
-    scheduling, _ = merge_scheduling(_scheduling_inputs(spec, key, inputs_from_annotations(annotations)),
-                                     prefix="spec.")
+    scheduling, _ = merge_scheduling(_scheduling_inputs(spec, key, inputs_from_annotations(annotations)), prefix="spec.")
     pod_spec: dict[str, Any] = dict(scheduling)
     live = _pod(ds)
     component = spec.get(key) or {}
@@ -321,9 +356,12 @@ def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -
     init = _payload_images(key, live, spec)
     if init:
         pod_spec["initContainers"] = init
-    desired = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-               "spec": {"template": {"spec": pod_spec}}}
+    desired = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"template": {"spec": pod_spec}},
+    }
     changed = [f for f in pod_spec if not _covers(live.get(f), pod_spec[f], f)]
     if key == "driver":
         strategy = driver_strategy(spec, upgrading)
@@ -367,8 +405,7 @@ def _driver_spec_of(ds: dict, spec: dict) -> dict:
     from that template (the inverse of `desired_daemonset` for the driver)."""
     driver = copy.deepcopy(spec.get("driver") or {})
     pod = _pod(ds)
-    env = {e["name"]: e.get("value", "") for c in pod.get("containers") or [] for e in c.get("env") or []
-           if "valueFrom" not in e}
+    env = {e["name"]: e.get("value", "") for c in pod.get("containers") or [] for e in c.get("env") or [] if "valueFrom" not in e}
     for var, path in ENV["driver"].items():
         if var in env:
             _set(driver, path, _from_env(env[var], lookup(driver, *path)))
@@ -379,17 +416,21 @@ def _driver_spec_of(ds: dict, spec: dict) -> dict:
         own, common = payload.get("registry") or "", spec.get("registry") or ""
         # The split between registry and name is ambiguous (both may hold slashes): prefer the
         # registries the CR names, so that only what changed is written.
-        registry = next((r for r in (own or common, common) if r and repository.startswith(r + "/")),
-                        repository.rpartition("/")[0])
+        registry = next(
+            (r for r in (own or common, common) if r and repository.startswith(r + "/")), repository.rpartition("/")[0]
+        )
         if registry != (own or common):
             payload["registry"] = "" if registry == common else registry
-        payload.update(name=repository[len(registry) + 1:], version=tag)
+        payload.update(name=repository[len(registry) + 1 :], version=tag)
         if digest or "digest" in payload:
             payload["digest"] = digest
     scheduling = {f: pod[f] for f in MANAGED_FIELDS if f in pod}
-    merged, _ = merge_scheduling(_scheduling_inputs({**spec, "driver": driver}, "driver",
-                                                    inputs_from_annotations(ds["metadata"].get("annotations") or {})),
-                                 prefix="spec.")
+    merged, _ = merge_scheduling(
+        _scheduling_inputs(
+            {**spec, "driver": driver}, "driver", inputs_from_annotations(ds["metadata"].get("annotations") or {})
+        ),
+        prefix="spec.",
+    )
     if merged != scheduling:
         driver["podTemplateSpec"] = {"spec": scheduling}
     return driver
@@ -450,8 +491,11 @@ def minimal(desired: dict, live: dict) -> dict:
     want, have = desired["spec"]["template"]["spec"], _pod(live)
     owned_spec = owned_fields(live, RUNNER_FIELD_MANAGER).get("spec") or {}
     owned = _pod({"spec": owned_spec})
-    pod = {f: v for f, v in want.items()
-           if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))}
+    pod = {
+        f: v
+        for f, v in want.items()
+        if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))
+    }
     for kind in ("containers", "initContainers"):
         live_items = {c["name"]: c for c in have.get(kind) or []}
         owned_items = {c.get("name"): c for c in owned.get(kind) or []}
@@ -461,8 +505,11 @@ def minimal(desired: dict, live: dict) -> dict:
             kept = {}
             if "image" in item and ("image" in owned_item or live_item.get("image") != item["image"]):
                 kept["image"] = item["image"]
-            env = [e for e in item.get("env") or [] if e["name"] in _names(owned_item.get("env"))
-                   or not _covers(live_item.get("env"), [e])]
+            env = [
+                e
+                for e in item.get("env") or []
+                if e["name"] in _names(owned_item.get("env")) or not _covers(live_item.get("env"), [e])
+            ]
             if env:
                 kept["env"] = env
             if kept:
@@ -471,8 +518,9 @@ def minimal(desired: dict, live: dict) -> dict:
             pod[kind] = items
     spec: dict[str, Any] = {"template": {"spec": pod}}
     strategy = desired["spec"].get("updateStrategy")
-    if strategy is not None and ("updateStrategy" in owned_spec
-                                 or not _covers((live.get("spec") or {}).get("updateStrategy"), strategy)):
+    if strategy is not None and (
+        "updateStrategy" in owned_spec or not _covers((live.get("spec") or {}).get("updateStrategy"), strategy)
+    ):
         spec["updateStrategy"] = strategy
     return {**desired, "spec": spec}
 
@@ -490,15 +538,21 @@ def _project(value: Any, fields: dict) -> Any:
     if not fields:
         return value
     if isinstance(value, dict):
-        return {name[2:]: _project(value[name[2:]], sub)
-                for name, sub in fields.items() if name.startswith("f:") and name[2:] in value}
+        return {
+            name[2:]: _project(value[name[2:]], sub)
+            for name, sub in fields.items()
+            if name.startswith("f:") and name[2:] in value
+        }
     if isinstance(value, list):
         out = []
         for name, sub in fields.items():
             if name.startswith("k:"):
                 key = json.loads(name[2:])
-                out += [_project(item, sub) for item in value
-                        if isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())]
+                out += [
+                    _project(item, sub)
+                    for item in value
+                    if isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())
+                ]
             elif name.startswith("v:") and json.loads(name[2:]) in value:
                 out.append(json.loads(name[2:]))
         return out
@@ -525,7 +579,8 @@ def _scheduling_inputs(spec: dict, key: str, recorded: SchedulingInputs | None =
     return (recorded or SchedulingInputs(component=key))._replace(
         global_pts=spec.get("podTemplateSpec") or None,
         component_pts=(spec.get(key) or {}).get("podTemplateSpec") or None,
-        deprecated_tolerations=spec.get("tolerations") or None)
+        deprecated_tolerations=spec.get("tolerations") or None,
+    )
 
 
 def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
@@ -534,8 +589,12 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
     if key == "driver":
         payload = (spec.get("driver") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
-        if DRIVER_PAYLOAD_CONTAINER in _names(live.get("initContainers")) and registry and payload.get("name") \
-                and payload.get("version"):
+        if (
+            DRIVER_PAYLOAD_CONTAINER in _names(live.get("initContainers"))
+            and registry
+            and payload.get("name")
+            and payload.get("version")
+        ):
             image = images.reference(registry, payload["name"], payload["version"], payload.get("digest") or "")
             return [{"name": DRIVER_PAYLOAD_CONTAINER, "image": image}]
     if key == "maca":
@@ -550,8 +609,11 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
 
 def _payload_containers(pod_spec: dict) -> list[str]:
     """The MXMACA pod's `payload-N` init containers, in N order."""
-    names = [n for n in _names(pod_spec.get("initContainers"))
-             if n.startswith(MACA_PAYLOAD_PREFIX) and n.removeprefix(MACA_PAYLOAD_PREFIX).isdigit()]
+    names = [
+        n
+        for n in _names(pod_spec.get("initContainers"))
+        if n.startswith(MACA_PAYLOAD_PREFIX) and n.removeprefix(MACA_PAYLOAD_PREFIX).isdigit()
+    ]
     return sorted(names, key=lambda n: int(n.removeprefix(MACA_PAYLOAD_PREFIX)))
 
 
@@ -580,6 +642,7 @@ def _env_value(value: Any) -> str:
 
 # -- the shell: read, then write what the core decided ------------------------------------------
 
+
 class LostLeadership(Exception):
     """The lease was lost in the middle of a pass: stop writing at once."""
 
@@ -595,8 +658,9 @@ def observe(api: Client, namespace: str) -> Observed:
     return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
 
 
-def merge_conditions(existing: list[dict], wanted: list[Condition], generation: int | None,
-                     now: str) -> tuple[list[dict], list[Condition]]:
+def merge_conditions(
+    existing: list[dict], wanted: list[Condition], generation: int | None, now: str
+) -> tuple[list[dict], list[Condition]]:
     """`existing` with the `wanted` conditions set (others kept), and the ones that changed.
 
     `lastTransitionTime` moves only when a condition's status changes (metav1.Condition rules).
@@ -605,16 +669,25 @@ def merge_conditions(existing: list[dict], wanted: list[Condition], generation: 
     changed = []
     for want in wanted:
         old = next((c for c in result if c.get("type") == want.type), None)
-        new = {"type": want.type, "status": want.status, "reason": want.reason,
-               "message": want.message[:32768], "observedGeneration": generation,
-               "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want.status
-               and old.get("lastTransitionTime") else now}
+        new = {
+            "type": want.type,
+            "status": want.status,
+            "reason": want.reason,
+            "message": want.message[:32768],
+            "observedGeneration": generation,
+            "lastTransitionTime": old["lastTransitionTime"]
+            if old and old.get("status") == want.status and old.get("lastTransitionTime")
+            else now,
+        }
         if old is None:
             result.append(new)
         else:
             result[result.index(old)] = new
-        if old is None or (old.get("status"), old.get("reason"), old.get("message")) != \
-                (want.status, want.reason, new["message"]):
+        if old is None or (old.get("status"), old.get("reason"), old.get("message")) != (
+            want.status,
+            want.reason,
+            new["message"],
+        ):
             changed.append(want)
     return result, changed
 
@@ -633,8 +706,9 @@ def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[s
     return events
 
 
-def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[], bool],
-            now: Callable[[], str], identity: str = "") -> int:
+def execute(
+    api: Client, observed: Observed, outcome: Outcome, guard: Callable[[], bool], now: Callable[[], str], identity: str = ""
+) -> int:
     """Write what the core decided; the number of writes. Checks `guard` before every write and
     raises LostLeadership when it says the lease is gone."""
     writes = 0
@@ -650,8 +724,9 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
         writes += 1
         meta = apply.body["metadata"]
         fields = ", ".join(apply.fields) or "field ownership only"
-        event(log, "apply", kind=apply.body["kind"], name=meta["name"], namespace=meta.get("namespace"),
-              fields=list(apply.fields))
+        event(
+            log, "apply", kind=apply.body["kind"], name=meta["name"], namespace=meta.get("namespace"), fields=list(apply.fields)
+        )
         events.append(("Normal", "Applied", f"applied the CR to {apply.body['kind']} {meta['name']}: {fields}"))
     if observed.cr is None:
         return writes
@@ -662,11 +737,12 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
     if conditions != existing or status.get("observedGeneration") != generation:
         check()
-        patch = {"metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
-                 "status": {"conditions": conditions, "observedGeneration": generation}}
+        patch = {
+            "metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
+            "status": {"conditions": conditions, "observedGeneration": generation},
+        }
         try:
-            api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status",
-                      field_manager=RUNNER_FIELD_MANAGER)
+            api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status", field_manager=RUNNER_FIELD_MANAGER)
         except ApiException as err:
             if err.status != 409:
                 raise
@@ -684,25 +760,47 @@ def execute(api: Client, observed: Observed, outcome: Outcome, guard: Callable[[
     return writes
 
 
-def emit_event(api: Client, cr: dict, kind: str, reason: str, message: str, now: str, identity: str = "",
-               component: str = RUNNER_FIELD_MANAGER) -> bool:
+def emit_event(
+    api: Client,
+    cr: dict,
+    kind: str,
+    reason: str,
+    message: str,
+    now: str,
+    identity: str = "",
+    component: str = RUNNER_FIELD_MANAGER,
+) -> bool:
     """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
     (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
     namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never
     fails the pass."""
-    body = {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME,
-                               "uid": cr["metadata"].get("uid")},
-            "type": kind, "reason": reason, "message": message[:1024],
-            "source": {"component": component}, "reportingComponent": component,
-            "reportingInstance": identity or component,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME, "uid": cr["metadata"].get("uid")},
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": identity or component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
     try:
         api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)
     except Exception as err:  # noqa: BLE001 - events are best effort
-        event(log, "event-failed", logging.WARNING, type=kind, reason=reason, msg=message,
-              error=f"{type(err).__name__}: {getattr(err, 'reason', err)}")
+        event(
+            log,
+            "event-failed",
+            logging.WARNING,
+            type=kind,
+            reason=reason,
+            msg=message,
+            error=f"{type(err).__name__}: {getattr(err, 'reason', err)}",
+        )
         return False
     event(log, "event", type=kind, reason=reason, msg=message)
     return True

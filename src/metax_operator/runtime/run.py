@@ -15,6 +15,7 @@ chart's CronJob mode) after taking the lease, and exits. API failures back off e
 (up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
 `/readyz` for the kubelet's probes (`health`) and `/metrics` for Prometheus (`metrics`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,17 +27,17 @@ import threading
 import time
 
 from metax_operator import jsonlog
-from metax_operator.runtime import reconcile
-from metax_operator.rollout import execute
-from metax_operator.workloads import check
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError
+from metax_operator.rollout import execute
+from metax_operator.rollout.observe import Watches
+from metax_operator.runtime import reconcile
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import ObjectCache
-from metax_operator.rollout.observe import Watches
+from metax_operator.workloads import check
 
 log = logging.getLogger("metax_operator.runtime.run")
 
@@ -67,8 +68,9 @@ class Runner:
         self.objects.on_change = self.wake.set
         # One set of watch caches for the rollout and the workload check, started once the CR exists.
         self.watches = Watches(api, namespace)
-        self.rollout = execute.RolloutExecutor(api, namespace, is_leader, identity, watches=self.watches,
-                                               metrics=metrics, reader=self.objects)
+        self.rollout = execute.RolloutExecutor(
+            api, namespace, is_leader, identity, watches=self.watches, metrics=metrics, reader=self.objects
+        )
         self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
@@ -76,13 +78,16 @@ class Runner:
         """Observe, decide, write; returns the number of writes."""
         started = time.monotonic()
         if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
-            jsonlog.event(log, "wait-cache", logging.WARNING, msg="the caches of the CR, DaemonSets, ConfigMaps "
-                          "and Service have not listed yet")
+            jsonlog.event(
+                log,
+                "wait-cache",
+                logging.WARNING,
+                msg="the caches of the CR, DaemonSets, ConfigMaps and Service have not listed yet",
+            )
             return 0
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
-            jsonlog.event(log, "no-cr", logging.DEBUG,
-                          msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
+            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
             return 0
         if not self.watching:
             for informer in (self.watches.revisions, self.watches.driver_pods):
@@ -96,8 +101,14 @@ class Runner:
         seconds = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.pass_seconds.observe(seconds)
-        jsonlog.event(log, "pass", logging.INFO if writes else logging.DEBUG, writes=writes,
-                      generation=observed.cr["metadata"].get("generation"), seconds=round(seconds, 3))
+        jsonlog.event(
+            log,
+            "pass",
+            logging.INFO if writes else logging.DEBUG,
+            writes=writes,
+            generation=observed.cr["metadata"].get("generation"),
+            seconds=round(seconds, 3),
+        )
         return writes
 
     def caches(self) -> tuple:
@@ -106,8 +117,9 @@ class Runner:
         return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watching else ()))
 
 
-def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Event,
-         health: Health | None = None, on_change: bool = True) -> None:
+def loop(
+    runner: Runner, elector: Elector, interval: float, stop: threading.Event, health: Health | None = None, on_change: bool = True
+) -> None:
     """Pass when `runner.wake` is set or the last pass wrote (after COALESCE seconds; neither with
     `on_change` False), or `interval` seconds after the last pass, while leading, until `stop` is
     set; then release the lease. After a failed pass the backoff holds whatever changes. Each
@@ -133,14 +145,20 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
                 jsonlog.event(log, "lost-lease-mid-pass", logging.WARNING, msg=str(err))
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
                 failures += 1
-                delay = min(MAX_BACKOFF, interval * 2 ** failures)
-                jsonlog.event(log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}",
-                              failures=failures, retry_in=delay)
+                delay = min(MAX_BACKOFF, interval * 2**failures)
+                jsonlog.event(
+                    log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}", failures=failures, retry_in=delay
+                )
         elif elector.lock.holder != waiting_for:
             waiting_for = elector.lock.holder
-            jsonlog.event(log, "wait-lease", lease=elector.lock.name, holder=waiting_for,
-                          identity=elector.lock.identity,
-                          msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})")
+            jsonlog.event(
+                log,
+                "wait-lease",
+                lease=elector.lock.name,
+                holder=waiting_for,
+                identity=elector.lock.identity,
+                msg=f"waiting for the lease {elector.lock.name} (held by {waiting_for or 'nobody'})",
+            )
         if health is not None:
             health.iteration_done(passed, delay)
         if failures:
@@ -153,30 +171,47 @@ def loop(runner: Runner, elector: Elector, interval: float, stop: threading.Even
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="the runner: reconcile the ClusterOperator CR into the DaemonSets",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
-                        help="the release namespace (default: $POD_NAMESPACE)")
-    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0,
-                        help="seconds between passes (default 5)")
+    parser = subparsers.add_parser(
+        "run", help="the runner: reconcile the ClusterOperator CR into the DaemonSets", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE"), help="the release namespace (default: $POD_NAMESPACE)"
+    )
+    parser.add_argument("--interval", type=bounded(float, 0.1, 3600), default=5.0, help="seconds between passes (default 5)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (CronJob mode)")
-    parser.add_argument("--interval-only", action="store_true",
-                        help="pass only every --interval seconds, not also when a watch sees a change")
+    parser.add_argument(
+        "--interval-only", action="store_true", help="pass only every --interval seconds, not also when a watch sees a change"
+    )
     parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
-    parser.add_argument("--lease-duration", type=bounded(int, 1, 3600), default=15,
-                        help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)")
-    parser.add_argument("--renew-deadline", type=bounded(int, 1, 3600), default=10,
-                        help="seconds the leader keeps trying to renew before it stops acting (default 10)")
-    parser.add_argument("--retry-period", type=bounded(int, 1, 3600), default=2,
-                        help="seconds between lease attempts (default 2)")
+    parser.add_argument(
+        "--lease-duration",
+        type=bounded(int, 1, 3600),
+        default=15,
+        help="seconds a lease lasts without renewal: the longest handover after a crash (default 15)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=bounded(int, 1, 3600),
+        default=10,
+        help="seconds the leader keeps trying to renew before it stops acting (default 10)",
+    )
+    parser.add_argument(
+        "--retry-period", type=bounded(int, 1, 3600), default=2, help="seconds between lease attempts (default 2)"
+    )
     parser.add_argument("--identity", default=None, help="this runner's name in the lease (default: hostname_random)")
-    parser.add_argument("--health-port", type=bounded(int, 0, 65535), default=0,
-                        help="serve /healthz, /readyz and /metrics on this port (default: none; not with --once)")
-    parser.add_argument("--health-host", default="",
-                        help="the address to serve them on (default: every address)")
-    parser.add_argument("--stall-timeout", type=bounded(float, 1, 86400), default=300.0,
-                        help="seconds one iteration of the loop (a pass, API retries included) may run "
-                             "before /healthz fails (default 300)")
+    parser.add_argument(
+        "--health-port",
+        type=bounded(int, 0, 65535),
+        default=0,
+        help="serve /healthz, /readyz and /metrics on this port (default: none; not with --once)",
+    )
+    parser.add_argument("--health-host", default="", help="the address to serve them on (default: every address)")
+    parser.add_argument(
+        "--stall-timeout",
+        type=bounded(float, 1, 86400),
+        default=300.0,
+        help="seconds one iteration of the loop (a pass, API retries included) may run before /healthz fails (default 300)",
+    )
     jsonlog.add_arguments(parser)
     add_arguments(parser)
     parser.set_defaults(func=_main)
@@ -207,25 +242,32 @@ def _main(args: argparse.Namespace) -> int:
     runner = Runner(api, args.namespace, elector.is_leader, identity, metrics)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: (jsonlog.event(log, "stopping", signal=signal.Signals(signum).name),
-                                                   stop.set()))
-    jsonlog.event(log, "start", namespace=args.namespace, identity=identity, once=args.once,
-                  interval=args.interval, lease=args.lease_name)
+        signal.signal(
+            sig, lambda signum, _frame: (jsonlog.event(log, "stopping", signal=signal.Signals(signum).name), stop.set())
+        )
+    jsonlog.event(
+        log, "start", namespace=args.namespace, identity=identity, once=args.once, interval=args.interval, lease=args.lease_name
+    )
     elector.start()
     if not args.once:
         health = None
         if args.health_port:
-            health = Health(elector, runner.caches,
-                            stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
+            health = Health(elector, runner.caches, stall_timeout=args.stall_timeout, api_timeout=args.lease_duration)
             server = serve(health, args.health_host, args.health_port, metrics)
-            jsonlog.event(log, "health", address=server.server_address[0], port=server.server_address[1],
-                          msg=f"serving /healthz, /readyz and /metrics on port {server.server_address[1]}")
+            jsonlog.event(
+                log,
+                "health",
+                address=server.server_address[0],
+                port=server.server_address[1],
+                msg=f"serving /healthz, /readyz and /metrics on port {server.server_address[1]}",
+            )
         loop(runner, elector, args.interval, stop, health, on_change=not args.interval_only)
         return 0
     # CronJob mode: a previous run that died may still hold the lease until it expires.
     if not elector.wait_for_leadership(args.lease_duration + 2 * args.retry_period):
-        jsonlog.event(log, "skip", lease=args.lease_name, holder=lock.holder,
-                      msg="another runner holds the lease: this run does nothing")
+        jsonlog.event(
+            log, "skip", lease=args.lease_name, holder=lock.holder, msg="another runner holds the lease: this run does nothing"
+        )
         elector.release()
         return 0
     try:

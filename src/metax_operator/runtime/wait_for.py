@@ -7,6 +7,7 @@ the node and the prerequisite components (`fieldSelector=spec.nodeName=NODE`,
 list and one long-lived watch per waiting pod, served from the API server's watch cache, not a
 poll. API errors are retried with bounded exponential backoff; the command only reads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from metax_operator import jsonlog
 from metax_operator.cli import bounded
+from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 from metax_operator.errors import UserError
 from metax_operator.runtime.kube import Backoff, Client, add_arguments, is_transient
-from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 
 log = logging.getLogger("metax_operator.runtime.wait_for")
 
@@ -59,8 +60,9 @@ def pending(pods: dict[str, dict], components: list[str]) -> dict[str, str]:
 WAIT_BACKOFF = Backoff(attempts=MAX_FAILURES, base=0.5, cap=30.0)
 
 
-def wait_for(api: Client, namespace: str, node: str, components: list[str], timeout: float = 0,
-             backoff: Backoff = WAIT_BACKOFF) -> bool:
+def wait_for(
+    api: Client, namespace: str, node: str, components: list[str], timeout: float = 0, backoff: Backoff = WAIT_BACKOFF
+) -> bool:
     """Block until every component's pod on `node` is Ready: True, or False after `timeout` (0 = none).
 
     Raises the last API error after MAX_FAILURES consecutive failures.
@@ -78,9 +80,13 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
             if version is None:
                 # resourceVersion "0": served from the API server's watch cache, never etcd; a
                 # slightly old list is fine, the watch from its version brings every later change.
-                listed = core.list_namespaced_pod(namespace, field_selector=field_selector,
-                                                  label_selector=label_selector, resource_version="0",
-                                                  _request_timeout=(5, 30))
+                listed = core.list_namespaced_pod(
+                    namespace,
+                    field_selector=field_selector,
+                    label_selector=label_selector,
+                    resource_version="0",
+                    _request_timeout=(5, 30),
+                )
                 pods = {p.metadata.name: api.api_client.sanitize_for_serialization(p) for p in listed.items}
                 version = listed.metadata.resource_version
             why = pending(pods, components)
@@ -88,17 +94,29 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
                 jsonlog.event(log, "prerequisites-ready", node=node, components=components)
                 return True
             if why != last_reported:
-                jsonlog.event(log, "waiting", node=node, namespace=namespace, pending=why,
-                              msg=f"waiting for {', '.join(sorted(why))} on node {node} to be Ready")
+                jsonlog.event(
+                    log,
+                    "waiting",
+                    node=node,
+                    namespace=namespace,
+                    pending=why,
+                    msg=f"waiting for {', '.join(sorted(why))} on node {node} to be Ready",
+                )
                 last_reported = why
             remaining = deadline - time.monotonic() if deadline else WATCH_SECONDS
             if remaining <= 0:
                 jsonlog.event(log, "timeout", logging.ERROR, node=node, pending=why)
                 return False
             stream = watch.Watch().stream(
-                core.list_namespaced_pod, namespace, field_selector=field_selector,
-                label_selector=label_selector, resource_version=version, allow_watch_bookmarks=True,
-                timeout_seconds=max(1, int(min(remaining, WATCH_SECONDS))), _request_timeout=(5, WATCH_SECONDS + 30))
+                core.list_namespaced_pod,
+                namespace,
+                field_selector=field_selector,
+                label_selector=label_selector,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=max(1, int(min(remaining, WATCH_SECONDS))),
+                _request_timeout=(5, WATCH_SECONDS + 30),
+            )
             for change in stream:
                 pod = change["raw_object"]
                 version = pod["metadata"].get("resourceVersion") or version
@@ -121,8 +139,15 @@ def wait_for(api: Client, namespace: str, node: str, components: list[str], time
             delay = next(delays, None)
             if delay is None:
                 raise
-            jsonlog.event(log, "api-retry", logging.WARNING, node=node, error=f"{type(err).__name__}: {err}",
-                          retry_in=round(delay, 2), failures=failures)
+            jsonlog.event(
+                log,
+                "api-retry",
+                logging.WARNING,
+                node=node,
+                error=f"{type(err).__name__}: {err}",
+                retry_in=round(delay, 2),
+                failures=failures,
+            )
             time.sleep(delay)
             version = None
 
@@ -134,14 +159,25 @@ def _ready(pod: dict) -> bool:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "wait-for", help="wait until prerequisite components' pods on this node are Ready (init container)",
-        description=__doc__.splitlines()[0])
+        "wait-for",
+        help="wait until prerequisite components' pods on this node are Ready (init container)",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("--namespace", required=True, help="namespace of the component pods")
     parser.add_argument("--node", required=True, help="this pod's node (downward API spec.nodeName)")
-    parser.add_argument("--component", action="append", required=True, metavar="KEY",
-                        help=f"a prerequisite's values key ({', '.join(COMPONENTS)}); repeat for several")
-    parser.add_argument("--timeout", type=bounded(float, 0, 7 * 86400), default=0,
-                        help="give up (exit 1) after this many seconds; 0 (default) waits as long as it takes")
+    parser.add_argument(
+        "--component",
+        action="append",
+        required=True,
+        metavar="KEY",
+        help=f"a prerequisite's values key ({', '.join(COMPONENTS)}); repeat for several",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=bounded(float, 0, 7 * 86400),
+        default=0,
+        help="give up (exit 1) after this many seconds; 0 (default) waits as long as it takes",
+    )
     jsonlog.add_arguments(parser)
     add_arguments(parser)
     parser.set_defaults(func=_main)
@@ -151,8 +187,7 @@ def _main(args: argparse.Namespace) -> int:
     jsonlog.setup(args.log_level, args.log_format)
     unknown = [c for c in args.component if c not in COMPONENTS]
     if unknown:
-        raise UserError("--component", f"{', '.join(unknown)} is not a component",
-                        f"use values keys: {', '.join(COMPONENTS)}")
+        raise UserError("--component", f"{', '.join(unknown)} is not a component", f"use values keys: {', '.join(COMPONENTS)}")
     if not args.node:
         raise UserError("--node", "is empty", "pass the pod's node name (downward API fieldRef spec.nodeName)")
     return 0 if wait_for(Client.from_args(args), args.namespace, args.node, args.component, args.timeout) else 1

@@ -21,6 +21,7 @@ The rules:
   versions are those of the `maca` payload images (`maca-c500:2.18.0.3-ubuntu18.04-amd64` deploys
   `maca-2.18.0.3`).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from metax_operator.contract import (COMPONENT_LABEL, GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_VFNUM_LABEL,
-                                     MODE_LABEL, QOS_LABEL, RESOURCE_PREFIX, SGPU_RESOURCE, VFIO_RESOURCE)
+from metax_operator.contract import (
+    COMPONENT_LABEL,
+    GPU_NODE_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GPU_VFNUM_LABEL,
+    MODE_LABEL,
+    QOS_LABEL,
+    RESOURCE_PREFIX,
+    SGPU_RESOURCE,
+    VFIO_RESOURCE,
+)
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
 
@@ -72,6 +83,7 @@ SHOWN = 5
 
 # -- MXMACA versions ---------------------------------------------------------------------------
 
+
 def maca_version(image: str) -> str | None:
     """The MXMACA version a payload image deploys: `maca-c500:2.18.0.3-ubuntu18.04-amd64` ->
     `maca-2.18.0.3`; None when its tag does not start with a version."""
@@ -82,7 +94,7 @@ def maca_version(image: str) -> str | None:
 
 def version_key(version: str) -> tuple[int, ...]:
     """`maca-2.18.0.3` -> (2, 18, 0, 3): what "newest" sorts by."""
-    return tuple(int(part) for part in version[len(MACA_PREFIX):].split("."))
+    return tuple(int(part) for part in version[len(MACA_PREFIX) :].split("."))
 
 
 def payload_images(spec: Mapping) -> list[str]:
@@ -107,6 +119,7 @@ def choose_maca(requested: str, deployed: Sequence[str]) -> str | None:
 
 # -- what the checks read of nodes and pods ----------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GpuPod:
     """A pod with a container that requests a MetaX resource, and the `METAX_MACA_VERSION` values
@@ -120,19 +133,18 @@ class GpuPod:
 
 def requests_gpu(container: Mapping) -> bool:
     resources = container.get("resources") or {}
-    return any(name.startswith(RESOURCE_PREFIX)
-               for section in ("requests", "limits") for name in resources.get(section) or {})
+    return any(name.startswith(RESOURCE_PREFIX) for section in ("requests", "limits") for name in resources.get(section) or {})
 
 
 def gpu_pod(obj: Mapping) -> GpuPod | None:
     """The `GpuPod` of a Pod object, or None when no container requests a MetaX resource."""
     spec = obj.get("spec") or {}
-    containers = [c for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
-                  if requests_gpu(c)]
+    containers = [c for c in (spec.get("containers") or []) + (spec.get("initContainers") or []) if requests_gpu(c)]
     if not containers:
         return None
-    versions = tuple(e["value"] for c in containers for e in c.get("env") or []
-                     if e.get("name") == MACA_VERSION_ENV and e.get("value"))
+    versions = tuple(
+        e["value"] for c in containers for e in c.get("env") or [] if e.get("name") == MACA_VERSION_ENV and e.get("value")
+    )
     meta = obj.get("metadata") or {}
     return GpuPod(meta.get("namespace", ""), meta.get("name", ""), spec.get("nodeName") or "", versions)
 
@@ -144,8 +156,7 @@ def node_labels(obj: Mapping) -> dict[str, str]:
 
 
 def pod_ready(obj: Mapping) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or [])
 
 
 def hami_running(pods: Iterable[Mapping]) -> bool:
@@ -186,8 +197,14 @@ class WorkloadProblem(UserError):
         super().__init__(where, problem, fix)
 
 
-def problems(nodes: Mapping[str, Mapping[str, str]], pods: Iterable[GpuPod], *, runtime_deployed: bool,
-             maca_images: Sequence[str] | None, hami_running: bool | None) -> list[WorkloadProblem]:
+def problems(
+    nodes: Mapping[str, Mapping[str, str]],
+    pods: Iterable[GpuPod],
+    *,
+    runtime_deployed: bool,
+    maca_images: Sequence[str] | None,
+    hami_running: bool | None,
+) -> list[WorkloadProblem]:
     """Every misconfiguration, one problem per rule and bad value, in a fixed order.
 
     `nodes`: node name -> its labels (at least those `node_labels` keeps); `pods`: the GPU pods;
@@ -199,28 +216,42 @@ def problems(nodes: Mapping[str, Mapping[str, str]], pods: Iterable[GpuPod], *, 
     sgpu = sorted(n for n, labels in nodes.items() if labels.get(MODE_LABEL) == "sgpu")
     back = f"kubectl label node -l {MODE_LABEL}=sgpu {MODE_LABEL}=native --overwrite"
     if sgpu and not runtime_deployed:
-        found.append(WorkloadProblem(
-            SGPU_WITHOUT_RUNTIME, _names("node", sgpu),
-            f"labelled {MODE_LABEL}=sgpu, but sGPU needs the container-runtime component and it is not "
-            "deployed (runtime.deploy is false)",
-            f"deploy it (helm upgrade --set runtime.deploy=true) or set the nodes back to native: {back}"))
+        found.append(
+            WorkloadProblem(
+                SGPU_WITHOUT_RUNTIME,
+                _names("node", sgpu),
+                f"labelled {MODE_LABEL}=sgpu, but sGPU needs the container-runtime component and it is not "
+                "deployed (runtime.deploy is false)",
+                f"deploy it (helm upgrade --set runtime.deploy=true) or set the nodes back to native: {back}",
+            )
+        )
     if sgpu and hami_running is False:
-        found.append(WorkloadProblem(
-            SGPU_WITHOUT_HAMI, _names("node", sgpu),
-            f"labelled {MODE_LABEL}=sgpu, but no HAMi scheduler runs (no Ready pod labelled "
-            f"{HAMI_SCHEDULER_SELECTOR} in any namespace), so pods requesting {SGPU_RESOURCE} cannot be "
-            "scheduled",
-            f"install HAMi or set the nodes back to native: {back}"))
+        found.append(
+            WorkloadProblem(
+                SGPU_WITHOUT_HAMI,
+                _names("node", sgpu),
+                f"labelled {MODE_LABEL}=sgpu, but no HAMi scheduler runs (no Ready pod labelled "
+                f"{HAMI_SCHEDULER_SELECTOR} in any namespace), so pods requesting {SGPU_RESOURCE} cannot be "
+                "scheduled",
+                f"install HAMi or set the nodes back to native: {back}",
+            )
+        )
     found += _maca_problems(pods, maca_images)
     return found
 
 
-def problems_of_objects(nodes: Iterable[Mapping], pods: Sequence[Mapping], *, runtime_deployed: bool,
-                        maca_images: Sequence[str] | None) -> list[WorkloadProblem]:
+def problems_of_objects(
+    nodes: Iterable[Mapping], pods: Sequence[Mapping], *, runtime_deployed: bool, maca_images: Sequence[str] | None
+) -> list[WorkloadProblem]:
     """`problems` over listed Node and Pod objects (every live pod of the cluster: the GPU pods and
     HAMi's scheduler are found among them)."""
-    return problems({n["metadata"]["name"]: node_labels(n) for n in nodes}, filter(None, map(gpu_pod, pods)),
-                    runtime_deployed=runtime_deployed, maca_images=maca_images, hami_running=hami_running(pods))
+    return problems(
+        {n["metadata"]["name"]: node_labels(n) for n in nodes},
+        filter(None, map(gpu_pod, pods)),
+        runtime_deployed=runtime_deployed,
+        maca_images=maca_images,
+        hami_running=hami_running(pods),
+    )
 
 
 def _label_problems(nodes: Mapping[str, Mapping[str, str]]) -> list[WorkloadProblem]:
@@ -232,9 +263,14 @@ def _label_problems(nodes: Mapping[str, Mapping[str, str]]) -> list[WorkloadProb
             if value is not None and value not in allowed:
                 bad.setdefault(value, []).append(name)
         for value, names in sorted(bad.items()):
-            found.append(WorkloadProblem(
-                rule, _names("node", sorted(names)), f"label {label}={value} is not one of {', '.join(allowed)}",
-                f"relabel them: kubectl label node -l {label}={value} {label}={allowed[0]} --overwrite"))
+            found.append(
+                WorkloadProblem(
+                    rule,
+                    _names("node", sorted(names)),
+                    f"label {label}={value} is not one of {', '.join(allowed)}",
+                    f"relabel them: kubectl label node -l {label}={value} {label}={allowed[0]} --overwrite",
+                )
+            )
     return found
 
 
@@ -253,15 +289,24 @@ def _maca_problems(pods: Iterable[GpuPod], maca_images: Sequence[str] | None) ->
             elif choose_maca(value, deployed) is None:
                 unmatched.setdefault(value, []).append(f"{pod.namespace}/{pod.name}")
     example = f"e.g. {deployed[0].rsplit('.', 2)[0]}" if deployed else "once maca deploys one"
-    found = [WorkloadProblem(
-        MACA_VERSION_REFUSED, _names("pod", sorted(names)),
-        f"{MACA_VERSION_ENV}={value} names no version, so the runtime refuses it (deployed: {shown})",
-        f"set a version or a prefix of one, {example}") for value, names in sorted(refused.items())]
-    found += [WorkloadProblem(
-        MACA_VERSION_UNMATCHED, _names("pod", sorted(names)),
-        f"{MACA_VERSION_ENV}={value} matches none of the MXMACA versions deployed ({shown})",
-        "use one of them or a prefix of one, or add a payload image of that version to maca.payload.images")
-        for value, names in sorted(unmatched.items())]
+    found = [
+        WorkloadProblem(
+            MACA_VERSION_REFUSED,
+            _names("pod", sorted(names)),
+            f"{MACA_VERSION_ENV}={value} names no version, so the runtime refuses it (deployed: {shown})",
+            f"set a version or a prefix of one, {example}",
+        )
+        for value, names in sorted(refused.items())
+    ]
+    found += [
+        WorkloadProblem(
+            MACA_VERSION_UNMATCHED,
+            _names("pod", sorted(names)),
+            f"{MACA_VERSION_ENV}={value} matches none of the MXMACA versions deployed ({shown})",
+            "use one of them or a prefix of one, or add a payload image of that version to maca.payload.images",
+        )
+        for value, names in sorted(unmatched.items())
+    ]
     return found
 
 

@@ -14,16 +14,17 @@ Inputs, all from watch-fed caches, so a pass costs no request:
 - the CR spec of the pass: `runtime.deploy`, `maca.deploy`, `maca.payload.images`.
 Until the caches have listed once the check sets nothing (the condition keeps its last value).
 """
+
 from __future__ import annotations
 
 import logging
 
-from metax_operator.runtime import reconcile
 from metax_operator import contract, workloads
-from metax_operator.runtime.informer import Informer
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import Client
 from metax_operator.rollout.execute import SYNC_TIMEOUT
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.informer import Informer
+from metax_operator.runtime.kube import Client
 
 log = logging.getLogger("metax_operator.workloads")
 
@@ -33,11 +34,25 @@ class WorkloadCheck:
 
     def __init__(self, api: Client, gpu_pods: Informer, resync: float = 1800.0):
         self.gpu_pods = gpu_pods
-        self.labelled = [Informer(api, "/api/v1/nodes", label_selector=label, project=workloads.node_labels,
-                                  resync=resync, name=f"nodes-{label.rsplit('.', 1)[-1]}")
-                         for label in (contract.MODE_LABEL, contract.QOS_LABEL)]
-        self.hami = Informer(api, "/api/v1/pods", label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
-                             project=workloads.pod_ready, resync=resync, name="hami-scheduler")
+        self.labelled = [
+            Informer(
+                api,
+                "/api/v1/nodes",
+                label_selector=label,
+                project=workloads.node_labels,
+                resync=resync,
+                name=f"nodes-{label.rsplit('.', 1)[-1]}",
+            )
+            for label in (contract.MODE_LABEL, contract.QOS_LABEL)
+        ]
+        self.hami = Informer(
+            api,
+            "/api/v1/pods",
+            label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
+            project=workloads.pod_ready,
+            resync=resync,
+            name="hami-scheduler",
+        )
 
     @property
     def informers(self) -> tuple[Informer, ...]:
@@ -63,18 +78,26 @@ class WorkloadCheck:
         for informer in self.labelled:
             for name, labels in informer.snapshot().items():
                 nodes.setdefault(name, {}).update(labels)
-        found = workloads.problems(nodes, self.gpu_pods.snapshot().values(),
-                                   runtime_deployed=_deployed(observed.spec, "runtime"),
-                                   maca_images=workloads.payload_images(observed.spec)
-                                   if _deployed(observed.spec, "maca") else None,
-                                   hami_running=any(self.hami.snapshot().values()))
+        found = workloads.problems(
+            nodes,
+            self.gpu_pods.snapshot().values(),
+            runtime_deployed=_deployed(observed.spec, "runtime"),
+            maca_images=workloads.payload_images(observed.spec) if _deployed(observed.spec, "maca") else None,
+            hami_running=any(self.hami.snapshot().values()),
+        )
         if found:
-            out.conditions.append(reconcile.Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured",
-                                                      "\n".join(map(str, found))))
+            out.conditions.append(
+                reconcile.Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
+            )
         else:
-            out.conditions.append(reconcile.Condition(
-                reconcile.WORKLOADS_VALID, "True", "Valid",
-                "node sGPU labels, sGPU prerequisites and the GPU pods' METAX_MACA_VERSION check out"))
+            out.conditions.append(
+                reconcile.Condition(
+                    reconcile.WORKLOADS_VALID,
+                    "True",
+                    "Valid",
+                    "node sGPU labels, sGPU prerequisites and the GPU pods' METAX_MACA_VERSION check out",
+                )
+            )
         return out
 
 

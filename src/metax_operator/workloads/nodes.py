@@ -11,6 +11,7 @@ release's driver and maca pods (one set-based label selector), a LIST of the dri
 ControllerRevisions (the current revision is the newest one, as the staged rollout defines it; the
 CR's status can lag it), and a GET of the CR. `build` is the pure part.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.runtime import reconcile
 from metax_operator import contract, workloads
-from metax_operator.errors import UserError
-from metax_operator.runtime.kube import Client, add_arguments
-from metax_operator.rollout.observe import DRIVER_DAEMONSET, REVISION_LABEL
 from metax_operator.contract import COMPONENT_LABEL
+from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
+from metax_operator.rollout.observe import DRIVER_DAEMONSET, REVISION_LABEL
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.kube import Client, add_arguments
 
 POD_SELECTOR = f"{COMPONENT_LABEL} in (driver,maca)"
 REVISION_SELECTOR = f"{COMPONENT_LABEL}=driver"
@@ -59,9 +60,13 @@ class View:
 
 def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict | None) -> View:
     """The view from what the four requests returned (pure)."""
-    owned = [r for r in revisions
-             if any(o.get("kind") == "DaemonSet" and o.get("name") == DRIVER_DAEMONSET
-                    for o in r["metadata"].get("ownerReferences") or [])]
+    owned = [
+        r
+        for r in revisions
+        if any(
+            o.get("kind") == "DaemonSet" and o.get("name") == DRIVER_DAEMONSET for o in r["metadata"].get("ownerReferences") or []
+        )
+    ]
     newest = max(owned, key=lambda r: int(r.get("revision") or 0), default=None)
     current = lookup(newest, "metadata", "labels", REVISION_LABEL) or ""
     by_node: dict[tuple[str, str], dict] = {}
@@ -70,11 +75,11 @@ def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict |
             continue
         component = (pod["metadata"].get("labels") or {}).get(COMPONENT_LABEL, "")
         by_node[(component, (pod.get("spec") or {}).get("nodeName") or "")] = pod
-    rows = [_row(node, by_node.get(("driver", node["metadata"]["name"])),
-                 by_node.get(("maca", node["metadata"]["name"])), current)
-            for node in sorted(nodes, key=lambda n: n["metadata"]["name"])]
-    condition = next((c for c in lookup(cr, "status", "conditions") or []
-                      if c.get("type") == reconcile.WORKLOADS_VALID), None)
+    rows = [
+        _row(node, by_node.get(("driver", node["metadata"]["name"])), by_node.get(("maca", node["metadata"]["name"])), current)
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"])
+    ]
+    condition = next((c for c in lookup(cr, "status", "conditions") or [] if c.get("type") == reconcile.WORKLOADS_VALID), None)
     problems = condition["message"].splitlines() if condition and condition.get("status") == "False" else []
     return View(rows, current, problems)
 
@@ -87,27 +92,41 @@ def _row(node: dict, driver: dict | None, maca: dict | None, current: str) -> No
     bound, failed = workloads.vfio_gpus(annotations.get(contract.VFIO_ANNOTATION))
     mode = labels.get(contract.MODE_LABEL, workloads.DEFAULT_MODE)
     return NodeRow(
-        name=meta["name"], mode=mode,
+        name=meta["name"],
+        mode=mode,
         qos_policy=labels.get(contract.QOS_LABEL, workloads.DEFAULT_QOS if mode == "sgpu" else ""),
         allocatable={r: allocatable.get(r, "0") for r in workloads.GPU_RESOURCES},
         vfnum=labels.get(contract.GPU_VFNUM_LABEL, ""),
-        driver_revision=revision, driver_current=(revision == current) if driver else None,
+        driver_revision=revision,
+        driver_current=(revision == current) if driver else None,
         maca_versions=workloads.deployed_maca_versions(
-            c.get("image", "") for c in lookup(maca, "spec", "initContainers") or []
-            if c.get("name", "").startswith(contract.MACA_PAYLOAD_PREFIX)),
+            c.get("image", "")
+            for c in lookup(maca, "spec", "initContainers") or []
+            if c.get("name", "").startswith(contract.MACA_PAYLOAD_PREFIX)
+        ),
         maca_ready=workloads.pod_ready(maca) if maca else None,
-        vfio_bound=bound, vfio_failed=failed)
+        vfio_bound=bound,
+        vfio_failed=failed,
+    )
 
 
 def render(view: View, output: str = "table") -> str:
     if output == "json":
         return json.dumps(_camel(asdict(view)), indent=2)
     header = ["NODE", "MODE", "QOS", "GPU", "SGPU", "VFIO-GPU", "VFNUM", "DRIVER", "MXMACA", "VFIO-BOUND"]
-    rows = [header] + [[
-        r.name, r.mode, r.qos_policy or "-", *r.allocatable.values(), r.vfnum or "-",
-        "-" if r.driver_current is None else f"{r.driver_revision}{'' if r.driver_current else ' (old)'}",
-        _maca(r), ",".join(r.vfio_bound) + (f" (failed: {','.join(r.vfio_failed)})" if r.vfio_failed else "") or "-",
-    ] for r in view.nodes]
+    rows = [header] + [
+        [
+            r.name,
+            r.mode,
+            r.qos_policy or "-",
+            *r.allocatable.values(),
+            r.vfnum or "-",
+            "-" if r.driver_current is None else f"{r.driver_revision}{'' if r.driver_current else ' (old)'}",
+            _maca(r),
+            ",".join(r.vfio_bound) + (f" (failed: {','.join(r.vfio_failed)})" if r.vfio_failed else "") or "-",
+        ]
+        for r in view.nodes
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if not view.nodes:
@@ -122,8 +141,7 @@ def render(view: View, output: str = "table") -> str:
 def _camel(value):
     """Keys in the Kubernetes JSON style (`driver_revision` -> `driverRevision`); resource names kept."""
     if isinstance(value, dict):
-        return {re.sub(r"_(.)", lambda m: m.group(1).upper(), k) if "/" not in k else k: _camel(v)
-                for k, v in value.items()}
+        return {re.sub(r"_(.)", lambda m: m.group(1).upper(), k) if "/" not in k else k: _camel(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_camel(v) for v in value]
     return value
@@ -150,24 +168,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         view = read(api, args.namespace)
     except urllib3.exceptions.HTTPError as err:
-        raise UserError(server, f"the API server does not answer ({type(err).__name__})",
-                        "check that the cluster is up and that --kubeconfig/--context name it") from None
+        raise UserError(
+            server,
+            f"the API server does not answer ({type(err).__name__})",
+            "check that the cluster is up and that --kubeconfig/--context name it",
+        ) from None
     except ApiException as err:
         if err.status in (401, 403):
-            raise UserError(server, f"refused the request ({err.status} {err.reason})",
-                            "use credentials that may list nodes, and pods and controllerrevisions in "
-                            f"namespace {args.namespace}") from None
+            raise UserError(
+                server,
+                f"refused the request ({err.status} {err.reason})",
+                f"use credentials that may list nodes, and pods and controllerrevisions in namespace {args.namespace}",
+            ) from None
         raise
     print(render(view, args.output))
     return 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("nodes", help="the GPU side of the cluster per node: mode, QoS, GPUs, "
-                                   "driver revision, MXMACA versions, vfio-bound GPUs",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--namespace", "-n", default=os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
-                        help=f"the release namespace (default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    parser = subparsers.add_parser(
+        "nodes",
+        help="the GPU side of the cluster per node: mode, QoS, GPUs, driver revision, MXMACA versions, vfio-bound GPUs",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        default=os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
+        help=f"the release namespace (default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
+    )
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     add_arguments(parser)
     parser.set_defaults(func=run)
