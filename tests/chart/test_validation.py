@@ -21,22 +21,11 @@ from metax_operator.chart.problems import regex_problem
 from metax_operator.chart.validate import merged_values
 from metax_operator.contract import PREREQUISITES
 from metax_operator.errors import UserErrors
+from tests.chart.test_schema import CHART_ONLY
 from tests.helm import BIN, overlay, render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = yaml.safe_load((ROOT / "values.yaml").read_text())
-CHART_ONLY = {
-    "imagePullPolicy",
-    "imagePullSecrets",
-    "commonLabels",
-    "commonAnnotations",
-    "priorityClassName",
-    "tools",
-    "runner",
-    "hooks",
-    "crds",
-    "tests",
-}
 
 
 def values(**changes) -> dict:

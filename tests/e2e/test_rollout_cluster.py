@@ -41,6 +41,7 @@ from tests.e2e.tools import (
     uninstall_chart,
 )
 from tests.helm import CHART
+from tests.rollout.test_engine import TABLE_3_16_STATUS
 from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e
@@ -349,19 +350,7 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
     status = json.loads(
         kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "-o", "jsonpath={.status.upgradeStatus}")
     )
-    assert set(status["status"]) >= {
-        "lastPodSpecRevision",
-        "upgradingPodSpecRevision",
-        "currentStepIndex",
-        "currentUpgradeReplicas",
-        "currentUpgradeReadyReplicas",
-        "currentFailureRetry",
-        "currentStepState",
-        "totalUpgradeReplicas",
-        "totalUpgradeReadyReplicas",
-        "lastUpdateTime",
-        "message",
-    }
+    assert set(status["status"]) >= TABLE_3_16_STATUS
     assert status["upgrading"] is True and status["phase"] == "Progressing"
     assert status["status"]["lastPodSpecRevision"] == old and status["lastAppliedSpec"]
     seed_patch(cp, "pause", False)  # resume (the seed had true/false swapped)
