@@ -25,7 +25,6 @@ from tests.waiting import eventually
 # Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
 POLICY_WAVES = {0: [1], 1: [2, 1]}
 OURS = "app.kubernetes.io/part-of=metax-operator"
-SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
 HOOKS = ("preflight", "upgrade-crds", "bootstrap")
 
 
@@ -103,19 +102,6 @@ def generations(api) -> dict[str, int]:
     return {f"DaemonSet/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_daemon_set(NS).items} | {
         f"Deployment/{d.metadata.name}": d.metadata.generation for d in apps.list_namespaced_deployment(NS).items
     }
-
-
-def seed_patch(cp, field: str, value) -> None:
-    """The seed's admin command on spec.driver.upgradePolicy.<field> (docs/rollout-admin.md)."""
-    kubectl(
-        cp,
-        "patch",
-        "clusteroperators.gpu.metax-tech.com",
-        "cluster-operator",
-        "--type=json",
-        "-p",
-        SEED_PATCH % (field, json.dumps(value)),
-    )
 
 
 def runtime_edit(cp, interval: int) -> None:

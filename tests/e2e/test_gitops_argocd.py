@@ -31,10 +31,9 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     release_scope,
     runner_applied,
     runtime_edit,
-    seed_patch,
     user_values,
 )
-from tests.e2e.tools import kubectl
+from tests.e2e.tools import kubectl, seed_patch
 from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
 from tests.waiting import eventually
 

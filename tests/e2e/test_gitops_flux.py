@@ -34,10 +34,9 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     release_scope,
     runner_applied,
     runtime_edit,
-    seed_patch,
     user_values,
 )
-from tests.e2e.tools import kubectl
+from tests.e2e.tools import kubectl, seed_patch
 from tests.gitops import FLUX_NAMESPACE, HELMRELEASES, Flux, GitOpsError, apply, flux_unavailable, snippet
 from tests.waiting import eventually
 

@@ -37,12 +37,11 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     installed,
     patch_driver,
     revisions,
-    seed_patch,
     start_rollout,
     sub,
     upgrade_status,
 )
-from tests.e2e.tools import METAX, kubectl, run
+from tests.e2e.tools import METAX, kubectl, run, seed_patch
 from tests.waiting import consistently, eventually
 
 pytestmark = pytest.mark.e2e

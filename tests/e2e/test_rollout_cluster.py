@@ -37,6 +37,7 @@ from tests.e2e.tools import (
     more_passes,
     release_values,
     run,
+    seed_patch,
     service_account_kubeconfig,
     uninstall_chart,
 )
@@ -78,23 +79,9 @@ QUICK_POLICY = {
 }
 
 # The seed's admin commands, corrected (resource name, --type=json, /spec paths, pause: true pauses).
-SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def seed_patch(cp, field: str, value) -> None:
-    """The seed's `kubectl patch ... --type=json` on spec.driver.upgradePolicy.<field>, corrected."""
-    kubectl(
-        cp,
-        "patch",
-        "clusteroperators.gpu.metax-tech.com",
-        "cluster-operator",
-        "--type=json",
-        "-p",
-        SEED_PATCH % (field, json.dumps(value)),
-    )
 
 
 def get_cr(api) -> dict:

@@ -14,6 +14,23 @@ from kubernetes import client
 
 from tests.helm import BIN, CHART
 
+#: The seed's `kubectl patch --type=json` of one upgradePolicy field (seed 000 §3.2.8), corrected.
+SEED_PATCH = '[{"op": "replace", "path": "/spec/driver/upgradePolicy/%s", "value": %s}]'
+
+
+def seed_patch(cp, field: str, value) -> None:
+    """The seed's admin command on spec.driver.upgradePolicy.<field>, with the real kubectl
+    (docs/rollout-admin.md)."""
+    kubectl(
+        cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=json",
+        "-p",
+        SEED_PATCH % (field, json.dumps(value)),
+    )
+
 
 def more_passes(runner, count: int):
     """An `until` for `consistently`: true once `runner` (a process with a JSON log, `.lines`) has
