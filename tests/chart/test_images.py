@@ -1,5 +1,6 @@
-"""Image references: what the chart renders (templates/_helpers.tpl) and what the runner builds
-(`reconcile`) are both `images.reference` of the values, under Helm 3.18 and Helm 4.1."""
+"""Image references: what the chart renders (templates/_helpers.tpl) and what the runner applies
+(`daemonset.desired_daemonset`) are both `images.reference` of the values, under Helm 3.18 and
+Helm 4.1."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import yaml
 
 from metax_operator.chart import images
+from metax_operator.chart.daemonset import desired_daemonset
 from metax_operator.contract import DAEMONSETS
-from metax_operator.runtime import reconcile
 from tests.helm import CHART, helm_bin, render_chart  # noqa: F401
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -90,7 +91,7 @@ def test_the_runner_builds_the_payload_references_the_chart_renders():
         "maca": PINNED["maca"],
     }
     for key in ("driver", "maca"):
-        desired, _ = reconcile.desired_daemonset(key, daemonsets[key], spec)
+        desired, _ = desired_daemonset(key, daemonsets[key], spec)
         live = {c["name"]: c["image"] for c in daemonsets[key]["spec"]["template"]["spec"]["initContainers"]}
         wanted = desired["spec"]["template"]["spec"]["initContainers"]
         assert wanted and all(live[c["name"]] == c["image"] for c in wanted)

@@ -14,14 +14,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metax_operator.chart import images
+from metax_operator.chart import daemonset, images
+from metax_operator.chart.daemonset import desired_daemonset
 from metax_operator.contract import RUNNER_FIELD_MANAGER
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.reconcile import (
     Condition,
     Observed,
-    desired_daemonset,
     merge_conditions,
     needs_write,
     owned_fields,
@@ -282,7 +282,7 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     back = at_template(abandoned, stable["spec"]["template"])
     assert "initContainers" in desired_daemonset("driver", back, new_spec)[1]
     driver = forced.restore.driver_spec  # what the runner writes back to spec.driver first
-    assert driver == reconcile.restored_driver_spec(
+    assert driver == daemonset.restored_driver_spec(
         abandoned, stable["spec"]["template"], new_spec, forced.status.last_co_driver_spec
     )
     assert driver["payload"]["version"] == "2.32.0.6"
@@ -297,9 +297,9 @@ def test_a_recorded_spec_that_no_longer_gives_the_template_is_not_restored(rende
     stable_spec, stale = cr_spec(driver={"payload": {"version": "2.32.0.7"}}), cr_spec()
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], stable_spec)[0])
     new_spec = cr_spec(driver={"payload": {"version": "2.33.0.1"}})
-    driver = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stale["driver"]))
+    driver = daemonset.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stale["driver"]))
     assert driver["payload"]["version"] == "2.32.0.7"
-    recorded = reconcile.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stable_spec["driver"]))
+    recorded = daemonset.restored_driver_spec(stable, stable["spec"]["template"], new_spec, json.dumps(stable_spec["driver"]))
     assert recorded == {**stable_spec["driver"], "upgradePolicy": new_spec["driver"]["upgradePolicy"]}
 
 
@@ -341,7 +341,7 @@ def test_the_spec_read_back_from_any_rendered_template_gives_that_template(rende
     new_spec = cr_spec(driver=new, podTemplateSpec={"spec": {"tolerations": global_tolerations}})
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
     abandoned = applied(stable, desired_daemonset("driver", stable, new_spec)[0])
-    driver = reconcile.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec)
+    driver = daemonset.restored_driver_spec(abandoned, stable["spec"]["template"], new_spec)
     assert driver is not None
     back = at_template(abandoned, stable["spec"]["template"])
     _, changed = desired_daemonset("driver", back, {**new_spec, "driver": driver})
@@ -404,7 +404,7 @@ def test_healthy_interval_and_maca_images_follow_the_cr(rendered, cr_spec):
 
 
 def test_every_env_var_the_runner_governs_is_one_the_chart_renders(rendered):
-    for key, variables in reconcile.ENV.items():
+    for key, variables in daemonset.ENV.items():
         if key not in rendered:
             continue
         names = {e["name"] for c in pod_spec(rendered[key])["containers"] for e in c.get("env", [])}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from metax_operator.runtime.reconcile import restored_driver_spec
+from metax_operator.chart.daemonset import restored_driver_spec
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def plan(revision: str, data: dict | None, daemonset: dict, cr_spec: dict, recor
     """The restore of `revision` (ControllerRevision `data`, None when gone).
 
     spec.driver: `recorded` (`lastCoDriverSpec`) when it reproduces the template, else the spec
-    read back from the template (`reconcile.restored_driver_spec`); without the ControllerRevision,
+    read back from the template (`daemonset.restored_driver_spec`); without the ControllerRevision,
     the recorded spec still brings the version back. Either keeps the CR's current upgradePolicy.
     """
     if data is not None:

@@ -1,6 +1,7 @@
 """The runtime reconcile of the `cluster-operator` CR into the DaemonSets the chart rendered.
 
-Functional core, imperative shell: `observe` reads the cluster into an `Observed`; every function
+Functional core, imperative shell; the mapping of the CR onto a DaemonSet is
+`chart/daemonset.py`. `observe` reads the cluster into an `Observed`; every function
 in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
 without calling the API; `execute` writes. The staged driver rollout plugs in as one
 more reconciler.
@@ -11,13 +12,13 @@ creates or deletes objects):
   over the base the chart recorded in the `gpu.metax-tech.com/scheduling-base` annotation and the
   inputs from the CR (`spec.podTemplateSpec`, `spec.<component>.podTemplateSpec`, the deprecated
   `spec.tolerations`), exactly as the post-renderer computes them at render time;
-- the environment variables the chart renders from CR fields (`ENV`), only where the chart put
+- the environment variables the chart renders from CR fields (`daemonset.ENV`), only where the chart put
   them: log level/format, the driver's deployPolicy and firmware options, gpu-device's
   healthyInterval, the MXMACA payload list;
 - payload images: the driver's `payload` init container
   (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
   init containers (`<payload.registry or registry>/<IMAGE>`);
-- the driver's `updateStrategy` (`driver_strategy`): `OnDelete` while `enableRollout` is on or a
+- the driver's `updateStrategy` (`daemonset.driver_strategy`): `OnDelete` while `enableRollout` is on or a
   staged rollout is still in flight (so a `kubectl edit` of `enableRollout`, as the seed
   documents, takes effect), else the chart's `RollingUpdate` of every pod at once.
 
@@ -35,7 +36,6 @@ unchanged CR issues no request that writes.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Callable
@@ -45,8 +45,9 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.chart import images, validation
-from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
+from metax_operator.chart import validation
+from metax_operator.chart.daemonset import covers, desired_daemonset, item_names, payload_containers, pod_of, scheduling_inputs
+from metax_operator.chart.merge import merge_scheduling
 from metax_operator.contract import (
     COMPONENT_ANNOTATION,
     CONFIGMAP_KEYS,
@@ -59,7 +60,6 @@ from metax_operator.contract import (
     DEFAULT_DEPLOY,
     DRIVER_PAYLOAD_CONTAINER,
     EXPORTER_SERVICE,
-    MACA_PAYLOAD_PREFIX,
     PART_OF,
     PART_OF_LABEL,
     RUNNER_FIELD_MANAGER,
@@ -76,12 +76,6 @@ EVENT_NAMESPACE = "default"
 #: The objects of the release (the chart's `app.kubernetes.io/part-of` label).
 RELEASE_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 
-#: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
-#: `spec.<component>`}. `LOG_*` are on every component's containers.
-ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in DAEMONSETS}
-ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",), FW_ENABLE_VIRT=("fwEnableVirt",))
-ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
-ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
 
 # Condition types on the CR (metav1.Condition), with the status that means "all is well".
 SPEC_VALID = "SpecValid"
@@ -145,7 +139,7 @@ def spec_errors(spec: dict) -> list[UserError]:
     (the global podTemplateSpec is checked once per component: each problem is kept once)."""
     errors: list[UserError] = []
     checks = [lambda: validation.validate_cr_spec(spec)]
-    checks += [lambda key=key: merge_scheduling(_scheduling_inputs(spec, key), prefix="spec.") for key in DAEMONSETS]
+    checks += [lambda key=key: merge_scheduling(scheduling_inputs(spec, key), prefix="spec.") for key in DAEMONSETS]
     for check in checks:
         try:
             check()
@@ -207,7 +201,7 @@ def check_helm_owned(observed: Observed) -> Outcome:
             )
     driver = observed.daemonsets.get("driver")
     if driver is not None:
-        has_payload = DRIVER_PAYLOAD_CONTAINER in _names(_pod(driver).get("initContainers"))
+        has_payload = DRIVER_PAYLOAD_CONTAINER in item_names(pod_of(driver).get("initContainers"))
         policy = (spec.get("driver") or {}).get("deployPolicy")
         if policy is not None and (policy == "Never") == has_payload:
             needs.append(
@@ -218,7 +212,7 @@ def check_helm_owned(observed: Observed) -> Outcome:
     maca = observed.daemonsets.get("maca")
     images = lookup(spec, "maca", "payload", "images")
     if maca is not None and images is not None:
-        count = len(_payload_containers(_pod(maca)))
+        count = len(payload_containers(pod_of(maca)))
         if count != len(images):
             needs.append(
                 f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
@@ -327,145 +321,6 @@ def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
     return out
 
 
-def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -> tuple[dict, list[str]]:
-    """The partial DaemonSet the runner applies for component `key`, and the fields it sets.
-
-    `upgrading`: a staged driver rollout is in flight (the CR's `status.upgradeStatus.upgrading`).
-
-    Raises UserError when the chart's annotations on the DaemonSet are missing or broken.
-    """
-    meta = ds["metadata"]
-    annotations = meta.get("annotations") or {}
-    scheduling, _ = merge_scheduling(_scheduling_inputs(spec, key, inputs_from_annotations(annotations)), prefix="spec.")
-    pod_spec: dict[str, Any] = dict(scheduling)
-    live = _pod(ds)
-    component = spec.get(key) or {}
-    containers = []
-    for container in live.get("containers") or []:
-        env = []
-        present = _names(container.get("env"))
-        for var, path in ENV[key].items():
-            value = lookup(component, *path)
-            if var in present and value is not None:
-                text = _env_value(value)  # the API drops an empty value: so do we, to compare alike
-                env.append({"name": var, "value": text} if text else {"name": var})
-        if env:
-            containers.append({"name": container["name"], "env": env})
-    if containers:
-        pod_spec["containers"] = containers
-    init = _payload_images(key, live, spec)
-    if init:
-        pod_spec["initContainers"] = init
-    desired = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "spec": {"template": {"spec": pod_spec}},
-    }
-    changed = [f for f in pod_spec if not _covers(live.get(f), pod_spec[f], f)]
-    if key == "driver":
-        strategy = driver_strategy(spec, upgrading)
-        desired["spec"]["updateStrategy"] = strategy
-        if not _covers((ds.get("spec") or {}).get("updateStrategy"), strategy):
-            changed.append("updateStrategy")
-    return desired, changed
-
-
-def restored_driver_spec(ds: dict, template: dict, spec: dict, recorded: str = "") -> dict | None:
-    """The CR's `spec.driver` to write back when a rollback restores the driver DaemonSet to the
-    pod `template` of an older ControllerRevision: one under which this reconcile leaves that
-    template exactly as it is. Anything else would re-create the abandoned revision at the next
-    pass and the rollback would flip between the two revisions forever.
-
-    `recorded` (`lastCoDriverSpec`, JSON) is used when it reproduces the template. It is empty
-    when the runner first met the pods already at an older revision (nothing recorded the older
-    revision's spec), and stale if the CR changed while no runner ran; then the fields this
-    reconcile maps into the template are read back from it: the payload reference, the
-    environment variables of `ENV["driver"]` and, when the CR's podTemplateSpec no longer gives
-    the template's scheduling fields, those fields themselves as `spec.driver.podTemplateSpec`.
-    Everything else (deploy, config, upgradePolicy...) stays as the CR has it. None when neither
-    reproduces the template (a DaemonSet the chart did not render).
-    """
-    at = {**ds, "spec": {**(ds.get("spec") or {}), "template": template}}
-    current = spec.get("driver") or {}
-    candidates = []
-    try:
-        candidates.append({**json.loads(recorded), "upgradePolicy": current.get("upgradePolicy", {})})
-    except (TypeError, ValueError):  # none recorded (or not a JSON object): the template decides
-        pass
-    try:
-        candidates.append(_driver_spec_of(at, spec))
-        return next((c for c in candidates if _reproduces(at, {**spec, "driver": c})), None)
-    except UserError:  # the chart's annotations on the DaemonSet are broken
-        return None
-
-
-def _driver_spec_of(ds: dict, spec: dict) -> dict:
-    """The CR's spec.driver with every field the reconcile maps into `ds`'s template read back
-    from that template (the inverse of `desired_daemonset` for the driver)."""
-    driver = copy.deepcopy(spec.get("driver") or {})
-    pod = _pod(ds)
-    env = {e["name"]: e.get("value", "") for c in pod.get("containers") or [] for e in c.get("env") or [] if "valueFrom" not in e}
-    for var, path in ENV["driver"].items():
-        if var in env:
-            _set(driver, path, _from_env(env[var], lookup(driver, *path)))
-    image = next((c.get("image") for c in pod.get("initContainers") or [] if c.get("name") == DRIVER_PAYLOAD_CONTAINER), None)
-    if image:
-        payload = driver.setdefault("payload", {})
-        repository, tag, digest = images.split(image)
-        own, common = payload.get("registry") or "", spec.get("registry") or ""
-        # The split between registry and name is ambiguous (both may hold slashes): prefer the
-        # registries the CR names, so that only what changed is written.
-        registry = next(
-            (r for r in (own or common, common) if r and repository.startswith(r + "/")), repository.rpartition("/")[0]
-        )
-        if registry != (own or common):
-            payload["registry"] = "" if registry == common else registry
-        payload.update(name=repository[len(registry) + 1 :], version=tag)
-        if digest or "digest" in payload:
-            payload["digest"] = digest
-    scheduling = {f: pod[f] for f in MANAGED_FIELDS if f in pod}
-    merged, _ = merge_scheduling(
-        _scheduling_inputs(
-            {**spec, "driver": driver}, "driver", inputs_from_annotations(ds["metadata"].get("annotations") or {})
-        ),
-        prefix="spec.",
-    )
-    if merged != scheduling:
-        driver["podTemplateSpec"] = {"spec": scheduling}
-    return driver
-
-
-def _reproduces(ds: dict, spec: dict) -> bool:
-    """Whether the reconcile of `spec` leaves `ds`'s pod template as it is."""
-    desired, changed = desired_daemonset("driver", ds, spec)
-    pod, live = desired["spec"]["template"]["spec"], _pod(ds)
-    return set(changed) <= {"updateStrategy"} and all(pod.get(f) == live.get(f) for f in MANAGED_FIELDS)
-
-
-def _from_env(text: str, like: Any) -> Any:
-    """The CR value an environment variable holds (the inverse of `_env_value`), typed like the
-    value the CR has there now."""
-    if isinstance(like, bool):
-        return text == "true"
-    if isinstance(like, int) and text.lstrip("-").isdigit():
-        return int(text)
-    if isinstance(like, list):
-        return text.split(",") if text else []
-    return text
-
-
-def driver_strategy(spec: dict, upgrading: bool) -> dict:
-    """The driver DaemonSet's update strategy for a CR spec, as the chart renders it for the same
-    values: `OnDelete` for a staged rollout (the runner deletes pods wave by wave), else every
-    pod replaced at once. It stays `OnDelete` while a rollout is in flight, so that turning
-    `enableRollout` off rolls back in waves (Disabling) instead of all at once."""
-    policy = (spec.get("driver") or {}).get("upgradePolicy") or {}
-    if policy.get("enableRollout") or upgrading:
-        return {"type": "OnDelete"}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
-
-
 def _upgrading(cr: dict | None) -> bool:
     return bool(lookup(cr, "status", "upgradeStatus", "upgrading"))
 
@@ -478,7 +333,7 @@ def needs_write(desired: dict, live: dict) -> bool:
     the same value (after a post-rendered install) needs no write.
     """
     owned = owned_fields(live, RUNNER_FIELD_MANAGER)
-    return not _covers(live.get("spec"), desired["spec"]) or not _covers(desired["spec"], owned.get("spec"))
+    return not covers(live.get("spec"), desired["spec"]) or not covers(desired["spec"], owned.get("spec"))
 
 
 def minimal(desired: dict, live: dict) -> dict:
@@ -488,13 +343,13 @@ def minimal(desired: dict, live: dict) -> dict:
     equal value would make the next server-side `helm upgrade` (Helm 4) that changes it conflict.
     Owned fields stay in, or the API server would remove them.
     """
-    want, have = desired["spec"]["template"]["spec"], _pod(live)
+    want, have = desired["spec"]["template"]["spec"], pod_of(live)
     owned_spec = owned_fields(live, RUNNER_FIELD_MANAGER).get("spec") or {}
-    owned = _pod({"spec": owned_spec})
+    owned = pod_of({"spec": owned_spec})
     pod = {
         f: v
         for f, v in want.items()
-        if f not in ("containers", "initContainers") and (f in owned or not _covers(have.get(f), v, f))
+        if f not in ("containers", "initContainers") and (f in owned or not covers(have.get(f), v, f))
     }
     for kind in ("containers", "initContainers"):
         live_items = {c["name"]: c for c in have.get(kind) or []}
@@ -508,7 +363,7 @@ def minimal(desired: dict, live: dict) -> dict:
             env = [
                 e
                 for e in item.get("env") or []
-                if e["name"] in _names(owned_item.get("env")) or not _covers(live_item.get("env"), [e])
+                if e["name"] in item_names(owned_item.get("env")) or not covers(live_item.get("env"), [e])
             ]
             if env:
                 kept["env"] = env
@@ -519,7 +374,7 @@ def minimal(desired: dict, live: dict) -> dict:
     spec: dict[str, Any] = {"template": {"spec": pod}}
     strategy = desired["spec"].get("updateStrategy")
     if strategy is not None and (
-        "updateStrategy" in owned_spec or not _covers((live.get("spec") or {}).get("updateStrategy"), strategy)
+        "updateStrategy" in owned_spec or not covers((live.get("spec") or {}).get("updateStrategy"), strategy)
     ):
         spec["updateStrategy"] = strategy
     return {**desired, "spec": spec}
@@ -557,87 +412,6 @@ def _project(value: Any, fields: dict) -> Any:
                 out.append(json.loads(name[2:]))
         return out
     return value
-
-
-def _covers(have: Any, want: Any, name: str = "") -> bool:
-    """Every value in `want` is in `have`: maps key by key, lists of named items by name, other
-    lists and `nodeSelector` (an atomic map in the API) whole."""
-    if want is None:
-        return True
-    if isinstance(want, dict) and name != "nodeSelector":
-        return isinstance(have, dict) and all(_covers(have.get(k), v, k) for k, v in want.items())
-    if isinstance(want, list) and want and all(isinstance(i, dict) and "name" in i for i in want):
-        if not isinstance(have, list):
-            return False
-        by_name = {i.get("name"): i for i in have if isinstance(i, dict)}
-        return all(i["name"] in by_name and _covers(by_name[i["name"]], i) for i in want)
-    return have == want
-
-
-def _scheduling_inputs(spec: dict, key: str, recorded: SchedulingInputs | None = None) -> SchedulingInputs:
-    """The merge inputs of component `key`: the base the chart recorded, the rest from the CR."""
-    return (recorded or SchedulingInputs(component=key))._replace(
-        global_pts=spec.get("podTemplateSpec") or None,
-        component_pts=(spec.get(key) or {}).get("podTemplateSpec") or None,
-        deprecated_tolerations=spec.get("tolerations") or None,
-    )
-
-
-def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
-    """Init containers whose image the CR sets (the driver payload, the MXMACA payloads)."""
-    registry = spec.get("registry")
-    if key == "driver":
-        payload = (spec.get("driver") or {}).get("payload") or {}
-        registry = payload.get("registry") or registry
-        if (
-            DRIVER_PAYLOAD_CONTAINER in _names(live.get("initContainers"))
-            and registry
-            and payload.get("name")
-            and payload.get("version")
-        ):
-            image = images.reference(registry, payload["name"], payload["version"], payload.get("digest") or "")
-            return [{"name": DRIVER_PAYLOAD_CONTAINER, "image": image}]
-    if key == "maca":
-        payload = (spec.get("maca") or {}).get("payload") or {}
-        registry = payload.get("registry") or registry
-        entries = payload.get("images")
-        containers = _payload_containers(live)
-        if registry and entries is not None and len(entries) == len(containers):
-            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries, strict=False)]
-    return []
-
-
-def _payload_containers(pod_spec: dict) -> list[str]:
-    """The MXMACA pod's `payload-N` init containers, in N order."""
-    names = [
-        n
-        for n in _names(pod_spec.get("initContainers"))
-        if n.startswith(MACA_PAYLOAD_PREFIX) and n.removeprefix(MACA_PAYLOAD_PREFIX).isdigit()
-    ]
-    return sorted(names, key=lambda n: int(n.removeprefix(MACA_PAYLOAD_PREFIX)))
-
-
-def _pod(ds: dict) -> dict:
-    return lookup(ds, "spec", "template", "spec") or {}
-
-
-def _names(items: list | None) -> list[str]:
-    return [i.get("name") for i in items or [] if isinstance(i, dict)]
-
-
-def _set(obj: dict, path: tuple[str, ...], value: Any) -> None:
-    for part in path[:-1]:
-        obj = obj.setdefault(part, {})
-    obj[path[-1]] = value
-
-
-def _env_value(value: Any) -> str:
-    """The string Helm's `quote` renders for a value (`true`, `5`, a comma-joined list)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 # -- the shell: read, then write what the core decided ------------------------------------------
