@@ -4,6 +4,8 @@ others, is never imported back by it, not even from inside a function."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "metax_operator"
@@ -119,3 +121,25 @@ def test_function_level_and_relative_imports_count(tmp_path):
         assert imports(package / "sub" / "two.py", modules) == {"metax_operator.sub", "metax_operator.sub.one"}
     finally:
         PACKAGE = saved
+
+
+#: The rollout's decisions: pure functions of what a pass observed (no client, no runtime).
+DECISION_MODULES = [f"{ROOT}.rollout.{name}" for name in ("policy", "status", "engine", "restore", "simulate")]
+
+
+def test_the_rollout_s_decisions_reach_neither_the_runtime_nor_the_kubernetes_client():
+    edges = graph()
+    reached, todo = set(), list(DECISION_MODULES)
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += edges[module]
+    assert not {m for m in reached if m.startswith(f"{ROOT}.runtime")}
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {', '.join(DECISION_MODULES)}; print(sorted(sys.modules))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "'kubernetes'" not in loaded
