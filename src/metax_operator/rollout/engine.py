@@ -24,6 +24,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple, Optional
 
 from metax_operator.rollout import restore
@@ -184,11 +185,19 @@ class _View:
         self.at_rev = len(self.at_rev_ready) + len(self.pending) + sum(1 for n in self.failed if n in self.live)
         self.n = len(self.live) + len(self.coming) + sum(1 for n in self.failed if n not in self.live)
 
+    def copy(self) -> _View:
+        """A copy whose sets and lists a handler may change without changing this view."""
+        view = copy.copy(self)
+        view.at_rev_ready, view.failed, view.pending = set(self.at_rev_ready), set(self.failed), set(self.pending)
+        view.coming, view.others = set(self.coming), list(self.others)
+        return view
+
 
 class _Pass:
     def __init__(self, observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float):
         self.obs, self.pol, self.now = observed, policy, now
         self.node_pods = _NodePods(observed)
+        self.views: dict[tuple[str, tuple[str, ...]], _View] = {}  # by revision and wave: see `_view`
         self.before = status or UpgradeStatus()
         self.st = copy.deepcopy(self.before)
         self.sub, self.rs = self.st.step, self.st.resume
@@ -270,7 +279,7 @@ class _Pass:
 
     def _replace_all(self, cur: str) -> Handler | None:
         """enableRollout false and nothing in flight: delete every old pod at once."""
-        view = _View(self.obs, self.node_pods, cur, set(), self._timeout(), self.now)
+        view = self._classify(cur, ())
         if not view.others and not view.coming:
             self.rs.stable_revision = cur
             self._event("Normal", "Replaced", f"every driver pod is at revision {cur}")
@@ -507,8 +516,17 @@ class _Pass:
         return self._stop(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
 
     # -- waves --------------------------------------------------------------------------------
+    def _classify(self, revision: str, wave: tuple[str, ...]) -> _View:
+        """The nodes sorted relative to `revision` and `wave`: a view depends on nothing else that
+        changes within a pass, so it is built once per pass for each and handed out as a copy
+        (handlers change the copy they hold; the next handler starts from the observation)."""
+        key = (revision, wave)
+        if key not in self.views:
+            self.views[key] = _View(self.obs, self.node_pods, revision, set(wave), self._timeout(), self.now)
+        return self.views[key].copy()
+
     def _view(self, revision: str) -> _View:
-        view = _View(self.obs, self.node_pods, revision, set(self.rs.wave), self._timeout(), self.now)
+        view = self._classify(revision, tuple(self.rs.wave))
         if view.deadline is not None:
             self.wakes.append(view.deadline)  # a pending pod turns failed then
         if self.st.phase == PROGRESSING and self.pol.on_timeout == "fail":
@@ -572,8 +590,9 @@ class _Pass:
         rs.wave, rs.wave_kind, rs.wave_start_time, rs.drain_start = sorted(nodes), kind, rfc3339(self.now), {}
         rs.wave_uids = sorted(p.uid for p in pods) if kind == "retry" else []
         rs.timed_out_nodes = [n for n in rs.timed_out_nodes if n not in nodes]
-        self._delete([p for p in pods if not self._to_prepare(p.node)])
-        self.out.cordon.extend(p.node for p in pods if self._to_prepare(p.node))
+        prepare = self._nodes_to_prepare()
+        self._delete([p for p in pods if p.node not in prepare])
+        self.out.cordon.extend(p.node for p in pods if p.node in prepare)
         self.wakes.append(self.now + self._timeout())
 
     def _prepare(self, pods: list[Pod], view: _View, start: float, busy: list[str]) -> list[Pod]:
@@ -629,12 +648,9 @@ class _Pass:
     def _takeable(self, pods: list[Pod]) -> list[Pod]:
         """Pods that may be deleted now (or once their node's work ends): nodes without work to
         wait for first, then not-ready first, then by node; lists the held-back nodes."""
-        # Only nodes running GPU work or pods to wait for have work to end or are held: looking
-        # them up in those (usually small) sets keeps a 100,000-pod wave from costing three
-        # calls per pod.
-        prepare = {n for n in self.obs.wait_busy_nodes | self.obs.gpu_busy_nodes if self._to_prepare(n)}
+        prepare = self._nodes_to_prepare()
         held_nodes = {n for n in self.obs.gpu_busy_nodes if self._held(n)} | (set(self.rs.timed_out_nodes) & prepare)
-        held = [p.node for p in pods if p.node in held_nodes]
+        held = [p.node for p in pods if p.node in held_nodes] if held_nodes else []
         self.rs.held = NodeList.of(held)
         if held and len(held) != self.before.resume.held.count:
             self._event(
@@ -643,7 +659,16 @@ class _Pass:
                 f"{len(held)} nodes run GPU workloads (or their wait or drain "
                 f"timed out) and are held back: {', '.join(sorted(held)[:LISTED_NODES])}",
             )
-        return sorted((p for p in pods if p.node not in held_nodes), key=lambda p: (p.node in prepare, p.ready, p.node))
+        ordered = sorted((p for p in pods if p.node not in held_nodes) if held_nodes else pods, key=attrgetter("ready", "node"))
+        if not prepare:
+            return ordered
+        return [p for p in ordered if p.node not in prepare] + [p for p in ordered if p.node in prepare]
+
+    def _nodes_to_prepare(self) -> set[str]:
+        """The nodes with work to end before their driver pod is deleted (`_to_prepare`). Only
+        nodes running GPU work or pods to wait for can have any: looking them up in those
+        (usually small) sets keeps a 100,000-pod wave from costing a call per pod."""
+        return {n for n in self.obs.wait_busy_nodes | self.obs.gpu_busy_nodes if self._to_prepare(n)}
 
     def _held(self, node: str) -> bool:
         """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
@@ -671,6 +696,8 @@ class _Pass:
         deletes), its work still to end (wait, drain). A node with no driver pod at all that no
         wave waits for has nothing coming.
         """
+        if not self.obs.cordoned:
+            return set()
         deleting = {ref.node for ref in self.out.delete}
         live: dict[str, Pod] = {}
         for pod in self.obs.pods:
