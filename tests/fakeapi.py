@@ -343,6 +343,9 @@ def _handler(api: FakeApi):
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
+            # This server closes the connection after a watch: say so, or the client returns it
+            # to its pool and its next request fails on the closed socket (a race under load).
+            self.send_header("Connection", "close")
             self.end_headers()
             try:
                 while (change := events.get()) is not None:
