@@ -14,7 +14,19 @@ import yaml
 from kubernetes import client
 
 from tests.e2e.tools import kubectl
-from tests.e2e.userpath import NS, POLICY, TOOLS_UID, PodWatch, driver_pods, ok, runner_pod, seed_install, upgrade_status
+from tests.e2e.userpath import (
+    NS,
+    POLICY,
+    TOOLS_UID,
+    PodWatch,
+    driver_pods,
+    get_cr,
+    ok,
+    release_name,
+    runner_pod,
+    seed_install,
+    upgrade_status,
+)
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
@@ -44,7 +56,8 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     tools_cluster, tools_api, clean_slate, tmp_path
 ):
     cluster, api = tools_cluster, tools_api
-    ok(seed_install(cluster, "helm3", cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})))
+    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
+    release = release_name(ok(seed_install(cluster, "helm3", values)))
     eventually(lambda: upgrade_status(api).get("phase") == "Idling", 90, "the runner's idle rollout status")
     # An administrator tightens the runner's Role: no more `delete` on pods.
     rules = json.loads(kubectl(cluster.cp, "get", "role", RUNNER_ROLE, "-n", NS, "-o", "json"))["rules"]
@@ -80,6 +93,29 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     line = json.loads(eventually(forbidden, 90, "the runner's log naming the missing permission")[0])
     assert re.search(r'cannot delete resource \\?"pods\\?"', line["error"]), line["error"]
     assert "system:serviceaccount:metax-operator:metax-operator-runner" in line["error"]
+    # `kubectl describe clusteroperator` shows it too: the condition, its Warning event, the metric.
+    condition = eventually(
+        lambda: (c := runner_condition(api)) and c["status"] == "False" and c, 30, "RunnerHealthy=False on the CR"
+    )
+    assert condition["reason"] == "Forbidden" and "\n" not in condition["message"], condition
+    assert re.search(r'cannot delete resource "pods"', condition["message"]), condition["message"]
+    assert "helm upgrade renders its RBAC" in condition["message"], condition["message"]
+    eventually(
+        lambda: any(
+            e.reason == "Forbidden" and e.type == "Warning" and "RunnerHealthy=False" in e.message for e in cr_events(api)
+        ),
+        30,
+        "a Warning event about the CR",
+    )
+    assert failures_counted(cluster, runner) >= 1
+    # helm test fails and says why (the rest of the install is healthy).
+    tested = cluster.helm("helm3", "test", release, "-n", NS, "--timeout", "3m")
+    assert tested.returncode != 0, tested.stdout
+    report = kubectl(cluster.cp, "logs", "-n", NS, "metax-operator-test")
+    assert re.search(r"^FAIL ClusterOperator cluster-operator: RunnerHealthy=False \(Forbidden\): .*cannot delete", report, re.M)
+    assert [line for line in report.splitlines() if line.startswith("FAIL")] == [
+        line for line in report.splitlines() if "RunnerHealthy" in line
+    ], report
     assert {p.metadata.uid for p in driver_pods(api)} == before, "no driver pod was replaced"
     # Giving the permission back lets the rollout finish.
     kubectl(
@@ -99,6 +135,30 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
         120,
         "the rollout Completed once the Role allows it",
     )
+    assert runner_condition(api)["status"] == "True", runner_condition(api)
+    assert any(e.reason == "PassSucceeded" and e.type == "Normal" for e in cr_events(api)), "the recovery's event"
+
+
+def runner_condition(api) -> dict | None:
+    conditions = ((get_cr(api) or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "RunnerHealthy"), None)
+
+
+def cr_events(api) -> list:
+    """The events about the cluster-scoped CR (the API server keeps them in namespace default)."""
+    selector = "involvedObject.kind=ClusterOperator,involvedObject.name=cluster-operator"
+    return client.CoreV1Api(api).list_namespaced_event("default", field_selector=selector).items
+
+
+def failures_counted(cluster, runner: str) -> float:
+    """metax_operator_runner_pass_failures_total{reason="Forbidden"} as the runner's /metrics serve it."""
+    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8081/metrics').read().decode())"
+    text = kubectl(cluster.cp, "exec", "-n", NS, runner, "--", "python3", "-c", scrape)
+    lines = [
+        line for line in text.splitlines() if line.startswith('metax_operator_runner_pass_failures_total{reason="Forbidden"}')
+    ]
+    assert lines, "the failure counter is exported"
+    return float(lines[0].split()[-1])
 
 
 def test_a_write_outside_tmp_fails_on_the_read_only_root_filesystem(tools_cluster, tools_api, clean_slate, tmp_path):

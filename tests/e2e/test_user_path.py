@@ -12,8 +12,6 @@ components stay on the kwok nodes.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from kubernetes import client
 
@@ -31,6 +29,7 @@ from tests.e2e.userpath import (
     driver_pods,
     get_cr,
     ok,
+    release_name,
     runner_log,
     runner_pod,
     seed_install,
@@ -44,10 +43,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 EVENTS_NS = "default"  # where the API server keeps events of the cluster-scoped CR
 LEASE = "metax-operator-runner"
-
-
-def release_name(output: str) -> str:
-    return re.search(r"^NAME: (\S+)$", output, re.M).group(1)
 
 
 def conditions(api) -> dict[str, str]:
@@ -91,6 +86,7 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
         "Reconciled": "True",
         "HelmUpgradeRequired": "False",
         "WorkloadsValid": "True",
+        "RunnerHealthy": "True",
     }
     eventually(lambda: conditions(api) == healthy, 60, "the runner's conditions on the CR")
     assert kubectl(cluster.cp, "exec", "-n", NS, runner.metadata.name, "--", "id", "-u").strip() == str(TOOLS_UID)

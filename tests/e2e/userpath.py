@@ -12,6 +12,7 @@ scheduling values, while every MetaX component stays on kwok nodes.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -179,6 +180,11 @@ def seed_install(cluster, which: str, values, *more: str) -> subprocess.Complete
         str(values),
         *more,
     )
+
+
+def release_name(output: str) -> str:
+    """The release name `helm install --generate-name` printed."""
+    return re.search(r"^NAME: (\S+)$", output, re.M).group(1)
 
 
 def get_cr(api) -> dict | None:

@@ -310,6 +310,15 @@ def test_daemonset_not_ready_names_the_nodes():
     assert test.check_daemonset("ns", "metax-maca", None, []) == ["DaemonSet ns/metax-maca: not found, though the CR enables it"]
 
 
+def test_a_runner_whose_last_pass_failed_fails_helm_test():
+    failed = {"type": "RunnerHealthy", "status": "False", "reason": "Forbidden", "message": 'pods "x" is forbidden; fix'}
+    assert test.check_runner({"status": {"conditions": [failed]}}) == [
+        'ClusterOperator cluster-operator: RunnerHealthy=False (Forbidden): pods "x" is forbidden; fix'
+    ]
+    assert test.check_runner({"status": {"conditions": [{**failed, "status": "True"}]}}) == []
+    assert test.check_runner({}) == []  # no pass reported yet (or a runner of an older version)
+
+
 def test_gpu_nodes_need_allocatable_gpus():
     nodes = [
         node("gpu-1", allocatable={"metax-tech.com/gpu": "8"}),

@@ -10,13 +10,16 @@ import copy
 import json
 
 import pytest
+import urllib3
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import daemonset, images
 from metax_operator.chart.daemonset import desired_daemonset
 from metax_operator.contract import RUNNER_FIELD_MANAGER
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.reconcile import (
@@ -751,3 +754,49 @@ def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_n
     assert patch["status"]["observedGeneration"] == 4
     spec_valid = next(c for c in patch["status"]["conditions"] if c["type"] == "SpecValid")
     assert spec_valid["status"] == "False" and "vfioConfig[0].nodeName" in spec_valid["message"]
+
+
+# -- RunnerHealthy: how a pass ended --------------------------------------------------------------
+
+
+def test_a_forbidden_pass_names_the_permission_and_the_fix_in_one_line():
+    denied = ApiException(status=403, reason="Forbidden")
+    denied.body = json.dumps(
+        {
+            "message": 'pods "metax-driver-x" is forbidden: User "system:serviceaccount:metax-operator:'
+            'metax-operator-runner" cannot delete resource "pods" in API group "" in the namespace "metax-operator"'
+        }
+    )
+    condition = reconcile.pass_condition(denied)
+    assert (condition.type, condition.status, condition.reason) == ("RunnerHealthy", "False", "Forbidden")
+    assert 'cannot delete resource "pods"' in condition.message and "\n" not in condition.message
+    assert "helm upgrade renders its RBAC" in condition.message and "retries" in condition.message
+
+
+def test_other_failures_are_named_by_kind_and_a_success_is_healthy():
+    unreachable = reconcile.pass_condition(urllib3.exceptions.MaxRetryError(None, "/", "connection refused"))
+    assert unreachable.reason == "APIError" and "cannot be reached" in unreachable.message
+    bug = reconcile.pass_condition(KeyError("spec"))
+    assert bug.reason == "PassFailed" and bug.message.startswith("KeyError: 'spec'")
+    several = reconcile.pass_condition(UserErrors([UserError("a", "one"), UserError("b", "two")]))
+    assert "\n" not in several.message and "a: one" in several.message and "b: two" in several.message
+    healthy = reconcile.pass_condition(None)
+    assert (healthy.status, healthy.reason) == ("True", "PassSucceeded") == (reconcile.HEALTHY["RunnerHealthy"], "PassSucceeded")
+
+
+def test_a_condition_alone_leaves_the_observed_generation_as_it_was(rendered, cr_spec):
+    """A failed pass's report must not claim the CR's generation as applied: only the full pass
+    (`applied`) moves `status.observedGeneration`."""
+    seen = observed(rendered, cr_spec())
+    seen.cr["metadata"].update(generation=5, resourceVersion="12")
+    seen.cr["status"] = {"observedGeneration": 4, "conditions": []}
+    api = ConflictOnceApi(seen.cr)
+    api.conflicts = 0
+    failed = reconcile.pass_condition(KeyError("spec"))
+    reconcile.execute(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
+    [patch] = api.status_patches
+    assert "observedGeneration" not in patch["status"]
+    assert [c["type"] for c in patch["status"]["conditions"]] == ["RunnerHealthy"]
+    seen.cr["status"]["conditions"] = patch["status"]["conditions"]
+    reconcile.execute(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
+    assert len(api.status_patches) == 1, "the same failure again writes nothing"

@@ -9,7 +9,9 @@ Checks, each failure printed as one line naming what is wrong and where, exit 1 
   (or `metax-tech.com/sgpu` in sGPU mode, seed §3.2.10): the seed's proof that every component
   works on it;
 - the workload rules (`workloads.problems`, the runner's `WorkloadsValid` condition in the same
-  words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`.
+  words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`;
+- the runner's last pass did not fail (the CR's `RunnerHealthy` condition is not False: a runner
+  whose RBAC was narrowed stalls a rollout without any other sign here).
 The component list comes from the CR, not the values: the CR is what the runner applies.
 """
 
@@ -34,6 +36,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.runtime import kube
+from metax_operator.runtime.reconcile import RUNNER_HEALTHY
 
 GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE)
 #: Node names listed per failing DaemonSet before "and N more".
@@ -51,6 +54,14 @@ def check_cr(cr: dict | None) -> list[str]:
     except UserError as err:
         return [f"{where}: {err}"]
     return []
+
+
+def check_runner(cr: dict) -> list[str]:
+    conditions = (cr.get("status") or {}).get("conditions") or []
+    runner = next((c for c in conditions if c.get("type") == RUNNER_HEALTHY), None)
+    if runner is None or runner.get("status") != "False":
+        return []
+    return [f"{contract.CR_KIND} {contract.CR_NAME}: {RUNNER_HEALTHY}=False ({runner.get('reason')}): {runner.get('message')}"]
 
 
 def check_daemonset(namespace: str, name: str, ds: dict | None, pods: list[dict]) -> list[str]:
@@ -135,6 +146,7 @@ def failures(client: kube.Client, namespace: str) -> list[str]:
     lines = check_cr(cr)
     if cr is None:
         return lines
+    lines += check_runner(cr)
     spec = cr.get("spec") or {}
     enabled = [key for key in DAEMONSETS if (spec.get(key) or {}).get("deploy")]
     for key in enabled:

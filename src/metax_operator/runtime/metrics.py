@@ -17,6 +17,8 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
   rollout);
 - `metax_operator_api_requests_total{method}`: the runner's requests to the API server by HTTP
   method (GET, PUT, PATCH, DELETE, POST), its watch caches' LISTs and WATCHes included;
+- `metax_operator_runner_pass_failures_total{reason}`: passes that failed, by the reason of the
+  CR's RunnerHealthy condition (each reason's series exists from the start, at 0);
 - `metax_operator_leader`: 1 while this runner holds the lease;
 - `metax_operator_nodes_need_reboot`: nodes that reported a `NodeNeedReboot` event
   (driver-manager, after a firmware upgrade) and have not restarted since.
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from metax_operator.rollout import status as rollout
+from metax_operator.runtime.reconcile import PASS_FAILURES
 
 PREFIX = "metax_operator_"
 PHASES = [rollout.IDLING, rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLED, rollout.DISABLING]
@@ -67,6 +70,14 @@ class Metrics:
         self.requests = Counter(
             PREFIX + "api_requests", "Requests to the Kubernetes API server by HTTP method.", ["method"], registry=r
         )
+        self.pass_failures = Counter(
+            PREFIX + "runner_pass_failures",
+            "Runner passes that failed, by the reason of the CR's RunnerHealthy condition.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in PASS_FAILURES:  # each series exists from the start, at 0, for rate() and alerts
+            self.pass_failures.labels(reason)
         self.leader = Gauge(PREFIX + "leader", "1 while this runner holds the lease.", registry=r)
         self.need_reboot = Gauge(
             PREFIX + "nodes_need_reboot", "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r

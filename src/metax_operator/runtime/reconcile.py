@@ -67,7 +67,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
-from metax_operator.runtime.kube import Client
+from metax_operator.runtime.kube import Client, api_problem
 
 log = logging.getLogger("metax_operator.runtime.reconcile")
 
@@ -83,7 +83,16 @@ CONFIG_VALID = "ConfigMapsValid"
 RECONCILED = "Reconciled"
 HELM_UPGRADE = "HelmUpgradeRequired"
 WORKLOADS_VALID = "WorkloadsValid"  # set by workloads.check
-HEALTHY = {SPEC_VALID: "True", CONFIG_VALID: "True", RECONCILED: "True", HELM_UPGRADE: "False", WORKLOADS_VALID: "True"}
+RUNNER_HEALTHY = "RunnerHealthy"  # how the runner's last pass ended (`pass_condition`)
+FORBIDDEN, API_ERROR, PASS_FAILED = PASS_FAILURES = ("Forbidden", "APIError", "PassFailed")  # its reasons when False
+HEALTHY = {
+    SPEC_VALID: "True",
+    CONFIG_VALID: "True",
+    RECONCILED: "True",
+    HELM_UPGRADE: "False",
+    WORKLOADS_VALID: "True",
+    RUNNER_HEALTHY: "True",
+}
 
 
 @dataclass
@@ -414,6 +423,25 @@ def _project(value: Any, fields: dict) -> Any:
     return value
 
 
+def pass_condition(failure: BaseException | None) -> Condition:
+    """RunnerHealthy for how a pass ended: False with the failure in one line and its fix (a
+    permission the runner lacks shows in `kubectl describe`, not only in the runner's log)."""
+    if failure is None:
+        return Condition(RUNNER_HEALTHY, "True", "PassSucceeded", "the runner's last pass succeeded")
+    retry = "the runner retries with backoff"
+    if isinstance(failure, ApiException) and failure.status in (401, 403):
+        problem = api_problem(failure)
+        fix = "give the runner's ServiceAccount that permission back: helm upgrade renders its RBAC (templates/runner/rbac.yaml)"
+        return Condition(RUNNER_HEALTHY, "False", FORBIDDEN, f"{problem.field}: {problem.problem}; {fix}; {retry}")
+    if isinstance(failure, UserError):
+        reason, text = PASS_FAILED, str(failure)
+    elif (problem := api_problem(failure)) is not None:
+        reason, text = API_ERROR, str(problem)
+    else:
+        reason, text = PASS_FAILED, f"{type(failure).__name__}: {failure}"
+    return Condition(RUNNER_HEALTHY, "False", reason, f"{' '.join(text.split())}; {retry}")
+
+
 # -- the shell: read, then write what the core decided ------------------------------------------
 
 
@@ -481,10 +509,18 @@ def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[s
 
 
 def execute(
-    api: Client, observed: Observed, outcome: Outcome, guard: Callable[[], bool], now: Callable[[], str], identity: str = ""
+    api: Client,
+    observed: Observed,
+    outcome: Outcome,
+    guard: Callable[[], bool],
+    now: Callable[[], str],
+    identity: str = "",
+    applied: bool = True,
 ) -> int:
     """Write what the core decided; the number of writes. Checks `guard` before every write and
-    raises LostLeadership when it says the lease is gone."""
+    raises LostLeadership when it says the lease is gone. `applied`: the outcome is the whole
+    pass's for the CR's generation, which `status.observedGeneration` then records (False for a
+    condition alone, such as the report of a failed pass)."""
     writes = 0
 
     def check() -> None:
@@ -509,11 +545,11 @@ def execute(
     generation = cr["metadata"].get("generation")
     existing = status.get("conditions") or []
     conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
-    if conditions != existing or status.get("observedGeneration") != generation:
+    if conditions != existing or (applied and status.get("observedGeneration") != generation):
         check()
         patch = {
             "metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
-            "status": {"conditions": conditions, "observedGeneration": generation},
+            "status": {"conditions": conditions, **({"observedGeneration": generation} if applied else {})},
         }
         try:
             api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status", field_manager=RUNNER_FIELD_MANAGER)

@@ -75,7 +75,34 @@ class Runner:
         self.watching = False
 
     def run_pass(self) -> int:
-        """Observe, decide, write; returns the number of writes."""
+        """Observe, decide, write, then report how the pass ended in the CR's RunnerHealthy
+        condition; returns the number of writes. A failure is reported, then raised."""
+        try:
+            writes = self._pass()
+        except reconcile.LostLeadership:
+            raise
+        except Exception as err:
+            self._report(err)
+            raise
+        return writes + self._report(None)
+
+    def _report(self, failure: Exception | None) -> int:
+        """Set RunnerHealthy (written only when it changes; the writes made). Best effort: the
+        status write may be what fails, and that must not hide the pass's own failure."""
+        condition = reconcile.pass_condition(failure)
+        if failure is not None and self.metrics is not None:
+            self.metrics.pass_failures.labels(condition.reason).inc()
+        try:
+            observed = reconcile.observe(self.objects, self.namespace)
+            if observed.cr is None:
+                return 0
+            outcome = reconcile.Outcome(conditions=[condition])
+            return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
+        except Exception as err:  # noqa: BLE001 - reported in the log instead
+            jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
+            return 0
+
+    def _pass(self) -> int:
         started = time.monotonic()
         if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
             jsonlog.event(
