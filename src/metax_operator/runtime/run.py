@@ -36,7 +36,7 @@ from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
-from metax_operator.runtime.object_cache import ObjectCache
+from metax_operator.runtime.object_cache import NotReady, ObjectCache
 from metax_operator.workloads import check
 
 log = logging.getLogger("metax_operator.runtime.run")
@@ -94,9 +94,12 @@ class Runner:
             self.metrics.pass_failures.labels(condition.reason).inc()
         try:
             observed = reconcile.observe(self.objects, self.namespace)
-            if observed.cr is None:
-                return 0
-            outcome = reconcile.Outcome(conditions=[condition])
+        except NotReady:  # the caches have not listed (yet, or since the failure): nothing to report to
+            return 0
+        if observed.cr is None:
+            return 0
+        outcome = reconcile.Outcome(conditions=[condition])
+        try:
             return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
             jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
