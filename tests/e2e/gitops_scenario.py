@@ -18,7 +18,7 @@ from kubernetes import client, watch
 from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import CR, kubectl
+from tests.e2e.tools import get_cr, kubectl
 from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
 from tests.waiting import eventually
 
@@ -71,10 +71,6 @@ def assert_hooks_ran_on_the_real_node(pods, cluster, hooks: tuple[str, ...] = HO
     for hook in hooks:
         for pod in eventually(lambda hook=hook: ended(hook), 60, f"the pods of the {hook} hook seen ended"):
             assert_ran_as_tools_pod(pod, cluster)
-
-
-def get_cr(api) -> dict:
-    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
 
 
 def step_status(api) -> dict:

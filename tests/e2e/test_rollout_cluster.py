@@ -30,6 +30,7 @@ from tests.e2e.tools import (
     METAX,
     bootstrap,
     delete_cr,
+    get_cr,
     helm3,
     install_chart,
     kubectl,
@@ -82,10 +83,6 @@ QUICK_POLICY = {
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def get_cr(api) -> dict:
-    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
 
 
 def upgrade_status(api) -> dict:

@@ -30,6 +30,8 @@ from tests.e2e.tools import (
     CR,
     METAX,
     bootstrap,
+    cr_condition,
+    get_cr,
     install_chart,
     kubectl,
     log_entries,
@@ -128,14 +130,6 @@ def seed_tolerations_output(cp) -> dict[str, list]:
         "jsonpath={range .items[*]}{.metadata.name}{'\\t'}{.spec.template.spec.tolerations}{'\\n'}{end}",
     )
     return {name: json.loads(value) for name, value in (line.split("\t") for line in out.splitlines() if line)}
-
-
-def get_cr(api) -> dict:
-    return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
-
-
-def condition(api, kind: str) -> dict | None:
-    return next((c for c in (get_cr(api).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
 def patch_cr(api, spec: dict) -> None:
@@ -332,10 +326,10 @@ def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runn
     patch_cr(api, bad)
     try:
         spec_valid = eventually(
-            lambda: (c := condition(api, "SpecValid")) and c["status"] == "False" and c, 20, "SpecValid=False"
+            lambda: (c := cr_condition(api, "SpecValid")) and c["status"] == "False" and c, 20, "SpecValid=False"
         )
         assert "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
-        assert condition(api, "Reconciled")["reason"] == "InvalidSpec"
+        assert cr_condition(api, "Reconciled")["reason"] == "InvalidSpec"
         # Events of a cluster-scoped object live in namespace default (`kubectl describe` finds them).
         events = eventually(
             lambda: [
@@ -357,7 +351,7 @@ def test_an_invalid_cr_edit_is_not_applied_and_says_why(control_plane, api, runn
         )
     finally:
         patch_cr(api, {"vfioManager": {"vfioConfig": []}})
-    eventually(lambda: condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
+    eventually(lambda: cr_condition(api, "SpecValid")["status"] == "True", 20, "SpecValid=True after the fix")
     eventually(lambda: {**GENERAL, "value": "never-applied"} in tolerations(api, "metax-driver"), 20, "the fixed spec applied")
 
 
@@ -366,19 +360,21 @@ def test_a_broken_configmap_edit_is_reported(control_plane, api, runner):
     core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n"}})
     try:
         found = eventually(
-            lambda: (c := condition(api, "ConfigMapsValid")) and c["status"] == "False" and c, 20, "ConfigMapsValid=False"
+            lambda: (c := cr_condition(api, "ConfigMapsValid")) and c["status"] == "False" and c, 20, "ConfigMapsValid=False"
         )
         assert "driver-config[node-vfnums].nodes.foo.vfnum" in found["message"]
     finally:
         core.patch_namespaced_config_map("driver-config", NS, {"data": {"node-vfnums": "nodes: {}\n"}})
-    eventually(lambda: condition(api, "ConfigMapsValid")["status"] == "True", 20, "ConfigMapsValid=True")
+    eventually(lambda: cr_condition(api, "ConfigMapsValid")["status"] == "True", 20, "ConfigMapsValid=True")
 
 
 def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, runner):
     patch_cr(api, {"exporter": {"deploy": True}})
     try:
         found = eventually(
-            lambda: (c := condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c, 20, "HelmUpgradeRequired=True"
+            lambda: (c := cr_condition(api, "HelmUpgradeRequired")) and c["status"] == "True" and c,
+            20,
+            "HelmUpgradeRequired=True",
         )
         assert "--set exporter.deploy=true" in found["message"]
         consistently(
@@ -392,7 +388,7 @@ def test_a_flipped_deploy_switch_asks_for_helm_upgrade_and_creates_nothing(api, 
         )
     finally:
         patch_cr(api, {"exporter": {"deploy": False}})
-    eventually(lambda: condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
+    eventually(lambda: cr_condition(api, "HelmUpgradeRequired")["status"] == "False", 20, "back in sync")
 
 
 def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_from_it(api, installed):

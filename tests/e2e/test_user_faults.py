@@ -13,14 +13,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.tools import kubectl
+from tests.e2e.tools import cr_condition, kubectl
 from tests.e2e.userpath import (
     NS,
     POLICY,
     TOOLS_UID,
     PodWatch,
     driver_pods,
-    get_cr,
     ok,
     release_name,
     runner_pod,
@@ -95,7 +94,7 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     assert "system:serviceaccount:metax-operator:metax-operator-runner" in line["error"]
     # `kubectl describe clusteroperator` shows it too: the condition, its Warning event, the metric.
     condition = eventually(
-        lambda: (c := runner_condition(api)) and c["status"] == "False" and c, 30, "RunnerHealthy=False on the CR"
+        lambda: (c := cr_condition(api, "RunnerHealthy")) and c["status"] == "False" and c, 30, "RunnerHealthy=False on the CR"
     )
     assert condition["reason"] == "Forbidden" and "\n" not in condition["message"], condition
     assert re.search(r'cannot delete resource "pods"', condition["message"]), condition["message"]
@@ -135,13 +134,8 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
         120,
         "the rollout Completed once the Role allows it",
     )
-    assert runner_condition(api)["status"] == "True", runner_condition(api)
+    assert cr_condition(api, "RunnerHealthy")["status"] == "True", cr_condition(api, "RunnerHealthy")
     assert any(e.reason == "PassSucceeded" and e.type == "Normal" for e in cr_events(api)), "the recovery's event"
-
-
-def runner_condition(api) -> dict | None:
-    conditions = ((get_cr(api) or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == "RunnerHealthy"), None)
 
 
 def cr_events(api) -> list:

@@ -30,6 +30,7 @@ from tests.e2e.tools import (
     CR,
     METAX,
     bootstrap,
+    cr_condition,
     install_chart,
     kubectl,
     release_values,
@@ -125,11 +126,6 @@ def gpu_job(name: str, maca_version: str) -> dict:
             ]
         },
     }
-
-
-def cr_condition(api, kind: str) -> dict | None:
-    cr = client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
-    return next((c for c in (cr.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
 def patch_cr(api, spec: dict) -> None:

@@ -71,6 +71,22 @@ def helm3(cp) -> list[str]:
     return [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
 
 
+def get_cr(api) -> dict | None:
+    """The cluster-operator CR, or None while there is none."""
+    try:
+        return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def cr_condition(api, kind: str) -> dict | None:
+    """The CR's `status.conditions` entry of type `kind`, or None."""
+    conditions = ((get_cr(api) or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
 def delete_cr(api) -> None:
     """Delete the cluster-operator CR if it is there (a module's leftover)."""
     try:

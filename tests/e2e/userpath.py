@@ -23,7 +23,7 @@ from kubernetes import client, watch
 
 from tests import registry
 from tests.controlplane import ControlPlane
-from tests.e2e.tools import CR, kubectl
+from tests.e2e.tools import get_cr, kubectl
 from tests.helm import BIN
 from tests.realnode import NODE_NAME, TOOLS_NODE
 
@@ -185,15 +185,6 @@ def seed_install(cluster, which: str, values, *more: str) -> subprocess.Complete
 def release_name(output: str) -> str:
     """The release name `helm install --generate-name` printed."""
     return re.search(r"^NAME: (\S+)$", output, re.M).group(1)
-
-
-def get_cr(api) -> dict | None:
-    try:
-        return client.CustomObjectsApi(api).get_cluster_custom_object(*CR)
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
 
 
 def upgrade_status(api) -> dict:
