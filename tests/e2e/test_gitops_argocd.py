@@ -24,7 +24,6 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     assert_one_staged_rollout,
     driver_revisions,
     generations,
-    get_cr,
     left_behind,
     pods,
     reconciled,
@@ -33,7 +32,7 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     runtime_edit,
     user_values,
 )
-from tests.e2e.tools import kubectl, seed_patch
+from tests.e2e.tools import get_cr, kubectl, seed_patch
 from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
 from tests.waiting import eventually
 

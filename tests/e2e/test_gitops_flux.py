@@ -27,7 +27,6 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     assert_one_staged_rollout,
     driver_revisions,
     generations,
-    get_cr,
     left_behind,
     pods,
     reconciled,
@@ -36,7 +35,7 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     runtime_edit,
     user_values,
 )
-from tests.e2e.tools import kubectl, seed_patch
+from tests.e2e.tools import get_cr, kubectl, seed_patch
 from tests.gitops import FLUX_NAMESPACE, HELMRELEASES, Flux, GitOpsError, apply, flux_unavailable, snippet
 from tests.waiting import eventually
 
