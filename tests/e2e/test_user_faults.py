@@ -61,18 +61,7 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     # An administrator tightens the runner's Role: no more `delete` on pods.
     rules = json.loads(kubectl(cluster.cp, "get", "role", RUNNER_ROLE, "-n", NS, "-o", "json"))["rules"]
     index = next(i for i, r in enumerate(rules) if r["resources"] == ["pods"])
-    kubectl(
-        cluster.cp,
-        "patch",
-        "role",
-        RUNNER_ROLE,
-        "-n",
-        NS,
-        "--type",
-        "json",
-        "-p",
-        json.dumps([{"op": "remove", "path": f"/rules/{index}"}]),
-    )
+    patch_runner_role(cluster, {"op": "remove", "path": f"/rules/{index}"})
     before = {p.metadata.uid for p in driver_pods(api)}
     kubectl(
         cluster.cp,
@@ -117,18 +106,7 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     ], report
     assert {p.metadata.uid for p in driver_pods(api)} == before, "no driver pod was replaced"
     # Giving the permission back lets the rollout finish.
-    kubectl(
-        cluster.cp,
-        "patch",
-        "role",
-        RUNNER_ROLE,
-        "-n",
-        NS,
-        "--type",
-        "json",
-        "-p",
-        json.dumps([{"op": "add", "path": f"/rules/{index}", "value": rules[index]}]),
-    )
+    patch_runner_role(cluster, {"op": "add", "path": f"/rules/{index}", "value": rules[index]})
     eventually(
         lambda: (upgrade_status(api).get("status") or {}).get("currentStepState") == "Completed",
         120,
@@ -136,6 +114,11 @@ def test_a_runner_role_without_pod_deletion_stalls_the_rollout_and_the_runner_lo
     )
     assert cr_condition(api, "RunnerHealthy")["status"] == "True", cr_condition(api, "RunnerHealthy")
     assert any(e.reason == "PassSucceeded" and e.type == "Normal" for e in cr_events(api)), "the recovery's event"
+
+
+def patch_runner_role(cluster, operation: dict) -> None:
+    """One JSON-patch operation on the runner's Role, as an administrator runs it."""
+    kubectl(cluster.cp, "patch", "role", RUNNER_ROLE, "-n", NS, "--type", "json", "-p", json.dumps([operation]))
 
 
 def cr_events(api) -> list:
