@@ -25,6 +25,9 @@ import pytest
 import yaml
 
 CHART = Path(__file__).resolve().parent.parent
+_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
+#: The release version (docs/release.md): the chart's version and appVersion, the default image tag.
+CHART_VERSION, APP_VERSION = _META["version"], _META["appVersion"]
 BIN = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin"
 HELM_VERSIONS = ("helm3", "helm4")
 KUBERNETES_VERSION = "1.34"

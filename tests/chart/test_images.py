@@ -10,9 +10,8 @@ import yaml
 from metax_operator.chart import images
 from metax_operator.chart.daemonset import desired_daemonset
 from metax_operator.contract import DAEMONSETS
-from tests.helm import CHART, helm_bin, render_chart  # noqa: F401
+from tests.helm import APP_VERSION, CHART, helm_bin, render_chart  # noqa: F401
 
-APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 PINNED = {
     "registry": "cr.example.com/metax",

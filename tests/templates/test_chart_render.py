@@ -11,7 +11,20 @@ import pytest
 import yaml
 
 from metax_operator import contract
-from tests.helm import CHART, NAMESPACE, RELEASE, HelmError, find, helm_bin, lint_chart, render_chart, run_helm, validate_objects  # noqa: F401
+from tests.helm import (  # noqa: F401
+    APP_VERSION,
+    CHART,
+    CHART_VERSION,
+    NAMESPACE,
+    RELEASE,
+    HelmError,
+    find,
+    helm_bin,
+    lint_chart,
+    render_chart,
+    run_helm,
+    validate_objects,
+)
 
 pytestmark = pytest.mark.helm
 
@@ -152,8 +165,8 @@ def test_every_object_carries_the_standard_and_common_labels(helm_bin):
         assert all(labels.get(key) for key in STANDARD_LABELS), where
         assert labels["app.kubernetes.io/name"] == "metax-operator", where
         assert labels["app.kubernetes.io/instance"] == RELEASE, where
-        assert labels["app.kubernetes.io/version"] == "0.10.0", where
-        assert labels["helm.sh/chart"] == "metax-operator-0.1.0", where
+        assert labels["app.kubernetes.io/version"] == APP_VERSION, where
+        assert labels["helm.sh/chart"] == f"metax-operator-{CHART_VERSION}", where
         assert labels["team"] == "gpu-infra", where
         assert obj["metadata"]["annotations"]["owner"] == "gpu-infra@example.com", where
 
@@ -252,7 +265,7 @@ def test_dependent_components_wait_for_their_prerequisites(helm_bin):
         command = init["wait-for"]["command"]
         assert command[:6] == ["metax-operator", "wait-for", "--namespace", "$(POD_NAMESPACE)", "--node", "$(NODE_NAME)"]
         assert command[6:] == [arg for p in prerequisites for arg in ("--component", p)], key
-        assert init["wait-for"]["image"] == "cr.example.com/metax/metax-operator-tools:0.10.0"
+        assert init["wait-for"]["image"] == f"cr.example.com/metax/metax-operator-tools:{APP_VERSION}"
 
 
 def test_images_come_from_the_registry_with_the_app_version_or_overrides(helm_bin):
@@ -263,7 +276,7 @@ def test_images_come_from_the_registry_with_the_app_version_or_overrides(helm_bi
         spec = pod_spec(sets[key])
         return next(c["image"] for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
 
-    assert image("gpuLabel", "gpu-label") == "cr.example.com/metax/gpu-label:0.10.0"
+    assert image("gpuLabel", "gpu-label") == f"cr.example.com/metax/gpu-label:{APP_VERSION}"
     assert image("runtime", "container-runtime") == "mirror.example.com/metax/container-runtime:0.10.1"
     assert image("driver", "payload") == "payload.example.com/metax/driver-image:2.32.0.6"
     assert image("maca", "payload-0") == "cr.example.com/metax/maca-c500:2.18.0.3-ubuntu18.04-amd64"

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.helm import CHART, find, helm_bin, render_chart, validate_objects  # noqa: F401 (fixture)
+from tests.helm import APP_VERSION, CHART, find, helm_bin, render_chart, validate_objects  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.helm
 
@@ -113,7 +113,7 @@ def test_pods_meet_pod_security_restricted(helm_bin):
             assert context["readOnlyRootFilesystem"] is True
             assert context["capabilities"] == {"drop": ["ALL"]}
             assert context["runAsNonRoot"] is True
-            assert container["image"] == "cr.example.com/metax/metax-operator-tools:0.10.0"
+            assert container["image"] == f"cr.example.com/metax/metax-operator-tools:{APP_VERSION}"
             assert container["command"] == ["metax-operator"]
 
 
@@ -217,7 +217,7 @@ def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
     top = {"Chart.yaml", "values.yaml", "values.schema.json", "crds", "templates"}
     shutil.copytree(CHART, chart, ignore=lambda d, names: [n for n in names if d == str(CHART) and n not in top])
     meta = chart / "Chart.yaml"
-    meta.write_text(meta.read_text().replace('appVersion: "0.10.0"', 'appVersion: "0.10.1"'))
+    meta.write_text(meta.read_text().replace(f'appVersion: "{APP_VERSION}"', 'appVersion: "0.0.1-next"'))
 
     def jobs(path) -> dict[str, str]:
         objects = render_chart({**BASE, "hooks": {"useHelmHooks": False}}, helm=helm_bin, chart=path)
