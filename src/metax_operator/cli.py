@@ -33,6 +33,7 @@ COMMANDS = {
     "wait-for": "runtime.wait_for",
     "schema": "chart.generate",
     "validate": "chart.validate",
+    "images": "chart.image_list",
     "rollout": "rollout.cli",
     "nodes": "workloads.nodes",
 }

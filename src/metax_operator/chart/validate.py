@@ -77,6 +77,22 @@ def register(subparsers) -> None:
         "chart: each set of values checked on its own, over the -f files and under the flags, "
         "problems reported at FILE:LINE:COLUMN",
     )
+    add_values_arguments(parser)
+    parser.add_argument(
+        "--output", choices=OUTPUTS, default="text", help="text (default), github (workflow-command annotations) or json"
+    )
+    parser.add_argument(
+        "--chart-name",
+        default=values_sources.CHART_NAME,
+        metavar="NAME",
+        help="the chart's name in Applications and HelmReleases (default: %(default)s)",
+    )
+    parser.set_defaults(func=run)
+
+
+def add_values_arguments(parser) -> None:
+    """The values as `helm install` takes them (-f and the --set* flags), the chart and the Helm
+    binary: what every command that has Helm render the chart offline takes."""
     parser.add_argument(
         "-f",
         "--values",
@@ -90,15 +106,6 @@ def register(subparsers) -> None:
             f"--{flag}", action="append", default=[], metavar="KEY=VALUE", help=f"as helm --{flag} takes it (repeatable)"
         )
     parser.add_argument(
-        "--output", choices=OUTPUTS, default="text", help="text (default), github (workflow-command annotations) or json"
-    )
-    parser.add_argument(
-        "--chart-name",
-        default=values_sources.CHART_NAME,
-        metavar="NAME",
-        help="the chart's name in Applications and HelmReleases (default: %(default)s)",
-    )
-    parser.add_argument(
         "--chart",
         default=None,
         metavar="DIR",
@@ -106,7 +113,6 @@ def register(subparsers) -> None:
         "pip installed it from, as a pre-commit hook does)",
     )
     parser.add_argument("--helm", default=None, metavar="PATH", help="the helm binary (default: $HELM_BIN, else helm on PATH)")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -315,10 +321,16 @@ def merged_values(chart: Path, flags: list[str], helm: str) -> dict:
 def render_problems(chart: Path, flags: list[str], helm: str) -> list[UserError]:
     """What `helm template` of the chart says about the values (none when it renders)."""
     try:
-        _helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE, *flags)
+        render(chart, flags, helm)
     except UserErrors as err:
         return err.errors
     return []
+
+
+def render(chart: Path, flags: list[str], helm: str) -> str:
+    """`helm template` of the chart for `flags`, hooks and test pods included; Helm's errors raised
+    as UserErrors."""
+    return _helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE, *flags)
 
 
 def _helm(helm: str, *args: str) -> str:
