@@ -35,6 +35,11 @@ BASE_SET = TABLE["base"]["set"]
 SCHEMA_FAILURE = "values don't meet the specifications of the schema"
 PATHS = (*HELM_VERSIONS, "validate", "preflight")
 _REPEAT = re.compile(r"<(.{1,2})\*(\d+)>")
+#: How each Helm prints a pattern's words (schema.readable_patterns): Helm 3 (gojsonschema) with the
+#: field, Helm 4 (santhosh-tekuri/jsonschema) after the field's pointer (the words name a map).
+READABLE = {"helm3": '{field} does not match: "{says}', "helm4": "value must be '{says}"}
+#: What Helm prints for a pattern or a `not` the schema left as it is: the regular expression itself.
+RAW = re.compile(r"does not match pattern|Must not validate the schema|'not' failed", re.IGNORECASE)
 
 
 def expand(node):
@@ -155,6 +160,9 @@ def test_every_path_gives_the_case_its_verdict(case, tmp_path, capsys):
             assert helm_field(where, helm) in said[helm], said[helm]
         if "helmExpect" in case:
             assert case["helmExpect"] in said[helm], said[helm]
+        if "helmSays" in case:
+            assert READABLE[helm].format(field=helm_field(case["field"], helm), says=case["helmSays"]) in said[helm], said[helm]
+        assert not RAW.search(said[helm]), f"{helm} shows the schema's regular expression: {said[helm]}"
     for lines in (errors, said["preflight"]):
         assert any(f"{case['field']}: " in line and case["expect"] in line for line in lines), lines
 

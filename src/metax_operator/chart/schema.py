@@ -324,7 +324,64 @@ def build_values_schema(values_text: str) -> dict:
     schema = expander.node(source()["values"])
     _describe(schema, values_descriptions(values_text), ())
     definitions = {name: k8s_definition(name, strict=True) for name in sorted(expander.k8s_used)}
+    schema = readable_patterns(schema, None, "values")
     return {"$schema": DRAFT_07, "title": "metax-operator values", **schema, "definitions": definitions}
+
+
+def readable_patterns(node: Any, hint: str | None, field: str, key_of: str = "") -> Any:
+    """The schema with each `pattern` said in words where Helm prints it.
+
+    Helm prints a failed `pattern` as the regular expression itself (Helm 3: `Does not match
+    pattern '^$|^[A-Za-z0-9]...'`), a failed `not` as `Must not validate the schema (not)`, and
+    Helm 4 names no field for a bad map key (`at ''`). So the pattern, `allOf` of patterns and
+    `not: {enum}` of a node become one test, `if: TEST, else: {const: S, not: {const: S}}`, S the
+    node's x-hint (a map key's starts `a key of MAP: `): Helm 3 then says `registry does not match:
+    "S"`, Helm 4 `value must be 'S'`. The `not` refuses S itself, so the schema accepts exactly what
+    the test accepts; the `else` carries the x-hint, so `validate` (which names the field) says
+    `'DOMAIN/PROJECT' is not valid; use <x-hint>`.
+    """
+    if isinstance(node, list):
+        return [readable_patterns(item, hint, field) for item in node]
+    if not isinstance(node, dict):
+        return node
+    hint = node.get("x-hint", hint)
+    tests = _tests(node)
+    out = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {k: readable_patterns(v, None, f"{field}.{k}".removeprefix("values.")) for k, v in value.items()}
+        elif key == "propertyNames":
+            out[key] = readable_patterns(value, None, field, key_of=field)
+        elif key in tests:
+            continue
+        elif key in ("enum", "const", "required", "x-hint", "description"):
+            out[key] = value
+        else:
+            out[key] = readable_patterns(value, hint if key in ("anyOf", "oneOf", "allOf") else None, field)
+    if tests:
+        words = "; ".join(dict.fromkeys(filter(None, [*(item.get("x-hint") for item in tests.get("allOf", [])), hint])))
+        if not words:
+            raise ValueError(f"schema_source.yaml: {field} has a pattern and no x-hint to say it in words")
+        said = f"a key of {key_of}: {words}" if key_of else words
+        parts = [{"pattern": node["pattern"]}] if "pattern" in tests else []
+        parts += [{"pattern": item["pattern"]} for item in tests.get("allOf", [])] + tests.get("not", [])
+        test = parts[0] if len(parts) == 1 else {"allOf": parts}
+        out.update({"if": test, "else": {"const": said, "not": {"const": said}, "x-hint": words}})
+    return out
+
+
+def _tests(node: dict) -> dict[str, list]:
+    """What `readable_patterns` folds into one test, by keyword: the node's `pattern`, its `allOf`
+    when made only of patterns (their items), its `not` of an enum."""
+    tests: dict[str, list] = {}
+    if "pattern" in node:
+        tests["pattern"] = [node["pattern"]]
+    items = node.get("allOf")
+    if isinstance(items, list) and items and all(isinstance(i, dict) and set(i) <= {"pattern", "x-hint"} for i in items):
+        tests["allOf"] = items
+    if tests and isinstance(node.get("not"), dict) and set(node["not"]) == {"enum"}:
+        tests["not"] = [{"not": node["not"]}]
+    return tests
 
 
 def _describe(node: dict, descriptions: dict, path: tuple[str, ...]) -> None:
