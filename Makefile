@@ -5,7 +5,7 @@ export METAX_CACHE ?= $(HOME)/.cache/metax-operator
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup lint test demo bench image
+.PHONY: setup lint test demo bench image package
 setup:
 	@scripts/setup
 
@@ -27,3 +27,8 @@ bench: setup
 # The tools image as an OCI layout under $(METAX_CACHE)/image (docs/image.md); needs root.
 image: setup
 	@scripts/image build
+
+# The offline package of the release under dist/ (docs/release.md): the chart, the image list, the
+# SBOM, the push command; reproducible. `scripts/package --sign NAME ...` signs the chart.
+package: setup
+	@scripts/package

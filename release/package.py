@@ -1,0 +1,233 @@
+"""`make package`: the offline package of a release, the same bytes from the same commit.
+
+    scripts/package [--output DIR] [--sign NAME --keyring SECRING --public-key FILE]
+
+writes DIR/metax-operator-package.VERSION.tar.gz (default DIR: dist/) holding, under
+metax-operator-package.VERSION/:
+
+    metax-operator-VERSION.tgz        the chart, as `helm package` writes it
+    metax-operator-VERSION.tgz.prov   its provenance (with --sign: `helm package --sign`)
+    metax-operator-keyring.gpg        the public key that verifies it, as the OpenPGP keyring
+                                      `helm verify --keyring` reads (with --sign)
+    images.txt, images.json           the images the chart pulls, relative to the site's registry
+                                      (`metax-operator images` with every component deployed)
+    sbom.cdx.json                     CycloneDX SBOM: the chart, the Python package and the
+                                      Python wheels of the tools image (image/pylock.toml)
+    push                              `./push DOMAIN/PROJECT`: the chart and the image archives
+    CHANGELOG.md
+
+Runs with the project's .venv (`python -m release.package` from the repository: it renders the
+chart for the image list as `metax-operator images` does).
+
+Reproducible: every file of the chart and of the package gets the commit's time (or
+$SOURCE_DATE_EPOCH) as its mtime, owner 0:0 and a fixed mode; entries are sorted; gzip records no
+time or name. Helm 4 writes the chart's archive from its files' mtimes, so it is reproducible
+too. A signature is not (it records when it was made): the provenance names the chart archive's
+sha256, which a rebuild of the commit gives again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from image.lock import locked_wheels
+from metax_operator.chart import image_list, images, validate
+from metax_operator.errors import UserError, UserErrors
+
+REPO = Path(__file__).resolve().parent.parent
+#: What `helm package` keeps of the repository (.helmignore): the chart's own files.
+CHART_FILES = ("Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates", "dashboards")
+CHART = "metax-operator"  # the chart's name, and the Python package's
+#: The registry the image list is rendered for, then cut off: the list is relative to the site's.
+PLACEHOLDER_REGISTRY = "registry.invalid/project"
+#: Every component deployed, the payloads left out (the site picks their versions at install).
+LIST_VALUES = ("--set", f"registry={PLACEHOLDER_REGISTRY}", "--set", "exporter.deploy=true", "--set", "driver.deployPolicy=Never")
+PUSH = """#!/bin/sh
+# ./push DOMAIN/PROJECT: pushes this package into the site's registry, the chart with its provenance
+# (helm push; then `helm install oci://DOMAIN/PROJECT/metax-operator --version {version}`) and
+# every OCI image archive beside this script, NAME+TAG.oci.tar (skopeo copy: MetaX's archives
+# copied here, the tools image when the package holds it). Set HELM and SKOPEO to use other binaries.
+set -eu
+[ $# -eq 1 ] || {{ echo "usage: $0 DOMAIN/PROJECT (e.g. $0 cr.example.com/metax)" >&2; exit 2; }}
+target=${{1%/}}
+case $target in
+  *://*) echo "error: $1: give the registry without a scheme, e.g. cr.example.com/metax" >&2; exit 2 ;;
+  */*) ;;
+  *) echo "error: $1: give DOMAIN/PROJECT, e.g. cr.example.com/metax" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "$0")" && pwd)
+"${{HELM:-helm}}" push "$here/metax-operator-{version}.tgz" "oci://$target"
+for archive in "$here"/*+*.oci.tar; do
+  [ -e "$archive" ] || continue
+  base=$(basename "$archive" .oci.tar)
+  "${{SKOPEO:-skopeo}}" copy --all "oci-archive:$archive" "docker://$target/${{base%%+*}}:${{base#*+}}"
+done
+"""
+
+
+class PackageError(Exception):
+    """The package cannot be built; the message says why and the fix."""
+
+
+def source_date_epoch(repo: Path) -> int:
+    """$SOURCE_DATE_EPOCH, else the time of the checkout's last commit."""
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    done = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True)
+    if done.returncode or not done.stdout.strip():
+        raise PackageError("no git commit to date the package: set SOURCE_DATE_EPOCH")
+    return int(done.stdout)
+
+
+def chart_archive(repo: Path, helm: str, out: Path, epoch: int, sign: dict | None) -> list[Path]:
+    """`helm package` of the chart's files, copied with the mtime `epoch`; with `sign`, its
+    provenance too. Returns the files written."""
+    with tempfile.TemporaryDirectory(prefix="metax-package-") as tmp:
+        stage = Path(tmp) / "metax-operator"
+        stage.mkdir()
+        for name in CHART_FILES:
+            source = repo / name
+            (shutil.copytree if source.is_dir() else shutil.copyfile)(source, stage / name)
+        for path in [stage, *stage.rglob("*")]:
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+        flags = ["--sign", "--key", sign["name"], "--keyring", sign["keyring"]] if sign else []
+        done = subprocess.run([helm, "package", str(stage), "--destination", str(out), *flags], capture_output=True, text=True)
+        if done.returncode:
+            raise PackageError(f"helm package failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return sorted(out.glob("metax-operator-*.tgz*"))
+
+
+def image_list_files(repo: Path, helm: str) -> dict[str, bytes]:
+    """images.txt and images.json: what `metax-operator images` lists for every component, each
+    reference relative to the site's registry."""
+    flags = list(LIST_VALUES)
+    errors = validate.problems(repo, helm, flags)
+    if errors:
+        raise UserErrors(errors)
+    pulled = image_list.pulled_images(yaml.safe_load_all(validate.render(repo, flags, helm)))
+    prefix = PLACEHOLDER_REGISTRY + "/"
+    listed = []
+    for ref in sorted(pulled):
+        relative = ref.removeprefix(prefix)
+        repository, tag, digest = images.split(relative)
+        listed.append({"image": relative, "name": repository, "tag": tag, "digest": digest})
+    return {
+        "images.txt": "".join(f"{entry['image']}\n" for entry in listed).encode(),
+        "images.json": (json.dumps({"registry": "DOMAIN/PROJECT", "images": listed}, indent=2) + "\n").encode(),
+    }
+
+
+def sbom(repo: Path, version: str) -> bytes:
+    """A CycloneDX 1.5 SBOM of the release: the chart, the Python package, and every wheel the
+    tools image installs (image/pylock.toml, with its sha256)."""
+    components = [
+        {
+            "type": "library",
+            "name": wheel.package,
+            "version": wheel.version,
+            "purl": f"pkg:pypi/{wheel.package.lower()}@{wheel.version}",
+            "hashes": [{"alg": "SHA-256", "content": wheel.sha256}],
+            "externalReferences": [{"type": "distribution", "url": wheel.url}],
+        }
+        for wheel in sorted(locked_wheels(repo / "image" / "pylock.toml"), key=lambda w: w.package.lower())
+    ]
+    document = {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "version": 1,
+        "metadata": {
+            "component": {"type": "application", "name": "metax-operator", "version": version},
+        },
+        "components": [
+            {"type": "application", "name": "metax-operator-chart", "version": version, "purl": f"pkg:helm/{CHART}@{version}"},
+            {"type": "library", "name": CHART, "version": version, "purl": f"pkg:pypi/{CHART}@{version}"},
+            *components,
+        ],
+    }
+    return (json.dumps(document, indent=2) + "\n").encode()
+
+
+def reproducible_tar(files: dict[str, bytes], modes: dict[str, int], epoch: int) -> bytes:
+    """A .tar.gz of `files` (name -> content) in name order, mtime `epoch`, owner 0:0, no gzip time."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        directories = sorted({str(Path(name).parent) for name in files} - {"."})
+        for name in directories:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, epoch
+            archive.addfile(info)
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), modes.get(name, 0o644), epoch
+            archive.addfile(info, io.BytesIO(files[name]))
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as zipped:
+        zipped.write(raw.getvalue())
+    return out.getvalue()
+
+
+def build(repo: Path, output: Path, helm: str, sign: dict | None = None) -> Path:
+    """The package of the checkout `repo` in `output`; returns its path."""
+    version = _chart_version(repo)
+    epoch = source_date_epoch(repo)
+    top = f"metax-operator-package.{version}"
+    files: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="metax-package-") as tmp:
+        for path in chart_archive(repo, helm, Path(tmp), epoch, sign):
+            files[f"{top}/{path.name}"] = path.read_bytes()
+    if sign:
+        files[f"{top}/metax-operator-keyring.gpg"] = Path(sign["public_key"]).read_bytes()
+    files.update({f"{top}/{name}": content for name, content in image_list_files(repo, helm).items()})
+    files[f"{top}/sbom.cdx.json"] = sbom(repo, version)
+    files[f"{top}/push"] = PUSH.format(version=version).encode()
+    files[f"{top}/CHANGELOG.md"] = (repo / "CHANGELOG.md").read_bytes()
+    output.mkdir(parents=True, exist_ok=True)
+    package = output / f"{top}.tar.gz"
+    package.write_bytes(reproducible_tar(files, {f"{top}/push": 0o755}, epoch))
+    return package
+
+
+def _chart_version(repo: Path) -> str:
+    for line in (repo / "Chart.yaml").read_text().splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip()
+    raise PackageError("Chart.yaml has no version")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/package", description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default=str(REPO / "dist"), metavar="DIR", help="where to write it (default: dist/)")
+    parser.add_argument("--helm", default=None, metavar="PATH", help="Helm 4 (default: $HELM_BIN, else helm on PATH)")
+    parser.add_argument("--sign", metavar="NAME", help="sign the chart with this key (helm package --sign --key NAME)")
+    parser.add_argument("--keyring", metavar="SECRING", help="the secret keyring holding it (with --sign)")
+    parser.add_argument("--public-key", metavar="FILE", help="the public keyring to ship, binary (gpg --export; with --sign)")
+    args = parser.parse_args(argv)
+    if args.sign and not (args.keyring and args.public_key):
+        parser.error("--sign needs --keyring and --public-key")
+    sign = {"name": args.sign, "keyring": args.keyring, "public_key": args.public_key} if args.sign else None
+    try:
+        print(build(REPO, Path(args.output), validate.find_helm(args.helm), sign))
+    except (PackageError, UserError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except UserErrors as err:
+        for error in err.errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

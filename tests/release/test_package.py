@@ -1,0 +1,163 @@
+"""`make package` (release/package.py): two builds of one commit are the same bytes; the package
+holds the chart, the image list `metax-operator images` gives, the SBOM, the push command and the
+CHANGELOG; a chart signed with a key made for this run verifies under Helm 3 and Helm 4, and a
+tampered chart or another key fails with Helm's sentence."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from image.lock import locked_wheels
+from metax_operator import cli
+from release import package
+from tests.helm import BIN, CHART_VERSION, HELM_VERSIONS, helm_path
+
+pytestmark = pytest.mark.helm
+TOP = f"metax-operator-package.{CHART_VERSION}"
+CHART_TGZ = f"metax-operator-{CHART_VERSION}.tgz"
+
+
+def build(output: Path, sign: dict | None = None) -> Path:
+    return package.build(package.REPO, output, str(helm_path("helm4")), sign)
+
+
+def members(path: Path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(path) as archive:
+        return {info.name: info for info in archive.getmembers()}
+
+
+def read(path: Path, name: str) -> bytes:
+    with tarfile.open(path) as archive:
+        return archive.extractfile(f"{TOP}/{name}").read()
+
+
+@pytest.fixture(scope="module")
+def unsigned(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("package"))
+
+
+def test_two_builds_of_one_commit_are_the_same_bytes(unsigned, tmp_path):
+    again = build(tmp_path)
+    assert again.name == f"{TOP}.tar.gz"
+    assert again.read_bytes() == unsigned.read_bytes()
+
+
+def test_the_package_holds_the_release(unsigned):
+    found = members(unsigned)
+    assert set(found) == {
+        TOP,
+        *(f"{TOP}/{name}" for name in (CHART_TGZ, "images.txt", "images.json", "sbom.cdx.json", "push", "CHANGELOG.md")),
+    }
+    assert {(i.uid, i.gid, i.mtime) for i in found.values()} == {(0, 0, package.source_date_epoch(package.REPO))}
+    assert found[f"{TOP}/push"].mode == 0o755
+    with tarfile.open(fileobj=io.BytesIO(read(unsigned, CHART_TGZ))) as chart:
+        meta = yaml.safe_load(chart.extractfile("metax-operator/Chart.yaml"))
+        assert "metax-operator/templates/driver/daemonset.yaml" in chart.getnames()
+    assert (meta["version"], meta["appVersion"]) == (CHART_VERSION, CHART_VERSION)
+    assert read(unsigned, "CHANGELOG.md") == (package.REPO / "CHANGELOG.md").read_bytes()
+
+
+def test_the_image_list_is_metax_operator_images_relative_to_the_registry(unsigned, capsys):
+    assert cli.main(["images", "--helm", str(helm_path("helm4")), *package.LIST_VALUES]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed and all(ref.startswith(package.PLACEHOLDER_REGISTRY + "/") for ref in listed)
+    relative = [ref.removeprefix(package.PLACEHOLDER_REGISTRY + "/") for ref in listed]
+    assert read(unsigned, "images.txt").decode().splitlines() == relative
+    assert f"metax-operator-tools:{CHART_VERSION}" in relative and f"data-exporter:{CHART_VERSION}" in relative
+    entries = json.loads(read(unsigned, "images.json"))["images"]
+    assert [e["image"] for e in entries] == relative
+    assert all(e["name"] + ":" + e["tag"] == e["image"] for e in entries)
+
+
+def test_the_sbom_names_the_release_and_every_locked_wheel(unsigned):
+    bom = json.loads(read(unsigned, "sbom.cdx.json"))
+    assert (bom["bomFormat"], bom["specVersion"], bom["metadata"]["component"]["version"]) == ("CycloneDX", "1.5", CHART_VERSION)
+    wheels = {c["name"]: c for c in bom["components"] if c["purl"].startswith("pkg:pypi/") and c["name"] != "metax-operator"}
+    locked = locked_wheels(package.REPO / "image" / "pylock.toml")
+    assert set(wheels) == {w.package for w in locked}
+    for wheel in locked:
+        assert wheels[wheel.package]["version"] == wheel.version
+        assert wheels[wheel.package]["hashes"] == [{"alg": "SHA-256", "content": wheel.sha256}]
+
+
+def test_push_refuses_a_target_that_is_not_domain_and_project(unsigned, tmp_path):
+    script = tmp_path / "push"
+    script.write_bytes(read(unsigned, "push"))
+    script.chmod(0o755)
+    for target, words in (("https://cr.example.com/metax", "without a scheme"), ("cr.example.com", "give DOMAIN/PROJECT")):
+        done = subprocess.run([script, target], capture_output=True, text=True)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def gpg(home: Path, *args: str) -> bytes:
+    return subprocess.run(
+        ["gpg", "--batch", "--quiet", *args], check=True, capture_output=True, env={**os.environ, "GNUPGHOME": str(home)}
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    """Two RSA signing keys made for this run (Helm 3 reads no EdDSA keys): the release's and
+    another; their secret and public keyrings, binary, as Helm reads them."""
+    if shutil.which("gpg") is None:
+        pytest.fail("gpg is missing: run 'make setup' (scripts/setup.d/30-release-tools)", pytrace=False)
+    out = {}
+    for who in ("release", "other"):
+        home = tmp_path_factory.mktemp(f"gnupg-{who}")
+        home.chmod(0o700)
+        user = f"metax-operator {who} <{who}@example.invalid>"
+        gpg(home, "--passphrase", "", "--quick-gen-key", user, "rsa3072", "sign", "never")
+        out[f"{who}-secret"] = home.parent / f"{who}-secring.gpg"
+        out[f"{who}-secret"].write_bytes(gpg(home, "--export-secret-keys"))
+        out[f"{who}-public"] = home.parent / f"{who}-pubring.gpg"
+        out[f"{who}-public"].write_bytes(gpg(home, "--export"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def signed(keys, tmp_path_factory) -> Path:
+    sign = {"name": "metax-operator release", "keyring": str(keys["release-secret"]), "public_key": str(keys["release-public"])}
+    out = tmp_path_factory.mktemp("signed")
+    with tarfile.open(build(out, sign)) as archive:
+        archive.extractall(out, filter="data")
+    return out / TOP
+
+
+def verify(helm: str, chart: Path, keyring: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([BIN / helm, "verify", str(chart), "--keyring", str(keyring)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("helm", HELM_VERSIONS)
+def test_the_signed_chart_verifies_with_the_shipped_key(signed, unsigned, helm):
+    done = verify(helm, signed / CHART_TGZ, signed / "metax-operator-keyring.gpg")
+    assert done.returncode == 0, done.stderr
+    assert "Signed by: metax-operator release <release@example.invalid>" in done.stdout
+    rebuilt = hashlib.sha256(read(unsigned, CHART_TGZ)).hexdigest()
+    assert f"Chart Hash Verified: sha256:{rebuilt}" in done.stdout  # the unsigned rebuild is the signed chart
+
+
+@pytest.mark.parametrize("helm", HELM_VERSIONS)
+def test_a_tampered_chart_fails_verification_saying_so(signed, helm, tmp_path):
+    tampered = tmp_path / CHART_TGZ
+    tampered.write_bytes((signed / CHART_TGZ).read_bytes() + b"\0")
+    shutil.copyfile(signed / f"{CHART_TGZ}.prov", tmp_path / f"{CHART_TGZ}.prov")
+    done = verify(helm, tampered, signed / "metax-operator-keyring.gpg")
+    assert done.returncode == 1
+    assert f"Error: sha256 sum does not match for {CHART_TGZ}" in done.stderr
+
+
+@pytest.mark.parametrize("helm", HELM_VERSIONS)
+def test_another_key_fails_verification_saying_so(signed, keys, helm):
+    done = verify(helm, signed / CHART_TGZ, keys["other-public"])
+    assert done.returncode == 1
+    assert "signature made by unknown entity" in done.stderr, done.stderr
