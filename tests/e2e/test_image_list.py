@@ -1,0 +1,42 @@
+"""`metax-operator images` is what the cluster is asked to pull: the seed's install from the local
+OCI registry (Helm 4) with an administrator's values, `helm test` and `helm uninstall`; every pod
+seen on the way (the components on the kwok nodes, the hook Jobs, the runner and the test pod on
+the real node) asks for exactly the images the command lists for the same values."""
+
+from __future__ import annotations
+
+import pytest
+
+from metax_operator import cli
+from tests.e2e.userpath import NS, PodWatch, ok, release_name, seed_install, terminated
+from tests.helm import BIN
+from tests.realnode import NODE_NAME
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+
+
+def test_the_listed_images_are_the_images_the_pods_ask_for(tools_cluster, tools_api, clean_slate, tmp_path, capsys):
+    cluster = tools_cluster
+    values = cluster.user_values(
+        tmp_path, exporter={"deploy": True}, maca={"payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04-amd64"]}}
+    )
+    pods = PodWatch(tools_api, NS)
+    release = release_name(ok(seed_install(cluster, "helm4", values)))
+    ok(cluster.helm("helm4", "test", release, "-n", NS, "--timeout", "3m"))
+    ok(cluster.helm("helm4", "uninstall", release, "-n", NS, "--wait", "--timeout", "3m"))
+    eventually(
+        lambda: any(p.metadata.labels.get("gpu.metax-tech.com/hook") == "cleanup" and terminated(p) for p in pods.pods.values()),
+        30,
+        "the cleanup hook's pod seen ended",
+    )
+    pods.stop()
+    asked = {c.image for p in pods.pods.values() for c in [*(p.spec.init_containers or []), *p.spec.containers]}
+    assert {p.spec.node_name for p in pods.pods.values()} - {NODE_NAME}, "pods on the kwok nodes"
+    assert cluster.image in {c.image for p in pods.pods.values() if p.spec.node_name == NODE_NAME for c in p.spec.containers}
+
+    flags = ["--set", f"registry={cluster.registry}", "--set", "driver.payload.version=2.32.0.6", "-f", str(values)]
+    assert cli.main(["images", "--helm", str(BIN / "helm4"), *flags]) == 0
+    listed = capsys.readouterr().out.split()
+    assert set(listed) == asked
+    assert len(listed) == 9  # seven components (driver and maca share driver-manager), tools, two payloads
