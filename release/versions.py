@@ -180,9 +180,13 @@ def problems(repo: Repo) -> list[str]:
 def commit_problems(repo: Repo, entry: Entry) -> list[str]:
     """The recorded commit must be in the history and be that release (its Chart.yaml names it)."""
     try:
-        chart = _git(repo, "show", f"{entry.commit}:Chart.yaml")
-    except ReleaseError as err:
-        return [f"{CHANGELOG}: the {entry.version} entry's commit {entry.commit}: {err}"]
+        _git(repo, "cat-file", "-e", f"{entry.commit}^{{commit}}")
+    except ReleaseError:
+        return [
+            f"{CHANGELOG}: the {entry.version} entry's commit {entry.commit} is not in this repository's history; "
+            "fetch it (git fetch --unshallow) or record the right one"
+        ]
+    chart = _git(repo, "show", f"{entry.commit}:Chart.yaml")
     named = PLACES[0][1].search(chart)
     if not named or named["version"] != entry.version:
         return [

@@ -4,6 +4,7 @@ each rule of `scripts/release check` fails where it should, on a copy of the fil
 from __future__ import annotations
 
 import datetime
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,10 +41,15 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path) -> versions.Repo:
-    """A git repository holding the files a release touches, as this checkout has them."""
+    """A git repository holding the files a release touches, as this checkout has them, less the
+    CHANGELOG's Unreleased changes and recorded commits (of this repository's history)."""
     for name in {*(name for name, _ in versions.PLACES), versions.CHANGELOG}:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(versions.REPO / name, tmp_path / name)
+    changelog = (tmp_path / versions.CHANGELOG).read_text()
+    changelog = re.sub(r"^Commit: `[0-9a-f]{40}`\n\n", "", changelog, flags=re.MULTILINE)
+    changelog = re.sub(r"(^## \[Unreleased\]\n).*?(?=^## \[)", r"\1\n", changelog, flags=re.MULTILINE | re.DOTALL)
+    (tmp_path / versions.CHANGELOG).write_text(changelog)
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "the current release")
@@ -154,8 +160,10 @@ def test_a_recorded_commit_of_another_version_is_found(repo):
         f"CHANGELOG.md: the {version} entry's commit {wrong[:12]} is chart 0.11.0; record the commit the release was made from"
     ]
     repo.write(versions.CHANGELOG, text[:end] + "\nCommit: `" + "0" * 40 + "`\n" + text[end:])
-    (problem,) = versions.problems(repo)
-    assert problem.startswith(f"CHANGELOG.md: the {version} entry's commit {'0' * 40}: ")
+    assert versions.problems(repo) == [
+        f"CHANGELOG.md: the {version} entry's commit {'0' * 40} is not in this repository's history; "
+        "fetch it (git fetch --unshallow) or record the right one"
+    ]
 
 
 @pytest.mark.parametrize(
