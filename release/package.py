@@ -58,7 +58,10 @@ PUSH = """#!/bin/sh
 # ./push DOMAIN/PROJECT: pushes this package into the site's registry, the chart with its provenance
 # (helm push; then `helm install oci://DOMAIN/PROJECT/metax-operator --version {version}`) and
 # every OCI image archive beside this script, NAME+TAG.oci.tar (skopeo copy: MetaX's archives
-# copied here, the tools image when the package holds it). Set HELM and SKOPEO to use other binaries.
+# copied here, the tools image when the package holds it). HELM and SKOPEO name other binaries;
+# HELM_FLAGS and SKOPEO_FLAGS add flags: for a registry with a private CA, SSL_CERT_FILE=CA for
+# Helm and SKOPEO_FLAGS="--dest-cert-dir DIR"; for plain HTTP, HELM_FLAGS=--plain-http and
+# SKOPEO_FLAGS=--dest-tls-verify=false.
 set -eu
 [ $# -eq 1 ] || {{ echo "usage: $0 DOMAIN/PROJECT (e.g. $0 cr.example.com/metax)" >&2; exit 2; }}
 target=${{1%/}}
@@ -68,11 +71,13 @@ case $target in
   *) echo "error: $1: give DOMAIN/PROJECT, e.g. cr.example.com/metax" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
-"${{HELM:-helm}}" push "$here/metax-operator-{version}.tgz" "oci://$target"
+# shellcheck disable=SC2086 # the flags are words
+"${{HELM:-helm}}" push ${{HELM_FLAGS:-}} "$here/metax-operator-{version}.tgz" "oci://$target"
 for archive in "$here"/*+*.oci.tar; do
   [ -e "$archive" ] || continue
   base=$(basename "$archive" .oci.tar)
-  "${{SKOPEO:-skopeo}}" copy --all "oci-archive:$archive" "docker://$target/${{base%%+*}}:${{base#*+}}"
+  # shellcheck disable=SC2086
+  "${{SKOPEO:-skopeo}}" copy ${{SKOPEO_FLAGS:-}} --all "oci-archive:$archive" "docker://$target/${{base%%+*}}:${{base#*+}}"
 done
 """
 

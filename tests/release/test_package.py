@@ -116,11 +116,14 @@ def keys(tmp_path_factory) -> dict[str, Path]:
         home = tmp_path_factory.mktemp(f"gnupg-{who}")
         home.chmod(0o700)
         user = f"metax-operator {who} <{who}@example.invalid>"
-        gpg(home, "--passphrase", "", "--quick-gen-key", user, "rsa3072", "sign", "never")
-        out[f"{who}-secret"] = home.parent / f"{who}-secring.gpg"
-        out[f"{who}-secret"].write_bytes(gpg(home, "--export-secret-keys"))
-        out[f"{who}-public"] = home.parent / f"{who}-pubring.gpg"
-        out[f"{who}-public"].write_bytes(gpg(home, "--export"))
+        try:
+            gpg(home, "--passphrase", "", "--quick-gen-key", user, "rsa3072", "sign", "never")
+            out[f"{who}-secret"] = home.parent / f"{who}-secring.gpg"
+            out[f"{who}-secret"].write_bytes(gpg(home, "--export-secret-keys"))
+            out[f"{who}-public"] = home.parent / f"{who}-pubring.gpg"
+            out[f"{who}-public"].write_bytes(gpg(home, "--export"))
+        finally:  # gpg started an agent for the home: end it
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=True)
     return out
 
 

@@ -1,0 +1,109 @@
+"""The package's `push` against a real OCI registry (the distribution registry, TLS from a CA made
+for the test), as a site runs it: the chart goes to `oci://HOST/PROJECT` with its provenance, so
+`helm pull --verify` against the shipped keyring passes, and an image archive beside the script
+is pushed under its NAME+TAG."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from image import oci
+from tests.controlplane import free_port
+from tests.helm import BIN, CHART_VERSION, helm_path
+from tests.registry import config
+from tests.release.test_package import keys, signed  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.helm
+PROJECT = "site/metax"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """(host:port, CA file): the distribution registry on 127.0.0.1 with a certificate of a CA made here."""
+    binary = BIN / "registry"
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: run 'make setup' (builds the distribution registry)", pytrace=False)
+    work = tmp_path_factory.mktemp("registry")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=registry",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "tls.key", "-out", "tls.crt"],
+        cwd=work, check=True, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    process = subprocess.Popen([binary, "serve", config(work, port, work / "tls.crt", work / "tls.key")], cwd=work)
+    host = f"127.0.0.1:{port}"
+    context = ssl.create_default_context(cafile=work / "tls.crt")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"https://{host}/v2/", context=context, timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("the registry did not answer within 30 s", pytrace=False)
+            time.sleep(0.2)
+    yield host, work / "tls.crt"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def tiny_archive(directory: Path, name: str, tag: str) -> Path:
+    """An OCI archive of a one-file image, as MetaX's image archives are copied beside `push`."""
+    root = directory / "root"
+    root.mkdir()
+    (root / "hello").write_text("hello\n")
+    layer = oci.write_layer(root, directory / "layer-blobs", 0)
+    layout = directory / "layout"
+    oci.write_layout(
+        layout, [(oci.blob_path(directory / "layer-blobs", layer), layer)], {"architecture": "amd64", "os": "linux"}, tag
+    )
+    archive = directory / f"{name}+{tag}.oci.tar"
+    with tarfile.open(archive, "w") as out:
+        for path in sorted(layout.rglob("*")):
+            out.add(path, arcname=str(path.relative_to(layout)), recursive=False)
+    return archive
+
+
+def test_push_puts_the_signed_chart_and_the_archives_into_the_registry(signed, registry, tmp_path):
+    host, ca = registry
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(ca.read_bytes())
+    tiny_archive(tmp_path, "driver-image", "2.32.0.6").rename(signed / "driver-image+2.32.0.6.oci.tar")
+    env = {
+        **os.environ,
+        "HELM": str(helm_path("helm4")),
+        "SSL_CERT_FILE": str(ca),
+        "SKOPEO_FLAGS": f"--dest-cert-dir {certs}",
+        "HELM_CONFIG_HOME": str(tmp_path / "helm"),
+        "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
+    }
+    done = subprocess.run([signed / "push", f"{host}/{PROJECT}"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+
+    for helm in ("helm3", "helm4"):
+        pulled = tmp_path / f"pulled-{helm}"
+        done = subprocess.run(
+            [BIN / helm, "pull", f"oci://{host}/{PROJECT}/metax-operator", "--version", CHART_VERSION, "--verify",
+             "--keyring", signed / "metax-operator-keyring.gpg", "--destination", pulled],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (pulled / f"metax-operator-{CHART_VERSION}.tgz").read_bytes() == (
+            signed / f"metax-operator-{CHART_VERSION}.tgz"
+        ).read_bytes()
+    inspect = subprocess.run(
+        ["skopeo", "inspect", "--cert-dir", str(certs), f"docker://{host}/{PROJECT}/driver-image:2.32.0.6"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(inspect.stdout)["Architecture"] == "amd64"
