@@ -19,6 +19,9 @@ TODAY = datetime.date(2027, 3, 4)
 
 def test_this_checkout_is_its_release():
     assert versions.problems(versions.Repo()) == []
+    done = subprocess.run([versions.REPO / "scripts" / "release", "check"], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"release {versions.Repo().version()}: versions agree, CHANGELOG.md and the annotations are current\n"
 
 
 def test_the_annotation_is_valid_artifacthub_changes():
