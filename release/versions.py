@@ -130,6 +130,10 @@ class Repo:
     def write(self, name: str, text: str) -> None:
         (self.root / name).write_text(text)
 
+    def has_history(self) -> bool:
+        """Whether the checkout has its git history (an exported tree has none to check commits in)."""
+        return subprocess.run(["git", "-C", str(self.root), "rev-parse", "--git-dir"], capture_output=True).returncode == 0
+
     def version(self) -> str:
         """The chart's version (Chart.yaml `version`)."""
         return PLACES[0][1].search(self.read("Chart.yaml"))["version"]
@@ -172,7 +176,7 @@ def problems(repo: Repo) -> list[str]:
     for other in entries.values():
         if other.version != "Unreleased" and other.commit is None and other.version != version:
             found.append(f"{CHANGELOG}: the {other.version} entry records no commit; run scripts/release record {other.version}")
-        elif other.commit is not None:
+        elif other.commit is not None and repo.has_history():
             found += commit_problems(repo, other)
     return found
 
