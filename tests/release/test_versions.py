@@ -194,3 +194,13 @@ def test_the_command_says_what_is_wrong_in_one_line_each(repo, capsys, monkeypat
     assert capsys.readouterr().err == "error: 'x' is not a version MAJOR.MINOR.PATCH[-rc.N|-alpha.N|-beta.N]: e.g. 0.11.0\n"
     assert versions.main(["nonsense"]) == 2
     assert capsys.readouterr().err == versions.USAGE + "\n"
+
+
+def test_an_exported_tree_without_history_skips_the_recorded_commits(repo):
+    version = repo.version()
+    text = repo.read(versions.CHANGELOG)
+    end = text.index("\n", text.index(f"## [{version}]")) + 1
+    repo.write(versions.CHANGELOG, text[:end] + "\nCommit: `" + "0" * 40 + "`\n" + text[end:])
+    assert len(versions.problems(repo)) == 1
+    shutil.rmtree(repo.root / ".git")
+    assert not repo.has_history() and versions.problems(repo) == []
