@@ -25,11 +25,7 @@ def test_the_listed_images_are_the_images_the_pods_ask_for(tools_cluster, tools_
     release = release_name(ok(seed_install(cluster, "helm4", values)))
     ok(cluster.helm("helm4", "test", release, "-n", NS, "--timeout", "3m"))
     ok(cluster.helm("helm4", "uninstall", release, "-n", NS, "--wait", "--timeout", "3m"))
-    eventually(
-        lambda: any(p.metadata.labels.get("gpu.metax-tech.com/hook") == "cleanup" and terminated(p) for p in pods.pods.values()),
-        30,
-        "the cleanup hook's pod seen ended",
-    )
+    eventually(lambda: [p for p in pods.hook("cleanup") if terminated(p)], 30, "the cleanup hook's pod seen ended")
     pods.stop()
     asked = {c.image for p in pods.pods.values() for c in [*(p.spec.init_containers or []), *p.spec.containers]}
     assert {p.spec.node_name for p in pods.pods.values()} - {NODE_NAME}, "pods on the kwok nodes"
