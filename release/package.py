@@ -55,8 +55,8 @@ PLACEHOLDER_REGISTRY = "registry.invalid/project"
 #: Every component deployed, the payloads left out (the site picks their versions at install).
 LIST_VALUES = ("--set", f"registry={PLACEHOLDER_REGISTRY}", "--set", "exporter.deploy=true", "--set", "driver.deployPolicy=Never")
 PUSH = """#!/bin/sh
-# ./push DOMAIN/PROJECT: pushes this package into the site's registry, the chart with its provenance
-# (helm push; then `helm install oci://DOMAIN/PROJECT/metax-operator --version {version}`) and
+# ./push DOMAIN/PROJECT: pushes this package into the site's registry, the chart (helm push; with
+# its provenance when PUSH_PROVENANCE=1; then `helm install oci://DOMAIN/PROJECT/metax-operator --version {version}`) and
 # every OCI image archive beside this script, NAME+TAG.oci.tar (skopeo copy: MetaX's archives
 # copied here, the tools image when the package holds it). HELM and SKOPEO name other binaries;
 # HELM_FLAGS and SKOPEO_FLAGS add flags: for a registry with a private CA, SSL_CERT_FILE=CA for
@@ -71,8 +71,18 @@ case $target in
   *) echo "error: $1: give DOMAIN/PROJECT, e.g. cr.example.com/metax" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
+chart=$here/metax-operator-{version}.tgz
+# helm push uploads the provenance beside the chart, and Helm 3.18.0 then cannot pull the chart at
+# all (helm/helm#30890): without PUSH_PROVENANCE=1 the chart goes alone (verify it from this
+# package: helm verify metax-operator-{version}.tgz --keyring metax-operator-keyring.gpg).
+if [ "${{PUSH_PROVENANCE:-}}" != 1 ]; then
+  alone=$(mktemp -d)
+  trap 'rm -rf "$alone"' EXIT
+  cp "$chart" "$alone/"
+  chart=$alone/metax-operator-{version}.tgz
+fi
 # shellcheck disable=SC2086 # the flags are words
-"${{HELM:-helm}}" push ${{HELM_FLAGS:-}} "$here/metax-operator-{version}.tgz" "oci://$target"
+"${{HELM:-helm}}" push ${{HELM_FLAGS:-}} "$chart" "oci://$target"
 for archive in "$here"/*+*.oci.tar; do
   [ -e "$archive" ] || continue
   base=$(basename "$archive" .oci.tar)

@@ -20,10 +20,9 @@ from image import oci
 from tests.controlplane import free_port
 from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.registry import config
-from tests.release.test_package import keys, signed  # noqa: F401 (fixtures)
+from tests.release.test_package import CHART_TGZ, keys, signed  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.helm
-PROJECT = "site/metax"
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +73,11 @@ def tiny_archive(directory: Path, name: str, tag: str) -> Path:
     return archive
 
 
-def test_push_puts_the_signed_chart_and_the_archives_into_the_registry(signed, registry, tmp_path):
-    host, ca = registry
+def push_env(tmp_path: Path, ca: Path, **more: str) -> tuple[dict, Path]:
+    """The environment a site with a private CA pushes and pulls under, and skopeo's cert dir."""
     certs = tmp_path / "certs"
-    certs.mkdir()
+    certs.mkdir(exist_ok=True)
     (certs / "ca.crt").write_bytes(ca.read_bytes())
-    tiny_archive(tmp_path, "driver-image", "2.32.0.6").rename(signed / "driver-image+2.32.0.6.oci.tar")
     env = {
         **os.environ,
         "HELM": str(helm_path("helm4")),
@@ -87,23 +85,45 @@ def test_push_puts_the_signed_chart_and_the_archives_into_the_registry(signed, r
         "SKOPEO_FLAGS": f"--dest-cert-dir {certs}",
         "HELM_CONFIG_HOME": str(tmp_path / "helm"),
         "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
+        **more,
     }
-    done = subprocess.run([signed / "push", f"{host}/{PROJECT}"], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr
+    return env, certs
 
+
+def pull(helm: str, ref: str, into: Path, env: dict, *flags: str) -> subprocess.CompletedProcess:
+    into.mkdir()
+    return subprocess.run(
+        [BIN / helm, "pull", ref, "--version", CHART_VERSION, "--destination", into, *flags],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_push_puts_the_chart_and_the_archives_into_the_registry(signed, registry, tmp_path):
+    """By default the chart goes without its provenance, so Helm 3.18.0 pulls it too; the site
+    verifies it from the package, and the pulled chart is that one, byte for byte."""
+    host, ca = registry
+    env, certs = push_env(tmp_path, ca)
+    tiny_archive(tmp_path, "driver-image", "2.32.0.6").rename(signed / "driver-image+2.32.0.6.oci.tar")
+    done = subprocess.run([signed / "push", f"{host}/site/metax"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
     for helm in ("helm3", "helm4"):
-        pulled = tmp_path / f"pulled-{helm}"
-        done = subprocess.run(
-            [BIN / helm, "pull", f"oci://{host}/{PROJECT}/metax-operator", "--version", CHART_VERSION, "--verify",
-             "--keyring", signed / "metax-operator-keyring.gpg", "--destination", pulled],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
+        into = tmp_path / f"pulled-{helm}"
+        done = pull(helm, f"oci://{host}/site/metax/metax-operator", into, env)
         assert done.returncode == 0, done.stderr
-        assert (pulled / f"metax-operator-{CHART_VERSION}.tgz").read_bytes() == (
-            signed / f"metax-operator-{CHART_VERSION}.tgz"
-        ).read_bytes()
+        assert (into / CHART_TGZ).read_bytes() == (signed / CHART_TGZ).read_bytes()
     inspect = subprocess.run(
-        ["skopeo", "inspect", "--cert-dir", str(certs), f"docker://{host}/{PROJECT}/driver-image:2.32.0.6"],
+        ["skopeo", "inspect", "--cert-dir", str(certs), f"docker://{host}/site/metax/driver-image:2.32.0.6"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(inspect.stdout)["Architecture"] == "amd64"
+
+
+def test_push_with_the_provenance_lets_helm_pull_verify(signed, registry, tmp_path):
+    host, ca = registry
+    env, _ = push_env(tmp_path, ca, PUSH_PROVENANCE="1")
+    done = subprocess.run([signed / "push", f"{host}/signed/metax"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    keyring = signed / "metax-operator-keyring.gpg"
+    done = pull("helm4", f"oci://{host}/signed/metax/metax-operator", tmp_path / "pulled", env, "--verify", "--keyring", keyring)
+    assert done.returncode == 0, done.stderr
+    assert "Signed by: metax-operator release <release@example.invalid>" in done.stderr + done.stdout
