@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from metax_operator import cli
-from tests.e2e.userpath import NS, PodWatch, ok, release_name, seed_install, terminated
+from tests.e2e.userpath import NS, PodWatch, get_cr, ok, release_name, runner_pod, seed_install, terminated
 from tests.helm import BIN
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
@@ -16,14 +16,20 @@ from tests.waiting import eventually
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
 
+def reconciled(api) -> bool:
+    found = ((get_cr(api) or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Reconciled" and c["status"] == "True" for c in found)
+
+
 def test_the_listed_images_are_the_images_the_pods_ask_for(tools_cluster, tools_api, clean_slate, tmp_path, capsys):
     cluster = tools_cluster
-    values = cluster.user_values(
-        tmp_path, exporter={"deploy": True}, maca={"payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04-amd64"]}}
-    )
+    # The exporter stays off (its default): helm test scrapes it, and kwok pods serve nothing.
+    values = cluster.user_values(tmp_path, maca={"payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04-amd64"]}})
     pods = PodWatch(tools_api, NS)
     release = release_name(ok(seed_install(cluster, "helm4", values)))
-    ok(cluster.helm("helm4", "test", release, "-n", NS, "--timeout", "3m"))
+    eventually(lambda: runner_pod(tools_api), 60, "one running runner pod")
+    eventually(lambda: reconciled(tools_api), 60, "the runner's Reconciled condition on the CR")
+    ok(cluster.helm("helm4", "test", release, "-n", NS, "--logs", "--timeout", "3m"))
     ok(cluster.helm("helm4", "uninstall", release, "-n", NS, "--wait", "--timeout", "3m"))
     eventually(lambda: [p for p in pods.hook("cleanup") if terminated(p)], 30, "the cleanup hook's pod seen ended")
     pods.stop()
@@ -35,4 +41,4 @@ def test_the_listed_images_are_the_images_the_pods_ask_for(tools_cluster, tools_
     assert cli.main(["images", "--helm", str(BIN / "helm4"), *flags]) == 0
     listed = capsys.readouterr().out.split()
     assert set(listed) == asked
-    assert len(listed) == 9  # seven components (driver and maca share driver-manager), tools, two payloads
+    assert len(listed) == 8  # six components (driver and maca share driver-manager), tools, two payloads
