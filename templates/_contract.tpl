@@ -54,6 +54,8 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 
 {{- define "metax-operator.crdFile" -}}clusteroperators.gpu.metax-tech.com.yaml{{- end }}
 
+{{- define "metax-operator.fullCrdKey" -}}full-clusteroperators.gpu.metax-tech.com.yaml{{- end }}
+
 {{- define "metax-operator.driverConfig" -}}driver-config{{- end }}
 
 {{- define "metax-operator.vfioConfig" -}}metax-vfio-config{{- end }}

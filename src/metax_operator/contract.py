@@ -141,4 +141,6 @@ HOOK_MOUNT_ROOT = "/etc/metax-operator"
 #: The key of the hook values ConfigMap holding the release's values (JSON).
 HOOK_VALUES_KEY = "values.json"
 HOOK_VALUES_FILE = f"{HOOK_MOUNT_ROOT}/values/{HOOK_VALUES_KEY}"
-HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"
+HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"  # the portable CRD (the chart's crds/)
+FULL_CRD_KEY = f"full-{CRD_FILE_NAME}"  # the whole CRD (the chart's files/), beside it in the ConfigMap
+HOOK_FULL_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{FULL_CRD_KEY}"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import cli, contract
-from metax_operator.chart import admission, validation
+from metax_operator.chart import admission, schema, validation
 from metax_operator.chart.validate import merged_values
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import bootstrap
@@ -33,7 +33,7 @@ from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
-CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
+CRD_FILE = CHART / schema.FULL_CRD_FILE  # what the chart mounts for the upgrade-crds hook
 CR_PATH = "/apis/gpu.metax-tech.com/v1/clusteroperators"
 # Cases the API server does not refuse, and why (validate and the hook refuse them, the runner
 # reports them as a condition).

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from metax_operator import cli, contract
+from metax_operator.chart import schema
 from metax_operator.hooks import bootstrap, cleanup, common
 from metax_operator.runtime import kube
 from tests.controlplane import GPU_LABEL
@@ -25,7 +26,7 @@ from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
 
-CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
+CRD_FILE = CHART / schema.FULL_CRD_FILE  # what the chart mounts for the upgrade-crds hook
 BASE_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 CRD = (common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
 CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)

@@ -1,7 +1,9 @@
 """The chart's generated files, from the sources each fact is written in once.
 
 - values.schema.json and the ClusterOperator CRD: from schema_source.yaml and values.yaml
-  (schema.py), the CRD with the cross-field rules as CEL (admission.py);
+  (schema.py), the CRD with the cross-field rules as CEL (admission.py): in crds/ the portable
+  form every supported API server admits (what Helm installs), and whole in files/ (what the
+  upgrade-crds hook applies where the API server admits it);
 - templates/admission/validatingadmissionpolicy.yaml: from admission.py;
 - templates/_contract.tpl: the names of contract.py as named templates, so the templates use
   the same component names, prerequisites, label and annotation keys as the Python code;
@@ -42,6 +44,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.crName": contract.CR_NAME,
     "metax-operator.crdName": contract.CRD_NAME,
     "metax-operator.crdFile": contract.CRD_FILE_NAME,
+    "metax-operator.fullCrdKey": contract.FULL_CRD_KEY,
     "metax-operator.driverConfig": contract.DRIVER_CONFIG,
     "metax-operator.vfioConfig": contract.VFIO_CONFIG,
     "metax-operator.hookMountRoot": contract.HOOK_MOUNT_ROOT,
@@ -89,9 +92,9 @@ def render_contract_template() -> str:
     return "\n".join(parts)
 
 
-def render_crd(values_text: str) -> str:
+def render_crd(crd: dict) -> str:
     body = yaml.safe_dump(
-        schema.build_crd(values_text, admission.crd_rules),
+        crd,
         sort_keys=False,
         width=100,
         allow_unicode=True,
@@ -108,7 +111,8 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
     return {
         schema.K8S_SHAPES: schema.render_k8s_shapes(),
         root / schema.VALUES_SCHEMA: values_schema,
-        root / schema.CRD_FILE: render_crd(values_text),
+        root / schema.CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=False))),
+        root / schema.FULL_CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=True))),
         root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
         root / CONTRACT_TEMPLATE: render_contract_template(),
     }
