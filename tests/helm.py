@@ -24,11 +24,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from metax_operator.chart import schema
+
 CHART = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin"
 HELM_VERSIONS = ("helm3", "helm4")
 KUBERNETES_VERSION = "1.34"
 RELEASE, NAMESPACE = "metax", "metax-operator"
+# The upgrade-crds hook's CRD arguments as the chart passes them: the portable CRD and the whole one.
+UPGRADE_CRDS_ARGS = ("--crd", str(CHART / schema.CRD_FILE), "--full-crd", str(CHART / schema.FULL_CRD_FILE))
 # Kinds that are not in the Kubernetes API schemas (CRD-defined); they are left unvalidated.
 CUSTOM_API_GROUPS = ("monitoring.coreos.com/", "gpu.metax-tech.com/")
 
