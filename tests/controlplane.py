@@ -1111,6 +1111,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--plain-nodes", type=int, default=2, help="simulated nodes without GPUs (default 2)")
     up.add_argument("--port", type=int, default=6443, help="API server port on 127.0.0.1 (default 6443)")
     up.add_argument(
+        "--kubernetes",
+        default=K8S_VERSION,
+        choices=[K8S_VERSION] + [v.version for v in matrix()],
+        help=f"the Kubernetes version (default {K8S_VERSION}; the others, of scripts/controlplane/versions/matrix, "
+        "have their API server built alone: with --api-only)",
+    )
+    up.add_argument("--api-only", action="store_true", help="etcd and the API server alone: no nodes, no registry")
+    up.add_argument(
         "--no-real-node",
         dest="real_node",
         action="store_false",
@@ -1138,6 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
+        if args.kubernetes != K8S_VERSION and not args.api_only:
+            raise ControlPlaneError(f"--kubernetes {args.kubernetes}: only its API server is built; add --api-only")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()
         cp = ControlPlane.start(
@@ -1145,15 +1155,18 @@ def main(argv: list[str] | None = None) -> int:
             gpu_nodes=args.nodes,
             plain_nodes=args.plain_nodes,
             port=args.port,
-            real_node=args.real_node,
+            real_node=args.real_node and not args.api_only,
             timeout=180 if args.real_node else 90,
+            kubernetes=args.kubernetes,
+            api_only=args.api_only,
         )
     except (ControlPlaneError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    nodes = "no nodes" if args.api_only else f"{args.nodes} GPU nodes, {args.plain_nodes} plain nodes"
     print(
-        f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
-        f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}"
+        f"Kubernetes {args.kubernetes} up in {time.monotonic() - started:.1f} s: {nodes}, "
+        f"API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}"
     )
     if cp.node:
         print(
