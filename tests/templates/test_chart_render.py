@@ -460,8 +460,10 @@ def test_package_holds_only_the_chart(tmp_path):
         "README.md",
         ".helmignore",
         "crds",
+        "files",
         "templates",
         "dashboards",
     }
     assert {"Chart.yaml", "values.yaml", "templates"} <= top
     assert "templates/driver/daemonset.yaml" in names
+    assert {f"crds/{contract.CRD_FILE_NAME}", f"files/{contract.CRD_FILE_NAME}"} <= names  # both CRD forms
