@@ -462,6 +462,8 @@ def test_package_holds_only_the_chart(tmp_path):
         "crds",
         "templates",
         "dashboards",
+        "alerts",
     }
     assert {"Chart.yaml", "values.yaml", "templates"} <= top
     assert "templates/driver/daemonset.yaml" in names
+    assert "alerts/metax-operator-rules.yaml" in names

@@ -90,8 +90,8 @@ class Runner:
         """Set RunnerHealthy (written only when it changes; the writes made). Best effort: the
         status write may be what fails, and that must not hide the pass's own failure."""
         condition = reconcile.pass_condition(failure)
-        if failure is not None and self.metrics is not None:
-            self.metrics.pass_failures.labels(condition.reason).inc()
+        if self.metrics is not None:
+            self.metrics.pass_ended(condition)
         try:
             observed = reconcile.observe(self.objects, self.namespace)
         except NotReady:  # the caches have not listed (yet, or since the failure): nothing to report to
@@ -127,6 +127,8 @@ class Runner:
             self.watching = True
         outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
+        if self.metrics is not None:
+            self.metrics.read_policy(observed.spec)
         writes += self.rollout.run_pass()
         seconds = time.monotonic() - started
         if self.metrics is not None:
