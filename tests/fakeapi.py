@@ -39,6 +39,7 @@ KINDS = [
     ("/api/v1", "configmaps", "ConfigMap", True),
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
+    ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
 ]
 
@@ -150,7 +151,7 @@ class FakeApi:
             return self._answer(method, path, query, body)
 
     def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
-        if method == "GET" and path in ("/api/v1", "/apis/apps/v1", "/apis/gpu.metax-tech.com/v1"):
+        if method == "GET" and path in {group for group, *_ in KINDS}:
             return 200, {
                 "resources": [
                     {"name": plural, "kind": kind, "namespaced": namespaced}

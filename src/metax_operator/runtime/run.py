@@ -28,6 +28,7 @@ import time
 
 from metax_operator import jsonlog
 from metax_operator.cli import bounded
+from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import execute
 from metax_operator.rollout.observe import Watches
@@ -214,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--interval-only", action="store_true", help="pass only every --interval seconds, not also when a watch sees a change"
     )
-    parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
+    parser.add_argument("--lease-name", default=RUNNER_LEASE, help=f"the Lease the runners elect with (default {RUNNER_LEASE})")
     parser.add_argument(
         "--lease-duration",
         type=bounded(int, 1, 3600),
