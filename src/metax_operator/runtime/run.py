@@ -34,7 +34,7 @@ from metax_operator.rollout import execute
 from metax_operator.rollout.observe import Watches
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.health import Health, serve
-from metax_operator.runtime.kube import Client, add_arguments
+from metax_operator.runtime.kube import Client, add_arguments, failure_line
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
@@ -103,7 +103,7 @@ class Runner:
         try:
             return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
-            jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
+            jsonlog.event(log, "report-failed", logging.WARNING, error=failure_line(err))
             return 0
 
     def _pass(self) -> int:
@@ -179,9 +179,7 @@ def loop(
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
                 failures += 1
                 delay = min(MAX_BACKOFF, interval * 2**failures)
-                jsonlog.event(
-                    log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}", failures=failures, retry_in=delay
-                )
+                jsonlog.event(log, "pass-failed", logging.ERROR, error=failure_line(err), failures=failures, retry_in=delay)
         elif elector.lock.holder != waiting_for:
             waiting_for = elector.lock.holder
             jsonlog.event(
