@@ -15,13 +15,15 @@ from dataclasses import dataclass
 
 import yaml
 
+from metax_operator.contract import DAEMONSETS
+
 RULES_FILE = "alerts/metax-operator-rules.yaml"
 #: Where docs/alerts.md is read; the chart's `runner.prometheusRule.runbookBaseURL` replaces it.
 RUNBOOK_BASE = "https://git.example.com/gpu/metax-operator/blob/main/docs/alerts.md"
 RUNNER_GROUP = "metax-operator-runner"
-EXPORTER_GROUP = "metax-data-exporter"
-#: The exporter's scrape job: its Service's name, which its ServiceMonitor's targets carry.
-EXPORTER_JOB = "metax-data-exporter"
+#: The exporter's scrape job: its Service's (and DaemonSet's) name, which its ServiceMonitor's
+#: targets carry; also the name of its rule group, which the chart includes where that job exists.
+EXPORTER_JOB = EXPORTER_GROUP = DAEMONSETS["exporter"]
 #: Keeps a rollout alert to the runner that leads: the others keep the gauges they last set.
 LEADING = "and on(instance) metax_operator_leader == 1"
 
