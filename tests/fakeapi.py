@@ -40,6 +40,7 @@ KINDS = [
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
+    ("/apis/batch/v1", "cronjobs", "CronJob", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
 ]
 

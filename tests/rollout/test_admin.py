@@ -184,5 +184,10 @@ def test_the_lease_says_whether_a_runner_leads():
         )
         fake.put(LEASE, lease(None, NOW - 3))
         assert "is released and no runner took it over" in no_leader()
+        fake.put(
+            "/apis/batch/v1/namespaces/metax-operator/cronjobs/metax-operator-runner",
+            {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "metax-operator-runner"}},
+        )
+        assert no_leader() is None  # runner.mode cronjob: released between runs
         fake.fail("GET", LEASE, 403)
         assert no_leader().startswith("unknown: you may not read the Lease metax-operator/metax-operator-runner (403)")

@@ -27,6 +27,7 @@ from metax_operator.lookup import lookup
 from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
+from metax_operator.runtime.reconcile import RUNNER_HEALTHY, SPEC_VALID
 from metax_operator.workloads.nodes import DEFAULT_NAMESPACE
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
@@ -136,6 +137,9 @@ def no_leader(api: Client, namespace: str, name: str, now: float) -> str | None:
             return f"unknown: you may not read the {where} ({err.status}); ask for get on leases in {namespace}"
         raise
     runner = f"kubectl -n {namespace} get pods -l app.kubernetes.io/component=runner"
+    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+    if not holder and _runs_as_cronjob(api, namespace, name):
+        return None  # runner.mode cronjob: each run takes the lease and releases it
     if lease is None:
         return f"no runner has ever taken the {where} (a wrong namespace? pass -n): check the runner pod, {runner}"
     spec = lease.get("spec") or {}
@@ -152,6 +156,14 @@ def no_leader(api: Client, namespace: str, name: str, now: float) -> str | None:
     return None
 
 
+def _runs_as_cronjob(api: Client, namespace: str, name: str) -> bool:
+    """Whether the runner is the chart's CronJob (named like the Lease); False when unreadable."""
+    try:
+        return api.get("batch/v1", "CronJob", name, namespace) is not None
+    except ApiException:
+        return False
+
+
 def blockers(
     cr: dict, status: rollout.UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str
 ) -> list[str]:
@@ -159,13 +171,13 @@ def blockers(
     itself (`Stopped: ...`), then what the rollout waits for (`Waiting: ...`)."""
     conditions = {c.get("type"): c for c in (cr.get("status") or {}).get("conditions") or () if isinstance(c, dict)}
     out = []
-    spec = conditions.get("SpecValid") or {}
+    spec = conditions.get(SPEC_VALID) or {}
     if spec.get("status") == "False":
         out.append(
             f"Stopped: the runner refuses the spec (SpecValid=False, {spec.get('reason')}): {spec.get('message')};"
             f" fix it: {EDIT_CR}"
         )
-    health = conditions.get("RunnerHealthy") or {}
+    health = conditions.get(RUNNER_HEALTHY) or {}
     if health.get("status") == "False":
         out.append(
             f"Stopped: the runner's passes fail (RunnerHealthy=False, {health.get('reason')}): {health.get('message')};"
