@@ -13,6 +13,7 @@ import tarfile
 import pytest
 
 from metax_operator import gather
+from tests.fakeapi import FakeApi
 
 
 def test_since_takes_durations_and_refuses_the_rest():
@@ -112,3 +113,48 @@ def test_the_tarball_holds_the_manifest_and_each_file_under_one_directory(tmp_pa
         manifest = json.load(archive.extractfile("ticket-42/manifest.json"))
     assert names == ["ticket-42/manifest.json", "ticket-42/cr.yaml"]
     assert manifest["parts"] == {"cr.yaml": "ok", "metrics.txt": "not gathered: no runner pod is running"}
+
+
+NS = "metax-operator"
+RUNNER_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "metax-operator-runner-x", "labels": {"app.kubernetes.io/component": "runner"}},
+    "spec": {
+        "nodeName": "cp-1",
+        "initContainers": [{"name": "wait"}],
+        "containers": [{"name": "runner", "ports": [{"name": "health", "containerPort": 8081}]}],
+    },
+    "status": {"phase": "Running"},
+}
+PODS = f"/api/v1/namespaces/{NS}/pods"
+WAITING = 'container "wait" in pod "metax-operator-runner-x" is waiting to start'
+
+
+def test_logs_and_the_scrape_are_asked_of_the_api_server_with_their_bounds():
+    """On the fake API server (a real one would ask kwok's nodes, which have no kubelet): each
+    container's current and previous log with limitBytes and sinceSeconds, the scrape through
+    the pod proxy, and a refusal kept in the manifest as one line."""
+    with FakeApi() as fake:
+        fake.put(f"{PODS}/metax-operator-runner-x", RUNNER_POD)
+        fake.put(f"{PODS}/metax-operator-runner-x/log", {"line": "pass writes=0"})
+        fake.put(f"{PODS}/metax-operator-runner-x:8081/proxy/metrics", {"metax_operator_leader": 1})
+        fake.fail("GET", f"{PODS}/metax-operator-runner-x/log", 400, times=1, message=WAITING)
+        gatherer = gather.Gatherer(fake.client(), NS, 600, set(), 1_800_000_000.0)
+        bundle = gather.Bundle()
+        pods = fake.client().list("v1", "Pod", NS)
+        for pod in pods:
+            gatherer.logs(pod, bundle)
+        bundle.part("metrics.txt", lambda: gatherer.metrics(pods))
+        asked = [r.query for r in fake.sent("GET", "/log")]
+    assert [(q["container"], q.get("previous")) for q in asked] == [
+        ("wait", None),
+        ("wait", "true"),
+        ("runner", None),
+        ("runner", "true"),
+    ]
+    assert all(q["limitBytes"] == str(gather.LOG_BYTES) and q["sinceSeconds"] == "600" for q in asked)
+    refused = f"GET {PODS}/metax-operator-runner-x/log: 400 Bad Request: {WAITING}"
+    assert bundle.outcomes["logs/metax-operator-runner-x/wait.log"] == f"not gathered: {refused}"
+    assert json.loads(bundle.files["logs/metax-operator-runner-x/runner.previous.log"])["line"] == "pass writes=0"
+    assert json.loads(bundle.files["metrics.txt"])["metax_operator_leader"] == 1
