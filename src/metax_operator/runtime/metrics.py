@@ -37,8 +37,6 @@ keeps what it last saw (`metax_operator_leader` says which runner to read).
 
 from __future__ import annotations
 
-import math
-
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -214,10 +212,7 @@ def step_deadline(status: rollout.UpgradeStatus, policy: policy_mod.Policy | Non
     if policy.pause or resume.paused_by_runner or (wave := wave_bound(policy)) is None:
         return None
     index = min(sub.current_step_index, len(policy.steps) - 1)
-    nodes = sub.total_upgrade_replicas
-    targets, caps = policy.targets(nodes), policy.caps(nodes)
-    batch = targets[index] - (targets[index - 1] if index else 0)
-    waves = max(1, math.ceil(batch / max(1, caps[index]))) + policy.max_failure_threshold
+    waves = max(1, policy.waves(sub.total_upgrade_replicas)[index]) + policy.max_failure_threshold
     return start + waves * wave + (policy.steps[index].pause_ms or 0) / 1000
 
 
