@@ -12,7 +12,7 @@ codes, retries and watch streaming), with just enough of the API behind it:
   remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
   DELETE with a uid precondition (409), POST;
 - discovery of the kinds the runner uses;
-- `fail(method, path, status, times)`: the next matching requests get that status instead.
+- `fail(method, path, status, times, message=...)`: the next matching requests get that status instead.
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
 """
@@ -39,6 +39,8 @@ KINDS = [
     ("/api/v1", "configmaps", "ConfigMap", True),
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
+    ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
+    ("/apis/batch/v1", "cronjobs", "CronJob", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
 ]
 
@@ -56,7 +58,7 @@ class FakeApi:
         self.objects: dict[str, dict] = {}  # object path -> object
         self.requests: list[Request] = []
         self.version = 100
-        self._faults: list[list] = []  # [method, path, watch, status, times left]
+        self._faults: list[list] = []  # [method, path, watch, status, times left, message]
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -90,11 +92,13 @@ class FakeApi:
         with self._lock:
             return copy.deepcopy(self.objects.get(path))
 
-    def fail(self, method: str, path: str, status: int, times: int = 1, watch: bool = False) -> None:
+    def fail(
+        self, method: str, path: str, status: int, times: int = 1, watch: bool = False, message: str = "injected by the test"
+    ) -> None:
         """Answer the next `times` requests `method path` (path without the query; a WATCH, or
-        not, as `watch` says) with `status`."""
+        not, as `watch` says) with `status` and a Status object saying `message`."""
         with self._lock:
-            self._faults.append([method, path, watch, status, times])
+            self._faults.append([method, path, watch, status, times, message])
 
     def push(self, collection: str, kind: str, obj: dict) -> None:
         """Send a watch event (BOOKMARK, ERROR...) to the open watches of `collection`."""
@@ -144,13 +148,13 @@ class FakeApi:
             for fault in self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
-                    return fault[3], _status(fault[3], "injected by the test")
+                    return fault[3], _status(fault[3], fault[5])
             if method == "GET" and query.get("watch") == "true":
                 return 200, None  # served by the handler as a stream
             return self._answer(method, path, query, body)
 
     def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
-        if method == "GET" and path in ("/api/v1", "/apis/apps/v1", "/apis/gpu.metax-tech.com/v1"):
+        if method == "GET" and path in {group for group, *_ in KINDS}:
             return 200, {
                 "resources": [
                     {"name": plural, "kind": kind, "namespaced": namespaced}

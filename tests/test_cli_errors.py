@@ -63,6 +63,7 @@ API_ARGS = {
     ("rollout", "resume"): [],
     ("rollout", "undo"): [],
     ("nodes",): [],
+    ("gather",): [],
 }
 # A file argument given a file that is not UTF-8 (stdin for the post-renderer).
 FILE_ARGS = {

@@ -35,6 +35,7 @@ COMMANDS = {
     "validate": "chart.validate",
     "rollout": "rollout.cli",
     "nodes": "workloads.nodes",
+    "gather": "gather",
 }
 
 

@@ -133,6 +133,8 @@ CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
 
 #: Server-side apply field managers.
 RUNNER_FIELD_MANAGER = "metax-operator-runner"
+#: The Lease the runners elect their leader with (`metax-operator run --lease-name`).
+RUNNER_LEASE = "metax-operator-runner"
 BOOTSTRAP_FIELD_MANAGER = "metax-operator-bootstrap"
 UPGRADE_CRDS_FIELD_MANAGER = "metax-operator-upgrade-crds"
 

@@ -7,7 +7,9 @@
 - templates/admission/validatingadmissionpolicy.yaml: from admission.py;
 - templates/_contract.tpl: the names of contract.py as named templates, so the templates use
   the same component names, prerequisites, label and annotation keys as the Python code;
-- k8s_shapes.json (beside schema.py): the Kubernetes shapes the schemas embed.
+- k8s_shapes.json (beside schema.py): the Kubernetes shapes the schemas embed;
+- alerts/metax-operator-rules.yaml: the alert rules of `runtime.alerts` as a Prometheus rules
+  file, which `runner.prometheusRule` renders as a PrometheusRule.
 
     python -m metax_operator.chart.generate          # rewrite them at the repo root
     metax-operator schema generate [--check]   # the same; --check only reports staleness
@@ -27,6 +29,7 @@ import yaml
 from metax_operator import contract
 from metax_operator.chart import admission, schema
 from metax_operator.errors import UserError
+from metax_operator.runtime import alerts
 
 COMMAND = "python -m metax_operator.chart.generate"
 CONTRACT_TEMPLATE = "templates/_contract.tpl"
@@ -115,6 +118,7 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
         root / schema.FULL_CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=True))),
         root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
         root / CONTRACT_TEMPLATE: render_contract_template(),
+        root / alerts.RULES_FILE: alerts.render_rules_file(generated_note("src/metax_operator/runtime/alerts.py")),
     }
 
 
@@ -156,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("schema", help="generate values.schema.json, the CRD and the generated templates")
+    parser = subparsers.add_parser("schema", help="generate values.schema.json, the CRD, the templates and the rules file")
     sub = parser.add_subparsers(dest="schema_command", required=True)
     gen = sub.add_parser("generate", help="write the chart's generated files from their sources")
     gen.add_argument("--chart", default=str(schema.REPO_ROOT), help="the chart directory (default: the repo)")

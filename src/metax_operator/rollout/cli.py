@@ -84,8 +84,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def wave_count(policy: policy_mod.Policy, nodes: int) -> int:
     """The waves the policy deletes pods in on `nodes` nodes with no failure."""
-    targets, caps = policy.targets(nodes), policy.caps(nodes)
-    return sum(-(-(target - previous) // cap) for target, previous, cap in zip(targets, [0, *targets], caps, strict=False))
+    return sum(policy.waves(nodes))
 
 
 def load_policy(path: str) -> tuple[object, str]:

@@ -108,6 +108,12 @@ class Policy:
             previous = target
         return caps
 
+    def waves(self, nodes: int) -> list[int]:
+        """Each step's number of waves on `nodes` eligible pods with no failure: its share of
+        the targets in batches of its cap."""
+        targets = self.targets(nodes)
+        return [-(-(t - p) // cap) for t, p, cap in zip(targets, [0, *targets], self.caps(nodes), strict=False)]
+
     def tolerations(self, nodes: int) -> list[int]:
         """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
         return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes), strict=True)]

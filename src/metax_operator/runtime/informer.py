@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import PAGE_SIZE, Client, with_backoff
+from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_backoff
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
@@ -160,7 +160,7 @@ class Informer:
                     "informer-error",
                     logging.WARNING,
                     informer=self.name,
-                    error=f"{type(err).__name__}: {err}",
+                    error=failure_line(err),
                     retry_in=round(delay, 2),
                 )
                 self._stop.wait(delay)

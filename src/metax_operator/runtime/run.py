@@ -28,12 +28,13 @@ import time
 
 from metax_operator import jsonlog
 from metax_operator.cli import bounded
+from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import execute
 from metax_operator.rollout.observe import Watches
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.health import Health, serve
-from metax_operator.runtime.kube import Client, add_arguments
+from metax_operator.runtime.kube import Client, add_arguments, failure_line
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
@@ -90,8 +91,8 @@ class Runner:
         """Set RunnerHealthy (written only when it changes; the writes made). Best effort: the
         status write may be what fails, and that must not hide the pass's own failure."""
         condition = reconcile.pass_condition(failure)
-        if failure is not None and self.metrics is not None:
-            self.metrics.pass_failures.labels(condition.reason).inc()
+        if self.metrics is not None:
+            self.metrics.pass_ended(condition)
         try:
             observed = reconcile.observe(self.objects, self.namespace)
         except NotReady:  # the caches have not listed (yet, or since the failure): nothing to report to
@@ -102,7 +103,7 @@ class Runner:
         try:
             return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
-            jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
+            jsonlog.event(log, "report-failed", logging.WARNING, error=failure_line(err))
             return 0
 
     def _pass(self) -> int:
@@ -127,6 +128,8 @@ class Runner:
             self.watching = True
         outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
         writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
+        if self.metrics is not None:
+            self.metrics.read_policy(observed.spec)
         writes += self.rollout.run_pass()
         seconds = time.monotonic() - started
         if self.metrics is not None:
@@ -176,9 +179,7 @@ def loop(
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
                 failures += 1
                 delay = min(MAX_BACKOFF, interval * 2**failures)
-                jsonlog.event(
-                    log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}", failures=failures, retry_in=delay
-                )
+                jsonlog.event(log, "pass-failed", logging.ERROR, error=failure_line(err), failures=failures, retry_in=delay)
         elif elector.lock.holder != waiting_for:
             waiting_for = elector.lock.holder
             jsonlog.event(
@@ -212,7 +213,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--interval-only", action="store_true", help="pass only every --interval seconds, not also when a watch sees a change"
     )
-    parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
+    parser.add_argument("--lease-name", default=RUNNER_LEASE, help=f"the Lease the runners elect with (default {RUNNER_LEASE})")
     parser.add_argument(
         "--lease-duration",
         type=bounded(int, 1, 3600),
