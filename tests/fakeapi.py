@@ -37,6 +37,7 @@ KINDS = [
     ("/api/v1", "nodes", "Node", False),
     ("/api/v1", "events", "Event", True),
     ("/api/v1", "configmaps", "ConfigMap", True),
+    ("/api/v1", "services", "Service", True),
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
@@ -126,17 +127,23 @@ class FakeApi:
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self.version)
         meta.setdefault("uid", f"uid-{path.rsplit('/', 1)[-1]}")
+        before = self.objects.get(path)
         self.objects[path] = obj
-        self._notify(path, change, obj)
+        self._notify(path, change, obj, before)
         return obj
 
-    def _notify(self, path: str, change: str, obj: dict) -> None:
+    def _notify(self, path: str, change: str, obj: dict, before: dict | None = None) -> None:
+        """Send `change` to the watches whose selectors match `obj`; as the API server does, a
+        watch that matched the object `before` the write and no longer does gets a DELETED."""
         collection = path.rsplit("/", 1)[0]
         for watched, query, events in self._watchers:
-            if watched in (collection, _all_namespaces(collection)) and _matches(
-                obj, query.get("labelSelector"), query.get("fieldSelector")
-            ):
+            if watched not in (collection, _all_namespaces(collection)):
+                continue
+            selectors = query.get("labelSelector"), query.get("fieldSelector")
+            if _matches(obj, *selectors):
                 events.put({"type": change, "object": copy.deepcopy(obj)})
+            elif before is not None and _matches(before, *selectors):
+                events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
 
     def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         with self._lock:

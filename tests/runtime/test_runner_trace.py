@@ -1,0 +1,152 @@
+"""A golden trace of the runner's requests: every write of whole runner passes (`runtime.run.Runner`,
+the reconcile and the rollout together) against the fake API server of tests/fakeapi.py, on the
+chart's real render, compared request for request (method, path, body) with the trace captured
+from the runner before its modules were moved between layers
+(tests/runtime/data/runner_requests_trace.json).
+
+The scenario: the CR asks for a new driver version with a two-step staged rollout over three
+nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
+template, a deleted driver pod re-created Ready at the current revision). Clocks are frozen, so
+the trace is the same on every run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from metax_operator.runtime import run as runner_mod
+from tests.fakeapi import FakeApi
+from tests.helm import render_chart
+from tests.runtime.test_reconcile import VALUES, deep_update
+
+GOLDEN = Path(__file__).parent / "data" / "runner_requests_trace.json"
+NS = "metax-operator"
+CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
+DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets"
+REVISIONS = f"/apis/apps/v1/namespaces/{NS}/controllerrevisions"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+NODES = ("n0", "n1", "n2")
+NOW = "2027-01-15T08:00:00Z"
+T0 = 1_800_000_000.0
+POLICY = {
+    "enableRollout": True,
+    "maxParallel": 1,
+    "readinessTimeout": "1m",
+    "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
+}
+
+
+def path_of(obj: dict) -> str:
+    kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace", NS)
+    plural = {"DaemonSet": "apps/v1/namespaces/{ns}/daemonsets", "ConfigMap": "v1/namespaces/{ns}/configmaps"}
+    plural["Service"] = "v1/namespaces/{ns}/services"
+    prefix = "/apis/" if kind == "DaemonSet" else "/api/"
+    return prefix + plural[kind].format(ns=ns) + "/" + name
+
+
+class Controller:
+    """The DaemonSet controller's part for the driver: revisions, generations, pod re-creation."""
+
+    def __init__(self, api: FakeApi):
+        self.api, self.template, self.revision, self.serial = api, None, 0, 0
+
+    def sync(self) -> None:
+        ds = self.api.get(f"{DS}/metax-driver")
+        if ds["spec"]["template"] != self.template:
+            self.template = copy.deepcopy(ds["spec"]["template"])
+            self.revision += 1
+            self.api.put(
+                f"{REVISIONS}/metax-driver-r{self.revision}",
+                {
+                    "metadata": {
+                        "name": f"metax-driver-r{self.revision}",
+                        "namespace": NS,
+                        "labels": {"controller-revision-hash": f"r{self.revision}"},
+                        "ownerReferences": [{"kind": "DaemonSet", "uid": ds["metadata"]["uid"], "name": "metax-driver"}],
+                    },
+                    "revision": self.revision,
+                    "data": {"spec": {"template": {**self.template, "$patch": "replace"}}},
+                },
+            )
+            ds["metadata"]["generation"] = ds["metadata"].get("generation", 1) + 1
+        if ds.get("status", {}).get("observedGeneration") != ds["metadata"].get("generation"):
+            ds.setdefault("status", {})["observedGeneration"] = ds["metadata"]["generation"]
+            self.api.put(f"{DS}/metax-driver", ds)
+        live = {p["spec"]["nodeName"] for key, p in self.api.objects.items() if key.startswith(f"{PODS}/driver-")}
+        for node in NODES:
+            if node not in live:
+                self.add_pod(node, ds["metadata"]["uid"], f"r{self.revision}")
+
+    def add_pod(self, node: str, owner: str, revision: str) -> None:
+        self.serial += 1
+        name = f"driver-{node}-{self.serial}"
+        self.api.put(
+            f"{PODS}/{name}",
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": NS,
+                    "uid": f"uid-{name}",
+                    "creationTimestamp": "2027-01-15T07:00:00Z",
+                    "labels": {"controller-revision-hash": revision, "app.kubernetes.io/component": "driver"},
+                    "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}],
+                },
+                "spec": {"nodeName": node},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        )
+
+
+def normalized(api: FakeApi) -> list[dict]:
+    """The writes in order, with the clocks' and the server's volatile fields as they are."""
+    return [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in api.requests if r.method != "GET"]
+
+
+def scenario(monkeypatch) -> list[list[dict]]:
+    monkeypatch.setattr(runner_mod, "utc_now", lambda: NOW)
+    objects = render_chart(VALUES)
+    with FakeApi() as api:
+        for obj in objects:
+            if obj["kind"] in ("DaemonSet", "ConfigMap", "Service"):
+                live = copy.deepcopy(obj)
+                live["metadata"].update(namespace=NS, uid=f"uid-{obj['metadata']['name']}", generation=1)
+                api.put(path_of(obj), live)
+        for node in NODES:
+            api.put(f"/api/v1/nodes/{node}", {"metadata": {"name": node}, "spec": {}})
+        controller = Controller(api)
+        controller.sync()
+        spec = deep_update(copy.deepcopy(VALUES), {"driver": {"payload": {"version": "2.33.0.1"}, "upgradePolicy": POLICY}})
+        api.put(
+            CR,
+            {
+                "apiVersion": "gpu.metax-tech.com/v1",
+                "kind": "ClusterOperator",
+                "metadata": {"name": "cluster-operator", "generation": 1, "uid": "cr-uid"},
+                "spec": spec,
+            },
+        )
+        runner = runner_mod.Runner(api.client(), NS, is_leader=lambda: True, identity="runner-0")
+        ticks = iter(range(1000))
+        runner.rollout.clock = lambda: T0 + 10 * next(ticks)
+        passes = []
+        try:
+            for _ in range(8):
+                api.requests.clear()
+                runner.run_pass()
+                passes.append(normalized(api))
+                controller.sync()
+        finally:
+            runner.watches.stop()
+            runner.workloads.stop()
+            runner.objects.stop()
+    return passes
+
+
+def test_the_runner_sends_the_golden_requests_pass_for_pass(monkeypatch):
+    got = scenario(monkeypatch)
+    golden = json.loads(GOLDEN.read_text())
+    assert len(got) == len(golden)
+    for i, (sent, expected) in enumerate(zip(got, golden, strict=True)):
+        assert json.loads(json.dumps(sent, sort_keys=True)) == expected, f"pass {i}"
