@@ -59,6 +59,7 @@ class FakeApi:
         self.version = 100
         self._faults: list[list] = []  # [method, path, watch, status, times left]
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
+        self.last_sent: dict[int, str] = {}  # id(events) -> resourceVersion of the last event sent there
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -144,6 +145,26 @@ class FakeApi:
                 events.put({"type": change, "object": copy.deepcopy(obj)})
             elif before is not None and _matches(before, *selectors):
                 events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
+            else:
+                continue
+            self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
+
+    def delivered(self, informers) -> bool:
+        """Whether each of `informers` holds every event sent to its open watch (`has_seen` the
+        resourceVersion of the last one)."""
+        with self._lock:
+            sent = [
+                (path, query, self.last_sent[id(events)])
+                for path, query, events in self._watchers
+                if id(events) in self.last_sent
+            ]
+        for path, query, version in sent:
+            for informer in informers:
+                selectors = (informer.label_selector or None, informer.field_selector or None)
+                if (informer.path, selectors) == (path, (query.get("labelSelector"), query.get("fieldSelector"))):
+                    if not informer.has_seen(version):
+                        return False
+        return True
 
     def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         with self._lock:

@@ -7,7 +7,8 @@ from the runner before its modules were moved between layers
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
 template, a deleted driver pod re-created Ready at the current revision). Clocks are frozen, so
-the trace is the same on every run.
+the trace is the same on every run; each pass starts once the runner's caches hold every change
+before it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from metax_operator.runtime import run as runner_mod
 from tests.fakeapi import FakeApi
 from tests.helm import render_chart
 from tests.runtime.test_reconcile import VALUES, deep_update
+from tests.waiting import eventually
 
 GOLDEN = Path(__file__).parent / "data" / "runner_requests_trace.json"
 NS = "metax-operator"
@@ -133,6 +135,8 @@ def scenario(monkeypatch) -> list[list[dict]]:
         passes = []
         try:
             for _ in range(8):
+                # Each pass reads caches holding every change so far (the test's and the runner's).
+                eventually(lambda: api.delivered(runner.caches()), 30, "the runner's caches to hold every change")
                 api.requests.clear()
                 runner.run_pass()
                 passes.append(normalized(api))
