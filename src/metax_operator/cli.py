@@ -33,8 +33,8 @@ COMMANDS = {
     "wait-for": "runtime.wait_for",
     "schema": "chart.generate",
     "validate": "chart.validate",
-    "rollout": "rollout.cli",
-    "nodes": "workloads.nodes",
+    "rollout": "commands.rollout",
+    "nodes": "commands.nodes",
 }
 
 

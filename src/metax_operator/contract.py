@@ -50,6 +50,13 @@ NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 DRIVER_PAYLOAD_CONTAINER = "payload"
 MACA_PAYLOAD_PREFIX = "payload-"
 
+#: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
+DRIVER_DAEMONSET = DAEMONSETS["driver"]
+#: The DaemonSet controller's label on each pod and ControllerRevision: the template's revision.
+REVISION_LABEL = "controller-revision-hash"
+#: Field selector of the pods the runner and the hooks read: every pod not yet finished.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
 CR_GROUP = "gpu.metax-tech.com"

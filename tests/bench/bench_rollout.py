@@ -18,8 +18,8 @@ import statistics
 import time
 import tracemalloc
 
+from metax_operator.chart.upgrade_policy import validate
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import validate
 from metax_operator.rollout.simulate import NEW, Config, Simulation
 
 NODES = 10_000

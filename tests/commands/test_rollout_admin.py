@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from metax_operator.rollout import admin
+from metax_operator.commands import rollout_admin as admin
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
 
 SEED_POLICY = {

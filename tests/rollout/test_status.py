@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metax_operator.chart.upgrade_policy import validate
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import validate
 from metax_operator.rollout.status import Condition, NodeList, Resume, StepStatus, UpgradeStatus
 
 T0 = 1_800_000_000.0

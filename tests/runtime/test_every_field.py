@@ -43,13 +43,13 @@ def seen(objects: list[dict], spec: dict, recorded: dict) -> Observed:
     """A pass's view: the rendered DaemonSets, ConfigMaps (recording the defaults' CR values, as
     the runner's first pass does) and exporter Service."""
     configmaps = {}
-    for name in reconcile.CONFIGMAPS:
+    for name in contract.CONFIGMAPS:
         cm = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name))
         if recorded[name] is not None:
             cm["metadata"].setdefault("annotations", {})[contract.CR_APPLIED_ANNOTATION] = json.dumps(recorded[name])
         configmaps[name] = cm
     daemonsets = {o["metadata"]["annotations"]["gpu.metax-tech.com/component"]: o for o in objects if o["kind"] == "DaemonSet"}
-    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == reconcile.EXPORTER_SERVICE)
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == contract.EXPORTER_SERVICE)
     cr = {"metadata": {"name": "cluster-operator", "generation": 1, "resourceVersion": "1", "uid": "u"}, "spec": spec}
     return Observed("metax-operator", cr, copy.deepcopy(daemonsets), configmaps, service)
 
@@ -62,7 +62,7 @@ def _spec() -> dict:
 @pytest.mark.helm
 def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     base = _spec()
-    first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(reconcile.CONFIGMAPS)))
+    first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(contract.CONFIGMAPS)))
     recorded = {
         a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][contract.CR_APPLIED_ANNOTATION])
         for a in first.applies
@@ -122,7 +122,7 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
     )
     try:
         for obj in rendered:
-            if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] in reconcile.CONFIGMAPS:
+            if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] in contract.CONFIGMAPS:
                 api.apply({**obj, "metadata": {**obj["metadata"], "namespace": namespace}}, field_manager="helm")
         values = deep_update(yaml.safe_load((CHART / "values.yaml").read_text()), copy.deepcopy(EVERY_COMPONENT))
         bootstrap.bootstrap(api, values, "metax")

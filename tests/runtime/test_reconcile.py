@@ -253,9 +253,9 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     lastCoDriverSpec for it; a forced rollback then left the CR at the new version, and each pass
     the reconcile re-applied it (re-creating the abandoned revision) and the rollout restored the
     template again, for ever. The CR is now set back to a spec that gives the old template."""
+    from metax_operator.chart.upgrade_policy import validate as policy
     from metax_operator.rollout import engine
-    from metax_operator.rollout.observe import canonical
-    from metax_operator.rollout.policy import validate as policy
+    from metax_operator.runtime.rollout_observe import canonical
 
     old_spec, new_spec = cr_spec(), cr_spec(driver={"payload": {"version": "2.33.0.1"}})
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])

@@ -1,4 +1,4 @@
-"""The rollout's executor (`rollout.execute.RolloutExecutor`) against a fake API server on loopback
+"""The rollout's executor (`runtime.rollout_execute.RolloutExecutor`) against a fake API server on loopback
 (tests/fakeapi.py), on the real client: it writes the status first, with the resourceVersion it
 read (a 409 ends the pass before any action), then does the decision's actions in order: the
 pause (a JSON patch whose test op holds the value the engine saw: a 422 skips it), the
@@ -17,13 +17,13 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.rollout import engine
-from metax_operator.rollout.cordon import CORDONED_LABEL
-from metax_operator.rollout.execute import RolloutExecutor
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.runtime.cordon import CORDONED_LABEL
 from metax_operator.runtime.reconcile import LostLeadership
+from metax_operator.runtime.rollout_execute import RolloutExecutor
 from tests.fakeapi import FakeApi
-from tests.rollout.test_observe import daemonset, pod, revision
+from tests.runtime.test_rollout_observe import daemonset, pod, revision
 
 NS = "metax"
 CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from metax_operator.rollout import admin, engine
-from metax_operator.rollout.observe import build, need_reboot, node_event, project_driver_pod, project_revision
+from metax_operator.commands import rollout_admin as admin
+from metax_operator.rollout import engine
 from metax_operator.rollout.status import NodeList
+from metax_operator.runtime.rollout_observe import build, need_reboot, node_event, project_driver_pod, project_revision
 from metax_operator.workloads import gpu_pod
-from tests.rollout.test_admin import cr
+from tests.commands.test_rollout_admin import cr
 
 DS_UID = "ds-uid"
 

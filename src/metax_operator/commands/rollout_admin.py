@@ -13,11 +13,11 @@ import argparse
 import json
 import time
 
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
 from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, SKIP_LABEL
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple, Optional
 
+from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import restore
-from metax_operator.rollout.policy import Policy
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import (
     COMPLETED,
@@ -108,7 +108,7 @@ class Event:
 
 @dataclass
 class Decision:
-    """Everything the runner does after one pass, in this order (`rollout.execute`)."""
+    """Everything the runner does after one pass, in this order (`runtime.rollout_execute`)."""
 
     status: UpgradeStatus  # the new status.upgradeStatus: write it before acting
     set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this (it holds the other value)

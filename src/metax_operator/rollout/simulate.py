@@ -4,7 +4,7 @@ what `metax-operator rollout simulate` runs.
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
 latency drawn from a seeded RNG. The "runner" calls `engine.decide` every loop interval and carries
-out the decision as `rollout.execute` does (the status, the pause and the status once it landed,
+out the decision as `runtime.rollout_execute` does (the status, the pause and the status once it landed,
 the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
 status shows it. `run()` returns the timeline per step.
 
@@ -19,8 +19,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
-from metax_operator.rollout.policy import Policy
 from metax_operator.rollout.status import UpgradeStatus
 
 OLD, NEW = "rev-old", "rev-new"

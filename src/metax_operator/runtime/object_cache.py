@@ -34,7 +34,7 @@ import copy
 import threading
 from collections.abc import Callable
 
-from metax_operator.runtime import reconcile
+from metax_operator import contract
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 
@@ -77,16 +77,16 @@ class ObjectCache:
             name=f"{kind.lower()}-{name}",
         )
         informers = {
-            (reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME): by_name(
-                reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME
+            (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME): by_name(
+                contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME
             )
         }
         informers[("apps/v1", "DaemonSet", None)] = Informer(
             self.api, self.api.resource("apps/v1", "DaemonSet").path(namespace=ns), resync=self.resync, name="daemonsets"
         )
-        for name in reconcile.CONFIGMAPS:
+        for name in contract.CONFIGMAPS:
             informers[("v1", "ConfigMap", name)] = by_name("v1", "ConfigMap", name)
-        informers[("v1", "Service", reconcile.EXPORTER_SERVICE)] = by_name("v1", "Service", reconcile.EXPORTER_SERVICE)
+        informers[("v1", "Service", contract.EXPORTER_SERVICE)] = by_name("v1", "Service", contract.EXPORTER_SERVICE)
         for informer in informers.values():
             informer.on_change = lambda informer=informer: self._changed(informer)
         self._informers = informers
@@ -124,7 +124,7 @@ class ObjectCache:
 
     def _informer(self, api_version: str, kind: str, name: str | None, namespace: str | None) -> Informer:
         informer = self._informers.get((api_version, kind, name)) or self._informers.get((api_version, kind, None))
-        if informer is None or (kind != reconcile.CR_KIND and namespace != self.namespace):
+        if informer is None or (kind != contract.CR_KIND and namespace != self.namespace):
             raise LookupError(f"{kind} {namespace}/{name} is not one the runner caches")
         return informer
 

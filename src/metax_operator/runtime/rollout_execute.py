@@ -37,22 +37,21 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import RUNNER_FIELD_MANAGER
+from metax_operator import contract
+from metax_operator.chart import upgrade_policy as policy_mod
+from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
-from metax_operator.rollout import cordon, engine
-from metax_operator.rollout import policy as policy_mod
-from metax_operator.rollout.observe import DRIVER_DAEMONSET, Watches
+from metax_operator.rollout import engine
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import kube, reconcile
+from metax_operator.runtime import cordon, kube, reconcile
+from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
+from metax_operator.runtime.rollout_observe import Watches
 
-log = logging.getLogger("metax_operator.rollout.engine")
-
-#: Seconds a pass waits for the caches' first LIST.
-SYNC_TIMEOUT = 60.0
+log = logging.getLogger(__name__)
 
 
 class RolloutExecutor:
@@ -146,14 +145,14 @@ class RolloutExecutor:
     # -- the status write -----------------------------------------------------------------------
 
     def _get_cr(self) -> dict | None:
-        return self.reader.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+        return self.reader.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
 
     def _write_status(self, cr: dict, status: UpgradeStatus) -> bool:
         """PUT the status subresource with the resourceVersion read; False on a conflict."""
         self._check()
         body = json.loads(json.dumps(cr))
         body.setdefault("status", {})["upgradeStatus"] = status.to_json()
-        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME, subresource="status")
+        path = self.api.resource(contract.CR_API_VERSION, contract.CR_KIND).path(contract.CR_NAME, subresource="status")
         self.requests += 1
         try:
             written = self.api.call("PUT", path, body=body)
@@ -194,9 +193,9 @@ class RolloutExecutor:
         self.requests += 1
         try:
             patched = self.api.patch(
-                reconcile.CR_API_VERSION,
-                reconcile.CR_KIND,
-                reconcile.CR_NAME,
+                contract.CR_API_VERSION,
+                contract.CR_KIND,
+                contract.CR_NAME,
                 patch,
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,
@@ -230,9 +229,9 @@ class RolloutExecutor:
             self._check()
             self.requests += 1
             self.api.patch(
-                reconcile.CR_API_VERSION,
-                reconcile.CR_KIND,
-                reconcile.CR_NAME,
+                contract.CR_API_VERSION,
+                contract.CR_KIND,
+                contract.CR_NAME,
                 [{"op": "replace", "path": "/spec/driver", "value": wanted}],
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,

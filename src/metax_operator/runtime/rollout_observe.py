@@ -45,16 +45,14 @@ import json
 from dataclasses import dataclass
 
 from metax_operator import workloads
-from metax_operator.contract import COMPONENT_LABEL, DAEMONSETS
-from metax_operator.rollout import cordon, engine
+from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, REVISION_LABEL
+from metax_operator.rollout import engine
 from metax_operator.rollout.restore import revision_template
+from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
 
-DRIVER_DAEMONSET = DAEMONSETS["driver"]
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
-REVISION_LABEL = "controller-revision-hash"
-RUNNING = "status.phase!=Succeeded,status.phase!=Failed"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
 
 
@@ -108,7 +106,7 @@ class Watches:
             name="driver-pods",
         )
         self.gpu_pods = Informer(
-            api, "/api/v1/pods", field_selector=RUNNING, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
+            api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
         )
         nodes = api.resource("v1", "Node").path()
         self.skipped = Informer(
@@ -163,7 +161,7 @@ class Watches:
                 self.api,
                 "/api/v1/pods",
                 label_selector=selector,
-                field_selector=RUNNING,
+                field_selector=LIVE_PODS,
                 project=pod_node,
                 resync=self.resync,
                 name="wait-for-completion",

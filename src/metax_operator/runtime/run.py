@@ -26,18 +26,19 @@ import signal
 import threading
 import time
 
-from metax_operator import jsonlog
+from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
 from metax_operator.errors import UserError
-from metax_operator.rollout import execute
-from metax_operator.rollout.observe import Watches
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.health import Health, serve
+from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
-from metax_operator.workloads import check
+from metax_operator.runtime.rollout_execute import RolloutExecutor
+from metax_operator.runtime.rollout_observe import Watches
+from metax_operator.runtime.workload_check import WorkloadCheck
 
 log = logging.getLogger("metax_operator.runtime.run")
 
@@ -68,10 +69,10 @@ class Runner:
         self.objects.on_change = self.wake.set
         # One set of watch caches for the rollout and the workload check, started once the CR exists.
         self.watches = Watches(api, namespace)
-        self.rollout = execute.RolloutExecutor(
+        self.rollout = RolloutExecutor(
             api, namespace, is_leader, identity, watches=self.watches, metrics=metrics, reader=self.objects
         )
-        self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
     def run_pass(self) -> int:
@@ -107,7 +108,7 @@ class Runner:
 
     def _pass(self) -> int:
         started = time.monotonic()
-        if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
+        if not self.objects.start().wait_synced(SYNC_TIMEOUT):
             jsonlog.event(
                 log,
                 "wait-cache",
@@ -117,7 +118,7 @@ class Runner:
             return 0
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
-            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
+            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME} yet: nothing to do")
             return 0
         if not self.watching:
             for informer in (self.watches.revisions, self.watches.driver_pods):
