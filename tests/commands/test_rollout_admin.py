@@ -1,4 +1,4 @@
-"""The admin's view of a rollout: `metax-operator rollout status` (`rollout.admin.render`)."""
+"""The admin's view of a rollout: `metax-operator rollout status` (`commands.rollout_admin.render`)."""
 
 from __future__ import annotations
 

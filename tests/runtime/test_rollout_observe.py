@@ -1,5 +1,5 @@
 """Unit tests of the rollout's observation: projections of API objects and building the engine's
-`Observed` from cache contents (`rollout.observe`). The caches themselves run on the real control
+`Observed` from cache contents (`runtime.rollout_observe`). The caches themselves run on the real control
 plane (tests/e2e/test_rollout_cluster.py)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The staged driver rollout's imperative shell: one step of every runner pass.
 
 Each pass: read the CR and the driver DaemonSet (from the runner's `runtime.object_cache`), snapshot
-the watch caches (`rollout.observe`), let the engine
+the watch caches (`rollout_observe`), let the engine
 decide (`engine.decide`), write the intended `status.upgradeStatus` (a PUT of the status
 subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
 the pass stops without acting; the next pass decides again), then act:
