@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
-from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.status import PauseReason, UpgradeStatus, WaveKind
 
 OLD, NEW = "rev-old", "rev-new"
 
@@ -229,7 +229,7 @@ class Simulation:
             if (
                 sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED)
                 and rec.ready is None
-                and not (rs.paused_by_runner and rs.pause_reason == "failure")
+                and not (rs.paused_by_runner and rs.pause_reason == PauseReason.FAILURE)
             ):
                 rec.ready = now
         wave_key = f"{rs.wave_start_time}/{rs.wave_kind}"
@@ -245,7 +245,7 @@ class Simulation:
     def _wave(self, status: UpgradeStatus, kind: str, size: int) -> None:
         """A wave the timeline has not seen yet (upgrade, retry or rollback)."""
         index = status.step.current_step_index
-        if kind == "upgrade" and index in self.steps:
+        if kind == WaveKind.UPGRADE and index in self.steps:
             self.steps[index].deletions.append(size)
 
     def _persist(self, status: UpgradeStatus) -> None:
