@@ -224,3 +224,32 @@ def test_the_pure_rules_reach_neither_the_runtime_nor_the_kubernetes_client():
         text=True,
     ).stdout
     assert "'kubernetes'" not in loaded
+
+
+def public_classes(paths) -> dict[str, list[str]]:
+    """Each public class name defined at the top level of `paths`, with the modules defining it."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(module_name(path))
+    return found
+
+
+def test_no_two_modules_define_a_public_class_of_the_same_name():
+    """One word, one thing: a reader meeting `Observed` or `Condition` knows which it is."""
+    twice = {name: modules for name, modules in public_classes(sorted(PACKAGE.rglob("*.py"))).items() if len(modules) > 1}
+    assert not twice, f"public classes defined in more than one module: {twice}"
+
+
+def test_a_class_name_defined_twice_is_found(tmp_path):
+    package = tmp_path / ROOT
+    package.mkdir()
+    (package / "one.py").write_text("class Observed:\n    pass\n\n\nclass _Private:\n    pass\n")
+    (package / "two.py").write_text("class Observed:\n    pass\n\n\nclass _Private:\n    pass\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, package
+    try:
+        assert public_classes(sorted(package.glob("*.py"))) == {"Observed": [f"{ROOT}.one", f"{ROOT}.two"]}
+    finally:
+        PACKAGE = saved

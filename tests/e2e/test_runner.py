@@ -413,7 +413,7 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
 
     def one_pass() -> None:
         seen = reconcile.observe(runner_api, NS)
-        reconcile.execute(runner_api, seen, reconcile.plan(seen), lambda: True, utc_now)
+        reconcile.apply(runner_api, seen, reconcile.decide(seen), lambda: True, utc_now)
 
     patch_cr(api, {"gpuLabel": {"log": {"level": "debug"}}})  # a new generation for the pass to stamp
     planned = get_cr(api)["metadata"]["generation"]

@@ -63,8 +63,8 @@ class Cluster:
         self.status: R.UpgradeStatus | None = None
         self.serial = 0
 
-    def observed(self, caught_up: bool = True) -> R.Observed:
-        return R.Observed(
+    def observed(self, caught_up: bool = True) -> R.Cluster:
+        return R.Cluster(
             self.revision,
             caught_up,
             frozenset(self.nodes - self.skipped),

@@ -77,7 +77,7 @@ def scenario(decisions: list | None = None) -> list[dict]:
             for n, p in pods.items():
                 if p.phase != "Failed":
                     pods[n] = dataclasses.replace(p, ready=True)
-        observed = R.Observed(
+        observed = R.Cluster(
             revision,
             True,
             frozenset(nodes - skipped),

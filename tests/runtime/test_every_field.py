@@ -2,7 +2,7 @@
 
 Walks every leaf field of the CRD's spec (the same walk and samples as the bootstrap's merge
 matrix), sets it to its sample run-time edit in the CR the bootstrap writes from the defaults, and
-asks the runner's reconcile core (`reconcile.plan`, on the DaemonSets the real chart renders) what
+asks the runner's reconcile core (`reconcile.decide`, on the DaemonSets the real chart renders) what
 it does: apply something to a DaemonSet, or report `HelmUpgradeRequired` naming the field. The
 upgrade policy acts through the rollout engine (tests/rollout/).
 """
@@ -77,9 +77,9 @@ def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
         for key, value in case["base"].items():
             spec = put(spec, key, value)
         edit = not get(spec, field) if node.get("type") == "boolean" else case["edit"]  # (exporter is on here)
-        before = reconcile.plan(seen(rendered, spec, recorded))
+        before = reconcile.decide(seen(rendered, spec, recorded))
         edited = put(spec, field, edit)
-        after = reconcile.plan(seen(rendered, edited, recorded))
+        after = reconcile.decide(seen(rendered, edited, recorded))
         writes = [a.body for a in after.applies] != [a.body for a in before.applies]
         reported = [
             c
@@ -131,7 +131,7 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
             observed = reconcile.observe(api, namespace)
             outcome = reconcile.Outcome()
             outcome.extend(reconcile.reconcile_configmaps(observed))
-            return reconcile.execute(api, observed, outcome, lambda: True, lambda: "2026-01-01T00:00:00Z")
+            return reconcile.apply(api, observed, outcome, lambda: True, lambda: "2026-01-01T00:00:00Z")
 
         def data(name: str, key: str) -> str:
             return api.get("v1", "ConfigMap", name, namespace)["data"][key]

@@ -1,8 +1,13 @@
-"""A golden trace of the runner's requests: every write of whole runner passes (`runtime.run.Runner`,
-the reconcile and the rollout together) against the fake API server of tests/fakeapi.py, on the
-chart's real render, compared request for request (method, path, body) with the trace captured
-from the runner before its modules were moved between layers
-(tests/runtime/data/runner_requests_trace.json).
+"""Golden traces of the runner: every write of whole runner passes (`runtime.run.Runner`, the
+reconcile and the rollout together) against the fake API server of tests/fakeapi.py, on the
+chart's real render, compared request for request (method, path, body) with
+tests/runtime/data/runner_requests_trace.json, and the CR's status after each pass with
+tests/runtime/data/runner_status_trace.json.
+
+Both were first captured from the runner before its modules were moved between layers; the
+requests were captured again when one pass came to write the CR's status once instead of up to
+three times (conditions, then upgradeStatus, then RunnerHealthy): the statuses after each pass
+stayed the same, and so did every other write, in the same order.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
@@ -17,6 +22,8 @@ import copy
 import json
 from pathlib import Path
 
+from kubernetes.client.exceptions import ApiException
+
 from metax_operator.runtime import run as runner_mod
 from tests.fakeapi import FakeApi
 from tests.helm import render_chart
@@ -24,6 +31,7 @@ from tests.runtime.test_reconcile import VALUES, deep_update
 from tests.waiting import eventually
 
 GOLDEN = Path(__file__).parent / "data" / "runner_requests_trace.json"
+STATUS_GOLDEN = Path(__file__).parent / "data" / "runner_status_trace.json"
 NS = "metax-operator"
 CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
 DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets"
@@ -106,7 +114,9 @@ def normalized(api: FakeApi) -> list[dict]:
     return [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in api.requests if r.method != "GET"]
 
 
-def scenario(monkeypatch) -> list[list[dict]]:
+def scenario(monkeypatch, fault=None) -> tuple[list[list[dict]], list[dict]]:
+    """The writes of each pass, and the CR's status after it; `fault(api, i)`, if given, runs
+    before pass i (a pass that fails then is recorded as it ended)."""
     monkeypatch.setattr(runner_mod, "utc_now", lambda: NOW)
     objects = render_chart(VALUES)
     with FakeApi() as api:
@@ -132,25 +142,60 @@ def scenario(monkeypatch) -> list[list[dict]]:
         runner = runner_mod.Runner(api.client(), NS, is_leader=lambda: True, identity="runner-0")
         ticks = iter(range(1000))
         runner.rollout.clock = lambda: T0 + 10 * next(ticks)
-        passes = []
+        passes, statuses = [], []
         try:
             for _ in range(8):
                 # Each pass reads caches holding every change so far (the test's and the runner's).
                 eventually(lambda: api.delivered(runner.caches()), 30, "the runner's caches to hold every change")
                 api.requests.clear()
-                runner.run_pass()
+                if fault is not None:
+                    fault(api, len(passes))
+                try:
+                    runner.run_pass()
+                except ApiException:
+                    assert fault is not None, "a pass failed without a fault"
                 passes.append(normalized(api))
+                statuses.append(api.get(CR)["status"])
                 controller.sync()
         finally:
             runner.watches.stop()
             runner.workloads.stop()
             runner.objects.stop()
-    return passes
+    return passes, statuses
 
 
-def test_the_runner_sends_the_golden_requests_pass_for_pass(monkeypatch):
-    got = scenario(monkeypatch)
+def test_the_runner_sends_the_golden_requests_pass_for_pass_and_leaves_the_golden_status(monkeypatch):
+    got, statuses = scenario(monkeypatch)
+    assert statuses == json.loads(STATUS_GOLDEN.read_text())
     golden = json.loads(GOLDEN.read_text())
     assert len(got) == len(golden)
     for i, (sent, expected) in enumerate(zip(got, golden, strict=True)):
         assert json.loads(json.dumps(sent, sort_keys=True)) == expected, f"pass {i}"
+
+
+def status_writes(requests: list[dict]) -> list[dict]:
+    return [r["body"]["status"] for r in requests if r["path"] == CR + "/status"]
+
+
+def test_each_pass_writes_the_cr_status_at_most_once(monkeypatch):
+    got, _ = scenario(monkeypatch)
+    assert [len(status_writes(sent)) for sent in got] == [1, 1, 1, 1, 1, 1, 0, 0]
+    first = status_writes(got[0])[0]  # the reconcile's conditions and the rollout's status together
+    assert {c["type"] for c in first["conditions"]} >= {"SpecValid", "Reconciled", "RunnerHealthy"}
+    assert first["observedGeneration"] == 1 and "upgradeStatus" in first
+
+
+def test_a_pass_failing_in_the_rollout_s_actions_keeps_runner_healthy_false_until_one_succeeds(monkeypatch):
+    """The deletion of n0's driver pod is refused (403) in passes 1 and 2: RunnerHealthy turns
+    False once and stays False, never True in between; pass 3 succeeds and sets it True."""
+
+    def refuse(api: FakeApi, i: int) -> None:
+        if i == 1:
+            api.fail("DELETE", f"{PODS}/driver-n0-1", 403, times=2)  # a 403 is not retried: two passes
+
+    got, statuses = scenario(monkeypatch, refuse)
+    healthy = [next(c["status"] for c in s["conditions"] if c["type"] == "RunnerHealthy") for s in statuses]
+    assert healthy[:4] == ["True", "False", "False", "True"]
+    events = [[r["body"]["message"].split(":")[0] for r in sent if r["path"].endswith("/events")] for sent in got]
+    said = [[e for e in pass_events if e.startswith("RunnerHealthy")] for pass_events in events]
+    assert said[1:4] == [["RunnerHealthy=False"], [], ["RunnerHealthy=True"]]

@@ -57,6 +57,7 @@ from metax_operator.rollout.status import (
     WaveKind,
     parse_time,
     rfc3339,
+    transition_time,
 )
 
 # A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
@@ -79,8 +80,9 @@ class Pod:
 
 
 @dataclass(frozen=True)
-class Observed:
-    """One pass's view of the cluster."""
+class Cluster:
+    """The cluster as one pass observed it, in the rollout's terms (`rollout_observe` builds it
+    from the watch caches; the pass's own `reconcile.Observed` holds the objects themselves)."""
 
     current_revision: str  # hash of the DaemonSet's newest ControllerRevision
     caught_up: bool  # DaemonSet status.observedGeneration == metadata.generation
@@ -118,7 +120,7 @@ class Event:
 
 @dataclass
 class Decision:
-    """Everything the runner does after one pass, in this order (`runtime.rollout_execute`)."""
+    """Everything the runner does after one pass, in this order (`runtime.rollout_pass`)."""
 
     status: UpgradeStatus  # the new status.upgradeStatus: write it before acting
     set_pause: bool | None = None  # set spec.driver.upgradePolicy.pause to this (it holds the other value)
@@ -148,7 +150,7 @@ class Stage(StrEnum):
     DRAIN = "drain"  # its GPU pods, evicted
 
 
-def decide(observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float) -> Decision:
+def decide(observed: Cluster, policy: Policy, status: UpgradeStatus | None, now: float) -> Decision:
     """The actions and new `status.upgradeStatus` for one pass."""
     return _Pass(observed, policy, status, now).run()
 
@@ -157,7 +159,7 @@ class _NodePods:
     """Each eligible node's live driver pod (the newest not being deleted) and since when a pod of
     it is being deleted: what every `_View` of one pass starts from, worked out once."""
 
-    def __init__(self, observed: Observed):
+    def __init__(self, observed: Cluster):
         self.live: dict[str, Pod] = {}
         self.deleting: dict[str, float] = {}
         for pod in observed.pods:
@@ -172,7 +174,7 @@ class _NodePods:
 class _View:
     """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
 
-    def __init__(self, observed: Observed, pods: _NodePods, revision: str, wave: set[str], timeout: float, now: float):
+    def __init__(self, observed: Cluster, pods: _NodePods, revision: str, wave: set[str], timeout: float, now: float):
         self.revision = revision
         self.live = pods.live
         deleting = pods.deleting
@@ -233,7 +235,7 @@ class _PassState:
     - `wakes`: the times by which the pass wants to run again.
     """
 
-    def __init__(self, observed: Observed, policy: Policy, status: UpgradeStatus | None, now: float):
+    def __init__(self, observed: Cluster, policy: Policy, status: UpgradeStatus | None, now: float):
         self.observed, self.policy, self.now = observed, policy, now
         self.node_pods = _NodePods(observed)
         self.views: dict[tuple[str, tuple[str, ...]], _View] = {}  # by revision and wave: see `_classify`
@@ -263,8 +265,9 @@ class _PassState:
         if condition is None:
             self.status.conditions.append(Condition(kind, status, reason, message, rfc3339(self.now)))
             return
-        if condition.status != status:
-            condition.last_transition_time = rfc3339(self.now)
+        condition.last_transition_time = transition_time(
+            condition.status, condition.last_transition_time, status, rfc3339(self.now)
+        )
         condition.status, condition.reason, condition.message = status, reason, message
 
     def _event(self, type_: str, reason: Reason, message: str) -> None:

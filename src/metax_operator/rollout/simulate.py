@@ -4,7 +4,7 @@ what `metax-operator rollout simulate` runs.
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
 latency drawn from a seeded RNG. The "runner" calls `engine.decide` every loop interval and carries
-out the decision as `runtime.rollout_execute` does (the status, the pause and the status once it landed,
+out the decision as `runtime.rollout_pass` does (the status, the pause and the status once it landed,
 the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
 status shows it. `run()` returns the timeline per step.
 
@@ -123,7 +123,7 @@ class Simulation:
         """Nodes running GPU work at `now`."""
         return frozenset()
 
-    def observe(self, now: float) -> engine.Observed:
+    def observe(self, now: float) -> engine.Cluster:
         pods = tuple(
             engine.Pod(
                 name=p.name,
@@ -137,7 +137,7 @@ class Simulation:
             )
             for p in self.pods.values()
         )
-        return engine.Observed(
+        return engine.Cluster(
             current_revision=self.revision,
             caught_up=True,
             nodes=frozenset(self.nodes),

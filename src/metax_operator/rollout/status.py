@@ -105,8 +105,18 @@ class NodeList:
         return cls(nodes[:LISTED_NODES], len(nodes))
 
 
+def transition_time(old_status: str | None, old_time: str | None, status: str, now: str) -> str:
+    """A condition's `lastTransitionTime` when it is set to `status`: kept while its status stays
+    (and was recorded), `now` when the status changes (metav1.Condition's rule, for the CR's
+    conditions and those of `upgradeStatus` alike)."""
+    return old_time if old_status == status and old_time else now
+
+
 @dataclass
 class Condition:
+    """A condition: of the CR (`status.conditions`, set by the runner's reconcile) or of the
+    rollout (`status.upgradeStatus.condition`)."""
+
     type: str = _key("type", "")  # a `ConditionType`
     status: str = _key("status", "")  # True, False
     reason: str = _key("reason", "")

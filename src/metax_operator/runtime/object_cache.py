@@ -33,6 +33,7 @@ import collections
 import copy
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from metax_operator import contract
 from metax_operator.runtime.informer import Informer
@@ -44,6 +45,16 @@ OWN_WRITES = 256
 
 class NotReady(RuntimeError):
     """A cache that has not listed yet, or failed: what it holds cannot be trusted."""
+
+
+class Reader(Protocol):
+    """Where a pass reads the objects it decides on: an `ObjectCache`, or a `kube.Client` itself."""
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None: ...
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> list[dict]: ...
 
 
 class ObjectCache:

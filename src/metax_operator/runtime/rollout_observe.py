@@ -26,7 +26,7 @@ The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, w
 runner's own write until its watch has delivered it: the reconcile may have changed the
 template a moment before in the same pass.
 
-`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Observed`: the current
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Cluster`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
 owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
 agree, since they come from separate reads:
@@ -75,9 +75,9 @@ class DriverPod:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One pass's view: the engine's `Observed` and what acting on it needs."""
+    """One pass's view: the engine's `Cluster` and what acting on it needs."""
 
-    observed: engine.Observed
+    observed: engine.Cluster
     daemonset: dict
     revisions: dict[str, Revision]  # hash -> the DaemonSet's revision
 
@@ -224,7 +224,7 @@ def build(
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     skipped = frozenset(skipped)
-    observed = engine.Observed(
+    observed = engine.Cluster(
         current_revision=newest.hash if newest else "",
         caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),

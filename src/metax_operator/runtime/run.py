@@ -1,8 +1,10 @@
 """`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps (from watch caches,
-`runtime.object_cache`), decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
-over an unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
+`runtime.object_cache`), decides (`reconcile.decide`, then the rollout's `RolloutPass.decide`) and
+writes what differs (`reconcile.apply`: the objects, then the CR's status once, with the
+conditions of both halves and the `upgradeStatus`, then the rollout's actions); a pass over an
+unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
 a change a decision reads (a driver pod turning Ready, failing or gone, a new ControllerRevision,
 an edit of the CR, a DaemonSet, a ConfigMap or the exporter's Service by anyone but this runner)
 or the previous pass wrote something (the next step of the rollout may act at once), after
@@ -36,8 +38,8 @@ from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
-from metax_operator.runtime.rollout_execute import RolloutExecutor
 from metax_operator.runtime.rollout_observe import Watches
+from metax_operator.runtime.rollout_pass import RolloutPass
 from metax_operator.runtime.workload_check import WorkloadCheck
 
 log = logging.getLogger("metax_operator.runtime.run")
@@ -47,6 +49,12 @@ MAX_BACKOFF = 60.0
 #: Seconds a pass waits after the change that woke it: a wave's pods turning Ready together
 #: make one pass, not one each.
 COALESCE = 0.2
+
+
+def lookup_condition(cr: dict, kind: str) -> str | None:
+    """The status of the CR's condition `kind`, or None when it has none."""
+    conditions = (cr.get("status") or {}).get("conditions") or []
+    return next((c.get("status") for c in conditions if c.get("type") == kind), None)
 
 
 def utc_now() -> str:
@@ -69,27 +77,27 @@ class Runner:
         self.objects.on_change = self.wake.set
         # One set of watch caches for the rollout and the workload check, started once the CR exists.
         self.watches = Watches(api, namespace)
-        self.rollout = RolloutExecutor(
+        self.rollout = RolloutPass(
             api, namespace, is_leader, identity, watches=self.watches, metrics=metrics, reader=self.objects
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
     def run_pass(self) -> int:
-        """Observe, decide, write, then report how the pass ended in the CR's RunnerHealthy
-        condition; returns the number of writes. A failure is reported, then raised."""
+        """Observe, decide, write; returns the number of writes. How the pass ended is the CR's
+        RunnerHealthy condition: a failure is reported, then raised."""
         try:
-            writes = self._pass()
+            return self._pass()
         except reconcile.LostLeadership:
             raise
         except Exception as err:
             self._report(err)
             raise
-        return writes + self._report(None)
 
     def _report(self, failure: Exception | None) -> int:
-        """Set RunnerHealthy (written only when it changes; the writes made). Best effort: the
-        status write may be what fails, and that must not hide the pass's own failure."""
+        """Set RunnerHealthy for how the pass ended (written only when it changes; the writes
+        made). Best effort: the status write may be what fails, and that must not hide the pass's
+        own failure."""
         condition = reconcile.pass_condition(failure)
         if failure is not None and self.metrics is not None:
             self.metrics.pass_failures.labels(condition.reason).inc()
@@ -101,7 +109,7 @@ class Runner:
             return 0
         outcome = reconcile.Outcome(conditions=[condition])
         try:
-            return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
+            return reconcile.apply(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
             jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
             return 0
@@ -126,9 +134,16 @@ class Runner:
             self.watches.start()
             self.workloads.start()
             self.watching = True
-        outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
-        writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
-        writes += self.rollout.run_pass()
+        outcome = reconcile.decide(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
+        # RunnerHealthy goes with the pass's one status write, which comes before the rollout's
+        # actions; after a failed pass it turns True only once the whole pass has succeeded, so
+        # that a pass failing in those actions does not set it True and then False again.
+        failing = lookup_condition(observed.cr, reconcile.RUNNER_HEALTHY) == "False"
+        if not failing:
+            outcome.conditions.append(reconcile.pass_condition(None))
+        writes = reconcile.apply(self.api, observed, outcome, self.is_leader, utc_now, self.identity, rollout=self.rollout)
+        if failing:
+            writes += self._report(None)
         seconds = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.pass_seconds.observe(seconds)
