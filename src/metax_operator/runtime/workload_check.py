@@ -21,6 +21,7 @@ import logging
 
 from metax_operator import contract, workloads
 from metax_operator.jsonlog import event
+from metax_operator.rollout.status import Condition
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.informer import SYNC_TIMEOUT, Informer
 from metax_operator.runtime.kube import Client
@@ -86,11 +87,11 @@ class WorkloadCheck:
         )
         if found:
             out.conditions.append(
-                reconcile.Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
+                Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
             )
         else:
             out.conditions.append(
-                reconcile.Condition(
+                Condition(
                     reconcile.WORKLOADS_VALID,
                     "True",
                     "Valid",
