@@ -398,7 +398,6 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
     driven, not timed: the runner's own client makes the edit right before its status write."""
     from metax_operator.runtime import reconcile
     from metax_operator.runtime.kube import Client
-    from metax_operator.runtime.run import utc_now
 
     runner_api = Client.connect(str(installed))  # the runner's ServiceAccount, in process
     bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(", "gpus": "0"}]}}  # the CRD accepts it
@@ -413,7 +412,7 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
 
     def one_pass() -> None:
         seen = reconcile.observe(runner_api, NS)
-        reconcile.apply(runner_api, seen, reconcile.decide(seen), lambda: True, utc_now)
+        reconcile.apply(runner_api, seen, reconcile.decide(seen), lambda: True, time.time)
 
     patch_cr(api, {"gpuLabel": {"log": {"level": "debug"}}})  # a new generation for the pass to stamp
     planned = get_cr(api)["metadata"]["generation"]

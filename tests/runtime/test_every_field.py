@@ -131,7 +131,7 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
             observed = reconcile.observe(api, namespace)
             outcome = reconcile.Outcome()
             outcome.extend(reconcile.reconcile_configmaps(observed))
-            return reconcile.apply(api, observed, outcome, lambda: True, lambda: "2026-01-01T00:00:00Z")
+            return reconcile.apply(api, observed, outcome, lambda: True, lambda: 1_767_225_600.0)
 
         def data(name: str, key: str) -> str:
             return api.get("v1", "ConfigMap", name, namespace)["data"][key]

@@ -33,6 +33,8 @@ from metax_operator.runtime.reconcile import (
 )
 from tests.helm import CHART, render_chart
 
+T_PASS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the clock of the passes below
+
 BASE_TOLERATION = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
 GPU = {"key": "node-type", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
@@ -748,11 +750,11 @@ def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_n
     edited["metadata"].update(generation=4, resourceVersion="11")
     edited["spec"]["vfioManager"]["vfioConfig"] = [{"nodeName": "worknode(", "gpus": "all"}]
     api = ConflictOnceApi(edited)
-    reconcile.apply(api, seen, decide(seen), lambda: True, lambda: "2026-01-01T00:00:00Z")
+    reconcile.apply(api, seen, decide(seen), lambda: True, lambda: T_PASS)
     assert api.status_writes == []  # nothing written for a spec this pass did not plan from
 
     again = Observed(seen.namespace, edited, seen.daemonsets, {})
-    reconcile.apply(api, again, decide(again), lambda: True, lambda: "2026-01-01T00:00:05Z")
+    reconcile.apply(api, again, decide(again), lambda: True, lambda: T_PASS + 5)
     [written] = api.status_writes
     assert written["status"]["observedGeneration"] == 4
     spec_valid = next(c for c in written["status"]["conditions"] if c["type"] == "SpecValid")
@@ -797,10 +799,10 @@ def test_a_condition_alone_leaves_the_observed_generation_as_it_was(rendered, cr
     api = ConflictOnceApi(seen.cr)
     api.conflicts = 0
     failed = reconcile.pass_condition(KeyError("spec"))
-    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
+    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: T_PASS, applied=False)
     [written] = api.status_writes
     assert written["status"]["observedGeneration"] == 4
     assert [c["type"] for c in written["status"]["conditions"]] == ["RunnerHealthy"]
     seen.cr["status"]["conditions"] = written["status"]["conditions"]
-    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
+    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: T_PASS, applied=False)
     assert len(api.status_writes) == 1, "the same failure again writes nothing"

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.rollout import engine
 from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.status import UpgradeStatus, rfc3339
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.cordon import CORDONED_LABEL
 from metax_operator.runtime.reconcile import LostLeadership
@@ -33,7 +33,7 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 NEW_TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
 POLICY = {"enableRollout": True, "pause": False, "maxParallel": 1, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
 T0 = 1_800_000_000.0
-NOW = "2027-01-15T08:00:00Z"  # rfc3339(T0)
+NOW = rfc3339(T0)
 
 
 def cluster_operator(policy: dict = POLICY, status: dict | None = None) -> dict:
@@ -81,7 +81,7 @@ def run_pass(api: FakeApi, executor: RolloutPass) -> int:
     the status, act."""
     observed = reconcile.Observed(NS, read_cr(api))
     return reconcile.apply(
-        executor.api, observed, reconcile.Outcome(), executor.guard, lambda: NOW, applied=False, rollout=executor
+        executor.api, observed, reconcile.Outcome(), executor.guard, executor.clock, applied=False, rollout=executor
     )
 
 

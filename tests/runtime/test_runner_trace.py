@@ -7,7 +7,9 @@ tests/runtime/data/runner_status_trace.json.
 Both were first captured from the runner before its modules were moved between layers; the
 requests were captured again when one pass came to write the CR's status once instead of up to
 three times (conditions, then upgradeStatus, then RunnerHealthy): the statuses after each pass
-stayed the same, and so did every other write, in the same order.
+stayed the same, and so did every other write, in the same order. Both were captured again when
+the runner came to read one clock (the reconcile's times had been a frozen second clock): they
+differ from the ones before only in the times written.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
@@ -38,7 +40,6 @@ DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets"
 REVISIONS = f"/apis/apps/v1/namespaces/{NS}/controllerrevisions"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 NODES = ("n0", "n1", "n2")
-NOW = "2027-01-15T08:00:00Z"
 T0 = 1_800_000_000.0
 POLICY = {
     "enableRollout": True,
@@ -114,10 +115,9 @@ def normalized(api: FakeApi) -> list[dict]:
     return [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in api.requests if r.method != "GET"]
 
 
-def scenario(monkeypatch, fault=None) -> tuple[list[list[dict]], list[dict]]:
+def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
     """The writes of each pass, and the CR's status after it; `fault(api, i)`, if given, runs
     before pass i (a pass that fails then is recorded as it ended)."""
-    monkeypatch.setattr(runner_mod, "utc_now", lambda: NOW)
     objects = render_chart(VALUES)
     with FakeApi() as api:
         for obj in objects:
@@ -139,9 +139,9 @@ def scenario(monkeypatch, fault=None) -> tuple[list[list[dict]], list[dict]]:
                 "spec": spec,
             },
         )
-        runner = runner_mod.Runner(api.client(), NS, is_leader=lambda: True, identity="runner-0")
         ticks = iter(range(1000))
-        runner.rollout.clock = lambda: T0 + 10 * next(ticks)
+        clock = lambda: T0 + 10 * next(ticks)  # noqa: E731 - ten seconds later at each reading
+        runner = runner_mod.Runner(api.client(), NS, is_leader=lambda: True, identity="runner-0", clock=clock)
         passes, statuses = [], []
         try:
             for _ in range(8):
@@ -164,8 +164,8 @@ def scenario(monkeypatch, fault=None) -> tuple[list[list[dict]], list[dict]]:
     return passes, statuses
 
 
-def test_the_runner_sends_the_golden_requests_pass_for_pass_and_leaves_the_golden_status(monkeypatch):
-    got, statuses = scenario(monkeypatch)
+def test_the_runner_sends_the_golden_requests_pass_for_pass_and_leaves_the_golden_status():
+    got, statuses = scenario()
     assert statuses == json.loads(STATUS_GOLDEN.read_text())
     golden = json.loads(GOLDEN.read_text())
     assert len(got) == len(golden)
@@ -177,15 +177,15 @@ def status_writes(requests: list[dict]) -> list[dict]:
     return [r["body"]["status"] for r in requests if r["path"] == CR + "/status"]
 
 
-def test_each_pass_writes_the_cr_status_at_most_once(monkeypatch):
-    got, _ = scenario(monkeypatch)
+def test_each_pass_writes_the_cr_status_at_most_once():
+    got, _ = scenario()
     assert [len(status_writes(sent)) for sent in got] == [1, 1, 1, 1, 1, 1, 0, 0]
     first = status_writes(got[0])[0]  # the reconcile's conditions and the rollout's status together
     assert {c["type"] for c in first["conditions"]} >= {"SpecValid", "Reconciled", "RunnerHealthy"}
     assert first["observedGeneration"] == 1 and "upgradeStatus" in first
 
 
-def test_a_pass_failing_in_the_rollout_s_actions_keeps_runner_healthy_false_until_one_succeeds(monkeypatch):
+def test_a_pass_failing_in_the_rollout_s_actions_keeps_runner_healthy_false_until_one_succeeds():
     """The deletion of n0's driver pod is refused (403) in passes 1 and 2: RunnerHealthy turns
     False once and stays False, never True in between; pass 3 succeeds and sets it True."""
 
@@ -193,7 +193,7 @@ def test_a_pass_failing_in_the_rollout_s_actions_keeps_runner_healthy_false_unti
         if i == 1:
             api.fail("DELETE", f"{PODS}/driver-n0-1", 403, times=2)  # a 403 is not retried: two passes
 
-    got, statuses = scenario(monkeypatch, refuse)
+    got, statuses = scenario(refuse)
     healthy = [next(c["status"] for c in s["conditions"] if c["type"] == "RunnerHealthy") for s in statuses]
     assert healthy[:4] == ["True", "False", "False", "True"]
     events = [[r["body"]["message"].split(":")[0] for r in sent if r["path"].endswith("/events")] for sent in got]

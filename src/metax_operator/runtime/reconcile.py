@@ -69,7 +69,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
-from metax_operator.rollout.status import Condition, transition_time
+from metax_operator.rollout.status import Condition, rfc3339, transition_time
 from metax_operator.runtime.kube import Client, api_problem
 from metax_operator.runtime.object_cache import Reader
 
@@ -529,7 +529,7 @@ def apply(
     observed: Observed,
     outcome: Outcome,
     guard: Callable[[], bool],
-    now: Callable[[], str],
+    clock: Callable[[], float],
     identity: str = "",
     applied: bool = True,
     rollout: RolloutStep | None = None,
@@ -537,7 +537,8 @@ def apply(
     """Write what the pass decided; the number of writes. In order: the partial objects, the
     rollout's decision (`rollout`, on the objects just applied), the CR's status once
     (`write_status`), the events, then the rollout's actions. Checks `guard` before every write
-    and raises LostLeadership when it says the lease is gone. `applied`: the outcome is the
+    and raises LostLeadership when it says the lease is gone; `clock` gives the time of the
+    status and the events (seconds since the epoch, as every clock of the runner). `applied`: the outcome is the
     whole pass's for the CR's generation, which `status.observedGeneration` then records (False
     for a condition alone, such as the report of a failed pass)."""
     writes = 0
@@ -561,11 +562,12 @@ def apply(
         return writes
     plan = rollout.decide(observed.cr) if rollout is not None else None
     upgrade_status = rollout.upgrade_status(plan) if plan is not None else None
-    written = write_status(api, observed.cr, outcome.conditions, guard, now(), applied=applied, upgrade_status=upgrade_status)
+    now = rfc3339(clock())
+    written = write_status(api, observed.cr, outcome.conditions, guard, now, applied=applied, upgrade_status=upgrade_status)
     writes += written.writes
     for kind, reason, message in [*events, *written.events]:
         check_lease(guard)
-        writes += emit_event(api, observed.cr, kind, reason, message, now(), identity)
+        writes += emit_event(api, observed.cr, kind, reason, message, now, identity)
     if plan is not None and written.cr is not None:
         writes += rollout.act(written.cr, plan)
     return writes

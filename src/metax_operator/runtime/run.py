@@ -21,12 +21,12 @@ chart's CronJob mode) after taking the lease, and exits. API failures back off e
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
@@ -57,15 +57,19 @@ def lookup_condition(cr: dict, kind: str) -> str | None:
     return next((c.get("status") for c in conditions if c.get("type") == kind), None)
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class Runner:
     """One pass at a time, acting only while `is_leader()` holds."""
 
-    def __init__(self, api: Client, namespace: str, is_leader, identity: str = "", metrics: Metrics | None = None):
-        self.api = api
+    def __init__(
+        self,
+        api: Client,
+        namespace: str,
+        is_leader,
+        identity: str = "",
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.api, self.clock = api, clock
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
@@ -78,7 +82,7 @@ class Runner:
         # One set of watch caches for the rollout and the workload check, started once the CR exists.
         self.watches = Watches(api, namespace)
         self.rollout = RolloutPass(
-            api, namespace, is_leader, identity, watches=self.watches, metrics=metrics, reader=self.objects
+            api, namespace, is_leader, identity, clock, watches=self.watches, metrics=metrics, reader=self.objects
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
@@ -109,7 +113,7 @@ class Runner:
             return 0
         outcome = reconcile.Outcome(conditions=[condition])
         try:
-            return reconcile.apply(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
+            return reconcile.apply(self.api, observed, outcome, self.is_leader, self.clock, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
             jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
             return 0
@@ -141,7 +145,7 @@ class Runner:
         failing = lookup_condition(observed.cr, reconcile.RUNNER_HEALTHY) == "False"
         if not failing:
             outcome.conditions.append(reconcile.pass_condition(None))
-        writes = reconcile.apply(self.api, observed, outcome, self.is_leader, utc_now, self.identity, rollout=self.rollout)
+        writes = reconcile.apply(self.api, observed, outcome, self.is_leader, self.clock, self.identity, rollout=self.rollout)
         if failing:
             writes += self._report(None)
         seconds = time.monotonic() - started
