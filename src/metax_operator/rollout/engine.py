@@ -113,6 +113,8 @@ class PodRef(NamedTuple):
 
 @dataclass(frozen=True)
 class Event:
+    """An Event the runner emits on the CR."""
+
     type: str  # Normal | Warning
     reason: str
     message: str
