@@ -37,6 +37,7 @@ KINDS = [
     ("/api/v1", "nodes", "Node", False),
     ("/api/v1", "events", "Event", True),
     ("/api/v1", "configmaps", "ConfigMap", True),
+    ("/api/v1", "services", "Service", True),
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
@@ -60,6 +61,7 @@ class FakeApi:
         self.version = 100
         self._faults: list[list] = []  # [method, path, watch, status, times left, message]
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
+        self.last_sent: dict[int, str] = {}  # id(events) -> resourceVersion of the last event sent there
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -130,17 +132,43 @@ class FakeApi:
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self.version)
         meta.setdefault("uid", f"uid-{path.rsplit('/', 1)[-1]}")
+        before = self.objects.get(path)
         self.objects[path] = obj
-        self._notify(path, change, obj)
+        self._notify(path, change, obj, before)
         return obj
 
-    def _notify(self, path: str, change: str, obj: dict) -> None:
+    def _notify(self, path: str, change: str, obj: dict, before: dict | None = None) -> None:
+        """Send `change` to the watches whose selectors match `obj`; as the API server does, a
+        watch that matched the object `before` the write and no longer does gets a DELETED."""
         collection = path.rsplit("/", 1)[0]
         for watched, query, events in self._watchers:
-            if watched in (collection, _all_namespaces(collection)) and _matches(
-                obj, query.get("labelSelector"), query.get("fieldSelector")
-            ):
+            if watched not in (collection, _all_namespaces(collection)):
+                continue
+            selectors = query.get("labelSelector"), query.get("fieldSelector")
+            if _matches(obj, *selectors):
                 events.put({"type": change, "object": copy.deepcopy(obj)})
+            elif before is not None and _matches(before, *selectors):
+                events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
+            else:
+                continue
+            self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
+
+    def delivered(self, informers) -> bool:
+        """Whether each of `informers` holds every event sent to its open watch (`has_seen` the
+        resourceVersion of the last one)."""
+        with self._lock:
+            sent = [
+                (path, query, self.last_sent[id(events)])
+                for path, query, events in self._watchers
+                if id(events) in self.last_sent
+            ]
+        for path, query, version in sent:
+            for informer in informers:
+                selectors = (informer.label_selector or None, informer.field_selector or None)
+                if (informer.path, selectors) == (path, (query.get("labelSelector"), query.get("fieldSelector"))):
+                    if not informer.has_seen(version):
+                        return False
+        return True
 
     def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         with self._lock:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from metax_operator import cli
-from metax_operator.rollout import cli as rollout_cli
+from metax_operator.commands import rollout as rollout_cli
 from tests.helm import CHART
 
 SCRIPT = Path(sys.executable).with_name("metax-operator")

@@ -33,9 +33,9 @@ COMMANDS = {
     "wait-for": "runtime.wait_for",
     "schema": "chart.generate",
     "validate": "chart.validate",
-    "rollout": "rollout.cli",
-    "nodes": "workloads.nodes",
-    "gather": "gather",
+    "rollout": "commands.rollout",
+    "nodes": "commands.nodes",
+    "gather": "commands.gather",
 }
 
 

@@ -50,6 +50,18 @@ NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 DRIVER_PAYLOAD_CONTAINER = "payload"
 MACA_PAYLOAD_PREFIX = "payload-"
 
+#: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
+DRIVER_DAEMONSET = DAEMONSETS["driver"]
+#: The DaemonSet controller's label on each pod and ControllerRevision: the template's revision.
+REVISION_LABEL = "controller-revision-hash"
+#: The driver DaemonSet's update strategy with a staged rollout (pods are replaced only when the
+#: runner deletes them, wave by wave) and without one (a new revision replaces every pod at once):
+#: what the chart renders and the runner applies (`chart/daemonset.driver_strategy`).
+STAGED_ROLLOUT_STRATEGY = {"type": "OnDelete"}
+ALL_AT_ONCE_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+#: Field selector of the pods the runner and the hooks read: every pod not yet finished.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
 CR_GROUP = "gpu.metax-tech.com"

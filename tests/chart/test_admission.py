@@ -22,10 +22,10 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator import cli, contract
 from metax_operator.chart import admission, validation
+from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.validate import merged_values
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import bootstrap
-from metax_operator.rollout import policy
 from metax_operator.runtime import kube
 from tests.chart.test_bad_values import CASES, case_args
 from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, render_chart

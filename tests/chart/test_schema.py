@@ -19,8 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metax_operator import contract
-from metax_operator.chart import admission, generate, problems, schema, validation
-from metax_operator.runtime import alerts
+from metax_operator.chart import admission, alerts, generate, problems, schema, validation
 from tests.helm import overlay
 from tests.rollout.test_engine import TABLE_3_16, TABLE_3_16_STATUS
 

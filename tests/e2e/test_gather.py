@@ -17,7 +17,7 @@ import tarfile
 import pytest
 import yaml
 
-from metax_operator.gather import PARTS
+from metax_operator.commands.gather import PARTS
 from tests.controlplane import GPU_LABEL
 from tests.e2e.tools import METAX, bootstrap, helm3, install_chart, kubectl, release_values, run, uninstall_chart
 from tests.helm import CHART

@@ -1,7 +1,7 @@
 """The API server's copy of the cross-field rules: CEL, with the messages `validate` prints.
 
 Each rule's wording is written once, in the Python function that `validate`, the pre-install
-hook and the runner use (validation.py, policy.py); `message()` turns that function into a CEL
+hook and the runner use (validation.py, upgrade_policy.py); `message()` turns that function into a CEL
 `messageExpression`, so `kubectl patch` with a bad policy is refused (422) with the same line.
 The predicates are CEL written here beside them; tests/chart/test_admission.py runs every case of
 tests/data/bad_values.yaml, accepted and refused, and generated policies through both and fails
@@ -31,10 +31,10 @@ import re
 from typing import Callable
 
 from metax_operator.chart import problems, validation
+from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.schema import fragment, percent_pattern
 from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
 from metax_operator.errors import UserError
-from metax_operator.rollout import policy
 
 #: The first Kubernetes minor whose CRD validation rules take `messageExpression`.
 MESSAGE_EXPRESSION_MINOR = 27
@@ -139,7 +139,7 @@ _PERCENTS = _percents(False)
 
 
 def _valid_replicas(step: str) -> str:
-    """The step's replicas are valid (the schema's minimum and pattern): policy.py compares only
+    """The step's replicas are valid (the schema's minimum and pattern): upgrade_policy.py compares only
     valid replicas, and schema errors do not stop CEL."""
     return f"({_int_replicas(step)} || {_percent_replicas(step)})"
 

@@ -8,7 +8,7 @@
 - templates/_contract.tpl: the names of contract.py as named templates, so the templates use
   the same component names, prerequisites, label and annotation keys as the Python code;
 - k8s_shapes.json (beside schema.py): the Kubernetes shapes the schemas embed;
-- alerts/metax-operator-rules.yaml: the alert rules of `runtime.alerts` as a Prometheus rules
+- alerts/metax-operator-rules.yaml: the alert rules of `chart.alerts` as a Prometheus rules
   file, which `runner.prometheusRule` renders as a PrometheusRule.
 
     python -m metax_operator.chart.generate          # rewrite them at the repo root
@@ -27,9 +27,8 @@ from pathlib import Path
 import yaml
 
 from metax_operator import contract
-from metax_operator.chart import admission, schema
+from metax_operator.chart import admission, alerts, schema
 from metax_operator.errors import UserError
-from metax_operator.runtime import alerts
 
 COMMAND = "python -m metax_operator.chart.generate"
 CONTRACT_TEMPLATE = "templates/_contract.tpl"
@@ -88,11 +87,42 @@ def render_contract_template() -> str:
         '{{- join ", " $names -}}\n{{- end }}\n',
         "{{/* The components whose pods patch their own node, as a JSON list of values keys. */}}\n"
         f'{{{{- define "metax-operator.nodePatchers" -}}}}\n{_json(list(contract.NODE_PATCHERS))}\n{{{{- end }}}}\n',
+        "{{/* The driver DaemonSet's updateStrategy, as JSON: the staged rollout's when given true\n"
+        "(`driver.upgradePolicy.enableRollout`), else every pod at once. The runner applies the same. */}}\n"
+        '{{- define "metax-operator.driverUpdateStrategy" -}}\n'
+        f"{{{{- if . }}}}{_json(contract.STAGED_ROLLOUT_STRATEGY)}"
+        f"{{{{ else }}}}{_json(contract.ALL_AT_ONCE_STRATEGY)}{{{{ end -}}}}\n"
+        "{{- end }}\n",
+        *(_configmap_data(name) for name in contract.CONFIGMAPS),
         "{{/* Label, annotation and object names. */}}",
     ]
     for name, value in TEMPLATE_STRINGS.items():
         parts.append(f'{{{{- define "{name}" -}}}}{value}{{{{- end }}}}\n')
     return "\n".join(parts)
+
+
+def _configmap_data(configmap: str) -> str:
+    """The `data` of an admin-editable ConfigMap: each of its keys (`contract.CONFIGMAP_KEYS`)
+    holding its values field as a YAML document, wrapped in the mapping the key names."""
+    helper = "metax-operator." + _camel(configmap) + "Data"
+    lines = [
+        f"{{{{/* The data of the ConfigMap {configmap}, one YAML document per key. Takes .Values. */}}}}",
+        f'{{{{- define "{helper}" -}}}}',
+    ]
+    for key in contract.CONFIGMAP_KEYS:
+        if key.configmap != configmap:
+            continue
+        value = "." + ".".join(key.field)
+        value = f'(dict "{key.wrap}" {value})' if key.wrap else value
+        lines += [f"{key.key}: |", f"  {{{{- toYaml {value} | nindent 2 }}}}"]
+    return "\n".join([*lines, "{{- end }}\n"])
+
+
+def _camel(name: str) -> str:
+    """`driver-config` -> `driverConfig`, `metax-vfio-config` -> `vfioConfig` (the helper names of
+    the templates, without the chart's own prefix)."""
+    words = name.removeprefix("metax-").split("-")
+    return words[0] + "".join(w.title() for w in words[1:])
 
 
 def render_crd(crd: dict) -> str:
@@ -118,7 +148,7 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
         root / schema.FULL_CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=True))),
         root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
         root / CONTRACT_TEMPLATE: render_contract_template(),
-        root / alerts.RULES_FILE: alerts.render_rules_file(generated_note("src/metax_operator/runtime/alerts.py")),
+        root / alerts.RULES_FILE: alerts.render_rules_file(generated_note("src/metax_operator/chart/alerts.py")),
     }
 
 

@@ -31,6 +31,8 @@ from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_ba
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
+#: Seconds a pass waits for a cache's first LIST.
+SYNC_TIMEOUT = 60.0
 #: Seconds the server keeps one watch open (randomized 5-10 min as client-go does).
 WATCH_SECONDS = (300, 600)
 #: Seconds between full relists (the safety net for a missed event).

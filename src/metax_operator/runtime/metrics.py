@@ -29,7 +29,7 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
 - `metax_operator_runner_unhealthy{reason}`: 1 for the reason of the CR's RunnerHealthy=False
   after a failed pass, all 0 after a pass that succeeded.
 
-The chart's alert rules (`runtime.alerts`) read these.
+The chart's alert rules (`chart.alerts`) read these.
 
 The rollout gauges are what the last pass of this runner decided; a runner that does not lead
 keeps what it last saw (`metax_operator_leader` says which runner to read).
@@ -40,8 +40,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.reconcile import PASS_FAILURES, Condition
 

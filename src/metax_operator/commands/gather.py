@@ -42,11 +42,11 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract
+from metax_operator.commands import nodes as nodes_cmd
+from metax_operator.commands import rollout_admin as admin
 from metax_operator.errors import UserError
-from metax_operator.rollout import admin
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import REQUEST_TIMEOUT, Client, add_arguments, failure_line
-from metax_operator.workloads import nodes as nodes_cmd
 
 PARTS = (
     "cr.yaml",

@@ -20,15 +20,15 @@ import time
 
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
+from metax_operator.commands.nodes import DEFAULT_NAMESPACE
 from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, RUNNER_LEASE, SKIP_LABEL
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
 from metax_operator.runtime.reconcile import RUNNER_HEALTHY, SPEC_VALID
-from metax_operator.workloads.nodes import DEFAULT_NAMESPACE
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
 AT_ONCE = Backoff(attempts=1)

@@ -1,5 +1,5 @@
-"""The admin's view of a rollout: `metax-operator rollout status` (`rollout.admin.render`), and why
-nothing moves (`blockers`; the Lease read on a fake API server, `no_leader`)."""
+"""The admin's view of a rollout: `metax-operator rollout status` (`commands.rollout_admin.render`),
+and why nothing moves (`blockers`; the Lease read on a fake API server, `no_leader`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 import json
 from datetime import datetime, timezone
 
-from metax_operator.rollout import admin
+from metax_operator.commands import rollout_admin as admin
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
 from tests.fakeapi import FakeApi
 

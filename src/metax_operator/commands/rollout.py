@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
+from metax_operator.commands import rollout_admin as admin
 from metax_operator.errors import UserError
-from metax_operator.rollout import admin
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import Result, simulate
 from metax_operator.yamltext import load_one, read_text
 

@@ -5,7 +5,7 @@ Written once, here: `chart.generate` writes them as a plain Prometheus rules fil
 chart's `runner.prometheusRule` renders that file's groups as a `PrometheusRule`. Each alert's
 `runbook_url` points at its section of docs/alerts.md (the anchor is the alert's name in lower
 case); the chart replaces the base with `runner.prometheusRule.runbookBaseURL`.
-tests/runtime/alerts_test.yaml holds the `promtool test rules` cases, one that fires and one that
+tests/chart/alerts_test.yaml holds the `promtool test rules` cases, one that fires and one that
 does not per alert.
 """
 

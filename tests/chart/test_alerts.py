@@ -1,4 +1,4 @@
-"""The alert rules (`runtime.alerts`, generated into alerts/metax-operator-rules.yaml) under the real
+"""The alert rules (`chart.alerts`, generated into alerts/metax-operator-rules.yaml) under the real
 `promtool` (Debian's prometheus package, installed by scripts/setup.d/15-prometheus): the file
 checks, its unit tests (alerts_test.yaml) pass, every alert has a case that fires and one that
 does not, and each case is sharp: an alert made to fire always, or never, fails its cases. Then
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metax_operator.runtime import alerts
+from metax_operator.chart import alerts
 from metax_operator.runtime.metrics import Metrics, names
 from tests.helm import CHART, find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
 from tests.templates.test_chart_render import SEED_INSTALL

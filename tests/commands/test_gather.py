@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from metax_operator import gather
+from metax_operator.commands import gather
 from tests.fakeapi import FakeApi
 
 
