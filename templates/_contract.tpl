@@ -31,6 +31,28 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 ["driver","gpuDevice","gpuLabel","vfioManager"]
 {{- end }}
 
+{{/* The driver DaemonSet's updateStrategy, as JSON: the staged rollout's when given true
+(`driver.upgradePolicy.enableRollout`), else every pod at once. The runner applies the same. */}}
+{{- define "metax-operator.driverUpdateStrategy" -}}
+{{- if . }}{"type":"OnDelete"}{{ else }}{"type":"RollingUpdate","rollingUpdate":{"maxUnavailable":"100%"}}{{ end -}}
+{{- end }}
+
+{{/* The data of the ConfigMap driver-config, one YAML document per key. Takes .Values. */}}
+{{- define "metax-operator.driverConfigData" -}}
+node-vfnums: |
+  {{- toYaml (dict "nodes" .driver.config.nodeVfnums) | nindent 2 }}
+module-params: |
+  {{- toYaml .driver.config.moduleParams | nindent 2 }}
+node-module-params: |
+  {{- toYaml .driver.config.nodeModuleParams | nindent 2 }}
+{{- end }}
+
+{{/* The data of the ConfigMap metax-vfio-config, one YAML document per key. Takes .Values. */}}
+{{- define "metax-operator.vfioConfigData" -}}
+config: |
+  {{- toYaml .vfioManager.vfioConfig | nindent 2 }}
+{{- end }}
+
 {{/* Label, annotation and object names. */}}
 {{- define "metax-operator.componentAnnotation" -}}gpu.metax-tech.com/component{{- end }}
 
@@ -53,6 +75,8 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 {{- define "metax-operator.crdName" -}}clusteroperators.gpu.metax-tech.com{{- end }}
 
 {{- define "metax-operator.crdFile" -}}clusteroperators.gpu.metax-tech.com.yaml{{- end }}
+
+{{- define "metax-operator.fullCrdKey" -}}full-clusteroperators.gpu.metax-tech.com.yaml{{- end }}
 
 {{- define "metax-operator.driverConfig" -}}driver-config{{- end }}
 

@@ -135,10 +135,15 @@ its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{ include "metax-operator.logEnv" $values.log }}
+{{- end }}
+
+{{/* The log settings as environment: LOG_LEVEL and LOG_FORMAT. Takes the values' `log` mapping. */}}
+{{- define "metax-operator.logEnv" -}}
 - name: LOG_LEVEL
-  value: {{ $values.log.level | quote }}
+  value: {{ required "logEnv takes a log mapping with level" .level | quote }}
 - name: LOG_FORMAT
-  value: {{ $values.log.format | quote }}
+  value: {{ required "logEnv takes a log mapping with format" .format | quote }}
 {{- end }}
 
 {{/* The `wait-for` init container of a component with prerequisites: it waits until the
@@ -189,15 +194,26 @@ seccompProfile:
 {{/* Pod-level fields every component pod shares: service account (its token only in the
 containers that mount `apiAccess.volume`), seccomp, priority, pull secrets. */}}
 {{- define "metax-operator.podCommon" -}}
-serviceAccountName: {{ .name }}
-automountServiceAccountToken: false
+{{ include "metax-operator.podAccount" . }}
 securityContext:
   seccompProfile:
     type: RuntimeDefault
 {{- with .root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .root.Values.imagePullSecrets }}
+{{- include "metax-operator.pullSecrets" .root }}
+{{- end }}
+
+{{/* A pod's service account, its token mounted only where a container asks for it
+(`apiAccess.volume`). Takes (dict "name" SERVICE_ACCOUNT ...). */}}
+{{- define "metax-operator.podAccount" -}}
+serviceAccountName: {{ required "podAccount takes (dict \"name\" SERVICE_ACCOUNT)" .name }}
+automountServiceAccountToken: false
+{{- end }}
+
+{{/* The release's imagePullSecrets, if any (a leading newline, then the field). Takes $. */}}
+{{- define "metax-operator.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -274,18 +290,14 @@ tolerations:
 Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST ["health" true]). */}}
 {{- define "metax-operator.runnerPod" -}}
 {{- $runner := .root.Values.runner -}}
-serviceAccountName: {{ .name }}
-automountServiceAccountToken: false
+{{ include "metax-operator.podAccount" . }}
 securityContext:
   runAsNonRoot: true
   runAsUser: 65532
   runAsGroup: 65532
   seccompProfile:
     type: RuntimeDefault
-{{- with .root.Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "metax-operator.pullSecrets" .root }}
 {{- include "metax-operator.podScheduling" $runner }}
 containers:
   - name: runner
@@ -294,10 +306,7 @@ containers:
     command:
       {{- toYaml .command | nindent 6 }}
     env:
-      - name: LOG_LEVEL
-        value: {{ $runner.log.level | quote }}
-      - name: LOG_FORMAT
-        value: {{ $runner.log.format | quote }}
+      {{- include "metax-operator.logEnv" $runner.log | nindent 6 }}
       - name: POD_NAME
         valueFrom:
           fieldRef:

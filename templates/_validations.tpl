@@ -2,7 +2,7 @@
 metax-operator.validate: the cross-field rules values.schema.json cannot express (docs/validation.md).
 Renders nothing; fails the render with one line per problem: `<field>: <problem>; <fix>`.
 The same rules, with the same sentences, are src/metax_operator/chart/validation.py (and, for the
-upgrade policy, policy.py); tests/data/bad_values.yaml runs every case through both, under
+upgrade policy, chart/upgrade_policy.py); tests/data/bad_values.yaml runs every case through both, under
 Helm 3 and Helm 4.
 */}}
 {{- define "metax-operator.validate" -}}
@@ -28,7 +28,7 @@ Helm 3 and Helm 4.
   {{- $errors = append $errors "driver.payload.version: is required unless driver.deployPolicy is Never; set the driver version, e.g. --set driver.payload.version=2.32.0.6" -}}
 {{- end -}}
 
-{{- /* The staged rollout's step list (the rules of policy.py the schema cannot say). */ -}}
+{{- /* The staged rollout's step list (the rules of chart/upgrade_policy.py the schema cannot say). */ -}}
 {{- $policy := $v.driver.upgradePolicy -}}
 {{- $steps := $policy.upgradeSteps | default list -}}
 {{- $where := "driver.upgradePolicy.upgradeSteps" -}}

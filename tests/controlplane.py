@@ -52,10 +52,47 @@ from tests.netns import NetnsError
 from tests.realnode import APISERVER_IP, NODE_NAME, PAUSE_TAG, PORTS, TOOLS_NODE, RealNode
 from tests.registry import RegistryError
 
-K8S_VERSION = "v1.34.4"
+K8S_VERSION = "v1.34.4"  # the default: scripts/controlplane/go.mod
 CACHE = Path(os.environ.get("METAX_CACHE") or Path.home() / ".cache" / "metax-operator")
 BIN_DIR = Path(os.environ.get("METAX_CONTROLPLANE_BIN") or CACHE / "controlplane" / K8S_VERSION)
 REPO = Path(__file__).resolve().parent.parent
+MATRIX = REPO / "scripts" / "controlplane" / "versions" / "matrix"
+# Built for every version (scripts/setup.d/20-control-plane); etcd, kwok and the pause image come
+# from the default version's directory whatever the version.
+KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+
+
+@dataclass(frozen=True)
+class MatrixVersion:
+    """A line of scripts/controlplane/versions/matrix: a Kubernetes version the tests run on."""
+
+    version: str
+    binaries: tuple[str, ...]  # what setup builds of it
+    runs: str  # "user-path" (the whole cluster) or "admission" (the API server alone)
+
+    @property
+    def minor(self) -> int:
+        return minor(self.version)
+
+
+def minor(version: str) -> int:
+    """1.28 -> 28 (of v1.28.15, v1.28.15-gke.1, 1.28)."""
+    return int(version.lstrip("v").split(".")[1].rstrip("+").split("-")[0])
+
+
+def matrix() -> list[MatrixVersion]:
+    versions = []
+    for line in MATRIX.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            version, binaries, runs = line.split()[:3]
+            built = KUBERNETES_BINARIES if binaries == "all" else tuple(binaries.split(","))
+            versions.append(MatrixVersion(version, built, runs))
+    return versions
+
+
+def bin_dir(version: str) -> Path:
+    return BIN_DIR if version == K8S_VERSION else CACHE / "controlplane" / version
+
 
 GPU_LABEL = "metax-tech.com/gpu.installed"
 GPU_RESOURCE = "metax-tech.com/gpu"
@@ -430,6 +467,7 @@ NODE_NOT_READY = _stage(
 class ControlPlane:
     workdir: Path
     port: int = 0
+    kubernetes: str = K8S_VERSION  # the version of the Kubernetes binaries
     node: RealNode | None = None  # the real node, when started with real_node=True
     registry_port: int = 0
     components: dict[str, Component] = field(default_factory=dict)
@@ -462,25 +500,34 @@ class ControlPlane:
 
     @classmethod
     def start(
-        cls, workdir: Path, gpu_nodes: int = 10, plain_nodes: int = 2, port: int = 0, timeout: float = 90, real_node: bool = False
+        cls,
+        workdir: Path,
+        gpu_nodes: int = 10,
+        plain_nodes: int = 2,
+        port: int = 0,
+        timeout: float = 90,
+        real_node: bool = False,
+        kubernetes: str = K8S_VERSION,
+        api_only: bool = False,
     ) -> ControlPlane:
         """Start everything and return once the nodes are Ready; on failure stop what was
         started, print each component's log tail and raise ControlPlaneError. With `real_node`,
-        also the local OCI registry and the real node (tests/realnode.py)."""
-        binaries = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+        also the local OCI registry and the real node (tests/realnode.py); with `api_only`, etcd
+        and the API server alone (no nodes). `kubernetes`: a version setup built (the matrix)."""
+        cp = cls(workdir=Path(workdir), port=port or free_port(), kubernetes=kubernetes)
+        binaries = ["etcd", "kube-apiserver"] + ([] if api_only else ["kube-controller-manager", "kube-scheduler", "kwok"])
         for binary in binaries + (["kubelet", "kube-proxy", "pause-image"] if real_node else []):
-            if not os.access(BIN_DIR / binary, os.X_OK):
+            if not os.access(cp.binary(binary), os.X_OK):
                 raise ControlPlaneError(
-                    f"{BIN_DIR / binary} is missing: run 'make setup' (builds the control plane; 10-20 minutes the first time)"
+                    f"{cp.binary(binary)} is missing: run 'make setup' (builds the control plane; 10-20 minutes the first time)"
                 )
         if real_node:
             _check_node_prerequisites()
         if port:
             check_port_free(port)
-        cp = cls(workdir=Path(workdir), port=port or free_port())
         cp.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            cp._start(gpu_nodes, plain_nodes, time.monotonic() + timeout, real_node)
+            cp._start(gpu_nodes, plain_nodes, time.monotonic() + timeout, real_node, api_only)
         except BaseException as error:
             if isinstance(error, (ControlPlaneError, NetnsError, RegistryError)):
                 cp.print_log_tails()
@@ -490,7 +537,11 @@ class ControlPlane:
             raise
         return cp
 
-    def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float, real_node: bool) -> None:
+    def binary(self, name: str) -> Path:
+        """A binary (or the pause image, kwok's stages) of this control plane's version."""
+        return (bin_dir(self.kubernetes) if name in KUBERNETES_BINARIES else BIN_DIR) / name
+
+    def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float, real_node: bool, api_only: bool) -> None:
         pki = self.workdir / "pki"
         make_certs(pki, (APISERVER_IP,) if real_node else ())
         write_kubeconfig(self.kubeconfig, pki, self.server)
@@ -561,6 +612,9 @@ class ControlPlane:
             tls=self._admin_tls(),
         )
         self._wait_healthy(["kube-apiserver"], deadline)
+        if api_only:
+            self._write_state()
+            return
         kcm_port, sched_port = free_port(), free_port()
         self._run_binary(
             "kube-controller-manager",
@@ -636,7 +690,7 @@ class ControlPlane:
             exe=str(binary),
         )
         self._wait_healthy(["registry"], deadline)
-        registry.push_image(BIN_DIR / "pause-image", PAUSE_TAG, RealNode.pause_image(self.registry), self.ca)
+        registry.push_image(self.binary("pause-image"), PAUSE_TAG, RealNode.pause_image(self.registry), self.ca)
 
     def _node_apiserver_flags(self, pki: Path) -> list[str]:
         """The API server advertises an address inside the node's namespace (the `kubernetes`
@@ -697,9 +751,9 @@ class ControlPlane:
         ):
             self._run(
                 name,
-                node.joined(holder, BIN_DIR / name, *args),
+                node.joined(holder, self.binary(name), *args),
                 health,
-                exe=str(BIN_DIR / name),
+                exe=str(self.binary(name)),
                 preexec_fn=node.join_system_cgroup,
             )
         self._wait_healthy(["kubelet", "kube-proxy"], deadline)
@@ -722,12 +776,12 @@ class ControlPlane:
         )
 
     def _run_binary(self, name: str, args: list[str], health: str, tls: ssl.SSLContext | None = None) -> None:
-        """A control-plane binary of BIN_DIR, healthy once `health` answers 200."""
+        """A control-plane binary of this version, healthy once `health` answers 200."""
         if tls is None and health.startswith("https"):
             tls = ssl.create_default_context()  # self-signed serving certs on loopback
             tls.check_hostname = False
             tls.verify_mode = ssl.CERT_NONE
-        self._run(name, [str(BIN_DIR / name), *args], lambda: _status(health, tls) == 200, str(BIN_DIR / name))
+        self._run(name, [str(self.binary(name)), *args], lambda: _status(health, tls) == 200, str(self.binary(name)))
 
     def _run(
         self, name: str, command: list[str], healthy: Callable[[], bool], exe: str, preexec_fn: Callable[[], None] | None = None
@@ -807,7 +861,9 @@ class ControlPlane:
     def _start_kwok(self) -> None:
         port = free_port()
         config = self.workdir / "kwok.yaml"
-        stock = [yaml.safe_load((BIN_DIR / "kwok-stages" / f"{name}.yaml").read_text()) for name in ("pod-ready", "pod-delete")]
+        stock = [
+            yaml.safe_load((self.binary("kwok-stages") / f"{name}.yaml").read_text()) for name in ("pod-ready", "pod-delete")
+        ]
         config.write_text(
             yaml.safe_dump_all(
                 [
@@ -883,7 +939,7 @@ class ControlPlane:
 
     def pods_ready_after(self, nodes: list[str], seconds: float) -> Fault:
         """New pods on these nodes stay Pending, then become Ready after `seconds`."""
-        ready = yaml.safe_load((BIN_DIR / "kwok-stages" / "pod-ready.yaml").read_text())
+        ready = yaml.safe_load((self.binary("kwok-stages") / "pod-ready.yaml").read_text())
         return self._pod_fault(
             "slow",
             lambda name: _stage(name, "Pod", _on_nodes(nodes, _NEW_POD), ready["spec"]["next"], delay_ms=int(seconds * 1000)),
@@ -1055,6 +1111,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--plain-nodes", type=int, default=2, help="simulated nodes without GPUs (default 2)")
     up.add_argument("--port", type=int, default=6443, help="API server port on 127.0.0.1 (default 6443)")
     up.add_argument(
+        "--kubernetes",
+        default=K8S_VERSION,
+        choices=[K8S_VERSION] + [v.version for v in matrix()],
+        help=f"the Kubernetes version (default {K8S_VERSION}; the others, of scripts/controlplane/versions/matrix, "
+        "have their API server built alone: with --api-only)",
+    )
+    up.add_argument("--api-only", action="store_true", help="etcd and the API server alone: no nodes, no registry")
+    up.add_argument(
         "--no-real-node",
         dest="real_node",
         action="store_false",
@@ -1082,6 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
+        if args.kubernetes != K8S_VERSION and not args.api_only:
+            raise ControlPlaneError(f"--kubernetes {args.kubernetes}: only its API server is built; add --api-only")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()
         cp = ControlPlane.start(
@@ -1089,15 +1155,18 @@ def main(argv: list[str] | None = None) -> int:
             gpu_nodes=args.nodes,
             plain_nodes=args.plain_nodes,
             port=args.port,
-            real_node=args.real_node,
+            real_node=args.real_node and not args.api_only,
             timeout=180 if args.real_node else 90,
+            kubernetes=args.kubernetes,
+            api_only=args.api_only,
         )
     except (ControlPlaneError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    nodes = "no nodes" if args.api_only else f"{args.nodes} GPU nodes, {args.plain_nodes} plain nodes"
     print(
-        f"control plane up in {time.monotonic() - started:.1f} s: {args.nodes} GPU nodes, "
-        f"{args.plain_nodes} plain nodes, API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}"
+        f"Kubernetes {args.kubernetes} up in {time.monotonic() - started:.1f} s: {nodes}, "
+        f"API server {cp.server}, logs in {CLUSTER_DIR / 'logs'}"
     )
     if cp.node:
         print(

@@ -12,7 +12,7 @@ codes, retries and watch streaming), with just enough of the API behind it:
   remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
   DELETE with a uid precondition (409), POST;
 - discovery of the kinds the runner uses;
-- `fail(method, path, status, times)`: the next matching requests get that status instead.
+- `fail(method, path, status, times, message=...)`: the next matching requests get that status instead.
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
 """
@@ -37,8 +37,11 @@ KINDS = [
     ("/api/v1", "nodes", "Node", False),
     ("/api/v1", "events", "Event", True),
     ("/api/v1", "configmaps", "ConfigMap", True),
+    ("/api/v1", "services", "Service", True),
     ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
+    ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
+    ("/apis/batch/v1", "cronjobs", "CronJob", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
 ]
 
@@ -56,8 +59,9 @@ class FakeApi:
         self.objects: dict[str, dict] = {}  # object path -> object
         self.requests: list[Request] = []
         self.version = 100
-        self._faults: list[list] = []  # [method, path, watch, status, times left]
+        self._faults: list[list] = []  # [method, path, watch, status, times left, message]
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
+        self.last_sent: dict[int, str] = {}  # id(events) -> resourceVersion of the last event sent there
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -90,11 +94,13 @@ class FakeApi:
         with self._lock:
             return copy.deepcopy(self.objects.get(path))
 
-    def fail(self, method: str, path: str, status: int, times: int = 1, watch: bool = False) -> None:
+    def fail(
+        self, method: str, path: str, status: int, times: int = 1, watch: bool = False, message: str = "injected by the test"
+    ) -> None:
         """Answer the next `times` requests `method path` (path without the query; a WATCH, or
-        not, as `watch` says) with `status`."""
+        not, as `watch` says) with `status` and a Status object saying `message`."""
         with self._lock:
-            self._faults.append([method, path, watch, status, times])
+            self._faults.append([method, path, watch, status, times, message])
 
     def push(self, collection: str, kind: str, obj: dict) -> None:
         """Send a watch event (BOOKMARK, ERROR...) to the open watches of `collection`."""
@@ -126,17 +132,43 @@ class FakeApi:
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self.version)
         meta.setdefault("uid", f"uid-{path.rsplit('/', 1)[-1]}")
+        before = self.objects.get(path)
         self.objects[path] = obj
-        self._notify(path, change, obj)
+        self._notify(path, change, obj, before)
         return obj
 
-    def _notify(self, path: str, change: str, obj: dict) -> None:
+    def _notify(self, path: str, change: str, obj: dict, before: dict | None = None) -> None:
+        """Send `change` to the watches whose selectors match `obj`; as the API server does, a
+        watch that matched the object `before` the write and no longer does gets a DELETED."""
         collection = path.rsplit("/", 1)[0]
         for watched, query, events in self._watchers:
-            if watched in (collection, _all_namespaces(collection)) and _matches(
-                obj, query.get("labelSelector"), query.get("fieldSelector")
-            ):
+            if watched not in (collection, _all_namespaces(collection)):
+                continue
+            selectors = query.get("labelSelector"), query.get("fieldSelector")
+            if _matches(obj, *selectors):
                 events.put({"type": change, "object": copy.deepcopy(obj)})
+            elif before is not None and _matches(before, *selectors):
+                events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
+            else:
+                continue
+            self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
+
+    def delivered(self, informers) -> bool:
+        """Whether each of `informers` holds every event sent to its open watch (`has_seen` the
+        resourceVersion of the last one)."""
+        with self._lock:
+            sent = [
+                (path, query, self.last_sent[id(events)])
+                for path, query, events in self._watchers
+                if id(events) in self.last_sent
+            ]
+        for path, query, version in sent:
+            for informer in informers:
+                selectors = (informer.label_selector or None, informer.field_selector or None)
+                if (informer.path, selectors) == (path, (query.get("labelSelector"), query.get("fieldSelector"))):
+                    if not informer.has_seen(version):
+                        return False
+        return True
 
     def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         with self._lock:
@@ -144,13 +176,13 @@ class FakeApi:
             for fault in self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
-                    return fault[3], _status(fault[3], "injected by the test")
+                    return fault[3], _status(fault[3], fault[5])
             if method == "GET" and query.get("watch") == "true":
                 return 200, None  # served by the handler as a stream
             return self._answer(method, path, query, body)
 
     def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
-        if method == "GET" and path in ("/api/v1", "/apis/apps/v1", "/apis/gpu.metax-tech.com/v1"):
+        if method == "GET" and path in {group for group, *_ in KINDS}:
             return 200, {
                 "resources": [
                     {"name": plural, "kind": kind, "namespaced": namespaced}

@@ -24,6 +24,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from metax_operator.chart import schema
+
 CHART = Path(__file__).resolve().parent.parent
 _META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 #: The release version (docs/release.md): the chart's version and appVersion, the default image tag.
@@ -32,6 +34,8 @@ BIN = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operato
 HELM_VERSIONS = ("helm3", "helm4")
 KUBERNETES_VERSION = "1.34"
 RELEASE, NAMESPACE = "metax", "metax-operator"
+# The upgrade-crds hook's CRD arguments as the chart passes them: the portable CRD and the whole one.
+UPGRADE_CRDS_ARGS = ("--crd", str(CHART / schema.CRD_FILE), "--full-crd", str(CHART / schema.FULL_CRD_FILE))
 # Kinds that are not in the Kubernetes API schemas (CRD-defined); they are left unvalidated.
 CUSTOM_API_GROUPS = ("monitoring.coreos.com/", "gpu.metax-tech.com/")
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from metax_operator import cli
-from metax_operator.rollout import cli as rollout_cli
+from metax_operator.commands import rollout as rollout_cli
 from tests.helm import CHART
 
 SCRIPT = Path(sys.executable).with_name("metax-operator")
@@ -63,6 +63,7 @@ API_ARGS = {
     ("rollout", "resume"): [],
     ("rollout", "undo"): [],
     ("nodes",): [],
+    ("gather",): [],
 }
 # A file argument given a file that is not UTF-8 (stdin for the post-renderer).
 FILE_ARGS = {

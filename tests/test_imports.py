@@ -1,5 +1,6 @@
-"""The package's import graph has no cycle: a module that imports another, directly or through
-others, is never imported back by it, not even from inside a function."""
+"""The package's import graph: no cycle (a module that imports another, directly or through others,
+is never imported back by it, not even from inside a function), and every import runs down the
+layers of docs/architecture.md, never up and never sideways between packages of one floor."""
 
 from __future__ import annotations
 
@@ -123,11 +124,91 @@ def test_function_level_and_relative_imports_count(tmp_path):
         PACKAGE = saved
 
 
-#: The rollout's decisions: pure functions of what a pass observed (no client, no runtime).
-DECISION_MODULES = [f"{ROOT}.rollout.{name}" for name in ("policy", "status", "engine", "restore", "simulate")]
+#: The floors of docs/architecture.md, bottom up: each holds packages (a folder) or modules, named
+#: under the package root. A module may import its own package and any floor below, nothing else.
+FLOORS = [
+    ("base", ["__init__", "contract", "errors", "jsonlog", "lookup", "yamltext", "cli"]),
+    ("chart rules", ["chart"]),
+    ("workload rules", ["workloads"]),
+    ("rollout rules", ["rollout"]),
+    ("runtime", ["runtime"]),
+    ("entry points", ["hooks", "commands"]),
+]
 
 
-def test_the_rollout_s_decisions_reach_neither_the_runtime_nor_the_kubernetes_client():
+def floor_of(module: str, floors: list = FLOORS) -> tuple[int, str]:
+    """(floor number, the package or module it is listed as) of a module of the package."""
+    parts = module.split(".")[1:] or ["__init__"]
+    for number, (_, members) in enumerate(floors):
+        for member in members:
+            if parts[: len(member.split("."))] == member.split("."):
+                return number, member
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS and to docs/architecture.md")
+
+
+def against_the_layers(edges: dict[str, set[str]], floors: list = FLOORS) -> list[str]:
+    """Each import that runs up a floor, or sideways between two packages of the same floor
+    (the base's modules count as one package), as `importer -> imported (floor -> floor)`."""
+    found = []
+    for module, imported in sorted(edges.items()):
+        here, own = floor_of(module, floors)
+        for target in sorted(imported):
+            there, other = floor_of(target, floors)
+            if there > here or (there == here and own != other and here != 0):
+                found.append(f"{module} -> {target} ({floors[here][0]} -> {floors[there][0]})")
+    return found
+
+
+def test_every_import_runs_down_the_layers():
+    found = against_the_layers(graph())
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_an_import_up_or_sideways_is_found_and_named():
+    """The check above can fail: a rule importing the runtime, two rule packages importing each
+    other, the base importing a rule; downward imports and the base among itself pass."""
+    edges = {
+        f"{ROOT}.rollout.engine": {f"{ROOT}.runtime.kube", f"{ROOT}.chart.schema", f"{ROOT}.contract"},
+        f"{ROOT}.chart.schema": {f"{ROOT}.workloads"},
+        f"{ROOT}.workloads": {f"{ROOT}.errors"},
+        f"{ROOT}.errors": {f"{ROOT}.commands.nodes"},
+        f"{ROOT}.yamltext": {f"{ROOT}.errors"},
+        f"{ROOT}.commands.nodes": {f"{ROOT}.runtime.kube", f"{ROOT}.hooks.common"},
+    }
+    assert against_the_layers(edges) == [
+        f"{ROOT}.chart.schema -> {ROOT}.workloads (chart rules -> workload rules)",
+        f"{ROOT}.commands.nodes -> {ROOT}.hooks.common (entry points -> entry points)",
+        f"{ROOT}.errors -> {ROOT}.commands.nodes (base -> entry points)",
+        f"{ROOT}.rollout.engine -> {ROOT}.runtime.kube (rollout rules -> runtime)",
+    ]
+
+
+def test_every_module_is_on_a_floor_the_architecture_document_names():
+    doc = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    for name, members in FLOORS:
+        assert name in doc, f"docs/architecture.md does not name the floor {name!r}"
+        for member in members:
+            shown = f"{member}/" if (PACKAGE / member).is_dir() else f"{member}.py"
+            assert shown in doc, f"docs/architecture.md does not place {shown} on the floor {name!r}"
+    for module in graph():
+        floor_of(module)
+
+
+#: The pure rules: functions of what a pass observed (no client, no runtime).
+DECISION_MODULES = [
+    f"{ROOT}.{name}"
+    for name in (
+        "chart.upgrade_policy",
+        "rollout.status",
+        "rollout.engine",
+        "rollout.restore",
+        "rollout.simulate",
+        "workloads",
+    )
+]
+
+
+def test_the_pure_rules_reach_neither_the_runtime_nor_the_kubernetes_client():
     edges = graph()
     reached, todo = set(), list(DECISION_MODULES)
     while todo:
@@ -143,3 +224,32 @@ def test_the_rollout_s_decisions_reach_neither_the_runtime_nor_the_kubernetes_cl
         text=True,
     ).stdout
     assert "'kubernetes'" not in loaded
+
+
+def public_classes(paths) -> dict[str, list[str]]:
+    """Each public class name defined at the top level of `paths`, with the modules defining it."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(module_name(path))
+    return found
+
+
+def test_no_two_modules_define_a_public_class_of_the_same_name():
+    """One word, one thing: a reader meeting `Observed` or `Condition` knows which it is."""
+    twice = {name: modules for name, modules in public_classes(sorted(PACKAGE.rglob("*.py"))).items() if len(modules) > 1}
+    assert not twice, f"public classes defined in more than one module: {twice}"
+
+
+def test_a_class_name_defined_twice_is_found(tmp_path):
+    package = tmp_path / ROOT
+    package.mkdir()
+    (package / "one.py").write_text("class Observed:\n    pass\n\n\nclass _Private:\n    pass\n")
+    (package / "two.py").write_text("class Observed:\n    pass\n\n\nclass _Private:\n    pass\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, package
+    try:
+        assert public_classes(sorted(package.glob("*.py"))) == {"Observed": [f"{ROOT}.one", f"{ROOT}.two"]}
+    finally:
+        PACKAGE = saved

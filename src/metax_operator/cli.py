@@ -34,8 +34,9 @@ COMMANDS = {
     "schema": "chart.generate",
     "validate": "chart.validate",
     "images": "chart.image_list",
-    "rollout": "rollout.cli",
-    "nodes": "workloads.nodes",
+    "rollout": "commands.rollout",
+    "nodes": "commands.nodes",
+    "gather": "commands.gather",
 }
 
 

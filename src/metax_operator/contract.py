@@ -50,6 +50,18 @@ NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 DRIVER_PAYLOAD_CONTAINER = "payload"
 MACA_PAYLOAD_PREFIX = "payload-"
 
+#: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
+DRIVER_DAEMONSET = DAEMONSETS["driver"]
+#: The DaemonSet controller's label on each pod and ControllerRevision: the template's revision.
+REVISION_LABEL = "controller-revision-hash"
+#: The driver DaemonSet's update strategy with a staged rollout (pods are replaced only when the
+#: runner deletes them, wave by wave) and without one (a new revision replaces every pod at once):
+#: what the chart renders and the runner applies (`chart/daemonset.driver_strategy`).
+STAGED_ROLLOUT_STRATEGY = {"type": "OnDelete"}
+ALL_AT_ONCE_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+#: Field selector of the pods the runner and the hooks read: every pod not yet finished.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
 CR_GROUP = "gpu.metax-tech.com"
@@ -133,6 +145,8 @@ CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
 
 #: Server-side apply field managers.
 RUNNER_FIELD_MANAGER = "metax-operator-runner"
+#: The Lease the runners elect their leader with (`metax-operator run --lease-name`).
+RUNNER_LEASE = "metax-operator-runner"
 BOOTSTRAP_FIELD_MANAGER = "metax-operator-bootstrap"
 UPGRADE_CRDS_FIELD_MANAGER = "metax-operator-upgrade-crds"
 
@@ -141,4 +155,6 @@ HOOK_MOUNT_ROOT = "/etc/metax-operator"
 #: The key of the hook values ConfigMap holding the release's values (JSON).
 HOOK_VALUES_KEY = "values.json"
 HOOK_VALUES_FILE = f"{HOOK_MOUNT_ROOT}/values/{HOOK_VALUES_KEY}"
-HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"
+HOOK_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{CRD_FILE_NAME}"  # the portable CRD (the chart's crds/)
+FULL_CRD_KEY = f"full-{CRD_FILE_NAME}"  # the whole CRD (the chart's files/), beside it in the ConfigMap
+HOOK_FULL_CRD_FILE = f"{HOOK_MOUNT_ROOT}/crds/{FULL_CRD_KEY}"

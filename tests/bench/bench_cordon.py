@@ -23,7 +23,7 @@ from pathlib import Path
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from metax_operator.rollout import policy as policy_mod
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.rollout.simulate import Config, simulate
 from tests.bench.bench_pass_latency import PodTimes
 from tests.bench.bench_rollout_cluster import (

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, watch
 
-from metax_operator.rollout import policy as policy_mod
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.rollout.simulate import simulate
 from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, rolled_out, start_runner
 from tests.controlplane import stop_pid

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from metax_operator.rollout import policy as policy_mod
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.rollout.simulate import simulate
 from tests.controlplane import GPU_LABEL, ControlPlane, stop_pid
 from tests.e2e.tools import log_entries

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from metax_operator.rollout.observe import DRIVER_DAEMONSET
+from metax_operator import contract
+from metax_operator.contract import DRIVER_DAEMONSET
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.run import Runner
@@ -92,7 +93,7 @@ def main() -> None:
 
         mark = traffic.mark()
         reconcile.observe(api, NS)
-        api.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
+        api.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
         api.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, NS)
         live_requests, live_bytes = traffic.since(mark)
 

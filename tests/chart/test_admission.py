@@ -22,18 +22,17 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator import cli, contract
 from metax_operator.chart import admission, validation
+from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.validate import merged_values
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import bootstrap
-from metax_operator.rollout import policy
 from metax_operator.runtime import kube
 from tests.chart.test_bad_values import CASES, case_args
-from tests.helm import BIN, CHART, render_chart
+from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, render_chart
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
-CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
 CR_PATH = "/apis/gpu.metax-tech.com/v1/clusteroperators"
 # Cases the API server does not refuse, and why (validate and the hook refuse them, the runner
 # reports them as a condition).
@@ -70,7 +69,7 @@ def declared(field: str, schema: dict) -> bool:
 def client(control_plane) -> kube.Client:
     """The CRD and the chart's ValidatingAdmissionPolicies installed (removed afterwards: other
     tests on this API server install their own release's)."""
-    assert cli.main(["upgrade-crds", "--crd", str(CRD_FILE), "--kubeconfig", str(control_plane.kubeconfig)]) == 0
+    assert cli.main(["upgrade-crds", *UPGRADE_CRDS_ARGS, "--kubeconfig", str(control_plane.kubeconfig)]) == 0
     api = kube.Client.connect(str(control_plane.kubeconfig))
     objects = render_chart(
         {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}},

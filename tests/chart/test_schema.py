@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metax_operator import contract
-from metax_operator.chart import admission, generate, problems, schema, validation
+from metax_operator.chart import admission, alerts, generate, problems, schema, validation
 from tests.helm import overlay
 from tests.rollout.test_engine import TABLE_3_16, TABLE_3_16_STATUS
 
@@ -51,14 +51,38 @@ def test_generated_files_are_up_to_date():
     assert not stale, f"stale: {stale}; run `.venv/bin/python -m metax_operator.chart.generate` and commit"
 
 
-def test_an_edited_comment_makes_both_outputs_stale(tmp_path):
+GENERATED = (
+    "values.schema.json",
+    schema.CRD_FILE,
+    schema.FULL_CRD_FILE,
+    admission.TEMPLATE,
+    generate.CONTRACT_TEMPLATE,
+    alerts.RULES_FILE,
+)
+
+
+def test_an_edited_comment_makes_every_schema_output_stale(tmp_path):
     """The staleness check above can fail: a description changed in values.yaml alone."""
-    for name in ("values.schema.json", schema.CRD_FILE, admission.TEMPLATE, generate.CONTRACT_TEMPLATE):
+    for name in GENERATED:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
     text = (ROOT / "values.yaml").read_text()
     (tmp_path / "values.yaml").write_text(text.replace("# -- Pause the rollout", "# -- Halt the rollout"))
-    assert generate.stale(tmp_path) == [tmp_path / "values.schema.json", tmp_path / schema.CRD_FILE]
+    assert generate.stale(tmp_path) == [
+        tmp_path / "values.schema.json",
+        tmp_path / schema.CRD_FILE,
+        tmp_path / schema.FULL_CRD_FILE,
+    ]
+
+
+def test_a_hand_edited_alert_rule_makes_the_rules_file_stale(tmp_path):
+    for name in (*GENERATED, "values.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    assert generate.stale(tmp_path) == []
+    rules = tmp_path / alerts.RULES_FILE
+    rules.write_text(rules.read_text().replace("for: 10m", "for: 1h"))
+    assert generate.stale(tmp_path) == [rules]
 
 
 def test_values_reference_is_up_to_date():

@@ -17,7 +17,7 @@ import yaml
 from metax_operator import contract
 from metax_operator import workloads as wl
 from metax_operator.chart import validation
-from metax_operator.workloads import nodes
+from metax_operator.commands import nodes
 from tests.doc_blocks import blocks, table_rows, unmarked_code_blocks
 from tests.helm import CHART, find, helm_path, render_chart, validate_objects
 

@@ -398,26 +398,25 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
     driven, not timed: the runner's own client makes the edit right before its status write."""
     from metax_operator.runtime import reconcile
     from metax_operator.runtime.kube import Client
-    from metax_operator.runtime.run import utc_now
 
     runner_api = Client.connect(str(installed))  # the runner's ServiceAccount, in process
     bad = {"vfioManager": {"vfioConfig": [{"nodeName": "gpu-(", "gpus": "0"}]}}  # the CRD accepts it
     raced: list[int] = []
-    status_patch = runner_api.patch
+    call = runner_api.call
 
-    def edit_then_patch(*args, **kwargs):
-        if kwargs.get("subresource") == "status" and not raced:
+    def edit_then_write(method, path, *args, **kwargs):
+        if method == "PUT" and path.endswith("/status") and not raced:
             patch_cr(api, bad)
             raced.append(get_cr(api)["metadata"]["generation"])
-        return status_patch(*args, **kwargs)
+        return call(method, path, *args, **kwargs)
 
     def one_pass() -> None:
         seen = reconcile.observe(runner_api, NS)
-        reconcile.execute(runner_api, seen, reconcile.plan(seen), lambda: True, utc_now)
+        reconcile.apply(runner_api, seen, reconcile.decide(seen), lambda: True, time.time)
 
     patch_cr(api, {"gpuLabel": {"log": {"level": "debug"}}})  # a new generation for the pass to stamp
     planned = get_cr(api)["metadata"]["generation"]
-    runner_api.patch = edit_then_patch
+    runner_api.call = edit_then_write
     try:
         one_pass()
         [edited] = raced
@@ -433,7 +432,7 @@ def test_an_edit_racing_a_pass_is_not_stamped_as_observed_until_a_pass_plans_fro
         assert spec_valid["status"] == "False" and "spec.vfioManager.vfioConfig[0].nodeName" in spec_valid["message"]
     finally:
         patch_cr(api, {"vfioManager": {"vfioConfig": []}, "gpuLabel": {"log": {"level": "info"}}})
-        runner_api.patch = status_patch
+        runner_api.call = call
         one_pass()
 
 

@@ -20,12 +20,11 @@ from metax_operator.hooks import bootstrap, cleanup, common
 from metax_operator.runtime import kube
 from tests.controlplane import GPU_LABEL
 from tests.e2e.tools import service_account_kubeconfig
-from tests.helm import BIN, CHART, find, render_chart
+from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, find, render_chart
 from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e
 
-CRD_FILE = CHART / "crds" / f"{contract.CRD_NAME}.yaml"
 BASE_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 CRD = (common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
 CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
@@ -72,7 +71,7 @@ def client(control_plane) -> kube.Client:
 @pytest.fixture
 def crd(client, hooks):
     """The chart's CRD installed, as upgrade-crds applies it on upgrade."""
-    code, _, err = hooks("upgrade-crds", "--crd", str(CRD_FILE))
+    code, _, err = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)
     assert code == 0, err
     return client.get(*CRD)
 
@@ -179,13 +178,13 @@ def test_upgrade_crds_updates_an_older_crd_and_then_changes_nothing(client, hook
     spec_schema(old)["description"] = "an older chart's CRD"
     client.call("PUT", client.resource(*CRD[:2]).path(contract.CRD_NAME), body=old)
     assert spec_schema(client.get(*CRD))["description"] == "an older chart's CRD"
-    code, out, err = hooks("upgrade-crds", "--crd", str(CRD_FILE))
+    code, out, err = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)
     assert (code, err) == (0, "") and "applied" in out
     current = client.get(*CRD)
     assert spec_schema(current)["description"] == chart_description
     assert any(c["type"] == "Established" and c["status"] == "True" for c in current["status"]["conditions"])
 
-    code, out, _ = hooks("upgrade-crds", "--crd", str(CRD_FILE), "--if-exists")
+    code, out, _ = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS, "--if-exists")
     assert code == 0 and "already current" in out
     assert client.get(*CRD)["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
 
@@ -194,11 +193,11 @@ def test_upgrade_crds_on_install_never_creates(client, hooks, crd):
     client.delete(*CRD)
     client.wait_deleted(*CRD, timeout=60)
     try:
-        code, out, _ = hooks("upgrade-crds", "--crd", str(CRD_FILE), "--if-exists")
+        code, out, _ = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS, "--if-exists")
         assert code == 0 and "not installed" in out
         assert client.get(*CRD) is None
     finally:
-        assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0  # the others' tests need it
+        assert hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)[0] == 0  # the others' tests need it
 
 
 # --- preflight -------------------------------------------------------------------------------
@@ -364,7 +363,7 @@ def test_bootstrap_waits_for_the_crd_to_be_served(client, hooks, no_cr, tmp_path
     )
     worker.start()
     consistently(worker.is_alive, for_seconds(3), 10, "bootstrap waiting for the CRD (not failed)")
-    assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
+    assert hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)[0] == 0
     worker.join(60)
     assert result["cr"]["spec"]["registry"] == "cr.example.com/metax"
 
@@ -482,7 +481,7 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, 
         assert code == 0, err
         assert client.get(*CRD) is None and f"deleted CRD {contract.CRD_NAME}" in out
     finally:
-        assert hooks("upgrade-crds", "--crd", str(CRD_FILE))[0] == 0
+        assert hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)[0] == 0
 
 
 def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace, gpu_nodes, tmp_path):

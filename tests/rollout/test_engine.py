@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 import yaml
 
+from metax_operator.chart.upgrade_policy import validate
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import validate
 
 T0 = 1_800_000_000.0
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
@@ -56,15 +56,15 @@ class Cluster:
         self.nodes = {f"n{i:02d}" for i in range(n)}
         self.pods = {node: R.Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000) for node in self.nodes}
         self.busy: set[str] = set()
-        self.skipped: set[str] = set()  # as rollout.observe.build: out of `nodes`, listed
+        self.skipped: set[str] = set()  # as rollout_observe.build: out of `nodes`, listed
         self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
         self.waiting: set[str] = set()  # nodes running pods that match waitForCompletion.podSelector
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: R.UpgradeStatus | None = None
         self.serial = 0
 
-    def observed(self, caught_up: bool = True) -> R.Observed:
-        return R.Observed(
+    def observed(self, caught_up: bool = True) -> R.Cluster:
+        return R.Cluster(
             self.revision,
             caught_up,
             frozenset(self.nodes - self.skipped),

@@ -13,8 +13,8 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import IntOrPercent, Policy, Step
 from tests.rollout.oracle import NEW, OLD, Config, Simulation
 
 SMALL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from metax_operator.chart.upgrade_policy import validate
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import validate
 from metax_operator.rollout.simulate import simulate
 from tests.cases import WORKED_EXAMPLES
 from tests.rollout.oracle import NEW, OLD, Config, Simulation

@@ -13,17 +13,17 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metax_operator.chart.upgrade_policy import validate
 from metax_operator.rollout import engine as R
-from metax_operator.rollout.policy import validate
 from metax_operator.rollout.status import Condition, NodeList, Resume, StepStatus, UpgradeStatus
 
 T0 = 1_800_000_000.0
 GOLDEN = Path(__file__).parent / "data" / "upgrade_status_trace.json"
 
 
-def scenario() -> list[dict]:
+def scenario(decisions: list | None = None) -> list[dict]:
     """Six nodes (n5 skipped, n4 needing a reboot, n3 running GPU work that a drain cannot end), the
-    status after each pass."""
+    status after each pass; each pass's whole decision is appended to `decisions` if given."""
     nodes = {f"n{i}" for i in range(6)}
     pods = {n: R.Pod(f"p-{n}-0", f"u-{n}-0", n, "old", True, "Running", 0, T0 - 1000) for n in nodes}
     revision, cordoned, serial = "new", set(), 0
@@ -77,7 +77,7 @@ def scenario() -> list[dict]:
             for n, p in pods.items():
                 if p.phase != "Failed":
                     pods[n] = dataclasses.replace(p, ready=True)
-        observed = R.Observed(
+        observed = R.Cluster(
             revision,
             True,
             frozenset(nodes - skipped),
@@ -92,6 +92,8 @@ def scenario() -> list[dict]:
         overrides = dict(overrides)
         pause = overrides.pop("pause", pause)
         decision = R.decide(observed, validate({**base, **overrides, "pause": pause}), status, T0 + dt)
+        if decisions is not None:
+            decisions.append(decision)
         if decision.set_pause is not None:
             pause = decision.set_pause
         out.append(decision.status.to_json())

@@ -2,7 +2,7 @@
 
 Walks every leaf field of the CRD's spec (the same walk and samples as the bootstrap's merge
 matrix), sets it to its sample run-time edit in the CR the bootstrap writes from the defaults, and
-asks the runner's reconcile core (`reconcile.plan`, on the DaemonSets the real chart renders) what
+asks the runner's reconcile core (`reconcile.decide`, on the DaemonSets the real chart renders) what
 it does: apply something to a DaemonSet, or report `HelmUpgradeRequired` naming the field. The
 upgrade policy acts through the rollout engine (tests/rollout/).
 """
@@ -43,13 +43,13 @@ def seen(objects: list[dict], spec: dict, recorded: dict) -> Observed:
     """A pass's view: the rendered DaemonSets, ConfigMaps (recording the defaults' CR values, as
     the runner's first pass does) and exporter Service."""
     configmaps = {}
-    for name in reconcile.CONFIGMAPS:
+    for name in contract.CONFIGMAPS:
         cm = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name))
         if recorded[name] is not None:
             cm["metadata"].setdefault("annotations", {})[contract.CR_APPLIED_ANNOTATION] = json.dumps(recorded[name])
         configmaps[name] = cm
     daemonsets = {o["metadata"]["annotations"]["gpu.metax-tech.com/component"]: o for o in objects if o["kind"] == "DaemonSet"}
-    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == reconcile.EXPORTER_SERVICE)
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == contract.EXPORTER_SERVICE)
     cr = {"metadata": {"name": "cluster-operator", "generation": 1, "resourceVersion": "1", "uid": "u"}, "spec": spec}
     return Observed("metax-operator", cr, copy.deepcopy(daemonsets), configmaps, service)
 
@@ -62,7 +62,7 @@ def _spec() -> dict:
 @pytest.mark.helm
 def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     base = _spec()
-    first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(reconcile.CONFIGMAPS)))
+    first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(contract.CONFIGMAPS)))
     recorded = {
         a.body["metadata"]["name"]: json.loads(a.body["metadata"]["annotations"][contract.CR_APPLIED_ANNOTATION])
         for a in first.applies
@@ -77,9 +77,9 @@ def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
         for key, value in case["base"].items():
             spec = put(spec, key, value)
         edit = not get(spec, field) if node.get("type") == "boolean" else case["edit"]  # (exporter is on here)
-        before = reconcile.plan(seen(rendered, spec, recorded))
+        before = reconcile.decide(seen(rendered, spec, recorded))
         edited = put(spec, field, edit)
-        after = reconcile.plan(seen(rendered, edited, recorded))
+        after = reconcile.decide(seen(rendered, edited, recorded))
         writes = [a.body for a in after.applies] != [a.body for a in before.applies]
         reported = [
             c
@@ -122,7 +122,7 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
     )
     try:
         for obj in rendered:
-            if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] in reconcile.CONFIGMAPS:
+            if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] in contract.CONFIGMAPS:
                 api.apply({**obj, "metadata": {**obj["metadata"], "namespace": namespace}}, field_manager="helm")
         values = deep_update(yaml.safe_load((CHART / "values.yaml").read_text()), copy.deepcopy(EVERY_COMPONENT))
         bootstrap.bootstrap(api, values, "metax")
@@ -131,7 +131,7 @@ def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admin
             observed = reconcile.observe(api, namespace)
             outcome = reconcile.Outcome()
             outcome.extend(reconcile.reconcile_configmaps(observed))
-            return reconcile.execute(api, observed, outcome, lambda: True, lambda: "2026-01-01T00:00:00Z")
+            return reconcile.apply(api, observed, outcome, lambda: True, lambda: 1_767_225_600.0)
 
         def data(name: str, key: str) -> str:
             return api.get("v1", "ConfigMap", name, namespace)["data"][key]

@@ -7,6 +7,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.runtime import kube
+from tests.fakeapi import FakeApi
 
 
 def api_error(status: int, headers: dict | None = None) -> ApiException:
@@ -98,3 +99,32 @@ def test_resource_paths():
     assert cm.path(all_namespaces=True) == "/api/v1/configmaps"
     with pytest.raises(ValueError, match="namespace is required"):
         cm.path("x")
+
+
+# -- a failure as one log line -------------------------------------------------------------------
+
+DRIVER = "/apis/apps/v1/namespaces/metax-operator/daemonsets/metax-driver"
+INVALID = 'DaemonSet.apps "metax-driver" is invalid: spec.template.spec.containers[0].image: Required value'
+
+
+def refused_patch() -> ApiException:
+    """The 422 the API server answers a patch of the driver DaemonSet, as the client raises it."""
+    with FakeApi() as fake:
+        fake.put(DRIVER, {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "metax-driver"}})
+        fake.fail("PATCH", DRIVER, 422, message=INVALID)
+        with pytest.raises(ApiException) as caught:
+            fake.client().patch(
+                "apps/v1", "DaemonSet", "metax-driver", {"metadata": {"labels": {"a": "b"}}}, namespace="metax-operator"
+            )
+    return caught.value
+
+
+def test_a_refused_request_is_one_line_with_the_request_and_the_servers_message():
+    err = refused_patch()
+    assert "HTTP response headers" in str(err)  # what the client's own str() dumps
+    assert kube.failure_line(err) == f"PATCH {DRIVER}: 422 Unprocessable Entity: {INVALID}"
+
+
+def test_other_failures_are_one_line_too():
+    assert kube.failure_line(ApiException(status=503, reason="Service Unavailable")) == "503 Service Unavailable"
+    assert kube.failure_line(RuntimeError("two\nlines")) == "RuntimeError: two lines"

@@ -8,6 +8,7 @@ import json
 import re
 import urllib.request
 
+from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from metax_operator.rollout.status import (
@@ -15,6 +16,7 @@ from metax_operator.rollout.status import (
     IDLING,
     PROGRESSING,
     STEP_UPGRADE,
+    Condition,
     NodeList,
     Resume,
     StepStatus,
@@ -23,6 +25,7 @@ from metax_operator.rollout.status import (
 )
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.metrics import NODE_STATES, Metrics, names
+from metax_operator.runtime.reconcile import PASS_FAILURES, pass_condition
 from tests.helm import find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
 from tests.runtime.test_health import FakeElector
 from tests.templates.test_chart_render import SEED_INSTALL
@@ -168,3 +171,91 @@ def test_the_service_monitor_scrapes_the_health_port_and_both_are_off_by_default
         ("Service", "metax-operator-runner"),
         ("ConfigMap", "metax-operator-runner-dashboard"),
     }
+
+
+# -- what the alert rules read (docs/alerts.md) ----------------------------------------------
+
+POLICY = {
+    "enableRollout": True,
+    "upgradeSteps": [{"replicas": 2, "pauseDuration": "1m"}, {"replicas": "100%"}],
+    "maxParallel": 1,
+    "readinessTimeout": "10m",
+    "maxFailureThreshold": 1,
+}
+
+
+def progressing(step: int, start: float, **resume) -> UpgradeStatus:
+    return UpgradeStatus(
+        phase=PROGRESSING,
+        step=StepStatus(current_step_index=step, current_step_state=STEP_UPGRADE, total_upgrade_replicas=10),
+        resume=Resume(step_start_time=rfc3339(start), **resume),
+    )
+
+
+def deadline(m: Metrics, after: UpgradeStatus) -> float:
+    m.rollout_pass(None, after, T0)
+    return samples(m)[("metax_operator_rollout_step_deadline_timestamp_seconds", ())]
+
+
+def test_the_step_deadline_counts_waves_retries_and_the_timed_pause_of_the_step():
+    m = Metrics()
+    m.read_policy({"driver": {"upgradePolicy": POLICY}})
+    # step 0: 2 nodes at maxParallel 1 = 2 waves, 1 retry, 10 min each, then a 1 min pause
+    assert deadline(m, progressing(0, T0)) == T0 + 3 * 600 + 60
+    # step 1: the other 8 nodes = 8 waves, 1 retry, no pause
+    assert deadline(m, progressing(1, T0)) == T0 + 9 * 600
+
+
+def test_the_step_deadline_adds_the_bounded_wait_and_drain_to_each_wave():
+    m = Metrics()
+    waited = {**POLICY, "waitForCompletion": {"podSelector": "app=training", "timeout": "1h"}, "drain": {"enable": True}}
+    m.read_policy({"driver": {"upgradePolicy": waited}})
+    assert deadline(m, progressing(1, T0)) == T0 + 9 * (3600 + 300 + 600)
+
+
+def test_no_step_deadline_applies_while_paused_waiting_without_limit_or_with_an_invalid_policy():
+    m = Metrics()
+    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "pause": True}}})
+    assert deadline(m, progressing(0, T0)) == 0
+    m.read_policy({"driver": {"upgradePolicy": POLICY}})
+    assert deadline(m, progressing(0, T0, paused_by_runner=True, pause_reason="failure")) == 0
+    assert deadline(m, status(IDLING, 0, COMPLETED, 10, 10, [], T0)) == 0
+    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "waitForCompletion": {"podSelector": "app=training"}}}})
+    assert deadline(m, progressing(0, T0)) == 0
+    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "maxParallel": "many"}}})
+    assert m.policy is None and deadline(m, progressing(0, T0)) == 0
+
+
+def test_the_rollout_conditions_that_hold_are_1_and_those_that_ended_go():
+    m = Metrics()
+    failed = progressing(0, T0)
+    failed.conditions = [
+        Condition("Failed", "True", "StepFailed", "step 0: 3 failed pods exceed toleration 0"),
+        Condition("Progressing", "True", "Failed", "step 0: ..."),
+        Condition("Succeed", "False", "Started", ""),
+    ]
+    m.rollout_pass(None, failed, T0)
+    got = {k: v for k, v in samples(m).items() if k[0] == "metax_operator_rollout_condition"}
+    assert got == {
+        ("metax_operator_rollout_condition", (("reason", "StepFailed"), ("type", "Failed"))): 1,
+        ("metax_operator_rollout_condition", (("reason", "Failed"), ("type", "Progressing"))): 1,
+    }
+    resumed = progressing(0, T0)
+    resumed.conditions = [Condition("Failed", "False", "Resumed", ""), Condition("Progressing", "True", "Resumed", "")]
+    m.rollout_pass(failed, resumed, T0 + 60)
+    got = {k: v for k, v in samples(m).items() if k[0] == "metax_operator_rollout_condition"}
+    assert got == {("metax_operator_rollout_condition", (("reason", "Resumed"), ("type", "Progressing"))): 1}
+
+
+def test_a_failed_pass_counts_its_reason_and_holds_it_until_a_pass_succeeds():
+    m = Metrics()
+    m.pass_ended(pass_condition(ApiException(status=403, reason="Forbidden")))
+    m.pass_ended(pass_condition(ApiException(status=403, reason="Forbidden")))
+    got = samples(m)
+    unhealthy = {r: got[("metax_operator_runner_unhealthy", (("reason", r),))] for r in PASS_FAILURES}
+    assert unhealthy == {"Forbidden": 1, "APIError": 0, "PassFailed": 0}
+    assert got[("metax_operator_runner_pass_failures_total", (("reason", "Forbidden"),))] == 2
+    m.pass_ended(pass_condition(None))
+    got = samples(m)
+    assert all(got[("metax_operator_runner_unhealthy", (("reason", r),))] == 0 for r in PASS_FAILURES)
+    assert got[("metax_operator_runner_pass_failures_total", (("reason", "Forbidden"),))] == 2

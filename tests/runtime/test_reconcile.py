@@ -25,13 +25,15 @@ from metax_operator.runtime import reconcile
 from metax_operator.runtime.reconcile import (
     Condition,
     Observed,
+    decide,
     merge_conditions,
     needs_write,
     owned_fields,
-    plan,
     transition_events,
 )
 from tests.helm import CHART, render_chart
+
+T_PASS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the clock of the passes below
 
 BASE_TOLERATION = {"key": "metax-tech.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GENERAL = {"key": "node-type", "operator": "Equal", "value": "general", "effect": "NoSchedule"}
@@ -138,7 +140,7 @@ def test_seed_example_maca_gets_its_own_tolerations_and_driver_the_global_ones(r
 
 def test_deprecated_global_tolerations_apply_to_every_component_without_its_own(rendered, cr_spec):
     old = {"key": "key1", "operator": "Equal", "value": "value1", "effect": "NoSchedule"}
-    out = plan(observed(rendered, cr_spec(tolerations=[old])))
+    out = decide(observed(rendered, cr_spec(tolerations=[old])))
     tolerations = {a.body["metadata"]["name"]: pod_spec(a.body)["tolerations"] for a in out.applies}
     assert set(tolerations) == {
         "metax-gpu-label",
@@ -155,7 +157,7 @@ def test_deprecated_global_tolerations_apply_to_every_component_without_its_own(
 
 
 def test_a_cr_equal_to_the_values_needs_no_write(rendered, cr_spec):
-    assert plan(observed(rendered, cr_spec())).applies == []
+    assert decide(observed(rendered, cr_spec())).applies == []
 
 
 def test_after_a_post_rendered_install_the_first_pass_writes_nothing(rendered, cr_spec):
@@ -163,12 +165,12 @@ def test_after_a_post_rendered_install_the_first_pass_writes_nothing(rendered, c
     post_rendered = copy.deepcopy(rendered)
     for ds in post_rendered.values():
         pod_spec(ds)["tolerations"] = [BASE_TOLERATION, GENERAL]
-    assert plan(observed(rendered, spec, post_rendered)).applies == []
+    assert decide(observed(rendered, spec, post_rendered)).applies == []
 
 
 def test_a_second_pass_after_the_apply_writes_nothing(rendered, cr_spec):
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL], "nodeSelector": {"zone": "a"}}})
-    first = plan(observed(rendered, spec))
+    first = decide(observed(rendered, spec))
     assert len(first.applies) == 6
     after = {
         key: applied(ds, next(a.body for a in first.applies if a.body["metadata"]["name"] == ds["metadata"]["name"]))
@@ -176,7 +178,7 @@ def test_a_second_pass_after_the_apply_writes_nothing(rendered, cr_spec):
         else ds
         for key, ds in rendered.items()
     }
-    assert plan(observed(rendered, spec, after)).applies == []
+    assert decide(observed(rendered, spec, after)).applies == []
 
 
 def test_removing_a_cr_toleration_the_runner_applied_is_written(rendered, cr_spec):
@@ -253,9 +255,9 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     lastCoDriverSpec for it; a forced rollback then left the CR at the new version, and each pass
     the reconcile re-applied it (re-creating the abandoned revision) and the rollout restored the
     template again, for ever. The CR is now set back to a spec that gives the old template."""
+    from metax_operator.chart.upgrade_policy import validate as policy
     from metax_operator.rollout import engine
-    from metax_operator.rollout.observe import canonical
-    from metax_operator.rollout.policy import validate as policy
+    from metax_operator.runtime.rollout_observe import canonical
 
     old_spec, new_spec = cr_spec(), cr_spec(driver={"payload": {"version": "2.33.0.1"}})
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
@@ -263,7 +265,7 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     nodes = frozenset({"n0", "n1", "n2"})
     pods = tuple(engine.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
     revision_data = {"spec": {"template": {**stable["spec"]["template"], "$patch": "replace"}}}
-    observed_pass = engine.Observed(
+    observed_pass = engine.Cluster(
         "r-new",
         True,
         nodes,
@@ -417,13 +419,13 @@ def test_every_env_var_the_runner_governs_is_one_the_chart_renders(rendered):
 def test_the_runner_applies_only_what_differs_or_what_it_already_owns(rendered, cr_spec):
     """So Helm stays the only owner of what the CR does not change (no server-side conflicts)."""
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}})
-    body = next(a.body for a in plan(observed(rendered, spec)).applies if a.body["metadata"]["name"] == "metax-driver")
+    body = next(a.body for a in decide(observed(rendered, spec)).applies if a.body["metadata"]["name"] == "metax-driver")
     assert pod_spec(body) == {"tolerations": [BASE_TOLERATION, GENERAL]}
     live = applied(rendered["driver"], body)
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL]}}, driver={"log": {"level": "debug"}})
     body = next(
         a.body
-        for a in plan(observed(rendered, spec, {**rendered, "driver": live})).applies
+        for a in decide(observed(rendered, spec, {**rendered, "driver": live})).applies
         if a.body["metadata"]["name"] == "metax-driver"
     )
     assert pod_spec(body) == {
@@ -464,7 +466,7 @@ def test_the_driver_strategy_the_runner_wants_is_what_the_chart_renders_for_the_
 
 def test_enabling_the_rollout_in_the_cr_switches_the_driver_to_on_delete(rendered, cr_spec):
     policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
-    out = plan(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
+    out = decide(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
     driver = next(a for a in out.applies if a.body["metadata"]["name"] == "metax-driver")
     assert driver.body["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert "updateStrategy" in driver.fields
@@ -490,7 +492,7 @@ def conditions(outcome) -> dict[str, Condition]:
 
 def test_an_invalid_spec_is_not_applied_and_the_condition_names_the_field(rendered, cr_spec):
     spec = cr_spec(podTemplateSpec={"spec": {"tolerations": [GENERAL], "hostNetwork": True}})
-    out = plan(observed(rendered, spec))
+    out = decide(observed(rendered, spec))
     assert out.applies == []
     assert conditions(out)["SpecValid"].status == "False"
     assert "spec.podTemplateSpec.spec.hostNetwork" in conditions(out)["SpecValid"].message
@@ -499,14 +501,14 @@ def test_an_invalid_spec_is_not_applied_and_the_condition_names_the_field(render
 
 def test_the_shared_validation_rules_apply_to_the_cr(rendered, cr_spec):
     spec = cr_spec(driver={"deployPolicy": "PreferCloud", "payload": {"name": "driver-image", "version": ""}})
-    out = plan(observed(rendered, spec))
+    out = decide(observed(rendered, spec))
     assert out.applies == [] and "spec.driver.payload.version" in conditions(out)["SpecValid"].message
 
 
 def test_a_deploy_switch_flipped_in_the_cr_asks_for_helm_upgrade(rendered, cr_spec):
     spec = cr_spec(exporter={"deploy": True}, vfioManager={"deploy": False})
-    message = conditions(plan(observed(rendered, spec)))["HelmUpgradeRequired"].message
-    assert conditions(plan(observed(rendered, spec)))["HelmUpgradeRequired"].status == "True"
+    message = conditions(decide(observed(rendered, spec)))["HelmUpgradeRequired"].message
+    assert conditions(decide(observed(rendered, spec)))["HelmUpgradeRequired"].status == "True"
     assert "spec.exporter.deploy is true but DaemonSet metax-data-exporter does not exist" in message
     assert "--set exporter.deploy=true" in message
     assert "spec.vfioManager.deploy is false but DaemonSet metax-vfio-manager exists" in message
@@ -514,7 +516,7 @@ def test_a_deploy_switch_flipped_in_the_cr_asks_for_helm_upgrade(rendered, cr_sp
 
 def test_changes_of_the_pod_structure_ask_for_helm_upgrade_and_are_not_applied(rendered, cr_spec):
     spec = cr_spec(driver={"deployPolicy": "Never"}, maca={"payload": {"images": ["a:1", "b:2"]}})
-    out = plan(observed(rendered, spec))
+    out = decide(observed(rendered, spec))
     message = conditions(out)["HelmUpgradeRequired"].message
     assert "spec.driver.deployPolicy is Never but DaemonSet metax-driver has payload init container" in message
     assert "spec.maca.payload.images lists 2 images but DaemonSet metax-maca has 1 payload init containers" in message
@@ -523,7 +525,7 @@ def test_changes_of_the_pod_structure_ask_for_helm_upgrade_and_are_not_applied(r
 
 
 def test_in_sync_deploy_switches_need_no_helm_upgrade(rendered, cr_spec):
-    assert conditions(plan(observed(rendered, cr_spec())))["HelmUpgradeRequired"].status == "False"
+    assert conditions(decide(observed(rendered, cr_spec())))["HelmUpgradeRequired"].status == "False"
 
 
 def test_a_broken_driver_config_edit_is_reported(rendered, cr_spec):
@@ -532,7 +534,7 @@ def test_a_broken_driver_config_edit_is_reported(rendered, cr_spec):
             "data": {"node-vfnums": "nodes:\n  foo:\n    vfnum: 99\n", "module-params": "", "node-module-params": ""}
         }
     }
-    condition = conditions(plan(observed(rendered, cr_spec(), configmaps=configmaps)))["ConfigMapsValid"]
+    condition = conditions(decide(observed(rendered, cr_spec(), configmaps=configmaps)))["ConfigMapsValid"]
     assert condition.status == "False" and "configmap/driver-config[node-vfnums].nodes.foo.vfnum" in condition.message
     assert "vfnum" in condition.message
 
@@ -702,24 +704,14 @@ def test_a_leader_that_has_not_renewed_within_the_renew_deadline_stops_acting():
 
 
 class ConflictOnceApi:
-    """What `execute` calls, recorded; the first status patch fails with 409 as the API server
+    """What `apply` calls, recorded; the first status write fails with 409 as the API server
     answers when the CR changed since it was read (the CR now at generation 4)."""
 
     def __init__(self, cr_after: dict):
-        self.cr_after, self.status_patches, self.conflicts = cr_after, [], 1
+        self.cr_after, self.status_writes, self.conflicts = cr_after, [], 1
 
     def apply(self, body, **_):
         return body
-
-    def patch(self, api_version, kind, name, patch, **kwargs):
-        from kubernetes.client.exceptions import ApiException
-
-        assert kwargs.get("subresource") == "status"
-        if self.conflicts:
-            self.conflicts -= 1
-            raise ApiException(status=409, reason="Conflict")
-        self.status_patches.append(patch)
-        return {}
 
     def get(self, *args, **kwargs):
         return copy.deepcopy(self.cr_after)
@@ -727,13 +719,26 @@ class ConflictOnceApi:
     def resource(self, *args):
         class Resource:
             @staticmethod
-            def path(**_):
-                return "/api/v1/namespaces/default/events"
+            def path(name=None, namespace=None, subresource=""):
+                return (
+                    f"/apis/gpu.metax-tech.com/v1/clusteroperators/{name}/status"
+                    if subresource
+                    else "/api/v1/namespaces/default/events"
+                )
 
         return Resource
 
-    def call(self, *args, **kwargs):
-        return {}
+    def call(self, method, path, body=None, **_):
+        from kubernetes.client.exceptions import ApiException
+
+        if not path.endswith("/status"):
+            return {}
+        assert method == "PUT"
+        if self.conflicts:
+            self.conflicts -= 1
+            raise ApiException(status=409, reason="Conflict")
+        self.status_writes.append(body)
+        return body
 
 
 def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_not_plan(rendered, cr_spec):
@@ -745,14 +750,14 @@ def test_a_conflict_on_the_status_write_never_stamps_a_generation_the_pass_did_n
     edited["metadata"].update(generation=4, resourceVersion="11")
     edited["spec"]["vfioManager"]["vfioConfig"] = [{"nodeName": "worknode(", "gpus": "all"}]
     api = ConflictOnceApi(edited)
-    reconcile.execute(api, seen, plan(seen), lambda: True, lambda: "2026-01-01T00:00:00Z")
-    assert api.status_patches == []  # nothing written for a spec this pass did not plan from
+    reconcile.apply(api, seen, decide(seen), lambda: True, lambda: T_PASS)
+    assert api.status_writes == []  # nothing written for a spec this pass did not plan from
 
     again = Observed(seen.namespace, edited, seen.daemonsets, {})
-    reconcile.execute(api, again, plan(again), lambda: True, lambda: "2026-01-01T00:00:05Z")
-    [patch] = api.status_patches
-    assert patch["status"]["observedGeneration"] == 4
-    spec_valid = next(c for c in patch["status"]["conditions"] if c["type"] == "SpecValid")
+    reconcile.apply(api, again, decide(again), lambda: True, lambda: T_PASS + 5)
+    [written] = api.status_writes
+    assert written["status"]["observedGeneration"] == 4
+    spec_valid = next(c for c in written["status"]["conditions"] if c["type"] == "SpecValid")
     assert spec_valid["status"] == "False" and "vfioConfig[0].nodeName" in spec_valid["message"]
 
 
@@ -794,10 +799,10 @@ def test_a_condition_alone_leaves_the_observed_generation_as_it_was(rendered, cr
     api = ConflictOnceApi(seen.cr)
     api.conflicts = 0
     failed = reconcile.pass_condition(KeyError("spec"))
-    reconcile.execute(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
-    [patch] = api.status_patches
-    assert "observedGeneration" not in patch["status"]
-    assert [c["type"] for c in patch["status"]["conditions"]] == ["RunnerHealthy"]
-    seen.cr["status"]["conditions"] = patch["status"]["conditions"]
-    reconcile.execute(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: "t", applied=False)
-    assert len(api.status_patches) == 1, "the same failure again writes nothing"
+    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: T_PASS, applied=False)
+    [written] = api.status_writes
+    assert written["status"]["observedGeneration"] == 4
+    assert [c["type"] for c in written["status"]["conditions"]] == ["RunnerHealthy"]
+    seen.cr["status"]["conditions"] = written["status"]["conditions"]
+    reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: T_PASS, applied=False)
+    assert len(api.status_writes) == 1, "the same failure again writes nothing"

@@ -1,17 +1,21 @@
 """The runner's loop: a pass when a watch announces a change (one pass for a burst), the interval
 only as the latest, a failure's backoff kept whatever changes, and `stop` ending any wait. The
-informer's change signal against the real API server."""
+informer's change signal against the real API server. A refused write logged as one line."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 
 import pytest
 
+from metax_operator import jsonlog
 from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.informer import Informer
 from tests.runtime.test_health import FakeElector
+from tests.runtime.test_kube import DRIVER, INVALID, refused_patch
 from tests.waiting import consistently, eventually
 
 HOUR = 3600.0  # an interval no test waits for: every pass here is woken
@@ -20,7 +24,7 @@ HOUR = 3600.0  # an interval no test waits for: every pass here is woken
 class GatedRunner:
     """A runner whose passes are counted and, while `gate` is clear, block until it is set."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool | Exception = False):
         self.passes, self.fail = 0, fail
         self.writes: list[int] = []  # what the next passes return (then 0: nothing to write)
         self.wake, self.gate = threading.Event(), threading.Event()
@@ -29,6 +33,8 @@ class GatedRunner:
     def run_pass(self) -> int:
         self.passes += 1
         self.gate.wait()
+        if isinstance(self.fail, Exception):
+            raise self.fail
         if self.fail:
             raise RuntimeError("the API refused")
         return self.writes.pop(0) if self.writes else 0
@@ -94,6 +100,20 @@ def test_after_a_failed_pass_a_change_does_not_cut_the_backoff_short(running):
     done = threading.Event()
     threading.Timer(2 * runner_mod.COALESCE + 1, done.set).start()
     consistently(lambda: runner.passes == 1, done.is_set, 10, "no pass during the backoff")
+
+
+def test_a_refused_write_is_logged_as_one_line_with_the_request_and_the_servers_message(running, caplog):
+    err = refused_patch()
+    caplog.set_level(logging.ERROR, logger="metax_operator.runtime.run")
+    runner = GatedRunner(fail=err)
+    running(runner)
+    eventually(
+        lambda: any(getattr(r, "fields", {}).get("action") == "pass-failed" for r in caplog.records), 10, "the pass-failed line"
+    )
+    record = next(r for r in caplog.records if getattr(r, "fields", {}).get("action") == "pass-failed")
+    assert record.fields["error"] == f"PATCH {DRIVER}: 422 Unprocessable Entity: {INVALID}"
+    line = jsonlog.JsonFormatter().format(record)
+    assert "\n" not in line and "HTTP response" not in line and json.loads(line)["failures"] == 1
 
 
 @pytest.fixture

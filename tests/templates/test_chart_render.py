@@ -473,8 +473,12 @@ def test_package_holds_only_the_chart(tmp_path):
         "README.md",
         ".helmignore",
         "crds",
+        "files",
         "templates",
         "dashboards",
+        "alerts",
     }
     assert {"Chart.yaml", "values.yaml", "templates"} <= top
     assert "templates/driver/daemonset.yaml" in names
+    assert {f"crds/{contract.CRD_FILE_NAME}", f"files/{contract.CRD_FILE_NAME}"} <= names  # both CRD forms
+    assert "alerts/metax-operator-rules.yaml" in names

@@ -214,7 +214,7 @@ def test_plain_job_names_change_with_the_chart_version(helm_bin, tmp_path):
     """A new chart version (a new tools image tag) changes the Jobs' templates, which Kubernetes
     refuses to update in place: the Jobs get new names."""
     chart = tmp_path / "chart"
-    top = {"Chart.yaml", "values.yaml", "values.schema.json", "crds", "templates"}
+    top = {"Chart.yaml", "values.yaml", "values.schema.json", "crds", "files", "templates"}
     shutil.copytree(CHART, chart, ignore=lambda d, names: [n for n in names if d == str(CHART) and n not in top])
     meta = chart / "Chart.yaml"
     meta.write_text(meta.read_text().replace(f'appVersion: "{APP_VERSION}"', 'appVersion: "0.0.1-next"'))

@@ -1,15 +1,19 @@
 """The API server's copy of the cross-field rules: CEL, with the messages `validate` prints.
 
 Each rule's wording is written once, in the Python function that `validate`, the pre-install
-hook and the runner use (validation.py, policy.py); `message()` turns that function into a CEL
+hook and the runner use (validation.py, upgrade_policy.py); `message()` turns that function into a CEL
 `messageExpression`, so `kubectl patch` with a bad policy is refused (422) with the same line.
 The predicates are CEL written here beside them; tests/chart/test_admission.py runs every case of
 tests/data/bad_values.yaml, accepted and refused, and generated policies through both and fails
 on any difference.
 
 Where each rule runs (docs/hooks.md, "Admission"):
-- `crd_rules()`: the CRD's `x-kubernetes-validations`, on every API server the chart supports.
-  They see only the object being written (and, in transition rules, its old value).
+- `crd_rules()`: the CRD's `x-kubernetes-validations`, on every API server that enforces them
+  (1.25 and later; 1.23 and 1.24 drop them). They see only the object being written (and, in
+  transition rules, its old value). Two forms: the portable one (the chart's `crds/`), which
+  every supported API server admits, each rule with a static `message`; and the whole one
+  (files/, applied by the upgrade-crds hook from FULL_CRD_MINOR), with validate's lines, values
+  and all, as messageExpressions.
 - `policy_validations()`: a ValidatingAdmissionPolicy (templates/admission/, generated), for
   what CRD rules cannot see: `pause` and `pauseDuration` have no single type, so the CRD keeps
   them untyped and CEL cannot read them there; and the rollout in progress is known from the old
@@ -27,11 +31,17 @@ import re
 from typing import Callable
 
 from metax_operator.chart import problems, validation
+from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.schema import fragment, percent_pattern
 from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
 from metax_operator.errors import UserError
-from metax_operator.rollout import policy
 
+#: The first Kubernetes minor whose CRD validation rules take `messageExpression`.
+MESSAGE_EXPRESSION_MINOR = 27
+#: The first Kubernetes minor that admits the whole CRD: its CEL cost estimator bounds a
+#: messageExpression's `string(dyn(x))` and a `matches` on an int-or-string field; older ones
+#: estimate them as unbounded and refuse the CRD (measured: 1.28 and 1.33 refuse, 1.34 admits).
+FULL_CRD_MINOR = 34
 POLICY = "driver.upgradePolicy"
 STEPS = f"{POLICY}.upgradeSteps"
 #: The only spec fields an admin may change while a driver rollout is in progress (seed §3.2.8).
@@ -42,11 +52,20 @@ _MARK = re.compile("\x00([0-9]+)\x00")
 def message(make: Callable[..., UserError], *expressions: str) -> str:
     """A CEL messageExpression giving `str(make(...))` with each argument the value of a CEL
     expression: `make` is called with placeholders that are then cut out of its text."""
-    text = str(make(*(f"\x00{i}\x00" for i in range(len(expressions)))))
-    parts = _MARK.split(text)
+    parts = _MARK.split(_marked(make, len(expressions)))
     # string(dyn(x)): the cost estimator takes string() of a typed value as unbounded, of dyn not
     out = [f"string(dyn({expressions[int(part)]}))" if i % 2 else literal(part) for i, part in enumerate(parts) if i % 2 or part]
     return " + ".join(out)
+
+
+def static_message(make: Callable[..., UserError], count: int) -> str:
+    """`str(make(...))` with `…` for each of its `count` arguments: the rule's `message`, which an
+    API server without messageExpression (before 1.27) says, and the others when it fails."""
+    return _MARK.sub("…", _marked(make, count))
+
+
+def _marked(make: Callable[..., UserError], count: int) -> str:
+    return str(make(*(f"\x00{i}\x00" for i in range(count))))
 
 
 def literal(text: str) -> str:
@@ -63,11 +82,30 @@ def regex(pattern: str) -> str:
 def _rule(rule: str, make: Callable[..., UserError], *expressions: str) -> dict:
     """A CRD rule whose message is `make`'s line (with `expressions` as its arguments)."""
     if expressions:
-        return {"rule": rule, "messageExpression": message(make, *expressions)}
+        return {"rule": rule, "message": static_message(make, len(expressions)), "messageExpression": message(make, *expressions)}
     return {"rule": rule, "message": str(make())}
 
 
+def _indices(count: int) -> str:
+    """CEL: the list literal [0, 1, …, count - 1]. A comprehension over it reads a list by index:
+    the CEL of API servers before 1.33 has no two-variable comprehension (`exists(i, s, …)`), and
+    the cost of one over a literal is known exactly, so every server's estimator admits it."""
+    return "[" + ", ".join(str(i) for i in range(count)) + "]"
+
+
+def _first(indices: str, size: str, condition: str, text: str) -> str:
+    """CEL for a messageExpression: `text` (which reads `i`) at the first index `i` below `size`
+    where `condition` holds."""
+    return f"{indices}.filter(i, i < {size} && {condition}).map(i, {text})[0]"
+
+
 # --- rules of the CRD ---------------------------------------------------------------------------
+
+
+def for_server(portable_crd: dict, full_crd: dict, minor: int) -> dict:
+    """The CRD an API server of Kubernetes 1.`minor` takes: whole from FULL_CRD_MINOR, else the
+    portable one (`crd_rules(full=False)`)."""
+    return full_crd if minor >= FULL_CRD_MINOR else portable_crd
 
 
 def _has(root: str, *path: str) -> str:
@@ -84,48 +122,68 @@ def _int_replicas(step: str) -> str:
 
 
 def _percent_replicas(step: str) -> str:
-    return f"(type({step}.replicas) == string && {step}.replicas.matches({regex(percent_pattern(False))}))"
+    return f"(type({step}.replicas) == string && {step}.replicas in {_PERCENTS})"
+
+
+def _percents(zero_ok: bool) -> str:
+    """CEL: the map literal {'1%': 1, …, '100%': 100} (from '0%' with `zero_ok`): the strings the
+    schema's percent pattern allows, with their values. A lookup in it costs the same whatever
+    the string, where every estimator before 1.34 takes `matches` or `<` on an int-or-string
+    field (CEL's dyn) as unbounded."""
+    values = range(0 if zero_ok else 1, 101)
+    assert all(re.fullmatch(percent_pattern(zero_ok), f"{v}%") for v in values)
+    return "{" + ", ".join(f"'{v}%': {v}" for v in values) + "}"
+
+
+_PERCENTS = _percents(False)
 
 
 def _valid_replicas(step: str) -> str:
-    """The step's replicas are valid (the schema's minimum and pattern): policy.py compares only
+    """The step's replicas are valid (the schema's minimum and pattern): upgrade_policy.py compares only
     valid replicas, and schema errors do not stop CEL."""
     return f"({_int_replicas(step)} || {_percent_replicas(step)})"
 
 
 def _replicas_below(step: str, other: str) -> str:
-    """Both of one kind (int or percent) and `step`'s below `other`'s. Percentages compare as
-    text, shorter first (the pattern allows no leading zeros): parsing them costs too much."""
+    """Both of one kind (int or valid percent) and `step`'s below `other`'s. `a - b < 0`, not
+    `a < b`: on CEL's dyn, `<` might compare strings of any length, `-` only numbers."""
     a, b = f"{step}.replicas", f"{other}.replicas"
     return (
-        f"((type({a}) == int && type({b}) == int && {a} < {b})"
-        f" || (type({a}) == string && type({b}) == string"
-        f" && (size({a}) < size({b}) || (size({a}) == size({b}) && {a} < {b}))))"
+        f"((type({a}) == int && type({b}) == int && {a} - {b} < 0)"
+        f" || ({_percent_replicas(step)} && {_percent_replicas(other)} && {_PERCENTS}[{a}] < {_PERCENTS}[{b}]))"
     )
 
 
-def _steps_rules(node: dict) -> list[dict]:
-    """On `upgradeSteps` (self is the list, `node` its CRD schema)."""
-    previous = "self[i - 1]"
-    falling = f"i > 0 && {_valid_replicas('s')} && {_valid_replicas(previous)} && {_replicas_below('s', previous)}"
-    falling_message = message(
-        lambda i, r, p: policy.falling_replicas(f"{STEPS}[{i}]", r, p), "i", "s.replicas", f"{previous}.replicas"
-    )
+def _steps_rules(node: dict, full: bool) -> list[dict]:
+    """On `upgradeSteps` (self is the list, `node` its CRD schema): a rule over the step at each
+    index `i` (`self[i]`) up to the schema's maxItems; the single-field checks only when `full`."""
+    indices = _indices(node["maxItems"])
+    step, previous = "self[i]", "self[i - 1]"
+    falling = f"i > 0 && {_valid_replicas(step)} && {_valid_replicas(previous)} && {_replicas_below(step, previous)}"
+
+    def falls(i, r, p):
+        return policy.falling_replicas(f"{STEPS}[{i}]", r, p)
+
     last = "self[size(self) - 1]"
-    fields = []
-    for key, child in node["items"]["properties"].items():
-        if valid := _single_field_check(child, f"s.{key}"):
-            bad = f"has(s.{key}) && !{valid}"
-            fields.append(
+    rules = []
+    for key, child in node["items"]["properties"].items() if full else ():
+        if valid := _single_field_check(child, f"{step}.{key}"):
+            bad = f"has({step}.{key}) && !{valid}"
+            make = _schema_error(key, True)
+            rules.append(
                 {
-                    "rule": f"!self.exists(i, s, {bad})",
-                    "messageExpression": f"self.transformList(i, s, {bad}, {_schema_message(key, True, f's.{key}', 'i')})[0]",
+                    "rule": f"!{indices}.exists(i, i < size(self) && {bad})",
+                    "message": static_message(make, 2),
+                    "messageExpression": _first(indices, "size(self)", bad, message(make, "i", _shown(f"{step}.{key}"))),
                 }
             )
-    return fields + [
+    return rules + [
         {
-            "rule": f"!self.exists(i, s, {falling})",
-            "messageExpression": f"self.transformList(i, s, {falling}, {falling_message})[0]",
+            "rule": f"!{indices}.exists(i, i < size(self) && {falling})",
+            "message": static_message(falls, 3),
+            "messageExpression": _first(
+                indices, "size(self)", falling, message(falls, "i", f"{step}.replicas", f"{previous}.replicas")
+            ),
         },
         _rule(
             f"size(self) == 0 || !{_percent_replicas(last)} || {last}.replicas == '100%'",
@@ -136,26 +194,26 @@ def _steps_rules(node: dict) -> list[dict]:
     ]
 
 
-def _policy_rules(node: dict) -> list[dict]:
-    """On `upgradePolicy` (its CRD schema `node`)."""
+def _policy_rules(node: dict, full: bool) -> list[dict]:
+    """On `upgradePolicy` (its CRD schema `node`); the single-field checks only when `full`."""
     rules = [
         _rule(
             "!(has(self.enableRollout) && self.enableRollout) || (has(self.upgradeSteps) && size(self.upgradeSteps) > 0)",
             lambda: policy.empty_steps(STEPS),
         )
     ]
-    for key, child in node["properties"].items():
+    for key, child in node["properties"].items() if full else ():
         if _single_field_check(child, "v"):
             valid = _single_field_check(child, f"self.{key}")
-            rules.append(
-                {"rule": f"!has(self.{key}) || {valid}", "messageExpression": _schema_message(key, False, f"self.{key}", "")}
-            )
+            rules.append(_rule(f"!has(self.{key}) || {valid}", _schema_error(key, False), "0", _shown(f"self.{key}")))
     return rules
 
 
 # The checks of a single policy field are the schema's; the CRD has them too, but says them in
 # its own words (`... in body should match '^(100|...'`). These rules add validate's line (a
-# pattern does not stop CEL; a type or enum error does).
+# pattern does not stop CEL; a type or enum error does), in the whole CRD only: they refuse
+# nothing the schema admits, and a `matches` on an int-or-string field costs more than the
+# estimators before 1.34 allow.
 
 
 def _single_field_check(node: dict, value: str) -> str:
@@ -170,16 +228,19 @@ def _single_field_check(node: dict, value: str) -> str:
     return ""
 
 
-def _schema_message(key: str, in_step: bool, value: str, index: str) -> str:
-    """A messageExpression giving validate's line for a bad `value` of policy field `key` (of a
-    step when `in_step`, at `index`): the values schema's wording, taken from validation.py."""
+def _schema_error(key: str, in_step: bool) -> Callable[[str, str], UserError]:
+    """validate's line for a bad value of policy field `key` (of the step at index `i` when
+    `in_step`), as a function of the index and the value shown: the values schema's wording,
+    taken from validation.py."""
     step = {"replicas": "100%", key: _PLACEHOLDER}
     raw = {"upgradeSteps": [step]} if in_step else {key: _PLACEHOLDER}
     (error,) = problems.schema_problems(raw, fragment("driver", "upgradePolicy"), POLICY)
-    shown = f'(type({value}) == string ? "\'" + {value} + "\'" : string(dyn({value})))'
-    return message(
-        lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v)), index or "0", shown
-    )
+    return lambda i, v: UserError("", str(error).replace("[0]", f"[{i}]").replace(repr(_PLACEHOLDER), v))
+
+
+def _shown(value: str) -> str:
+    """CEL: `value` as validate shows it (a string quoted, an int as is)."""
+    return f'(type({value}) == string ? "\'" + {value} + "\'" : string(dyn({value})))'
 
 
 def _spec_rules() -> list[dict]:
@@ -240,17 +301,22 @@ def _service_rules(node: dict) -> list[dict]:
     ]
 
 
-def crd_rules(spec: dict) -> dict[tuple[str, ...], list[dict]]:
+def crd_rules(spec: dict, *, full: bool) -> dict[tuple[str, ...], list[dict]]:
     """The CRD's `x-kubernetes-validations`, by the spec path of the node that carries them
-    (`spec`: the CRD's spec schema, for the single-field checks)."""
+    (`spec`: the CRD's spec schema, for the single-field checks). `full`: with validate's lines
+    as messageExpressions and the single-field checks (for FULL_CRD_MINOR and later); else the
+    portable rules every API server with CEL admits, each with its static `message`."""
     upgrade_policy = spec["properties"]["driver"]["properties"]["upgradePolicy"]
-    return {
+    rules = {
         (): _spec_rules(),
         ("driver",): _driver_rules(),
-        ("driver", "upgradePolicy"): _policy_rules(upgrade_policy),
-        ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(upgrade_policy["properties"]["upgradeSteps"]),
+        ("driver", "upgradePolicy"): _policy_rules(upgrade_policy, full),
+        ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(upgrade_policy["properties"]["upgradeSteps"], full),
         ("exporter", "service"): _service_rules(spec["properties"]["exporter"]["properties"]["service"]),
     }
+    if not full:
+        rules = {path: [{k: v for k, v in r.items() if k != "messageExpression"} for r in node] for path, node in rules.items()}
+    return rules
 
 
 # --- the ValidatingAdmissionPolicy ----------------------------------------------------------------
@@ -347,30 +413,35 @@ def policy_variables() -> list[dict]:
 def policy_validations() -> list[dict]:
     """The validations of the deny policy (see the module's docstring)."""
     steps = "variables.steps"
-    both = "has(s.pause) && has(s.pauseDuration)"
-    duration = "s.pauseDuration"
-    valid_duration = (
-        f"!has({duration}) || {duration} == null || (type({duration}) == map && size({duration}) == 0)"
-        f" || (type({duration}) == int && {duration} >= 0)"
-        f" || (type({duration}) == string && {duration}.matches({regex(_pause_duration_pattern())}))"
+    indices = _indices(fragment("driver", "upgradePolicy", "upgradeSteps")["maxItems"])
+    step = f"{steps}[i]"
+    both = f"has({step}.pause) && has({step}.pauseDuration)"
+    duration = f"{step}.pauseDuration"
+    bad_duration = (
+        f"has({duration}) && {duration} != null && !(type({duration}) == map && size({duration}) == 0)"
+        f" && !(type({duration}) == int && {duration} >= 0)"
+        f" && !(type({duration}) == string && {duration}.matches({regex(_pause_duration_pattern())}))"
     )
-    bad_duration = _schema_message("pauseDuration", True, duration, "i")
-    checks = [
-        {
-            "expression": f"!{steps}.exists(i, s, {both})",
-            "messageExpression": f"{steps}.transformList(i, s, {both}, "
-            f"{message(lambda i: policy.pause_with_duration(f'{STEPS}[{i}]'), 'i')})[0]",
-        },
-        {
-            "expression": f"{steps}.all(s, {valid_duration})",
-            "messageExpression": f"{steps}.transformList(i, s, !({valid_duration}), {bad_duration})[0]",
-        },
-        {
-            "expression": "!variables.upgrading || size(variables.changed) == 0",
-            "messageExpression": message(frozen_during_rollout, "variables.changed[0]", "oldObject.status.upgradeStatus.phase"),
-        },
+
+    def check(bad: str, text: str) -> dict:
+        return {
+            "expression": f"!{indices}.exists(i, i < size({steps}) && {bad})",
+            "messageExpression": _first(indices, f"size({steps})", bad, text),
+        }
+
+    return [
+        {**validation, "reason": "Invalid"}  # 422, as the CRD's rules (else 403)
+        for validation in (
+            check(both, message(lambda i: policy.pause_with_duration(f"{STEPS}[{i}]"), "i")),
+            check(bad_duration, message(_schema_error("pauseDuration", True), "i", _shown(duration))),
+            {
+                "expression": "!variables.upgrading || size(variables.changed) == 0",
+                "messageExpression": message(
+                    frozen_during_rollout, "variables.changed[0]", "oldObject.status.upgradeStatus.phase"
+                ),
+            },
+        )
     ]
-    return [{**check, "reason": "Invalid"} for check in checks]  # 422, as the CRD's rules (else 403)
 
 
 def warning_validations() -> list[dict]:

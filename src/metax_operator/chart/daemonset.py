@@ -16,7 +16,13 @@ from typing import Any
 
 from metax_operator.chart import images
 from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
-from metax_operator.contract import DAEMONSETS, DRIVER_PAYLOAD_CONTAINER, MACA_PAYLOAD_PREFIX
+from metax_operator.contract import (
+    ALL_AT_ONCE_STRATEGY,
+    DAEMONSETS,
+    DRIVER_PAYLOAD_CONTAINER,
+    MACA_PAYLOAD_PREFIX,
+    STAGED_ROLLOUT_STRATEGY,
+)
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
 
@@ -160,9 +166,7 @@ def driver_strategy(spec: dict, upgrading: bool) -> dict:
     pod replaced at once. It stays `OnDelete` while a rollout is in flight, so that turning
     `enableRollout` off rolls back in waves (Disabling) instead of all at once."""
     policy = (spec.get("driver") or {}).get("upgradePolicy") or {}
-    if policy.get("enableRollout") or upgrading:
-        return {"type": "OnDelete"}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+    return copy.deepcopy(STAGED_ROLLOUT_STRATEGY if policy.get("enableRollout") or upgrading else ALL_AT_ONCE_STRATEGY)
 
 
 def covers(have: Any, want: Any, name: str = "") -> bool:

@@ -1,11 +1,15 @@
 """The chart's generated files, from the sources each fact is written in once.
 
 - values.schema.json and the ClusterOperator CRD: from schema_source.yaml and values.yaml
-  (schema.py), the CRD with the cross-field rules as CEL (admission.py);
+  (schema.py), the CRD with the cross-field rules as CEL (admission.py): in crds/ the portable
+  form every supported API server admits (what Helm installs), and whole in files/ (what the
+  upgrade-crds hook applies where the API server admits it);
 - templates/admission/validatingadmissionpolicy.yaml: from admission.py;
 - templates/_contract.tpl: the names of contract.py as named templates, so the templates use
   the same component names, prerequisites, label and annotation keys as the Python code;
-- k8s_shapes.json (beside schema.py): the Kubernetes shapes the schemas embed.
+- k8s_shapes.json (beside schema.py): the Kubernetes shapes the schemas embed;
+- alerts/metax-operator-rules.yaml: the alert rules of `chart.alerts` as a Prometheus rules
+  file, which `runner.prometheusRule` renders as a PrometheusRule.
 
     python -m metax_operator.chart.generate          # rewrite them at the repo root
     metax-operator schema generate [--check]   # the same; --check only reports staleness
@@ -23,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from metax_operator import contract
-from metax_operator.chart import admission, schema
+from metax_operator.chart import admission, alerts, schema
 from metax_operator.errors import UserError
 
 COMMAND = "python -m metax_operator.chart.generate"
@@ -42,6 +46,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.crName": contract.CR_NAME,
     "metax-operator.crdName": contract.CRD_NAME,
     "metax-operator.crdFile": contract.CRD_FILE_NAME,
+    "metax-operator.fullCrdKey": contract.FULL_CRD_KEY,
     "metax-operator.driverConfig": contract.DRIVER_CONFIG,
     "metax-operator.vfioConfig": contract.VFIO_CONFIG,
     "metax-operator.hookMountRoot": contract.HOOK_MOUNT_ROOT,
@@ -82,6 +87,13 @@ def render_contract_template() -> str:
         '{{- join ", " $names -}}\n{{- end }}\n',
         "{{/* The components whose pods patch their own node, as a JSON list of values keys. */}}\n"
         f'{{{{- define "metax-operator.nodePatchers" -}}}}\n{_json(list(contract.NODE_PATCHERS))}\n{{{{- end }}}}\n',
+        "{{/* The driver DaemonSet's updateStrategy, as JSON: the staged rollout's when given true\n"
+        "(`driver.upgradePolicy.enableRollout`), else every pod at once. The runner applies the same. */}}\n"
+        '{{- define "metax-operator.driverUpdateStrategy" -}}\n'
+        f"{{{{- if . }}}}{_json(contract.STAGED_ROLLOUT_STRATEGY)}"
+        f"{{{{ else }}}}{_json(contract.ALL_AT_ONCE_STRATEGY)}{{{{ end -}}}}\n"
+        "{{- end }}\n",
+        *(_configmap_data(name) for name in contract.CONFIGMAPS),
         "{{/* Label, annotation and object names. */}}",
     ]
     for name, value in TEMPLATE_STRINGS.items():
@@ -89,9 +101,33 @@ def render_contract_template() -> str:
     return "\n".join(parts)
 
 
-def render_crd(values_text: str) -> str:
+def _configmap_data(configmap: str) -> str:
+    """The `data` of an admin-editable ConfigMap: each of its keys (`contract.CONFIGMAP_KEYS`)
+    holding its values field as a YAML document, wrapped in the mapping the key names."""
+    helper = "metax-operator." + _camel(configmap) + "Data"
+    lines = [
+        f"{{{{/* The data of the ConfigMap {configmap}, one YAML document per key. Takes .Values. */}}}}",
+        f'{{{{- define "{helper}" -}}}}',
+    ]
+    for key in contract.CONFIGMAP_KEYS:
+        if key.configmap != configmap:
+            continue
+        value = "." + ".".join(key.field)
+        value = f'(dict "{key.wrap}" {value})' if key.wrap else value
+        lines += [f"{key.key}: |", f"  {{{{- toYaml {value} | nindent 2 }}}}"]
+    return "\n".join([*lines, "{{- end }}\n"])
+
+
+def _camel(name: str) -> str:
+    """`driver-config` -> `driverConfig`, `metax-vfio-config` -> `vfioConfig` (the helper names of
+    the templates, without the chart's own prefix)."""
+    words = name.removeprefix("metax-").split("-")
+    return words[0] + "".join(w.title() for w in words[1:])
+
+
+def render_crd(crd: dict) -> str:
     body = yaml.safe_dump(
-        schema.build_crd(values_text, admission.crd_rules),
+        crd,
         sort_keys=False,
         width=100,
         allow_unicode=True,
@@ -108,9 +144,11 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
     return {
         schema.K8S_SHAPES: schema.render_k8s_shapes(),
         root / schema.VALUES_SCHEMA: values_schema,
-        root / schema.CRD_FILE: render_crd(values_text),
+        root / schema.CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=False))),
+        root / schema.FULL_CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=True))),
         root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
         root / CONTRACT_TEMPLATE: render_contract_template(),
+        root / alerts.RULES_FILE: alerts.render_rules_file(generated_note("src/metax_operator/chart/alerts.py")),
     }
 
 
@@ -152,7 +190,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("schema", help="generate values.schema.json, the CRD and the generated templates")
+    parser = subparsers.add_parser("schema", help="generate values.schema.json, the CRD, the templates and the rules file")
     sub = parser.add_subparsers(dest="schema_command", required=True)
     gen = sub.add_parser("generate", help="write the chart's generated files from their sources")
     gen.add_argument("--chart", default=str(schema.REPO_ROOT), help="the chart directory (default: the repo)")

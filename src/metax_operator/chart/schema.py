@@ -31,7 +31,8 @@ from metax_operator.errors import UserError
 SOURCE = Path(__file__).with_name("schema_source.yaml")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VALUES_SCHEMA = "values.schema.json"
-CRD_FILE = f"crds/{CRD_FILE_NAME}"
+CRD_FILE = f"crds/{CRD_FILE_NAME}"  # the portable rules (admission.crd_rules), which Helm installs
+FULL_CRD_FILE = f"files/{CRD_FILE_NAME}"  # the whole rules, which the upgrade-crds hook applies where admitted
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 K8S_SCHEMA_VERSION = "v1.34.0-local-strict"
 

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import yaml
 
 from metax_operator.chart import images
+from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.problems import regex_problem, schema_problems
 from metax_operator.chart.schema import build_values_schema, fragment
 from metax_operator.contract import (
@@ -35,7 +36,6 @@ from metax_operator.contract import (
     ConfigMapKey,
 )
 from metax_operator.errors import UserError, UserErrors
-from metax_operator.rollout import policy
 
 SERVICE_TYPES_WITH_PORT = ("NodePort", "LoadBalancer")
 

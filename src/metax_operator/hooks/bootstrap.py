@@ -29,7 +29,6 @@ anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from metax_operator.contract import (
 )
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
+from metax_operator.rollout.status import rfc3339
 from metax_operator.runtime import kube, reconcile
 
 _MISSING = object()
@@ -231,9 +231,14 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
 
     cr, merge = kube.retry_on_conflict(attempt)
     for change in merge.overridden:
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         reconcile.emit_event(
-            client, cr, "Normal", "ValuesOverrodeEdit", change.overridden(), now, component=BOOTSTRAP_FIELD_MANAGER
+            client,
+            cr,
+            "Normal",
+            "ValuesOverrodeEdit",
+            change.overridden(),
+            rfc3339(time.time()),
+            component=BOOTSTRAP_FIELD_MANAGER,
         )
     return cr, merge
 

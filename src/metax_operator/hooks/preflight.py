@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from metax_operator import workloads
 from metax_operator.chart.validation import validate_values
-from metax_operator.contract import GPU_NODE_LABEL
+from metax_operator.contract import GPU_NODE_LABEL, LIVE_PODS
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.runtime import kube
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     _major, _minor, git_version = client.server_version()
     nodes = client.list("v1", "Node")
     findings = check_cluster(git_version, nodes)
-    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    pods = client.list("v1", "Pod", field_selector=LIVE_PODS, all_namespaces=True)
     check_workloads(values, nodes, pods, findings)
     for line in findings.warnings:
         print(f"warning: {line}", file=sys.stderr)

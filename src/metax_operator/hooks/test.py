@@ -31,6 +31,7 @@ from metax_operator.contract import (
     EXPORTER_SERVICE,
     GPU_NODE_LABEL,
     GPU_RESOURCE,
+    LIVE_PODS,
     SGPU_RESOURCE,
 )
 from metax_operator.errors import UserError, UserErrors
@@ -163,7 +164,7 @@ def failures(client: kube.Client, namespace: str) -> list[str]:
     nodes = client.list("v1", "Node")
     if "gpuDevice" in enabled:
         lines += check_gpu_nodes(nodes)
-    pods = client.list("v1", "Pod", field_selector=workloads.LIVE_PODS, all_namespaces=True)
+    pods = client.list("v1", "Pod", field_selector=LIVE_PODS, all_namespaces=True)
     lines += check_workloads(spec, enabled, nodes, pods)
     return lines
 

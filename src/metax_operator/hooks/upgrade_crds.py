@@ -1,12 +1,15 @@
 """`metax-operator upgrade-crds`: apply the chart's current CRD (Helm never updates `crds/`).
 
 Runs as a pre-install and pre-upgrade hook. The CRD comes from a ConfigMap the chart renders
-with `.Files.Get`, mounted as a file. Server-side apply with our own field manager and `force`:
-the CRD was created by Helm (`crds/`, manager "helm") or by an earlier run of this hook, and the
-chart's copy is the truth. On install (`--if-exists`) it only updates a CRD that is already
-there (left by an earlier release with `crds.keep`): creating it is Helm's job, and
-`helm install --skip-crds` must be respected. It then waits until the API server serves the
-new version (condition Established), so the post-install bootstrap can write the CR.
+with `.Files.Get`, mounted as files, in two forms: the portable one Helm installs from `crds/`,
+which every supported API server admits, and the whole one from files/ (validate's lines as the
+rules' messages), applied where the API server admits it (`admission.for_server`). Server-side
+apply with our own field manager and `force`: the CRD was created by Helm (`crds/`, manager
+"helm") or by an earlier run of this hook, and the chart's copy is the truth. On install
+(`--if-exists`) it only updates a CRD that is already there (Helm created it from `crds/` just
+before, or an earlier release left it with `crds.keep`): creating it is Helm's job, and
+`helm install --skip-crds` must be respected. It then waits until the API server serves the new
+version (condition Established), so the post-install bootstrap can write the CR.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 from metax_operator import contract
+from metax_operator.chart import admission
 from metax_operator.errors import UserError
 from metax_operator.hooks import common
 from metax_operator.runtime import kube
@@ -30,7 +34,9 @@ def load_crd(path: Path) -> dict:
         or crd.get("kind") != "CustomResourceDefinition"
         or crd.get("metadata", {}).get("name") != contract.CRD_NAME
     ):
-        raise UserError(str(path), f"is not the {contract.CRD_NAME} CustomResourceDefinition", "pass the chart's crds/ file")
+        raise UserError(
+            str(path), f"is not the {contract.CRD_NAME} CustomResourceDefinition", "pass the chart's crds/ or files/ copy of it"
+        )
     return crd
 
 
@@ -56,11 +62,14 @@ def wait_established(client: kube.Client, generation: int, timeout: float) -> No
         time.sleep(0.5)
 
 
-def upgrade(client: kube.Client, crd: dict, *, if_exists: bool, timeout: float = 60) -> str:
-    """Apply `crd`; returns what happened ("skipped", "unchanged", "applied")."""
+def upgrade(client: kube.Client, crd: dict, full_crd: dict | None = None, *, if_exists: bool, timeout: float = 60) -> str:
+    """Apply `crd` (the portable form), or `full_crd` where the API server admits it; returns
+    what happened ("skipped", "unchanged", "applied")."""
     current = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
     if current is None and if_exists:
         return "skipped"
+    if full_crd is not None:
+        crd = admission.for_server(crd, full_crd, client.server_version()[1])
     applied = client.apply(crd, field_manager=contract.UPGRADE_CRDS_FIELD_MANAGER, force=True)
     wait_established(client, applied["metadata"]["generation"], timeout)
     client.forget(contract.CR_API_VERSION)
@@ -69,8 +78,8 @@ def upgrade(client: kube.Client, crd: dict, *, if_exists: bool, timeout: float =
 
 
 def run(args: argparse.Namespace) -> int:
-    crd = load_crd(args.crd)
-    outcome = upgrade(kube.Client.from_args(args), crd, if_exists=args.if_exists)
+    crd, full_crd = load_crd(args.crd), load_crd(args.full_crd) if args.full_crd else None
+    outcome = upgrade(kube.Client.from_args(args), crd, full_crd, if_exists=args.if_exists)
     message = {
         "skipped": "not installed (Helm installs it from crds/); nothing to upgrade",
         "unchanged": "already current",
@@ -86,6 +95,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--crd", type=Path, default=Path(contract.HOOK_CRD_FILE), help=f"the CRD manifest (default: {contract.HOOK_CRD_FILE})"
+    )
+    parser.add_argument(
+        "--full-crd",
+        type=Path,
+        help=f"the whole CRD, applied instead where the API server admits it (the chart's: {contract.HOOK_FULL_CRD_FILE})",
     )
     parser.add_argument("--if-exists", action="store_true", help="only update an existing CRD, never create it (pre-install)")
     common.add_api_arguments(parser, namespace=False)

@@ -4,7 +4,7 @@ what `metax-operator rollout simulate` runs.
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
 latency drawn from a seeded RNG. The "runner" calls `engine.decide` every loop interval and carries
-out the decision as `rollout.execute` does (the status, the pause and the status once it landed,
+out the decision as `runtime.rollout_pass` does (the status, the pause and the status once it landed,
 the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
 status shows it. `run()` returns the timeline per step.
 
@@ -19,9 +19,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
-from metax_operator.rollout.policy import Policy
-from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.status import PauseReason, UpgradeStatus, WaveKind
 
 OLD, NEW = "rev-old", "rev-new"
 
@@ -123,7 +123,7 @@ class Simulation:
         """Nodes running GPU work at `now`."""
         return frozenset()
 
-    def observe(self, now: float) -> engine.Observed:
+    def observe(self, now: float) -> engine.Cluster:
         pods = tuple(
             engine.Pod(
                 name=p.name,
@@ -137,7 +137,7 @@ class Simulation:
             )
             for p in self.pods.values()
         )
-        return engine.Observed(
+        return engine.Cluster(
             current_revision=self.revision,
             caught_up=True,
             nodes=frozenset(self.nodes),
@@ -229,7 +229,7 @@ class Simulation:
             if (
                 sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED)
                 and rec.ready is None
-                and not (rs.paused_by_runner and rs.pause_reason == "failure")
+                and not (rs.paused_by_runner and rs.pause_reason == PauseReason.FAILURE)
             ):
                 rec.ready = now
         wave_key = f"{rs.wave_start_time}/{rs.wave_kind}"
@@ -245,7 +245,7 @@ class Simulation:
     def _wave(self, status: UpgradeStatus, kind: str, size: int) -> None:
         """A wave the timeline has not seen yet (upgrade, retry or rollback)."""
         index = status.step.current_step_index
-        if kind == "upgrade" and index in self.steps:
+        if kind == WaveKind.UPGRADE and index in self.steps:
             self.steps[index].deletions.append(size)
 
     def _persist(self, status: UpgradeStatus) -> None:

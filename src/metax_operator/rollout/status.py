@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any, get_args, get_origin, get_type_hints
 
-# Phases and step states: the seed's (OpenKruise Rollout's) names.
+# The rollout's vocabulary, named once. Phases and step states are the seed's (OpenKruise
+# Rollout's) names, written to `phase` and `status.currentStepState`.
 IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING = ("Idling", "Progressing", "Terminating", "Disabled", "Disabling")
 STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
     "StepUpgradeInit",
@@ -26,6 +28,60 @@ STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED = (
 )
 # At most this many node names are listed in status (held back, failed); the count is always given.
 LISTED_NODES = 20
+
+
+class ConditionType(StrEnum):
+    """The `type` of each entry of `upgradeStatus.condition` (seed table 3.16); each is set once a
+    rollout starts and kept afterwards, its `reason` saying why it last changed."""
+
+    PROGRESSING = "Progressing"  # True while a rollout is in flight, also paused after a failed step
+    SUCCEED = "Succeed"  # True once every driver pod reached the rollout's revision
+    FAILED = "Failed"  # True after a step failed beyond its retries, or while the policy cannot finish
+    TERMINATING = "Terminating"  # True while a rollback is in flight
+
+
+class WaveKind(StrEnum):
+    """`resume.waveKind`: why the pods of the wave in flight were deleted."""
+
+    UPGRADE = "upgrade"  # old-revision pods, for the step's target
+    RETRY = "retry"  # failed pods of the step, deleted again (`maxFailureThreshold`)
+    ROLLBACK = "rollback"  # pods of the abandoned revision, back to `lastPodSpecRevision`
+
+
+class PauseReason(StrEnum):
+    """`resume.pauseReason`: why the runner set `spec.driver.upgradePolicy.pause` itself."""
+
+    STEP = "step"  # a step without `pauseDuration` is ready: the admin's `pause: false` continues
+    FAILURE = "failure"  # a step failed after its retries (`fallback: pause`): fix, then resume
+
+
+class Reason(StrEnum):
+    """The reasons of the rollout's conditions and of the Events it emits."""
+
+    ROLLOUT_STARTED = "RolloutStarted"  # a new driver revision starts rolling out
+    NEW_REVISION = "NewRevision"  # a newer revision replaces the one rolling out (or a rollback)
+    STEPS_EDITED = "StepsEdited"  # `upgradeSteps` changed during the rollout
+    STEP_STARTED = STEP_INIT  # a step begins (the event's reason is the step state's name)
+    STEP_READY = "StepReady"  # a step reached its target
+    STEP_RETRY = "StepRetry"  # a step's failed pods are deleted again
+    STEP_FAILED = "StepFailed"  # a step failed beyond its retries
+    FAILED = "Failed"  # Progressing's reason after a failed step paused the rollout
+    RESUMED = "Resumed"  # the admin released the runner's pause
+    COMPLETED = "Completed"  # every driver pod is at the revision
+    INVALID_POLICY = "InvalidPolicy"  # the last step cannot reach every node
+    POLICY_VALID = "PolicyValid"  # it can again
+    ROLLOUT_DISABLED = "RolloutDisabled"  # `enableRollout: false` during a rollout: rolled back
+    TEMPLATE_REVERTED = "TemplateReverted"  # the template was set back: rolled back
+    FALLBACK_ROLLBACK = "FallbackRollback"  # a failed step with `fallback: rollback`
+    ROLLED_BACK = "RolledBack"  # every driver pod is back at `lastPodSpecRevision`
+    REPLACED = "Replaced"  # without a staged rollout, every pod was replaced at once
+    NODES_HELD_BACK = "NodesHeldBack"  # nodes with GPU work (or a timed-out wait or drain) kept out
+    WAIT_TIMEOUT = "WaitTimeout"  # a node's pods matching `waitForCompletion.podSelector` did not end
+    DRAIN_TIMEOUT = "DrainTimeout"  # a node's GPU pods were not evicted in time
+
+
+#: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.
+ADMIN_PAUSED = "paused by the admin (spec.driver.upgradePolicy.pause: true)"
 
 
 def _key(name: str, default: Any = None, *, factory: Any = None, count: str = "") -> Any:
@@ -49,9 +105,19 @@ class NodeList:
         return cls(nodes[:LISTED_NODES], len(nodes))
 
 
+def transition_time(old_status: str | None, old_time: str | None, status: str, now: str) -> str:
+    """A condition's `lastTransitionTime` when it is set to `status`: kept while its status stays
+    (and was recorded), `now` when the status changes (metav1.Condition's rule, for the CR's
+    conditions and those of `upgradeStatus` alike)."""
+    return old_time if old_status == status and old_time else now
+
+
 @dataclass
 class Condition:
-    type: str = _key("type", "")  # Progressing, Succeed, Failed, Terminating
+    """A condition: of the CR (`status.conditions`, set by the runner's reconcile) or of the
+    rollout (`status.upgradeStatus.condition`)."""
+
+    type: str = _key("type", "")  # a `ConditionType`
     status: str = _key("status", "")  # True, False
     reason: str = _key("reason", "")
     message: str = _key("message", "")
@@ -84,11 +150,11 @@ class Resume:
     stable_revision: str = _key("stableRevision", "")
     steps_key: str = _key("stepsKey", "")  # the step list the step index refers to
     wave: list[str] = _key("wave", factory=list)
-    wave_kind: str = _key("waveKind", "")  # upgrade, retry, rollback
+    wave_kind: str = _key("waveKind", "")  # a `WaveKind`, "" between waves
     wave_uids: list[str] = _key("waveUids", factory=list)  # the pods a retry wave deletes
     retry_queue: list[str] = _key("retryQueue", factory=list)
     paused_by_runner: bool = _key("pausedByRunner", False)
-    pause_reason: str = _key("pauseReason", "")  # step, failure
+    pause_reason: str = _key("pauseReason", "")  # a `PauseReason`, "" without the runner's pause
     pause_confirmed: bool = _key("pauseConfirmed", False)  # the runner saw its own pause land
     release_pause: bool = _key("releasePause", False)  # set pause back to false: the rollout moved on
     held: NodeList = _key("heldNodes", factory=NodeList, count="heldNodeCount")

@@ -27,10 +27,12 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import PAGE_SIZE, Client, with_backoff
+from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_backoff
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
+#: Seconds a pass waits for a cache's first LIST.
+SYNC_TIMEOUT = 60.0
 #: Seconds the server keeps one watch open (randomized 5-10 min as client-go does).
 WATCH_SECONDS = (300, 600)
 #: Seconds between full relists (the safety net for a missed event).
@@ -160,7 +162,7 @@ class Informer:
                     "informer-error",
                     logging.WARNING,
                     informer=self.name,
-                    error=f"{type(err).__name__}: {err}",
+                    error=failure_line(err),
                     retry_in=round(delay, 2),
                 )
                 self._stop.wait(delay)

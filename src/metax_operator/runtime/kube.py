@@ -151,6 +151,24 @@ def api_problem(err: BaseException) -> UserError | None:
     return None
 
 
+def failure_line(err: BaseException) -> str:
+    """A failure as one log line: for an API server's refusal, the request (`Client.call` records
+    it on the exception), the status and the server's own message, which names the object
+    (`PATCH /apis/apps/v1/namespaces/ns/daemonsets/metax-driver: 422 Unprocessable Entity:
+    DaemonSet.apps "metax-driver" is invalid: ...`), not the client's dump of the response's
+    headers and body."""
+    if isinstance(err, ApiException):
+        message = ""
+        try:
+            message = json.loads(err.body).get("message") or ""
+        except (TypeError, ValueError, AttributeError):
+            pass
+        request = getattr(err, "request", "")
+        text = " ".join(part for part in (f"{request}:" if request else "", str(err.status), err.reason or "") if part)
+        return " ".join(f"{text}: {message}".split()) if message else text
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
 def retry_on_conflict(fn: Callable[[], T], attempts: int = 5) -> T:
     """Call `fn` again while it fails with 409 Conflict: `fn` must re-read what it writes."""
     for _ in range(attempts - 1):
@@ -240,7 +258,11 @@ class Client:
                 _request_timeout=REQUEST_TIMEOUT,
             )
 
-        result = with_backoff(once, self.backoff)
+        try:
+            result = with_backoff(once, self.backoff)
+        except ApiException as err:
+            err.request = f"{method} {path}"  # for `failure_line`
+            raise
         if method in WRITES and isinstance(result, dict):
             for written in self.on_written:
                 written(result)

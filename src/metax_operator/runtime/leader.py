@@ -31,6 +31,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 
 from metax_operator.jsonlog import event
+from metax_operator.runtime.kube import failure_line
 
 log = logging.getLogger("metax_operator.runtime.leader")
 
@@ -117,7 +118,7 @@ class LeaseLock:
                     self.name, self.namespace, client.V1Lease(metadata=lease.metadata, spec=spec), _request_timeout=10
                 )
             except Exception as err:  # noqa: BLE001 - the lease then simply expires
-                event(log, "release-lease-failed", logging.WARNING, lease=self.name, error=str(err))
+                event(log, "release-lease-failed", logging.WARNING, lease=self.name, error=failure_line(err))
                 return False
             return True
 
@@ -140,10 +141,10 @@ class LeaseLock:
                 if err.status == 409:  # another candidate wrote first
                     self.answered_at = time.monotonic()
                 else:
-                    event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status, reason=err.reason)
+                    event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status, error=failure_line(err))
                 return False
             except Exception as err:  # noqa: BLE001 - a failed renewal is a lost lease, never a crash
-                event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=str(err))
+                event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=failure_line(err))
                 return False
             self.answered_at = time.monotonic()
             if record.holder_identity == self.identity:

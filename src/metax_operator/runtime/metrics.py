@@ -21,7 +21,15 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
   CR's RunnerHealthy condition (each reason's series exists from the start, at 0);
 - `metax_operator_leader`: 1 while this runner holds the lease;
 - `metax_operator_nodes_need_reboot`: nodes that reported a `NodeNeedReboot` event
-  (driver-manager, after a firmware upgrade) and have not restarted since.
+  (driver-manager, after a firmware upgrade) and have not restarted since;
+- `metax_operator_rollout_condition{type,reason}`: 1 for each condition of the rollout
+  (`status.upgradeStatus.condition`) whose status is True, e.g. `Failed`/`StepFailed`;
+- `metax_operator_rollout_step_deadline_timestamp_seconds`: when the current step should be done
+  by under the upgrade policy (`step_deadline`), 0 while no bound applies;
+- `metax_operator_runner_unhealthy{reason}`: 1 for the reason of the CR's RunnerHealthy=False
+  after a failed pass, all 0 after a pass that succeeded.
+
+The chart's alert rules (`chart.alerts`) read these.
 
 The rollout gauges are what the last pass of this runner decided; a runner that does not lead
 keeps what it last saw (`metax_operator_leader` says which runner to read).
@@ -32,8 +40,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from metax_operator.chart import upgrade_policy as policy_mod
+from metax_operator.errors import UserError, UserErrors
 from metax_operator.rollout import status as rollout
-from metax_operator.runtime.reconcile import PASS_FAILURES
+from metax_operator.runtime.reconcile import PASS_FAILURES, Condition
 
 PREFIX = "metax_operator_"
 PHASES = [rollout.IDLING, rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLED, rollout.DISABLING]
@@ -82,6 +92,28 @@ class Metrics:
         self.need_reboot = Gauge(
             PREFIX + "nodes_need_reboot", "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r
         )
+        self.conditions = Gauge(
+            PREFIX + "rollout_condition",
+            "1 for each condition of the rollout whose status is True.",
+            ["type", "reason"],
+            registry=r,
+        )
+        self._true_conditions: set[tuple[str, str]] = set()
+        self.step_deadline = Gauge(
+            PREFIX + "rollout_step_deadline_timestamp_seconds",
+            "When the current step should be done by under the upgrade policy (0: no bound applies).",
+            registry=r,
+        )
+        self.unhealthy = Gauge(
+            PREFIX + "runner_unhealthy",
+            "1 for the reason of RunnerHealthy=False after a failed pass; all 0 after a pass that succeeded.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in PASS_FAILURES:
+            self.unhealthy.labels(reason)
+        #: The upgrade policy of the CR the pass read (`read_policy`): the step deadline's bound.
+        self.policy: policy_mod.Policy | None = None
         for state in NODE_STATES:
             self.nodes.labels(state)
         for method in ("GET", "PUT", "PATCH", "DELETE", "POST"):
@@ -97,6 +129,23 @@ class Metrics:
             return send(method, url, *args, **kwargs)
 
         api_client.request = counted
+
+    def pass_ended(self, condition: Condition) -> None:
+        """Count a failed pass by its RunnerHealthy reason, and say which reason holds now."""
+        failed = condition.status == "False"
+        if failed:
+            self.pass_failures.labels(condition.reason).inc()
+        for reason in PASS_FAILURES:
+            self.unhealthy.labels(reason).set(1 if failed and reason == condition.reason else 0)
+
+    def read_policy(self, spec: dict) -> None:
+        """Keep the CR's upgrade policy (None when it is invalid: SpecValid says why) for the
+        step deadline of the rollout pass that follows."""
+        raw = (spec.get("driver") or {}).get("upgradePolicy")
+        try:
+            self.policy = policy_mod.validate(raw)
+        except (UserError, UserErrors):
+            self.policy = None
 
     def rollout_pass(self, before: rollout.UpgradeStatus | None, after: rollout.UpgradeStatus, now: float) -> None:
         """Set the rollout gauges from the status a pass wrote (`after`); a wave that `before` had
@@ -117,6 +166,13 @@ class Metrics:
         for state, value in counts.items():
             self.nodes.labels(state).set(value)
         self.need_reboot.set(resume.need_reboot.count)
+        self.step_deadline.set(step_deadline(after, self.policy) or 0)
+        true = {(c.type, c.reason) for c in after.conditions if c.status == "True"}
+        for labels in self._true_conditions - true:
+            self.conditions.remove(*labels)
+        for labels in true:
+            self.conditions.labels(*labels).set(1)
+        self._true_conditions = true
         was = before.resume if before is not None else None
         started = rollout.parse_time(was.wave_start_time) if was is not None else None
         if (
@@ -132,7 +188,37 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def wave_bound(policy: policy_mod.Policy) -> float | None:
+    """The longest one wave may take under `policy`, seconds, before the runner acts on its own
+    (the wait for matching pods, the drain, the readiness timeout, each bounded); None when the
+    wait for matching pods has no timeout."""
+    if policy.wait_selector and not policy.wait_timeout_ms:
+        return None
+    wait_ms = policy.wait_timeout_ms if policy.wait_selector else 0
+    drain_ms = policy.drain_timeout_ms if policy.drain else 0
+    return (wait_ms + drain_ms + policy.readiness_timeout_ms) / 1000
+
+
+def step_deadline(status: rollout.UpgradeStatus, policy: policy_mod.Policy | None) -> float | None:
+    """When the current step should be done by (seconds since the epoch): its start, plus one
+    `wave_bound` per wave its nodes need at the step's batch cap and per retry the policy allows
+    (`maxFailureThreshold`), plus its timed pause. None while no bound applies: no rollout in
+    progress, the policy unknown or invalid, a pause (the admin's, or the runner's waiting for
+    the admin), or a wait for matching pods without a timeout."""
+    sub, resume = status.step, status.resume
+    start = rollout.parse_time(resume.step_start_time)
+    if policy is None or not policy.steps or status.phase != rollout.PROGRESSING or start is None:
+        return None
+    if policy.pause or resume.paused_by_runner or (wave := wave_bound(policy)) is None:
+        return None
+    index = min(sub.current_step_index, len(policy.steps) - 1)
+    waves = max(1, policy.waves(sub.total_upgrade_replicas)[index]) + policy.max_failure_threshold
+    return start + waves * wave + (policy.steps[index].pause_ms or 0) / 1000
+
+
 def names(metrics: Metrics) -> set[str]:
     """Every series name the registry exports (histograms' `_bucket`/`_sum`/`_count`, counters'
-    `_total` and `_created` included): what a query may name."""
-    return {sample.name for family in metrics.registry.collect() for sample in family.samples}
+    `_total` and `_created` included), and each gauge's name (a labelled gauge has no series
+    before its first label set, `metax_operator_rollout_condition`): what a query may name."""
+    families = list(metrics.registry.collect())
+    return {s.name for f in families for s in f.samples} | {f.name for f in families if f.type == "gauge"}

@@ -33,8 +33,9 @@ import collections
 import copy
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
-from metax_operator.runtime import reconcile
+from metax_operator import contract
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 
@@ -44,6 +45,16 @@ OWN_WRITES = 256
 
 class NotReady(RuntimeError):
     """A cache that has not listed yet, or failed: what it holds cannot be trusted."""
+
+
+class Reader(Protocol):
+    """Where a pass reads the objects it decides on: an `ObjectCache`, or a `kube.Client` itself."""
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None: ...
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> list[dict]: ...
 
 
 class ObjectCache:
@@ -77,16 +88,16 @@ class ObjectCache:
             name=f"{kind.lower()}-{name}",
         )
         informers = {
-            (reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME): by_name(
-                reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME
+            (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME): by_name(
+                contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME
             )
         }
         informers[("apps/v1", "DaemonSet", None)] = Informer(
             self.api, self.api.resource("apps/v1", "DaemonSet").path(namespace=ns), resync=self.resync, name="daemonsets"
         )
-        for name in reconcile.CONFIGMAPS:
+        for name in contract.CONFIGMAPS:
             informers[("v1", "ConfigMap", name)] = by_name("v1", "ConfigMap", name)
-        informers[("v1", "Service", reconcile.EXPORTER_SERVICE)] = by_name("v1", "Service", reconcile.EXPORTER_SERVICE)
+        informers[("v1", "Service", contract.EXPORTER_SERVICE)] = by_name("v1", "Service", contract.EXPORTER_SERVICE)
         for informer in informers.values():
             informer.on_change = lambda informer=informer: self._changed(informer)
         self._informers = informers
@@ -124,7 +135,7 @@ class ObjectCache:
 
     def _informer(self, api_version: str, kind: str, name: str | None, namespace: str | None) -> Informer:
         informer = self._informers.get((api_version, kind, name)) or self._informers.get((api_version, kind, None))
-        if informer is None or (kind != reconcile.CR_KIND and namespace != self.namespace):
+        if informer is None or (kind != contract.CR_KIND and namespace != self.namespace):
             raise LookupError(f"{kind} {namespace}/{name} is not one the runner caches")
         return informer
 

@@ -3,8 +3,10 @@
 Functional core, imperative shell; the mapping of the CR onto a DaemonSet is
 `chart/daemonset.py`. `observe` reads the cluster into an `Observed`; every function
 in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
-without calling the API; `execute` writes. The staged driver rollout plugs in as one
-more reconciler.
+without calling the API (`decide`); `apply` writes. The staged driver rollout (a `RolloutStep`,
+`rollout_pass.py`) decides between the applies and the status write, so that it sees the
+template just applied, and acts after it: one pass writes the CR's status once, with the
+conditions, `observedGeneration` and the rollout's `upgradeStatus` together (`write_status`).
 
 What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm
 creates or deletes objects):
@@ -40,7 +42,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -67,7 +69,9 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
+from metax_operator.rollout.status import Condition, rfc3339, transition_time
 from metax_operator.runtime.kube import Client, api_problem
+from metax_operator.runtime.object_cache import Reader
 
 log = logging.getLogger("metax_operator.runtime.reconcile")
 
@@ -108,14 +112,6 @@ class Observed:
     @property
     def spec(self) -> dict:
         return (self.cr or {}).get("spec") or {}
-
-
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: str  # "True" | "False"
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -323,7 +319,8 @@ RECONCILERS: list[Callable[[Observed], Outcome]] = [
 ]
 
 
-def plan(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
+def decide(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
+    """What every reconciler wants for `observed`, together."""
     out = Outcome()
     for reconcile in reconcilers:
         out.extend(reconcile(observed))
@@ -449,7 +446,26 @@ class LostLeadership(Exception):
     """The lease was lost in the middle of a pass: stop writing at once."""
 
 
-def observe(api: Client, namespace: str) -> Observed:
+def check_lease(guard: Callable[[], bool]) -> None:
+    """Raise LostLeadership unless `guard` says the lease is still held: called before every write."""
+    if not guard():
+        raise LostLeadership("the lease was lost: stopping before the next write")
+
+
+class RolloutStep(Protocol):
+    """The staged rollout's part of a pass (`rollout_pass.RolloutPass`): `decide` after the
+    applies, on the CR the pass observed (None: nothing to do this pass), the `upgradeStatus`
+    its plan writes, then `act` on the CR as written."""
+
+    def decide(self, cr: dict) -> Any: ...
+
+    def upgrade_status(self, plan: Any) -> dict: ...
+
+    def act(self, cr: dict, plan: Any) -> int: ...
+
+
+def observe(api: Reader, namespace: str) -> Observed:
+    """What a pass reads, from `api` (the runner's object cache, or a client)."""
     cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
     daemonsets = {}
     for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=RELEASE_SELECTOR):
@@ -477,8 +493,8 @@ def merge_conditions(
             "reason": want.reason,
             "message": want.message[:32768],
             "observedGeneration": generation,
-            "lastTransitionTime": old["lastTransitionTime"]
-            if old and old.get("status") == want.status and old.get("lastTransitionTime")
+            "lastTransitionTime": transition_time(old.get("status"), old.get("lastTransitionTime"), want.status, now)
+            if old
             else now,
         }
         if old is None:
@@ -508,66 +524,109 @@ def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[s
     return events
 
 
-def execute(
+def apply(
     api: Client,
     observed: Observed,
     outcome: Outcome,
     guard: Callable[[], bool],
-    now: Callable[[], str],
+    clock: Callable[[], float],
     identity: str = "",
     applied: bool = True,
+    rollout: RolloutStep | None = None,
 ) -> int:
-    """Write what the core decided; the number of writes. Checks `guard` before every write and
-    raises LostLeadership when it says the lease is gone. `applied`: the outcome is the whole
-    pass's for the CR's generation, which `status.observedGeneration` then records (False for a
-    condition alone, such as the report of a failed pass)."""
+    """Write what the pass decided; the number of writes. In order: the partial objects, the
+    rollout's decision (`rollout`, on the objects just applied), the CR's status once
+    (`write_status`), the events, then the rollout's actions. Checks `guard` before every write
+    and raises LostLeadership when it says the lease is gone; `clock` gives the time of the
+    status and the events (seconds since the epoch, as every clock of the runner). `applied`: the outcome is the
+    whole pass's for the CR's generation, which `status.observedGeneration` then records (False
+    for a condition alone, such as the report of a failed pass)."""
     writes = 0
-
-    def check() -> None:
-        if not guard():
-            raise LostLeadership("the lease was lost: stopping before the next write")
-
     events = list(outcome.events)
-    for apply in outcome.applies:
-        check()
-        api.apply(apply.body, field_manager=RUNNER_FIELD_MANAGER, force=True)
+    for partial in outcome.applies:
+        check_lease(guard)
+        api.apply(partial.body, field_manager=RUNNER_FIELD_MANAGER, force=True)
         writes += 1
-        meta = apply.body["metadata"]
-        fields = ", ".join(apply.fields) or "field ownership only"
+        meta = partial.body["metadata"]
+        fields = ", ".join(partial.fields) or "field ownership only"
         event(
-            log, "apply", kind=apply.body["kind"], name=meta["name"], namespace=meta.get("namespace"), fields=list(apply.fields)
+            log,
+            "apply",
+            kind=partial.body["kind"],
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            fields=list(partial.fields),
         )
-        events.append(("Normal", "Applied", f"applied the CR to {apply.body['kind']} {meta['name']}: {fields}"))
+        events.append(("Normal", "Applied", f"applied the CR to {partial.body['kind']} {meta['name']}: {fields}"))
     if observed.cr is None:
         return writes
-    cr = observed.cr
+    plan = rollout.decide(observed.cr) if rollout is not None else None
+    upgrade_status = rollout.upgrade_status(plan) if plan is not None else None
+    now = rfc3339(clock())
+    written = write_status(api, observed.cr, outcome.conditions, guard, now, applied=applied, upgrade_status=upgrade_status)
+    writes += written.writes
+    for kind, reason, message in [*events, *written.events]:
+        check_lease(guard)
+        writes += emit_event(api, observed.cr, kind, reason, message, now, identity)
+    if plan is not None and written.cr is not None:
+        writes += rollout.act(written.cr, plan)
+    return writes
+
+
+@dataclass
+class StatusWrite:
+    """What `write_status` did: the CR as it now stands (None after a conflict), the writes (0 or
+    1) and the events of the conditions that changed."""
+
+    cr: dict | None
+    writes: int = 0
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def write_status(
+    api: Client,
+    cr: dict,
+    conditions: list[Condition],
+    guard: Callable[[], bool],
+    now: str,
+    applied: bool = True,
+    upgrade_status: dict | None = None,
+) -> StatusWrite:
+    """The CR's status as one pass leaves it: `conditions` set (`merge_conditions`),
+    `observedGeneration` when `applied`, the rollout's `upgradeStatus` when given; written as one
+    PUT of the status subresource carrying the resourceVersion the pass read, and only when it
+    differs from the status read."""
     status = cr.get("status") or {}
     generation = cr["metadata"].get("generation")
     existing = status.get("conditions") or []
-    conditions, changed = merge_conditions(existing, outcome.conditions, generation, now())
-    if conditions != existing or (applied and status.get("observedGeneration") != generation):
-        check()
-        patch = {
-            "metadata": {"resourceVersion": cr["metadata"]["resourceVersion"]},
-            "status": {"conditions": conditions, **({"observedGeneration": generation} if applied else {})},
-        }
-        try:
-            api.patch(CR_API_VERSION, CR_KIND, CR_NAME, patch, subresource="status", field_manager=RUNNER_FIELD_MANAGER)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            # The CR changed since it was read: these conditions were planned from the spec of
-            # generation `generation`, which may no longer be the CR's. Writing them under the new
-            # generation would claim a spec this pass never applied; the next pass plans again.
-            event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
-        else:
-            writes += 1
-            events += transition_events(changed, {c.type for c in outcome.conditions} - {c["type"] for c in existing})
-            event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
-    for kind, reason, message in events:
-        check()
-        writes += emit_event(api, cr, kind, reason, message, now(), identity)
-    return writes
+    merged, changed = merge_conditions(existing, conditions, generation, now)
+    wanted = dict(status)
+    if merged != existing:
+        wanted["conditions"] = merged
+    if applied:
+        wanted["observedGeneration"] = generation
+    if upgrade_status is not None:
+        wanted["upgradeStatus"] = upgrade_status
+    if wanted == status:
+        return StatusWrite(cr)
+    check_lease(guard)
+    body = {**json.loads(json.dumps(cr)), "status": wanted}
+    path = api.resource(CR_API_VERSION, CR_KIND).path(CR_NAME, subresource="status")
+    try:
+        written = api.call("PUT", path, body=body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        # The CR changed since it was read: this status was planned from the spec of generation
+        # `generation`, which may no longer be the CR's. Writing it under the new generation would
+        # claim a spec this pass never applied, and the rollout's decision is stale too: the next
+        # pass decides again (and acts on nothing before).
+        event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
+        return StatusWrite(None)
+    if changed:
+        event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
+    first = {c.type for c in conditions} - {c["type"] for c in existing}
+    return StatusWrite(written, 1, transition_events(changed, first))
 
 
 def emit_event(

@@ -1,8 +1,10 @@
 """`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps (from watch caches,
-`runtime.object_cache`), decides (`reconcile.plan`) and writes what differs (`reconcile.execute`); a pass
-over an unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
+`runtime.object_cache`), decides (`reconcile.decide`, then the rollout's `RolloutPass.decide`) and
+writes what differs (`reconcile.apply`: the objects, then the CR's status once, with the
+conditions of both halves and the `upgradeStatus`, then the rollout's actions); a pass over an
+unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
 a change a decision reads (a driver pod turning Ready, failing or gone, a new ControllerRevision,
 an edit of the CR, a DaemonSet, a ConfigMap or the exporter's Service by anyone but this runner)
 or the previous pass wrote something (the next step of the rollout may act at once), after
@@ -19,25 +21,27 @@ chart's CronJob mode) after taking the lease, and exits. API failures back off e
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
-from metax_operator import jsonlog
+from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
+from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
-from metax_operator.rollout import execute
-from metax_operator.rollout.observe import Watches
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.health import Health, serve
-from metax_operator.runtime.kube import Client, add_arguments
+from metax_operator.runtime.informer import SYNC_TIMEOUT
+from metax_operator.runtime.kube import Client, add_arguments, failure_line
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
-from metax_operator.workloads import check
+from metax_operator.runtime.rollout_observe import Watches
+from metax_operator.runtime.rollout_pass import RolloutPass
+from metax_operator.runtime.workload_check import WorkloadCheck
 
 log = logging.getLogger("metax_operator.runtime.run")
 
@@ -48,15 +52,25 @@ MAX_BACKOFF = 60.0
 COALESCE = 0.2
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def lookup_condition(cr: dict, kind: str) -> str | None:
+    """The status of the CR's condition `kind`, or None when it has none."""
+    conditions = (cr.get("status") or {}).get("conditions") or []
+    return next((c.get("status") for c in conditions if c.get("type") == kind), None)
 
 
 class Runner:
     """One pass at a time, acting only while `is_leader()` holds."""
 
-    def __init__(self, api: Client, namespace: str, is_leader, identity: str = "", metrics: Metrics | None = None):
-        self.api = api
+    def __init__(
+        self,
+        api: Client,
+        namespace: str,
+        is_leader,
+        identity: str = "",
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.api, self.clock = api, clock
         self.namespace = namespace
         self.is_leader = is_leader
         self.identity = identity
@@ -68,30 +82,30 @@ class Runner:
         self.objects.on_change = self.wake.set
         # One set of watch caches for the rollout and the workload check, started once the CR exists.
         self.watches = Watches(api, namespace)
-        self.rollout = execute.RolloutExecutor(
-            api, namespace, is_leader, identity, watches=self.watches, metrics=metrics, reader=self.objects
+        self.rollout = RolloutPass(
+            api, namespace, is_leader, identity, clock, watches=self.watches, metrics=metrics, reader=self.objects
         )
-        self.workloads = check.WorkloadCheck(api, self.watches.gpu_pods)
+        self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
         self.watching = False
 
     def run_pass(self) -> int:
-        """Observe, decide, write, then report how the pass ended in the CR's RunnerHealthy
-        condition; returns the number of writes. A failure is reported, then raised."""
+        """Observe, decide, write; returns the number of writes. How the pass ended is the CR's
+        RunnerHealthy condition: a failure is reported, then raised."""
         try:
-            writes = self._pass()
+            return self._pass()
         except reconcile.LostLeadership:
             raise
         except Exception as err:
             self._report(err)
             raise
-        return writes + self._report(None)
 
     def _report(self, failure: Exception | None) -> int:
-        """Set RunnerHealthy (written only when it changes; the writes made). Best effort: the
-        status write may be what fails, and that must not hide the pass's own failure."""
+        """Set RunnerHealthy for how the pass ended (written only when it changes; the writes
+        made). Best effort: the status write may be what fails, and that must not hide the pass's
+        own failure."""
         condition = reconcile.pass_condition(failure)
-        if failure is not None and self.metrics is not None:
-            self.metrics.pass_failures.labels(condition.reason).inc()
+        if self.metrics is not None:
+            self.metrics.pass_ended(condition)
         try:
             observed = reconcile.observe(self.objects, self.namespace)
         except NotReady:  # the caches have not listed (yet, or since the failure): nothing to report to
@@ -100,14 +114,14 @@ class Runner:
             return 0
         outcome = reconcile.Outcome(conditions=[condition])
         try:
-            return reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity, applied=False)
+            return reconcile.apply(self.api, observed, outcome, self.is_leader, self.clock, self.identity, applied=False)
         except Exception as err:  # noqa: BLE001 - reported in the log instead
-            jsonlog.event(log, "report-failed", logging.WARNING, error=f"{type(err).__name__}: {err}")
+            jsonlog.event(log, "report-failed", logging.WARNING, error=failure_line(err))
             return 0
 
     def _pass(self) -> int:
         started = time.monotonic()
-        if not self.objects.start().wait_synced(execute.SYNC_TIMEOUT):
+        if not self.objects.start().wait_synced(SYNC_TIMEOUT):
             jsonlog.event(
                 log,
                 "wait-cache",
@@ -117,7 +131,7 @@ class Runner:
             return 0
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
-            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {reconcile.CR_KIND} {reconcile.CR_NAME} yet: nothing to do")
+            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME} yet: nothing to do")
             return 0
         if not self.watching:
             for informer in (self.watches.revisions, self.watches.driver_pods):
@@ -125,9 +139,18 @@ class Runner:
             self.watches.start()
             self.workloads.start()
             self.watching = True
-        outcome = reconcile.plan(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
-        writes = reconcile.execute(self.api, observed, outcome, self.is_leader, utc_now, self.identity)
-        writes += self.rollout.run_pass()
+        outcome = reconcile.decide(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
+        # RunnerHealthy goes with the pass's one status write, which comes before the rollout's
+        # actions; after a failed pass it turns True only once the whole pass has succeeded, so
+        # that a pass failing in those actions does not set it True and then False again.
+        failing = lookup_condition(observed.cr, reconcile.RUNNER_HEALTHY) == "False"
+        if not failing:
+            outcome.conditions.append(reconcile.pass_condition(None))
+        writes = reconcile.apply(self.api, observed, outcome, self.is_leader, self.clock, self.identity, rollout=self.rollout)
+        if failing:
+            writes += self._report(None)
+        if self.metrics is not None:
+            self.metrics.read_policy(observed.spec)
         seconds = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.pass_seconds.observe(seconds)
@@ -176,9 +199,7 @@ def loop(
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
                 failures += 1
                 delay = min(MAX_BACKOFF, interval * 2**failures)
-                jsonlog.event(
-                    log, "pass-failed", logging.ERROR, error=f"{type(err).__name__}: {err}", failures=failures, retry_in=delay
-                )
+                jsonlog.event(log, "pass-failed", logging.ERROR, error=failure_line(err), failures=failures, retry_in=delay)
         elif elector.lock.holder != waiting_for:
             waiting_for = elector.lock.holder
             jsonlog.event(
@@ -212,7 +233,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--interval-only", action="store_true", help="pass only every --interval seconds, not also when a watch sees a change"
     )
-    parser.add_argument("--lease-name", default="metax-operator-runner", help="the Lease the runners elect with")
+    parser.add_argument("--lease-name", default=RUNNER_LEASE, help=f"the Lease the runners elect with (default {RUNNER_LEASE})")
     parser.add_argument(
         "--lease-duration",
         type=bounded(int, 1, 3600),

@@ -21,7 +21,7 @@ from metax_operator import jsonlog
 from metax_operator.cli import bounded
 from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 from metax_operator.errors import UserError
-from metax_operator.runtime.kube import Backoff, Client, add_arguments, is_transient
+from metax_operator.runtime.kube import Backoff, Client, add_arguments, failure_line, is_transient
 
 log = logging.getLogger("metax_operator.runtime.wait_for")
 
@@ -144,7 +144,7 @@ def wait_for(
                 "api-retry",
                 logging.WARNING,
                 node=node,
-                error=f"{type(err).__name__}: {err}",
+                error=failure_line(err),
                 retry_in=round(delay, 2),
                 failures=failures,
             )

@@ -3,7 +3,7 @@
 checks of those settings against what the release deploys.
 
 Pure: every function takes plain data (node labels, the pods' environment, the spec's switches)
-and returns values or `UserError`s. The runner (`workloads.check`), `helm test` (`hooks/test.py`),
+and returns values or `UserError`s. The runner (`runtime/workload_check.py`), `helm test` (`hooks/test.py`),
 the preflight hook (`hooks/preflight.py`), `metax-operator nodes` and the tests of
 docs/workloads.md all take these names and checks from here, so the same problem reads the same
 everywhere.
@@ -75,8 +75,6 @@ MACA_PREFIX = "maca-"
 #: Values the runtime refuses: they name no version.
 MACA_REFUSED = ("maca", "maca-")
 
-#: The pods the checks read when they list them: every pod not yet finished, in every namespace.
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 #: Nodes or pods named in one problem before "and N more".
 SHOWN = 5
 

@@ -1,5 +1,5 @@
 """Unit tests of the rollout's observation: projections of API objects and building the engine's
-`Observed` from cache contents (`rollout.observe`). The caches themselves run on the real control
+`Observed` from cache contents (`runtime.rollout_observe`). The caches themselves run on the real control
 plane (tests/e2e/test_rollout_cluster.py)."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from metax_operator.rollout import admin, engine
-from metax_operator.rollout.observe import build, need_reboot, node_event, project_driver_pod, project_revision
+from metax_operator.commands import rollout_admin as admin
+from metax_operator.rollout import engine
 from metax_operator.rollout.status import NodeList
+from metax_operator.runtime.rollout_observe import build, need_reboot, node_event, project_driver_pod, project_revision
 from metax_operator.workloads import gpu_pod
-from tests.rollout.test_admin import cr
+from tests.commands.test_rollout_admin import cr
 
 DS_UID = "ds-uid"
 

@@ -7,8 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step, problems, validate
 from metax_operator.errors import UserErrors
-from metax_operator.rollout.policy import IntOrPercent, Policy, Step, problems, validate
 from tests.cases import WORKED_EXAMPLES
 
 CASES = WORKED_EXAMPLES

@@ -9,7 +9,7 @@ import sys
 
 from metax_operator import contract
 from metax_operator import workloads as wl
-from metax_operator.workloads import nodes
+from metax_operator.commands import nodes
 
 
 def node(name: str, labels=None, annotations=None, allocatable=None) -> dict:

@@ -5,26 +5,36 @@ Each command is the documented `kubectl` command made safe to type (docs/rollout
 to false (the seed's forced rollback: the runner restores the previous driver revision on every
 node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed,
 held-back, skipped and cordoned nodes, nodes that need a reboot, and what happens next; `--watch` prints it again at every change.
+When nothing moves it says why, each cause with the command that moves it on (`blockers`): the
+runner refuses the spec (SpecValid=False), its passes fail (RunnerHealthy=False), no runner
+holds the Lease, a pause (the admin's or the runner's), nodes held back by GPU work, nodes that
+need a reboot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
+from kubernetes.client.exceptions import ApiException
+
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
-from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, SKIP_LABEL
+from metax_operator.commands.nodes import DEFAULT_NAMESPACE
+from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, RUNNER_LEASE, SKIP_LABEL
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
+from metax_operator.runtime.reconcile import RUNNER_HEALTHY, SPEC_VALID
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
 AT_ONCE = Backoff(attempts=1)
 
 POLICY_PATH = "/spec/driver/upgradePolicy"
+EDIT_CR = f"kubectl edit {CR_PLURAL} {CR_NAME}"
 
 
 def register_status(commands) -> None:
@@ -38,6 +48,13 @@ def register_status(commands) -> None:
         "--interval", type=bounded(float, 0.1, 3600), default=2.0, help="seconds between reads with --watch (default 2)"
     )
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        default=os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
+        help=f"the release namespace, where the runners' Lease is (default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument("--lease-name", default=RUNNER_LEASE, help=f"the runners' Lease (default {RUNNER_LEASE})")
     add_arguments(parser)
     parser.set_defaults(func=run_status)
 
@@ -83,7 +100,9 @@ def run_status(args: argparse.Namespace) -> int:
     api = Client.from_args(args, AT_ONCE)
     shown = None
     while True:
-        text = render(_get_cr(api), args.output)
+        cr = _get_cr(api)
+        leader = no_leader(api, args.namespace, args.lease_name, time.time())
+        text = render(cr, args.output, leader, args.namespace)
         if text != shown:
             if args.watch and shown is not None:
                 print()
@@ -108,17 +127,114 @@ def _get_cr(api: Client) -> dict:
     return cr
 
 
-def render(cr: dict, output: str = "table") -> str:
-    """The status of the CR's rollout as a table (or its upgradeStatus as JSON)."""
+def no_leader(api: Client, namespace: str, name: str, now: float) -> str | None:
+    """Why no runner leads, from the Lease `name` (None while a holder renews it in time)."""
+    where = f"Lease {namespace}/{name}"
+    try:
+        lease = api.get("coordination.k8s.io/v1", "Lease", name, namespace)
+    except ApiException as err:
+        if err.status in (401, 403):
+            return f"unknown: you may not read the {where} ({err.status}); ask for get on leases in {namespace}"
+        raise
+    runner = f"kubectl -n {namespace} get pods -l app.kubernetes.io/component=runner"
+    holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+    if not holder and _runs_as_cronjob(api, namespace, name):
+        return None  # runner.mode cronjob: each run takes the lease and releases it
+    if lease is None:
+        return f"no runner has ever taken the {where} (a wrong namespace? pass -n): check the runner pod, {runner}"
+    spec = lease.get("spec") or {}
+    holder, duration = spec.get("holderIdentity"), spec.get("leaseDurationSeconds") or 15
+    renewed = rollout.parse_time(spec.get("renewTime"))
+    if not holder:
+        return f"the {where} is released and no runner took it over: check the runner pod, {runner}"
+    if renewed is None or now - renewed > duration:
+        ago = f"{now - renewed:.0f} s ago" if renewed is not None else "never"
+        return (
+            f"the {where}'s holder {holder} renewed it {ago} (it lasts {duration} s): that runner is gone or cut off"
+            f" from the API server; a successor takes over once it expires: check the runner pods, {runner}"
+        )
+    return None
+
+
+def _runs_as_cronjob(api: Client, namespace: str, name: str) -> bool:
+    """Whether the runner is the chart's CronJob (named like the Lease); False when unreadable."""
+    try:
+        return api.get("batch/v1", "CronJob", name, namespace) is not None
+    except ApiException:
+        return False
+
+
+def blockers(
+    cr: dict, status: rollout.UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str
+) -> list[str]:
+    """Why the rollout does not move, each with what moves it on: first what stops the runner
+    itself (`Stopped: ...`), then what the rollout waits for (`Waiting: ...`)."""
+    conditions = {c.get("type"): c for c in (cr.get("status") or {}).get("conditions") or () if isinstance(c, dict)}
+    out = []
+    spec = conditions.get(SPEC_VALID) or {}
+    if spec.get("status") == "False":
+        out.append(
+            f"Stopped: the runner refuses the spec (SpecValid=False, {spec.get('reason')}): {spec.get('message')};"
+            f" fix it: {EDIT_CR}"
+        )
+    health = conditions.get(RUNNER_HEALTHY) or {}
+    if health.get("status") == "False":
+        out.append(
+            f"Stopped: the runner's passes fail (RunnerHealthy=False, {health.get('reason')}): {health.get('message')};"
+            f" its log: kubectl -n {namespace} logs deploy/metax-operator-runner"
+        )
+    if leader is not None:
+        out.append(f"Stopped: no runner leads: {leader}")
+    if policy is None:
+        return out
+    sub, resume = status.step, status.resume
+    if status.upgrading and resume.paused_by_runner:
+        if resume.pause_reason == "failure":
+            out.append(
+                "Waiting: the runner paused the rollout after a failed step:"
+                " fix the failed nodes, then metax-operator rollout resume"
+            )
+        else:
+            out.append(f"Waiting: step {sub.current_step_index} is done and waits for the admin: metax-operator rollout resume")
+    elif status.upgrading and policy.pause:
+        out.append("Waiting: paused by the admin (spec.driver.upgradePolicy.pause: true): metax-operator rollout resume")
+    if status.upgrading and resume.held.count:
+        out.append(
+            f"Waiting: for the GPU jobs on {_names(resume.held)} to end (held back): let them finish, take such nodes in with"
+            " driver.upgradePolicy.waitForCompletion or drain (docs/rollout-admin.md), or skip one:"
+            f" kubectl label node NODE {SKIP_LABEL}=true"
+        )
+    if resume.drain_start:
+        draining = rollout.NodeList.of(resume.drain_start)
+        out.append(
+            f"Waiting: for the drain of {_names(draining)} (evictions a PodDisruptionBudget may refuse): kubectl get pdb -A"
+        )
+    if resume.need_reboot.count:
+        out.append(
+            f"Waiting: {_names(resume.need_reboot)} need a reboot (firmware upgraded): reboot each once its GPU work stopped:"
+            " kubectl drain NODE --ignore-daemonsets, reboot it, kubectl uncordon NODE"
+        )
+    return out
+
+
+def _names(nodes: rollout.NodeList) -> str:
+    more = f" (+{nodes.count - len(nodes.names)} more)" if nodes.count > len(nodes.names) else ""
+    return f"{nodes.count} node{'s' if nodes.count != 1 else ''} ({', '.join(nodes.names)}{more})"
+
+
+def render(cr: dict, output: str = "table", leader: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """The status of the CR's rollout as a table (or its upgradeStatus as JSON); `leader` says
+    why no runner leads (`no_leader`), None when one does; `namespace` is the release's."""
     written = (cr.get("status") or {}).get("upgradeStatus") or {}
     if output == "json":
         return json.dumps(written, indent=2, sort_keys=True)
     raw = lookup(cr, "spec", "driver", "upgradePolicy") or {}
+    status = rollout.UpgradeStatus.from_json(written)
     try:
         policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
     except (UserError, UserErrors) as err:
-        return f"The upgrade policy is invalid, so the runner does not act on it:\n{err}"
-    status = rollout.UpgradeStatus.from_json(written)
+        lines = [f"The upgrade policy is invalid, so the runner does not act on it:\n{err}", f"Fix it: {EDIT_CR}"]
+        return "\n".join(lines + blockers(cr, status, None, leader, namespace))
     sub, resume = status.step, status.resume
     total, upgraded = sub.total_upgrade_replicas, sub.total_upgrade_ready_replicas
     index, state = sub.current_step_index, sub.current_step_state or ""
@@ -156,7 +272,10 @@ def render(cr: dict, output: str = "table") -> str:
     if failed:
         lines.append(f"Failed: {failed.reason}: {failed.message}")
     lines.append(f"Message: {status.message or '-'}")
-    lines.append(f"Next: {next_action(status, policy)}")
+    why = blockers(cr, status, policy, leader, namespace)
+    lines += why
+    stopped = any(line.startswith("Stopped:") for line in why)
+    lines.append(f"Next: {'nothing moves until the causes under Stopped are fixed' if stopped else next_action(status, policy)}")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Mapping
 
@@ -41,6 +42,20 @@ _MILLISECONDS = re.compile(r"[0-9]+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+class Fallback(StrEnum):
+    """`fallback`: what a step that failed beyond its retries leads to."""
+
+    PAUSE = "pause"  # the runner pauses the rollout until the admin has fixed the nodes
+    ROLLBACK = "rollback"  # back to the revision before the rollout
+
+
+class OnTimeout(StrEnum):
+    """`onTimeout`: what becomes of a node whose wait or drain ran out."""
+
+    HOLD = "hold"  # out of the wave, uncordoned, its driver kept
+    FAIL = "fail"  # counted failed, as a pod that never got Ready
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,7 @@ class Policy:
     max_parallel: IntOrPercent = IntOrPercent(100, True)
     max_unavailable: IntOrPercent = IntOrPercent(0)
     max_failure_threshold: int = 0
-    fallback: str = "pause"
+    fallback: Fallback = Fallback.PAUSE
     readiness_timeout_ms: int = DEFAULT_READINESS_TIMEOUT_MS
     allow_gpu_workloads: bool = False
     cordon: bool = True  # cordon a node while its driver pod is replaced
@@ -81,7 +96,7 @@ class Policy:
     wait_timeout_ms: int = 0  # 0: no limit
     drain: bool = False  # evict a wave node's GPU pods before its driver is swapped
     drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
-    on_timeout: str = "hold"  # a node whose wait or drain timed out: hold it back, or count it failed
+    on_timeout: OnTimeout = OnTimeout.HOLD  # a node whose wait or drain timed out
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
 
@@ -107,6 +122,12 @@ class Policy:
                 caps.append(max(1, mp.of(target - previous)))
             previous = target
         return caps
+
+    def waves(self, nodes: int) -> list[int]:
+        """Each step's number of waves on `nodes` eligible pods with no failure: its share of
+        the targets in batches of its cap."""
+        targets = self.targets(nodes)
+        return [-(-(t - p) // cap) for t, p, cap in zip(targets, [0, *targets], self.caps(nodes), strict=False)]
 
     def tolerations(self, nodes: int) -> list[int]:
         """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
@@ -247,7 +268,7 @@ def _build(raw: Mapping) -> Policy:
         max_parallel=_parse_int_or_percent(raw.get("maxParallel", "100%")),
         max_unavailable=_parse_int_or_percent(raw.get("maxUnavailable", 0)),
         max_failure_threshold=raw.get("maxFailureThreshold", 0),
-        fallback=raw.get("fallback", "pause"),
+        fallback=Fallback(raw.get("fallback", Fallback.PAUSE)),
         readiness_timeout_ms=readiness,
         allow_gpu_workloads=raw.get("allowGpuWorkloads", False),
         cordon=raw.get("cordon", True),
@@ -255,7 +276,7 @@ def _build(raw: Mapping) -> Policy:
         wait_timeout_ms=_duration_ms((raw.get("waitForCompletion") or {}).get("timeout", 0))[0],
         drain=(raw.get("drain") or {}).get("enable", False),
         drain_timeout_ms=_duration_ms((raw.get("drain") or {}).get("timeout", DEFAULT_DRAIN_TIMEOUT_MS))[0],
-        on_timeout=raw.get("onTimeout", "hold"),
+        on_timeout=OnTimeout(raw.get("onTimeout", OnTimeout.HOLD)),
         steps_key=key,
     )
 

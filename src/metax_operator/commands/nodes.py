@@ -24,10 +24,9 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract, workloads
-from metax_operator.contract import COMPONENT_LABEL
+from metax_operator.contract import COMPONENT_LABEL, DRIVER_DAEMONSET, REVISION_LABEL
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
-from metax_operator.rollout.observe import DRIVER_DAEMONSET, REVISION_LABEL
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.kube import Client, add_arguments
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
+from metax_operator.commands import rollout_admin as admin
 from metax_operator.errors import UserError
-from metax_operator.rollout import admin
-from metax_operator.rollout import policy as policy_mod
 from metax_operator.rollout.simulate import Result, simulate
 from metax_operator.yamltext import load_one, read_text
 
@@ -84,8 +84,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def wave_count(policy: policy_mod.Policy, nodes: int) -> int:
     """The waves the policy deletes pods in on `nodes` nodes with no failure."""
-    targets, caps = policy.targets(nodes), policy.caps(nodes)
-    return sum(-(-(target - previous) // cap) for target, previous, cap in zip(targets, [0, *targets], caps, strict=False))
+    return sum(policy.waves(nodes))
 
 
 def load_policy(path: str) -> tuple[object, str]:

@@ -9,7 +9,7 @@ Inputs, all from watch-fed caches, so a pass costs no request:
   Ready. Why pods by label: a Ready scheduler pod is what sGPU pods actually need, the runner may
   already list and watch pods cluster-wide, and HAMi's own chart sets that label; a value an admin
   sets would say HAMi is there when it has stopped;
-- the GPU pods of the rollout's cluster-wide pod watch (`rollout.observe.Watches.gpu_pods`), with
+- the GPU pods of the rollout's cluster-wide pod watch (`rollout_observe.Watches.gpu_pods`), with
   their `METAX_MACA_VERSION` values;
 - the CR spec of the pass: `runtime.deploy`, `maca.deploy`, `maca.payload.images`.
 Until the caches have listed once the check sets nothing (the condition keeps its last value).
@@ -21,9 +21,9 @@ import logging
 
 from metax_operator import contract, workloads
 from metax_operator.jsonlog import event
-from metax_operator.rollout.execute import SYNC_TIMEOUT
+from metax_operator.rollout.status import Condition
 from metax_operator.runtime import reconcile
-from metax_operator.runtime.informer import Informer
+from metax_operator.runtime.informer import SYNC_TIMEOUT, Informer
 from metax_operator.runtime.kube import Client
 
 log = logging.getLogger("metax_operator.workloads")
@@ -87,11 +87,11 @@ class WorkloadCheck:
         )
         if found:
             out.conditions.append(
-                reconcile.Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
+                Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
             )
         else:
             out.conditions.append(
-                reconcile.Condition(
+                Condition(
                     reconcile.WORKLOADS_VALID,
                     "True",
                     "Valid",

@@ -26,7 +26,7 @@ The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, w
 runner's own write until its watch has delivered it: the reconcile may have changed the
 template a moment before in the same pass.
 
-`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Observed`: the current
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Cluster`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
 owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
 agree, since they come from separate reads:
@@ -45,16 +45,14 @@ import json
 from dataclasses import dataclass
 
 from metax_operator import workloads
-from metax_operator.contract import COMPONENT_LABEL, DAEMONSETS
-from metax_operator.rollout import cordon, engine
+from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, REVISION_LABEL
+from metax_operator.rollout import engine
 from metax_operator.rollout.restore import revision_template
+from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
 
-DRIVER_DAEMONSET = DAEMONSETS["driver"]
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
-REVISION_LABEL = "controller-revision-hash"
-RUNNING = "status.phase!=Succeeded,status.phase!=Failed"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
 
 
@@ -77,9 +75,9 @@ class DriverPod:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One pass's view: the engine's `Observed` and what acting on it needs."""
+    """One pass's view: the engine's `Cluster` and what acting on it needs."""
 
-    observed: engine.Observed
+    observed: engine.Cluster
     daemonset: dict
     revisions: dict[str, Revision]  # hash -> the DaemonSet's revision
 
@@ -108,7 +106,7 @@ class Watches:
             name="driver-pods",
         )
         self.gpu_pods = Informer(
-            api, "/api/v1/pods", field_selector=RUNNING, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
+            api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
         )
         nodes = api.resource("v1", "Node").path()
         self.skipped = Informer(
@@ -163,7 +161,7 @@ class Watches:
                 self.api,
                 "/api/v1/pods",
                 label_selector=selector,
-                field_selector=RUNNING,
+                field_selector=LIVE_PODS,
                 project=pod_node,
                 resync=self.resync,
                 name="wait-for-completion",
@@ -226,7 +224,7 @@ def build(
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     skipped = frozenset(skipped)
-    observed = engine.Observed(
+    observed = engine.Cluster(
         current_revision=newest.hash if newest else "",
         caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),

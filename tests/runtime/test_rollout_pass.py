@@ -1,4 +1,4 @@
-"""The rollout's executor (`rollout.execute.RolloutExecutor`) against a fake API server on loopback
+"""The rollout's executor (`runtime.rollout_pass.RolloutPass`) against a fake API server on loopback
 (tests/fakeapi.py), on the real client: it writes the status first, with the resourceVersion it
 read (a 409 ends the pass before any action), then does the decision's actions in order: the
 pause (a JSON patch whose test op holds the value the engine saw: a 422 skips it), the
@@ -17,13 +17,14 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.rollout import engine
-from metax_operator.rollout.cordon import CORDONED_LABEL
-from metax_operator.rollout.execute import RolloutExecutor
 from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.status import UpgradeStatus, rfc3339
+from metax_operator.runtime import reconcile
+from metax_operator.runtime.cordon import CORDONED_LABEL
 from metax_operator.runtime.reconcile import LostLeadership
+from metax_operator.runtime.rollout_pass import Plan, RolloutPass
 from tests.fakeapi import FakeApi
-from tests.rollout.test_observe import daemonset, pod, revision
+from tests.runtime.test_rollout_observe import daemonset, pod, revision
 
 NS = "metax"
 CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
@@ -32,6 +33,7 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 NEW_TEMPLATE = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
 POLICY = {"enableRollout": True, "pause": False, "maxParallel": 1, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
 T0 = 1_800_000_000.0
+NOW = rfc3339(T0)
 
 
 def cluster_operator(policy: dict = POLICY, status: dict | None = None) -> dict:
@@ -68,10 +70,30 @@ def api():
 @pytest.fixture
 def executor(api):
     lease = {"held": True}
-    runner = RolloutExecutor(api.client(), NS, guard=lambda: lease["held"], clock=lambda: T0)
+    runner = RolloutPass(api.client(), NS, guard=lambda: lease["held"], clock=lambda: T0)
     runner.lease = lease
     yield runner
     runner.close()
+
+
+def run_pass(api: FakeApi, executor: RolloutPass) -> int:
+    """A runner pass of the rollout alone, as `reconcile.apply` runs it: decide on the CR, write
+    the status, act."""
+    observed = reconcile.Observed(NS, read_cr(api))
+    return reconcile.apply(
+        executor.api, observed, reconcile.Outcome(), executor.guard, executor.clock, applied=False, rollout=executor
+    )
+
+
+def execute(executor: RolloutPass, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+    """Carry out `decision` taken on `cr` as a pass does: its status written first, then the
+    actions (none after a conflict); the number of writes."""
+    stored = (cr.get("status") or {}).get("upgradeStatus")
+    status = decision.status.to_json()
+    written = reconcile.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, upgrade_status=status)
+    if written.cr is None:
+        return 0
+    return written.writes + executor.act(written.cr, Plan(decision, pause_seen, stored))
 
 
 def writes(api: FakeApi) -> list[tuple[str, str]]:
@@ -89,7 +111,7 @@ def read_cr(api: FakeApi) -> dict:
 
 def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, executor):
     read = api.get(CR)["metadata"]["resourceVersion"]
-    assert executor.run_pass() == 5  # status, cordon, deletion, two events
+    assert run_pass(api, executor) == 5  # status, cordon, deletion, two events
     assert writes(api) == [
         ("PUT", CR + "/status"),
         ("PATCH", "/api/v1/nodes/n0"),
@@ -108,22 +130,22 @@ def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, ex
 
 def test_a_status_conflict_ends_the_pass_before_any_action(api, executor):
     api.fail("PUT", CR + "/status", 409)
-    assert executor.run_pass() == 0
+    assert run_pass(api, executor) == 0
     assert writes(api) == [("PUT", CR + "/status")]
     assert f"{PODS}/driver-n0" in api.objects and "upgradeStatus" not in api.get(CR)["status"]
-    assert executor.run_pass() == 5  # the next pass decides again, on the CR as it is now
+    assert run_pass(api, executor) == 5  # the next pass decides again, on the CR as it is now
 
 
 def test_a_transient_5xx_is_retried(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 503, times=2)
-    assert executor.run_pass() == 5
+    assert run_pass(api, executor) == 5
     assert len(api.sent("DELETE")) == 3 and f"{PODS}/driver-n0" not in api.objects
 
 
 def test_a_5xx_that_persists_fails_the_pass_with_nothing_after_it_applied(api, executor):
     api.fail("PUT", CR + "/status", 500, times=10)
     with pytest.raises(ApiException) as failed:
-        executor.run_pass()
+        run_pass(api, executor)
     assert failed.value.status == 500
     assert {m for m, _ in writes(api)} == {"PUT"} and len(writes(api)) == 3  # the client's attempts
     assert f"{PODS}/driver-n0" in api.objects and "unschedulable" not in api.get("/api/v1/nodes/n0")["spec"]
@@ -131,14 +153,14 @@ def test_a_5xx_that_persists_fails_the_pass_with_nothing_after_it_applied(api, e
 
 def test_a_deletion_whose_uid_precondition_fails_is_already_done(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 409)  # that pod is gone: another one has its name
-    assert executor.run_pass() == 5
+    assert run_pass(api, executor) == 5
     assert len(api.sent("DELETE")) == 1 and len(api.sent("POST", "/events")) == 2
 
 
 def test_the_lease_lost_stops_the_pass_before_its_next_write(api, executor):
     executor.lease["held"] = False
     with pytest.raises(LostLeadership):
-        executor.run_pass()
+        run_pass(api, executor)
     assert writes(api) == []
 
 
@@ -152,7 +174,7 @@ def test_the_runners_pause_is_patched_with_a_test_op_then_confirmed_in_status(ap
     status.resume.paused_by_runner = True
     then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
     assert (
-        executor.execute(read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then), pause_seen=False)
+        execute(executor, read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then), pause_seen=False)
         == 3
     )
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PUT", CR + "/status")]
@@ -177,8 +199,11 @@ def test_a_pause_the_admin_changed_meanwhile_is_left_alone(api, executor):
     status.resume.paused_by_runner = True
     then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
     assert (
-        executor.execute(
-            seen, engine.Decision(status=status, set_pause=True, status_once_paused=then, uncordon=["n1"]), pause_seen=False
+        execute(
+            executor,
+            seen,
+            engine.Decision(status=status, set_pause=True, status_once_paused=then, uncordon=["n1"]),
+            pause_seen=False,
         )
         == 1
     )
@@ -190,7 +215,7 @@ def test_a_pause_the_admin_changed_meanwhile_is_left_alone(api, executor):
 def test_a_restore_writes_spec_driver_before_the_template(api, executor):
     driver = {"payload": {"version": "1"}, "upgradePolicy": POLICY}
     patch = revision("old", 1)["data"]
-    assert executor.execute(read_cr(api), decision(restore=Restore("old", driver, patch)), pause_seen=False) == 3
+    assert execute(executor, read_cr(api), decision(restore=Restore("old", driver, patch)), pause_seen=False) == 3
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PATCH", DS)]
     assert api.sent("PATCH", CR)[0].body == [{"op": "replace", "path": "/spec/driver", "value": driver}]
     assert read_cr(api)["spec"]["driver"] == driver
@@ -200,10 +225,10 @@ def test_a_restore_writes_spec_driver_before_the_template(api, executor):
 def test_a_restore_without_a_spec_or_a_revision_writes_what_it_can(api, executor):
     """No spec.driver reproduces the template: the template alone (the admin sets the spec); the
     ControllerRevision gone: the spec alone; a spec already in place is not written again."""
-    assert executor.execute(read_cr(api), decision(restore=Restore("old", None, {"spec": {}})), pause_seen=False) == 2
+    assert execute(executor, read_cr(api), decision(restore=Restore("old", None, {"spec": {}})), pause_seen=False) == 2
     assert writes(api)[1:] == [("PATCH", DS)]
     current = read_cr(api)["spec"]["driver"]
-    assert executor.execute(read_cr(api), decision(restore=Restore("old", current, None)), pause_seen=False) == 0
+    assert execute(executor, read_cr(api), decision(restore=Restore("old", current, None)), pause_seen=False) == 0
     assert writes(api)[2:] == []
 
 
@@ -213,9 +238,9 @@ def test_drain_cordons_then_evicts_only_on_cordoned_nodes(api, executor):
         "spec": {"nodeName": "n2", "containers": [{"resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
     }
     api.put("/api/v1/namespaces/jobs/pods/train", gpu)
-    executor.run_pass()  # starts the caches (and the rollout: n0's pod)
+    run_pass(api, executor)  # starts the caches (and the rollout: n0's pod)
     api.requests.clear()
-    assert executor.execute(read_cr(api), decision(cordon=["n2"], evict=["n2"]), pause_seen=False) == 3
+    assert execute(executor, read_cr(api), decision(cordon=["n2"], evict=["n2"]), pause_seen=False) == 3
     assert writes(api) == [
         ("PUT", CR + "/status"),
         ("PATCH", "/api/v1/nodes/n2"),

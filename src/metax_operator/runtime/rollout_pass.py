@@ -1,10 +1,12 @@
-"""The staged driver rollout's imperative shell: one step of every runner pass.
+"""The staged driver rollout's imperative shell: its part of every runner pass.
 
-Each pass: read the CR and the driver DaemonSet (from the runner's `runtime.object_cache`), snapshot
-the watch caches (`rollout.observe`), let the engine
-decide (`engine.decide`), write the intended `status.upgradeStatus` (a PUT of the status
-subresource carrying the resourceVersion read: a conflict means someone changed the CR since, and
-the pass stops without acting; the next pass decides again), then act:
+Each pass (`reconcile.apply`): on the CR the pass observed and the driver DaemonSet (from the
+runner's `runtime.object_cache`, with the template the pass just applied), snapshot the watch
+caches (`rollout_observe`) and let the engine decide (`RolloutPass.decide`, `engine.decide`);
+the pass writes the intended `status.upgradeStatus` with the rest of the CR's status, once (a
+PUT of the status subresource carrying the resourceVersion read: a conflict means someone
+changed the CR since, and the pass stops without acting; the next pass decides again), then
+the rollout acts (`RolloutPass.act`):
 
 - set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
   saw, so an admin's concurrent edit wins), and once the runner's own pause landed, write the
@@ -30,33 +32,45 @@ it wrote and what the cluster shows. This module decides nothing: what to do is 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import RUNNER_FIELD_MANAGER
+from metax_operator import contract
+from metax_operator.chart import upgrade_policy as policy_mod
+from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
-from metax_operator.rollout import cordon, engine
-from metax_operator.rollout import policy as policy_mod
-from metax_operator.rollout.observe import DRIVER_DAEMONSET, Watches
+from metax_operator.rollout import engine
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import kube, reconcile
+from metax_operator.runtime import cordon, kube, reconcile
+from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
+from metax_operator.runtime.object_cache import Reader
+from metax_operator.runtime.rollout_observe import Watches
 
-log = logging.getLogger("metax_operator.rollout.engine")
-
-#: Seconds a pass waits for the caches' first LIST.
-SYNC_TIMEOUT = 60.0
+log = logging.getLogger(__name__)
 
 
-class RolloutExecutor:
-    """The rollout step of the runner; keeps its watch caches between passes."""
+@dataclass(frozen=True)
+class Plan:
+    """The rollout's decision for one pass, and what acting on it needs: the CR's
+    `spec.driver.upgradePolicy.pause` as the engine saw it, and the status as stored."""
+
+    decision: engine.Decision
+    pause_seen: bool
+    stored: dict | None  # status.upgradeStatus as read (None: never written)
+
+
+class RolloutPass:
+    """The rollout's part of every runner pass (a `reconcile.RolloutStep`): `decide` on the CR
+    the pass observed, then, once the pass wrote the status, `act`. Keeps its watch caches
+    between passes."""
 
     def __init__(
         self,
@@ -67,10 +81,10 @@ class RolloutExecutor:
         clock: Callable[[], float] = time.time,
         watches: Watches | None = None,
         metrics: Metrics | None = None,
-        reader=None,
+        reader: Reader | None = None,
     ):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
-        self.reader = reader or api  # where the CR and the DaemonSet are read (`object_cache`), else live
+        self.reader: Reader = reader or api  # where the DaemonSet is read (`object_cache`), else live
         self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
 
@@ -78,23 +92,22 @@ class RolloutExecutor:
         if self.watches is not None:
             self.watches.stop()
 
-    def run_pass(self) -> int:
-        """One rollout pass; the number of writes."""
+    def decide(self, cr: dict) -> Plan | None:
+        """The engine's decision on `cr` and what the watch caches and the DaemonSet show now;
+        None when there is nothing to decide on yet (caches not listed, an invalid policy, no
+        DaemonSet)."""
         if self.watches is None:
             self.watches = Watches(self.api, self.namespace).start()
         if not self.watches.wait_synced(SYNC_TIMEOUT):
             event(log, "rollout-wait-cache", logging.WARNING, msg="the watch caches have not listed yet")
-            return 0
-        cr = self._get_cr()
-        if cr is None:
-            return 0
+            return None
         raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
         try:
             policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
         except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
-            return 0
-        written = (cr.get("status") or {}).get("upgradeStatus") or None  # as stored
+            return None
+        stored = (cr.get("status") or {}).get("upgradeStatus") or None
         waited = self.watches.wait_for(policy.wait_selector)
         if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
             event(
@@ -103,69 +116,44 @@ class RolloutExecutor:
                 logging.WARNING,
                 msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} has not listed yet",
             )
-            return 0
+            return None
         ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
-            return 0
-        snap = self.watches.observe(ds, cr, written)
-        before = UpgradeStatus.from_json(written) if written is not None else None
-        decision = engine.decide(snap.observed, policy, before, self.clock())
-        return self.execute(cr, decision, policy.pause)
+            return None
+        snap = self.watches.observe(ds, cr, stored)
+        before = UpgradeStatus.from_json(stored) if stored is not None else None
+        return Plan(engine.decide(snap.observed, policy, before, self.clock()), policy.pause, stored)
 
-    def execute(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
-        """Carry out `decision`, taken on the CR `cr` as read (its spec's pause was `pause_seen`):
-        the status write first, then the actions in order; the number of writes."""
-        written = (cr.get("status") or {}).get("upgradeStatus") or None
-        writes = 0
-        if decision.status.to_json() != written:
-            if not self._write_status(cr, decision.status):
-                return 0  # the CR changed since it was read: decide again next pass
-            writes += 1
+    def upgrade_status(self, plan: Plan) -> dict:
+        """The `status.upgradeStatus` the pass writes before `act`."""
+        return plan.decision.status.to_json()
+
+    def act(self, cr: dict, plan: Plan) -> int:
+        """Carry out `plan` on the CR `cr` as the pass's status write left it: the actions in
+        order; the number of writes."""
+        decision = plan.decision
         if self.metrics is not None:
-            before = UpgradeStatus.from_json(written) if written is not None else None
+            before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
-        writes += self._act(cr, decision, pause_seen)
-        sub = decision.status.step
+        writes = self._act(cr, decision, plan.pause_seen)
+        status_written = decision.status.to_json() != plan.stored  # by the pass, just before
+        step = decision.status.step
         event(
             log,
             "rollout-pass",
             logging.INFO if writes else logging.DEBUG,
-            writes=writes,
+            writes=writes + status_written,
             phase=decision.status.phase,
-            step=sub.current_step_index,
-            state=sub.current_step_state,
-            upgraded=sub.total_upgrade_ready_replicas,
-            total=sub.total_upgrade_replicas,
+            step=step.current_step_index,
+            state=step.current_step_state,
+            upgraded=step.total_upgrade_ready_replicas,
+            total=step.total_upgrade_replicas,
             deleted=[p.name for p in decision.delete],
             message=decision.status.message,
             **self._traffic(),
         )
         return writes
-
-    # -- the status write -----------------------------------------------------------------------
-
-    def _get_cr(self) -> dict | None:
-        return self.reader.get(reconcile.CR_API_VERSION, reconcile.CR_KIND, reconcile.CR_NAME)
-
-    def _write_status(self, cr: dict, status: UpgradeStatus) -> bool:
-        """PUT the status subresource with the resourceVersion read; False on a conflict."""
-        self._check()
-        body = json.loads(json.dumps(cr))
-        body.setdefault("status", {})["upgradeStatus"] = status.to_json()
-        path = self.api.resource(reconcile.CR_API_VERSION, reconcile.CR_KIND).path(reconcile.CR_NAME, subresource="status")
-        self.requests += 1
-        try:
-            written = self.api.call("PUT", path, body=body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            event(log, "rollout-status-conflict", logging.INFO, msg="the CR changed since it was read")
-            return False
-        cr["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
-        return True
-
-    # -- actions --------------------------------------------------------------------------------
 
     def _act(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
         """The decision's actions after its status write, in order; the number of writes."""
@@ -194,9 +182,9 @@ class RolloutExecutor:
         self.requests += 1
         try:
             patched = self.api.patch(
-                reconcile.CR_API_VERSION,
-                reconcile.CR_KIND,
-                reconcile.CR_NAME,
+                contract.CR_API_VERSION,
+                contract.CR_KIND,
+                contract.CR_NAME,
                 patch,
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,
@@ -208,7 +196,11 @@ class RolloutExecutor:
             return 0
         event(log, "rollout-set-pause", pause=value)
         if then is not None:
-            return 1 + self._write_status(patched, then)
+            confirmed = reconcile.write_status(
+                self.api, patched, [], self.guard, rfc3339(self.clock()), applied=False, upgrade_status=then.to_json()
+            )
+            self.requests += 1
+            return 1 + confirmed.writes
         return 1
 
     def _restore(self, cr: dict, restore: Restore) -> int:
@@ -230,9 +222,9 @@ class RolloutExecutor:
             self._check()
             self.requests += 1
             self.api.patch(
-                reconcile.CR_API_VERSION,
-                reconcile.CR_KIND,
-                reconcile.CR_NAME,
+                contract.CR_API_VERSION,
+                contract.CR_KIND,
+                contract.CR_NAME,
                 [{"op": "replace", "path": "/spec/driver", "value": wanted}],
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,
@@ -334,8 +326,7 @@ class RolloutExecutor:
             return list(pool.map(fn, items))
 
     def _check(self) -> None:
-        if not self.guard():
-            raise reconcile.LostLeadership("the lease was lost: stopping before the next write")
+        reconcile.check_lease(self.guard)
 
     def _traffic(self) -> dict:
         stats = self.watches.stats() if self.watches else None

@@ -1,0 +1,160 @@
+"""The support bundle's pure parts: `--since`, redaction, a Helm release record decoded the way
+Helm stores it, a node's summary, whose logs are gathered, the tarball's layout. The bundle of a
+real installed release: tests/e2e/test_gather.py."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import json
+import tarfile
+
+import pytest
+
+from metax_operator.commands import gather
+from tests.fakeapi import FakeApi
+
+
+def test_since_takes_durations_and_refuses_the_rest():
+    assert gather.since_seconds("90s") == 90
+    assert gather.since_seconds("1d12h30m") == 86400 + 12 * 3600 + 1800
+    for bad in ("", "10", "1w", "-5m", "1.5h"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a duration such as 30m"):
+            gather.since_seconds(bad)
+
+
+def test_redaction_replaces_secret_keys_and_secret_env_values_only():
+    values = {
+        "registry": "cr.example.com/metax",
+        "hooks": {"annotations": {"example.com/api-token": "s3cr3t"}},
+        "env": [{"name": "DB_PASSWORD", "value": "hunter2"}, {"name": "LOG_LEVEL", "value": "info"}],
+        "tolerations": [{"key": "metax-tech.com/gpu", "operator": "Exists"}],
+    }
+    assert gather.redact(values) == {
+        "registry": "cr.example.com/metax",
+        "hooks": {"annotations": {"example.com/api-token": "<redacted>"}},
+        "env": [{"name": "DB_PASSWORD", "value": "<redacted>"}, {"name": "LOG_LEVEL", "value": "info"}],
+        "tolerations": [{"key": "metax-tech.com/gpu", "operator": "Exists"}],
+    }
+
+
+def helm_secret(release: dict) -> dict:
+    """A release Secret as Helm 3 writes it (gzip JSON, base64) and the API server serves it (base64 again)."""
+    stored = base64.b64encode(gzip.compress(json.dumps(release).encode()))
+    return {"kind": "Secret", "type": "helm.sh/release.v1", "data": {"release": base64.b64encode(stored).decode()}}
+
+
+def test_a_helm_release_keeps_its_name_revision_status_chart_version_and_values_only():
+    release = {
+        "name": "metax",
+        "version": 3,
+        "info": {"status": "deployed", "notes": "..."},
+        "chart": {"metadata": {"name": "metax-operator", "version": "0.1.0"}, "templates": [{"data": "..."}]},
+        "config": {"runner": {"interval": 7}, "commonAnnotations": {"vault-token": "xyz"}},
+        "manifest": "apiVersion: v1\nkind: Secret\n...",
+    }
+    assert gather.helm_release(helm_secret(release)) == {
+        "name": "metax",
+        "revision": 3,
+        "status": "deployed",
+        "chartVersion": "0.1.0",
+        "values": {"runner": {"interval": 7}, "commonAnnotations": {"vault-token": "<redacted>"}},
+    }
+    other = {**release, "chart": {"metadata": {"name": "ingress-nginx", "version": "4.0.0"}}}
+    assert gather.helm_release(helm_secret(other)) is None
+
+
+def test_a_node_keeps_its_metax_labels_and_annotations_taints_and_conditions():
+    node = {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {"metax-tech.com/gpu.installed": "true", "kubernetes.io/hostname": "gpu-1"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "metax-tech.com/driver": "2.32"},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"unschedulable": True, "taints": [{"key": "metax-tech.com/gpu", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "x"}]},
+    }
+    assert gather.node_summary(node) == {
+        "name": "gpu-1",
+        "labels": {"metax-tech.com/gpu.installed": "true"},
+        "annotations": {"metax-tech.com/driver": "2.32"},
+        "unschedulable": True,
+        "taints": [{"key": "metax-tech.com/gpu", "effect": "NoSchedule"}],
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": None, "lastTransitionTime": None}
+        ],
+    }
+
+
+def test_logs_are_gathered_for_the_runner_the_hooks_and_the_nodes_the_rollout_names():
+    cr = {"status": {"upgradeStatus": {"resume": {"wave": ["n1"], "failedNodes": ["n2"], "failedNodeCount": 1}}}}
+    nodes = gather.named_nodes(cr)
+    assert nodes == {"n1", "n2"}
+
+    def pod(labels: dict, node: str) -> dict:
+        return {"metadata": {"name": "p", "labels": labels}, "spec": {"nodeName": node}}
+
+    assert gather.logged(pod({"app.kubernetes.io/component": "runner"}, "cp"), nodes)
+    assert gather.logged(pod({"gpu.metax-tech.com/hook": "bootstrap"}, "cp"), nodes)
+    assert gather.logged(pod({"app.kubernetes.io/component": "driver"}, "n2"), nodes)
+    assert not gather.logged(pod({"app.kubernetes.io/component": "driver"}, "n9"), nodes)
+
+
+def test_the_tarball_holds_the_manifest_and_each_file_under_one_directory(tmp_path):
+    bundle = gather.Bundle()
+    bundle.part("cr.yaml", lambda: "kind: ClusterOperator\n")
+    bundle.part("metrics.txt", lambda: (_ for _ in ()).throw(ValueError("no runner pod is running")))
+    out = tmp_path / "ticket-42.tar.gz"
+    gather.write(bundle, str(out), {"created": "2026-01-01T00:00:00Z", "createdUnix": 1767225600, "namespace": "x"})
+    with tarfile.open(out) as archive:
+        names = archive.getnames()
+        manifest = json.load(archive.extractfile("ticket-42/manifest.json"))
+    assert names == ["ticket-42/manifest.json", "ticket-42/cr.yaml"]
+    assert manifest["parts"] == {"cr.yaml": "ok", "metrics.txt": "not gathered: no runner pod is running"}
+
+
+NS = "metax-operator"
+RUNNER_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "metax-operator-runner-x", "labels": {"app.kubernetes.io/component": "runner"}},
+    "spec": {
+        "nodeName": "cp-1",
+        "initContainers": [{"name": "wait"}],
+        "containers": [{"name": "runner", "ports": [{"name": "health", "containerPort": 8081}]}],
+    },
+    "status": {"phase": "Running"},
+}
+PODS = f"/api/v1/namespaces/{NS}/pods"
+WAITING = 'container "wait" in pod "metax-operator-runner-x" is waiting to start'
+
+
+def test_logs_and_the_scrape_are_asked_of_the_api_server_with_their_bounds():
+    """On the fake API server (a real one would ask kwok's nodes, which have no kubelet): each
+    container's current and previous log with limitBytes and sinceSeconds, the scrape through
+    the pod proxy, and a refusal kept in the manifest as one line."""
+    with FakeApi() as fake:
+        fake.put(f"{PODS}/metax-operator-runner-x", RUNNER_POD)
+        fake.put(f"{PODS}/metax-operator-runner-x/log", {"line": "pass writes=0"})
+        fake.put(f"{PODS}/metax-operator-runner-x:8081/proxy/metrics", {"metax_operator_leader": 1})
+        fake.fail("GET", f"{PODS}/metax-operator-runner-x/log", 400, times=1, message=WAITING)
+        gatherer = gather.Gatherer(fake.client(), NS, 600, set(), 1_800_000_000.0)
+        bundle = gather.Bundle()
+        pods = fake.client().list("v1", "Pod", NS)
+        for pod in pods:
+            gatherer.logs(pod, bundle)
+        bundle.part("metrics.txt", lambda: gatherer.metrics(pods))
+        asked = [r.query for r in fake.sent("GET", "/log")]
+    assert [(q["container"], q.get("previous")) for q in asked] == [
+        ("wait", None),
+        ("wait", "true"),
+        ("runner", None),
+        ("runner", "true"),
+    ]
+    assert all(q["limitBytes"] == str(gather.LOG_BYTES) and q["sinceSeconds"] == "600" for q in asked)
+    refused = f"GET {PODS}/metax-operator-runner-x/log: 400 Bad Request: {WAITING}"
+    assert bundle.outcomes["logs/metax-operator-runner-x/wait.log"] == f"not gathered: {refused}"
+    assert json.loads(bundle.files["logs/metax-operator-runner-x/runner.previous.log"])["line"] == "pass writes=0"
+    assert json.loads(bundle.files["metrics.txt"])["metax_operator_leader"] == 1

@@ -1,0 +1,40 @@
+"""A golden trace of the engine's whole decisions (`engine.decide`): for each pass of the rollout
+scenario of tests/rollout/test_status.py, every field of the `Decision` (status, pause, restore,
+cordons, evictions, deletions, uncordons, events with their reasons and messages, wake-up time),
+compared with the trace captured before the engine was restructured
+(tests/rollout/data/engine_decision_trace.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from metax_operator.rollout.status import UpgradeStatus
+from tests.rollout.test_status import scenario
+
+GOLDEN = Path(__file__).parent / "data" / "engine_decision_trace.json"
+
+
+def plain(value):
+    """A decision as JSON: statuses as the CR stores them, other dataclasses field by field."""
+    if isinstance(value, UpgradeStatus):
+        return value.to_json()
+    if dataclasses.is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {key: plain(item) for key, item in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(item) for item in value)
+    return value
+
+
+def test_the_engine_decides_the_golden_trace_pass_for_pass():
+    decisions: list = []
+    scenario(decisions)
+    golden = json.loads(GOLDEN.read_text())
+    assert len(decisions) == len(golden)
+    for i, (decision, expected) in enumerate(zip(decisions, golden, strict=True)):
+        assert json.loads(json.dumps(plain(decision))) == expected, f"pass {i}"
