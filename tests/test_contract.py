@@ -129,7 +129,9 @@ def test_the_values_schema_reserves_every_label_key_the_chart_sets(helm_bin):
     """`commonLabels` may not repeat a key the chart sets itself (a duplicate key in the manifest):
     the schema's list of those keys must hold each one the chart renders, contract.py's included."""
     schema = json.loads((CHART / "values.schema.json").read_text())
-    reserved = set(schema["properties"]["commonLabels"]["propertyNames"]["not"]["enum"])
+    # the keys are a `not: {enum}` among the conditions the readable pattern's `if` holds
+    conditions = schema["properties"]["commonLabels"]["propertyNames"]["if"]["allOf"]
+    (reserved,) = [set(c["not"]["enum"]) for c in conditions if "not" in c]
     rendered = _labels(render_chart({**ALL_ON, "hooks": {"useHelmHooks": False}}, helm=helm_bin))
     assert {contract.HOOK_LABEL, contract.COMPONENT_LABEL, contract.PART_OF_LABEL} <= rendered
     assert rendered <= reserved, f"the chart sets label keys commonLabels may repeat: {rendered - reserved}"
