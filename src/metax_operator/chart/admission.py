@@ -36,8 +36,6 @@ from metax_operator.chart.schema import fragment, percent_pattern
 from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
 from metax_operator.errors import UserError
 
-#: The first Kubernetes minor whose CRD validation rules take `messageExpression`.
-MESSAGE_EXPRESSION_MINOR = 27
 #: The first Kubernetes minor that admits the whole CRD: its CEL cost estimator bounds a
 #: messageExpression's `string(dyn(x))` and a `matches` on an int-or-string field; older ones
 #: estimate them as unbounded and refuse the CRD (measured: 1.28 and 1.33 refuse, 1.34 admits).
@@ -59,8 +57,8 @@ def message(make: Callable[..., UserError], *expressions: str) -> str:
 
 
 def static_message(make: Callable[..., UserError], count: int) -> str:
-    """`str(make(...))` with `…` for each of its `count` arguments: the rule's `message`, which an
-    API server without messageExpression (before 1.27) says, and the others when it fails."""
+    """`str(make(...))` with `…` for each of its `count` arguments: the rule's `message`, which the
+    portable CRD says, and the whole CRD where its messageExpression fails."""
     return _MARK.sub("…", _marked(make, count))
 
 
