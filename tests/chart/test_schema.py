@@ -452,15 +452,16 @@ def _valid_spec() -> dict:
 @pytest.mark.e2e
 def test_api_server_accepts_the_crd_and_enforces_its_rules(control_plane):
     """Structural schema, defaults, CEL rules (within the cost budget) and the one-name rule,
-    as kube-apiserver 1.34 applies them."""
-    from kubernetes import client, dynamic, utils
+    as kube-apiserver 1.34 applies them: the CRD as the upgrade-crds hook applies it there (the
+    whole one; tests/chart/test_kubernetes_versions.py checks the portable one on older servers)."""
+    from kubernetes import client, dynamic
+
+    from metax_operator.hooks import upgrade_crds
+    from metax_operator.runtime import kube
 
     api = control_plane.api()
-    try:
-        utils.create_from_yaml(api, str(ROOT / schema.CRD_FILE))
-    except utils.FailToCreateError as error:
-        if not all(e.status == 409 for e in error.api_exceptions):  # another test created it
-            raise
+    portable, full = (upgrade_crds.load_crd(ROOT / name) for name in (schema.CRD_FILE, schema.FULL_CRD_FILE))
+    assert upgrade_crds.upgrade(kube.Client.connect(str(control_plane.kubeconfig)), portable, full, if_exists=False)
     ext = client.ApiextensionsV1Api(api)
     for _ in range(100):
         crd = ext.read_custom_resource_definition("clusteroperators.gpu.metax-tech.com")
