@@ -18,3 +18,19 @@ def load(name: str) -> list[dict]:
 
 WORKED_EXAMPLES = load("rollout-worked-examples.yaml")
 MERGE_CASES = load("podtemplatespec-merge.yaml")
+
+# Seed 000 section 3.2.8: 10 nodes, maxParallel 50%.
+SEED_POLICY = {
+    "enableRollout": True,
+    "upgradeSteps": [
+        {"replicas": 2},
+        {"replicas": 5, "pauseDuration": 10000},
+        {"replicas": 8, "pauseDuration": 10000},
+        {"replicas": "100%"},
+    ],
+    "pause": False,
+    "maxParallel": "50%",
+    "maxUnavailable": 0,
+    "maxFailureThreshold": 3,
+    "fallback": "pause",
+}

@@ -9,19 +9,8 @@ from datetime import datetime, timezone
 
 from metax_operator.commands import rollout_admin as admin
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
+from tests.cases import SEED_POLICY
 from tests.fakeapi import FakeApi
-
-SEED_POLICY = {
-    "enableRollout": True,
-    "upgradeSteps": [
-        {"replicas": 2},
-        {"replicas": 5, "pauseDuration": 10000},
-        {"replicas": 8, "pauseDuration": 10000},
-        {"replicas": "100%"},
-    ],
-    "maxParallel": "50%",
-    "maxFailureThreshold": 3,
-}
 
 
 def cr(status: dict, policy: dict = SEED_POLICY) -> dict:

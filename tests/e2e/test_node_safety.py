@@ -22,13 +22,13 @@ import pytest
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.cases import SEED_POLICY
 from tests.controlplane import free_port
 from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
     DRIVER_PODS,
     NODES,
     NS,
     QUICK_POLICY,
-    SEED_POLICY,
     Runner,
     all_at,
     api,

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
+from tests.cases import SEED_POLICY
 from tests.e2e.tools import (
     CR,
     METAX,
@@ -54,21 +55,6 @@ DRIVER_PODS = "app.kubernetes.io/component=driver"
 EVENTS_NS = "default"  # where the API server keeps events of cluster-scoped objects
 NODES = 10  # the control plane fixture's GPU nodes
 
-# Seed 000 section 3.2.8: 10 nodes, maxParallel 50%.
-SEED_POLICY = {
-    "enableRollout": True,
-    "upgradeSteps": [
-        {"replicas": 2},
-        {"replicas": 5, "pauseDuration": 10000},
-        {"replicas": 8, "pauseDuration": 10000},
-        {"replicas": "100%"},
-    ],
-    "pause": False,
-    "maxParallel": "50%",
-    "maxUnavailable": 0,
-    "maxFailureThreshold": 3,
-    "fallback": "pause",
-}
 # Where the seed's exact durations are not the point: the same steps, no pauses.
 QUICK_POLICY = {
     **SEED_POLICY,
