@@ -14,8 +14,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from metax_operator import cli, contract
+from metax_operator.chart import schema
 from metax_operator.hooks import bootstrap, cleanup, common
 from metax_operator.runtime import kube
 from tests.controlplane import GPU_LABEL
@@ -187,6 +189,19 @@ def test_upgrade_crds_updates_an_older_crd_and_then_changes_nothing(client, hook
     code, out, _ = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS, "--if-exists")
     assert code == 0 and "already current" in out
     assert client.get(*CRD)["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
+
+
+def test_a_later_apply_of_crds_dir_does_not_conflict_with_the_hook(client, hooks, crd):
+    # Helm 4 installs crds/ by server-side apply without force, also over a CRD kept from an
+    # earlier release. On 1.34 the hook applied the whole form, whose rules differ from crds/'s.
+    assert contract.UPGRADE_CRDS_FIELD_MANAGER not in managed(crd)
+    portable = yaml.safe_load((CHART / schema.CRD_FILE).read_text())
+    assert portable["spec"] != crd["spec"]  # the whole form is in place
+    client.apply(portable, field_manager="helm")  # raises ApiException 409 on a conflict
+    assert client.get(*CRD)["spec"]["versions"][0]["schema"] == portable["spec"]["versions"][0]["schema"]
+    code, out, err = hooks("upgrade-crds", *UPGRADE_CRDS_ARGS, "--if-exists")  # the pre-install hook after it
+    assert (code, err) == (0, "") and "applied" in out
+    assert client.get(*CRD)["spec"] == crd["spec"]
 
 
 def test_upgrade_crds_on_install_never_creates(client, hooks, crd):

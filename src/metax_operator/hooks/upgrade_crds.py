@@ -5,7 +5,10 @@ with `.Files.Get`, mounted as files, in two forms: the portable one Helm install
 which every supported API server admits, and the whole one from files/ (validate's lines as the
 rules' messages), applied where the API server admits it (`admission.for_server`). Server-side
 apply with our own field manager and `force`: the CRD was created by Helm (`crds/`, manager
-"helm") or by an earlier run of this hook, and the chart's copy is the truth. On install
+"helm") or by an earlier run of this hook, and the chart's copy is the truth. The hook then gives
+up its claim on the fields (`release_fields`): Helm 4 installs `crds/` by server-side apply
+without force, so a claim on the whole form's rules would make a later `helm install` over the
+kept CRD (a reinstall after uninstall) fail with a conflict. On install
 (`--if-exists`) it only updates a CRD that is already there (Helm created it from `crds/` just
 before, or an earlier release left it with `crds.keep`): creating it is Helm's job, and
 `helm install --skip-crds` must be respected. It then waits until the API server serves the new
@@ -15,6 +18,7 @@ version (condition Established), so the post-install bootstrap can write the CR.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -70,11 +74,35 @@ def upgrade(client: kube.Client, crd: dict, full_crd: dict | None = None, *, if_
         return "skipped"
     if full_crd is not None:
         crd = admission.for_server(crd, full_crd, client.server_version()[1])
-    applied = client.apply(crd, field_manager=contract.UPGRADE_CRDS_FIELD_MANAGER, force=True)
+    apply = functools.partial(client.apply, crd, field_manager=contract.UPGRADE_CRDS_FIELD_MANAGER, force=True)
+    if current is not None and stored_part(apply(dry_run=True)) == stored_part(current):
+        return "unchanged"
+    apply()
+    applied = release_fields(client)
     wait_established(client, applied["metadata"]["generation"], timeout)
     client.forget(contract.CR_API_VERSION)
-    unchanged = current is not None and current["metadata"]["resourceVersion"] == applied["metadata"]["resourceVersion"]
-    return "unchanged" if unchanged else "applied"
+    return "applied"
+
+
+def stored_part(crd: dict) -> tuple:
+    """What the chart's copy decides: the spec, labels and annotations (not managedFields)."""
+    meta = crd["metadata"]
+    return crd["spec"], meta.get("labels") or {}, meta.get("annotations") or {}
+
+
+def release_fields(client: kube.Client) -> dict:
+    """Drop our field manager's entry from the CRD's managedFields, keeping the values: no
+    later apply (Helm 4's `crds/`, an administrator's) conflicts with this hook. The other
+    managers' entries stay (read again on a conflict: the API server writes the CRD's status
+    as it establishes it); an emptied list is written as [{}], the API's way to clear it."""
+
+    def attempt() -> dict:
+        meta = client.get(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)["metadata"]
+        others = [m for m in meta.get("managedFields") or [] if m.get("manager") != contract.UPGRADE_CRDS_FIELD_MANAGER]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "managedFields": others or [{}]}}
+        return client.patch(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME, patch)
+
+    return kube.retry_on_conflict(attempt)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -309,12 +309,13 @@ class Client:
 
     # -- objects -----------------------------------------------------------------------------
 
-    def apply(self, obj: dict, *, field_manager: str, force: bool = False, subresource: str = "") -> dict:
+    def apply(self, obj: dict, *, field_manager: str, force: bool = False, subresource: str = "", dry_run: bool = False) -> dict:
         """Server-side apply `obj` (a full or partial manifest) as `field_manager`.
 
         The fields `obj` contains become owned by `field_manager`; fields it owned before and
         `obj` leaves out are removed unless another manager also owns them. `force` takes
-        fields over from other managers instead of failing with 409.
+        fields over from other managers instead of failing with 409. `dry_run` returns the
+        object as it would be stored (defaults filled in) and stores nothing.
         """
         meta = obj["metadata"]
         path = self._path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"), subresource)
@@ -323,7 +324,7 @@ class Client:
             path,
             body=obj,
             content_type="application/apply-patch+yaml",
-            query={"fieldManager": field_manager, "force": "true" if force else None},
+            query={"fieldManager": field_manager, "force": "true" if force else None, "dryRun": "All" if dry_run else None},
         )
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
