@@ -31,10 +31,10 @@ Used for the `wait-for` init containers and by the dependency check in _validati
 ["driver","gpuDevice","gpuLabel","vfioManager"]
 {{- end }}
 
-{{/* The driver DaemonSet's updateStrategy, as JSON: the staged rollout's when given true
-(`driver.upgradePolicy.enableRollout`), else every pod at once. The runner applies the same. */}}
+{{/* The driver DaemonSet's updateStrategy, as JSON, whatever the policy: its pods are
+replaced only when the runner deletes them. The runner applies the same. */}}
 {{- define "metax-operator.driverUpdateStrategy" -}}
-{{- if . }}{"type":"OnDelete"}{{ else }}{"type":"RollingUpdate","rollingUpdate":{"maxUnavailable":"100%"}}{{ end -}}
+{"type":"OnDelete"}
 {{- end }}
 
 {{/* The data of the ConfigMap driver-config, one YAML document per key. Takes .Values. */}}

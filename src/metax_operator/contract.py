@@ -54,11 +54,12 @@ MACA_PAYLOAD_PREFIX = "payload-"
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
 #: The DaemonSet controller's label on each pod and ControllerRevision: the template's revision.
 REVISION_LABEL = "controller-revision-hash"
-#: The driver DaemonSet's update strategy with a staged rollout (pods are replaced only when the
-#: runner deletes them, wave by wave) and without one (a new revision replaces every pod at once):
-#: what the chart renders and the runner applies (`chart/daemonset.driver_strategy`).
-STAGED_ROLLOUT_STRATEGY = {"type": "OnDelete"}
-ALL_AT_ONCE_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+#: The driver DaemonSet's update strategy, whatever the policy: a driver pod is replaced only when
+#: the runner deletes it, in waves with a staged rollout, all at once (GPU-busy and skipped nodes
+#: held back) without one. What the chart renders and the runner applies. Never derived from
+#: `enableRollout`: a strategy that let the DaemonSet controller replace pods would take effect
+#: the moment any writer (a Helm upgrade, an Argo CD sync, a rollback) rendered it mid-rollout.
+DRIVER_UPDATE_STRATEGY = {"type": "OnDelete"}
 #: Field selector of the pods the runner and the hooks read: every pod not yet finished.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 

@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client, watch
 
 from tests.cases import SEED_POLICY
+from tests.e2e import tools
 from tests.e2e.tools import (
     CR,
     METAX,
@@ -51,7 +52,7 @@ pytestmark = pytest.mark.e2e
 
 NS = "rollout-e2e"
 RELEASE = "metax"
-DRIVER_PODS = "app.kubernetes.io/component=driver"
+DRIVER_PODS = tools.DRIVER_PODS
 EVENTS_NS = "default"  # where the API server keeps events of cluster-scoped objects
 NODES = 10  # the control plane fixture's GPU nodes
 
@@ -88,11 +89,7 @@ def patch_driver(api, driver: dict) -> None:
 
 
 def driver_pods(api) -> list:
-    return [
-        p
-        for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-        if p.metadata.deletion_timestamp is None
-    ]
+    return tools.driver_pods(api, NS)
 
 
 def revisions(api) -> Counter:
@@ -723,13 +720,12 @@ def test_with_rollout_off_every_pod_is_replaced_at_once(control_plane, api, idle
     history.stop()
     print(f"10 driver pods replaced at once in {took:.1f} s")
     assert set(history.deletions_per_node().values()) == {1}
-    # The DaemonSet controller replaces them (RollingUpdate, maxUnavailable 100%), not the runner:
-    # every old pod was being deleted before the first new pod became Ready.
+    # The runner replaces them, in one pass (the DaemonSet stays OnDelete, whatever the policy: no
+    # other writer can make the DaemonSet controller replace pods): one deletion batch of every pod.
     strategy = client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy
-    assert strategy.type == "RollingUpdate" and strategy.rolling_update.max_unavailable == "100%"
-    assert [line for r in idle["runners"] for line in r.lines("rollout-delete")] == []
+    assert strategy.type == "OnDelete"
+    batches = [line["pods"] for r in idle["runners"] for line in r.lines("rollout-delete")]
     old_uids = history.before
     assert old_uids <= set(history.deleted_at), "every old pod deleted"
-    first_new_ready = min(t for uid, t in history.ready_at.items() if uid not in old_uids)
-    assert max(history.deleted_at[uid] for uid in old_uids) < first_new_ready
+    assert [len(pods) for pods in batches] == [NODES], batches
     patch_driver(api, {"upgradePolicy": {"enableRollout": True}})

@@ -71,6 +71,18 @@ def helm3(cp) -> list[str]:
     return [str(BIN / "helm3"), "--kubeconfig", str(cp.kubeconfig)]
 
 
+DRIVER_PODS = "app.kubernetes.io/component=driver"
+
+
+def driver_pods(api, namespace: str) -> list:
+    """The driver pods of `namespace` not being deleted."""
+    return [
+        p
+        for p in client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=DRIVER_PODS).items
+        if p.metadata.deletion_timestamp is None
+    ]
+
+
 def get_cr(api) -> dict | None:
     """The cluster-operator CR, or None while there is none."""
     try:

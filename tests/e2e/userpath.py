@@ -23,6 +23,7 @@ from kubernetes import client, watch
 
 from tests import registry
 from tests.controlplane import ControlPlane
+from tests.e2e import tools
 from tests.e2e.tools import get_cr, kubectl
 from tests.helm import BIN
 from tests.realnode import NODE_NAME, TOOLS_NODE
@@ -31,7 +32,6 @@ NS = "metax-operator"  # the seed's namespace
 GPU_NODES = 4
 HOOK_LABEL = "gpu.metax-tech.com/hook"
 RUNNER_PODS = "app.kubernetes.io/component=runner"
-DRIVER_PODS = "app.kubernetes.io/component=driver"
 CRD = "clusteroperators.gpu.metax-tech.com"
 CHART_OBJECTS = "app.kubernetes.io/name=metax-operator"  # label of every object the chart renders
 TOOLS_UID = 65532
@@ -206,9 +206,5 @@ def runner_log(cluster: ToolsCluster) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def driver_pods(api) -> list[client.V1Pod]:
-    return [
-        p
-        for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-        if p.metadata.deletion_timestamp is None
-    ]
+def driver_pods(api) -> list:
+    return tools.driver_pods(api, NS)

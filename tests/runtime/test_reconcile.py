@@ -446,9 +446,7 @@ def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
     assert set(maca["spec"]) == {"template"}
 
 
-# -- the driver's update strategy follows enableRollout (seed §3.2.8: `kubectl edit` of the CR) ------
-
-ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+# -- the driver's update strategy: OnDelete whatever the policy -------------------------------------
 
 
 def test_the_driver_strategy_the_runner_wants_is_what_the_chart_renders_for_the_same_values(rendered, cr_spec):
@@ -459,28 +457,25 @@ def test_the_driver_strategy_the_runner_wants_is_what_the_chart_renders_for_the_
         )[0]
         spec = cr_spec(driver={"upgradePolicy": policy})
         desired, changed = desired_daemonset("driver", chart, spec)
-        assert desired["spec"]["updateStrategy"] == ({"type": "OnDelete"} if enabled else ROLLING)
+        assert chart["spec"]["updateStrategy"] == desired["spec"]["updateStrategy"] == {"type": "OnDelete"}
         assert "updateStrategy" not in changed
         assert not needs_write(desired, chart), "after an install with the same values nothing is written"
 
 
-def test_enabling_the_rollout_in_the_cr_switches_the_driver_to_on_delete(rendered, cr_spec):
-    policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
-    out = decide(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
-    driver = next(a for a in out.applies if a.body["metadata"]["name"] == "metax-driver")
-    assert driver.body["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    assert "updateStrategy" in driver.fields
-    assert all("updateStrategy" not in a.body["spec"] for a in out.applies if a is not driver)
+def test_toggling_the_rollout_in_the_cr_leaves_the_driver_strategy_alone(rendered, cr_spec):
+    for enabled in (True, False):
+        policy = {"enableRollout": enabled, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
+        out = decide(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
+        assert all("updateStrategy" not in a.fields for a in out.applies), enabled
 
 
-def test_the_driver_stays_on_delete_while_a_rollout_is_in_flight_even_with_enable_rollout_off(rendered, cr_spec):
-    spec = cr_spec(driver={"upgradePolicy": {"enableRollout": False}})
+def test_a_strategy_another_writer_rendered_is_put_back_to_on_delete(rendered, cr_spec):
+    # An older chart's release restored by `helm rollback` rendered RollingUpdate without the
+    # staged rollout: the DaemonSet controller would replace every driver pod itself.
     live = copy.deepcopy(rendered["driver"])
-    live["spec"]["updateStrategy"] = {"type": "OnDelete"}
-    desired, changed = desired_daemonset("driver", live, spec, upgrading=True)
-    assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"} and "updateStrategy" not in changed
-    desired, changed = desired_daemonset("driver", live, spec, upgrading=False)
-    assert desired["spec"]["updateStrategy"] == ROLLING and "updateStrategy" in changed
+    live["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+    desired, changed = desired_daemonset("driver", live, cr_spec(driver={"upgradePolicy": {"enableRollout": False}}))
+    assert desired["spec"]["updateStrategy"] == {"type": "OnDelete"} and "updateStrategy" in changed
 
 
 # -- what the runner reports -------------------------------------------------------------------------

@@ -9,7 +9,9 @@ requests were captured again when one pass came to write the CR's status once in
 three times (conditions, then upgradeStatus, then RunnerHealthy): the statuses after each pass
 stayed the same, and so did every other write, in the same order. Both were captured again when
 the runner came to read one clock (the reconcile's times had been a frozen second clock): they
-differ from the ones before only in the times written.
+differ from the ones before only in the times written. When the chart came to render the driver's
+`OnDelete` whatever the policy, the first pass's DaemonSet apply lost its `updateStrategy` (the
+chart's render, from values with the staged rollout off, had been `RollingUpdate`), and nothing else.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new

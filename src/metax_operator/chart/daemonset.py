@@ -17,11 +17,10 @@ from typing import Any
 from metax_operator.chart import images
 from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import (
-    ALL_AT_ONCE_STRATEGY,
     DAEMONSETS,
     DRIVER_PAYLOAD_CONTAINER,
+    DRIVER_UPDATE_STRATEGY,
     MACA_PAYLOAD_PREFIX,
-    STAGED_ROLLOUT_STRATEGY,
 )
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
@@ -34,10 +33,8 @@ ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
 ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
 
 
-def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -> tuple[dict, list[str]]:
+def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
     """The partial DaemonSet the runner applies for component `key`, and the fields it sets.
-
-    `upgrading`: a staged driver rollout is in flight (the CR's `status.upgradeStatus.upgrading`).
 
     Raises UserError when the chart's annotations on the DaemonSet are missing or broken.
     """
@@ -71,9 +68,8 @@ def desired_daemonset(key: str, ds: dict, spec: dict, upgrading: bool = False) -
     }
     changed = [f for f in pod_spec if not covers(live.get(f), pod_spec[f], f)]
     if key == "driver":
-        strategy = driver_strategy(spec, upgrading)
-        desired["spec"]["updateStrategy"] = strategy
-        if not covers((ds.get("spec") or {}).get("updateStrategy"), strategy):
+        desired["spec"]["updateStrategy"] = copy.deepcopy(DRIVER_UPDATE_STRATEGY)
+        if (ds.get("spec") or {}).get("updateStrategy") != DRIVER_UPDATE_STRATEGY:
             changed.append("updateStrategy")
     return desired, changed
 
@@ -158,15 +154,6 @@ def _from_env(text: str, like: Any) -> Any:
     if isinstance(like, list):
         return text.split(",") if text else []
     return text
-
-
-def driver_strategy(spec: dict, upgrading: bool) -> dict:
-    """The driver DaemonSet's update strategy for a CR spec, as the chart renders it for the same
-    values: `OnDelete` for a staged rollout (the runner deletes pods wave by wave), else every
-    pod replaced at once. It stays `OnDelete` while a rollout is in flight, so that turning
-    `enableRollout` off rolls back in waves (Disabling) instead of all at once."""
-    policy = (spec.get("driver") or {}).get("upgradePolicy") or {}
-    return copy.deepcopy(STAGED_ROLLOUT_STRATEGY if policy.get("enableRollout") or upgrading else ALL_AT_ONCE_STRATEGY)
 
 
 def covers(have: Any, want: Any, name: str = "") -> bool:

@@ -87,12 +87,9 @@ def render_contract_template() -> str:
         '{{- join ", " $names -}}\n{{- end }}\n',
         "{{/* The components whose pods patch their own node, as a JSON list of values keys. */}}\n"
         f'{{{{- define "metax-operator.nodePatchers" -}}}}\n{_json(list(contract.NODE_PATCHERS))}\n{{{{- end }}}}\n',
-        "{{/* The driver DaemonSet's updateStrategy, as JSON: the staged rollout's when given true\n"
-        "(`driver.upgradePolicy.enableRollout`), else every pod at once. The runner applies the same. */}}\n"
-        '{{- define "metax-operator.driverUpdateStrategy" -}}\n'
-        f"{{{{- if . }}}}{_json(contract.STAGED_ROLLOUT_STRATEGY)}"
-        f"{{{{ else }}}}{_json(contract.ALL_AT_ONCE_STRATEGY)}{{{{ end -}}}}\n"
-        "{{- end }}\n",
+        "{{/* The driver DaemonSet's updateStrategy, as JSON, whatever the policy: its pods are\n"
+        "replaced only when the runner deletes them. The runner applies the same. */}}\n"
+        f'{{{{- define "metax-operator.driverUpdateStrategy" -}}}}\n{_json(contract.DRIVER_UPDATE_STRATEGY)}\n{{{{- end }}}}\n',
         *(_configmap_data(name) for name in contract.CONFIGMAPS),
         "{{/* Label, annotation and object names. */}}",
     ]

@@ -20,9 +20,8 @@ creates or deletes objects):
 - payload images: the driver's `payload` init container
   (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
   init containers (`<payload.registry or registry>/<IMAGE>`);
-- the driver's `updateStrategy` (`daemonset.driver_strategy`): `OnDelete` while `enableRollout` is on or a
-  staged rollout is still in flight (so a `kubectl edit` of `enableRollout`, as the seed
-  documents, takes effect), else the chart's `RollingUpdate` of every pod at once.
+- the driver's `updateStrategy`: always `OnDelete` (`contract.DRIVER_UPDATE_STRATEGY`), put back
+  if anything else wrote another one (an older chart's release restored by `helm rollback`).
 
 Beside the DaemonSets: the `driver-config` and `metax-vfio-config` ConfigMaps get `spec.driver.config`
 and `spec.vfioManager.vfioConfig` when those change in the CR (`reconcile_configmaps`; an admin's
@@ -174,7 +173,7 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
     problems = []
     for key, ds in sorted(observed.daemonsets.items()):
         try:
-            desired, changed = desired_daemonset(key, ds, observed.spec, _upgrading(observed.cr))
+            desired, changed = desired_daemonset(key, ds, observed.spec)
         except UserError as err:  # the chart's annotations on the DaemonSet are broken
             problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
             continue
@@ -325,10 +324,6 @@ def decide(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
     for reconcile in reconcilers:
         out.extend(reconcile(observed))
     return out
-
-
-def _upgrading(cr: dict | None) -> bool:
-    return bool(lookup(cr, "status", "upgradeStatus", "upgrading"))
 
 
 def needs_write(desired: dict, live: dict) -> bool:
