@@ -98,9 +98,11 @@ BOOTSTRAP_CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
 #: On each admin-editable ConfigMap: the CR value (JSON, by key) the runner last wrote there.
 CR_APPLIED_ANNOTATION = "gpu.metax-tech.com/cr-applied"
 
+#: The prefix of the product's node labels (and of its extended resources, below).
+NODE_LABEL_PREFIX = "metax-tech.com/"
 #: gpu-label's labels on GPU nodes (`gpu.installed` marks them; the others describe the GPUs and
 #: are what jobs select on, e.g. `nodeSelector: {metax-tech.com/gpu.product: C500}`).
-GPU_NODE_LABEL = "metax-tech.com/gpu.installed"
+GPU_NODE_LABEL = f"{NODE_LABEL_PREFIX}gpu.installed"
 GPU_PRODUCT_LABEL = "metax-tech.com/gpu.product"
 GPU_VFNUM_LABEL = "metax-tech.com/gpu.vfnum"
 #: The admin's labels that switch gpu-device per node (never removed by the operator).

@@ -10,10 +10,12 @@ import pytest
 
 from metax_operator.commands import rollout_admin as admin
 from metax_operator.rollout import engine
-from metax_operator.rollout.status import NodeList
+from metax_operator.rollout.status import NodeList, UpgradeStatus
+from metax_operator.runtime import cordon
 from metax_operator.runtime.rollout_observe import build, need_reboot, node_event, project_driver_pod, project_revision
 from metax_operator.workloads import gpu_pod
 from tests.commands.test_rollout_admin import cr
+from tests.rollout.test_engine import T0, policy
 
 DS_UID = "ds-uid"
 
@@ -204,3 +206,88 @@ def test_a_node_needs_a_reboot_until_a_newer_rebooted_event():
     status = engine.decide(snap.observed, admin.policy_mod.validate({}), None, 0.0).status
     assert status.resume.need_reboot == NodeList(["n1", "n3"], 2)
     assert "Need a reboot (NodeNeedReboot: firmware upgraded): 2: n1, n3" in admin.render(cr(status.to_json()))
+
+
+# -- a wave node that leaves mid-wave (deleted, or relabelled out of the DaemonSet) ---------------
+
+GPU_SELECTOR = {"metax-tech.com/gpu.installed": "true"}
+NEW = {"spec": {"nodeSelector": GPU_SELECTOR, "containers": [{"name": "driver-manager", "image": "driver:2"}]}}
+
+
+def node_cache(names, labels=GPU_SELECTOR) -> dict:
+    return {n: cordon.node_state({"metadata": {"name": n, "resourceVersion": "1", "labels": labels}}) for n in names}
+
+
+class Fleet:
+    """Driver pods as the API holds them (every replacement comes up at once, Ready) and the
+    runner's passes as it runs them: the snapshot by `build` from the pods, the node cache and the
+    stored status, then `engine.decide`."""
+
+    def __init__(self, n: int):
+        self.ds = daemonset(template=NEW)
+        self.revs = [project_revision(revision("old", 1)), project_revision(revision("new", 2, template=NEW))]
+        self.pods = {f"n{i:02d}": pod(f"p-n{i:02d}", f"n{i:02d}", "old") for i in range(n)}
+        self.nodes = node_cache(self.pods)
+        self.status: dict | None = None
+        self.serial = 0
+
+    def decide(self, pol, now: float) -> engine.Decision:
+        snap = build(
+            self.ds,
+            self.revs,
+            [project_driver_pod(p) for p in self.pods.values()],
+            [],
+            applied_cr(),
+            self.status,
+            nodes=self.nodes,
+        )
+        decision = engine.decide(snap.observed, pol, UpgradeStatus.from_json(self.status) if self.status else None, now)
+        self.status = decision.status.to_json()
+        for ref in decision.delete:
+            self.serial += 1
+            self.pods[ref.node] = pod(f"p-{ref.node}-{self.serial}", ref.node, "new", ready=False)
+        return decision
+
+    def ready_all(self) -> None:
+        for p in self.pods.values():
+            p["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+
+
+@pytest.mark.parametrize("leaves", ["deleted", "relabelled"])
+@pytest.mark.parametrize("fallback", ["pause", "rollback"])
+def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback):
+    # 4 nodes, waves of 2; n03 leaves while its driver pod is being replaced (pod GC removes the
+    # pod of a deleted Node; the DaemonSet never recreates it on a node it no longer selects).
+    pol = policy(
+        maxParallel=2,
+        fallback=fallback,
+        upgradeSteps=[{"replicas": 2, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
+    )
+    fleet, now = Fleet(4), T0
+    while "n03" not in [ref.node for ref in fleet.decide(pol, now).delete]:
+        fleet.ready_all()
+        now += 5
+    del fleet.pods["n03"]
+    if leaves == "deleted":
+        del fleet.nodes["n03"]
+    else:
+        fleet.nodes.update(node_cache(["n03"], labels={}))
+    for _ in range(20):
+        now += 301  # past the readiness timeout
+        fleet.ready_all()
+        decision = fleet.decide(pol, now)
+        assert not decision.set_pause and decision.restore is None, decision.status.message
+        if decision.status.phase == engine.IDLING:
+            break
+    st = UpgradeStatus.from_json(fleet.status)
+    assert st.phase == engine.IDLING and st.step.current_step_state == engine.COMPLETED, st.message
+    assert st.step.total_upgrade_replicas == 3 and not st.resume.failed.names
+
+
+def test_a_wave_node_still_selected_but_without_its_pod_yet_stays_in_the_wave():
+    status = {"resume": {"wave": ["n01"]}}
+    pods = [project_driver_pod(pod("p0", "n00", "new"))]
+    nodes = node_cache(["n00", "n01"])
+    ds = daemonset(template=NEW)
+    assert build(ds, [], pods, [], applied_cr(), status, nodes=nodes).observed.nodes == {"n00", "n01"}
+    assert build(ds, [], pods, [], applied_cr(), status, nodes=node_cache(["n00"])).observed.nodes == {"n00"}

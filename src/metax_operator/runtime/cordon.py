@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
+from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, SKIP_LABEL
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 
@@ -40,14 +40,21 @@ SKIP_SELECTOR = f"{SKIP_LABEL}=true"
 
 
 class NodeState(NamedTuple):
-    """What the node cache keeps of a node: all a cordon needs."""
+    """What the node cache keeps of a node: all a cordon needs, and the product's own labels
+    (`metax-tech.com/...`: whether the driver DaemonSet's nodeSelector still selects it)."""
 
     unschedulable: bool
     resource_version: str
+    labels: frozenset[tuple[str, str]] = frozenset()
 
 
 def node_state(obj: dict) -> NodeState:
-    return NodeState(bool((obj.get("spec") or {}).get("unschedulable")), obj["metadata"]["resourceVersion"])
+    labels = (obj["metadata"].get("labels") or {}).items()
+    return NodeState(
+        bool((obj.get("spec") or {}).get("unschedulable")),
+        obj["metadata"]["resourceVersion"],
+        frozenset((k, v) for k, v in labels if k.startswith(NODE_LABEL_PREFIX)),
+    )
 
 
 #: What `cordon` found or did.

@@ -36,7 +36,12 @@ agree, since they come from separate reads:
   CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
   template came from.
 The engine's eligible nodes are the nodes of the DaemonSet's pods, less the skipped ones, plus
-the nodes of the wave in flight (whose pod may be between deletion and re-creation).
+the nodes of the wave in flight (whose pod may be between deletion and re-creation) while the
+node cache still has them and the DaemonSet's nodeSelector still selects them (`targeted`): a
+node deleted or relabelled out of the DaemonSet mid-wave never gets its pod back, and must drop
+out of the wave and of N instead of failing the step. The check reads the product's labels
+(`metax-tech.com/...`), which are all the chart's nodeSelector uses; a nodeSelector an admin adds
+with other keys is not checked, and such a node counts as coming until its readiness timeout.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import json
 from dataclasses import dataclass
 
 from metax_operator import workloads
-from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, REVISION_LABEL
+from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, NODE_LABEL_PREFIX, REVISION_LABEL
 from metax_operator.rollout import engine
 from metax_operator.rollout.restore import revision_template
 from metax_operator.runtime import cordon
@@ -200,6 +205,7 @@ class Watches:
             cordoned=self.cordoned.snapshot().values(),
             waited=(node for node in waited if node),
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
+            nodes=self.nodes,
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
@@ -208,9 +214,20 @@ class Watches:
 
 
 def build(
-    ds: dict, revisions, driver_pods, gpu_nodes, cr: dict, status: dict | None, skipped=(), cordoned=(), waited=(), need_reboot=()
+    ds: dict,
+    revisions,
+    driver_pods,
+    gpu_nodes,
+    cr: dict,
+    status: dict | None,
+    skipped=(),
+    cordoned=(),
+    waited=(),
+    need_reboot=(),
+    nodes=None,
 ) -> Snapshot:
-    """The pure part of `observe` (also what the unit tests call)."""
+    """The pure part of `observe` (also what the unit tests call). `nodes` is the node cache
+    (`.get(name)` -> `cordon.NodeState` or None); without it every wave node is kept."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
@@ -223,6 +240,8 @@ def build(
     )
     pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
+    if nodes is not None:
+        wave = [n for n in wave if targeted(ds, nodes.get(n))]
     skipped = frozenset(skipped)
     observed = engine.Cluster(
         current_revision=newest.hash if newest else "",
@@ -241,6 +260,15 @@ def build(
         cr_spec=cr.get("spec") or {},
     )
     return Snapshot(observed, ds, own)
+
+
+def targeted(ds: dict, node: cordon.NodeState | None) -> bool:
+    """Whether the node exists and the DaemonSet's nodeSelector (its product labels) selects it."""
+    if node is None:
+        return False
+    labels = dict(node.labels)
+    selector = (ds["spec"]["template"].get("spec") or {}).get("nodeSelector") or {}
+    return all(labels.get(k) == v for k, v in selector.items() if k.startswith(NODE_LABEL_PREFIX))
 
 
 def canonical(obj) -> str:
