@@ -145,14 +145,15 @@ def service_account_kubeconfig(cp, tmp: Path, account: str, namespace: str) -> P
     return path
 
 
-def log_entries(path: Path, action: str) -> list[dict]:
-    """The JSON log lines of a `metax-operator` process (its stderr in `path`) with this `action`."""
+def log_entries(path: Path, *actions: str) -> list[dict]:
+    """The JSON log lines of a `metax-operator` process (its stderr in `path`) with one of these
+    `actions`, in order."""
     found = []
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("action") == action:
+        if entry.get("action") in actions:
             found.append(entry)
     return found

@@ -1,0 +1,82 @@
+"""Administrators' everyday actions in the middle of a staged rollout, on the user's path (the
+chart from the local OCI registry, every hook and the runner as containers of the tools image on
+the real node, the driver pods on kwok GPU nodes), each watched by `DriverDownWatch`: never more
+GPU nodes without a working driver at once than the policy's `maxParallel`, and no node left
+cordoned once the fleet is quiet.
+
+The rollout: one node, then the runner's pause (an empty `pauseDuration`), then the rest, one at a
+time (`maxParallel: 1`).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.disruption import DriverDownWatch
+from tests.e2e.userpath import GPU_NODES, NS, driver_pods, get_cr, ok, release_name, seed_install, upgrade_status
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+
+MAX_PARALLEL = 1
+POLICY = {
+    "enableRollout": True,
+    "pause": False,
+    "maxParallel": MAX_PARALLEL,
+    "maxUnavailable": 0,
+    "fallback": "pause",
+    "upgradeSteps": [{"replicas": 1}, {"replicas": "100%", "pauseDuration": 0}],
+}
+OLD, NEW = "2.32.0.6", "2.33.0.1"
+
+
+def revisions(api) -> list[str]:
+    return sorted(p.metadata.labels["controller-revision-hash"] for p in driver_pods(api))
+
+
+def paused_after_the_first_step(api) -> bool:
+    status = upgrade_status(api)
+    policy = (get_cr(api) or {})["spec"]["driver"]["upgradePolicy"]
+    step = status.get("status") or {}
+    return bool(
+        status.get("upgrading")
+        and policy.get("pause")
+        and step.get("currentStepIndex") == 0
+        and step.get("currentStepState") == "StepPaused"
+    )
+
+
+def cordoned(api) -> list[str]:
+    return [n.metadata.name for n in client.CoreV1Api(api).list_node().items if n.spec.unschedulable]
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_enable_rollout_false_through_the_values_mid_rollout_rolls_back_in_waves(
+    tools_cluster, tools_api, clean_slate, tmp_path, which
+):
+    """The seed's forced rollback (`enableRollout: false`), made the way a values file in Git
+    makes it: `helm upgrade --reuse-values --set driver.upgradePolicy.enableRollout=false`."""
+    cluster, api = tools_cluster, tools_api
+    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
+    release = release_name(ok(seed_install(cluster, which, values)))
+    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
+    before = revisions(api)
+    assert len(set(before)) == 1
+
+    watch = DriverDownWatch(api, NS)
+    upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--timeout", "5m")
+    ok(cluster.helm(which, *upgrade, "--set", f"driver.payload.version={NEW}"))
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    assert len(set(revisions(api))) == 2, "one node at the new revision, the others at the old"
+
+    ok(cluster.helm(which, *upgrade, "--set", "driver.upgradePolicy.enableRollout=false"))
+    eventually(
+        lambda: upgrade_status(api).get("phase") == "Disabled" and revisions(api) == before and not watch.down(),
+        180,
+        "every driver pod back at the old revision and Ready",
+    )
+    watch.stop()
+    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
+    assert client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy.type == "OnDelete"
+    eventually(lambda: not cordoned(api), 60, "no node left cordoned")
