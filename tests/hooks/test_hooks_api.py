@@ -453,6 +453,36 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
     assert code == 0 and out.strip() == "cleanup: nothing to clean up"
 
 
+def test_cleanup_uncordons_the_nodes_the_runner_cordoned_and_no_other(client, hooks, no_cr, namespace, gpu_nodes):
+    # `helm uninstall` during a rollout: the runner had cordoned a wave node; an admin had
+    # cordoned another node for their own reasons; gpu-label had described the GPUs.
+    runner_cordoned, admin_cordoned = gpu_nodes[0], gpu_nodes[1]
+    gpu = {"metax-tech.com/gpu.product": "C500", "metax-tech.com/gpu.vfnum": "4"}
+    labels = {runner_cordoned: {contract.CORDONED_LABEL: "true", **gpu}, admin_cordoned: {"team.example.com/hold": "true"}}
+    try:
+        for name, extra in labels.items():
+            client.patch("v1", "Node", name, {"metadata": {"labels": extra}, "spec": {"unschedulable": True}})
+        code, out, err = hooks("cleanup", "--namespace", namespace, "--runner", "metax-operator-runner")
+        assert code == 0, err
+        assert f"uncordoned node {runner_cordoned}" in out
+        first, second = client.get("v1", "Node", runner_cordoned), client.get("v1", "Node", admin_cordoned)
+        assert not first["spec"].get("unschedulable")
+        assert not {contract.CORDONED_LABEL, *gpu} & set(first["metadata"]["labels"])
+        assert second["spec"]["unschedulable"] is True  # the admin's cordon stays
+        assert second["metadata"]["labels"]["team.example.com/hold"] == "true"
+    finally:
+        for name in labels:
+            client.patch(
+                "v1",
+                "Node",
+                name,
+                {
+                    "metadata": {"labels": dict.fromkeys([contract.CORDONED_LABEL, "team.example.com/hold", *gpu])},
+                    "spec": {"unschedulable": None},
+                },
+            )
+
+
 def test_cleanup_stops_the_runner_then_deletes_its_lease_and_the_kept_test_pod(client, hooks, namespace, gpu_nodes):
     labels = {"app": "runner"}
     pod_spec = {"containers": [{"name": "main", "image": "registry.invalid/metax/probe:1"}]}

@@ -6,8 +6,11 @@ Helm deletes what it rendered; this removes the rest:
    pods, so none of them re-adds a node key after step 3 (Helm would delete them next anyway);
 3. once those pods are gone, on every node, exactly the keys our components set (NODE_LABELS,
    NODE_ANNOTATIONS) — never another key, not even one under `metax-tech.com/`:
-   `gpu-device.mode` and `gpu-device.qos-policy` (seed §3.2.10) are the admin's. The nodes are
-   patched NODE_WORKERS at a time, one request each, from the list;
+   `gpu-device.mode`, `gpu-device.qos-policy` (seed §3.2.10) and `driver-upgrade.skip` are the
+   admin's. Once the runner is stopped too (step 5), every node it cordoned for a driver swap
+   (its label `driver-upgrade.cordoned`) is uncordoned and loses the label, as the runner does
+   (`cordon.uncordon`): a node an admin cordoned has no such label and stays cordoned. The nodes
+   are patched NODE_WORKERS at a time, one request each, from the list;
 4. once the CR is gone, the CRD, only when `crds.keep` is false (`--delete-crd`): other
    releases or kept data may need it;
 5. the runner's Deployment or CronJob (`--runner`), at the same time as 1 and 2, waiting for its
@@ -37,12 +40,19 @@ import time
 
 from metax_operator import contract
 from metax_operator.cli import bounded
-from metax_operator.contract import DAEMONSETS, GPU_NODE_LABEL, VFIO_ANNOTATION
+from metax_operator.contract import (
+    CORDONED_LABEL,
+    DAEMONSETS,
+    GPU_NODE_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_VFNUM_LABEL,
+    VFIO_ANNOTATION,
+)
 from metax_operator.hooks import common
-from metax_operator.runtime import kube
+from metax_operator.runtime import cordon, kube
 
-#: Node labels our components set: gpu-label marks GPU nodes.
-NODE_LABELS = (GPU_NODE_LABEL,)
+#: Node labels our components set: gpu-label marks GPU nodes and describes their GPUs.
+NODE_LABELS = (GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_VFNUM_LABEL)
 #: Node annotations our components set: vfio-manager's binding result (seed §3.2.6.1).
 NODE_ANNOTATIONS = (VFIO_ANNOTATION,)
 #: DaemonSets whose pods write the keys above.
@@ -143,14 +153,18 @@ def cleanup(
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
         happened = dict(zip(waits, pool.map(lambda wait: wait(), waits.values()), strict=True))
     done = [line for line, deleted in happened.items() if deleted]
-    nodes = [node for node in client.list("v1", "Node") if node_patch(node) is not None]
+    listed = client.list("v1", "Node")
+    nodes = [node for node in listed if node_patch(node) is not None]
+    cordoned = [n["metadata"]["name"] for n in listed if (n["metadata"].get("labels") or {}).get(CORDONED_LABEL) == "true"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=NODE_WORKERS) as pool:
         cleaned = list(pool.map(functools.partial(clean_node, client), nodes))
+        uncordoned = list(pool.map(functools.partial(cordon.uncordon, client), cordoned))
     done += [
         f"removed our labels/annotations from node {node['metadata']['name']}"
         for node, had in zip(nodes, cleaned, strict=True)
         if had
     ]
+    done += [f"uncordoned node {name} (the runner cordoned it)" for name, did in zip(cordoned, uncordoned, strict=True) if did]
     if (
         delete_crd
         and crd is not None
