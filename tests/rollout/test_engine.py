@@ -204,11 +204,30 @@ def test_failed_pod_is_retried_then_fallback_pause():
     failed = next(c for c in fallback.status.conditions if c.type == "Failed")
     assert (failed.status, failed.reason) == ("True", "StepFailed")
     assert any(e.type == "Warning" and e.reason == "StepFailed" for e in fallback.events)
-    # the admin fixes the node and resumes: a fresh retry
+    # the admin fixes the node and resumes: the failed pod is recreated, the retries start again from 0
     cluster.decide(dataclasses.replace(pol, pause=True), T0 + 15)
     resumed = cluster.decide(pol, T0 + 20)
     assert nodes_of(cluster, resumed) == ["n00"]
-    assert resumed.status.step.current_failure_retry == 1
+    assert resumed.status.step.current_failure_retry == 0
+    cluster.set("n00", phase="Failed")
+    assert nodes_of(cluster, again := cluster.decide(pol, T0 + 25)) == ["n00"]  # then the step's retry
+    assert again.status.step.current_failure_retry == 1
+
+
+def test_resuming_after_the_fallback_pause_recreates_the_failed_pods_with_no_retries_allowed():
+    # maxFailureThreshold 0 (the default): the fallback comes at the first failure, and the
+    # admin's `pause: false` must still recreate the failed pod rather than fail again at once.
+    cluster = Cluster(4)
+    pol = policy(upgradeSteps=[{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.set("n00", phase="Failed")
+    assert cluster.decide(pol, T0 + 5).set_pause is True
+    cluster.decide(dataclasses.replace(pol, pause=True), T0 + 10)  # the runner's pause lands
+    resumed = cluster.decide(pol, T0 + 20)
+    assert nodes_of(cluster, resumed) == ["n00"], [e.reason for e in resumed.events]
+    assert [e.reason for e in resumed.events] == ["Resumed"]
+    cluster.ready_all()
+    assert drive(cluster, pol, T0 + 25) and cluster.status.step.current_step_state == R.COMPLETED
 
 
 def test_toleration_lets_a_step_finish_with_failures():

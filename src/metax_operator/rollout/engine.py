@@ -827,6 +827,7 @@ class _Pass(_IdleAndRollback):
             return self._begin_rollback(TERMINATING, Reason.FALLBACK_ROLLBACK, message)
         self._condition(ConditionType.PROGRESSING, "True", Reason.FAILED, message)
         self._runner_pause(PauseReason.FAILURE)
+        self.resume.retry_queue = sorted(view.failed)  # recreated once the admin resumes
         self._step_state(STEP_PAUSED, message + ": fix the failed nodes, then set pause: false")
         return self._progress
 
