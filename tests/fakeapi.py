@@ -102,6 +102,11 @@ class FakeApi:
         with self._lock:
             self._faults.append([method, path, watch, status, times, message])
 
+    def clear_faults(self) -> None:
+        """Answer every request normally again."""
+        with self._lock:
+            self._faults.clear()
+
     def push(self, collection: str, kind: str, obj: dict) -> None:
         """Send a watch event (BOOKMARK, ERROR...) to the open watches of `collection`."""
         with self._lock:

@@ -25,6 +25,7 @@ from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import Plan, RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, pod, revision
+from tests.waiting import eventually
 
 NS = "metax"
 CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
@@ -247,3 +248,25 @@ def test_drain_cordons_then_evicts_only_on_cordoned_nodes(api, executor):
         ("POST", "/api/v1/namespaces/jobs/pods/train/eviction"),
     ]
     assert api.sent("POST")[0].body["metadata"] == {"name": "train", "namespace": "jobs"}
+
+
+def test_a_failing_watch_cache_stops_the_rollout_until_it_lists_again(api, executor):
+    # The cluster-wide GPU-pod watch breaks (an overloaded API server) and a GPU job then lands on
+    # n0: the cache cannot see it, so the rollout must take no node until the cache lists again.
+    assert executor.decide(read_cr(api)) is not None  # starts the caches, all listed
+    api.fail("GET", "/api/v1/pods", 500, times=10_000)
+    api.fail("GET", "/api/v1/pods", 500, times=10_000, watch=True)
+    api.close_watches()
+    eventually(lambda: executor.watches.gpu_pods.state == "failing", 10, "the GPU-pod cache failing")
+    job = {
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"nodeName": "n0", "containers": [{"name": "c", "resources": {"requests": {"metax-tech.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"},
+    }
+    api.put("/api/v1/namespaces/ml/pods/train", job)
+    assert run_pass(api, executor) == 0
+    assert writes(api) == [] and f"{PODS}/driver-n0" in api.objects
+    api.clear_faults()
+    eventually(lambda: executor.watches.gpu_pods.state == "synced", 60, "the GPU-pod cache listed again")
+    run_pass(api, executor)
+    assert [r.path for r in api.sent("DELETE")] == [f"{PODS}/driver-n1"]  # n0 runs the job: held back

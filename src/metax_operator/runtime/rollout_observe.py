@@ -177,6 +177,10 @@ class Watches:
     def synced(self) -> bool:
         return all(i.synced for i in self.all)
 
+    def failing(self) -> list[str]:
+        """The caches whose last LIST or WATCH failed: their contents may be stale."""
+        return [i.name for i in self.all if i.state == "failing"]
+
     def wait_synced(self, timeout: float) -> bool:
         return all(i.wait_synced(timeout) for i in self.all)
 

@@ -101,6 +101,15 @@ class RolloutPass:
         if not self.watches.wait_synced(SYNC_TIMEOUT):
             event(log, "rollout-wait-cache", logging.WARNING, msg="the watch caches have not listed yet")
             return None
+        failing = self.watches.failing()
+        if failing:  # a GPU job started since the watch broke would not be seen: no node is taken
+            event(
+                log,
+                "rollout-wait-cache",
+                logging.WARNING,
+                msg=f"the watch caches {', '.join(failing)} are failing: the rollout waits until they list again",
+            )
+            return None
         raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
         try:
             policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
@@ -109,12 +118,12 @@ class RolloutPass:
             return None
         stored = (cr.get("status") or {}).get("upgradeStatus") or None
         waited = self.watches.wait_for(policy.wait_selector)
-        if waited is not None and not waited.wait_synced(SYNC_TIMEOUT):
+        if waited is not None and (not waited.wait_synced(SYNC_TIMEOUT) or waited.state != "synced"):
             event(
                 log,
                 "rollout-wait-cache",
                 logging.WARNING,
-                msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} has not listed yet",
+                msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} is {waited.state}",
             )
             return None
         ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
