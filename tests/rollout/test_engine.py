@@ -697,3 +697,58 @@ def test_handlers_name_the_next_one_and_a_chain_that_does_not_settle_is_an_error
     monkeypatch.setattr(R._Pass, "_idle", _idle)
     with pytest.raises(R.Unsettled, match=r"did not settle within 18 steps \(phase Idling.*_idle -> _idle"):
         R.decide(Cluster(2).observed(), policy(), None, T0)
+
+
+class Terminating(Cluster):
+    """As Cluster, but a deleted pod stays Terminating for `GRACE` seconds (`finish` ends those
+    past it); then the DaemonSet creates its successor, not Ready."""
+
+    GRACE = 3
+
+    def decide(self, pol, now: float) -> R.Decision:
+        decision = R.decide(self.observed(), pol, self.status, now)
+        self.status = decision.status
+        for ref in decision.delete:
+            pod = self.pods[ref.node]
+            if pod.uid == ref.uid and pod.deleting is None:
+                self.pods[ref.node] = dataclasses.replace(pod, deleting=now)
+        if decision.restore is not None:
+            self.revision = decision.restore.revision
+        return decision
+
+    def finish(self, now: float) -> None:
+        for node, pod in list(self.pods.items()):
+            if pod.deleting is not None and now - pod.deleting >= self.GRACE:
+                self.serial += 1
+                self.pods[node] = R.Pod(
+                    f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision, False, "Running", 0, now
+                )
+
+    def down(self) -> int:
+        return sum(1 for p in self.pods.values() if p.deleting is not None or not p.ready)
+
+
+@pytest.mark.parametrize("change", ["enableRollout false", "a new revision"])
+def test_aborting_or_retargeting_mid_wave_never_takes_more_than_max_parallel_nodes(change):
+    # 20 nodes in waves of 4; the second wave's pods are still Terminating when the admin aborts
+    # (rollback in waves) or a newer version arrives (the rollout restarts at step 0).
+    cluster, now = Terminating(20), T0
+    pol = policy(maxParallel=4, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, now)
+    cluster.finish(now + Terminating.GRACE)
+    cluster.ready_all()
+    now += 5
+    assert len(cluster.decide(pol, now).delete) == 4 and cluster.down() == 4  # wave 2, Terminating
+    if change == "enableRollout false":
+        pol = dataclasses.replace(pol, enable_rollout=False)
+    else:
+        cluster.revision = "newer"
+    for _ in range(60):
+        now += 1
+        cluster.decide(pol, now)
+        assert cluster.down() <= 4, f"{cluster.down()} nodes down at once: {cluster.status.message}"
+        cluster.finish(now)
+        cluster.ready_all()
+        if cluster.status.phase in (R.IDLING, R.DISABLED) and not cluster.status.upgrading:
+            break
+    assert set(cluster.revisions()) == {"old" if change == "enableRollout false" else "newer"}, cluster.revisions()

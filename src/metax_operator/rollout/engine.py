@@ -355,6 +355,26 @@ class _Waves(_PassState):
     (`onTimeout`). GPU work that is neither allowed nor drained holds its node out of every wave.
     """
 
+    def _room(self, cap: int) -> int:
+        """How many nodes a new wave may take: `cap` less the nodes whose driver is being swapped
+        now, whatever wave started it (a pod being deleted with no Ready successor, or a young
+        pod not Ready yet: created within the readiness timeout and not failed; a node past the
+        timeout is failed and, as in a wave, holds no slot). A rollback, a new revision or a
+        retry that starts while an earlier wave is still coming back (its record replaced) so
+        never adds to it beyond the cap."""
+        pods, timeout = self.node_pods, self._timeout()
+        swapping = {
+            n for n, since in pods.deleting.items() if self.now - since < timeout and not (n in pods.live and pods.live[n].ready)
+        }
+        for node, pod in pods.live.items():
+            young = self.now - pod.created < timeout
+            if not pod.ready and young and pod.phase != "Failed" and pod.restart_count < RESTART_LIMIT:
+                swapping.add(node)
+        return cap - len(swapping)
+
+    def _wait_for_room(self, what: str) -> Handler:
+        return self._finish(f"{what}: waiting for the driver pods being swapped to be Ready before the next wave")
+
     def _start_wave(self, kind: WaveKind, nodes: list[str], pods: list[Pod]) -> None:
         """Start a wave: delete the pods of its free nodes now; the others are cordoned and
         deleted by `_wave_busy` once their work has ended (`_prepare`)."""
@@ -638,7 +658,10 @@ class _IdleAndRollback(_Waves):
             return self._finish("rollback: every remaining node is held back")
         index = min(self.step.current_step_index, len(self.policy.steps) - 1)
         cap = self.policy.caps(view.total)[index] if self.policy.steps else view.total
-        wave = pods[:cap]
+        room = self._room(cap)
+        if room <= 0:
+            return self._wait_for_room("rollback")
+        wave = pods[:room]
         self._start_wave(WaveKind.ROLLBACK, [p.node for p in wave], wave)
         return self._finish(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
 
@@ -763,7 +786,10 @@ class _Pass(_IdleAndRollback):
         if queue:
             if self.admin_pause:
                 return self._finish(ADMIN_PAUSED)
-            wave = queue[:cap]
+            room = self._room(cap)
+            if room <= 0:
+                return self._wait_for_room(f"step {index}")
+            wave = queue[:room]
             self.resume.retry_queue = queue[cap:]
             self._start_wave(WaveKind.RETRY, wave, [view.live[n] for n in wave if n in view.live])
             retry = self.step.current_failure_retry
@@ -786,7 +812,10 @@ class _Pass(_IdleAndRollback):
         pods = self._takeable(view.others)
         if not pods:
             return self._finish(f"step {index}: every remaining node is held back")
-        wave = pods[: min(cap, remaining)]
+        room = self._room(cap)
+        if room <= 0:
+            return self._wait_for_room(f"step {index}")
+        wave = pods[: min(room, remaining)]
         self._start_wave(WaveKind.UPGRADE, [p.node for p in wave], wave)
         return self._finish(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
 
