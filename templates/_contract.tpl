@@ -60,6 +60,10 @@ config: |
 
 {{- define "metax-operator.schedulingInputsAnnotation" -}}gpu.metax-tech.com/scheduling-inputs{{- end }}
 
+{{- define "metax-operator.releaseRevisionAnnotation" -}}gpu.metax-tech.com/release-revision{{- end }}
+
+{{- define "metax-operator.driverPayloadContainer" -}}payload{{- end }}
+
 {{- define "metax-operator.hookLabel" -}}gpu.metax-tech.com/hook{{- end }}
 
 {{- define "metax-operator.partOf" -}}metax-operator{{- end }}

@@ -76,6 +76,24 @@ Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
 
+{{/* The driver payload's image. Once the release is installed, the live DaemonSet's: the runner
+sets it from the CR (`spec.driver.payload`, where `helm upgrade --set driver.payload.version=...`
+also arrives, by the bootstrap hook), and Helm writing the values' copy would, wherever the two
+differ (after the seed's `kubectl patch` of the version, after a rollback), put a driver the CR
+does not name on the template (Helm 3) or fail the upgrade on a field conflict (Helm 4). Without
+a cluster (`helm template`, Argo CD) or before the install, the values'. Takes $. */}}
+{{- define "metax-operator.driverPayloadImage" -}}
+{{- $live := "" -}}
+{{- $name := include "metax-operator.driverPayloadContainer" . -}}
+{{- with lookup "apps/v1" "DaemonSet" .Release.Namespace (include "metax-operator.daemonset" "driver") -}}
+  {{- range ((.spec).template).spec.initContainers -}}
+    {{- if eq .name $name }}{{ $live = .image }}{{ end -}}
+  {{- end -}}
+{{- end -}}
+{{- $payload := .Values.driver.payload -}}
+{{- $live | default (include "metax-operator.image" (dict "root" . "image" (dict "registry" $payload.registry "name" $payload.name "tag" $payload.version "digest" $payload.digest))) -}}
+{{- end }}
+
 {{/* The deprecated global `tolerations` as a JSON list. The value is a list, or a string from
 `--set-file tolerations=FILE` holding either a YAML list or the seed's `{tolerations: [...]}`. */}}
 {{- define "metax-operator.tolerationsList" -}}
@@ -114,13 +132,15 @@ run only on nodes gpu-label marked. The post-renderer and the runner merge `podT
 {{- end }}
 
 {{/* The annotations a component DaemonSet carries for the post-renderer and the runner
-(docs/chart.md): the values key, the base scheduling fields and the merge inputs. */}}
-{{- define "metax-operator.componentScheduling" -}}
+(docs/chart.md): the values key, the base scheduling fields, the merge inputs, and the release
+revision this manifest belongs to (the runner holds its writes until Helm has applied it). */}}
+{{- define "metax-operator.componentAnnotations" -}}
 {{- $component := (get .root.Values .key).podTemplateSpec -}}
 {{- $tolerations := include "metax-operator.tolerationsList" .root | fromJsonArray -}}
 {{ include "metax-operator.componentAnnotation" . }}: {{ .key }}
 {{ include "metax-operator.schedulingBaseAnnotation" . }}: {{ include "metax-operator.schedulingBase" . | quote }}
 {{ include "metax-operator.schedulingInputsAnnotation" . }}: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
+{{ include "metax-operator.releaseRevisionAnnotation" . }}: {{ .root.Release.Revision | quote }}
 {{- end }}
 
 {{/* Environment every component container gets: its node and namespace (downward API) and

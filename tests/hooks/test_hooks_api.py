@@ -301,6 +301,20 @@ def test_bootstrap_creates_the_cr_from_values_only(client, hooks, no_cr, tmp_pat
     assert again["metadata"]["managedFields"] == cr["metadata"]["managedFields"]
 
 
+def test_bootstrap_records_the_release_revision_it_ran_for(client, hooks, no_cr, tmp_path):
+    # The runner holds its writes while a DaemonSet carries an older revision (runtime.helm_hold).
+    args = ("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))
+    assert hooks(*args, "--release-revision", "4")[0] == 0
+    cr = client.get(*CR)
+    assert cr["metadata"]["annotations"][contract.RELEASE_REVISION_ANNOTATION] == "4"
+    assert hooks(*args, "--release-revision", "4")[0] == 0  # the same hook again: nothing changes
+    assert client.get(*CR)["metadata"]["resourceVersion"] == cr["metadata"]["resourceVersion"]
+    assert hooks(*args, "--release-revision", "5")[0] == 0
+    assert client.get(*CR)["metadata"]["annotations"][contract.RELEASE_REVISION_ANNOTATION] == "5"
+    code, _, err = hooks(*args, "--release-revision", "0")
+    assert code == 1 and "--release-revision" in err and "Traceback" not in err
+
+
 def test_bootstrap_updates_what_the_values_change(client, hooks, no_cr, tmp_path):
     assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
     changed = values_file(

@@ -20,6 +20,14 @@ Why leaving a field out does not delete the admin's value: server-side apply rem
 applier stops sending only if no other manager owns it, and an edit (an Update) that changes a
 field takes its ownership from the bootstrap manager.
 
+With `--release-revision N` (the chart passes `.Release.Revision`) the CR also records N in the
+annotation `gpu.metax-tech.com/release-revision`. Bootstrap runs pre-upgrade, before Helm applies
+the release: until Helm has, the DaemonSets carry the previous revision, and the runner, seeing
+them behind the CR, writes nothing (`runtime/helm_hold.py`). Otherwise the runner would act on
+this CR write at once (roll back for `enableRollout: false`, apply a new version) and Helm would
+then apply the values' DaemonSets over it: a field conflict under Helm 4's server-side apply, a
+template written twice under Helm 3.
+
 The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
 does not fit the new values (steps set at run time removed, say, while the values turn
 `enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
@@ -35,12 +43,14 @@ from dataclasses import dataclass, field
 
 from metax_operator import contract
 from metax_operator.chart import validation
+from metax_operator.cli import bounded
 from metax_operator.contract import (
     BOOTSTRAP_APPLIED_ANNOTATION,
     BOOTSTRAP_CONTROLS_ANNOTATION,
     BOOTSTRAP_FIELD_MANAGER,
     PART_OF,
     PART_OF_LABEL,
+    RELEASE_REVISION_ANNOTATION,
 )
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
@@ -143,9 +153,10 @@ class Merge:
     overridden: list[Change] = field(default_factory=list)
 
 
-def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict) -> Merge:
+def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict, revision: int | None = None) -> Merge:
     """The three-way merge of the values `spec`, the record of the last bootstrap and the `live`
-    CR (None: not there yet), field by field of the CRD's spec `schema`; pure."""
+    CR (None: not there yet), field by field of the CRD's spec `schema`; pure. `revision`: the
+    release revision to record (the runner's hold until Helm applies it)."""
     wanted = leaves(spec, schema)
     recorded = _recorded(live, schema) if live is not None else None
     current = leaves((live or {}).get("spec") or {}, schema)
@@ -167,7 +178,10 @@ def desired(spec: dict, live: dict | None, labels: dict[str, str], schema: dict)
         "metadata": {
             "name": contract.CR_NAME,
             "labels": labels,
-            "annotations": {BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))},
+            "annotations": {
+                BOOTSTRAP_APPLIED_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":")),
+                **({RELEASE_REVISION_ANNOTATION: str(revision)} if revision is not None else {}),
+            },
         },
         "spec": _tree(sent),
     }
@@ -201,7 +215,9 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
         time.sleep(1)
 
 
-def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 60) -> tuple[dict, Merge]:
+def bootstrap(
+    client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None
+) -> tuple[dict, Merge]:
     """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
     merge with the kept run-time edits would be invalid (nothing written then)."""
     schema = spec_schema(served_crd(client, timeout))
@@ -210,7 +226,7 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
 
     def attempt() -> tuple[dict, Merge]:
         live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
-        merge = desired(spec, live, labels, schema)
+        merge = desired(spec, live, labels, schema, revision)
         problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
         if problems:
             kept = ", ".join(change.field for change in merge.kept)
@@ -244,7 +260,9 @@ def bootstrap(client: kube.Client, values: dict, release: str, timeout: float = 
 
 
 def run(args: argparse.Namespace) -> int:
-    cr, merge = bootstrap(kube.Client.from_args(args), common.load_values(args.values), args.release)
+    cr, merge = bootstrap(
+        kube.Client.from_args(args), common.load_values(args.values), args.release, revision=args.release_revision
+    )
     for change in merge.kept:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:
@@ -259,5 +277,11 @@ def register(subparsers) -> None:
     )
     common.add_values_argument(parser)
     parser.add_argument("--release", required=True, help="the Helm release name (for labels)")
+    parser.add_argument(
+        "--release-revision",
+        type=bounded(int, 1, 2**31 - 1),
+        metavar="N",
+        help="the Helm release revision being applied: the runner writes nothing until Helm has applied it",
+    )
     common.add_api_arguments(parser, namespace=False)
     parser.set_defaults(func=run)

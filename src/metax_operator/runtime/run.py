@@ -32,7 +32,8 @@ from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
 from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
-from metax_operator.runtime import reconcile
+from metax_operator.rollout.status import rfc3339
+from metax_operator.runtime import helm_hold, reconcile
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client, add_arguments, failure_line
@@ -132,6 +133,17 @@ class Runner:
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
             jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME} yet: nothing to do")
+            return 0
+        held = helm_hold.hold(observed.cr, observed.daemonsets, self.clock)
+        if held is not None:
+            jsonlog.event(
+                log,
+                "helm-hold",
+                revision=held.revision,
+                daemonsets=held.behind,
+                msg=f"Helm has not applied release revision {held.revision} yet (DaemonSets {', '.join(held.behind)}): "
+                f"nothing is written until it has, or until {rfc3339(held.until)}",
+            )
             return 0
         if not self.watching:
             for informer in (self.watches.revisions, self.watches.driver_pods):
