@@ -22,6 +22,20 @@ def _working(pod: client.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
+def gpu_nodes(api) -> frozenset[str]:
+    return frozenset(n.metadata.name for n in client.CoreV1Api(api).list_node(label_selector=f"{GPU_LABEL}=true").items)
+
+
+def down(nodes: frozenset[str], pods) -> frozenset[str]:
+    """The `nodes` without a working driver among `pods`."""
+    return nodes - {p.spec.node_name for p in pods if _working(p)}
+
+
+def down_now(api, namespace: str) -> frozenset[str]:
+    """The GPU nodes without a working driver, from one LIST."""
+    return down(gpu_nodes(api), client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=DRIVER_PODS).items)
+
+
 @dataclass
 class DriverDownWatch:
     """Follows the driver pods of `namespace` from the moment it is made; `most_down` is the
@@ -40,7 +54,7 @@ class DriverDownWatch:
 
     def __post_init__(self):
         core = client.CoreV1Api(self.api)
-        self.nodes = frozenset(n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items)
+        self.nodes = gpu_nodes(self.api)
         start = core.list_namespaced_pod(self.namespace, label_selector=DRIVER_PODS)
         for pod in start.items:
             self._pods[pod.metadata.uid] = pod
@@ -52,8 +66,7 @@ class DriverDownWatch:
     def down(self) -> frozenset[str]:
         """The GPU nodes without a working driver pod now."""
         with self._lock:
-            up = {p.spec.node_name for p in self._pods.values() if _working(p)}
-        return self.nodes - up
+            return down(self.nodes, list(self._pods.values()))
 
     def _count(self) -> None:
         down = self.down()

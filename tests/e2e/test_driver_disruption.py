@@ -10,12 +10,15 @@ time (`maxParallel: 1`).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client
 
-from tests.e2e.disruption import DriverDownWatch
+from tests.e2e.disruption import DriverDownWatch, down_now
+from tests.e2e.tools import kubectl
 from tests.e2e.userpath import GPU_NODES, NS, driver_pods, get_cr, ok, release_name, seed_install, upgrade_status
-from tests.waiting import eventually
+from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
 
@@ -80,3 +83,59 @@ def test_enable_rollout_false_through_the_values_mid_rollout_rolls_back_in_waves
     assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
     assert client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy.type == "OnDelete"
     eventually(lambda: not cordoned(api), 60, "no node left cordoned")
+
+
+def driver_daemonset(api) -> client.V1DaemonSet:
+    return client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
+
+
+def payload_image(ds: client.V1DaemonSet) -> str:
+    return next(c.image for c in ds.spec.template.spec.init_containers if c.name == "payload")
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_a_routine_upgrade_after_the_seeds_kubectl_patch_of_the_version_changes_no_driver(
+    tools_cluster, tools_api, clean_slate, tmp_path, which
+):
+    """Seed 001 step 8 starts the rollout with `kubectl patch` of the CR's version; the values keep
+    the old one. A later `helm upgrade` for an unrelated reason must leave the driver alone: no
+    template change (Helm 3 wrote the values' version back), no field conflict (Helm 4)."""
+    cluster, api = tools_cluster, tools_api
+    policy = {**POLICY, "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
+    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": policy})
+    release = release_name(ok(seed_install(cluster, which, values)))
+    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
+    before = set(revisions(api))
+    kubectl(
+        cluster.cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": NEW}]),
+    )
+    eventually(
+        lambda: (
+            (s := upgrade_status(api)).get("phase") == "Idling"
+            and (s.get("status") or {}).get("currentStepState") == "Completed"
+            and not set(revisions(api)) & before
+            and not down_now(api, NS)
+        ),
+        180,
+        "the kubectl-started rollout Completed",
+    )
+    ds = driver_daemonset(api)
+    assert payload_image(ds).endswith(f":{NEW}")
+
+    watch = DriverDownWatch(api, NS)
+    ok(cluster.helm(which, "upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--set", "runner.interval=2"))
+    consistently(
+        lambda: driver_daemonset(api).metadata.generation == ds.metadata.generation,
+        for_seconds(15),
+        30,
+        "the driver's template unchanged after the upgrade",
+    )
+    watch.stop()
+    assert payload_image(driver_daemonset(api)) == payload_image(ds)
+    assert watch.most_down == 0, f"driver pods went down: {sorted(watch.worst)}"
