@@ -139,3 +139,34 @@ def test_a_routine_upgrade_after_the_seeds_kubectl_patch_of_the_version_changes_
     watch.stop()
     assert payload_image(driver_daemonset(api)) == payload_image(ds)
     assert watch.most_down == 0, f"driver pods went down: {sorted(watch.worst)}"
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_helm_rollback_mid_rollout_rolls_the_driver_back_in_waves(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    """`helm rollback RELEASE 1` while the upgrade's rollout waits after its first step: Helm
+    applies release 1's DaemonSets before the post-rollback bootstrap writes its values into the
+    CR; the runner holds until then, and rolls the driver back in waves."""
+    cluster, api = tools_cluster, tools_api
+    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
+    release = release_name(ok(seed_install(cluster, which, values)))
+    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
+    before = revisions(api)
+
+    watch = DriverDownWatch(api, NS)
+    ok(
+        cluster.helm(
+            which, "upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--set", f"driver.payload.version={NEW}"
+        )
+    )
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    ok(cluster.helm(which, "rollback", release, "1", "-n", NS))
+    eventually(
+        lambda: not upgrade_status(api).get("upgrading") and revisions(api) == before and not watch.down(),
+        180,
+        "every driver pod back at release 1's revision and Ready",
+    )
+    watch.stop()
+    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] == OLD
+    assert payload_image(driver_daemonset(api)).endswith(f":{OLD}")
+    eventually(lambda: not cordoned(api), 60, "no node left cordoned")

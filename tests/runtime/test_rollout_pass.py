@@ -270,3 +270,21 @@ def test_a_failing_watch_cache_stops_the_rollout_until_it_lists_again(api, execu
     eventually(lambda: executor.watches.gpu_pods.state == "synced", 60, "the GPU-pod cache listed again")
     run_pass(api, executor)
     assert [r.path for r in api.sent("DELETE")] == [f"{PODS}/driver-n1"]  # n0 runs the job: held back
+
+
+def test_one_nodes_refusal_does_not_stop_the_batch_nor_the_uncordons(api, executor):
+    # n1's node is guarded by a policy webhook that refuses the runner (403); n2 was cordoned by
+    # the runner earlier and its new driver is Ready: due for its uncordon in the same pass.
+    api.put("/api/v1/nodes/n2", {"metadata": {"name": "n2", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
+    driver = api.get(f"{PODS}/driver-n2")
+    driver["metadata"]["labels"]["controller-revision-hash"] = "new"
+    api.put(f"{PODS}/driver-n2", driver)
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": 2}))
+    api.fail("PATCH", "/api/v1/nodes/n1", 403, times=10_000)
+    with pytest.raises(ApiException) as refused:
+        run_pass(api, executor)
+    assert refused.value.status == 403
+    assert [r.path for r in api.sent("DELETE")] == [f"{PODS}/driver-n0"]  # the other node of the wave
+    n2 = api.get("/api/v1/nodes/n2")
+    assert not n2["spec"]["unschedulable"] and CORDONED_LABEL not in (n2["metadata"].get("labels") or {})
+    assert f"{PODS}/driver-n1" in api.objects

@@ -24,6 +24,11 @@ the rollout acts (`RolloutPass.act`):
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
 - emit the engine's Events on the CR.
 
+One node's refusal does not stop the others: a cordon, eviction, deletion or uncordon the API
+server refuses (a policy webhook guarding that node, a PodDisruptionBudget's 500) is logged
+naming the node, the batch goes on, the pass does the rest of its actions, and then fails with the
+first refusal (RunnerHealthy=False names it; the node's pod is taken again by the next pass).
+
 Every action is safe to repeat: a runner killed between any two of them resumes from the status
 it wrote and what the cluster shows. This module decides nothing: what to do is the engine's
 `Decision`; here it is done, in order, with the lease checked before every write.
@@ -56,6 +61,9 @@ from metax_operator.runtime.rollout_observe import Watches
 
 log = logging.getLogger(__name__)
 
+#: A batch item the API server refused (`_per_node`).
+REFUSED = "refused"
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -87,6 +95,7 @@ class RolloutPass:
         self.reader: Reader = reader or api  # where the DaemonSet is read (`object_cache`), else live
         self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
+        self._refused: list[ApiException] = []  # per-node refusals of this pass's actions
 
     def close(self) -> None:
         if self.watches is not None:
@@ -165,8 +174,9 @@ class RolloutPass:
         return writes
 
     def _act(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
-        """The decision's actions after its status write, in order; the number of writes."""
-        writes = 0
+        """The decision's actions after its status write, in order; the number of writes. Raises
+        the first per-node refusal once every action was tried."""
+        writes, self._refused = 0, []
         if decision.set_pause is not None:
             writes += self._set_pause(decision.set_pause, pause_seen, decision.status_once_paused)
         if decision.restore is not None:
@@ -180,7 +190,22 @@ class RolloutPass:
             writes += reconcile.emit_event(
                 self.api, cr, item.type, item.reason, item.message, rfc3339(self.clock()), self.identity
             )
+        if self._refused:
+            raise self._refused[0]
         return writes
+
+    def _per_node(self, action: str, node: Callable[[object], str], fn: Callable, refused):
+        """`fn` for one item of a batch; a refusal is logged and recorded, and `refused` returned."""
+
+        def one(item):
+            try:
+                return fn(item)
+            except ApiException as err:
+                event(log, "rollout-refused", logging.ERROR, refused=action, node=node(item), error=kube.failure_line(err))
+                self._refused.append(err)
+                return refused
+
+        return one
 
     def _set_pause(self, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
         """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw;
@@ -280,7 +305,7 @@ class RolloutPass:
                     return found, "gone"
                 raise
 
-        outcomes = self._parallel(delete, pods)
+        outcomes = self._parallel(self._per_node("delete", lambda p: p.node, delete, (REFUSED, "")), pods)
         cordons = [c for c, _ in outcomes]
         deletes = sum(1 for _, d in outcomes if d)
         self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
@@ -300,13 +325,13 @@ class RolloutPass:
         if not cordons and not drains:
             return 0
         self._check()
-        found = dict(
-            zip(cordons, self._parallel(lambda node: cordon.cordon(self.api, node, self.watches.nodes), cordons), strict=True)
-        )
+        cordon_one = self._per_node("cordon", str, lambda node: cordon.cordon(self.api, node, self.watches.nodes), REFUSED)
+        found = dict(zip(cordons, self._parallel(cordon_one, cordons), strict=True))
         self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
-        ready = {n for n in drains if found.get(n) != cordon.NOT_NOW}
+        ready = {n for n in drains if found.get(n) not in (cordon.NOT_NOW, REFUSED)}
         pods = self.watches.gpu_pods_on(ready)
-        outcomes = self._parallel(lambda p: cordon.evict(self.api, p.namespace, p.name), pods)
+        evict = self._per_node("evict", lambda p: p.node, lambda p: cordon.evict(self.api, p.namespace, p.name), REFUSED)
+        outcomes = self._parallel(evict, pods)
         self.requests += len(pods)
         event(
             log,
@@ -322,7 +347,7 @@ class RolloutPass:
         if not nodes:
             return 0
         self._check()
-        done = self._parallel(lambda node: cordon.uncordon(self.api, node), nodes)
+        done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), False), nodes)
         self.requests += len(nodes)
         event(log, "rollout-uncordon", nodes=nodes, uncordoned=sum(done))
         return sum(done)
