@@ -288,3 +288,20 @@ def test_one_nodes_refusal_does_not_stop_the_batch_nor_the_uncordons(api, execut
     n2 = api.get("/api/v1/nodes/n2")
     assert not n2["spec"]["unschedulable"] and CORDONED_LABEL not in (n2["metadata"].get("labels") or {})
     assert f"{PODS}/driver-n1" in api.objects
+
+
+def test_a_gpu_job_bound_after_the_decision_keeps_its_driver(api, executor):
+    # The engine took n0 from the GPU-pod cache of the pass's start; a job is bound to n0 before
+    # the cordon lands. The last look after the cordon finds it: n0 stays cordoned, its driver stays.
+    cr = read_cr(api)
+    plan = executor.decide(cr)
+    assert [ref.node for ref in plan.decision.delete] == ["n0"] and plan.decision.idle_first
+    job = {
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"nodeName": "n0", "containers": [{"name": "c", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"},
+    }
+    api.put("/api/v1/namespaces/ml/pods/train", job)
+    execute(executor, cr, plan.decision, plan.pause_seen)
+    assert api.sent("DELETE") == [] and f"{PODS}/driver-n0" in api.objects
+    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True

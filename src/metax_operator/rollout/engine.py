@@ -132,6 +132,7 @@ class Decision:
     evict: list[str] = field(default_factory=list)  # nodes whose GPU pods to evict (drain), once cordoned
     delete: list[PodRef] = field(default_factory=list)
     cordon_first: bool = True  # cordon each pod's node before deleting its pod (upgradePolicy.cordon)
+    idle_first: bool = True  # look again for GPU pods on the node (cordoned) right before the deletion
     uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)
@@ -244,7 +245,7 @@ class _PassState:
         self.before = status or UpgradeStatus()
         self.status = copy.deepcopy(self.before)
         self.step, self.resume = self.status.step, self.status.resume
-        self.decision = Decision(status=self.status, cordon_first=policy.cordon)
+        self.decision = Decision(status=self.status, cordon_first=policy.cordon, idle_first=not policy.allow_gpu_workloads)
         self.wakes: list[float] = []
         self.admin_pause = policy.pause
         if self.resume.release_pause:

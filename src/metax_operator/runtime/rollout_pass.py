@@ -18,7 +18,10 @@ the rollout acts (`RolloutPass.act`):
 - cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU pods of
   those being drained (`Decision.evict`, only once cordoned; the Eviction API respects
   PodDisruptionBudgets);
-- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then delete the
+- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then, unless GPU
+  work is allowed, list the node's pods once more: the engine decided from the GPU-pod cache of
+  the pass's start, and a GPU job bound since (before the cordon landed) must not lose its
+  driver; such a node stays cordoned and its driver pod waits for a later pass. Then delete the
   pod with a uid precondition (404 or a failed precondition: already done); a node that could
   not be cordoned keeps its pod until a later pass;
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
@@ -44,9 +47,9 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator import contract
+from metax_operator import contract, workloads
 from metax_operator.chart import upgrade_policy as policy_mod
-from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
+from metax_operator.contract import DRIVER_DAEMONSET, LIVE_PODS, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.rollout import engine
@@ -63,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: A batch item the API server refused (`_per_node`).
 REFUSED = "refused"
+#: A driver pod not deleted: its node runs GPU work the pass's snapshot did not show.
+BUSY = "gpu-busy"
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ class RolloutPass:
         if decision.restore is not None:
             writes += self._restore(cr, decision.restore)
         writes += self._drain(decision.cordon, decision.evict)
-        writes += self._delete(decision.delete, decision.cordon_first)
+        writes += self._delete(decision.delete, decision.cordon_first, decision.idle_first)
         writes += self._uncordon(decision.uncordon)
         for item in decision.events:
             self._check()
@@ -288,8 +293,9 @@ class RolloutPass:
         event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 
-    def _delete(self, pods: list[engine.PodRef], cordon_first: bool) -> int:
-        """Cordon each pod's node (when `cordon_first`), then delete the pod; the number of writes."""
+    def _delete(self, pods: list[engine.PodRef], cordon_first: bool, idle_first: bool) -> int:
+        """Cordon each pod's node (when `cordon_first`), check it has no GPU pod (when `idle_first`),
+        then delete the pod; the number of writes."""
         if not pods:
             return 0
         self._check()
@@ -298,6 +304,8 @@ class RolloutPass:
             found = cordon.cordon(self.api, pod.node, self.watches.nodes) if cordon_first else ""
             if found == cordon.NOT_NOW:
                 return found, ""
+            if idle_first and self._gpu_busy(pod.node):
+                return found, BUSY
             try:
                 return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) else "gone"
             except ApiException as err:
@@ -307,9 +315,11 @@ class RolloutPass:
 
         outcomes = self._parallel(self._per_node("delete", lambda p: p.node, delete, (REFUSED, "")), pods)
         cordons = [c for c, _ in outcomes]
-        deletes = sum(1 for _, d in outcomes if d)
-        self.requests += deletes + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
+        deletes = sum(1 for _, d in outcomes if d in ("deleted", "gone"))
+        checks = sum(1 for c, _ in outcomes if c != cordon.NOT_NOW) if idle_first else 0
+        self.requests += deletes + checks + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
+        busy = [p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d == BUSY]
         event(
             log,
             "rollout-delete",
@@ -317,8 +327,14 @@ class RolloutPass:
             deleted=sum(d == "deleted" for _, d in outcomes),
             cordoned=cordons.count(cordon.CORDONED),
             **({"not_cordoned": not_now} if not_now else {}),
+            **({"gpu_busy": busy} if busy else {}),
         )
         return deletes + cordons.count(cordon.CORDONED)
+
+    def _gpu_busy(self, node: str) -> bool:
+        """Whether `node` runs a pod requesting a MetaX resource now (one LIST of its live pods)."""
+        pods = self.api.list("v1", "Pod", field_selector=f"spec.nodeName={node},{LIVE_PODS}", all_namespaces=True)
+        return any(workloads.gpu_pod(p) is not None for p in pods)
 
     def _drain(self, cordons: list[str], drains: list[str]) -> int:
         """Cordon `cordons`, then evict the GPU pods on `drains` that are cordoned; the number of writes."""
