@@ -305,3 +305,32 @@ def test_a_gpu_job_bound_after_the_decision_keeps_its_driver(api, executor):
     execute(executor, cr, plan.decision, plan.pause_seen)
     assert api.sent("DELETE") == [] and f"{PODS}/driver-n0" in api.objects
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
+
+
+class LaggingNodeCache:
+    """A node cache whose watch has not delivered anything since `frozen` (names to states)."""
+
+    def __init__(self, frozen: dict):
+        self.frozen = frozen
+
+    def get(self, node: str):
+        return self.frozen.get(node)
+
+    def has_seen(self, resource_version: str) -> bool:
+        return False
+
+
+def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api, executor):
+    # n0 was cordoned by the runner; its uncordon lands, but the node watch lags: the cache still
+    # says unschedulable. A pass that then deletes n0's driver pod (a rollback, a new revision)
+    # must cordon it again rather than take the stale cache's word.
+    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
+    executor.decide(read_cr(api))  # starts the caches
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
+    executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
+    execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
+    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is False
+    api.requests.clear()
+    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
+    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True

@@ -61,7 +61,7 @@ def node_state(obj: dict) -> NodeState:
 CORDONED, ALREADY, NOT_NOW = "cordoned", "already-unschedulable", "not-now"
 
 
-def cordon(api: Client, node: str, nodes: Informer) -> str:
+def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> str:
     """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
     (by an earlier pass or by someone else, as the node cache `nodes` says: no request) or
     NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
@@ -102,9 +102,9 @@ def evict(api: Client, namespace: str, name: str) -> str:
     return EVICTED
 
 
-def uncordon(api: Client, node: str) -> bool:
-    """Make `node` schedulable again and drop the label, if the label is still there; True when
-    this call did it."""
+def uncordon(api: Client, node: str) -> NodeState | None:
+    """Make `node` schedulable again and drop the label, if the label is still there; the node as
+    this call left it (None: it did nothing)."""
     pointer = "/metadata/labels/" + CORDONED_LABEL.replace("~", "~0").replace("/", "~1")
     patch = [
         {"op": "test", "path": pointer, "value": "true"},
@@ -112,9 +112,27 @@ def uncordon(api: Client, node: str) -> bool:
         {"op": "add", "path": "/spec/unschedulable", "value": False},
     ]
     try:
-        api.patch("v1", "Node", node, patch, patch_type="json")
+        return node_state(api.patch("v1", "Node", node, patch, patch_type="json"))
     except ApiException as err:
         if err.status in (404, 409, 422):  # gone, or the label was removed meanwhile
-            return False
+            return None
         raise
-    return True
+
+
+class OwnWrites:
+    """The node cache, read through this runner's own uncordons until the cache holds them: an
+    uncordon the watch has not delivered yet must not make the next cordon of that node look
+    done already (the cache would still say unschedulable) and let its driver pod be deleted on
+    a schedulable node."""
+
+    def __init__(self, nodes: Informer):
+        self.nodes = nodes
+        self.uncordoned: dict[str, NodeState] = {}
+
+    def get(self, node: str) -> NodeState | None:
+        mine = self.uncordoned.get(node)
+        if mine is not None:
+            if not self.nodes.has_seen(mine.resource_version):
+                return mine
+            del self.uncordoned[node]
+        return self.nodes.get(node)

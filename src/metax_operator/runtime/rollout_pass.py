@@ -101,6 +101,7 @@ class RolloutPass:
         self.watches, self.metrics = watches, metrics
         self.requests = 0  # this module's own requests (the caches count theirs)
         self._refused: list[ApiException] = []  # per-node refusals of this pass's actions
+        self._own: cordon.OwnWrites | None = None
 
     def close(self) -> None:
         if self.watches is not None:
@@ -301,7 +302,7 @@ class RolloutPass:
         self._check()
 
         def delete(pod: engine.PodRef) -> tuple[str, str]:
-            found = cordon.cordon(self.api, pod.node, self.watches.nodes) if cordon_first else ""
+            found = cordon.cordon(self.api, pod.node, self._nodes) if cordon_first else ""
             if found == cordon.NOT_NOW:
                 return found, ""
             if idle_first and self._gpu_busy(pod.node):
@@ -341,7 +342,7 @@ class RolloutPass:
         if not cordons and not drains:
             return 0
         self._check()
-        cordon_one = self._per_node("cordon", str, lambda node: cordon.cordon(self.api, node, self.watches.nodes), REFUSED)
+        cordon_one = self._per_node("cordon", str, lambda node: cordon.cordon(self.api, node, self._nodes), REFUSED)
         found = dict(zip(cordons, self._parallel(cordon_one, cordons), strict=True))
         self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
         ready = {n for n in drains if found.get(n) not in (cordon.NOT_NOW, REFUSED)}
@@ -363,10 +364,20 @@ class RolloutPass:
         if not nodes:
             return 0
         self._check()
-        done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), False), nodes)
+        done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), None), nodes)
         self.requests += len(nodes)
-        event(log, "rollout-uncordon", nodes=nodes, uncordoned=sum(done))
-        return sum(done)
+        if self.watches is not None:  # what the next cordons read
+            self._nodes.uncordoned.update((node, state) for node, state in zip(nodes, done, strict=True) if state)
+        uncordoned = sum(1 for state in done if state)
+        event(log, "rollout-uncordon", nodes=nodes, uncordoned=uncordoned)
+        return uncordoned
+
+    @property
+    def _nodes(self) -> cordon.OwnWrites:
+        """The node cache the cordons read, with this runner's own uncordons."""
+        if self._own is None or self._own.nodes is not self.watches.nodes:
+            self._own = cordon.OwnWrites(self.watches.nodes)
+        return self._own
 
     @staticmethod
     def _parallel(fn, items: list) -> list:
