@@ -2,7 +2,9 @@
 scenario of tests/rollout/test_status.py, every field of the `Decision` (status, pause, restore,
 cordons, evictions, deletions, uncordons, events with their reasons and messages, wake-up time),
 compared with the trace captured before the engine was restructured
-(tests/rollout/data/engine_decision_trace.json)."""
+(tests/rollout/data/engine_decision_trace.json). The decision later gained `idle_first` (the
+executor's last look for GPU pods after a cordon): true in every pass of the trace, and added to
+it so; every other field is as captured."""
 
 from __future__ import annotations
 
