@@ -585,8 +585,10 @@ def test_a_re_deletion_passes_the_same_busy_node_check_as_a_first_deletion():
     cluster.decide(pol, T0)
     cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
     cluster.busy = {"n00"}  # a GPU pod landed meanwhile
-    held = cluster.decide(pol, T0 + 1)
-    assert held.delete == [] and "held back by GPU workloads" in held.status.message
+    held = cluster.decide(pol, T0 + 1)  # n00 leaves the wave, held back; the next wave takes n01
+    assert "u-n00-0" not in [ref.uid for ref in held.delete] and held.status.resume.held.names == ["n00"]
+    assert nodes_of(cluster, held) == ["n01"]
+    cluster.ready_all()
     cluster.busy = set()
     assert [ref.uid for ref in cluster.decide(pol, T0 + 2).delete] == ["u-n00-0"]
 
@@ -752,3 +754,23 @@ def test_aborting_or_retargeting_mid_wave_never_takes_more_than_max_parallel_nod
         if cluster.status.phase in (R.IDLING, R.DISABLED) and not cluster.status.upgrading:
             break
     assert set(cluster.revisions()) == {"old" if change == "enableRollout false" else "newer"}, cluster.revisions()
+
+
+def test_a_wave_node_whose_deletion_was_lost_and_that_gets_gpu_work_leaves_the_wave():
+    # Wave [n00, n01]; n01's cordon was refused (409) so its pod stayed, and a GPU job then landed
+    # on it: the wave must not wait for that job; n01 is held back and the rollout goes on.
+    cluster = Cluster(4)
+    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    decision = R.decide(cluster.observed(), pol, None, T0)
+    cluster.status = decision.status
+    assert decision.status.resume.wave == ["n00", "n01"]
+    cluster.serial += 1
+    cluster.pods["n00"] = R.Pod("p-n00-new", "u-n00-new", "n00", "new", True, "Running", 0, T0)
+    cluster.cordoned.add("n00")
+    cluster.busy = {"n01"}
+    later = cluster.decide(pol, T0 + 60)
+    assert nodes_of(cluster, later) == ["n02", "n03"], later.status.message
+    assert later.status.resume.held.names == ["n01"]
+    cluster.ready_all()
+    cluster.busy = set()  # the job ends: n01 is taken
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 120)) == ["n01"]

@@ -394,8 +394,10 @@ class _Waves(_PassState):
         A wave node is back when its pod is at the wave's revision and Ready or failed (failed
         nodes hold no slot), or when it is stuck. A pod the wave meant to delete (another
         revision, or a uid in `waveUids` for a retry) that is still there is deleted again, after
-        the same checks as a first deletion: GPU work holds it back, work to wait for or drain
-        must end first (`_prepare`).
+        the same checks as a first deletion: work to wait for or drain must end first
+        (`_prepare`); a node that runs GPU work since (its cordon was refused, the runner
+        crashed) leaves the wave and is held back as any busy node, rather than stalling the
+        wave until its work ends.
         """
         start = parse_time(self.resume.wave_start_time)
         wave = [n for n in self.resume.wave if n in self.observed.nodes]
@@ -420,19 +422,22 @@ class _Waves(_PassState):
             view.coming.difference_update(stuck)
             busy = [n for n in busy if n in view.pending or n in undeleted]
         held = [p for p in lost if self._held(p.node)]
-        ready = self._prepare([p for p in lost if p not in held], view, start, busy)
+        if held:  # its deletion was lost, and it runs GPU work since: held back as any busy node
+            out = {p.node for p in held}
+            self.resume.wave = [n for n in self.resume.wave if n not in out]
+            busy = [n for n in busy if n not in out]
+            lost = [p for p in lost if p.node not in out]
+        ready = self._prepare(lost, view, start, busy)
         if not busy:
             return False
         if ready and not self.admin_pause:
             self._delete(ready)
         self.wakes.append(deadline)
-        self._say_wave_busy(len(busy), len(wave), len(held), len(lost) - len(held) - len(ready))
+        self._say_wave_busy(len(busy), len(wave) - len(held), len(lost) - len(ready))
         return True
 
-    def _say_wave_busy(self, busy: int, wave: int, held: int, preparing: int) -> None:
-        notes = [f"{held} held back by GPU workloads"] * bool(held) + [
-            f"{preparing} cordoned, waiting for their work to end"
-        ] * bool(preparing)
+    def _say_wave_busy(self, busy: int, wave: int, preparing: int) -> None:
+        notes = [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
         self._say(
             f"waiting for {busy} of {wave} pods of the {self.resume.wave_kind} wave to be Ready"
             + (f" ({'; '.join(notes)})" if notes else "")
