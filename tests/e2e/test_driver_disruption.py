@@ -142,10 +142,12 @@ def test_a_routine_upgrade_after_the_seeds_kubectl_patch_of_the_version_changes_
 
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
-def test_helm_rollback_mid_rollout_rolls_the_driver_back_in_waves(tools_cluster, tools_api, clean_slate, tmp_path, which):
-    """`helm rollback RELEASE 1` while the upgrade's rollout waits after its first step: Helm
-    applies release 1's DaemonSets before the post-rollback bootstrap writes its values into the
-    CR; the runner holds until then, and rolls the driver back in waves."""
+def test_helm_rollback_mid_rollout_is_refused_before_anything_changes(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    """`helm rollback RELEASE 1` while the upgrade's rollout waits after its first step: release
+    1's values change the driver's version, which the freeze forbids during a rollout. The
+    pre-rollback check asks the API server first, so the rollback fails before Helm touches a
+    DaemonSet. Stopped the seed's way (`enableRollout: false`), the rollout rolls back in waves,
+    and the same `helm rollback` then succeeds."""
     cluster, api = tools_cluster, tools_api
     values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
     release = release_name(ok(seed_install(cluster, which, values)))
@@ -159,12 +161,30 @@ def test_helm_rollback_mid_rollout_rolls_the_driver_back_in_waves(tools_cluster,
         )
     )
     eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
-    ok(cluster.helm(which, "rollback", release, "1", "-n", NS))
-    eventually(
-        lambda: not upgrade_status(api).get("upgrading") and revisions(api) == before and not watch.down(),
-        180,
-        "every driver pod back at release 1's revision and Ready",
+    generation = driver_daemonset(api).metadata.generation
+    refused = cluster.helm(which, "rollback", release, "1", "-n", NS)
+    assert refused.returncode != 0 and "bootstrap-check" in refused.stderr, refused.stderr
+    log = kubectl(cluster.cp, "logs", "-n", NS, "job/metax-operator-bootstrap-check")
+    assert "cannot change while a driver rollout is in progress" in log, log
+    assert driver_daemonset(api).metadata.generation == generation, "Helm changed the driver DaemonSet"
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] == NEW and upgrade_status(api).get("upgrading")
+
+    kubectl(
+        cluster.cp,
+        "patch",
+        "clusteroperators.gpu.metax-tech.com",
+        "cluster-operator",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "replace", "path": "/spec/driver/upgradePolicy/enableRollout", "value": False}]),
     )
+    eventually(
+        lambda: upgrade_status(api).get("phase") == "Disabled" and revisions(api) == before and not watch.down(),
+        180,
+        "the rollout rolled back in waves",
+    )
+    ok(cluster.helm(which, "rollback", release, "1", "-n", NS))
+    consistently(lambda: revisions(api) == before, for_seconds(10), 30, "the driver pods left at release 1's revision")
     watch.stop()
     assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == OLD

@@ -16,10 +16,11 @@ PHASES = {
     "preflight": "pre-install,pre-upgrade",
     "upgrade-crds": "pre-install,pre-upgrade",
     "bootstrap": "post-install,pre-upgrade,post-rollback",
+    "bootstrap-check": "pre-rollback",
     "cleanup": "pre-delete",
     "test": "test",
 }
-JOB_WEIGHTS = {"preflight": "0", "upgrade-crds": "1", "bootstrap": "2", "cleanup": "3"}
+JOB_WEIGHTS = {"preflight": "0", "upgrade-crds": "1", "bootstrap": "2", "bootstrap-check": "2", "cleanup": "3"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
@@ -96,7 +97,7 @@ def test_delete_policy_and_job_limits_come_from_values(helm_bin):
 
 def test_pods_meet_pod_security_restricted(helm_bin):
     pods = [o for o in render(helm=helm_bin) if o["kind"] in ("Job", "Pod")]
-    assert len(pods) == 5
+    assert len(pods) == 6
     for obj in pods:
         spec = pod_spec(obj)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -194,8 +195,9 @@ def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(he
     for name in plain:  # named after their inputs, kept (no TTL) so GitOps does not re-create them
         assert len(name.rsplit("-", 1)[1]) == 10
         assert "ttlSecondsAfterFinished" not in jobs[name]["spec"]
-    # the Jobs' service accounts are the hook's, whatever the Job's name
-    assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {f"metax-operator-{h}" for h in JOB_WEIGHTS}
+    # the Jobs' service accounts are the hook's, whatever the Job's name; no rollback check (no rollback there)
+    without_rollback = set(JOB_WEIGHTS) - {"bootstrap-check"}
+    assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {f"metax-operator-{h}" for h in without_rollback}
 
 
 def test_plain_job_names_change_with_their_inputs(helm_bin):

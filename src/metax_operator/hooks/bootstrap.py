@@ -216,10 +216,12 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
 
 
 def bootstrap(
-    client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None
+    client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None, dry_run: bool = False
 ) -> tuple[dict, Merge]:
     """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
-    merge with the kept run-time edits would be invalid (nothing written then)."""
+    merge with the kept run-time edits would be invalid (nothing written then). `dry_run`: the
+    API server admits the apply (the CRD's rules, the freeze during a rollout) and stores
+    nothing; no Event."""
     schema = spec_schema(served_crd(client, timeout))
     spec = prune(values, schema)
     labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release, PART_OF_LABEL: PART_OF}
@@ -243,10 +245,10 @@ def bootstrap(
             )
         if live is not None:  # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
+        return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True, dry_run=dry_run), merge
 
     cr, merge = kube.retry_on_conflict(attempt)
-    for change in merge.overridden:
+    for change in merge.overridden if not dry_run else ():
         reconcile.emit_event(
             client,
             cr,
@@ -261,13 +263,20 @@ def bootstrap(
 
 def run(args: argparse.Namespace) -> int:
     cr, merge = bootstrap(
-        kube.Client.from_args(args), common.load_values(args.values), args.release, revision=args.release_revision
+        kube.Client.from_args(args),
+        common.load_values(args.values),
+        args.release,
+        revision=args.release_revision,
+        dry_run=args.dry_run,
     )
     for change in merge.kept:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:
         print(f"bootstrap: {change.overridden()}")
-    print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion {cr['metadata']['resourceVersion']}")
+    if args.dry_run:
+        print(f"bootstrap: dry run: the API server admits these values into {contract.CR_KIND} {contract.CR_NAME}")
+    else:
+        print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion {cr['metadata']['resourceVersion']}")
     return 0
 
 
@@ -282,6 +291,11 @@ def register(subparsers) -> None:
         type=bounded(int, 1, 2**31 - 1),
         metavar="N",
         help="the Helm release revision being applied: the runner writes nothing until Helm has applied it",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only ask the API server whether it admits the CR (pre-rollback: refuse before Helm changes anything)",
     )
     common.add_api_arguments(parser, namespace=False)
     parser.set_defaults(func=run)
