@@ -1,11 +1,17 @@
 """Administrators' everyday actions in the middle of a staged rollout, on the user's path (the
 chart from the local OCI registry, every hook and the runner as containers of the tools image on
-the real node, the driver pods on kwok GPU nodes), each watched by `DriverDownWatch`: never more
-GPU nodes without a working driver at once than the policy's `maxParallel`, and no node left
-cordoned once the fleet is quiet.
+the real node, the driver pods on kwok GPU nodes), under Helm 3 and Helm 4, the whole of it
+watched by `DriverDownWatch`: never more GPU nodes without a working driver at once than the
+policy's `maxParallel`, and no node left cordoned once the fleet is quiet.
 
 The rollout: one node, then the runner's pause (an empty `pauseDuration`), then the rest, one at a
-time (`maxParallel: 1`).
+time (`maxParallel: 1`). Two installs per Helm version, each walking actions in turn, each
+action checked where it ends. Before the fixes they check, each failed: a routine `helm upgrade`
+during a rollout started by the seed's `kubectl patch` of the version (Helm 3 wrote the values'
+version back, Helm 4 failed on a field conflict), `helm upgrade --set
+driver.upgradePolicy.enableRollout=false` during it (every driver pod replaced at once, twice),
+and `helm rollback` during a rollout started through the values (the DaemonSets rolled back,
+then the post-rollback hook refused).
 """
 
 from __future__ import annotations
@@ -54,37 +60,6 @@ def cordoned(api) -> list[str]:
     return [n.metadata.name for n in client.CoreV1Api(api).list_node().items if n.spec.unschedulable]
 
 
-@pytest.mark.parametrize("which", ["helm3", "helm4"])
-def test_enable_rollout_false_through_the_values_mid_rollout_rolls_back_in_waves(
-    tools_cluster, tools_api, clean_slate, tmp_path, which
-):
-    """The seed's forced rollback (`enableRollout: false`), made the way a values file in Git
-    makes it: `helm upgrade --reuse-values --set driver.upgradePolicy.enableRollout=false`."""
-    cluster, api = tools_cluster, tools_api
-    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
-    release = release_name(ok(seed_install(cluster, which, values)))
-    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
-    before = revisions(api)
-    assert len(set(before)) == 1
-
-    watch = DriverDownWatch(api, NS)
-    upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--timeout", "5m")
-    ok(cluster.helm(which, *upgrade, "--set", f"driver.payload.version={NEW}"))
-    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
-    assert len(set(revisions(api))) == 2, "one node at the new revision, the others at the old"
-
-    ok(cluster.helm(which, *upgrade, "--set", "driver.upgradePolicy.enableRollout=false"))
-    eventually(
-        lambda: upgrade_status(api).get("phase") == "Disabled" and revisions(api) == before and not watch.down(),
-        180,
-        "every driver pod back at the old revision and Ready",
-    )
-    watch.stop()
-    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
-    assert client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy.type == "OnDelete"
-    eventually(lambda: not cordoned(api), 60, "no node left cordoned")
-
-
 def driver_daemonset(api) -> client.V1DaemonSet:
     return client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
 
@@ -93,68 +68,72 @@ def payload_image(ds: client.V1DaemonSet) -> str:
     return next(c.image for c in ds.spec.template.spec.init_containers if c.name == "payload")
 
 
-@pytest.mark.parametrize("which", ["helm3", "helm4"])
-def test_a_routine_upgrade_after_the_seeds_kubectl_patch_of_the_version_changes_no_driver(
-    tools_cluster, tools_api, clean_slate, tmp_path, which
-):
-    """Seed 001 step 8 starts the rollout with `kubectl patch` of the CR's version; the values keep
-    the old one. A later `helm upgrade` for an unrelated reason must leave the driver alone: no
-    template change (Helm 3 wrote the values' version back), no field conflict (Helm 4)."""
-    cluster, api = tools_cluster, tools_api
-    policy = {**POLICY, "upgradeSteps": [{"replicas": 1, "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}]}
-    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": policy})
-    release = release_name(ok(seed_install(cluster, which, values)))
-    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
-    before = set(revisions(api))
+def seed_patch_version(cluster, version: str) -> None:
+    """Seed 001 step 8: the version changed in the CR with kubectl."""
+    patch = [{"op": "replace", "path": "/spec/driver/payload/version", "value": version}]
     kubectl(
-        cluster.cp,
-        "patch",
-        "clusteroperators.gpu.metax-tech.com",
-        "cluster-operator",
-        "--type=json",
-        "-p",
-        json.dumps([{"op": "replace", "path": "/spec/driver/payload/version", "value": NEW}]),
+        cluster.cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json", "-p", json.dumps(patch)
     )
-    eventually(
-        lambda: (
-            (s := upgrade_status(api)).get("phase") == "Idling"
-            and (s.get("status") or {}).get("currentStepState") == "Completed"
-            and not set(revisions(api)) & before
-            and not down_now(api, NS)
-        ),
-        180,
-        "the kubectl-started rollout Completed",
-    )
-    ds = driver_daemonset(api)
-    assert payload_image(ds).endswith(f":{NEW}")
-
-    watch = DriverDownWatch(api, NS)
-    ok(cluster.helm(which, "upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--set", "runner.interval=2"))
-    consistently(
-        lambda: driver_daemonset(api).metadata.generation == ds.metadata.generation,
-        for_seconds(15),
-        30,
-        "the driver's template unchanged after the upgrade",
-    )
-    watch.stop()
-    assert payload_image(driver_daemonset(api)) == payload_image(ds)
-    assert watch.most_down == 0, f"driver pods went down: {sorted(watch.worst)}"
 
 
-@pytest.mark.parametrize("which", ["helm3", "helm4"])
-def test_helm_rollback_mid_rollout_is_refused_before_anything_changes(tools_cluster, tools_api, clean_slate, tmp_path, which):
-    """`helm rollback RELEASE 1` while the upgrade's rollout waits after its first step: release
-    1's values change the driver's version, which the freeze forbids during a rollout. The
-    pre-rollback check asks the API server first, so the rollback fails before Helm touches a
-    DaemonSet. Stopped the seed's way (`enableRollout: false`), the rollout rolls back in waves,
-    and the same `helm rollback` then succeeds."""
-    cluster, api = tools_cluster, tools_api
+def installed(cluster, api, tmp_path, which) -> tuple[str, list[str], DriverDownWatch]:
+    """The seed's install with POLICY, every driver pod Ready: the release, the pods' revisions,
+    and the watch started."""
     values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
     release = release_name(ok(seed_install(cluster, which, values)))
-    eventually(lambda: len(driver_pods(api)) == GPU_NODES, 120, "a driver pod on every GPU node")
+    eventually(lambda: len(driver_pods(api)) == GPU_NODES and not down_now(api, NS), 120, "a driver pod on every GPU node")
     before = revisions(api)
+    assert len(set(before)) == 1
+    return release, before, DriverDownWatch(api, NS)
 
-    watch = DriverDownWatch(api, NS)
+
+def rolled_back_in_waves(api, watch: DriverDownWatch, before: list[str]) -> None:
+    eventually(
+        lambda: upgrade_status(api).get("phase") == "Disabled" and revisions(api) == before and not watch.down(),
+        180,
+        "every driver pod back at the old revision and Ready",
+    )
+    assert driver_daemonset(api).spec.update_strategy.type == "OnDelete"
+
+
+def quiet(api, watch: DriverDownWatch) -> None:
+    watch.stop()
+    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
+    eventually(lambda: not cordoned(api), 60, "no node left cordoned")
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_helm_upgrades_during_a_kubectl_started_rollout(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    cluster, api = tools_cluster, tools_api
+    release, before, watch = installed(cluster, api, tmp_path, which)
+    upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--timeout", "5m")
+    seed_patch_version(cluster, NEW)
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    ds = driver_daemonset(api)
+    assert payload_image(ds).endswith(f":{NEW}") and len(set(revisions(api))) == 2
+
+    # A routine `helm upgrade` for another reason leaves the driver alone (the values keep OLD).
+    ok(cluster.helm(which, *upgrade, "--set", "runner.interval=2"))
+    consistently(
+        lambda: driver_daemonset(api).metadata.generation == ds.metadata.generation,
+        for_seconds(10),
+        30,
+        "the driver's template unchanged by the routine upgrade",
+    )
+    assert payload_image(driver_daemonset(api)) == payload_image(ds)
+
+    # The seed's forced rollback, made the way a values file in Git makes it: in waves.
+    ok(cluster.helm(which, *upgrade, "--set", "driver.upgradePolicy.enableRollout=false"))
+    rolled_back_in_waves(api, watch, before)
+    quiet(api, watch)
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_helm_rollback_during_a_rollout_is_refused_before_anything_changes(
+    tools_cluster, tools_api, clean_slate, tmp_path, which
+):
+    cluster, api = tools_cluster, tools_api
+    release, before, watch = installed(cluster, api, tmp_path, which)
     ok(
         cluster.helm(
             which, "upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--set", f"driver.payload.version={NEW}"
@@ -162,6 +141,8 @@ def test_helm_rollback_mid_rollout_is_refused_before_anything_changes(tools_clus
     )
     eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
     generation = driver_daemonset(api).metadata.generation
+
+    # Release 1 names the old version, which the freeze forbids changing during a rollout.
     refused = cluster.helm(which, "rollback", release, "1", "-n", NS)
     assert refused.returncode != 0 and "bootstrap-check" in refused.stderr, refused.stderr
     log = kubectl(cluster.cp, "logs", "-n", NS, "job/metax-operator-bootstrap-check")
@@ -169,6 +150,8 @@ def test_helm_rollback_mid_rollout_is_refused_before_anything_changes(tools_clus
     assert driver_daemonset(api).metadata.generation == generation, "Helm changed the driver DaemonSet"
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == NEW and upgrade_status(api).get("upgrading")
 
+    # Stopped the seed's way, the rollout rolls back in waves; the same `helm rollback` then goes
+    # through and changes no driver.
     kubectl(
         cluster.cp,
         "patch",
@@ -178,15 +161,9 @@ def test_helm_rollback_mid_rollout_is_refused_before_anything_changes(tools_clus
         "-p",
         json.dumps([{"op": "replace", "path": "/spec/driver/upgradePolicy/enableRollout", "value": False}]),
     )
-    eventually(
-        lambda: upgrade_status(api).get("phase") == "Disabled" and revisions(api) == before and not watch.down(),
-        180,
-        "the rollout rolled back in waves",
-    )
+    rolled_back_in_waves(api, watch, before)
     ok(cluster.helm(which, "rollback", release, "1", "-n", NS))
-    consistently(lambda: revisions(api) == before, for_seconds(10), 30, "the driver pods left at release 1's revision")
-    watch.stop()
-    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
+    consistently(lambda: revisions(api) == before, for_seconds(10), 30, "the driver pods left at the old revision")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == OLD
     assert payload_image(driver_daemonset(api)).endswith(f":{OLD}")
-    eventually(lambda: not cordoned(api), 60, "no node left cordoned")
+    quiet(api, watch)
