@@ -317,7 +317,7 @@ class RolloutPass:
         outcomes = self._parallel(self._per_node("delete", lambda p: p.node, delete, (REFUSED, "")), pods)
         cordons = [c for c, _ in outcomes]
         deletes = sum(1 for _, d in outcomes if d in ("deleted", "gone"))
-        checks = sum(1 for c, _ in outcomes if c != cordon.NOT_NOW) if idle_first else 0
+        checks = sum(1 for c, _ in outcomes if c not in (cordon.NOT_NOW, REFUSED)) if idle_first else 0
         self.requests += deletes + checks + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
         busy = [p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d == BUSY]
