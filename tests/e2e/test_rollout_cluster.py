@@ -653,11 +653,13 @@ def test_helm_upgrade_of_the_payload_version_starts_a_rollout(control_plane, api
     history = PodHistory(api)
     version = new_version()
     # In the chart's order: the bootstrap hook (pre-upgrade) writes the new values into the CR,
-    # then Helm changes the DaemonSet (hooks run here as local commands: --no-hooks).
+    # with the revision Helm is about to apply, then Helm applies the release (hooks run here as
+    # local commands: --no-hooks); the runner holds until then.
     values = release_values(cp, RELEASE, NS)
     values["driver"]["payload"]["version"] = version
     values["driver"]["upgradePolicy"] = QUICK_POLICY
-    bootstrap(cp, idle["tmp"], RELEASE, values)
+    upcoming = json.loads(run(*idle["helm"], "status", RELEASE, "-n", NS, "-o", "json"))["version"] + 1
+    bootstrap(cp, idle["tmp"], RELEASE, values, revision=upcoming)
     run(
         *idle["helm"],
         "upgrade",

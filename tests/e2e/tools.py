@@ -121,11 +121,14 @@ def uninstall_chart(cp, api, release: str, namespace: str) -> None:
     delete_cr(api)
 
 
-def bootstrap(cp, tmp: Path, release: str, values: dict) -> None:
-    """What the bootstrap hook Job runs: `values` (a release's, all of them) into the CR."""
+def bootstrap(cp, tmp: Path, release: str, values: dict, revision: int | None = None) -> None:
+    """What the bootstrap hook Job runs: `values` (a release's, all of them) into the CR; with
+    `revision`, as the pre-upgrade hook of that release revision (the runner holds until Helm
+    has applied it)."""
     path = tmp / "release-values.json"
     path.write_text(json.dumps(values))
-    run(METAX, "bootstrap", "--values", str(path), "--release", release, "--kubeconfig", str(cp.kubeconfig))
+    held = ["--release-revision", str(revision)] if revision is not None else []
+    run(METAX, "bootstrap", "--values", str(path), "--release", release, *held, "--kubeconfig", str(cp.kubeconfig))
 
 
 def release_values(cp, release: str, namespace: str) -> dict:
