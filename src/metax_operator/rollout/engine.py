@@ -174,6 +174,12 @@ class _NodePods:
                 self.live[pod.node] = pod
 
 
+def failed(pod: Pod, now: float, timeout: float) -> bool:
+    """A pod not Ready that will not be: in phase Failed, restarting again and again, or not
+    Ready within the readiness timeout."""
+    return pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout
+
+
 class _View:
     """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
 
@@ -198,7 +204,7 @@ class _View:
                 self.others.append(pod)
             elif pod.ready:
                 self.ready_at_revision.add(node)
-            elif pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout:
+            elif failed(pod, now, timeout):
                 self.failed.add(node)
             else:
                 self.pending.add(node)
@@ -367,10 +373,7 @@ class _Waves(_PassState):
         swapping = {
             n for n, since in pods.deleting.items() if self.now - since < timeout and not (n in pods.live and pods.live[n].ready)
         }
-        for node, pod in pods.live.items():
-            young = self.now - pod.created < timeout
-            if not pod.ready and young and pod.phase != "Failed" and pod.restart_count < RESTART_LIMIT:
-                swapping.add(node)
+        swapping.update(node for node, pod in pods.live.items() if not pod.ready and not failed(pod, self.now, timeout))
         return cap - len(swapping)
 
     def _wait_for_room(self, what: str) -> Handler:
