@@ -37,6 +37,13 @@ replaced only when the runner deletes them. The runner applies the same. */}}
 {"type":"OnDelete"}
 {{- end }}
 
+{{/* The environment variables rendered from values fields the CR also carries, as a JSON
+object {group: [[VAR, [path under the values map]]]}: `log` for the log settings, else a
+component's values key. The runner sets the same variables from the CR. */}}
+{{- define "metax-operator.valuesEnvVars" -}}
+{"log":[["LOG_LEVEL",["log","level"]],["LOG_FORMAT",["log","format"]]],"driver":[["DEPLOY_POLICY",["deployPolicy"]],["FW_UPGRADE_POLICY",["fwUpgradePolicy"]],["FW_ENABLE_VIRT",["fwEnableVirt"]]],"gpuDevice":[["HEALTHY_INTERVAL",["healthyInterval"]]],"maca":[["PAYLOAD_IMAGES",["payload","images"]]]}
+{{- end }}
+
 {{/* The data of the ConfigMap driver-config, one YAML document per key. Takes .Values. */}}
 {{- define "metax-operator.driverConfigData" -}}
 node-vfnums: |

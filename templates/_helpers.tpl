@@ -3,6 +3,19 @@ Helpers of the metax-operator chart, one idea each. Helpers that need a componen
 `(dict "root" $ "key" "driver")`, where `key` is the component's values key.
 */}}
 
+{{/* Fails unless ARGS, the argument of helper NAME, is a dict with every KEY: a template that
+calls a helper wrongly fails at render time, naming the helper and the argument, instead of
+rendering an empty field. Takes (list NAME ARGS KEY...). */}}
+{{- define "metax-operator.needs" -}}
+{{- $name := index . 0 -}}
+{{- $args := index . 1 -}}
+{{- $keys := slice . 2 -}}
+{{- if not (kindIs "map" $args) }}{{ fail (printf "%s takes (dict %s)" $name (join " ... " $keys)) }}{{ end -}}
+{{- range $keys -}}
+  {{- if not (hasKey $args .) }}{{ fail (printf "%s: missing argument %q" $name .) }}{{ end -}}
+{{- end -}}
+{{- end }}
+
 {{/* The chart name. */}}
 {{- define "metax-operator.name" -}}
 {{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
@@ -21,6 +34,7 @@ DaemonSets keep the seed's fixed names (metax-driver, ...). */}}
 
 {{/* Selector labels of a component (never change across upgrades: selectors are immutable). */}}
 {{- define "metax-operator.selectorLabels" -}}
+{{- include "metax-operator.needs" (list "selectorLabels" . "root" "key") -}}
 app.kubernetes.io/name: {{ include "metax-operator.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .key }}
@@ -49,6 +63,7 @@ helm.sh/chart: {{ include "metax-operator.chart" .root }}
 annotations (`commonAnnotations` plus the optional dict `annotations`).
 Takes (dict "root" $ "key" COMPONENT "name" NAME ["clusterScoped" true] ["annotations" DICT]). */}}
 {{- define "metax-operator.metadata" -}}
+{{- include "metax-operator.needs" (list "metadata" . "root" "key" "name") -}}
 name: {{ .name }}
 {{- if not .clusterScoped }}
 namespace: {{ .root.Release.Namespace }}
@@ -64,6 +79,7 @@ annotations:
 {{/* The registry of an image: its own `registry`, else the global one.
 Takes (dict "root" $ "registry" OWN_REGISTRY). */}}
 {{- define "metax-operator.registry" -}}
+{{- include "metax-operator.needs" (list "registry" . "root" "registry") -}}
 {{- .registry | default .root.Values.registry -}}
 {{- end }}
 
@@ -72,6 +88,7 @@ appVersion; with a digest the runtime pulls by digest (the format of src/metax_o
 which the runner uses for the payloads; tests/chart/test_images.py checks they agree).
 Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- define "metax-operator.image" -}}
+{{- include "metax-operator.needs" (list "image" . "root" "image") -}}
 {{- printf "%s/%s:%s" (include "metax-operator.registry" (dict "root" .root "registry" .image.registry)) .image.name (.image.tag | default .root.Chart.AppVersion | toString) -}}
 {{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
@@ -90,8 +107,14 @@ a cluster (`helm template`, Argo CD) or before the install, the values'. Takes $
     {{- if eq .name $name }}{{ $live = .image }}{{ end -}}
   {{- end -}}
 {{- end -}}
+{{- $live | default (include "metax-operator.image" (dict "root" . "image" (include "metax-operator.driverPayloadValuesImage" . | fromJson))) -}}
+{{- end }}
+
+{{/* The values' driver payload (`driver.payload`: registry, name, version, digest) as an image
+map for metax-operator.image, as JSON: its version is the tag. Takes $. */}}
+{{- define "metax-operator.driverPayloadValuesImage" -}}
 {{- $payload := .Values.driver.payload -}}
-{{- $live | default (include "metax-operator.image" (dict "root" . "image" (dict "registry" $payload.registry "name" $payload.name "tag" $payload.version "digest" $payload.digest))) -}}
+{{- dict "registry" $payload.registry "name" $payload.name "tag" $payload.version "digest" $payload.digest | toJson -}}
 {{- end }}
 
 {{/* The deprecated global `tolerations` as a JSON list. The value is a list, or a string from
@@ -124,6 +147,7 @@ a cluster (`helm template`, Argo CD) or before the install, the values'. Takes $
 run only on nodes gpu-label marked. The post-renderer and the runner merge `podTemplateSpec`
 (and the deprecated `tolerations`) into these, never the templates. */}}
 {{- define "metax-operator.schedulingBase" -}}
+{{- include "metax-operator.needs" (list "schedulingBase" . "key") -}}
 {{- $base := dict "tolerations" (list (dict "key" (include "metax-operator.gpuTaint" .) "operator" "Exists" "effect" "NoSchedule")) -}}
 {{- if ne .key "gpuLabel" -}}
   {{- $_ := set $base "nodeSelector" (dict (include "metax-operator.gpuNodeLabel" .) "true") -}}
@@ -135,6 +159,7 @@ run only on nodes gpu-label marked. The post-renderer and the runner merge `podT
 (docs/chart.md): the values key, the base scheduling fields, the merge inputs, and the release
 revision this manifest belongs to (the runner holds its writes until Helm has applied it). */}}
 {{- define "metax-operator.componentAnnotations" -}}
+{{- include "metax-operator.needs" (list "componentAnnotations" . "root" "key") -}}
 {{- $component := (get .root.Values .key).podTemplateSpec -}}
 {{- $tolerations := include "metax-operator.tolerationsList" .root | fromJsonArray -}}
 {{ include "metax-operator.componentAnnotation" . }}: {{ .key }}
@@ -146,6 +171,7 @@ revision this manifest belongs to (the runner holds its writes until Helm has ap
 {{/* Environment every component container gets: its node and namespace (downward API) and
 its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
 {{- define "metax-operator.commonEnv" -}}
+{{- include "metax-operator.needs" (list "commonEnv" . "root" "key") -}}
 {{- $values := get .root.Values .key -}}
 - name: NODE_NAME
   valueFrom:
@@ -155,26 +181,37 @@ its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-{{ include "metax-operator.logEnv" $values.log }}
+{{ include "metax-operator.valuesEnv" (dict "values" $values "group" "log") }}
 {{- end }}
 
-{{/* The log settings as environment: LOG_LEVEL and LOG_FORMAT. Takes the values' `log` mapping. */}}
-{{- define "metax-operator.logEnv" -}}
-- name: LOG_LEVEL
-  value: {{ required "logEnv takes a log mapping with level" .level | quote }}
-- name: LOG_FORMAT
-  value: {{ required "logEnv takes a log mapping with format" .format | quote }}
+{{/* Environment variables from values fields the CR also carries (the group's in
+metax-operator.valuesEnvVars; the runner sets them from the CR): a list joined with commas,
+anything else as its text. Takes (dict "values" VALUES_MAP "group" "log"|COMPONENT). */}}
+{{- define "metax-operator.valuesEnv" -}}
+{{- include "metax-operator.needs" (list "valuesEnv" . "values" "group") -}}
+{{- $values := .values -}}
+{{- $vars := get (include "metax-operator.valuesEnvVars" . | fromJson) .group -}}
+{{- if not $vars }}{{ fail (printf "valuesEnv: no environment group %q" .group) }}{{ end -}}
+{{- $env := list -}}
+{{- range $vars -}}
+  {{- $value := $values -}}
+  {{- range index . 1 }}{{ $value = get $value . }}{{ end -}}
+  {{- $text := "" -}}
+  {{- if kindIs "slice" $value }}{{ $text = join "," $value }}{{ else if not (kindIs "invalid" $value) }}{{ $text = toString $value }}{{ end -}}
+  {{- $env = append $env (dict "name" (index . 0) "value" $text) -}}
+{{- end -}}
+{{- toYaml $env -}}
 {{- end }}
 
 {{/* The `wait-for` init container of a component with prerequisites: it waits until the
 prerequisites' pods on the same node are Ready (docs/chart.md). Takes (dict "root" $ "key" COMPONENT);
 renders nothing for a component without prerequisites. */}}
 {{- define "metax-operator.waitFor" -}}
+{{- include "metax-operator.needs" (list "waitFor" . "root" "key") -}}
 {{- $prerequisites := get (include "metax-operator.prerequisites" .root | fromJson) .key -}}
 {{- if $prerequisites -}}
 - name: wait-for
-  image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
-  imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+  {{- include "metax-operator.toolsContainer" .root | nindent 2 }}
   command:
     - metax-operator
     - wait-for
@@ -191,8 +228,6 @@ renders nothing for a component without prerequisites. */}}
   resources:
     requests: {cpu: 10m, memory: 32Mi}
     limits: {cpu: "1", memory: 128Mi}
-  securityContext:
-    {{- include "metax-operator.podSecurityRestricted" .root | nindent 4 }}
   volumeMounts:
     {{- include "metax-operator.apiAccess.mount" . | nindent 4 }}
 {{- end }}
@@ -214,6 +249,7 @@ seccompProfile:
 {{/* Pod-level fields every component pod shares: service account (its token only in the
 containers that mount `apiAccess.volume`), seccomp, priority, pull secrets. */}}
 {{- define "metax-operator.podCommon" -}}
+{{- include "metax-operator.needs" (list "podCommon" . "root" "name") -}}
 {{ include "metax-operator.podAccount" . }}
 securityContext:
   seccompProfile:
@@ -266,6 +302,7 @@ seccompProfile:
 (dict "root" $ "key" COMPONENT "name" SERVICE_ACCOUNT "roleName" NAME "clusterScoped" BOOL
 "rules" LIST); the rules are written out by the caller so each file shows what it grants. */}}
 {{- define "metax-operator.roleWithBinding" -}}
+{{- include "metax-operator.needs" (list "roleWithBinding" . "root" "key" "name" "roleName" "rules") -}}
 {{- $kind := ternary "ClusterRole" "Role" (.clusterScoped | default false) }}
 apiVersion: rbac.authorization.k8s.io/v1
 kind: {{ $kind }}
@@ -286,6 +323,29 @@ subjects:
   - kind: ServiceAccount
     name: {{ .name }}
     namespace: {{ .root.Release.Namespace }}
+{{- end }}
+
+{{/* The pod-level fields of a pod running the tools image (the runner, the hook Jobs, the helm
+test): its service account, Pod Security "restricted" (the pod-level part of
+metax-operator.podSecurityRestricted), the pull secrets and the scheduling of `scheduling`, the
+values map holding it (`runner` or `hooks`). Takes (dict "root" $ "name" SERVICE_ACCOUNT
+"scheduling" MAP). */}}
+{{- define "metax-operator.toolsPod" -}}
+{{- include "metax-operator.needs" (list "toolsPod" . "root" "name" "scheduling") -}}
+{{ include "metax-operator.podAccount" . }}
+securityContext:
+  {{- pick (include "metax-operator.podSecurityRestricted" .root | fromYaml) "runAsNonRoot" "runAsUser" "runAsGroup" "seccompProfile" | toYaml | nindent 2 }}
+{{- include "metax-operator.pullSecrets" .root }}
+{{- include "metax-operator.podScheduling" .scheduling }}
+{{- end }}
+
+{{/* The fields every container running the tools image has: the image, its pull policy and
+Pod Security "restricted". Takes $. */}}
+{{- define "metax-operator.toolsContainer" -}}
+image: {{ include "metax-operator.image" (dict "root" . "image" .Values.tools.image) }}
+imagePullPolicy: {{ .Values.imagePullPolicy }}
+securityContext:
+  {{- include "metax-operator.podSecurityRestricted" . | nindent 2 }}
 {{- end }}
 
 {{/* The nodeSelector, affinity and tolerations of a tools-image pod (runner, hook Jobs, helm
@@ -309,30 +369,20 @@ tolerations:
 `health` (the Deployment) it serves its health endpoint, which the kubelet probes.
 Takes (dict "root" $ "key" "runner" "name" SERVICE_ACCOUNT "command" LIST ["health" true]). */}}
 {{- define "metax-operator.runnerPod" -}}
+{{- include "metax-operator.needs" (list "runnerPod" . "root" "name" "command") -}}
 {{- $runner := .root.Values.runner -}}
-{{ include "metax-operator.podAccount" . }}
-securityContext:
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  seccompProfile:
-    type: RuntimeDefault
-{{- include "metax-operator.pullSecrets" .root }}
-{{- include "metax-operator.podScheduling" $runner }}
+{{ include "metax-operator.toolsPod" (merge (dict "scheduling" $runner) .) }}
 containers:
   - name: runner
-    image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
-    imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+    {{- include "metax-operator.toolsContainer" .root | nindent 4 }}
     command:
       {{- toYaml .command | nindent 6 }}
     env:
-      {{- include "metax-operator.logEnv" $runner.log | nindent 6 }}
+      {{- include "metax-operator.valuesEnv" (dict "values" $runner "group" "log") | nindent 6 }}
       - name: POD_NAME
         valueFrom:
           fieldRef:
             fieldPath: metadata.name
-    securityContext:
-      {{- include "metax-operator.podSecurityRestricted" .root | nindent 6 }}
     {{- with $runner.resources }}
     resources:
       {{- toYaml . | nindent 6 }}

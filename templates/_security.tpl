@@ -135,6 +135,7 @@ conditions of the table:
   noNetworkPolicy      `networkPolicy.enabled` is false
   noCpuLimit           `resources` has no CPU limit */}}
 {{- define "metax-operator.checkov.skips" -}}
+{{- include "metax-operator.needs" (list "checkov.skips" . "root" "object") -}}
 {{- $table := include "metax-operator.checkov.table" . | fromYaml -}}
 {{- $entries := dict -}}
 {{- if .images -}}

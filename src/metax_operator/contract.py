@@ -60,6 +60,20 @@ REVISION_LABEL = "controller-revision-hash"
 #: `enableRollout`: a strategy that let the DaemonSet controller replace pods would take effect
 #: the moment any writer (a Helm upgrade, an Argo CD sync, a rollback) rendered it mid-rollout.
 DRIVER_UPDATE_STRATEGY = {"type": "OnDelete"}
+#: Environment variables rendered from a values field the CR also carries, VAR -> the field's path
+#: under the component's values (the CR's `spec.<component>`): the chart renders them, and the
+#: runner sets them from the CR. `LOG_ENV` is on every component container (and the runner's, from
+#: `runner.log`); `COMPONENT_ENV` on a component's main container. A list is joined with commas.
+LOG_ENV = {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")}
+COMPONENT_ENV = {
+    "driver": {
+        "DEPLOY_POLICY": ("deployPolicy",),
+        "FW_UPGRADE_POLICY": ("fwUpgradePolicy",),
+        "FW_ENABLE_VIRT": ("fwEnableVirt",),
+    },
+    "gpuDevice": {"HEALTHY_INTERVAL": ("healthyInterval",)},
+    "maca": {"PAYLOAD_IMAGES": ("payload", "images")},
+}
 #: Field selector of the pods the runner and the hooks read: every pod not yet finished.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 

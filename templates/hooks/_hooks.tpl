@@ -5,12 +5,14 @@ Helpers of the hook Jobs (docs/hooks.md). Every hook object carries the annotati
 
 {{/* The name of a hook's objects: `<fullname>-<hook>`. Takes (dict "root" $ "hook" NAME). */}}
 {{- define "metax-operator.hooks.name" -}}
+{{- include "metax-operator.needs" (list "hooks.name" . "root" "hook") -}}
 {{- printf "%s-%s" (include "metax-operator.fullname" .root) .hook | trunc 63 | trimSuffix "-" -}}
 {{- end }}
 
 {{/* Whether a hook renders as a Helm hook: always for pre-delete and test hooks (as plain
 resources they would run at install), else `hooks.useHelmHooks`. Takes (dict "root" $ "phases" STRING). */}}
 {{- define "metax-operator.hooks.isHook" -}}
+{{- include "metax-operator.needs" (list "hooks.isHook" . "root" "phases") -}}
 {{- if or .root.Values.hooks.useHelmHooks (has .phases (list "pre-delete" "test")) -}}true{{- end -}}
 {{- end }}
 
@@ -22,6 +24,7 @@ cleanup is also an Argo CD PostDelete hook (Argo CD has no pre-delete hook; it r
 ones once the application's resources are deleted). Takes (dict "root" $ "phases" STRING "weight" INT
 ["wave" INT] ["deletePolicy" STRING]). */}}
 {{- define "metax-operator.hooks.annotations" -}}
+{{- include "metax-operator.needs" (list "hooks.annotations" . "root" "phases") -}}
 {{- $annotations := dict -}}
 {{- if include "metax-operator.hooks.isHook" . -}}
   {{- $_ := set $annotations "helm.sh/hook" .phases -}}
@@ -39,9 +42,10 @@ ones once the application's resources are deleted). Takes (dict "root" $ "phases
 {{/* A hook's ServiceAccount and RBAC (weight -5): a ClusterRole for the cluster-scoped
 `clusterRules`, a Role in the release namespace for `rules`; either may be empty.
 `clusterAnnotations`, when given, replace the hook annotations of the ClusterRole and its binding.
-Takes (dict "root" $ "hook" NAME "phases" STRING "clusterRules" LIST "rules" LIST ["key" COMPONENT_LABEL]
+Takes (dict "root" $ "hook" NAME "phases" STRING ["clusterRules" LIST] ["rules" LIST] ["key" COMPONENT_LABEL]
 ["wave" INT] ["clusterAnnotations" DICT]). */}}
 {{- define "metax-operator.hooks.rbac" -}}
+{{- include "metax-operator.needs" (list "hooks.rbac" . "root" "hook" "phases") -}}
 {{- $name := include "metax-operator.hooks.name" . -}}
 {{- $annotations := include "metax-operator.hooks.annotations" (merge (dict "weight" -5) (pick . "root" "phases" "wave")) | fromJson -}}
 {{- $ctx := dict "root" .root "key" (.key | default "hooks") "name" $name "roleName" $name "annotations" $annotations -}}
@@ -66,31 +70,17 @@ Pod Security "restricted", `hooks.resources` and scheduling (`hooks.nodeSelector
 ConfigMap name}) under /etc/metax-operator/<volume name>, and a writable /tmp.
 Takes (dict "root" $ "name" SERVICE_ACCOUNT "args" LIST ["mounts" DICT] ["restartPolicy" STRING]). */}}
 {{- define "metax-operator.hooks.podSpec" -}}
-serviceAccountName: {{ .name }}
-automountServiceAccountToken: false
+{{- include "metax-operator.needs" (list "hooks.podSpec" . "root" "name" "args") -}}
+{{ include "metax-operator.toolsPod" (merge (dict "scheduling" .root.Values.hooks) .) }}
 restartPolicy: {{ .restartPolicy | default "Never" }}
-securityContext:
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  seccompProfile:
-    type: RuntimeDefault
-{{- with .root.Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- include "metax-operator.podScheduling" .root.Values.hooks }}
 containers:
   - name: {{ index .args 0 }}
-    image: {{ include "metax-operator.image" (dict "root" .root "image" .root.Values.tools.image) }}
-    imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+    {{- include "metax-operator.toolsContainer" .root | nindent 4 }}
     command: [metax-operator]
     args:
       {{- toYaml .args | nindent 6 }}
     resources:
       {{- toYaml .root.Values.hooks.resources | nindent 6 }}
-    securityContext:
-      {{- include "metax-operator.podSecurityRestricted" .root | nindent 6 }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp
@@ -121,6 +111,7 @@ tool would re-create a deleted Job and run it again and again.
 Takes (dict "root" $ "hook" NAME "phases" STRING "weight" INT "args" LIST ["mounts" DICT]
 ["checksum" STRING] ["wave" INT]). */}}
 {{- define "metax-operator.hooks.job" -}}
+{{- include "metax-operator.needs" (list "hooks.job" . "root" "hook" "phases" "weight" "args") -}}
 {{- $name := include "metax-operator.hooks.name" . -}}
 {{- $isHook := include "metax-operator.hooks.isHook" . -}}
 {{- $annotations := include "metax-operator.hooks.annotations" . | fromJson -}}

@@ -17,20 +17,19 @@ from typing import Any
 from metax_operator.chart import images
 from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import (
+    COMPONENT_ENV,
     DAEMONSETS,
     DRIVER_PAYLOAD_CONTAINER,
     DRIVER_UPDATE_STRATEGY,
+    LOG_ENV,
     MACA_PAYLOAD_PREFIX,
 )
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
 
-#: Environment variables the chart renders from CR fields: component -> {VAR: spec path under
-#: `spec.<component>`}. `LOG_*` are on every component's containers.
-ENV = {key: {"LOG_LEVEL": ("log", "level"), "LOG_FORMAT": ("log", "format")} for key in DAEMONSETS}
-ENV["driver"].update(DEPLOY_POLICY=("deployPolicy",), FW_UPGRADE_POLICY=("fwUpgradePolicy",), FW_ENABLE_VIRT=("fwEnableVirt",))
-ENV["gpuDevice"].update(HEALTHY_INTERVAL=("healthyInterval",))
-ENV["maca"].update(PAYLOAD_IMAGES=("payload", "images"))
+#: The environment variables the chart renders from CR fields (`metax-operator.valuesEnv`, from
+#: the same contract): component -> {VAR: path under `spec.<component>`}.
+ENV = {key: {**LOG_ENV, **COMPONENT_ENV.get(key, {})} for key in DAEMONSETS}
 
 
 def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
@@ -229,7 +228,7 @@ def _set(obj: dict, path: tuple[str, ...], value: Any) -> None:
 
 
 def _env_value(value: Any) -> str:
-    """The string Helm's `quote` renders for a value (`true`, `5`, a comma-joined list)."""
+    """The text `metax-operator.valuesEnv` renders for a value (`true`, `5`, a comma-joined list)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

@@ -68,6 +68,10 @@ def render_contract_template() -> str:
     """templates/_contract.tpl."""
     components = [[key, c.daemonset] for key, c in contract.COMPONENTS.items()]
     prerequisites = {key: list(c.prerequisites) for key, c in contract.COMPONENTS.items()}
+    env_groups = {
+        group: [[var, list(path)] for var, path in variables.items()]
+        for group, variables in {"log": contract.LOG_ENV, **contract.COMPONENT_ENV}.items()
+    }
     daemonsets = " ".join(f'"{key}" "{name}"' for key, name in contract.DAEMONSETS.items())
     parts = [
         f"{{{{- /* {generated_note('src/metax_operator/contract.py')}\n"
@@ -92,6 +96,10 @@ def render_contract_template() -> str:
         "{{/* The driver DaemonSet's updateStrategy, as JSON, whatever the policy: its pods are\n"
         "replaced only when the runner deletes them. The runner applies the same. */}}\n"
         f'{{{{- define "metax-operator.driverUpdateStrategy" -}}}}\n{_json(contract.DRIVER_UPDATE_STRATEGY)}\n{{{{- end }}}}\n',
+        "{{/* The environment variables rendered from values fields the CR also carries, as a JSON\n"
+        "object {group: [[VAR, [path under the values map]]]}: `log` for the log settings, else a\n"
+        "component's values key. The runner sets the same variables from the CR. */}}\n"
+        f'{{{{- define "metax-operator.valuesEnvVars" -}}}}\n{_json(env_groups)}\n{{{{- end }}}}\n',
         *(_configmap_data(name) for name in contract.CONFIGMAPS),
         "{{/* Label, annotation and object names. */}}",
     ]
