@@ -230,6 +230,7 @@ class Fleet:
         self.nodes = node_cache(self.pods)
         self.status: dict | None = None
         self.serial = 0
+        self.cordoned: set[str] = set()  # as the executor cordons and uncordons
 
     def decide(self, pol, now: float) -> engine.Decision:
         snap = build(
@@ -239,10 +240,12 @@ class Fleet:
             [],
             applied_cr(),
             self.status,
+            cordoned=self.cordoned & set(self.nodes),
             nodes=self.nodes,
         )
         decision = engine.decide(snap.observed, pol, UpgradeStatus.from_json(self.status) if self.status else None, now)
         self.status = decision.status.to_json()
+        self.cordoned = (self.cordoned | {ref.node for ref in decision.delete}) - set(decision.uncordon)
         for ref in decision.delete:
             self.serial += 1
             self.pods[ref.node] = pod(f"p-{ref.node}-{self.serial}", ref.node, "new", ready=False)
@@ -282,6 +285,8 @@ def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback
     st = UpgradeStatus.from_json(fleet.status)
     assert st.phase == engine.IDLING and st.step.current_step_state == engine.COMPLETED, st.message
     assert st.step.total_upgrade_replicas == 3 and not st.resume.failed.names
+    # The runner's cordon of n03 is lifted once no driver is coming (a relabelled node stays on).
+    assert not fleet.cordoned & set(fleet.nodes), fleet.cordoned
 
 
 def test_a_wave_node_still_selected_but_without_its_pod_yet_stays_in_the_wave():

@@ -558,8 +558,9 @@ class _Waves(_PassState):
                 deleting.add(pod.node)
             elif pod.node not in live or pod.created > live[pod.node].created:
                 live[pod.node] = pod
-        # A node whose wait or drain timed out keeps its driver: its swap is given up.
-        wave = set(self.resume.wave) - set(self.resume.timed_out_nodes)
+        # A node whose wait or drain timed out keeps its driver: its swap is given up. A node that
+        # left the DaemonSet mid-wave (relabelled) gets no driver back: nothing is coming.
+        wave = (set(self.resume.wave) & self.observed.nodes) - set(self.resume.timed_out_nodes)
         doomed = set(self.resume.wave_uids)
         back = set()
         for node in self.observed.cordoned - deleting:
