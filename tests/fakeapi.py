@@ -90,6 +90,13 @@ class FakeApi:
         with self._lock:
             return self._store(path, obj, "ADDED")
 
+    def delete(self, path: str) -> None:
+        """Remove the object at `path`, as deleted by someone else (the watches get DELETED)."""
+        with self._lock:
+            live = self.objects.pop(path)
+            self.version += 1
+            self._notify(path, "DELETED", live)
+
     def get(self, path: str) -> dict | None:
         with self._lock:
             return copy.deepcopy(self.objects.get(path))
@@ -118,6 +125,14 @@ class FakeApi:
         """How many watches of `collection` are open."""
         with self._lock:
             return sum(1 for path, _, _ in self._watchers if path == collection)
+
+    def expire_watches(self) -> None:
+        """Answer every open watch with `410 Gone`, as the API server does when the version the
+        watch resumed from was compacted away: the watchers list again. (A watch merely ended
+        would lose the events until the client watches again: this server replays none.)"""
+        with self._lock:
+            for _, _, events in self._watchers:
+                events.put({"type": "ERROR", "object": _status(410, "too old resource version")})
 
     def close_watches(self) -> None:
         """End every open watch (as the server does at timeoutSeconds)."""

@@ -289,6 +289,22 @@ def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback
     assert not fleet.cordoned & set(fleet.nodes), fleet.cordoned
 
 
+def test_a_new_revision_takes_over_the_nodes_whose_pod_is_not_back_yet():
+    # maxParallel 1: n00's old pod is deleted, and before the DaemonSet controller re-creates it
+    # a next driver revision lands. n00 has no driver: the new rollout must not take n01 as well.
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    fleet, now = Fleet(2), T0
+    assert [ref.node for ref in fleet.decide(pol, now).delete] == ["n00"]
+    del fleet.pods["n00"]  # the DaemonSet controller lags
+    following = {"spec": {**NEW["spec"], "containers": [{"name": "driver-manager", "image": "driver:3"}]}}
+    fleet.ds = daemonset(template=following)
+    fleet.revs.append(project_revision(revision("next", 3, template=following)))
+    decision = fleet.decide(pol, now + 1)
+    assert decision.delete == [] and decision.status.resume.wave == ["n00"], decision.status.message
+    fleet.pods["n00"] = pod("p-n00-next", "n00", "next")  # back, at the new revision, Ready
+    assert [ref.node for ref in fleet.decide(pol, now + 2).delete] == ["n01"]
+
+
 def test_a_wave_node_still_selected_but_without_its_pod_yet_stays_in_the_wave():
     status = {"resume": {"wave": ["n01"]}}
     pods = [project_driver_pod(pod("p0", "n00", "new"))]

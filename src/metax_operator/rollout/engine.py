@@ -618,8 +618,9 @@ class _IdleAndRollback(_Waves):
         self.step.last_pod_spec_revision = self.resume.stable_revision
         self.step.upgrading_pod_spec_revision = self.observed.current_revision
         self.status.phase = PROGRESSING
-        self.resume.wave, self.resume.wave_kind, self.resume.retry_queue = [], "", []
-        self.resume.abandoned_revision, self.resume.timed_out_nodes = "", []
+        if not self._take_over_wave(WaveKind.UPGRADE):
+            self.resume.wave_kind = ""
+        self.resume.retry_queue, self.resume.abandoned_revision, self.resume.timed_out_nodes = [], "", []
         self._clear_runner_pause()
         for kind in (ConditionType.SUCCEED, ConditionType.FAILED, ConditionType.TERMINATING):
             self._condition(kind, "False", reason, message)
@@ -628,9 +629,24 @@ class _IdleAndRollback(_Waves):
         self._enter_step(self._resume_index())
         return self._progress
 
+    def _take_over_wave(self, kind: WaveKind) -> bool:
+        """A rollout or a rollback starts: the wave in flight is replaced by one of `kind` holding
+        its nodes whose driver pod is gone and not re-created yet. The DaemonSet controller will
+        give them a pod, which the new wave replaces if it is not of its revision: they are being
+        swapped still, and forgotten they would hold no slot, so that the new wave could take
+        `maxParallel` more nodes while they have no driver. Its start time is kept: the
+        readiness timeout runs from their deletion. Whether there were any."""
+        with_pods = {p.node for p in self.observed.pods}
+        gone = [n for n in self.resume.wave if n in self.observed.nodes and n not in with_pods]
+        self.resume.wave = gone
+        if gone:
+            self.resume.wave_kind, self.resume.wave_uids = kind, []
+        return bool(gone)
+
     def _begin_rollback(self, phase: str, reason: Reason, message: str) -> Handler:
         self.status.phase = phase
-        self.resume.wave, self.resume.retry_queue, self.resume.timed_out_nodes = [], [], []
+        self._take_over_wave(WaveKind.ROLLBACK)
+        self.resume.retry_queue, self.resume.timed_out_nodes = [], []
         self.resume.abandoned_revision = self.step.upgrading_pod_spec_revision
         self._clear_runner_pause()
         self._condition(ConditionType.TERMINATING, "True", reason, message)
@@ -750,7 +766,8 @@ class _Pass(_IdleAndRollback):
             replaced = step.upgrading_pod_spec_revision
             self._event("Normal", Reason.NEW_REVISION, f"driver revision {current} replaces {replaced}: restarting at step 0")
             step.upgrading_pod_spec_revision = current
-            self.resume.wave, self.resume.retry_queue, self.resume.timed_out_nodes = [], [], []
+            self._take_over_wave(WaveKind.UPGRADE)
+            self.resume.retry_queue, self.resume.timed_out_nodes = [], []
             self._clear_runner_pause()
             self._enter_step(self._resume_index())
             return self._progress

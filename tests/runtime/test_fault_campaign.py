@@ -1,0 +1,16 @@
+"""The fault campaign of tests/runtime/fault_campaign.py, short: `make bench` runs it long."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+from tests.runtime import fault_campaign
+
+SHORT = settings(max_examples=20, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def test_the_rollout_stays_within_the_policy_whatever_happens_to_the_fleet():
+    fault_campaign.Campaign.TestCase.settings = SHORT
+    fault_campaign.Campaign.TestCase().runTest()
+    figures = fault_campaign.FIGURES
+    assert figures.deletions > 0 and len(figures.sequences) > 1, figures
