@@ -2,8 +2,8 @@
 against the fake API server, under random sequences of fleet, API-server, runner and admin
 faults, every invariant checked after every pass. Prints the examples, steps, passes, driver
 pods the runner replaced, distinct fault sequences explored and the time per step.
-`python -m tests.bench fault_campaign` (env METAX_BENCH_CAMPAIGN_EXAMPLES, default 300, and
-METAX_BENCH_CAMPAIGN_STEPS, default 50 steps per example).
+`python -m tests.bench fault_campaign` (env METAX_BENCH_CAMPAIGN_EXAMPLES, default 150, and
+METAX_BENCH_CAMPAIGN_STEPS, default 40 steps per example).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from tests.runtime import fault_campaign
 
 
 def main() -> None:
-    examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", "300"))
-    steps = int(os.environ.get("METAX_BENCH_CAMPAIGN_STEPS", "50"))
+    examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", "150"))
+    steps = int(os.environ.get("METAX_BENCH_CAMPAIGN_STEPS", "40"))
     fault_campaign.Campaign.TestCase.settings = settings(
         max_examples=examples,
         stateful_step_count=steps,

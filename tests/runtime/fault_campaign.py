@@ -106,9 +106,7 @@ class Fleet:
 
     def driver_pods(self) -> dict[str, dict]:
         """node -> its driver pod."""
-        return {
-            obj["spec"]["nodeName"]: obj for path, obj in self.api.objects.items() if path.startswith(PODS + "/driver-")
-        }
+        return {obj["spec"]["nodeName"]: obj for path, obj in self.api.objects.items() if path.startswith(PODS + "/driver-")}
 
     def template_revision(self) -> str:
         template = self.api.get(DS)["spec"]["template"]
@@ -414,7 +412,15 @@ class Campaign(RuleBasedStateMachine):
         first = len(self.api.requests)
         went_through = True
         try:
-            reconcile.apply(runner.api, reconcile.Observed(NS, cr), reconcile.Outcome(), runner.guard, runner.clock, applied=False, rollout=runner)
+            reconcile.apply(
+                runner.api,
+                reconcile.Observed(NS, cr),
+                reconcile.Outcome(),
+                runner.guard,
+                runner.clock,
+                applied=False,
+                rollout=runner,
+            )
         except (ApiException, LostLeadership):
             went_through = False
         deleted = {
