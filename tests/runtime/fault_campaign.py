@@ -41,6 +41,7 @@ from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, revision
+from tests.runtime.test_runner_trace import driver_pod
 from tests.waiting import eventually
 
 NS = "metax"
@@ -134,21 +135,8 @@ class Fleet:
 
     def add_pod(self, node: str, rev: str, ready: bool) -> None:
         name = f"driver-{node}-{next(self.serial)}"
-        self.api.put(
-            f"{PODS}/{name}",
-            {
-                "metadata": {
-                    "name": name,
-                    "namespace": NS,
-                    "uid": f"uid-{name}",
-                    "creationTimestamp": rfc3339(self.clock()),
-                    "labels": {"controller-revision-hash": rev, "app.kubernetes.io/component": "driver"},
-                    "ownerReferences": [{"kind": "DaemonSet", "uid": daemonset()["metadata"]["uid"], "name": "metax-driver"}],
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}]},
-            },
-        )
+        owner = daemonset()["metadata"]["uid"]
+        self.api.put(f"{PODS}/{name}", driver_pod(name, NS, node, rev, owner, rfc3339(self.clock()), ready))
 
     def controller(self) -> None:
         """OnDelete: a selected node without a driver pod gets one at the template's revision;

@@ -95,21 +95,23 @@ class Controller:
     def add_pod(self, node: str, owner: str, revision: str) -> None:
         self.serial += 1
         name = f"driver-{node}-{self.serial}"
-        self.api.put(
-            f"{PODS}/{name}",
-            {
-                "metadata": {
-                    "name": name,
-                    "namespace": NS,
-                    "uid": f"uid-{name}",
-                    "creationTimestamp": "2027-01-15T07:00:00Z",
-                    "labels": {"controller-revision-hash": revision, "app.kubernetes.io/component": "driver"},
-                    "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}],
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-            },
-        )
+        self.api.put(f"{PODS}/{name}", driver_pod(name, NS, node, revision, owner, "2027-01-15T07:00:00Z"))
+
+
+def driver_pod(name: str, namespace: str, node: str, revision: str, owner: str, created: str, ready: bool = True) -> dict:
+    """A driver pod as the DaemonSet controller creates it, Running."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "labels": {"controller-revision-hash": revision, "app.kubernetes.io/component": "driver"},
+            "ownerReferences": [{"kind": "DaemonSet", "uid": owner, "name": "metax-driver"}],
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}]},
+    }
 
 
 def normalized(api: FakeApi) -> list[dict]:
