@@ -5,9 +5,11 @@ tests/fakeapi.py, whose steps are what happens to a fleet during a driver rollou
 - the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin, labelled
   skip; driver pods deleted by someone else, failing (never Ready), slow (Ready only when the
   kubelet step says so); GPU jobs bound and finished at any moment;
-- the API server: watches answered 410 Gone (the caches list again), the next write of a kind answered 409, 422, 500 or
-  403, writes failing until cleared (the runner killed between two writes), the lease lost;
-- the runner: passes, restarted with fresh caches;
+- the API server: watches answered 410 Gone (the caches list again), a LIST answered 500 (the
+  caches failing), the next write of a kind answered 409, 422, 500 or 403, writes failing until
+  cleared (the runner killed between two writes);
+- the runner: passes, restarted with fresh caches, its lease lost between passes or mid-batch;
+- the template: a next driver version landing mid-rollout;
 - the administrator: pause, enableRollout and maxParallel edited at any step; the clock moves on.
 
 `Fleet` plays the DaemonSet controller (OnDelete: a node without a driver pod gets one at the
@@ -169,7 +171,7 @@ class Campaign(RuleBasedStateMachine):
         self.api = FakeApi().__enter__()
         self.fleet = Fleet(self.api, lambda: self.now)
         self.now = T0
-        self.lease = {"held": True}
+        self.lease = {"held": True, "checks_left": None}  # see `lease_guard`
         self.runner: RolloutPass | None = None
         self.swapping: set[str] = set()  # nodes whose driver pod the runner deleted, not back yet
         self.failed: set[str] = set()  # the status's failed nodes after the last pass
@@ -216,7 +218,16 @@ class Campaign(RuleBasedStateMachine):
         self.runner = self.new_runner()
 
     def new_runner(self) -> RolloutPass:
-        return RolloutPass(self.api.client(attempts=1), NS, guard=lambda: self.lease["held"], clock=lambda: self.now)
+        return RolloutPass(self.api.client(attempts=1), NS, guard=self.lease_guard, clock=lambda: self.now)
+
+    def lease_guard(self) -> bool:
+        """The runner's lease check (one before each write): held, unless lost, or lapsing after
+        the number of checks `lease_lapses_mid_pass` set."""
+        left = self.lease["checks_left"]
+        if left is not None:
+            self.lease["checks_left"] = left - 1 if left else None
+            self.lease["held"] = self.lease["held"] and left > 0
+        return self.lease["held"]
 
     def teardown(self) -> None:
         try:
@@ -245,7 +256,13 @@ class Campaign(RuleBasedStateMachine):
     @rule(held=st.booleans())
     def lease_changes(self, held: bool) -> None:
         self.step(f"lease-{held}")
-        self.lease["held"] = held
+        self.lease.update(held=held, checks_left=None)
+
+    @rule(checks=st.integers(0, 4))
+    def lease_lapses_mid_pass(self, checks: int) -> None:
+        """The lease is lost after the runner's next `checks` lease checks: mid-batch."""
+        self.step("lease-lapses")
+        self.lease["checks_left"] = checks
 
     # -- the fleet ----------------------------------------------------------------------------
 
@@ -339,6 +356,21 @@ class Campaign(RuleBasedStateMachine):
         self.step("watches-expire")
         self.api.expire_watches()
 
+    @precondition(lambda self: self.runner.watches is not None)
+    @rule(collection=st.sampled_from([NODES, "/api/v1/pods", PODS]))
+    def relist_fails(self, collection: str) -> None:
+        """The watches expire and the caches' next LIST of `collection` answers 500: a pass while
+        they are failing takes no node and writes nothing; they list again within a second."""
+        self.step("relist-fails")
+        self.api.fail("GET", collection, 500)
+        self.api.expire_watches()
+        watches = self.runner.watches
+        eventually(lambda: watches.failing(), 10, f"a cache of {collection} failing")
+        first = len(self.api.requests)
+        self.run_pass(wait=False)
+        writes = [r for r in self.api.requests[first:] if r.method != "GET"]
+        assert not writes or not watches.failing(), f"a pass on failing caches wrote {writes}"
+
     @rule(write=st.sampled_from(WRITES), status=st.sampled_from([409, 422, 500, 403]), data=st.data())
     def write_refused(self, write, status: int, data) -> None:
         """The next matching write is refused once."""
@@ -385,13 +417,18 @@ class Campaign(RuleBasedStateMachine):
 
     # -- the checks ---------------------------------------------------------------------------
 
-    def run_pass(self) -> bool:
+    def run_pass(self, wait: bool = True) -> bool:
         """One runner pass as `reconcile.apply` runs it, once its caches hold what the API
-        server sent them; the invariants of one pass checked. Whether it went through."""
+        server sent them (unless not to `wait`); the invariants of one pass checked. Whether it
+        went through."""
         FIGURES.passes += 1
         runner = self.runner
-        if runner.watches is not None:
-            eventually(lambda: runner.watches.synced() and self.api.delivered(runner.watches.all), 30, "the caches")
+        if runner.watches is not None and wait:
+            eventually(
+                lambda: runner.watches.synced() and not runner.watches.failing() and self.api.delivered(runner.watches.all),
+                30,
+                "the caches",
+            )
         cr = self.api.get(CR)
         policy = cr["spec"]["driver"]["upgradePolicy"]
         before = self.fleet.driver_pods()
@@ -457,7 +494,7 @@ class Campaign(RuleBasedStateMachine):
         """The faults end, failed drivers are fixed, jobs end, the admin resumes: the rollout
         finishes, and only the admin's cordons remain."""
         self.api.clear_faults()
-        self.lease["held"] = True
+        self.lease.update(held=True, checks_left=None)
         self.fleet.failing.clear()
         for path in [p for p in self.api.objects if p.startswith(JOBS + "/")]:
             self.api.delete(path)
