@@ -324,6 +324,7 @@ def test_gpu_nodes_need_allocatable_gpus():
         node("gpu-1", allocatable={"metax-tech.com/gpu": "8"}),
         node("gpu-2", allocatable={"metax-tech.com/gpu": "0"}),
         node("gpu-3", allocatable={"metax-tech.com/sgpu": "16"}),
+        node("gpu-4", allocatable={"metax-tech.com/gpu": "0", "metax-tech.com/vfio-gpu": "8"}),  # all bound to vfio-pci
         node("cpu-1", gpu=False),
     ]
     assert test.check_gpu_nodes(nodes) == ["node gpu-2: no allocatable metax-tech.com/gpu (a component is not working there)"]

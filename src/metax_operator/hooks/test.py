@@ -6,8 +6,9 @@ Checks, each failure printed as one line naming what is wrong and where, exit 1 
 - `driver-config` and `metax-vfio-config` parse (the same parsers the runner uses);
 - the exporter Service answers on /metrics, when the exporter is enabled;
 - every GPU node (`metax-tech.com/gpu.installed=true`) shows allocatable `metax-tech.com/gpu`
-  (or `metax-tech.com/sgpu` in sGPU mode, seed §3.2.10): the seed's proof that every component
-  works on it;
+  (or `metax-tech.com/sgpu` in sGPU mode, seed §3.2.10, or `metax-tech.com/vfio-gpu` when
+  vfio-manager bound its GPUs to vfio-pci for virtual machines, seed §3.2.6.1): the seed's proof
+  that every component works on it;
 - the workload rules (`workloads.problems`, the runner's `WorkloadsValid` condition in the same
   words): sGPU mode and QoS labels, sGPU's prerequisites, the GPU pods' `METAX_MACA_VERSION`;
 - the runner's last pass did not fail (the CR's `RunnerHealthy` condition is not False: a runner
@@ -33,13 +34,14 @@ from metax_operator.contract import (
     GPU_RESOURCE,
     LIVE_PODS,
     SGPU_RESOURCE,
+    VFIO_RESOURCE,
 )
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.runtime import kube
 from metax_operator.runtime.reconcile import RUNNER_HEALTHY
 
-GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE)
+GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE, VFIO_RESOURCE)
 #: Node names listed per failing DaemonSet before "and N more".
 SHOWN_NODES = 5
 
