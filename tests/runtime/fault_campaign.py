@@ -38,18 +38,14 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, SKIP_LABEL
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import reconcile
 from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, revision
+from tests.runtime.test_rollout_pass import CR, DS, NS, PODS, cluster_operator, run_pass
 from tests.runtime.test_runner_trace import driver_pod
 from tests.waiting import eventually
 
-NS = "metax"
-CR = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
-DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets/metax-driver"
-PODS = f"/api/v1/namespaces/{NS}/pods"
 JOBS = "/api/v1/namespaces/ml/pods"
 NODES = "/api/v1/nodes"
 SELECTOR = {GPU_NODE_LABEL: "true"}
@@ -194,8 +190,7 @@ class Campaign(RuleBasedStateMachine):
         self.api.put(f"{REVISIONS}/metax-driver-old", revision("old", 1, template=OLD_TEMPLATE))
         self.api.put(f"{REVISIONS}/metax-driver-new", revision("new", 2, template=NEW_TEMPLATE))
         for _ in range(nodes):
-            self.add_node()
-            self.fleet.add_pod(self.last_node, "old", ready=True)
+            self.fleet.add_pod(self.new_node(), "old", ready=True)
         policy = {
             "enableRollout": True,
             "pause": False,
@@ -205,16 +200,7 @@ class Campaign(RuleBasedStateMachine):
             "readinessTimeout": f"{READINESS_TIMEOUT}s",
             "upgradeSteps": [{"replicas": "50%", "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
         }
-        self.api.put(
-            CR,
-            {
-                "apiVersion": "gpu.metax-tech.com/v1",
-                "kind": "ClusterOperator",
-                "metadata": {"name": "cluster-operator", "generation": 3, "uid": "cr-uid"},
-                "spec": {"driver": {"payload": {"version": "2"}, "upgradePolicy": policy}},
-                "status": {"observedGeneration": 3},
-            },
-        )
+        self.api.put(CR, cluster_operator(policy))
         self.runner = self.new_runner()
 
     def new_runner(self) -> RolloutPass:
@@ -285,8 +271,13 @@ class Campaign(RuleBasedStateMachine):
     @rule()
     def add_node(self) -> None:
         self.step("add-node")
-        self.last_node = f"n{next(self.names)}"
-        self.api.put(f"{NODES}/{self.last_node}", {"metadata": {"name": self.last_node, "labels": dict(SELECTOR)}, "spec": {}})
+        self.new_node()
+
+    def new_node(self) -> str:
+        """A GPU node the DaemonSet selects; its name."""
+        name = f"n{next(self.names)}"
+        self.api.put(f"{NODES}/{name}", {"metadata": {"name": name, "labels": dict(SELECTOR)}, "spec": {}})
+        return name
 
     @rule(data=st.data())
     def delete_node(self, data) -> None:
@@ -418,7 +409,7 @@ class Campaign(RuleBasedStateMachine):
     # -- the checks ---------------------------------------------------------------------------
 
     def run_pass(self, wait: bool = True) -> bool:
-        """One runner pass as `reconcile.apply` runs it, once its caches hold what the API
+        """One runner pass (`run_pass`: the rollout's half, as `reconcile.apply` runs it), once its caches hold what the API
         server sent them (unless not to `wait`); the invariants of one pass checked. Whether it
         went through."""
         FIGURES.passes += 1
@@ -429,23 +420,14 @@ class Campaign(RuleBasedStateMachine):
                 30,
                 "the caches",
             )
-        cr = self.api.get(CR)
-        policy = cr["spec"]["driver"]["upgradePolicy"]
+        policy = self.api.get(CR)["spec"]["driver"]["upgradePolicy"]
         before = self.fleet.driver_pods()
         jobs = {p.rsplit("-", 1)[1] for p in self.api.objects if p.startswith(JOBS + "/job-")}
         template = self.fleet.template_revision()
         first = len(self.api.requests)
         went_through = True
         try:
-            reconcile.apply(
-                runner.api,
-                reconcile.Observed(NS, cr),
-                reconcile.Outcome(),
-                runner.guard,
-                runner.clock,
-                applied=False,
-                rollout=runner,
-            )
+            run_pass(self.api, runner)
         except (ApiException, LostLeadership):
             went_through = False
         deleted = {
