@@ -6,8 +6,9 @@ codes, retries and watch streaming), with just enough of the API behind it:
 
 - objects in memory by path, each write bumping a global resourceVersion;
 - GET of an object or a collection (label selectors `k=v`, field selectors `a.b=v`/`a.b!=v`,
-  pagination with `limit`/`continue`), WATCH of a collection (events the test pushes, one JSON
-  line each, or the 410 a test asks for);
+  pagination with `limit`/`continue`), WATCH of a collection (the changes since its
+  resourceVersion, then each write and the events the test pushes, one JSON line each, or the
+  410 a test asks for);
 - PUT with the resourceVersion precondition (409 on a stale one), PATCH as JSON patch (add,
   remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
   DELETE with a uid precondition (409), POST;
@@ -62,6 +63,7 @@ class FakeApi:
         self._faults: list[list] = []  # [method, path, watch, status, times left, message]
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
         self.last_sent: dict[int, str] = {}  # id(events) -> resourceVersion of the last event sent there
+        self._history: list[tuple] = []  # (version, path, change, object, before): what a watch replays
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -128,8 +130,7 @@ class FakeApi:
 
     def expire_watches(self) -> None:
         """Answer every open watch with `410 Gone`, as the API server does when the version the
-        watch resumed from was compacted away: the watchers list again. (A watch merely ended
-        would lose the events until the client watches again: this server replays none.)"""
+        watch resumed from was compacted away: the watchers list again."""
         with self._lock:
             for _, _, events in self._watchers:
                 events.put({"type": "ERROR", "object": _status(410, "too old resource version")})
@@ -158,20 +159,25 @@ class FakeApi:
         return obj
 
     def _notify(self, path: str, change: str, obj: dict, before: dict | None = None) -> None:
-        """Send `change` to the watches whose selectors match `obj`; as the API server does, a
-        watch that matched the object `before` the write and no longer does gets a DELETED."""
-        collection = path.rsplit("/", 1)[0]
+        """Send `change` to the open watches (and keep it for the watches opened later)."""
+        self._history.append((self.version, path, change, copy.deepcopy(obj), copy.deepcopy(before)))
         for watched, query, events in self._watchers:
-            if watched not in (collection, _all_namespaces(collection)):
-                continue
-            selectors = query.get("labelSelector"), query.get("fieldSelector")
-            if _matches(obj, *selectors):
-                events.put({"type": change, "object": copy.deepcopy(obj)})
-            elif before is not None and _matches(before, *selectors):
-                events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
-            else:
-                continue
-            self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
+            self._send(watched, query, events, path, change, obj, before)
+
+    def _send(self, watched: str, query: dict, events: queue.Queue, path: str, change: str, obj: dict, before) -> None:
+        """`change` to the watch of `watched` if its selectors match `obj`; as the API server
+        does, a watch that matched the object `before` the write and no longer does gets a DELETED."""
+        collection = path.rsplit("/", 1)[0]
+        if watched not in (collection, _all_namespaces(collection)):
+            return
+        selectors = query.get("labelSelector"), query.get("fieldSelector")
+        if _matches(obj, *selectors):
+            events.put({"type": change, "object": copy.deepcopy(obj)})
+        elif before is not None and _matches(before, *selectors):
+            events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
+        else:
+            return
+        self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
 
     def delivered(self, informers) -> bool:
         """Whether each of `informers` holds every event sent to its open watch (`has_seen` the
@@ -262,9 +268,15 @@ class FakeApi:
         return {"kind": "List", "metadata": meta, "items": page}
 
     def watch(self, path: str, query: dict) -> queue.Queue:
+        """A watch of `path`, first replaying the changes since its `resourceVersion` (as the API
+        server does from its watch cache; none for "" or "0", which ask for now)."""
         events: queue.Queue = queue.Queue()
         with self._lock:
             self._watchers.append((path, query, events))
+            since = query.get("resourceVersion") or "0"
+            for version, changed, change, obj, before in self._history if since != "0" else ():
+                if version > int(since):
+                    self._send(path, query, events, changed, change, obj, before)
         return events
 
     def unwatch(self, events: queue.Queue) -> None:
