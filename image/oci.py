@@ -24,7 +24,6 @@ CONFIG = "application/vnd.oci.image.config.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
 REF_NAME = "org.opencontainers.image.ref.name"
-PLATFORM = {"architecture": "amd64", "os": "linux"}
 
 
 def rfc3339(epoch: int) -> str:
@@ -101,29 +100,38 @@ def write_blob(blobs: Path, data: bytes, media_type: str) -> dict:
     return {"mediaType": media_type, "digest": "sha256:" + digest, "size": len(data)}
 
 
-def write_layout(out: Path, layers: list[tuple[Path, dict]], config: dict, tag: str) -> str:
-    """Writes an OCI image layout into out (which must not exist): the layer blobs (each a file
-    path and its descriptor from write_layer), the image config (its rootfs is filled in here),
-    the manifest, and index.json naming the manifest `tag`. Returns the manifest digest."""
+def platform(arch: str) -> dict:
+    return {"architecture": arch, "os": "linux"}
+
+
+def write_layout(out: Path, images: dict[str, tuple[list[tuple[Path, dict]], dict]], tag: str) -> dict[str, str]:
+    """Writes an OCI image layout into out (which must not exist) holding one image per
+    architecture: images maps an architecture to its layers (each a blob file and its descriptor
+    from write_layer) and its image config (the rootfs is filled in here). An image index lists
+    the manifests with their platforms; index.json names the index `tag` and each manifest
+    `tag-ARCH` (umoci reads one manifest, not an index). Returns the digests: "index", and one per
+    architecture."""
     blobs = out / "blobs"
     (blobs / "sha256").mkdir(parents=True)
-    descriptors = []
-    for path, layer in layers:
-        shutil.copyfile(path, blob_path(blobs, layer))
-        descriptors.append({key: layer[key] for key in ("mediaType", "digest", "size")})
-    config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for _, layer in layers]}}
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MANIFEST,
-        "config": write_blob(blobs, canonical_json(config), CONFIG),
-        "layers": descriptors,
-    }
-    manifest_descriptor = write_blob(blobs, canonical_json(manifest), MANIFEST)
-    index = {
-        "schemaVersion": 2,
-        "mediaType": INDEX,
-        "manifests": [{**manifest_descriptor, "platform": PLATFORM, "annotations": {REF_NAME: tag}}],
-    }
-    (out / "index.json").write_bytes(canonical_json(index))
+    manifests = []
+    for arch, (layers, config) in sorted(images.items()):
+        descriptors = []
+        for path, layer in layers:
+            shutil.copyfile(path, blob_path(blobs, layer))
+            descriptors.append({key: layer[key] for key in ("mediaType", "digest", "size")})
+        config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for _, layer in layers]}}
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": write_blob(blobs, canonical_json(config), CONFIG),
+            "layers": descriptors,
+        }
+        manifests.append((arch, {**write_blob(blobs, canonical_json(manifest), MANIFEST), "platform": platform(arch)}))
+    index = write_blob(
+        blobs, canonical_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": [m for _, m in manifests]}), INDEX
+    )
+    top = [{**index, "annotations": {REF_NAME: tag}}]
+    top += [{**manifest, "annotations": {REF_NAME: f"{tag}-{arch}"}} for arch, manifest in manifests]
+    (out / "index.json").write_bytes(canonical_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": top}))
     (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    return manifest_descriptor["digest"]
+    return {"index": index["digest"], **{arch: manifest["digest"] for arch, manifest in manifests}}

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from image.lock import locked_wheels
+from image.lock import MACHINES, locked_wheels
 from metax_operator.chart import image_list, images, validate
 from metax_operator.errors import UserError, UserErrors
 
@@ -146,17 +146,20 @@ def image_list_files(repo: Path, helm: str) -> dict[str, bytes]:
 
 def sbom(repo: Path, version: str) -> bytes:
     """A CycloneDX 1.5 SBOM of the release: the chart, the Python package, and every wheel the
-    tools image installs (image/pylock.toml, with its sha256)."""
+    tools image installs on each architecture (image/pylock.toml, with its sha256): a package
+    compiled per architecture is one component per wheel, told apart by the purl's file_name."""
+    lock = repo / "image" / "pylock.toml"
+    wheels = {wheel for arch in MACHINES for wheel in locked_wheels(lock, arch)}
     components = [
         {
             "type": "library",
             "name": wheel.package,
             "version": wheel.version,
-            "purl": f"pkg:pypi/{wheel.package.lower()}@{wheel.version}",
+            "purl": f"pkg:pypi/{wheel.package.lower()}@{wheel.version}?file_name={wheel.filename}",
             "hashes": [{"alg": "SHA-256", "content": wheel.sha256}],
             "externalReferences": [{"type": "distribution", "url": wheel.url}],
         }
-        for wheel in sorted(locked_wheels(repo / "image" / "pylock.toml"), key=lambda w: w.package.lower())
+        for wheel in sorted(wheels, key=lambda w: (w.package.lower(), w.filename))
     ]
     document = {
         "bomFormat": "CycloneDX",

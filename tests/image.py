@@ -1,15 +1,19 @@
 """The tools image for tests: build it with `scripts/image`, read its OCI layout, run it under runc.
 
-    result = build()                        # {"layout", "reference", "digest"}; cached by inputs
-    image = Layout(result["layout"])        # .config, .layers (tarfile members by path), .read(path)
-    bundle = unpack(result, tmp_path)       # umoci unpack: rootfs + the runtime spec from the config
+    result = build()                        # {"layout", "reference", "digest", "reference-ARCH", ...}
+    image = Layout(result["layout"], arch)  # .config, .layers (tarfile members by path), .read(path)
+    bundle = unpack(result, tmp_path, arch) # umoci unpack: rootfs + the runtime spec from the config
     out = runc(bundle)                      # run it as the spec says (the image config alone)
     out = run_as_pod(bundle, container, pod_security, args=[...], volumes={...}, mounts=[...])
+
+The architecture is amd64 or arm64; the one the host is not runs under QEMU (image/emulate): runc
+itself runs in the emulating namespaces, so the container's programs are the other architecture's.
 
 `run_as_pod` turns the bundle's spec into what a kubelet asks the runtime for, from a container of
 the rendered chart: its command and args, user and group, read-only root, dropped capabilities,
 no privilege escalation, and each emptyDir it mounts as a tmpfs of its size limit. Other mounts
-are given as (host path, container path) pairs, read-only.
+are given as (host path, container path) pairs, read-only. `host_network` keeps the host's network
+(a pod with hostNetwork: true), so that the container reaches the local API server.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNC_STATE = Path("/run/metax-operator-tests/runc")
+ARCHITECTURES = ("amd64", "arm64")
+INDEX = "application/vnd.oci.image.index.v1+json"
 
 
 def build(*args: str) -> dict:
@@ -32,11 +38,14 @@ def build(*args: str) -> dict:
 
 
 class Layout:
-    """An OCI image layout with one image (what `scripts/image build` writes)."""
+    """The image of one architecture in the OCI image layout `scripts/image build` writes: its
+    index.json names an image index, which lists one manifest per architecture."""
 
-    def __init__(self, layout: str | Path):
-        self.root = Path(layout)
-        (descriptor,) = self.json("index.json")["manifests"]
+    def __init__(self, layout: str | Path, arch: str = "amd64"):
+        self.root, self.arch = Path(layout), arch
+        (top,) = [m for m in self.json("index.json")["manifests"] if m["mediaType"] == INDEX]
+        self.index = self.blob_json(top["digest"])
+        (descriptor,) = [m for m in self.index["manifests"] if m["platform"]["architecture"] == arch]
         self.manifest = self.blob_json(descriptor["digest"])
         self.config = self.blob_json(self.manifest["config"]["digest"])
         self.layers = [self._members(layer["digest"]) for layer in self.manifest["layers"]]
@@ -62,14 +71,18 @@ class Layout:
         return merged
 
 
-def unpack(result: dict, folder: Path) -> Path:
-    """The image unpacked by umoci into a runtime bundle; the spec umoci derived from the image
-    config is kept as image-spec.json, which each run starts from."""
-    bundle = folder / "bundle"
+def unpack(result: dict, folder: Path, arch: str = "amd64") -> Path:
+    """The image of arch unpacked by umoci into a runtime bundle; the spec umoci derived from the
+    image config is kept as image-spec.json, which each run starts from, and the architecture
+    as arch.txt."""
+    bundle = folder / f"bundle-{arch}"
     subprocess.run(
-        ["umoci", "unpack", "--image", result["reference"].removeprefix("oci:"), bundle], check=True, capture_output=True
+        ["umoci", "unpack", "--image", result[f"reference-{arch}"].removeprefix("oci:"), bundle],
+        check=True,
+        capture_output=True,
     )
     (bundle / "config.json").rename(bundle / "image-spec.json")
+    (bundle / "arch.txt").write_text(arch)
     return bundle
 
 
@@ -80,6 +93,7 @@ def run_as_pod(
     args: list[str] | None = None,
     volumes: dict | None = None,
     mounts: list[tuple[Path, str]] = (),
+    host_network: bool = False,
 ) -> subprocess.CompletedProcess:
     """Runs the bundle under runc as the kubelet would run `container` (a rendered pod container
     with the pod's securityContext `pod_security` and `volumes` by name); `args` replace its args.
@@ -107,6 +121,12 @@ def run_as_pod(
         )
     for host, path in mounts:
         spec["mounts"].append({"destination": path, "type": "bind", "source": str(host), "options": ["rbind", "ro"]})
+    if host_network:
+        spec["linux"]["namespaces"] = [ns for ns in spec["linux"]["namespaces"] if ns["type"] != "network"]
+        # sysfs can be mounted only in a network namespace of one's own: the host's, bound.
+        for mount in spec["mounts"]:
+            if mount["type"] == "sysfs":
+                mount.update(type="bind", source="/sys", options=["rbind", "ro", "nosuid", "noexec", "nodev"])
     return runc(bundle, spec)
 
 
@@ -117,8 +137,9 @@ def runc(bundle: Path, spec: dict | None = None) -> subprocess.CompletedProcess:
     spec["process"]["terminal"] = False
     (bundle / "config.json").write_text(json.dumps(spec))
     RUNC_STATE.mkdir(parents=True, exist_ok=True)
+    emulate = [REPO / "image/emulate", (bundle / "arch.txt").read_text()]
     return subprocess.run(
-        ["runc", "--root", RUNC_STATE, "run", "--bundle", bundle, f"metax-test-{uuid.uuid4().hex[:12]}"],
+        [*emulate, "runc", "--root", RUNC_STATE, "run", "--bundle", bundle, f"metax-test-{uuid.uuid4().hex[:12]}"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,5 +1,7 @@
-"""The tools image built by `scripts/image` (`make image`): reproducible, small, the config of
-image/Dockerfile, and running under runc exactly as the chart's pods run it."""
+"""The tools image built by `scripts/image` (`make image`): one index of a linux/amd64 and a
+linux/arm64 image, reproducible, small, the config of image/Dockerfile, and running under runc
+exactly as the chart's pods run it: each test of an image runs for both architectures, the one
+the host is not under QEMU (image/emulate)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from tests.helm import helm_path, render_chart
-from tests.image import REPO, Layout, build, run_as_pod, runc, unpack
+from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
 
 pytestmark = pytest.mark.image
 
@@ -31,9 +33,9 @@ def tools_image():
     return build()
 
 
-@pytest.fixture(scope="module")
-def image(tools_image) -> Layout:
-    return Layout(tools_image["layout"])
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def image(tools_image, request) -> Layout:
+    return Layout(tools_image["layout"], request.param)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +69,9 @@ def preflight(pods) -> tuple[dict, dict]:
     return next((spec, c) for spec, c in tools_containers(pods) if c.get("args", [""])[0] == "preflight")
 
 
-@pytest.fixture(scope="module")
-def bundle(tools_image, tmp_path_factory):
-    return unpack(tools_image, tmp_path_factory.mktemp("image"))
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def bundle(tools_image, tmp_path_factory, request):
+    return unpack(tools_image, tmp_path_factory.mktemp("image"), request.param)
 
 
 def run_image(bundle, preflight, args, **kwargs):
@@ -118,20 +120,53 @@ def test_a_base_made_anew_from_the_mirror_gives_the_same_digest(tools_image, tmp
 
 
 def contents(result: dict) -> str:
-    return (Path(result["layout"]).parent / "contents.txt").read_text()
+    return "".join((Path(result["layout"]).parent / f"contents-{arch}.txt").read_text() for arch in ARCHITECTURES)
 
 
-def test_skopeo_copies_it_keeping_its_digest(tools_image, tmp_path):
-    """What a user runs to publish it (here into an archive: no registry is reachable)."""
+def test_one_index_names_an_image_per_architecture(tools_image):
+    """The tag names the index; each image is tagged TAG-ARCH too (umoci reads no index)."""
+    layout = Path(tools_image["layout"])
+    top = json.loads((layout / "index.json").read_text())["manifests"]
+    tag = tools_image["reference"].rsplit(":", 1)[1]
+    manifest = "application/vnd.oci.image.manifest.v1+json"
+    assert [(m["mediaType"], m["digest"], m["annotations"]["org.opencontainers.image.ref.name"]) for m in top] == [
+        (INDEX, tools_image["digest"], tag),
+        *[(manifest, tools_image[f"digest-{arch}"], f"{tag}-{arch}") for arch in ARCHITECTURES],
+    ]
+    index = json.loads((layout / "blobs" / tools_image["digest"].replace(":", "/")).read_bytes())
+    assert [(m["digest"], m["platform"]) for m in index["manifests"]] == [
+        (tools_image[f"digest-{arch}"], {"architecture": arch, "os": "linux"}) for arch in ARCHITECTURES
+    ]
+
+
+def test_skopeo_copies_every_architecture_keeping_the_digests(tools_image, tmp_path):
+    """What a user runs to publish it (here into an archive: no registry is reachable); each
+    platform's runtime picks its own image from the index."""
     archive = f"oci-archive:{tmp_path / 'tools.tar'}:{tools_image['reference'].rsplit(':', 1)[1]}"
     subprocess.run(
-        ["skopeo", "copy", "--quiet", "--preserve-digests", tools_image["reference"], archive], check=True, capture_output=True
+        ["skopeo", "copy", "--quiet", "--all", "--preserve-digests", tools_image["reference"], archive],
+        check=True,
+        capture_output=True,
     )
     for reference in (tools_image["reference"], archive):
-        inspected = json.loads(
-            subprocess.run(["skopeo", "inspect", reference], check=True, capture_output=True, text=True).stdout
-        )
-        assert inspected["Digest"] == tools_image["digest"], reference
+        for arch in ARCHITECTURES:
+            inspect = ["skopeo", "--override-arch", arch, "inspect", reference]
+            inspected = json.loads(subprocess.run(inspect, check=True, capture_output=True, text=True).stdout)
+            assert (inspected["Digest"], inspected["Architecture"]) == (tools_image["digest"], arch), reference
+            raw = subprocess.run([*inspect, "--raw"], check=True, capture_output=True).stdout
+            assert json.loads(raw)["mediaType"] == INDEX
+
+
+def test_both_architectures_hold_the_same_compiled_modules(tools_image):
+    """The arm64 package layer, compiled under QEMU, has byte for byte the .pyc files of the
+    amd64 one (the sources are the same); only the compiled extensions differ."""
+    amd64, arm64 = (Layout(tools_image["layout"], arch).layers[1] for arch in ARCHITECTURES)
+    pycs = sorted(name for name in amd64 if name.endswith(".pyc"))
+    assert pycs == sorted(name for name in arm64 if name.endswith(".pyc")) and len(pycs) > 1000
+    assert [name for name in pycs if amd64[name][1] != arm64[name][1]] == []
+    extensions = {name for name in amd64 if name.endswith(".so")}
+    assert extensions and all("x86_64" in name for name in extensions)
+    assert {name.replace("x86_64", "aarch64") for name in extensions} == {name for name in arm64 if name.endswith(".so")}
 
 
 def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):
@@ -204,7 +239,7 @@ def test_config_is_the_dockerfiles_final_stage(image):
     assert config["Env"][1:] == [f"{k}={v}" for k, v in parser.envs.items()]
     assert config["Env"][0].startswith("PATH=/usr/local/sbin:/usr/local/bin:")
     assert config["Labels"] == parser.labels
-    assert image.config["architecture"] == "amd64" and image.config["os"] == "linux"
+    assert (image.config["architecture"], image.config["os"]) == (image.arch, "linux")
 
 
 def test_dockerfile_installs_the_same_wheels_and_account(image):
@@ -212,7 +247,7 @@ def test_dockerfile_installs_the_same_wheels_and_account(image):
     by hash, and the account of image/add-user."""
     parser, final = dockerfile_final_stage()
     text = (REPO / "image/Dockerfile").read_text()
-    assert "python image/lock.py > /tmp/requirements.txt" in text
+    assert "ARG TARGETARCH=amd64" in text and 'python image/lock.py --arch "$TARGETARCH" > /tmp/requirements.txt' in text
     assert "pip download --no-deps --require-hashes --dest /wheels --requirement /tmp/requirements.txt" in text
     assert "pip wheel --no-deps --wheel-dir /wheels ." in text
     run = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
@@ -247,6 +282,24 @@ def test_docker_build_context_holds_what_the_dockerfile_uses():
         used.update(re.findall(r"--mount=type=bind,source=([^,\s]+)", instruction["value"]))
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
     assert used and used <= allowed, f"add {sorted(used - allowed)} to .dockerignore as !PATH lines"
+
+
+def test_lock_has_one_wheel_of_each_package_per_architecture(monkeypatch):
+    """Compiled packages have an x86_64 and an aarch64 wheel of one version; the rest one wheel
+    for both. `scripts/image lock` adds nothing to a complete lock (so it asks PyPI nothing)."""
+    monkeypatch.syspath_prepend(str(REPO / "image"))  # the recipe's scripts import each other by name
+    import build as image_build
+    from lock import LOCK, locked_wheels
+
+    wheels = {arch: {w.package: w for w in locked_wheels(arch=arch)} for arch in ARCHITECTURES}
+    assert wheels["amd64"].keys() == wheels["arm64"].keys()
+    differing = {name for name, wheel in wheels["amd64"].items() if wheels["arm64"][name] != wheel}
+    assert differing == {name for name, wheel in wheels["amd64"].items() if not wheel.filename.endswith("-none-any.whl")}
+    assert {"google-re2", "pyyaml", "rpds-py", "charset-normalizer"} <= differing
+    assert all(wheels["arm64"][name].version == wheels["amd64"][name].version for name in differing)
+    assert all("aarch64" in wheels["arm64"][name].filename for name in differing)
+    text = LOCK.read_text()
+    assert all(image_build.with_wheels_for(text, arch) == text for arch in ARCHITECTURES)
 
 
 def test_lock_pins_what_pyproject_pins():

@@ -82,12 +82,15 @@ def test_the_image_list_is_metax_operator_images_relative_to_the_registry(unsign
 def test_the_sbom_names_the_release_and_every_locked_wheel(unsigned):
     bom = json.loads(read(unsigned, "sbom.cdx.json"))
     assert (bom["bomFormat"], bom["specVersion"], bom["metadata"]["component"]["version"]) == ("CycloneDX", "1.5", CHART_VERSION)
-    wheels = {c["name"]: c for c in bom["components"] if c["purl"].startswith("pkg:pypi/") and c["name"] != "metax-operator"}
-    locked = locked_wheels(package.REPO / "image" / "pylock.toml")
-    assert set(wheels) == {w.package for w in locked}
-    for wheel in locked:
-        assert wheels[wheel.package]["version"] == wheel.version
-        assert wheels[wheel.package]["hashes"] == [{"alg": "SHA-256", "content": wheel.sha256}]
+    listed = {
+        (c["name"], c["version"], c["purl"].split("?file_name=")[1], c["hashes"][0]["content"])
+        for c in bom["components"]
+        if c["purl"].startswith("pkg:pypi/") and c["name"] != "metax-operator"
+    }
+    lock = package.REPO / "image" / "pylock.toml"
+    locked = {(w.package, w.version, w.filename, w.sha256) for arch in ("amd64", "arm64") for w in locked_wheels(lock, arch)}
+    assert listed == locked
+    assert len(locked) == len({w.package for w in locked_wheels(lock)}) + 4  # the 4 compiled packages twice
 
 
 def test_push_refuses_a_target_that_is_not_domain_and_project(unsigned, tmp_path):
