@@ -284,11 +284,15 @@ def _check_node_prerequisites() -> None:
         )
 
 
+ARCH_LABEL = "kubernetes.io/arch"
+ARM_SHARE = 0.4  # of the fixture's GPU nodes: arm64
+
+
 def node_manifest(name: str, gpus: int, labels: dict | None, taints: list | None, resources: dict | None = None) -> dict:
     all_labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
+        ARCH_LABEL: "amd64",
         "type": "kwok",
         **(labels or {}),
     }
@@ -511,7 +515,9 @@ class ControlPlane:
         api_only: bool = False,
     ) -> ControlPlane:
         """Start everything and return once the nodes are Ready; on failure stop what was
-        started, print each component's log tail and raise ControlPlaneError. With `real_node`,
+        started, print each component's log tail and raise ControlPlaneError. The simulated GPU
+        fleet is mixed, as a site with x86 and Arm GPU servers: the last ARM_SHARE of the GPU
+        nodes are `kubernetes.io/arch=arm64`, the others amd64. With `real_node`,
         also the local OCI registry and the real node (tests/realnode.py); with `api_only`, etcd
         and the API server alone (no nodes). `kubernetes`: a version setup built (the matrix)."""
         cp = cls(workdir=Path(workdir), port=port or free_port(), kubernetes=kubernetes)
@@ -660,7 +666,9 @@ class ControlPlane:
             health=f"https://127.0.0.1:{sched_port}/healthz",
         )
         self._start_kwok()
-        self.add_nodes(gpu_nodes, gpu=True, wait=False)
+        arm = int(gpu_nodes * ARM_SHARE)
+        self.add_nodes(gpu_nodes - arm, gpu=True, wait=False)
+        self.add_nodes(arm, gpu=True, labels={ARCH_LABEL: "arm64"}, wait=False)
         self.add_nodes(plain_nodes, gpu=False, wait=False)
         self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
         if real_node:

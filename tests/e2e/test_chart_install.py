@@ -86,6 +86,8 @@ def assert_on_selected_nodes_only(api, namespace: str, daemonsets: dict) -> None
     core = client.CoreV1Api(api)
     nodes = core.list_node().items
     gpu_nodes = {n.metadata.name for n in nodes if n.metadata.labels.get(GPU_LABEL) == "true"}
+    # x86 and Arm GPU servers side by side: every component runs on both.
+    assert {n.metadata.labels["kubernetes.io/arch"] for n in nodes if n.metadata.name in gpu_nodes} == {"amd64", "arm64"}
     for name, ds in daemonsets.items():
         selector = ds.spec.template.spec.node_selector or {}
         expected = gpu_nodes if selector.get(GPU_LABEL) == "true" else {n.metadata.name for n in nodes}

@@ -335,6 +335,9 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
     seed_patch(cp, "pause", False)
     eventually(lambda: sub(api).get("currentStepState") == "Completed", 30, "Completed")
     assert all_at(api, new)
+    # One rollout over the fleet of x86 and Arm servers: its steps counted both (the waves above).
+    nodes = {n.metadata.name: n.metadata.labels["kubernetes.io/arch"] for n in client.CoreV1Api(api).list_node().items}
+    assert Counter(nodes[p.spec.node_name] for p in driver_pods(api)) == {"amd64": 6, "arm64": 4}
     final = upgrade_status(api)
     assert final["phase"] == "Idling" and final["upgrading"] is False
     assert final["status"]["totalUpgradeReadyReplicas"] == NODES == final["status"]["totalUpgradeReplicas"]

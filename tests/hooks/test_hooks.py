@@ -129,6 +129,51 @@ def test_before_gpu_label_ran_every_node_is_checked_but_only_warns():
     assert any(w.startswith("node a: containerd 1.4.1 is older than 1.5.0") for w in findings.warnings)
 
 
+def arch_node(name: str, arch: str) -> dict:
+    return node(name, labels={preflight.ARCH_LABEL: arch})
+
+
+MIXED = [arch_node("x86-1", "amd64"), arch_node("x86-2", "amd64"), arch_node("arm-1", "arm64")]
+PAYLOADS = {"driver": {"deploy": True, "payload": {"version": "2.33.0.9"}}, "maca": {"deploy": True, "payload": {}}}
+
+
+def architecture_errors(values: dict, nodes: list[dict]) -> list[str]:
+    findings = preflight.Findings()
+    preflight.check_architectures(values, nodes, findings)
+    return [str(error) for error in findings.errors]
+
+
+def test_a_payload_tag_naming_one_architecture_fails_in_a_mixed_cluster():
+    values = {**PAYLOADS, "driver": {"deploy": True, "payload": {"version": "2.33.0.9-amd64"}}}
+    assert architecture_errors(values, MIXED) == [
+        "driver.payload.version: 2.33.0.9-amd64 is tagged for amd64, and the GPU nodes are amd64 (2) and arm64 (1):"
+        " its pods would fail on the arm64 ones; publish the payload's images of every architecture the cluster has"
+        " under one multi-architecture tag and set that (docs/chart.md, 'Clusters of x86 and Arm GPU servers')"
+    ]
+    maca = {**PAYLOADS, "maca": {"deploy": True, "payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04-aarch64"]}}}
+    (error,) = architecture_errors(maca, MIXED)
+    assert error.startswith("maca.payload.images: maca-c500:2.18.0.3-ubuntu22.04-aarch64 is tagged for arm64")
+
+
+def test_a_tag_for_another_architecture_fails_and_the_right_one_passes():
+    arm = [arch_node("arm-1", "arm64"), arch_node("arm-2", "arm64")]
+    values = {**PAYLOADS, "driver": {"deploy": True, "payload": {"version": "2.33.0.9-amd64"}}}
+    assert architecture_errors(values, arm) == [
+        "driver.payload.version: 2.33.0.9-amd64 is tagged for amd64, and the GPU nodes are arm64 (2):"
+        " its pods would fail on the arm64 ones; set the tag of its arm64 image"
+    ]
+    assert architecture_errors({**PAYLOADS, "driver": {"deploy": True, "payload": {"version": "2.33.0.9-arm64"}}}, arm) == []
+
+
+def test_tags_without_an_architecture_digests_and_components_left_out_pass():
+    pinned = f"maca-c500@sha256:{'a' * 64}"
+    values = {**PAYLOADS, "maca": {"deploy": True, "payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04", pinned]}}}
+    assert architecture_errors(values, MIXED) == []
+    left_out = {"driver": {"deploy": False, "payload": {"version": "2.33.0.9-amd64"}}, "maca": {"deploy": False}}
+    assert architecture_errors(left_out, MIXED) == []
+    assert architecture_errors({**PAYLOADS, "driver": {"deploy": True, "payload": {"version": "1-amd64"}}}, []) == []
+
+
 # --- bootstrap: what goes into the CR, and the runtime controls ---------------------------------
 
 SCHEMA = {

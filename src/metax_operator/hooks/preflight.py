@@ -20,6 +20,12 @@ GPU nodes are those labelled `metax-tech.com/gpu.installed=true`. Before gpu-lab
 (first install) no node has the label: then every node is checked but problems only warn, since
 a node without GPUs may well run another runtime.
 
+Then the payload images against the GPU nodes' architectures (`kubernetes.io/arch`): MetaX tags
+its driver and MXMACA payloads per architecture (`2.33.0.9-amd64`), and one DaemonSet pod
+template serves every GPU node, so a tag that names an architecture fails on the nodes of any
+other one. That fails the release: in a cluster of one architecture, a tag naming another one;
+in a mixed cluster, any tag naming one (the chart needs a multi-architecture image there).
+
 Then the workload rules (`workloads.problems`, in the runner's and `helm test`'s words) over the
 nodes and every live pod, with the values' `runtime.deploy` and `maca.payload.images`: sGPU nodes
 while the values leave container-runtime out fail (the release would cause it); the rest warns
@@ -35,6 +41,7 @@ import sys
 from dataclasses import dataclass, field
 
 from metax_operator import workloads
+from metax_operator.chart import images
 from metax_operator.chart.validation import validate_values
 from metax_operator.contract import GPU_NODE_LABEL, LIVE_PODS
 from metax_operator.errors import UserError, UserErrors
@@ -49,6 +56,10 @@ SUPPORTED_OS = {"ubuntu": ("18.04", "20.04", "22.04"), "centos": ("8", "9"), "op
 SUPPORTED_OS_TEXT = "Ubuntu 18.04/20.04/22.04, CentOS 8/9, openEuler 20.03/22.03 or a derivative"
 #: Workload problems that stop a release: those its values cause.
 BLOCKING = (workloads.SGPU_WITHOUT_RUNTIME,)
+ARCH_LABEL = "kubernetes.io/arch"
+#: The architecture a payload tag's last `-` part names (`2.33.0.9-amd64`, `...-ubuntu22.04-aarch64`).
+TAG_ARCHITECTURES = {"amd64": "amd64", "x86_64": "amd64", "arm64": "arm64", "aarch64": "arm64"}
+MIXED_ARCH_DOC = "docs/chart.md, 'Clusters of x86 and Arm GPU servers'"
 
 
 def version_tuple(text: str) -> tuple[int, ...] | None:
@@ -128,10 +139,14 @@ def check_node(node: dict, enforce: bool, findings: Findings) -> None:
         )
 
 
+def gpu_nodes_of(nodes: list[dict]) -> list[dict]:
+    return [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
+
+
 def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     """The seed §3 prerequisites, from the server version and the nodes (pure)."""
     findings = Findings(errors=check_server(git_version))
-    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
+    gpu_nodes = gpu_nodes_of(nodes)
     enforce = bool(gpu_nodes)
     if not gpu_nodes:
         findings.warnings.append(
@@ -141,6 +156,42 @@ def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     for node in sorted(gpu_nodes or nodes, key=lambda n: n["metadata"]["name"]):
         check_node(node, enforce, findings)
     return findings
+
+
+def tag_architecture(ref: str) -> str | None:
+    """The architecture a payload reference's tag names (`driver-image:2.33.0.9-arm64` -> arm64),
+    or None: a tag without one, or a digest-pinned reference (a digest may name an index)."""
+    _repository, tag, digest = images.split(ref)
+    return None if digest else TAG_ARCHITECTURES.get(tag.rsplit("-", 1)[-1])
+
+
+def check_architectures(values: dict, gpu_nodes: list[dict], findings: Findings) -> None:
+    """The payload tags of the values against the GPU nodes' architectures (pure)."""
+    fleet = {}
+    for node in gpu_nodes:
+        arch = (node["metadata"].get("labels") or {}).get(ARCH_LABEL, "?")
+        fleet[arch] = fleet.get(arch, 0) + 1
+    payloads = []
+    if (values.get("driver") or {}).get("deploy"):
+        payloads.append(("driver.payload.version", (values["driver"].get("payload") or {}).get("version") or ""))
+    if (values.get("maca") or {}).get("deploy"):
+        payloads += [("maca.payload.images", image) for image in workloads.payload_images(values)]
+    counted = " and ".join(f"{arch} ({count})" for arch, count in sorted(fleet.items()))
+    for field_name, ref in payloads:
+        named = tag_architecture(ref if ":" in ref or "@" in ref else f"payload:{ref}")
+        if named is None or set(fleet) <= {named}:
+            continue
+        findings.errors.append(
+            UserError(
+                field_name,
+                f"{ref} is tagged for {named}, and the GPU nodes are {counted}: its pods would fail on the"
+                f" {' and '.join(sorted(set(fleet) - {named}))} ones",
+                "publish the payload's images of every architecture the cluster has under one multi-architecture"
+                f" tag and set that ({MIXED_ARCH_DOC})"
+                if len(fleet) > 1
+                else f"set the tag of its {next(iter(fleet))} image",
+            )
+        )
 
 
 def check_workloads(values: dict, nodes: list[dict], pods: list[dict], findings: Findings) -> None:
@@ -165,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     _major, _minor, git_version = client.server_version()
     nodes = client.list("v1", "Node")
     findings = check_cluster(git_version, nodes)
+    check_architectures(values, gpu_nodes_of(nodes), findings)
     pods = client.list("v1", "Pod", field_selector=LIVE_PODS, all_namespaces=True)
     check_workloads(values, nodes, pods, findings)
     for line in findings.warnings:
