@@ -10,16 +10,20 @@ The architecture is amd64 or arm64; the one the host is not runs under QEMU (ima
 itself runs in the emulating namespaces, so the container's programs are the other architecture's.
 
 `run_as_pod` turns the bundle's spec into what a kubelet asks the runtime for, from a container of
-the rendered chart: its command and args, user and group, read-only root, dropped capabilities,
-no privilege escalation, and each emptyDir it mounts as a tmpfs of its size limit. Other mounts
-are given as (host path, container path) pairs, read-only. `host_network` keeps the host's network
-(a pod with hostNetwork: true), so that the container reaches the local API server.
+the rendered chart: its command and args (with `$(VAR)` expanded), its environment (downward API
+fields given by the test), user and group, read-only root, dropped capabilities, no privilege
+escalation, each emptyDir it mounts as a tmpfs of its size limit, and each other volume it
+mounts from a host directory the test fills (a ServiceAccount token, a ConfigMap's files),
+read-only. More mounts are given as (host path, container path) pairs, read-only. `host_network`
+keeps the host's network (a pod with hostNetwork: true), so that the container reaches the local
+API server.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import tarfile
 import uuid
@@ -94,14 +98,26 @@ def run_as_pod(
     volumes: dict | None = None,
     mounts: list[tuple[Path, str]] = (),
     host_network: bool = False,
+    fields: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Runs the bundle under runc as the kubelet would run `container` (a rendered pod container
-    with the pod's securityContext `pod_security` and `volumes` by name); `args` replace its args.
-    Returns the completed process (stdout and stderr as text)."""
+    with the pod's securityContext `pod_security` and `volumes` by name: a volume dict, or the
+    host directory holding a non-emptyDir volume's files); `args` replace its args; `fields`
+    are the downward API's values by fieldPath, `env` the variables the kubelet adds
+    (KUBERNETES_SERVICE_HOST...). Returns the completed process (stdout and stderr as text)."""
     spec = json.loads((bundle / "image-spec.json").read_text())
     security = {**pod_security, **container.get("securityContext", {})}
     process = spec["process"]
-    process["args"] = list(container.get("command", [])) + list(container.get("args", []) if args is None else args)
+    variables = dict(env or {})
+    for variable in container.get("env", []):
+        if "value" in variable:
+            variables[variable["name"]] = variable["value"]
+        else:
+            variables[variable["name"]] = (fields or {})[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+    process["env"] += [f"{name}={value}" for name, value in variables.items()]
+    command = list(container.get("command", [])) + list(container.get("args", []) if args is None else args)
+    process["args"] = [re.sub(r"\$\((\w+)\)", lambda m: variables.get(m[1], m[0]), word) for word in command]
     process["user"] = {"uid": security["runAsUser"], "gid": security["runAsGroup"]}
     process["noNewPrivileges"] = security.get("allowPrivilegeEscalation") is False
     if security.get("capabilities", {}).get("drop") == ["ALL"]:
@@ -109,7 +125,10 @@ def run_as_pod(
     spec["root"]["readonly"] = bool(security.get("readOnlyRootFilesystem"))
     for mount in container.get("volumeMounts", []):
         source = (volumes or {})[mount["name"]]
-        assert "emptyDir" in source, f"volume {mount['name']}: only emptyDir volumes are run here"
+        if isinstance(source, Path):
+            mounts = [*mounts, (source, mount["mountPath"])]
+            continue
+        assert "emptyDir" in source, f"volume {mount['name']}: give the host directory of its files"
         size = source["emptyDir"].get("sizeLimit", "16Mi").removesuffix("i").lower()
         spec["mounts"].append(
             {

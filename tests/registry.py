@@ -66,9 +66,10 @@ def _run(command: list[str], what: str, env: dict | None = None) -> str:
 
 def push_image(layout: Path, tag: str, target: str, ca: Path) -> None:
     """Copy the image tagged `tag` in the OCI image layout directory `layout` to `target`
-    (`127.0.0.1:PORT/PROJECT/NAME:TAG`)."""
+    (`127.0.0.1:PORT/PROJECT/NAME:TAG`): every architecture of an index, digests kept."""
     _run(
-        ["skopeo", "copy", "--quiet", "--dest-cert-dir", str(trust_dir(ca)), f"oci:{layout}:{tag}", f"docker://{target}"],
+        ["skopeo", "copy", "--quiet", "--all", "--preserve-digests", "--dest-cert-dir", str(trust_dir(ca))]
+        + [f"oci:{layout}:{tag}", f"docker://{target}"],
         f"skopeo copy of {layout}:{tag} to {target}",
     )
 

@@ -342,6 +342,15 @@ def test_default_command_prints_help_as_the_images_user(bundle):
     assert "HOME=/nonexistent" in process["env"]  # umoci found the account in /etc/passwd
 
 
+def test_each_image_runs_programs_of_its_architecture(bundle, preflight):
+    """The arm64 image's python3 is an aarch64 program (under QEMU on an x86 host), not the host's."""
+    spec, container = preflight
+    probe = {**container, "command": ["python3", "-c", "import platform; print(platform.machine())"]}
+    out = run_image(bundle, (spec, probe), [])
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[(bundle / "arch.txt").read_text()]
+    assert (out.returncode, out.stdout.strip()) == (0, machine), out.stderr
+
+
 def test_runs_as_65532_with_only_tmp_writable(bundle, preflight):
     out = run_image(bundle, preflight, ["--help"])
     assert out.returncode == 0 and out.stdout.startswith("usage: metax-operator"), out.stderr
