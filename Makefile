@@ -28,7 +28,7 @@ bench: setup
 image: setup
 	@scripts/image build
 
-# The offline package of the release under dist/ (docs/release.md): the chart, the image list, the
-# SBOM, the push command; reproducible. `scripts/package --sign NAME ...` signs the chart.
+# The offline package of the release under dist/ (docs/release.md): the chart, the tools image (built
+# first: needs root), the image list, the SBOM, the push command; reproducible. `scripts/package --sign NAME ...` signs the chart.
 package: setup
 	@scripts/package

@@ -135,3 +135,24 @@ def write_layout(out: Path, images: dict[str, tuple[list[tuple[Path, dict]], dic
     (out / "index.json").write_bytes(canonical_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": top}))
     (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     return {"index": index["digest"], **{arch: manifest["digest"] for arch, manifest in manifests}}
+
+
+def archive_files(layout: Path, tag: str) -> dict[str, bytes]:
+    """The files of an OCI archive (a tar of an image layout) holding the image or image index
+    tagged `tag` in layout, with every blob it reaches: its index.json names that one alone, so
+    `skopeo copy --all oci-archive:FILE ...` needs no tag to pick it."""
+    blobs = layout / "blobs"
+    (top,) = [m for m in json.loads((layout / "index.json").read_bytes())["manifests"] if m["annotations"][REF_NAME] == tag]
+    files, pending = {}, [top]
+    while pending:
+        descriptor = pending.pop()
+        data = blob_path(blobs, descriptor).read_bytes()
+        files[f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}"] = data
+        if descriptor["mediaType"] in (INDEX, MANIFEST):
+            document = json.loads(data)
+            pending += document.get("manifests", []) + document.get("layers", [])
+            if "config" in document:
+                pending.append(document["config"])
+    files["index.json"] = canonical_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": [top]})
+    files["oci-layout"] = canonical_json({"imageLayoutVersion": "1.0.0"})
+    return files

@@ -1,6 +1,7 @@
 """`make package`: the offline package of a release, the same bytes from the same commit.
 
     scripts/package [--output DIR] [--sign NAME --keyring SECRING --public-key FILE]
+    python -m release.package [--tools-image LAYOUT] ...
 
 writes DIR/metax-operator-package.VERSION.tar.gz (default DIR: dist/) holding, under
 metax-operator-package.VERSION/:
@@ -11,6 +12,10 @@ metax-operator-package.VERSION/:
                                       `helm verify --keyring` reads (with --sign)
     images.txt, images.json           the images the chart pulls, relative to the site's registry
                                       (`metax-operator images` with every component deployed)
+    metax-operator-tools+APPVERSION.oci.tar
+                                      the tools image, both architectures (an OCI archive of the
+                                      index `make image` built; scripts/package builds it and
+                                      passes its layout as --tools-image)
     sbom.cdx.json                     CycloneDX SBOM: the chart, the Python package and the
                                       Python wheels of the tools image (image/pylock.toml)
     push                              `./push DOMAIN/PROJECT`: the chart and the image archives
@@ -42,6 +47,7 @@ from pathlib import Path
 
 import yaml
 
+from image import oci
 from image.lock import MACHINES, locked_wheels
 from metax_operator.chart import image_list, images, validate
 from metax_operator.errors import UserError, UserErrors
@@ -179,6 +185,14 @@ def sbom(repo: Path, version: str) -> bytes:
 
 def reproducible_tar(files: dict[str, bytes], modes: dict[str, int], epoch: int) -> bytes:
     """A .tar.gz of `files` (name -> content) in name order, mtime `epoch`, owner 0:0, no gzip time."""
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as zipped:
+        zipped.write(plain_tar(files, modes, epoch))
+    return out.getvalue()
+
+
+def plain_tar(files: dict[str, bytes], modes: dict[str, int], epoch: int) -> bytes:
+    """The tar of reproducible_tar, uncompressed."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as archive:
         directories = sorted({str(Path(name).parent) for name in files} - {"."})
@@ -190,14 +204,12 @@ def reproducible_tar(files: dict[str, bytes], modes: dict[str, int], epoch: int)
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(files[name]), modes.get(name, 0o644), epoch
             archive.addfile(info, io.BytesIO(files[name]))
-    out = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as zipped:
-        zipped.write(raw.getvalue())
-    return out.getvalue()
+    return raw.getvalue()
 
 
-def build(repo: Path, output: Path, helm: str, sign: dict | None = None) -> Path:
-    """The package of the checkout `repo` in `output`; returns its path."""
+def build(repo: Path, output: Path, helm: str, sign: dict | None = None, tools_image: Path | None = None) -> Path:
+    """The package of the checkout `repo` in `output`, with the tools image of the OCI layout
+    `tools_image` when given; returns its path."""
     version = _chart_version(repo)
     epoch = source_date_epoch(repo)
     top = f"metax-operator-package.{version}"
@@ -208,6 +220,9 @@ def build(repo: Path, output: Path, helm: str, sign: dict | None = None) -> Path
     if sign:
         files[f"{top}/metax-operator-keyring.gpg"] = Path(sign["public_key"]).read_bytes()
     files.update({f"{top}/{name}": content for name, content in image_list_files(repo, helm).items()})
+    if tools_image:
+        name = yaml.safe_load((repo / "values.yaml").read_text())["tools"]["image"]["name"]  # the chart pulls it so
+        files[f"{top}/{name}+{app_version(repo)}.oci.tar"] = tools_image_archive(tools_image, app_version(repo), epoch)
     files[f"{top}/sbom.cdx.json"] = sbom(repo, version)
     files[f"{top}/push"] = PUSH.format(version=version).encode()
     files[f"{top}/CHANGELOG.md"] = (repo / "CHANGELOG.md").read_bytes()
@@ -215,6 +230,20 @@ def build(repo: Path, output: Path, helm: str, sign: dict | None = None) -> Path
     package = output / f"{top}.tar.gz"
     package.write_bytes(reproducible_tar(files, {f"{top}/push": 0o755}, epoch))
     return package
+
+
+def tools_image_archive(layout: Path, tag: str, epoch: int) -> bytes:
+    """The OCI archive of the tools image index tagged `tag` in the layout `make image` wrote."""
+    if not (layout / "index.json").is_file():
+        raise PackageError(f"--tools-image {layout}: not an OCI image layout; give the layout= line of 'scripts/image build'")
+    try:
+        return plain_tar(oci.archive_files(layout, tag), {}, epoch)
+    except ValueError:
+        raise PackageError(f"--tools-image {layout}: holds no image tagged {tag}; run 'make image' for this checkout") from None
+
+
+def app_version(repo: Path) -> str:
+    return yaml.safe_load((repo / "Chart.yaml").read_text())["appVersion"]
 
 
 def _chart_version(repo: Path) -> str:
@@ -231,12 +260,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sign", metavar="NAME", help="sign the chart with this key (helm package --sign --key NAME)")
     parser.add_argument("--keyring", metavar="SECRING", help="the secret keyring holding it (with --sign)")
     parser.add_argument("--public-key", metavar="FILE", help="the public keyring to ship, binary (gpg --export; with --sign)")
+    parser.add_argument("--tools-image", metavar="LAYOUT", help="the OCI layout of the tools image to ship (scripts/image build)")
     args = parser.parse_args(argv)
     if args.sign and not (args.keyring and args.public_key):
         parser.error("--sign needs --keyring and --public-key")
     sign = {"name": args.sign, "keyring": args.keyring, "public_key": args.public_key} if args.sign else None
     try:
-        print(build(REPO, Path(args.output), validate.find_helm(args.helm), sign))
+        tools_image = Path(args.tools_image) if args.tools_image else None
+        print(build(REPO, Path(args.output), validate.find_helm(args.helm), sign, tools_image))
     except (PackageError, UserError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """`make package` (release/package.py): two builds of one commit are the same bytes; the package
-holds the chart, the image list `metax-operator images` gives, the SBOM, the push command and the
-CHANGELOG; a chart signed with a key made for this run verifies under Helm 3 and Helm 4, and a
-tampered chart or another key fails with Helm's sentence."""
+holds the chart, the tools image of both architectures, the image list `metax-operator images`
+gives, the SBOM, the push command and the CHANGELOG; a chart signed with a key made for this run
+verifies under Helm 3 and Helm 4, and a tampered chart or another key fails with Helm's sentence."""
 
 from __future__ import annotations
 
@@ -20,15 +20,23 @@ import yaml
 from image.lock import locked_wheels
 from metax_operator import cli
 from release import package
+from tests import image
 from tests.helm import BIN, CHART_VERSION, HELM_VERSIONS, helm_path
 
-pytestmark = pytest.mark.helm
+pytestmark = [pytest.mark.helm, pytest.mark.image]
 TOP = f"metax-operator-package.{CHART_VERSION}"
 CHART_TGZ = f"metax-operator-{CHART_VERSION}.tgz"
+TOOLS_ARCHIVE = f"metax-operator-tools+{CHART_VERSION}.oci.tar"
 
 
-def build(output: Path, sign: dict | None = None) -> Path:
-    return package.build(package.REPO, output, str(helm_path("helm4")), sign)
+@pytest.fixture(scope="session")
+def tools_image() -> dict:
+    return image.build()
+
+
+def build(output: Path, tools_image: dict, sign: dict | None = None) -> Path:
+    """The package as scripts/package builds it: with the tools image of this tree."""
+    return package.build(package.REPO, output, str(helm_path("helm4")), sign, Path(tools_image["layout"]))
 
 
 def members(path: Path) -> dict[str, tarfile.TarInfo]:
@@ -42,12 +50,12 @@ def read(path: Path, name: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def unsigned(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("package"))
+def unsigned(tmp_path_factory, tools_image) -> Path:
+    return build(tmp_path_factory.mktemp("package"), tools_image)
 
 
-def test_two_builds_of_one_commit_are_the_same_bytes(unsigned, tmp_path):
-    again = build(tmp_path)
+def test_two_builds_of_one_commit_are_the_same_bytes(unsigned, tools_image, tmp_path):
+    again = build(tmp_path, tools_image)
     assert again.name == f"{TOP}.tar.gz"
     assert again.read_bytes() == unsigned.read_bytes()
 
@@ -56,7 +64,10 @@ def test_the_package_holds_the_release(unsigned):
     found = members(unsigned)
     assert set(found) == {
         TOP,
-        *(f"{TOP}/{name}" for name in (CHART_TGZ, "images.txt", "images.json", "sbom.cdx.json", "push", "CHANGELOG.md")),
+        *(
+            f"{TOP}/{name}"
+            for name in (CHART_TGZ, TOOLS_ARCHIVE, "images.txt", "images.json", "sbom.cdx.json", "push", "CHANGELOG.md")
+        ),
     }
     assert {(i.uid, i.gid, i.mtime) for i in found.values()} == {(0, 0, package.source_date_epoch(package.REPO))}
     assert found[f"{TOP}/push"].mode == 0o755
@@ -65,6 +76,30 @@ def test_the_package_holds_the_release(unsigned):
         assert "metax-operator/templates/driver/daemonset.yaml" in chart.getnames()
     assert (meta["version"], meta["appVersion"]) == (CHART_VERSION, CHART_VERSION)
     assert read(unsigned, "CHANGELOG.md") == (package.REPO / "CHANGELOG.md").read_bytes()
+
+
+def test_the_tools_image_archive_is_the_built_index_of_both_architectures(unsigned, tools_image, tmp_path):
+    """What `push` hands skopeo: an OCI archive whose one image is the index `make image` built."""
+    archive = tmp_path / TOOLS_ARCHIVE
+    archive.write_bytes(read(unsigned, TOOLS_ARCHIVE))
+    for arch in ("amd64", "arm64"):
+        inspect = ["skopeo", "--override-arch", arch, "inspect", f"oci-archive:{archive}"]
+        inspected = json.loads(subprocess.run(inspect, capture_output=True, text=True, check=True).stdout)
+        assert (inspected["Digest"], inspected["Architecture"]) == (tools_image["digest"], arch)
+    with tarfile.open(archive) as tar:
+        index = json.load(tar.extractfile("index.json"))
+        assert [m["digest"] for m in index["manifests"]] == [tools_image["digest"]]
+        layout = Path(tools_image["layout"])
+        blobs = {f"blobs/sha256/{path.name}" for path in (layout / "blobs/sha256").iterdir()}
+        assert set(tar.getnames()) - {"blobs", "blobs/sha256"} == blobs | {"index.json", "oci-layout"}
+
+
+def test_a_tools_image_layout_without_the_release_tag_is_refused(tmp_path):
+    (tmp_path / "index.json").write_text('{"schemaVersion": 2, "manifests": []}')
+    with pytest.raises(package.PackageError, match=f"holds no image tagged {CHART_VERSION}; run 'make image'"):
+        package.tools_image_archive(tmp_path, CHART_VERSION, 0)
+    with pytest.raises(package.PackageError, match="not an OCI image layout"):
+        package.tools_image_archive(tmp_path / "missing", CHART_VERSION, 0)
 
 
 def test_the_image_list_is_metax_operator_images_relative_to_the_registry(unsigned, capsys):
@@ -131,10 +166,10 @@ def keys(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def signed(keys, tmp_path_factory) -> Path:
+def signed(keys, tools_image, tmp_path_factory) -> Path:
     sign = {"name": "metax-operator release", "keyring": str(keys["release-secret"]), "public_key": str(keys["release-public"])}
     out = tmp_path_factory.mktemp("signed")
-    with tarfile.open(build(out, sign)) as archive:
+    with tarfile.open(build(out, tools_image, sign)) as archive:
         archive.extractall(out, filter="data")
     return out / TOP
 

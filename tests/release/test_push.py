@@ -1,7 +1,7 @@
 """The package's `push` against a real OCI registry (the distribution registry, TLS from a CA made
 for the test), as a site runs it: the chart goes to `oci://HOST/PROJECT` with its provenance, so
-`helm pull --verify` against the shipped keyring passes, and an image archive beside the script
-is pushed under its NAME+TAG."""
+`helm pull --verify` against the shipped keyring passes, and the image archives beside the script
+(the package's tools image, and one a site copies there) are pushed under their NAME+TAG."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import os
 import ssl
 import subprocess
-import tarfile
 import time
 import urllib.request
 from pathlib import Path
@@ -17,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from image import oci
+from release import package
 from tests.controlplane import free_port
 from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.registry import config
-from tests.release.test_package import CHART_TGZ, keys, signed  # noqa: F401 (fixtures)
+from tests.release.test_package import CHART_TGZ, keys, signed, tools_image  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.helm
 
@@ -63,13 +63,10 @@ def tiny_archive(directory: Path, name: str, tag: str) -> Path:
     (root / "hello").write_text("hello\n")
     layer = oci.write_layer(root, directory / "layer-blobs", 0)
     layout = directory / "layout"
-    oci.write_layout(
-        layout, [(oci.blob_path(directory / "layer-blobs", layer), layer)], {"architecture": "amd64", "os": "linux"}, tag
-    )
+    image = ([(oci.blob_path(directory / "layer-blobs", layer), layer)], {"architecture": "amd64", "os": "linux"})
+    oci.write_layout(layout, {"amd64": image}, tag)
     archive = directory / f"{name}+{tag}.oci.tar"
-    with tarfile.open(archive, "w") as out:
-        for path in sorted(layout.rglob("*")):
-            out.add(path, arcname=str(path.relative_to(layout)), recursive=False)
+    archive.write_bytes(package.plain_tar(oci.archive_files(layout, tag), {}, 0))
     return archive
 
 
@@ -98,7 +95,7 @@ def pull(helm: str, ref: str, into: Path, env: dict, *flags: str) -> subprocess.
     )  # fmt: skip
 
 
-def test_push_puts_the_chart_and_the_archives_into_the_registry(signed, registry, tmp_path):
+def test_push_puts_the_chart_and_the_archives_into_the_registry(signed, tools_image, registry, tmp_path):
     """By default the chart goes without its provenance, so Helm 3.18.0 pulls it too; the site
     verifies it from the package, and the pulled chart is that one, byte for byte."""
     host, ca = registry
@@ -116,6 +113,14 @@ def test_push_puts_the_chart_and_the_archives_into_the_registry(signed, registry
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(inspect.stdout)["Architecture"] == "amd64"
+    # The tools image: the index, both architectures, under the digest `make image` printed.
+    tools = f"docker://{host}/site/metax/metax-operator-tools:{CHART_VERSION}"
+    for arch in ("amd64", "arm64"):
+        inspect = subprocess.run(
+            ["skopeo", "--override-arch", arch, "inspect", "--cert-dir", str(certs), tools],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert (json.loads(inspect.stdout)["Digest"], json.loads(inspect.stdout)["Architecture"]) == (tools_image["digest"], arch)
 
 
 def test_push_with_the_provenance_lets_helm_pull_verify(signed, registry, tmp_path):
