@@ -77,6 +77,8 @@ config: |
 
 {{- define "metax-operator.gpuNodeLabel" -}}metax-tech.com/gpu.installed{{- end }}
 
+{{- define "metax-operator.rolloutNodeKeyPrefix" -}}metax-tech.com/driver-upgrade.{{- end }}
+
 {{- define "metax-operator.gpuTaint" -}}metax-tech.com/gpu{{- end }}
 
 {{- define "metax-operator.crGroup" -}}gpu.metax-tech.com{{- end }}

@@ -129,10 +129,13 @@ GPU_VFNUM_LABEL = "metax-tech.com/gpu.vfnum"
 #: The admin's labels that switch gpu-device per node (never removed by the operator).
 MODE_LABEL = "metax-tech.com/gpu-device.mode"
 QOS_LABEL = "metax-tech.com/gpu-device.qos-policy"
+#: The staged rollout's node keys: the runner's and the admins', never a component's (the node
+#: write policy refuses them to the components' ServiceAccounts).
+ROLLOUT_NODE_KEY_PREFIX = "metax-tech.com/driver-upgrade."
 #: On a node: the runner cordoned it for a driver swap and will uncordon it.
-CORDONED_LABEL = "metax-tech.com/driver-upgrade.cordoned"
+CORDONED_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}cordoned"
 #: On a node, set by an admin: the rollout never replaces this node's driver.
-SKIP_LABEL = "metax-tech.com/driver-upgrade.skip"
+SKIP_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}skip"
 #: vfio-manager's node annotation: `{"GPU index": 1 bound | 0 failed}`.
 VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
 

@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
+from metax_operator.contract import CORDONED_LABEL, SKIP_LABEL
 from tests.cases import SEED_POLICY
 from tests.controlplane import free_port
 from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
@@ -476,6 +477,11 @@ def test_a_component_token_patches_only_its_own_node_and_only_metax_keys(control
         message = refusal(lambda: driver.patch_node(own, {"metadata": {"labels": {"team": "ml"}}}))
         assert "may change only labels and annotations under metax-tech.com/ on its node, not team" in message
         assert "may not change its node's spec" in refusal(lambda: driver.patch_node(own, {"spec": {"unschedulable": True}}))
+        # The rollout's keys: the cordon mark would make the runner lift an admin's cordon; skip
+        # would keep the node's old driver. Both under metax-tech.com/, both refused.
+        for key in (CORDONED_LABEL, SKIP_LABEL):
+            message = refusal(lambda key=key: driver.patch_node(own, {"metadata": {"labels": {key: "true"}}}))
+            assert f"may not change the staged rollout's node keys ({key}): only the runner and administrators" in message
         unbound = token_client(cp, kubectl(cp, "create", "token", "metax-driver", "-n", NS, "--duration", "10m").strip())
         assert "its token names no node" in refusal(
             lambda: unbound.patch_node(own, {"metadata": {"labels": {"metax-tech.com/x": "1"}}})

@@ -43,6 +43,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.hookLabel": contract.HOOK_LABEL,
     "metax-operator.partOf": contract.PART_OF,
     "metax-operator.gpuNodeLabel": contract.GPU_NODE_LABEL,
+    "metax-operator.rolloutNodeKeyPrefix": contract.ROLLOUT_NODE_KEY_PREFIX,
     "metax-operator.gpuTaint": contract.GPU_TAINT,
     "metax-operator.crGroup": contract.CR_GROUP,
     "metax-operator.crName": contract.CR_NAME,
