@@ -50,6 +50,13 @@ def cluster_operator(policy: dict = POLICY, status: dict | None = None) -> dict:
     return cr
 
 
+def driver_pod(node: str, revision_hash: str, ready: bool = True) -> dict:
+    """The driver pod `driver-NODE` of the release's namespace."""
+    driver = pod(f"driver-{node}", node, revision_hash, ready=ready)
+    driver["metadata"].update(namespace=NS, labels={**driver["metadata"]["labels"], "app.kubernetes.io/component": "driver"})
+    return driver
+
+
 @pytest.fixture
 def api():
     """Three nodes whose driver pods run revision `old` while the DaemonSet's template is `new`."""
@@ -59,11 +66,7 @@ def api():
         fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new", revision("new", 2, template=NEW_TEMPLATE))
         for i in range(3):
             fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
-            driver = pod(f"driver-n{i}", f"n{i}", "old")
-            driver["metadata"].update(
-                namespace=NS, labels={**driver["metadata"]["labels"], "app.kubernetes.io/component": "driver"}
-            )
-            fake.put(f"{PODS}/driver-n{i}", driver)
+            fake.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "old"))
         fake.put(CR, cluster_operator())
         yield fake
 
@@ -334,3 +337,44 @@ def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api
     execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
     assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
+
+
+def cordoned_by_runner(api: FakeApi, node: str) -> None:
+    api.put(
+        f"/api/v1/nodes/{node}", {"metadata": {"name": node, "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}}
+    )
+
+
+def is_cordoned(api: FakeApi, node: str) -> bool:
+    found = api.get(f"/api/v1/nodes/{node}")
+    return bool(found["spec"].get("unschedulable")) and CORDONED_LABEL in (found["metadata"].get("labels") or {})
+
+
+def test_an_invalid_policy_freezes_the_rollout_but_gives_back_the_nodes_whose_driver_is_back(api, executor):
+    # A wave of n1 and n2 was in flight: n2's new driver is Ready, n1's is still coming up. Then
+    # an admin's edit makes the policy invalid: the runner decides nothing, deletes nothing and
+    # leaves the status as it is, but n2 is not held cordoned for a rollout that cannot go on.
+    for node, ready in (("n1", False), ("n2", True)):
+        cordoned_by_runner(api, node)
+        api.put(f"{PODS}/driver-{node}", driver_pod(node, "new", ready=ready))
+    status = {"phase": "Progressing", "resume": {"wave": ["n1", "n2"], "waveKind": "upgrade"}}
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": "a few"}, status=status))
+    stored = api.get(CR)["status"]["upgradeStatus"]
+    run_pass(api, executor)
+    assert not is_cordoned(api, "n2") and is_cordoned(api, "n1")
+    assert api.sent("DELETE") == [] and api.get(CR)["status"]["upgradeStatus"] == stored
+    run_pass(api, executor)  # nothing more to give back: no further write
+    assert [path for method, path in writes(api) if path.startswith("/api/v1/nodes/")] == ["/api/v1/nodes/n2"]
+
+
+def test_without_the_driver_daemonset_every_runner_cordon_is_lifted(api, executor):
+    # `helm upgrade --set driver.deploy=false` mid-rollout: the DaemonSet and its pods go, no
+    # driver swap is in progress any more, and an admin's own cordon (no runner label) stays.
+    cordoned_by_runner(api, "n0")
+    api.put("/api/v1/nodes/n1", {"metadata": {"name": "n1"}, "spec": {"unschedulable": True}})
+    api.delete(DS)
+    for i in range(3):
+        api.delete(f"{PODS}/driver-n{i}")
+    run_pass(api, executor)
+    assert not is_cordoned(api, "n0") and api.get("/api/v1/nodes/n1")["spec"]["unschedulable"] is True
+    assert api.sent("DELETE") == []

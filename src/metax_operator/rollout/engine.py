@@ -53,6 +53,7 @@ from metax_operator.rollout.status import (
     NodeList,
     PauseReason,
     Reason,
+    Resume,
     UpgradeStatus,
     WaveKind,
     parse_time,
@@ -156,6 +157,42 @@ class Stage(StrEnum):
 def decide(observed: Cluster, policy: Policy, status: UpgradeStatus | None, now: float) -> Decision:
     """The actions and new `status.upgradeStatus` for one pass."""
     return _Pass(observed, policy, status, now).run()
+
+
+def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[str]:
+    """The nodes the runner cordoned that it may uncordon now, `deleting` holding the nodes whose
+    driver pod is to be deleted in this pass.
+
+    A node stays cordoned while its driver is being swapped: a pod of it is to be deleted in
+    this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
+    node whose new driver fails stays cordoned until an admin looks at it), or it is in the
+    wave with a pod the wave has yet to replace (another revision, or a uid a retry
+    deletes), its work still to end (wait, drain). A node with no driver pod at all that no
+    wave waits for has nothing coming. Unlike `_NodePods` it reads the pods of every node,
+    not only the eligible ones: a node the runner cordoned may have left the eligible set.
+    """
+    if not observed.cordoned:
+        return set()
+    deleting = set(deleting)
+    live: dict[str, Pod] = {}
+    for pod in observed.pods:
+        if pod.deleting is not None:
+            deleting.add(pod.node)
+        elif pod.node not in live or pod.created > live[pod.node].created:
+            live[pod.node] = pod
+    # A node whose wait or drain timed out keeps its driver: its swap is given up. A node that
+    # left the DaemonSet mid-wave (relabelled) gets no driver back: nothing is coming.
+    wave = (set(resume.wave) & observed.nodes) - set(resume.timed_out_nodes)
+    doomed = set(resume.wave_uids)
+    back = set()
+    for node in observed.cordoned - deleting:
+        pod = live.get(node)
+        if pod is None:
+            if node not in wave:
+                back.add(node)
+        elif pod.ready and (node not in wave or (pod.revision == observed.current_revision and pod.uid not in doomed)):
+            back.add(node)
+    return back
 
 
 class _NodePods:
@@ -539,38 +576,8 @@ class _Waves(_PassState):
         self.decision.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
 
     def _driver_back(self) -> set[str]:
-        """The nodes the runner cordoned that it may uncordon now.
-
-        A node stays cordoned while its driver is being swapped: a pod of it is to be deleted in
-        this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
-        node whose new driver fails stays cordoned until an admin looks at it), or it is in the
-        wave with a pod the wave has yet to replace (another revision, or a uid a retry
-        deletes), its work still to end (wait, drain). A node with no driver pod at all that no
-        wave waits for has nothing coming. Unlike `_NodePods` it reads the pods of every node,
-        not only the eligible ones: a node the runner cordoned may have left the eligible set.
-        """
-        if not self.observed.cordoned:
-            return set()
-        deleting = {ref.node for ref in self.decision.delete}
-        live: dict[str, Pod] = {}
-        for pod in self.observed.pods:
-            if pod.deleting is not None:
-                deleting.add(pod.node)
-            elif pod.node not in live or pod.created > live[pod.node].created:
-                live[pod.node] = pod
-        # A node whose wait or drain timed out keeps its driver: its swap is given up. A node that
-        # left the DaemonSet mid-wave (relabelled) gets no driver back: nothing is coming.
-        wave = (set(self.resume.wave) & self.observed.nodes) - set(self.resume.timed_out_nodes)
-        doomed = set(self.resume.wave_uids)
-        back = set()
-        for node in self.observed.cordoned - deleting:
-            pod = live.get(node)
-            if pod is None:
-                if node not in wave:
-                    back.add(node)
-            elif pod.ready and (node not in wave or (pod.revision == self.observed.current_revision and pod.uid not in doomed)):
-                back.add(node)
-        return back
+        """The nodes the runner cordoned that it may uncordon now (`driver_back`)."""
+        return driver_back(self.observed, self.resume, {ref.node for ref in self.decision.delete})
 
 
 class _IdleAndRollback(_Waves):

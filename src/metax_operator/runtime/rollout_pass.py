@@ -80,6 +80,16 @@ class Plan:
     stored: dict | None  # status.upgradeStatus as read (None: never written)
 
 
+@dataclass
+class Release:
+    """A pass the rollout cannot decide (an invalid policy, no driver DaemonSet) still gives back
+    the nodes the runner cordoned whose driver is back: a frozen rollout holds no capacity it
+    does not need. The status stays as stored."""
+
+    nodes: list[str]
+    stored: dict | None
+
+
 class RolloutPass:
     """The rollout's part of every runner pass (a `reconcile.RolloutStep`): `decide` on the CR
     the pass observed, then, once the pass wrote the status, `act`. Keeps its watch caches
@@ -107,10 +117,10 @@ class RolloutPass:
         if self.watches is not None:
             self.watches.stop()
 
-    def decide(self, cr: dict) -> Plan | None:
+    def decide(self, cr: dict) -> Plan | Release | None:
         """The engine's decision on `cr` and what the watch caches and the DaemonSet show now;
-        None when there is nothing to decide on yet (caches not listed, an invalid policy, no
-        DaemonSet)."""
+        None when there is nothing to decide on yet (caches not listed or failing). An invalid
+        policy or no DaemonSet: the runner's cordons that may go (`Release`), or None."""
         if self.watches is None:
             self.watches = Watches(self.api, self.namespace).start()
         if not self.watches.wait_synced(SYNC_TIMEOUT):
@@ -125,13 +135,14 @@ class RolloutPass:
                 msg=f"the watch caches {', '.join(failing)} are failing: the rollout waits until they list again",
             )
             return None
+        stored = (cr.get("status") or {}).get("upgradeStatus") or None
+        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
         try:
             policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
         except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
             event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
-            return None
-        stored = (cr.get("status") or {}).get("upgradeStatus") or None
+            return self._release(ds, cr, stored)
         waited = self.watches.wait_for(policy.wait_selector)
         if waited is not None and (not waited.wait_synced(SYNC_TIMEOUT) or waited.state != "synced"):
             event(
@@ -141,21 +152,33 @@ class RolloutPass:
                 msg=f"the cache of pods matching waitForCompletion.podSelector {policy.wait_selector!r} is {waited.state}",
             )
             return None
-        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
-            return None
+            return self._release(ds, cr, stored)
         snap = self.watches.observe(ds, cr, stored)
         before = UpgradeStatus.from_json(stored) if stored is not None else None
         return Plan(engine.decide(snap.observed, policy, before, self.clock()), policy.pause, stored)
 
-    def upgrade_status(self, plan: Plan) -> dict:
-        """The `status.upgradeStatus` the pass writes before `act`."""
-        return plan.decision.status.to_json()
+    def _release(self, ds: dict | None, cr: dict, stored: dict | None) -> Release | None:
+        """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
+        `engine.driver_back` gives for the stored wave (a node whose driver is down or being
+        swapped stays cordoned); without it no driver is coming, so every one."""
+        if ds is None:
+            nodes = set(self.watches.cordoned.snapshot().values())
+        else:
+            resume = UpgradeStatus.from_json(stored).resume if stored is not None else UpgradeStatus().resume
+            nodes = engine.driver_back(self.watches.observe(ds, cr, stored).observed, resume, set())
+        return Release(sorted(nodes), stored) if nodes else None
 
-    def act(self, cr: dict, plan: Plan) -> int:
+    def upgrade_status(self, plan: Plan | Release) -> dict | None:
+        """The `status.upgradeStatus` the pass writes before `act` (a `Release` leaves it)."""
+        return plan.stored if isinstance(plan, Release) else plan.decision.status.to_json()
+
+    def act(self, cr: dict, plan: Plan | Release) -> int:
         """Carry out `plan` on the CR `cr` as the pass's status write left it: the actions in
         order; the number of writes."""
+        if isinstance(plan, Release):
+            return self._uncordon(plan.nodes)
         decision = plan.decision
         if self.metrics is not None:
             before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
