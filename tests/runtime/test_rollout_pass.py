@@ -221,9 +221,23 @@ def test_a_restore_writes_spec_driver_before_the_template(api, executor):
     patch = revision("old", 1)["data"]
     assert execute(executor, read_cr(api), decision(restore=Restore("old", driver, patch)), pause_seen=False) == 3
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PATCH", DS)]
-    assert api.sent("PATCH", CR)[0].body == [{"op": "replace", "path": "/spec/driver", "value": driver}]
+    assert api.sent("PATCH", CR)[0].body == [{"op": "add", "path": "/spec/driver/payload", "value": {"version": "1"}}]
     assert read_cr(api)["spec"]["driver"] == driver
     assert api.sent("PATCH", DS)[0].body == patch
+
+
+def test_a_restore_leaves_an_admins_policy_edit_made_since_the_read(api, executor):
+    # The pass read the CR, then the admin paused (and turned the rollout off) before the
+    # restore's write: spec.driver goes back to the old payload, and the admin's edit stays.
+    read = read_cr(api)
+    admin = {**POLICY, "pause": True, "enableRollout": False}
+    api.put(CR, {**read, "spec": {"driver": {**read["spec"]["driver"], "upgradePolicy": admin}}})
+    restored = {"payload": {"version": "1"}, "probe": {"x": 1}, "upgradePolicy": POLICY}
+    executor.act(read, Plan(decision(restore=Restore("old", restored, None)), False, None))
+    assert read_cr(api)["spec"]["driver"] == {"payload": {"version": "1"}, "probe": {"x": 1}, "upgradePolicy": admin}
+    # A key the restored revision does not have goes.
+    executor.act(read_cr(api), Plan(decision(restore=Restore("old", {"payload": {"version": "1"}}, None)), False, None))
+    assert read_cr(api)["spec"]["driver"] == {"payload": {"version": "1"}, "upgradePolicy": admin}
 
 
 def test_a_restore_without_a_spec_or_a_revision_writes_what_it_can(api, executor):

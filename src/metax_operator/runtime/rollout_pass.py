@@ -90,6 +90,11 @@ class Release:
     stored: dict | None
 
 
+def without_policy(driver: dict) -> dict:
+    """spec.driver but its upgradePolicy (JSON-pointer-safe keys: the CRD's field names)."""
+    return {key: value for key, value in driver.items() if key != "upgradePolicy"}
+
+
 class RolloutPass:
     """The rollout's part of every runner pass (a `reconcile.RolloutStep`): `decide` on the CR
     the pass observed, then, once the pass wrote the status, `act`. Keeps its watch caches
@@ -270,9 +275,13 @@ class RolloutPass:
         """Set the CR's spec.driver back to the one of the restored revision, then the template.
 
         The spec comes first: the reconcile of the next pass must find a CR that gives the
-        restored template, not the abandoned one.
+        restored template, not the abandoned one. `upgradePolicy` is left as it is live: it
+        makes no part of the template, and the write must not undo an admin's `pause` or
+        `enableRollout` edit (or the runner's own pause release) made since the pass read the CR.
         """
-        writes, revision, wanted = 0, restore.revision, restore.driver_spec
+        writes, revision = 0, restore.revision
+        wanted = None if restore.driver_spec is None else without_policy(restore.driver_spec)
+        live = without_policy((cr.get("spec") or {}).get("driver") or {})
         if wanted is None:
             event(
                 log,
@@ -281,14 +290,16 @@ class RolloutPass:
                 revision=revision,
                 msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself",
             )
-        elif wanted != ((cr.get("spec") or {}).get("driver") or {}):  # not written yet
+        elif wanted != live:  # not written yet
             self._check()
             self.requests += 1
+            ops = [{"op": "add", "path": f"/spec/driver/{key}", "value": value} for key, value in sorted(wanted.items())]
+            ops += [{"op": "remove", "path": f"/spec/driver/{key}"} for key in sorted(live.keys() - wanted.keys())]
             self.api.patch(
                 contract.CR_API_VERSION,
                 contract.CR_KIND,
                 contract.CR_NAME,
-                [{"op": "replace", "path": "/spec/driver", "value": wanted}],
+                ops,
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,
             )
