@@ -58,7 +58,7 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  
 INTERPRETER = "/usr/bin/python3"
 EMPTY_IN_IMAGE = frozenset({"dev", "proc", "sys", "run", "tmp"})  # the runtime mounts these
 KEEP_BUILDS = 3  # results kept in the cache (worktrees of one machine share it)
-KEEP_BASES = 2
+KEEP_BASES = 2 * len(MACHINES)  # the bases of each architecture, the current and the previous one
 BUILD_TOOLS = ("setuptools", "installer", "dockerfile-parse")
 GLIBC_MINOR = 36  # bookworm's glibc 2.36: the newest manylinux wheel the base runs
 
