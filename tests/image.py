@@ -29,10 +29,12 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from image.lock import MACHINES
+from image.oci import INDEX
+
 REPO = Path(__file__).resolve().parents[1]
 RUNC_STATE = Path("/run/metax-operator-tests/runc")
-ARCHITECTURES = ("amd64", "arm64")
-INDEX = "application/vnd.oci.image.index.v1+json"
+ARCHITECTURES = tuple(MACHINES)
 
 
 def build(*args: str) -> dict:

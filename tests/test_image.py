@@ -18,6 +18,7 @@ import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
+from image.lock import MACHINES
 from tests.helm import helm_path, render_chart
 from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
 
@@ -347,7 +348,7 @@ def test_each_image_runs_programs_of_its_architecture(bundle, preflight):
     spec, container = preflight
     probe = {**container, "command": ["python3", "-c", "import platform; print(platform.machine())"]}
     out = run_image(bundle, (spec, probe), [])
-    machine = {"amd64": "x86_64", "arm64": "aarch64"}[(bundle / "arch.txt").read_text()]
+    machine = MACHINES[(bundle / "arch.txt").read_text()]
     assert (out.returncode, out.stdout.strip()) == (0, machine), out.stderr
 
 

@@ -172,6 +172,8 @@ def test_tags_without_an_architecture_digests_and_components_left_out_pass():
     left_out = {"driver": {"deploy": False, "payload": {"version": "2.33.0.9-amd64"}}, "maca": {"deploy": False}}
     assert architecture_errors(left_out, MIXED) == []
     assert architecture_errors({**PAYLOADS, "driver": {"deploy": True, "payload": {"version": "1-amd64"}}}, []) == []
+    pinned_driver = {"deploy": True, "payload": {"version": "2.33.0.9-amd64", "digest": f"sha256:{'b' * 64}"}}
+    assert architecture_errors({**PAYLOADS, "driver": pinned_driver}, MIXED) == []
 
 
 # --- bootstrap: what goes into the CR, and the runtime controls ---------------------------------

@@ -158,11 +158,24 @@ def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     return findings
 
 
-def tag_architecture(ref: str) -> str | None:
-    """The architecture a payload reference's tag names (`driver-image:2.33.0.9-arm64` -> arm64),
-    or None: a tag without one, or a digest-pinned reference (a digest may name an index)."""
-    _repository, tag, digest = images.split(ref)
-    return None if digest else TAG_ARCHITECTURES.get(tag.rsplit("-", 1)[-1])
+def tag_architecture(tag: str) -> str | None:
+    """The architecture a payload tag names (`2.33.0.9-arm64` -> arm64), or None."""
+    return TAG_ARCHITECTURES.get(tag.rsplit("-", 1)[-1])
+
+
+def payload_tags(values: dict) -> list[tuple[str, str, str]]:
+    """(field, as written, tag) of each payload the values deploy; the tag is "" for one pinned
+    by digest (a digest may name a multi-architecture index)."""
+    found = []
+    if (values.get("driver") or {}).get("deploy"):
+        payload = values["driver"].get("payload") or {}
+        version = payload.get("version") or ""
+        found.append(("driver.payload.version", version, "" if payload.get("digest") else version))
+    if (values.get("maca") or {}).get("deploy"):
+        for image in workloads.payload_images(values):
+            _repository, tag, digest = images.split(image)
+            found.append(("maca.payload.images", image, "" if digest else tag))
+    return found
 
 
 def check_architectures(values: dict, gpu_nodes: list[dict], findings: Findings) -> None:
@@ -171,14 +184,9 @@ def check_architectures(values: dict, gpu_nodes: list[dict], findings: Findings)
     for node in gpu_nodes:
         arch = (node["metadata"].get("labels") or {}).get(ARCH_LABEL, "?")
         fleet[arch] = fleet.get(arch, 0) + 1
-    payloads = []
-    if (values.get("driver") or {}).get("deploy"):
-        payloads.append(("driver.payload.version", (values["driver"].get("payload") or {}).get("version") or ""))
-    if (values.get("maca") or {}).get("deploy"):
-        payloads += [("maca.payload.images", image) for image in workloads.payload_images(values)]
     counted = " and ".join(f"{arch} ({count})" for arch, count in sorted(fleet.items()))
-    for field_name, ref in payloads:
-        named = tag_architecture(ref if ":" in ref or "@" in ref else f"payload:{ref}")
+    for field_name, ref, tag in payload_tags(values):
+        named = tag_architecture(tag)
         if named is None or set(fleet) <= {named}:
             continue
         findings.errors.append(
