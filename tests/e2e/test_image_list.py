@@ -24,7 +24,8 @@ def reconciled(api) -> bool:
 def test_the_listed_images_are_the_images_the_pods_ask_for(tools_cluster, tools_api, clean_slate, tmp_path, capsys):
     cluster = tools_cluster
     # The exporter stays off (its default): helm test scrapes it, and kwok pods serve nothing.
-    values = cluster.user_values(tmp_path, maca={"payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04-amd64"]}})
+    # A multi-architecture tag: the fleet has x86 and Arm GPU nodes (docs/chart.md).
+    values = cluster.user_values(tmp_path, maca={"payload": {"images": ["maca-c500:2.18.0.3-ubuntu22.04"]}})
     pods = PodWatch(tools_api, NS)
     release = release_name(ok(seed_install(cluster, "helm4", values)))
     eventually(lambda: runner_pod(tools_api), 60, "one running runner pod")

@@ -44,7 +44,8 @@ pytestmark = pytest.mark.e2e
 
 NS = "workloads-e2e"
 RELEASE = "metax"
-IMAGES = ["maca-c500:2.18.0.3-ubuntu18.04-amd64", "maca-c500:2.24.0.5-ubuntu20.04-amd64"]
+# Multi-architecture tags: the simulated fleet has x86 and Arm GPU nodes (docs/chart.md).
+IMAGES = ["maca-c500:2.18.0.3-ubuntu18.04", "maca-c500:2.24.0.5-ubuntu20.04"]
 VALUES = {
     "registry": "cr.example.com/metax",
     "driver": {"payload": {"version": "2.32.0.6"}},
