@@ -210,7 +210,8 @@ def plain_tar(files: dict[str, bytes], modes: dict[str, int], epoch: int) -> byt
 def build(repo: Path, output: Path, helm: str, sign: dict | None = None, tools_image: Path | None = None) -> Path:
     """The package of the checkout `repo` in `output`, with the tools image of the OCI layout
     `tools_image` when given; returns its path."""
-    version = _chart_version(repo)
+    chart = yaml.safe_load((repo / "Chart.yaml").read_text())
+    version = chart["version"]
     epoch = source_date_epoch(repo)
     top = f"metax-operator-package.{version}"
     files: dict[str, bytes] = {}
@@ -222,7 +223,8 @@ def build(repo: Path, output: Path, helm: str, sign: dict | None = None, tools_i
     files.update({f"{top}/{name}": content for name, content in image_list_files(repo, helm).items()})
     if tools_image:
         name = yaml.safe_load((repo / "values.yaml").read_text())["tools"]["image"]["name"]  # the chart pulls it so
-        files[f"{top}/{name}+{app_version(repo)}.oci.tar"] = tools_image_archive(tools_image, app_version(repo), epoch)
+        tag = chart["appVersion"]
+        files[f"{top}/{name}+{tag}.oci.tar"] = tools_image_archive(tools_image, tag, epoch)
     files[f"{top}/sbom.cdx.json"] = sbom(repo, version)
     files[f"{top}/push"] = PUSH.format(version=version).encode()
     files[f"{top}/CHANGELOG.md"] = (repo / "CHANGELOG.md").read_bytes()
@@ -240,17 +242,6 @@ def tools_image_archive(layout: Path, tag: str, epoch: int) -> bytes:
         return plain_tar(oci.archive_files(layout, tag), {}, epoch)
     except ValueError:
         raise PackageError(f"--tools-image {layout}: holds no image tagged {tag}; run 'make image' for this checkout") from None
-
-
-def app_version(repo: Path) -> str:
-    return yaml.safe_load((repo / "Chart.yaml").read_text())["appVersion"]
-
-
-def _chart_version(repo: Path) -> str:
-    for line in (repo / "Chart.yaml").read_text().splitlines():
-        if line.startswith("version:"):
-            return line.split(":", 1)[1].strip()
-    raise PackageError("Chart.yaml has no version")
 
 
 def main(argv: list[str]) -> int:

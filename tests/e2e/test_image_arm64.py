@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client
 
 from tests.e2e.tools import bootstrap, install_chart, kubectl, release_values, uninstall_chart
-from tests.helm import RELEASE, render_chart
+from tests.helm import RELEASE, find, render_chart
 from tests.image import build, run_as_pod, unpack
 from tests.waiting import eventually
 
@@ -52,8 +52,7 @@ def installed(control_plane, tmp_path_factory):
 
 
 def pod_spec(objects: list[dict], kind: str, name: str) -> dict:
-    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return obj["spec"]["template"]["spec"]
+    return find(objects, kind, name)["spec"]["template"]["spec"]
 
 
 def container(spec: dict, name: str) -> dict:
@@ -119,14 +118,9 @@ def test_wait_for_returns_once_the_prerequisites_on_the_arm_node_are_ready(contr
     assert arm_node in out.stderr and "Traceback" not in out.stderr
 
 
-def hook_job(objects: list[dict], hook: str) -> dict:
-    (job,) = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].endswith(f"-{hook}")]
-    return job["spec"]["template"]["spec"]
-
-
 def values_files(objects: list[dict], folder: Path, values: dict | None = None) -> Path:
     """The hook values ConfigMap's files (its JSON key), optionally with other values."""
-    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-values")]
+    config_map = find(objects, "ConfigMap", "metax-operator-values")
     folder.mkdir(parents=True, exist_ok=True)
     for key, text in config_map["data"].items():
         (folder / key).write_text(text if values is None else json.dumps({**json.loads(text), **values}))
@@ -148,7 +142,7 @@ def preflight_account(control_plane, installed, tmp_path):
 
 
 def test_the_preflight_hook_checks_the_mixed_fleet(control_plane, arm64, installed, arm_node, preflight_account, tmp_path):
-    spec = hook_job(installed["objects"], "preflight")
+    spec = pod_spec(installed["objects"], "Job", "metax-operator-preflight")
     files = {"values": values_files(installed["objects"], tmp_path / "values")}
     out = run_pod_container(control_plane, arm64, spec, "preflight", tmp_path, arm_node, files=files)
     assert out.returncode == 0, out.stdout + out.stderr

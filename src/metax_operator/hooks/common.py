@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from metax_operator.contract import HOOK_VALUES_FILE
+from metax_operator.contract import GPU_NODE_LABEL, HOOK_VALUES_FILE
 from metax_operator.errors import UserError
 from metax_operator.runtime import kube
 from metax_operator.yamltext import load_one, read_text
@@ -36,3 +36,8 @@ def load_values(path: Path) -> dict:
     if not isinstance(values, dict):
         raise UserError(str(path), "must hold a mapping of values", "pass the chart's values")
     return values
+
+
+def gpu_nodes(nodes: list[dict]) -> list[dict]:
+    """The nodes gpu-label labelled as having MetaX GPUs."""
+    return [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]

@@ -139,14 +139,10 @@ def check_node(node: dict, enforce: bool, findings: Findings) -> None:
         )
 
 
-def gpu_nodes_of(nodes: list[dict]) -> list[dict]:
-    return [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
-
-
 def check_cluster(git_version: str, nodes: list[dict]) -> Findings:
     """The seed §3 prerequisites, from the server version and the nodes (pure)."""
     findings = Findings(errors=check_server(git_version))
-    gpu_nodes = gpu_nodes_of(nodes)
+    gpu_nodes = common.gpu_nodes(nodes)
     enforce = bool(gpu_nodes)
     if not gpu_nodes:
         findings.warnings.append(
@@ -224,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     _major, _minor, git_version = client.server_version()
     nodes = client.list("v1", "Node")
     findings = check_cluster(git_version, nodes)
-    check_architectures(values, gpu_nodes_of(nodes), findings)
+    check_architectures(values, common.gpu_nodes(nodes), findings)
     pods = client.list("v1", "Pod", field_selector=LIVE_PODS, all_namespaces=True)
     check_workloads(values, nodes, pods, findings)
     for line in findings.warnings:

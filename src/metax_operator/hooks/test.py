@@ -93,7 +93,7 @@ def check_configmap(namespace: str, name: str, cm: dict | None) -> list[str]:
 
 
 def check_gpu_nodes(nodes: list[dict]) -> list[str]:
-    gpu_nodes = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"]
+    gpu_nodes = common.gpu_nodes(nodes)
     if not gpu_nodes:
         return [f"nodes: none is labelled {GPU_NODE_LABEL}=true (gpu-label found no MetaX GPU)"]
     lines = []
