@@ -180,3 +180,21 @@ def test_the_lease_says_whether_a_runner_leads():
         assert no_leader() is None  # runner.mode cronjob: released between runs
         fake.fail("GET", LEASE, 403)
         assert no_leader().startswith("unknown: you may not read the Lease metax-operator/metax-operator-runner (403)")
+
+
+def test_an_edit_the_runner_holds_is_named_with_its_line_and_the_rollout_moves_on():
+    held = {
+        "type": "SpecHeld",
+        "status": "True",
+        "reason": "EditDuringRollout",
+        "message": "driver.payload: cannot change while a driver rollout is in progress (phase Progressing): the edit is held",
+    }
+    running = UpgradeStatus(phase="Progressing", upgrading=True).to_json()
+    lines = admin.render(with_conditions(cr(running), held)).splitlines()
+    assert (
+        "Held: an edit made during the rollout (SpecHeld=True): driver.payload: cannot change while a driver rollout is in"
+        " progress (phase Progressing): the edit is held"
+    ) in lines
+    assert "nothing moves" not in lines[-1], "a held edit does not stop the rollout"
+    released = {**held, "status": "False", "reason": "NothingHeld"}
+    assert not any(line.startswith("Held:") for line in admin.render(with_conditions(cr(running), released)).splitlines())

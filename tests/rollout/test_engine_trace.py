@@ -4,7 +4,8 @@ cordons, evictions, deletions, uncordons, events with their reasons and messages
 compared with the trace captured before the engine was restructured
 (tests/rollout/data/engine_decision_trace.json). The decision later gained `idle_first` (the
 executor's last look for GPU pods after a cordon): true in every pass of the trace, and added to
-it so; every other field is as captured."""
+it so; and `resume.spec` (the spec the rollout acts on, `rollout.freeze`): in every pass with a
+rollout in progress, added so; every other field is as captured."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`status.upgradeStatus` (`rollout.status`): a golden trace of a rollout that touches most of the
 bookkeeping (retry, timed and manual pauses, a drain that times out, skipped and reboot-needing
 nodes, a rollback), compared key for key and in key order with the JSON the engine wrote before the
-status was typed (tests/rollout/data/upgrade_status_trace.json); the codec's round trip on any
+status was typed (tests/rollout/data/upgrade_status_trace.json; since then `resume.spec`, the spec
+the rollout acts on, is added last in every pass with a rollout in progress); the codec's round trip on any
 status (hypothesis); reading partial and null fields."""
 
 from __future__ import annotations

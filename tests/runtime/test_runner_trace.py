@@ -12,6 +12,8 @@ the runner came to read one clock (the reconcile's times had been a frozen secon
 differ from the ones before only in the times written. When the chart came to render the driver's
 `OnDelete` whatever the policy, the first pass's DaemonSet apply lost its `updateStrategy` (the
 chart's render, from values with the staged rollout off, had been `RollingUpdate`), and nothing else.
+When the rollout came to record the spec it acts on (`resume.spec`, `rollout.freeze`), the status
+writes of the passes with a rollout in progress gained that key, and nothing else changed.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new

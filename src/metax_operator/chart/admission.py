@@ -35,6 +35,7 @@ from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.schema import fragment, percent_pattern
 from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
 from metax_operator.errors import UserError
+from metax_operator.lookup import lookup
 
 #: The first Kubernetes minor that admits the whole CRD: its CEL cost estimator bounds a
 #: messageExpression's `string(dyn(x))` and a `matches` on an int-or-string field; older ones
@@ -44,6 +45,13 @@ POLICY = "driver.upgradePolicy"
 STEPS = f"{POLICY}.upgradeSteps"
 #: The only spec fields an admin may change while a driver rollout is in progress (seed §3.2.8).
 ROLLOUT_CONTROLS = ("pause", "enableRollout")
+#: How the spec is compared while a rollout is in progress: at each level (a path below `spec`),
+#: every key but the one compared a level down (or, at the last, the rollout's controls).
+FREEZE_LEVELS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    ((), ("driver",)),
+    (("driver",), ("upgradePolicy",)),
+    (("driver", "upgradePolicy"), ROLLOUT_CONTROLS),
+)
 _MARK = re.compile("\x00([0-9]+)\x00")
 
 
@@ -333,6 +341,23 @@ def frozen_during_rollout(field: str, phase: str) -> UserError:
     )
 
 
+def frozen_changes(old: dict, new: dict) -> list[str]:
+    """The fields of spec `new` that differ from spec `old` and may not change while a driver
+    rollout is in progress, named and ordered as the policy's `variables.changed` names them (the
+    changed and added keys of each level, then its removed ones)."""
+    changed = []
+    for path, skip in FREEZE_LEVELS:
+        new_map, old_map = _mapping(lookup(new, *path)), _mapping(lookup(old, *path))
+        prefix = "".join(f"{key}." for key in path)
+        changed += [prefix + k for k in new_map if k not in skip and (k not in old_map or new_map[k] != old_map[k])]
+        changed += [prefix + k for k in old_map if k not in skip and k not in new_map]
+    return changed
+
+
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def virt_firmware_upgrade() -> UserError:
     return UserError(
         "driver.fwEnableVirt",
@@ -391,18 +416,13 @@ def policy_variables() -> list[dict]:
         {
             "name": "changed",
             "expression": " + ".join(
-                [
-                    _changed(_map_at("object", "spec"), _map_at("oldObject", "spec"), "", ("driver",)),
-                    _changed(
-                        _map_at("object", "spec", "driver"), _map_at("oldObject", "spec", "driver"), "driver.", ("upgradePolicy",)
-                    ),
-                    _changed(
-                        _map_at("object", "spec", "driver", "upgradePolicy"),
-                        _map_at("oldObject", "spec", "driver", "upgradePolicy"),
-                        "driver.upgradePolicy.",
-                        ROLLOUT_CONTROLS,
-                    ),
-                ]
+                _changed(
+                    _map_at("object", "spec", *path),
+                    _map_at("oldObject", "spec", *path),
+                    "".join(f"{key}." for key in path),
+                    skip,
+                )
+                for path, skip in FREEZE_LEVELS
             ),
         },
     ]

@@ -8,7 +8,7 @@ held-back, skipped and cordoned nodes, nodes that need a reboot, and what happen
 When nothing moves it says why, each cause with the command that moves it on (`blockers`): the
 runner refuses the spec (SpecValid=False), its passes fail (RunnerHealthy=False), no runner
 holds the Lease, a pause (the admin's or the runner's), nodes held back by GPU work, nodes that
-need a reboot.
+need a reboot; and an edit made during the rollout that the runner holds until it ends (SpecHeld).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from metax_operator.commands.nodes import DEFAULT_NAMESPACE
 from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, RUNNER_LEASE, SKIP_LABEL
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
+from metax_operator.rollout import freeze
 from metax_operator.rollout import status as rollout
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
 from metax_operator.runtime.reconcile import RUNNER_HEALTHY, SPEC_VALID
@@ -185,6 +186,9 @@ def blockers(
         )
     if leader is not None:
         out.append(f"Stopped: no runner leads: {leader}")
+    held = conditions.get(freeze.SPEC_HELD) or {}
+    if held.get("status") == "True":
+        out.append(f"Held: an edit made during the rollout (SpecHeld=True): {held.get('message')}")
     if policy is None:
         return out
     sub, resume = status.step, status.resume

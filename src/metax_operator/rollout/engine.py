@@ -33,7 +33,7 @@ from operator import attrgetter
 from typing import NamedTuple, Union
 
 from metax_operator.chart.upgrade_policy import Fallback, OnTimeout, Policy
-from metax_operator.rollout import restore
+from metax_operator.rollout import freeze, restore
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import (
     ADMIN_PAUSED,
@@ -722,6 +722,7 @@ class _Pass(_IdleAndRollback):
             handlers = {PROGRESSING: self._progress, TERMINATING: self._roll_back, DISABLING: self._roll_back}
             self._settle(handlers.get(self.status.phase, self._idle))
         self.status.upgrading = self.status.phase in (PROGRESSING, TERMINATING, DISABLING)
+        self.resume.spec = freeze.record(self.observed.cr_spec, self.decision.restore) if self.status.upgrading else None
         self.resume.skipped = NodeList.of(self.observed.skipped)
         self.resume.cordoned = NodeList.of(self.observed.cordoned)
         self.resume.need_reboot = NodeList.of(self.observed.need_reboot)

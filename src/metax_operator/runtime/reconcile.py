@@ -68,6 +68,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
+from metax_operator.rollout import freeze
 from metax_operator.rollout.status import Condition, rfc3339, transition_time
 from metax_operator.runtime.kube import Client, api_problem
 from metax_operator.runtime.object_cache import Reader
@@ -95,6 +96,7 @@ HEALTHY = {
     HELM_UPGRADE: "False",
     WORKLOADS_VALID: "True",
     RUNNER_HEALTHY: "True",
+    freeze.SPEC_HELD: "False",
 }
 
 

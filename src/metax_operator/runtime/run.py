@@ -21,6 +21,7 @@ chart's CronJob mode) after taking the lease, and exits. API failures back off e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
 from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
+from metax_operator.rollout import freeze
 from metax_operator.rollout.status import rfc3339
 from metax_operator.runtime import helm_hold, reconcile
 from metax_operator.runtime.health import Health, serve
@@ -151,7 +153,13 @@ class Runner:
             self.watches.start()
             self.workloads.start()
             self.watching = True
+        held = freeze.hold(observed.cr)
+        if held.held:  # an edit made mid-rollout waits for the rollout to end: the pass acts on its spec
+            jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(held.held))
+            observed = dataclasses.replace(observed, cr={**observed.cr, "spec": held.spec})
         outcome = reconcile.decide(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
+        if held.held or lookup_condition(observed.cr, freeze.SPEC_HELD) is not None:
+            outcome.conditions.append(held.condition())
         # RunnerHealthy goes with the pass's one status write, which comes before the rollout's
         # actions; after a failed pass it turns True only once the whole pass has succeeded, so
         # that a pass failing in those actions does not set it True and then False again.

@@ -1,0 +1,84 @@
+"""The spec a driver rollout acts on: only `pause` and `enableRollout` change it mid-rollout.
+
+While a rollout is in progress an admin may change only `driver.upgradePolicy.pause` and
+`enableRollout` (seed §3.2.8). From Kubernetes 1.30 the chart's ValidatingAdmissionPolicy refuses
+any other edit; an older API server stores it. The runner then holds it, on every version alike:
+the engine records the spec the rollout acts on (`resume.spec`, `record`), and while the rollout
+is in progress each pass acts on that record with the CR's current controls (`hold`). A held
+edit is reported (the CR's condition SpecHeld, with the policy's line, and its Event), takes
+effect in the first pass after the rollout ends, and is dropped when the admin reverts it. The
+runner's own rollback writes `spec.driver` back, and records what it writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from metax_operator.chart.admission import ROLLOUT_CONTROLS, frozen_changes, frozen_during_rollout
+from metax_operator.lookup import lookup
+from metax_operator.rollout.restore import Restore
+from metax_operator.rollout.status import Condition, UpgradeStatus
+
+#: The CR's condition: True while an edit waits for the rollout to end.
+SPEC_HELD = "SpecHeld"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one pass acts on: `spec`, and the CR's fields it holds back (none: the CR's own spec)."""
+
+    spec: dict
+    held: tuple[str, ...] = ()
+    phase: str = ""
+
+    def condition(self) -> Condition:
+        if not self.held:
+            return Condition(SPEC_HELD, "False", "NothingHeld", "the runner acts on the CR's spec")
+        problem = frozen_during_rollout(", ".join(self.held), self.phase)
+        return Condition(
+            SPEC_HELD,
+            "True",
+            "EditDuringRollout",
+            f"{problem.field}: {problem.problem}: the edit is held, and the rollout goes on with the spec it "
+            "started with; it takes effect when the rollout ends: revert the edit to drop it, or set "
+            "enableRollout: false to roll the rollout back first",
+        )
+
+
+def record(spec: dict, restore: Restore | None = None) -> str:
+    """`spec` less the rollout's controls, as `resume.spec` holds it (a rollback's `restore`
+    writes its spec.driver over the CR's: the record holds that one)."""
+    frozen = json.loads(json.dumps(spec))
+    if restore is not None and restore.driver_spec is not None:
+        frozen["driver"] = json.loads(json.dumps(restore.driver_spec))
+    policy = lookup(frozen, "driver", "upgradePolicy")
+    if isinstance(policy, dict):
+        for key in ROLLOUT_CONTROLS:
+            policy.pop(key, None)
+    return json.dumps(frozen, sort_keys=True, separators=(",", ":"))
+
+
+def hold(cr: dict) -> Hold:
+    """The spec a pass acts on for `cr`: its own, unless a rollout is in progress (as the stored
+    status says) whose record differs from it in a field other than the controls; then the
+    record with the CR's controls. A status without a record (written by an older runner) holds
+    nothing: the rollout adopts the spec."""
+    spec = cr.get("spec") or {}
+    status = UpgradeStatus.from_json(lookup(cr, "status", "upgradeStatus"))
+    try:
+        recorded = json.loads(status.resume.spec) if status.upgrading and status.resume.spec else None
+    except ValueError:  # not JSON: an edited status
+        recorded = None
+    if not isinstance(recorded, dict):
+        return Hold(spec)
+    held = frozen_changes(recorded, spec)
+    if not held:
+        return Hold(spec)
+    controls = lookup(spec, "driver", "upgradePolicy") or {}
+    driver = recorded.get("driver") if isinstance(recorded.get("driver"), dict) else {}
+    policy = driver.get("upgradePolicy") if isinstance(driver.get("upgradePolicy"), dict) else {}
+    policy = {**policy, **{key: controls[key] for key in ROLLOUT_CONTROLS if key in controls}}
+    if policy:
+        driver = {**driver, "upgradePolicy": policy}
+    return Hold({**recorded, "driver": driver} if driver else recorded, tuple(held), status.phase)
