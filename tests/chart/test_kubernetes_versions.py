@@ -24,11 +24,14 @@ from dataclasses import dataclass
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from kubernetes.client.exceptions import ApiException
 
 from metax_operator import cli, contract
 from metax_operator.chart import admission, schema
+from metax_operator.errors import UserError
 from metax_operator.hooks import bootstrap
-from metax_operator.runtime import kube
+from metax_operator.rollout import freeze
+from metax_operator.runtime import kube, reconcile, run
 from tests import controlplane
 from tests.chart.test_admission import CR_CASES, _policy, admit, case_values, client  # noqa: F401 (fixture)
 from tests.helm import BIN, CHART, NAMESPACE, RELEASE, UPGRADE_CRDS_ARGS, render_chart
@@ -58,13 +61,19 @@ class Server:
         return self.version.minor >= admission.FULL_CRD_MINOR
 
     @property
+    def policy_api(self) -> str | None:
+        """The ValidatingAdmissionPolicy API the chart renders with here (None: not served)."""
+        for api_version in admission.POLICY_API_VERSIONS:
+            try:
+                self.client.resource(api_version, "ValidatingAdmissionPolicy")
+            except kube.NotServed:
+                continue
+            return api_version
+        return None
+
+    @property
     def policy(self) -> bool:
-        """Whether the server serves the ValidatingAdmissionPolicy API the chart renders."""
-        try:
-            self.client.resource(*admission.VAP_API.rsplit("/", 1))
-        except kube.NotServed:
-            return False
-        return True
+        return self.policy_api is not None
 
 
 def test_kube_version_is_the_oldest_the_matrix_proves():
@@ -119,9 +128,11 @@ def test_the_chart_installs_and_the_crd_takes_the_form_the_server_enforces(serve
     chosen = CHART / (schema.FULL_CRD_FILE if server.full_crd else schema.CRD_FILE)
     live_policies = set()
     if server.policy:
-        live_policies = {p["metadata"]["name"] for p in server.client.list(*admission.VAP_API.rsplit("/", 1))}
-    rendered = render_chart(BASE_VALUES, args=["--api-versions", admission.VAP_API]) if server.policy else []
+        live_policies = {p["metadata"]["name"] for p in server.client.list(server.policy_api, "ValidatingAdmissionPolicy")}
+    served = ["--api-versions", f"{server.policy_api}/ValidatingAdmissionPolicy"] if server.policy else []
+    rendered = render_chart(BASE_VALUES, args=served) if server.policy else []
     assert live_policies == {o["metadata"]["name"] for o in rendered if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert {o["apiVersion"] for o in rendered if o["kind"].startswith("ValidatingAdmissionPolicy")} <= {server.policy_api}
     if not server.rules:
         assert live == [], "an API server without CEL validation rules drops them"
         return
@@ -180,3 +191,57 @@ def test_each_case_gets_the_default_servers_verdict(case, server, client, tmp_pa
 @given(raw=_policy)
 def test_generated_policies_get_the_default_servers_verdict(raw, server, client):
     assert_same_verdict(server, client, {**BASE_VALUES, "driver": {**BASE_VALUES["driver"], "upgradePolicy": raw}})
+
+
+def _runner_pass(client: kube.Client) -> None:
+    """One pass of the runner, in this process, as the in-cluster runner makes it."""
+    runner = run.Runner(client, NAMESPACE, is_leader=lambda: True, identity="runner-test")
+    try:
+        runner.run_pass()
+    finally:
+        runner.close()
+
+
+def _payload_image(client: kube.Client) -> str:
+    ds = client.get("apps/v1", "DaemonSet", contract.DRIVER_DAEMONSET, NAMESPACE)
+    init = ds["spec"]["template"]["spec"]["initContainers"]
+    return next(c["image"] for c in init if c["name"] == contract.DRIVER_PAYLOAD_CONTAINER)
+
+
+@pytest.mark.e2e
+@pytest.mark.helm
+def test_an_edit_during_a_rollout_is_refused_where_the_policy_is_served_and_held_by_the_runner_elsewhere(server):
+    """The product's rule on every version: while a driver rollout is in progress only `pause` and
+    `enableRollout` change. `helm upgrade`'s bootstrap refuses another change everywhere; `kubectl
+    patch` is refused by the policy where it is served, and elsewhere stored, then held by the
+    runner: the driver keeps the rollout's version, and SpecHeld and its Event say why."""
+    client = server.client
+    cr, _ = bootstrap.bootstrap(client, BASE_VALUES, RELEASE)
+    status = {"upgradeStatus": {"upgrading": True, "phase": "Progressing", "resume": {"spec": freeze.record(cr["spec"])}}}
+    client.patch(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, {"status": status}, subresource="status")
+    line = str(admission.frozen_during_rollout("driver.payload", "Progressing"))
+    try:
+        _runner_pass(client)  # the runner applies the CR as it is: the rollout's version
+        before = _payload_image(client)
+        assert before.endswith(":2.32.0.6"), before
+        upgrade = {**BASE_VALUES, "driver": {"payload": {"version": "2.33.0.1"}}}
+        with pytest.raises(UserError) as refused:
+            bootstrap.bootstrap(client, upgrade, RELEASE)
+        assert str(refused.value) == line
+        version = [{"op": "replace", "path": "/spec/driver/payload/version", "value": "2.33.0.1"}]
+        if server.policy:
+            with pytest.raises(ApiException) as denied:
+                client.patch(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, version, patch_type="json")
+            assert denied.value.status == 422 and line in str(denied.value.body), denied.value.body
+            return
+        client.patch(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, version, patch_type="json")
+        _runner_pass(client)
+        assert _payload_image(client) == before, "the held version reached the driver"
+        live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
+        held = next(c for c in live["status"]["conditions"] if c["type"] == freeze.SPEC_HELD)
+        assert held["status"] == "True" and held["message"].startswith(line.split(";")[0]), held
+        events = client.list("v1", "Event", reconcile.EVENT_NAMESPACE)
+        assert any(e["reason"] == "EditDuringRollout" and e["type"] == "Warning" for e in events), events
+    finally:
+        client.delete(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
+        client.wait_deleted(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, timeout=60)

@@ -482,9 +482,7 @@ def test_a_steady_pass_sends_no_request(api, installed):
         assert runner.run_pass() == 0
         assert counted.requests == [], f"a steady pass sent {counted.requests}"
     finally:
-        runner.objects.stop()
-        runner.watches.stop()
-        runner.workloads.stop()
+        runner.close()
 
 
 def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, installed):

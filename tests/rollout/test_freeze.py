@@ -60,7 +60,7 @@ def test_a_rollback_records_the_driver_it_writes_back():
 
 def test_an_edit_of_another_field_mid_rollout_is_held_with_the_policy_s_line():
     spec = edited(driver__payload__version="2.34.0.1", gpuDevice__deploy=False)
-    held = freeze.hold(cr(spec))
+    held = freeze.in_force(cr(spec))
     assert held.held == ("gpuDevice", "driver.payload")
     assert held.spec == SPEC, "the pass acts on the spec the rollout started with"
     condition = held.condition()
@@ -74,12 +74,12 @@ def test_the_controls_of_a_held_spec_are_the_cr_s():
     spec = edited(
         driver__payload__version="2.34.0.1", driver__upgradePolicy__pause=True, driver__upgradePolicy__enableRollout=False
     )
-    held = freeze.hold(cr(spec))
+    held = freeze.in_force(cr(spec))
     assert held.held == ("driver.payload",)
     assert held.spec["driver"]["upgradePolicy"] == {"maxParallel": 1, "pause": True, "enableRollout": False}
     assert held.spec["driver"]["payload"]["version"] == "2.33.0.1"
     without = edited(driver__payload__version="2.34.0.1", driver__upgradePolicy=None)
-    assert "upgradePolicy" not in freeze.hold(cr(without, recorded=edited(driver__upgradePolicy=None))).spec["driver"]
+    assert "upgradePolicy" not in freeze.in_force(cr(without, recorded=edited(driver__upgradePolicy=None))).spec["driver"]
 
 
 def test_nothing_is_held_for_the_controls_a_reverted_edit_without_a_rollout_or_without_a_record():
@@ -92,7 +92,7 @@ def test_nothing_is_held_for_the_controls_a_reverted_edit_without_a_rollout_or_w
         cr(version, recorded=None),  # a status an older runner wrote: the rollout adopts the spec
         {**cr(version), "status": {"upgradeStatus": {"upgrading": True, "resume": {"spec": "not json"}}}},
     ):
-        held = freeze.hold(case)
+        held = freeze.in_force(case)
         assert held.held == () and held.spec == case["spec"]
         assert held.condition().status == "False"
 
@@ -111,7 +111,7 @@ _spec = st.fixed_dictionaries(
 
 @given(old=_spec, new=_spec)
 def test_the_held_spec_differs_from_the_record_in_no_frozen_field_and_keeps_the_cr_s_controls(old, new):
-    held = freeze.hold(cr(new, recorded=old))
+    held = freeze.in_force(cr(new, recorded=old))
     assert sorted(frozen_changes(old, new)) == sorted(held.held)
     assert frozen_changes(old, held.spec) == []
     policy = (held.spec.get("driver") or {}).get("upgradePolicy") or {}

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.rollout import engine
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import reconcile
+from metax_operator.runtime import kube, reconcile
 from metax_operator.runtime.cordon import CORDONED_LABEL
 from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import Plan, RolloutPass
@@ -392,3 +392,17 @@ def test_without_the_driver_daemonset_every_runner_cordon_is_lifted(api, executo
     run_pass(api, executor)
     assert not is_cordoned(api, "n0") and api.get("/api/v1/nodes/n1")["spec"]["unschedulable"] is True
     assert api.sent("DELETE") == []
+
+
+def test_a_lease_lost_mid_batch_sends_no_more_of_the_batch(api, executor):
+    """The lease is checked before each node's writes, not once per batch: a runner deposed while
+    a 33-node wave is being deleted sends only the requests already in flight."""
+    for i in range(3, 33):
+        api.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
+        api.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "old"))
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": 33}))
+    executor.guard = lambda: not api.sent("DELETE")  # the lease lapses once the first deletion went out
+    with pytest.raises(LostLeadership):
+        run_pass(api, executor)
+    sent = [m for m, path in writes(api) if path.startswith(("/api/v1/nodes/", PODS))]
+    assert 1 <= sent.count("DELETE") <= kube.PARALLEL_REQUESTS and sent.count("PATCH") <= kube.PARALLEL_REQUESTS, sent

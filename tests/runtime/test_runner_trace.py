@@ -164,9 +164,7 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
                 statuses.append(api.get(CR)["status"])
                 controller.sync()
         finally:
-            runner.watches.stop()
-            runner.workloads.stop()
-            runner.objects.stop()
+            runner.close()
     return passes, statuses
 
 

@@ -18,7 +18,9 @@ Where each rule runs (docs/hooks.md, "Admission"):
   what CRD rules cannot see: `pause` and `pauseDuration` have no single type, so the CRD keeps
   them untyped and CEL cannot read them there; and the rollout in progress is known from the old
   object's status, which a rule on `spec` cannot read. The chart installs it where the API server
-  serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 and later).
+  serves ValidatingAdmissionPolicy: v1 (Kubernetes 1.30 and later), else v1beta1 (1.28 and 1.29,
+  where it is turned on). Where it is not served, the bootstrap hook refuses the values' frozen
+  edits itself and the runner holds a `kubectl` one (`rollout.freeze`).
 - `warning_validations()`: a second policy whose binding only warns.
 
 CEL's cost estimator decides what a rule may do: a string of unknown length makes a rule too
@@ -328,7 +330,11 @@ def crd_rules(spec: dict, *, full: bool) -> dict[tuple[str, ...], list[dict]]:
 # --- the ValidatingAdmissionPolicy ----------------------------------------------------------------
 
 TEMPLATE = "templates/admission/validatingadmissionpolicy.yaml"
-VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+#: The ValidatingAdmissionPolicy APIs the chart renders the policy with, the first one the API
+#: server serves: v1 from Kubernetes 1.30; v1beta1 on 1.28 and 1.29, where a site turned it on
+#: (feature gate ValidatingAdmissionPolicy, runtime-config admissionregistration.k8s.io/v1beta1).
+POLICY_API_VERSIONS = ("admissionregistration.k8s.io/v1", "admissionregistration.k8s.io/v1beta1")
+VAP_API = f"{POLICY_API_VERSIONS[0]}/ValidatingAdmissionPolicy"
 _PLACEHOLDER = "@@0@@"
 
 
@@ -494,14 +500,14 @@ def _policy(name: str, variables: list[dict], validations: list[dict], action: s
     assert "{{" not in body, "a CEL expression would read as a template action"
     spec = "\n".join("  " + line for line in body.splitlines())
     return f"""---
-apiVersion: admissionregistration.k8s.io/v1
+apiVersion: {{{{ $api }}}}
 kind: ValidatingAdmissionPolicy
 metadata:
   {{{{- include "metax-operator.metadata" (merge (dict "name" {name}) $ctx) | nindent 2 }}}}
 spec:
 {spec}
 ---
-apiVersion: admissionregistration.k8s.io/v1
+apiVersion: {{{{ $api }}}}
 kind: ValidatingAdmissionPolicyBinding
 metadata:
   {{{{- include "metax-operator.metadata" (merge (dict "name" {name}) $ctx) | nindent 2 }}}}
@@ -525,8 +531,14 @@ def render_template(generated_note: str) -> str:
     warn = warn.replace("  variables: []\n", "")
     return f"""{{{{- /* {generated_note}
 The API server's half of the cross-field rules that CRD rules cannot express (docs/hooks.md,
-"Admission"); installed where the API server serves {VAP_API}. */}}}}
-{{{{- if .Capabilities.APIVersions.Has "{VAP_API}" }}}}
+"Admission"); installed with the first of {", ".join(POLICY_API_VERSIONS)} the API server serves. */}}}}
+{{{{- $api := "" }}}}
+{{{{- range $version := list {" ".join(f'"{v}"' for v in POLICY_API_VERSIONS)} }}}}
+{{{{- if and (not $api) ($.Capabilities.APIVersions.Has (printf "%s/ValidatingAdmissionPolicy" $version)) }}}}
+{{{{- $api = $version }}}}
+{{{{- end }}}}
+{{{{- end }}}}
+{{{{- if $api }}}}
 {{{{- $name := printf "%s-{CR_NAME}" (include "metax-operator.fullname" .) }}}}
 {{{{- $ctx := dict "root" $ "key" "admission" "clusterScoped" true }}}}
 {deny}{warn}{{{{- end }}}}

@@ -31,7 +31,9 @@ template written twice under Helm 3.
 The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
 does not fit the new values (steps set at run time removed, say, while the values turn
 `enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
-anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too.
+anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too. So is a change
+of anything but `pause` and `enableRollout` while a driver rollout is in progress
+(`refuse_frozen_edits`), which the chart's policy refuses only where it is served (1.30 and later).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 
 from metax_operator import contract
 from metax_operator.chart import validation
+from metax_operator.chart.admission import frozen_changes, frozen_during_rollout
 from metax_operator.cli import bounded
 from metax_operator.contract import (
     BOOTSTRAP_APPLIED_ANNOTATION,
@@ -54,6 +57,7 @@ from metax_operator.contract import (
 )
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
+from metax_operator.lookup import lookup
 from metax_operator.rollout.status import rfc3339
 from metax_operator.runtime import kube, reconcile
 
@@ -195,6 +199,20 @@ def merged_spec(merge: Merge, live: dict | None, schema: dict) -> dict:
     return _tree(flat)
 
 
+def refuse_frozen_edits(live: dict, spec: dict, schema: dict) -> None:
+    """Raise the policy's refusal when a driver rollout is in progress (as the live CR's status
+    says) and `spec` changes a field other than `pause` and `enableRollout`. The chart's
+    ValidatingAdmissionPolicy refuses that write from 1.30; checked here too, so that on older API
+    servers `helm upgrade` and `helm rollback` fail before Helm applies anything, as they do
+    there, instead of the runner holding the values until the rollout ends."""
+    status = lookup(live, "status", "upgradeStatus") or {}
+    if status.get("upgrading") is not True:
+        return
+    changed = frozen_changes(_tree(leaves(live.get("spec") or {}, schema)), spec)
+    if changed:
+        raise frozen_during_rollout(", ".join(changed), str(status.get("phase") or ""))
+
+
 def served_crd(client: kube.Client, timeout: float) -> dict:
     """The CRD once the API server serves the CR kind (the CRD may be seconds old)."""
     deadline = time.monotonic() + timeout
@@ -243,6 +261,8 @@ def bootstrap(
                     for p in problems
                 ]
             )
+        if live is not None:
+            refuse_frozen_edits(live, merged_spec(merge, live, schema), schema)
         if live is not None:  # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True, dry_run=dry_run), merge

@@ -4,7 +4,7 @@ While a rollout is in progress an admin may change only `driver.upgradePolicy.pa
 `enableRollout` (seed §3.2.8). From Kubernetes 1.30 the chart's ValidatingAdmissionPolicy refuses
 any other edit; an older API server stores it. The runner then holds it, on every version alike:
 the engine records the spec the rollout acts on (`resume.spec`, `record`), and while the rollout
-is in progress each pass acts on that record with the CR's current controls (`hold`). A held
+is in progress each pass acts on that record with the CR's current controls (`in_force`). A held
 edit is reported (the CR's condition SpecHeld, with the policy's line, and its Event), takes
 effect in the first pass after the rollout ends, and is dropped when the admin reverts it. The
 runner's own rollback writes `spec.driver` back, and records what it writes.
@@ -25,7 +25,7 @@ SPEC_HELD = "SpecHeld"
 
 
 @dataclass(frozen=True)
-class Hold:
+class SpecInForce:
     """What one pass acts on: `spec`, and the CR's fields it holds back (none: the CR's own spec)."""
 
     spec: dict
@@ -59,7 +59,7 @@ def record(spec: dict, restore: Restore | None = None) -> str:
     return json.dumps(frozen, sort_keys=True, separators=(",", ":"))
 
 
-def hold(cr: dict) -> Hold:
+def in_force(cr: dict) -> SpecInForce:
     """The spec a pass acts on for `cr`: its own, unless a rollout is in progress (as the stored
     status says) whose record differs from it in a field other than the controls; then the
     record with the CR's controls. A status without a record (written by an older runner) holds
@@ -71,14 +71,14 @@ def hold(cr: dict) -> Hold:
     except ValueError:  # not JSON: an edited status
         recorded = None
     if not isinstance(recorded, dict):
-        return Hold(spec)
+        return SpecInForce(spec)
     held = frozen_changes(recorded, spec)
     if not held:
-        return Hold(spec)
+        return SpecInForce(spec)
     controls = lookup(spec, "driver", "upgradePolicy") or {}
     driver = recorded.get("driver") if isinstance(recorded.get("driver"), dict) else {}
     policy = driver.get("upgradePolicy") if isinstance(driver.get("upgradePolicy"), dict) else {}
     policy = {**policy, **{key: controls[key] for key in ROLLOUT_CONTROLS if key in controls}}
     if policy:
         driver = {**driver, "upgradePolicy": policy}
-    return Hold({**recorded, "driver": driver} if driver else recorded, tuple(held), status.phase)
+    return SpecInForce({**recorded, "driver": driver} if driver else recorded, tuple(held), status.phase)

@@ -27,6 +27,10 @@ the rollout acts (`RolloutPass.act`):
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
 - emit the engine's Events on the CR.
 
+The lease is checked before every write, also before each node's of a batch (its cordon, then
+again before its deletion): a runner whose lease lapses mid-batch sends only the requests already
+in flight, at most `kube.PARALLEL_REQUESTS`, and the pass ends with LostLeadership.
+
 One node's refusal does not stop the others: a cordon, eviction, deletion or uncordon the API
 server refuses (a policy webhook guarding that node, a PodDisruptionBudget's 500) is logged
 naming the node, the batch goes on, the pass does the rest of its actions, and then fails with the
@@ -232,6 +236,7 @@ class RolloutPass:
         """`fn` for one item of a batch; a refusal is logged and recorded, and `refused` returned."""
 
         def one(item):
+            self._check()  # each item, not once per batch: a deposed leader sends no more of it
             try:
                 return fn(item)
             except ApiException as err:
@@ -341,6 +346,7 @@ class RolloutPass:
                 return found, ""
             if idle_first and self._gpu_busy(pod.node):
                 return found, BUSY
+            self._check()  # the lease may have lapsed during the cordon and the check
             try:
                 return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) else "gone"
             except ApiException as err:

@@ -153,7 +153,7 @@ class Runner:
             self.watches.start()
             self.workloads.start()
             self.watching = True
-        held = freeze.hold(observed.cr)
+        held = freeze.in_force(observed.cr)
         if held.held:  # an edit made mid-rollout waits for the rollout to end: the pass acts on its spec
             jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(held.held))
             observed = dataclasses.replace(observed, cr={**observed.cr, "spec": held.spec})
@@ -183,6 +183,12 @@ class Runner:
             seconds=round(seconds, 3),
         )
         return writes
+
+    def close(self) -> None:
+        """Stop the watch caches (those not started yet included)."""
+        self.objects.stop()
+        self.watches.stop()
+        self.workloads.stop()
 
     def caches(self) -> tuple:
         """The watch caches this runner has started (the objects' from its first pass, the
