@@ -110,6 +110,23 @@ a cluster (`helm template`, Argo CD) or before the install, the values'. Takes $
 {{- $live | default (include "metax-operator.image" (dict "root" . "image" (include "metax-operator.driverPayloadValuesImage" . | fromJson))) -}}
 {{- end }}
 
+{{/* A ConfigMap admins edit in place (seed §3.2.6): its `data` as the values render it (`data`,
+YAML), and once the release is installed the live ConfigMap's keys over it. The values reach the
+live ConfigMap through the CR (the bootstrap hook, then the runner, which writes a key when its
+CR field changed), so Helm writing the values' copy would, wherever the two differ, undo the
+admin's edit (Helm 3's three-way merge) or fail the upgrade on a field conflict with `kubectl
+edit` (Helm 4). A key the live ConfigMap lacks (a new chart's) comes from the values; without a
+cluster (`helm template`, Argo CD) or before the install, all of them. Takes (dict "root" $
+"name" NAME "data" YAML). */}}
+{{- define "metax-operator.configMapData" -}}
+{{- include "metax-operator.needs" (list "configMapData" . "root" "name" "data") -}}
+{{- $data := fromYaml (printf "%s\n" .data) -}}
+{{- with lookup "v1" "ConfigMap" .root.Release.Namespace .name -}}
+  {{- $data = merge (dict) (.data | default dict) $data -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end }}
+
 {{/* The values' driver payload (`driver.payload`: registry, name, version, digest) as an image
 map for metax-operator.image, as JSON: its version is the tag. Takes $. */}}
 {{- define "metax-operator.driverPayloadValuesImage" -}}

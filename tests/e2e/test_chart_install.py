@@ -6,7 +6,8 @@ Hooks are skipped (`--no-hooks`): the chart's hooks are Jobs, and under kwok no 
 hook's success). The hook commands are run as local processes against the API server by the
 hooks' and the runner's own e2e tests. So this test checks what Helm itself applies: every
 enabled DaemonSet reaches desired = ready on exactly the nodes it selects (the GPU nodes, or
-every node for gpu-label), an upgrade rolls the changed DaemonSet, and uninstall removes it all.
+every node for gpu-label), an upgrade rolls the changed DaemonSet and keeps an admin's in-place
+edit of driver-config, and uninstall removes it all.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
     assert installed is not None, "helm install --wait returned before the DaemonSets were ready"
     assert set(installed) == expected
     assert_on_selected_nodes_only(api, namespace, installed)
+    # The seed's in-place edit of driver-config (§3.2.6), as `kubectl edit` writes it.
+    edited = {"module-params": "xcore_page_size: 12\n"}
+    client.CoreV1Api(api).patch_namespaced_config_map("driver-config", namespace, {"data": edited}, field_manager="kubectl-edit")
 
     helm(
         which,
@@ -181,6 +185,10 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
     payload = {c.name: c.image for c in upgraded["metax-driver"].spec.template.spec.init_containers}["payload"]
     assert payload.endswith(":2.32.0.6"), payload
     assert upgraded["metax-driver"].metadata.generation == installed["metax-driver"].metadata.generation
+    # The admin's edit of driver-config is kept: Helm renders the live ConfigMap's keys (under
+    # Helm 4 the upgrade would otherwise stop on a conflict with kubectl-edit, under Helm 3 undo it).
+    config = client.CoreV1Api(api).read_namespaced_config_map("driver-config", namespace).data
+    assert config["module-params"] == edited["module-params"] and config["node-vfnums"] == "nodes: {}\n", config
     assert_on_selected_nodes_only(api, namespace, upgraded)
     history = json.loads(helm(which, helm_env, "history", RELEASE, "-n", namespace, "-o", "json"))
     assert [(h["revision"], h["status"]) for h in history] == [(1, "superseded"), (2, "deployed")]
