@@ -5,7 +5,8 @@ compared with the trace captured before the engine was restructured
 (tests/rollout/data/engine_decision_trace.json). The decision later gained `idle_first` (the
 executor's last look for GPU pods after a cordon): true in every pass of the trace, and added to
 it so; and `resume.spec` (the spec the rollout acts on, `rollout.freeze`): in every pass with a
-rollout in progress, added so; every other field is as captured."""
+rollout in progress, added so; and `resume.restoring` (a rollback's restore not seen landed yet),
+in the one pass that plans the restore; every other field is as captured."""
 
 from __future__ import annotations
 

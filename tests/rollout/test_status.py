@@ -2,7 +2,8 @@
 bookkeeping (retry, timed and manual pauses, a drain that times out, skipped and reboot-needing
 nodes, a rollback), compared key for key and in key order with the JSON the engine wrote before the
 status was typed (tests/rollout/data/upgrade_status_trace.json; since then `resume.spec`, the spec
-the rollout acts on, is added last in every pass with a rollout in progress); the codec's round trip on any
+the rollout acts on, is added last in every pass with a rollout in progress, and
+`resume.restoring` in the pass that plans the rollback's restore); the codec's round trip on any
 status (hypothesis); reading partial and null fields."""
 
 from __future__ import annotations

@@ -663,6 +663,8 @@ class _IdleAndRollback(_Waves):
 
     def _roll_back(self) -> Handler:
         current, last = self.observed.current_revision, self.step.last_pod_spec_revision
+        if current != last and self.resume.restoring == last:
+            return self._restore_again(current, last)
         if current not in (last, self.resume.abandoned_revision):
             self.resume.stable_revision = last
             if self.status.phase == TERMINATING and self.policy.enable_rollout:
@@ -670,14 +672,10 @@ class _IdleAndRollback(_Waves):
             self.status.phase = DISABLED
             return self._idle
         if current != last:
-            self.decision.restore = restore.plan(
-                last,
-                self.observed.revisions.get(last),
-                self.observed.daemonset,
-                self.observed.cr_spec,
-                self.status.last_co_driver_spec,
-            )
+            self.resume.restoring = last
+            self.decision.restore = self._restore_plan(last)
             return self._finish(f"restoring the driver template to revision {last}")
+        self.resume.restoring = None
         view = self._view(last)
         self.step.total_upgrade_replicas, self.step.total_upgrade_ready_replicas = view.total, len(view.ready_at_revision)
         if self._wave_busy(view):
@@ -697,6 +695,28 @@ class _IdleAndRollback(_Waves):
         wave = pods[:room]
         self._start_wave(WaveKind.ROLLBACK, [p.node for p in wave], wave)
         return self._finish(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
+
+    def _restore_plan(self, last: str) -> Restore:
+        return restore.plan(
+            last,
+            self.observed.revisions.get(last),
+            self.observed.daemonset,
+            self.observed.cr_spec,
+            self.status.last_co_driver_spec,
+        )
+
+    def _restore_again(self, current: str, last: str) -> Handler:
+        """The restore of `last` has not landed, and the template moved on to `current`: the
+        restore wrote spec.driver, then its template write failed (or the runner stopped between
+        the two), and the reconcile mapped the restored spec onto the abandoned template. That is
+        no new revision to roll out, nor one to replace every pod with: the restore is planned
+        again. Without `last`'s ControllerRevision, `current` (the restored spec's template) is
+        the nearest to it there is, and the rollback goes on to it, in waves."""
+        if self.observed.revisions.get(last) is None:
+            self.step.last_pod_spec_revision, self.resume.restoring = current, None
+            return self._roll_back
+        self.decision.restore = self._restore_plan(last)
+        return self._finish(f"restoring the driver template to revision {last} again: the last restore did not land")
 
     def _rolled_back(self, last: str) -> Handler:
         self.resume.stable_revision, self.resume.wave, self.resume.wave_kind = last, [], ""

@@ -168,6 +168,9 @@ class Resume:
     step_start_time: str | None = _key("stepStartTime")
     wave_start_time: str | None = _key("waveStartTime")
     step_ready_time: str | None = _key("stepReadyTime")
+    # The revision a rollback's restore was planned for, until the template is back at it
+    # (`engine._restore_again`: a restore that did not land is not a new revision).
+    restoring: str | None = _key("restoring")
     # The CR's spec the rollout acts on, less pause and enableRollout (`freeze.record`): an edit of
     # anything else waits until the rollout ends (an API server without the policy stores it).
     spec: str | None = _key("spec")
