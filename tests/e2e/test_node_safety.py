@@ -533,3 +533,33 @@ def test_a_wave_node_waits_cordoned_for_its_pods_matching_the_wait_selector(cont
         if pod_state(api, "training") != "gone":
             core.delete_namespaced_pod("training", "default", grace_period_seconds=0)
         patch_driver(api, {"upgradePolicy": {"waitForCompletion": {"podSelector": ""}}})
+
+
+def test_the_runner_token_changes_only_the_cordon_and_the_rollout_s_keys_of_a_node(control_plane, api, installed):
+    """The runner's own node policy: its cordon (spec.unschedulable and its mark) passes on any
+    node; a taint, another label or annotation does not. The cordon tests above run the runner
+    with this same ServiceAccount, so its real cordons and uncordons pass the policy too."""
+    cp = control_plane
+    policies = client.AdmissionregistrationV1Api(api).list_validating_admission_policy().items
+    assert any(p.metadata.name.endswith(f"{NS}-runner-node-writes") for p in policies)
+    runner = token_client(cp, kubectl(cp, "create", "token", "metax-operator-runner", "-n", NS, "--duration", "10m").strip())
+    node = "gpu-node-0002"
+    try:
+        eventually(
+            lambda: (
+                "the runner may change only the labels and annotations under metax-tech.com/driver-upgrade. of a node, not team"
+                in refusal(lambda: runner.patch_node(node, {"metadata": {"labels": {"team": "ml"}}}))
+            ),
+            30,
+            "the policy in force",
+        )
+        runner.patch_node(node, {"spec": {"unschedulable": True}, "metadata": {"labels": {CORDONED_LABEL: "true"}}})
+        assert nodes(api)[node].spec.unschedulable is True
+        taint = {"spec": {"taints": [{"key": "steer", "value": "x", "effect": "NoSchedule"}]}}
+        assert "the runner may change only spec.unschedulable of a node" in refusal(lambda: runner.patch_node(node, taint))
+        message = refusal(lambda: runner.patch_node(node, {"metadata": {"annotations": {"metax-tech.com/driver": "x"}}}))
+        assert "not metax-tech.com/driver" in message
+        runner.patch_node(node, {"spec": {"unschedulable": False}, "metadata": {"labels": {CORDONED_LABEL: None}}})
+    finally:
+        client.CoreV1Api(api).patch_node(node, {"spec": {"unschedulable": False}, "metadata": {"labels": {CORDONED_LABEL: None}}})
+    assert not nodes(api)[node].spec.unschedulable and CORDONED_LABEL not in (nodes(api)[node].metadata.labels or {})

@@ -138,7 +138,9 @@ def node_write_policy(helm: str, *args: str) -> list[dict]:
     return [
         o
         for o in render_chart(helm=helm, args=SEED + args)
-        if o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"].endswith("-node-writes")
+        if o["kind"].startswith("ValidatingAdmissionPolicy")
+        and o["metadata"]["name"].endswith("-node-writes")
+        and not o["metadata"]["name"].endswith("-runner-node-writes")
     ]
 
 
@@ -169,3 +171,13 @@ def test_the_node_write_policy_names_every_component_that_patches_nodes_when_the
 def test_the_node_write_policy_is_left_out_where_it_is_not_served_or_turned_off(helm_bin):
     assert node_write_policy(helm_bin) == []  # `helm template` without --api-versions: a pre-1.30 cluster
     assert node_write_policy(helm_bin, "--api-versions", VAP, "--set", "nodeWritePolicy.enabled=false") == []
+
+
+def test_the_runner_s_node_write_policy_is_rendered_only_where_the_cluster_serves_it(helm_bin):
+    def runner_policy(*args: str) -> list[str]:
+        objects = render_chart(helm=helm_bin, args=SEED + args)
+        return [o["kind"] for o in objects if o["metadata"]["name"].endswith("-runner-node-writes")]
+
+    assert runner_policy("--api-versions", VAP) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert runner_policy() == []  # before Kubernetes 1.30
+    assert runner_policy("--api-versions", VAP, "--set", "runner.enabled=false") == []
