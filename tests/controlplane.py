@@ -68,7 +68,7 @@ class MatrixVersion:
 
     version: str
     binaries: tuple[str, ...]  # what setup builds of it
-    runs: str  # "user-path" (the whole cluster) or "admission" (the API server alone)
+    runs: str  # "admission" (the API server alone) or "rollout" (also the whole control plane, kwok's nodes)
 
     @property
     def minor(self) -> int:
@@ -658,7 +658,8 @@ class ControlPlane:
         scheduler_config.write_text(
             yaml.safe_dump(
                 {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    # v1 from 1.25; v1beta3 in 1.23 and 1.24
+                    "apiVersion": "kubescheduler.config.k8s.io/" + ("v1" if minor(self.kubernetes) >= 25 else "v1beta3"),
                     "kind": "KubeSchedulerConfiguration",
                     "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 1000, "burst": 2000},
                     "leaderElection": {"leaderElect": False},
