@@ -16,8 +16,9 @@ metax-operator-package.VERSION/:
                                       the tools image, both architectures (an OCI archive of the
                                       index `make image` built; scripts/package builds it and
                                       passes its layout as --tools-image)
-    sbom.cdx.json                     CycloneDX SBOM: the chart, the Python package and the
-                                      Python wheels of the tools image (image/pylock.toml)
+    sbom.cdx.json                     CycloneDX SBOM: the chart, the Python package, and the
+                                      Python wheels (image/pylock.toml) and Debian packages of
+                                      the tools image, per architecture
     push                              `./push DOMAIN/PROJECT`: the chart and the image archives
     CHANGELOG.md
 
@@ -44,6 +45,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 import yaml
 
@@ -150,10 +152,27 @@ def image_list_files(repo: Path, helm: str) -> dict[str, bytes]:
     }
 
 
-def sbom(repo: Path, version: str) -> bytes:
-    """A CycloneDX 1.5 SBOM of the release: the chart, the Python package, and every wheel the
-    tools image installs on each architecture (image/pylock.toml, with its sha256): a package
-    compiled per architecture is one component per wheel, told apart by the purl's file_name."""
+def debian_packages(layout: Path) -> dict[str, list[tuple[str, str]]]:
+    """The Debian packages of each architecture's tools image, (name, version), from the
+    contents-ARCH.txt `make image` writes beside the layout (`dpkg-query --show` of its base)."""
+    found = {}
+    for arch in MACHINES:
+        contents = layout.parent / f"contents-{arch}.txt"
+        if not contents.is_file():
+            raise PackageError(
+                f"--tools-image {layout}: no {contents.name} beside it; give the layout= line of 'scripts/image build'"
+            )
+        section = contents.read_text().split("# Debian packages\n", 1)[-1].split("# Python distributions\n", 1)[0]
+        found[arch] = [(name.split(":")[0], version) for name, version in (line.split("\t") for line in section.splitlines())]
+    return found
+
+
+def sbom(repo: Path, version: str, debian: dict[str, list[tuple[str, str]]] | None = None) -> bytes:
+    """A CycloneDX 1.5 SBOM of the release: the chart, the Python package, every wheel the tools
+    image installs on each architecture (image/pylock.toml, with its sha256): a package compiled
+    per architecture is one component per wheel, told apart by the purl's file_name; and, with
+    `debian` (`debian_packages`), every Debian package of each architecture's image, a component
+    per package and architecture (purl `pkg:deb/debian/NAME@VERSION?arch=ARCH&distro=debian-12`)."""
     lock = repo / "image" / "pylock.toml"
     wheels = {wheel for arch in MACHINES for wheel in locked_wheels(lock, arch)}
     components = [
@@ -166,6 +185,16 @@ def sbom(repo: Path, version: str) -> bytes:
             "externalReferences": [{"type": "distribution", "url": wheel.url}],
         }
         for wheel in sorted(wheels, key=lambda w: (w.package.lower(), w.filename))
+    ]
+    components += [
+        {
+            "type": "library",
+            "name": name,
+            "version": deb_version,
+            "purl": f"pkg:deb/debian/{quote(name, safe='')}@{quote(deb_version, safe='')}?arch={arch}&distro=debian-12",
+        }
+        for arch, packages in sorted((debian or {}).items())
+        for name, deb_version in sorted(packages)
     ]
     document = {
         "bomFormat": "CycloneDX",
@@ -225,7 +254,7 @@ def build(repo: Path, output: Path, helm: str, sign: dict | None = None, tools_i
         name = yaml.safe_load((repo / "values.yaml").read_text())["tools"]["image"]["name"]  # the chart pulls it so
         tag = chart["appVersion"]
         files[f"{top}/{name}+{tag}.oci.tar"] = tools_image_archive(tools_image, tag, epoch)
-    files[f"{top}/sbom.cdx.json"] = sbom(repo, version)
+    files[f"{top}/sbom.cdx.json"] = sbom(repo, version, debian_packages(tools_image) if tools_image else None)
     files[f"{top}/push"] = PUSH.format(version=version).encode()
     files[f"{top}/CHANGELOG.md"] = (repo / "CHANGELOG.md").read_bytes()
     output.mkdir(parents=True, exist_ok=True)

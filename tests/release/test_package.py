@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -202,3 +203,27 @@ def test_another_key_fails_verification_saying_so(signed, keys, helm):
     done = verify(helm, signed / CHART_TGZ, keys["other-public"])
     assert done.returncode == 1
     assert "signature made by unknown entity" in done.stderr, done.stderr
+
+
+def test_the_sbom_names_every_debian_package_of_each_architecture_s_image(unsigned, tools_image):
+    bom = json.loads(read(unsigned, "sbom.cdx.json"))
+    listed = {
+        (c["purl"].split("arch=")[1].split("&")[0], c["name"], c["version"])
+        for c in bom["components"]
+        if c["purl"].startswith("pkg:deb/debian/")
+    }
+    layout = Path(tools_image["layout"])
+    for arch in ("amd64", "arm64"):
+        contents = (layout.parent / f"contents-{arch}.txt").read_text()
+        debian = contents.split("# Debian packages\n")[1].split("# Python distributions\n")[0].splitlines()
+        packages = {(name.split(":")[0], version) for name, version in (line.split("\t") for line in debian)}
+        assert {(name, version) for a, name, version in listed if a == arch} == packages, arch
+        assert {"python3", "libstdc++6", "base-files"} <= {name for name, _ in packages}
+    libc = next(c for c in bom["components"] if c["name"] == "libc6" and "arch=arm64" in c["purl"])
+    assert libc["purl"] == f"pkg:deb/debian/libc6@{quote(libc['version'], safe='')}?arch=arm64&distro=debian-12"
+
+
+def test_a_tools_image_layout_without_its_contents_lists_is_refused(tmp_path):
+    (tmp_path / "oci").mkdir()
+    with pytest.raises(package.PackageError, match="no contents-amd64.txt beside it"):
+        package.debian_packages(tmp_path / "oci")
