@@ -10,8 +10,9 @@ the tests do not run, would create it). The in-cluster destination
 (`https://kubernetes.default.svc`) is the control plane itself: `ARGOCD_FAKE_IN_CLUSTER` makes
 the controller use the kubeconfig there instead of a pod's ServiceAccount.
 
-`Flux.start(cp, workdir)` runs Flux's source-controller and helm-controller, from binaries given
-by environment variables (FLUX_ENV: helm-controller cannot be built from the Go module proxy).
+`Flux.start(cp, workdir)` runs Flux's source-controller and helm-controller, from binaries built
+by `make setup` where it has helm-controller's source (FLUX_BUILD), or given by environment
+variables (FLUX_ENV): helm-controller is not on the Go module proxy.
 
 `snippet(name)` returns a code block of docs/gitops.md marked `<!-- snippet: NAME -->`: the
 tests apply exactly what the docs tell users to write.
@@ -406,25 +407,31 @@ class ArgoCD:
         return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 
-# Flux: helm-controller is not on the Go module proxy, so `make setup` cannot build it; the Flux
-# tests run where these point at a source-controller and a helm-controller binary and at a
-# directory with both controllers' CRDs (docs/gitops.md says how they were built).
+# Flux: helm-controller is not on the Go module proxy; `make setup` builds it, with
+# source-controller, where METAX_HELM_CONTROLLER_SOURCE names its source tarball
+# (scripts/setup.d/35-flux, into FLUX_BUILD). Each of these, set, points at another build instead:
+# a source-controller and a helm-controller binary, and a directory with both controllers' CRDs.
 FLUX_ENV = ("METAX_SOURCE_CONTROLLER_BIN", "METAX_HELM_CONTROLLER_BIN", "METAX_FLUX_CRDS")
+FLUX_BUILD = CACHE / "flux" / "current"
 FLUX_NAMESPACE = "flux-system"
 HELMRELEASES = ("helm.toolkit.fluxcd.io", "v2")
 
 
+def flux_paths() -> dict[str, Path]:
+    """The Flux controllers' binaries and CRDs, by FLUX_ENV name: the environment's, else the build's."""
+    built = dict(zip(FLUX_ENV, (FLUX_BUILD / "source-controller", FLUX_BUILD / "helm-controller", FLUX_BUILD / "crds")))
+    return {name: Path(os.environ.get(name) or built[name]) for name in FLUX_ENV}
+
+
 def flux_unavailable() -> str | None:
     """Why the Flux controllers cannot run here (one line), or None."""
-    unset = [name for name in FLUX_ENV if not os.environ.get(name)]
-    if unset:
-        return (
-            f"{', '.join(unset)} not set: Flux's helm-controller is not on the Go module proxy, so CI "
-            f"cannot build it; docs/gitops.md shows how to build it and run this test"
-        )
-    for name in FLUX_ENV:
-        path = Path(os.environ[name])
+    for name, path in flux_paths().items():
         if not (path.is_dir() if name == "METAX_FLUX_CRDS" else os.access(path, os.X_OK)):
+            if not os.environ.get(name):
+                return (
+                    f"no Flux build in {FLUX_BUILD}: helm-controller is not on the Go module proxy; make setup builds"
+                    " it where METAX_HELM_CONTROLLER_SOURCE names its source tarball (docs/gitops.md)"
+                )
             return f"{name}={path} is not {'a directory' if name == 'METAX_FLUX_CRDS' else 'an executable'}"
     return None
 
@@ -457,7 +464,7 @@ class Flux:
 
     def _start(self, timeout: float) -> None:
         started = time.monotonic()
-        install_crds(self.cp, Path(os.environ["METAX_FLUX_CRDS"]), started + timeout)
+        install_crds(self.cp, flux_paths()["METAX_FLUX_CRDS"], started + timeout)
         apply(self.cp, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}}])
         env = {
             "KUBECONFIG": str(self.cp.kubeconfig),
@@ -482,7 +489,7 @@ class Flux:
             self.processes.run(
                 name,
                 [
-                    os.environ[f"METAX_{name.upper().replace('-', '_')}_BIN"],
+                    str(flux_paths()[f"METAX_{name.upper().replace('-', '_')}_BIN"]),
                     *extra,
                     f"--metrics-addr=127.0.0.1:{self.metrics_ports[name]}",
                     f"--health-addr=127.0.0.1:{health}",
