@@ -419,7 +419,9 @@ HELMRELEASES = ("helm.toolkit.fluxcd.io", "v2")
 
 def flux_paths() -> dict[str, Path]:
     """The Flux controllers' binaries and CRDs, by FLUX_ENV name: the environment's, else the build's."""
-    built = dict(zip(FLUX_ENV, (FLUX_BUILD / "source-controller", FLUX_BUILD / "helm-controller", FLUX_BUILD / "crds")))
+    built = dict(
+        zip(FLUX_ENV, (FLUX_BUILD / "source-controller", FLUX_BUILD / "helm-controller", FLUX_BUILD / "crds"), strict=True)
+    )
     return {name: Path(os.environ.get(name) or built[name]) for name in FLUX_ENV}
 
 
