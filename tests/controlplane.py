@@ -645,7 +645,8 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--kube-api-qps=1000",
                 "--kube-api-burst=2000",
-                "--concurrent-daemonset-syncs=4",
+                # a flag of 1.33 (1.30 has none; the DaemonSet controller's default is 2 workers)
+                *(["--concurrent-daemonset-syncs=4"] if minor(self.kubernetes) >= 33 else []),
                 "--concurrent-gc-syncs=40",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={kcm_port}",
