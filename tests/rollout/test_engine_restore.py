@@ -49,3 +49,20 @@ def test_a_restore_that_did_not_land_is_planned_again_not_taken_for_a_new_revisi
         cluster.ready_all()
         now += 5
     assert cluster.revisions() == {"hybrid": 6} and cluster.status.phase in (R.DISABLED, R.IDLING)
+
+
+def test_a_restore_not_landed_with_the_template_still_at_the_abandoned_revision_is_planned_again():
+    """The runner stopped between the status write and the restore's writes: the template is still
+    the abandoned one. That is the restore to do again, never a target to roll back to (the crash
+    property of tests/rollout/test_engine_properties.py found this)."""
+    cluster = Cluster(4)
+    pol = policy(maxParallel=2, fallback="rollback", upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.set("n00", phase="Failed")
+    cluster.set("n01", ready=True)
+    first = R.decide(cluster.observed(), pol, cluster.status, T0 + 5)
+    assert first.status.phase == R.TERMINATING and first.restore.revision == "old"
+    cluster.status = first.status  # neither write landed: the template is still at "new"
+    again = R.decide(cluster.observed(), pol, cluster.status, T0 + 10)
+    assert again.restore.revision == "old" and again.status.step.last_pod_spec_revision == "old"
+    assert again.delete == []
