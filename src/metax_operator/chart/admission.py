@@ -354,7 +354,7 @@ def frozen_changes(old: dict, new: dict) -> list[str]:
     changed = []
     for path, skip in FREEZE_LEVELS:
         new_map, old_map = _mapping(lookup(new, *path)), _mapping(lookup(old, *path))
-        prefix = "".join(f"{key}." for key in path)
+        prefix = _field_prefix(path)
         changed += [prefix + k for k in new_map if k not in skip and (k not in old_map or new_map[k] != old_map[k])]
         changed += [prefix + k for k in old_map if k not in skip and k not in new_map]
     return changed
@@ -362,6 +362,11 @@ def frozen_changes(old: dict, new: dict) -> list[str]:
 
 def _mapping(value) -> dict:
     return value if isinstance(value, dict) else {}
+
+
+def _field_prefix(path: tuple[str, ...]) -> str:
+    """How the refusal names a field below `path` (`driver.upgradePolicy.` for that level)."""
+    return "".join(f"{key}." for key in path)
 
 
 def virt_firmware_upgrade() -> UserError:
@@ -425,7 +430,7 @@ def policy_variables() -> list[dict]:
                 _changed(
                     _map_at("object", "spec", *path),
                     _map_at("oldObject", "spec", *path),
-                    "".join(f"{key}." for key in path),
+                    _field_prefix(path),
                     skip,
                 )
                 for path, skip in FREEZE_LEVELS

@@ -247,7 +247,8 @@ def bootstrap(
     def attempt() -> tuple[dict, Merge]:
         live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
         merge = desired(spec, live, labels, schema, revision)
-        problems = validation.cr_spec_problems(merged_spec(merge, live, schema)) if merge.kept else []
+        merged = merged_spec(merge, live, schema)
+        problems = validation.cr_spec_problems(merged) if merge.kept else []
         if problems:
             kept = ", ".join(change.field for change in merge.kept)
             raise UserErrors(
@@ -262,8 +263,8 @@ def bootstrap(
                 ]
             )
         if live is not None:
-            refuse_frozen_edits(live, merged_spec(merge, live, schema), schema)
-        if live is not None:  # written against what we read: a concurrent edit makes it re-read
+            refuse_frozen_edits(live, merged, schema)
+            # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True, dry_run=dry_run), merge
 

@@ -663,9 +663,9 @@ class _IdleAndRollback(_Waves):
 
     def _roll_back(self) -> Handler:
         current, last = self.observed.current_revision, self.step.last_pod_spec_revision
-        if current not in (last, self.resume.abandoned_revision) and self.resume.restoring == last:
-            return self._restore_again(current, last)
         if current not in (last, self.resume.abandoned_revision):
+            if self.resume.restoring == last:
+                return self._restore_again(current, last)
             self.resume.stable_revision = last
             if self.status.phase == TERMINATING and self.policy.enable_rollout:
                 return self._start(Reason.NEW_REVISION, f"driver revision {current} rolls out, replacing the rollback")
@@ -709,11 +709,11 @@ class _IdleAndRollback(_Waves):
         """The restore of `last` has not landed, and the template moved on to `current`, neither
         `last` nor the abandoned revision: the restore wrote spec.driver, then its template write
         failed (or the runner stopped between the two), and the reconcile mapped the restored
-        spec onto the abandoned template. (Still at the abandoned one, the restore is simply
-        planned again, as it always was.) That is
-        no new revision to roll out, nor one to replace every pod with: the restore is planned
-        again. Without `last`'s ControllerRevision, `current` (the restored spec's template) is
-        the nearest to it there is, and the rollback goes on to it, in waves."""
+        spec onto the abandoned template. That is no new revision to roll out, nor one to
+        replace every pod with: the restore is planned again. Without `last`'s ControllerRevision,
+        `current` (the restored spec's template) is the nearest to it there is, and the rollback
+        goes on to it, in waves. (A template still at the abandoned revision is no such case: the
+        restore is planned again by the path of a first restore.)"""
         if self.observed.revisions.get(last) is None:
             self.step.last_pod_spec_revision, self.resume.restoring = current, None
             return self._roll_back
