@@ -91,15 +91,56 @@ def test_a_node_keeps_its_metax_labels_and_annotations_taints_and_conditions():
 def test_logs_are_gathered_for_the_runner_the_hooks_and_the_nodes_the_rollout_names():
     cr = {"status": {"upgradeStatus": {"resume": {"wave": ["n1"], "failedNodes": ["n2"], "failedNodeCount": 1}}}}
     nodes = gather.named_nodes(cr)
-    assert nodes == {"n1", "n2"}
+    assert nodes == ["n2", "n1"]
 
     def pod(labels: dict, node: str) -> dict:
         return {"metadata": {"name": "p", "labels": labels}, "spec": {"nodeName": node}}
 
-    assert gather.logged(pod({"app.kubernetes.io/component": "runner"}, "cp"), nodes)
-    assert gather.logged(pod({"gpu.metax-tech.com/hook": "bootstrap"}, "cp"), nodes)
-    assert gather.logged(pod({"app.kubernetes.io/component": "driver"}, "n2"), nodes)
-    assert not gather.logged(pod({"app.kubernetes.io/component": "driver"}, "n9"), nodes)
+    assert gather.log_rank(pod({"app.kubernetes.io/component": "runner"}, "cp"), nodes) == 0
+    assert gather.log_rank(pod({"gpu.metax-tech.com/hook": "bootstrap"}, "cp"), nodes) == 0
+    assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n2"), nodes) == 1
+    assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n1"), nodes) == 2
+    assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n9"), nodes) is None
+
+
+def test_at_most_log_nodes_of_a_10000_node_rollout_have_their_logs_gathered_the_failed_first():
+    """A step of 10% of 10,000 nodes puts 1,000 in the wave: the bundle keeps the logs of
+    `--node`'s nodes and of the first LOG_NODES the status names, failed and timed out first."""
+    wave = [f"gpu-{i:05d}" for i in range(1000)]
+    resume = {
+        "wave": wave,
+        "timedOutNodes": ["gpu-09998", "gpu-00003"],
+        "failedNodes": ["gpu-09999", "gpu-00001"],
+        "failedNodeCount": 400,
+        "heldNodes": ["gpu-05000"],
+        "heldNodeCount": 1,
+    }
+    cr = {"status": {"upgradeStatus": {"resume": resume}}}
+    nodes, left_out = gather.log_nodes(cr, ["gpu-07777", "gpu-00001"])
+    assert nodes[:6] == ["gpu-07777", "gpu-00001", "gpu-09999", "gpu-00003", "gpu-09998", "gpu-05000"]
+    rest_of_wave = [n for n in wave if n not in ("gpu-00001", "gpu-00003")]  # named before
+    assert len(nodes) == 2 + gather.LOG_NODES and nodes[6:] == rest_of_wave[: gather.LOG_NODES - 4]
+    assert left_out == len(rest_of_wave) - (gather.LOG_NODES - 4)
+
+
+def test_the_logs_stop_at_the_bundles_budget(monkeypatch):
+    """Each log asks for at most what is left of LOG_BUDGET; once it is spent the rest are not
+    gathered, and the manifest says why."""
+    with FakeApi() as fake:
+        fake.put(f"{PODS}/metax-operator-runner-x", RUNNER_POD)
+        size = len(json.dumps(fake.put(f"{PODS}/metax-operator-runner-x/log", {"line": "x" * 60})))
+        monkeypatch.setattr(gather, "LOG_BUDGET", 2 * size + 10)
+        gatherer = gather.Gatherer(fake.client(), NS, None, [], 1_800_000_000.0)
+        bundle = gather.Bundle()
+        gatherer.logs(fake.client().list("v1", "Pod", NS)[0], bundle)
+        asked = [r.query["limitBytes"] for r in fake.sent("GET", "/log")]
+    assert asked == [str(2 * size + 10), str(size + 10), "10"]  # the fake ignores limitBytes: a real server keeps 10
+    assert list(bundle.files) == [
+        "logs/metax-operator-runner-x/wait.log",
+        *(f"logs/metax-operator-runner-x/{n}.log" for n in ("wait.previous", "runner")),
+    ]
+    spent = "not gathered: the bundle's 0 MiB for logs are spent (--node NAME puts a node's first)"
+    assert bundle.outcomes["logs/metax-operator-runner-x/runner.previous.log"] == spent
 
 
 def test_the_tarball_holds_the_manifest_and_each_file_under_one_directory(tmp_path):
@@ -140,7 +181,7 @@ def test_logs_and_the_scrape_are_asked_of_the_api_server_with_their_bounds():
         fake.put(f"{PODS}/metax-operator-runner-x/log", {"line": "pass writes=0"})
         fake.put(f"{PODS}/metax-operator-runner-x:8081/proxy/metrics", {"metax_operator_leader": 1})
         fake.fail("GET", f"{PODS}/metax-operator-runner-x/log", 400, times=1, message=WAITING)
-        gatherer = gather.Gatherer(fake.client(), NS, 600, set(), 1_800_000_000.0)
+        gatherer = gather.Gatherer(fake.client(), NS, 600, [], 1_800_000_000.0)
         bundle = gather.Bundle()
         pods = fake.client().list("v1", "Pod", NS)
         for pod in pods:

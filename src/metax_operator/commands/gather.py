@@ -8,8 +8,9 @@ What it holds (`PARTS`, under one directory named like the file):
 - `pods.txt`: every pod of the release namespace, one line each (node, phase, ready, restarts);
   `pods.yaml`: the whole objects of the pods whose logs are gathered; `logs/POD/CONTAINER.log`
   and `CONTAINER.previous.log`: their containers' current and previous logs (each its last
-  `LOG_BYTES`): the runner's, the hook Jobs', and the components' on the nodes the rollout names
-  (wave, failed, held back, cordoned, timed out, needing a reboot) or `--node` names;
+  `LOG_BYTES`, all of them at most `LOG_BUDGET`): the runner's, the hook Jobs', and the
+  components' on `--node`'s nodes and on the first `LOG_NODES` the rollout names (failed, timed
+  out, needing a reboot, held back, cordoned, in the wave: in that order);
 - `nodes.yaml`: each node's metax labels and annotations, taints, conditions, unschedulable;
 - `helm-history.yaml`: the Helm release history from Helm's release Secrets, only each
   revision's name, number, status, chart version and the values it was given (decoded:
@@ -64,6 +65,12 @@ PARTS = (
 )
 #: The tail of each container log kept (the API server's `limitBytes`).
 LOG_BYTES = 2 * 1024 * 1024
+#: All the logs together: each request asks for at most what is left, the runner's and the hooks'
+#: first, then the nodes' in `log_nodes`' order.
+LOG_BUDGET = 64 * 1024 * 1024
+#: The most nodes named by the rollout whose components' logs are gathered (beside `--node`'s): a
+#: wave can name a whole step (10% of 10,000 nodes is 1,000), each node adding its pods' logs.
+LOG_NODES = 20
 #: Keys whose values are replaced by `REDACTED` wherever the bundle shows values.
 SECRET_KEY = re.compile(r"password|passwd|token|secret|credential|private.?key", re.I)
 REDACTED = "<redacted>"
@@ -137,20 +144,36 @@ def pod_line(pod: dict) -> str:
     return f"{meta['name']}  {node}  {status.get('phase', '-')}  ready {ready}/{len(containers)}  restarts {restarts}"
 
 
-def named_nodes(cr: dict | None) -> set[str]:
-    """The nodes the rollout's status names: in the wave, failed, held back, cordoned by the
-    runner, timed out, needing a reboot."""
+def named_nodes(cr: dict | None) -> list[str]:
+    """The nodes the rollout's status names, the most telling first: failed, timed out, needing a
+    reboot, held back, cordoned by the runner, in the wave; each once."""
     resume = rollout.UpgradeStatus.from_json(((cr or {}).get("status") or {}).get("upgradeStatus")).resume
-    lists = (resume.failed, resume.held, resume.cordoned, resume.need_reboot)
-    return {*resume.wave, *resume.timed_out_nodes, *(n for nodes in lists for n in nodes.names)}
+    ordered = (
+        *resume.failed.names,
+        *sorted(resume.timed_out_nodes),
+        *resume.need_reboot.names,
+        *resume.held.names,
+        *resume.cordoned.names,
+        *sorted(resume.wave),
+    )
+    return list(dict.fromkeys(ordered))
 
 
-def logged(pod: dict, nodes: set[str]) -> bool:
-    """Whether the bundle gathers the pod's logs: the runner's, a hook Job's, or one on a named node."""
+def log_nodes(cr: dict | None, extra: list[str]) -> tuple[list[str], int]:
+    """The nodes whose components' logs are gathered, in order: `extra` (`--node`), then the first
+    `LOG_NODES` the rollout names; and how many more it names."""
+    named = [n for n in named_nodes(cr) if n not in extra]
+    return [*dict.fromkeys(extra), *named[:LOG_NODES]], max(0, len(named) - LOG_NODES)
+
+
+def log_rank(pod: dict, nodes: list[str]) -> int | None:
+    """Where the pod's logs come in the bundle: the runner's and the hook Jobs' first (0), then
+    those on `nodes` in their order; None: not gathered."""
     labels = pod["metadata"].get("labels") or {}
     if labels.get(contract.COMPONENT_LABEL) == "runner" or contract.HOOK_LABEL in labels:
-        return True
-    return (pod.get("spec") or {}).get("nodeName") in nodes
+        return 0
+    node = (pod.get("spec") or {}).get("nodeName")
+    return nodes.index(node) + 1 if node in nodes else None
 
 
 def _recent(event: dict, after: float) -> bool:
@@ -165,6 +188,7 @@ class Bundle:
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.outcomes: dict[str, str] = {}
+        self.notes: dict = {}  # more for the manifest
 
     def part(self, name: str, produce: Callable[[], str | bytes]) -> None:
         try:
@@ -182,9 +206,10 @@ def _yaml(value) -> str:
 
 
 class Gatherer:
-    def __init__(self, api: Client, namespace: str, since: int | None, extra_nodes: set[str], now: float):
+    def __init__(self, api: Client, namespace: str, since: int | None, extra_nodes: list[str], now: float):
         self.api, self.namespace, self.since, self.now = api, namespace, since, now
         self.extra_nodes = extra_nodes
+        self.log_left = LOG_BUDGET
 
     def raw(self, path: str, query: list[tuple[str, str]] = ()) -> bytes:
         """A GET whose answer is not JSON (logs, a scrape), as bytes."""
@@ -220,7 +245,10 @@ class Gatherer:
             return "".join(pod_line(p) + "\n" for p in pods)
 
         out.part("pods.txt", pod_table)
-        chosen = [p for p in pods if logged(p, named_nodes(cr) | self.extra_nodes)]
+        nodes, left_out = log_nodes(cr, self.extra_nodes)
+        out.notes["logNodes"] = {"gathered": nodes, "notGathered": left_out}
+        ranked = [(rank, p) for p in pods if (rank := log_rank(p, nodes)) is not None]
+        chosen = [p for _, p in sorted(ranked, key=lambda pair: pair[0])]
         out.part("pods.yaml", lambda: _yaml(redact(chosen)))
         for pod in chosen:
             self.logs(pod, out)
@@ -259,11 +287,19 @@ class Gatherer:
         name, spec = pod["metadata"]["name"], pod.get("spec") or {}
         path = f"/api/v1/namespaces/{self.namespace}/pods/{name}/log"
         for container in [c["name"] for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])]:
-            query = [("container", container), ("limitBytes", str(LOG_BYTES))]
+            query = [("container", container)]
             if self.since:
                 query.append(("sinceSeconds", str(self.since)))
             for suffix, extra in (("", []), (".previous", [("previous", "true")])):
-                out.part(f"logs/{name}/{container}{suffix}.log", lambda q=query + extra: self.raw(path, q))
+                out.part(f"logs/{name}/{container}{suffix}.log", lambda q=query + extra: self.log(path, q))
+
+    def log(self, path: str, query: list[tuple[str, str]]) -> bytes:
+        """One log's tail, at most `LOG_BYTES` and what is left of `LOG_BUDGET`."""
+        if self.log_left <= 0:
+            raise ValueError(f"the bundle's {LOG_BUDGET // 2**20} MiB for logs are spent (--node NAME puts a node's first)")
+        content = self.raw(path, [*query, ("limitBytes", str(min(LOG_BYTES, self.log_left)))])
+        self.log_left -= len(content)
+        return content
 
     def helm_history(self) -> list[dict]:
         secrets = self.api.list(
@@ -292,7 +328,7 @@ class Gatherer:
 def write(bundle: Bundle, output: str, meta: dict) -> None:
     """The bundle as a gzipped tarball at `output`, under one directory named like the file."""
     top = os.path.basename(output).removesuffix(".tar.gz").removesuffix(".tgz") or "metax-operator-gather"
-    manifest = json.dumps({**meta, "parts": bundle.outcomes}, indent=2).encode()
+    manifest = json.dumps({**meta, **bundle.notes, "parts": bundle.outcomes}, indent=2).encode()
     with tarfile.open(output, "w:gz") as archive:
         for name, content in {"manifest.json": manifest, **bundle.files}.items():
             info = tarfile.TarInfo(f"{top}/{name}")
@@ -307,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     output = args.output or f"metax-operator-gather-{stamp}.tar.gz"
     try:
-        bundle = Gatherer(api, args.namespace, args.since, set(args.node), now).collect()
+        bundle = Gatherer(api, args.namespace, args.since, args.node, now).collect()
     except ApiException as err:
         raise UserError("API server", failure_line(err), "check --kubeconfig/--context and your permissions") from None
     meta = {"created": rollout.rfc3339(now), "createdUnix": int(now), "namespace": args.namespace, "sinceSeconds": args.since}
@@ -320,6 +356,9 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         listed = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
         print(f"not gathered ({len(missing)}, the reasons in manifest.json): {listed}")
+    left_out = bundle.notes.get("logNodes", {}).get("notGathered")
+    if left_out:
+        print(f"logs of {left_out} more nodes the rollout names not gathered (the first {LOG_NODES} are): --node NAME adds one")
     return 0
 
 
