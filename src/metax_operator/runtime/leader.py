@@ -7,9 +7,11 @@ racing for an expired lease cannot both win: the loser gets 409 and stays a foll
 
 `Elector` runs the library's election loop in a daemon thread and adds what the runner needs and
 the library lacks:
-- `is_leader()` is conservative: true only while the last successful renewal is younger than the
-  renew deadline, so a leader cut off from the API server stops acting before its lease can
-  expire and another runner take over (the library notices only after its renew loop gives up);
+- `is_leader()` is conservative: true only while the last successful renewal, counted from when
+  its request was sent, is younger than the renew deadline. A follower counts the lease duration
+  from when it saw that renewal, which is later, so a leader cut off from the API server, or
+  answered late, stops acting before its lease can expire and another runner take over;
+- `MonotonicElection` times both sides on a monotonic clock (the library uses the wall clock);
 - after a lost lease it enters the election again (the library's `run()` returns);
 - `release()` on shutdown hands the lease over at once (holder cleared, as client-go's
   ReleaseOnCancel does) and closes the lock so the election thread can never write again.
@@ -20,10 +22,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from http import HTTPStatus
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -49,14 +54,22 @@ class LeaseLock:
     kept and written again round-trips exactly.
     """
 
-    def __init__(self, name: str, namespace: str, identity: str, api_client: client.ApiClient):
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        identity: str,
+        api_client: client.ApiClient,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.name = name
         self.namespace = namespace
         self.identity = identity
         self.api = client.CoordinationV1Api(api_client)
+        self.clock = clock
         self.holder: str | None = None  # the holder seen on the last read
-        self.renewed_at = 0.0  # time.monotonic() of our last successful write
-        self.answered_at: float | None = None  # time.monotonic() the API server last answered us
+        self.renewed_at = -math.inf  # clock() when our last successful write of our own record was SENT
+        self.answered_at: float | None = None  # clock() the API server last answered us
         self._lease: client.V1Lease | None = None
         self._closed = False
         self._mutex = threading.Lock()
@@ -66,11 +79,11 @@ class LeaseLock:
             lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=10)
         except ApiException as err:
             if err.status == 404:  # no lease yet: the server answered
-                self.answered_at = time.monotonic()
+                self.answered_at = self.clock()
             return False, err
         except Exception as err:  # noqa: BLE001 - network errors: the library expects an ApiException-like body
             return False, _unavailable(err)
-        self.answered_at = time.monotonic()
+        self.answered_at = self.clock()
         with self._mutex:
             self._lease = lease
         spec = lease.spec
@@ -131,26 +144,74 @@ class LeaseLock:
             lease_transitions=transitions,
         )
 
+    def renewed_within(self, seconds: float) -> bool:
+        """Our last successful write of our own record was sent less than `seconds` ago."""
+        return self.clock() - self.renewed_at < seconds
+
     def _write(self, call, record: LeaderElectionRecord) -> bool:
+        """Write `record`; a write of our own record renews from when it was sent, not answered:
+        a follower restarts its count once it sees the write, so never before it was sent."""
         with self._mutex:
             if self._closed:
                 return False
+            sent = self.clock()
             try:
                 self._lease = call()
             except ApiException as err:
                 if err.status == 409:  # another candidate wrote first
-                    self.answered_at = time.monotonic()
+                    self.answered_at = self.clock()
                 else:
                     event(log, "lease-write-failed", logging.WARNING, lease=self.name, status=err.status, error=failure_line(err))
                 return False
             except Exception as err:  # noqa: BLE001 - a failed renewal is a lost lease, never a crash
                 event(log, "lease-write-failed", logging.WARNING, lease=self.name, error=failure_line(err))
                 return False
-            self.answered_at = time.monotonic()
+            self.answered_at = self.clock()
             if record.holder_identity == self.identity:
-                self.renewed_at = self.answered_at
+                self.renewed_at = sent
             self.holder = record.holder_identity
             return True
+
+
+class MonotonicElection(leaderelection.LeaderElection):
+    """The library's election with its two timings on the lock's monotonic clock.
+
+    The library times with `time.time()`: a forward step of the wall clock would end a follower's
+    wait for an unrenewed lease early (while its holder may still act), and a backward step keep a
+    leader in its renew loop past the deadline. Here a follower counts the lease duration from
+    when it saw the holder's record change, and the renew loop ends once `is_leader()` would say
+    no. The records' times stay wall-clock times: nobody times anything from them.
+    """
+
+    observed_at = -math.inf  # lock.clock() when `observed_record` last changed
+
+    def try_acquire_or_renew(self) -> bool:
+        config, lock = self.election_config, self.election_config.lock
+        now = str(dt.datetime.now())  # the library's record format: naive local time
+        found, old = lock.get(lock.name, lock.namespace)
+        record = LeaderElectionRecord(lock.identity, str(config.lease_duration), now, now)
+        if not found:
+            if json.loads(old.body)["code"] != HTTPStatus.NOT_FOUND or not lock.create(lock.name, lock.namespace, record):
+                return False
+            self.observed_record, self.observed_at = record, lock.clock()
+            return True
+        if old is None or None in (old.holder_identity, old.lease_duration, old.acquire_time, old.renew_time):
+            return self.update_lock(record)  # no holder (released) or an incomplete record
+        if self.observed_record is None or old.__dict__ != self.observed_record.__dict__:
+            self.observed_record, self.observed_at = old, lock.clock()
+        if old.holder_identity != lock.identity:
+            if lock.clock() - self.observed_at < config.lease_duration:
+                return False  # held by another, its record changed less than a lease duration ago
+        else:
+            record.acquire_time = old.acquire_time  # renewing: the acquire time stays
+        return self.update_lock(record)
+
+    def renew_loop(self) -> None:
+        config, lock = self.election_config, self.election_config.lock
+        while lock.renewed_within(config.renew_deadline):
+            self.try_acquire_or_renew()
+            if lock.renewed_within(config.renew_deadline):
+                time.sleep(config.retry_period)
 
 
 class Elector:
@@ -172,11 +233,7 @@ class Elector:
         return self._thread.is_alive()
 
     def is_leader(self) -> bool:
-        return (
-            self._leading.is_set()
-            and not self._stopping.is_set()
-            and time.monotonic() - self.lock.renewed_at < self.renew_deadline
-        )
+        return self._leading.is_set() and not self._stopping.is_set() and self.lock.renewed_within(self.renew_deadline)
 
     def wait_for_leadership(self, timeout: float) -> bool:
         return self._leading.wait(timeout) and self.is_leader()
@@ -192,7 +249,7 @@ class Elector:
             config = electionconfig.Config(
                 self.lock, onstarted_leading=self._started, onstopped_leading=self._stopped, **self._config
             )
-            leaderelection.LeaderElection(config).run()
+            MonotonicElection(config).run()
 
     def _started(self) -> None:
         self._leading.set()
