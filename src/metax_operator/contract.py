@@ -136,6 +136,12 @@ ROLLOUT_NODE_KEY_PREFIX = "metax-tech.com/driver-upgrade."
 CORDONED_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}cordoned"
 #: On a node, set by an admin: the rollout never replaces this node's driver.
 SKIP_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}skip"
+#: On each GPU node, set by the runner: where the node is in the driver rollout
+#: (`rollout.node_state.NodeUpgradeState`), for `kubectl get nodes -L`.
+STATE_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}state"
+#: On a node whose new driver failed, set by an admin: delete its driver pod once more; the runner
+#: removes the label once it did (or once the node is not failed).
+RETRY_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}retry"
 #: vfio-manager's node annotation: `{"GPU index": 1 bound | 0 failed}`.
 VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
 

@@ -59,6 +59,7 @@ class Cluster:
         self.skipped: set[str] = set()  # as rollout_observe.build: out of `nodes`, listed
         self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
         self.waiting: set[str] = set()  # nodes running pods that match waitForCompletion.podSelector
+        self.retry: set[str] = set()  # nodes an admin labelled for a retry
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: R.UpgradeStatus | None = None
         self.serial = 0
@@ -73,6 +74,7 @@ class Cluster:
             wait_busy_nodes=frozenset(self.waiting),
             skipped=frozenset(self.skipped),
             cordoned=frozenset(self.cordoned),
+            retry=frozenset(self.retry),
             template=f"template-{self.revision}",
             driver_spec=f"spec-{self.revision}",
         )

@@ -16,6 +16,7 @@ import dataclasses
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.contract import RETRY_LABEL, STATE_LABEL
 from metax_operator.rollout import engine
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
@@ -105,6 +106,10 @@ def writes(api: FakeApi) -> list[tuple[str, str]]:
     return [(r.method, r.path) for r in api.requests if r.method != "GET"]
 
 
+def node_labels(api: FakeApi, node: str) -> dict:
+    return api.get(f"/api/v1/nodes/{node}")["metadata"].get("labels") or {}
+
+
 def stored_status(api: FakeApi) -> UpgradeStatus:
     return UpgradeStatus.from_json(api.get(CR)["status"]["upgradeStatus"])
 
@@ -115,14 +120,19 @@ def read_cr(api: FakeApi) -> dict:
 
 def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, executor):
     read = api.get(CR)["metadata"]["resourceVersion"]
-    assert run_pass(api, executor) == 5  # status, cordon, deletion, two events
-    assert writes(api) == [
+    assert run_pass(api, executor) == 8  # status, cordon, deletion, two events, three state labels
+    assert writes(api)[:5] == [
         ("PUT", CR + "/status"),
         ("PATCH", "/api/v1/nodes/n0"),
         ("DELETE", f"{PODS}/driver-n0"),
         ("POST", "/api/v1/namespaces/default/events"),
         ("POST", "/api/v1/namespaces/default/events"),
     ]
+    assert sorted(writes(api)[5:]) == [("PATCH", f"/api/v1/nodes/n{i}") for i in range(3)]  # in parallel
+    states = {n: node_labels(api, n)[STATE_LABEL] for n in ("n0", "n1", "n2")}
+    assert states == {"n0": "deleting", "n1": "pending", "n2": "pending"}
+    for label in api.sent("PATCH")[1:]:  # a merge patch naming the state label alone
+        assert label.body == {"metadata": {"labels": {STATE_LABEL: node_labels(api, label.path.rsplit("/", 1)[1])[STATE_LABEL]}}}
     assert api.sent("PUT", CR)[0].body["metadata"]["resourceVersion"] == read
     assert api.sent("DELETE")[0].body["preconditions"] == {"uid": "uid-driver-n0"}
     node = api.get("/api/v1/nodes/n0")
@@ -137,12 +147,12 @@ def test_a_status_conflict_ends_the_pass_before_any_action(api, executor):
     assert run_pass(api, executor) == 0
     assert writes(api) == [("PUT", CR + "/status")]
     assert f"{PODS}/driver-n0" in api.objects and "upgradeStatus" not in api.get(CR)["status"]
-    assert run_pass(api, executor) == 5  # the next pass decides again, on the CR as it is now
+    assert run_pass(api, executor) == 8  # the next pass decides again, on the CR as it is now
 
 
 def test_a_transient_5xx_is_retried(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 503, times=2)
-    assert run_pass(api, executor) == 5
+    assert run_pass(api, executor) == 8
     assert len(api.sent("DELETE")) == 3 and f"{PODS}/driver-n0" not in api.objects
 
 
@@ -157,7 +167,7 @@ def test_a_5xx_that_persists_fails_the_pass_with_nothing_after_it_applied(api, e
 
 def test_a_deletion_whose_uid_precondition_fails_is_already_done(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 409)  # that pod is gone: another one has its name
-    assert run_pass(api, executor) == 5
+    assert run_pass(api, executor) == 8
     assert len(api.sent("DELETE")) == 1 and len(api.sent("POST", "/events")) == 2
 
 
@@ -336,6 +346,9 @@ class LaggingNodeCache:
     def has_seen(self, resource_version: str) -> bool:
         return False
 
+    def snapshot(self) -> dict:
+        return dict(self.frozen)
+
 
 def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api, executor):
     # n0 was cordoned by the runner; its uncordon lands, but the node watch lags: the cache still
@@ -406,3 +419,75 @@ def test_a_lease_lost_mid_batch_sends_no_more_of_the_batch(api, executor):
         run_pass(api, executor)
     sent = [m for m, path in writes(api) if path.startswith(("/api/v1/nodes/", PODS))]
     assert 1 <= sent.count("DELETE") <= kube.PARALLEL_REQUESTS and sent.count("PATCH") <= kube.PARALLEL_REQUESTS, sent
+
+
+# -- the nodes' state labels and the admin's retry label ----------------------------------------
+
+
+def test_state_labels_are_written_only_when_they_change_and_leave_other_nodes(api, executor):
+    api.put("/api/v1/nodes/cpu", {"metadata": {"name": "cpu"}, "spec": {}})  # no driver: not the rollout's
+    api.put("/api/v1/nodes/gone", {"metadata": {"name": "gone", "labels": {STATE_LABEL: "done"}}, "spec": {}})
+    run_pass(api, executor)
+    assert STATE_LABEL not in node_labels(api, "cpu") and STATE_LABEL not in node_labels(api, "gone")  # stale: dropped
+    api.requests.clear()
+    run_pass(api, executor)  # n0's pod is gone, its new one not there yet: only n0's state moves
+    assert [r.path for r in api.sent("PATCH") if "/nodes/" in r.path] == ["/api/v1/nodes/n0"]
+    assert node_labels(api, "n0")[STATE_LABEL] == "waiting-for-ready"
+    api.requests.clear()
+    run_pass(api, executor)  # nothing moved
+    assert [r.path for r in api.sent("PATCH") if "/nodes/" in r.path] == []
+
+
+def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executor, monkeypatch):
+    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    run_pass(api, executor)
+    assert node_labels(api, "n0")[STATE_LABEL] == "deleting"  # first: the wave's node
+    assert STATE_LABEL not in node_labels(api, "n1") and STATE_LABEL not in node_labels(api, "n2")
+    for _ in range(3):  # n0 moves on to waiting-for-ready first, then the pending ones one a pass
+        api.requests.clear()
+        run_pass(api, executor)
+        assert len([r for r in api.sent("PATCH") if "/nodes/" in r.path]) == 1
+    assert [node_labels(api, n).get(STATE_LABEL) for n in ("n0", "n1", "n2")] == ["waiting-for-ready", "pending", "pending"]
+
+
+def test_a_state_label_written_just_before_a_cordon_does_not_make_the_cordon_conflict(api, executor):
+    # The label write bumps the node's resourceVersion; a cordon in the next pass, before the
+    # watch delivered that write, must carry the version the write returned, not the cache's
+    # (a conditional cordon on the cache's version would conflict, and the swap wait a pass).
+    executor.decide(read_cr(api))  # starts the caches
+    eventually(lambda: executor.watches.nodes.get("n1"), 10, "the node cache holding n1")
+    executor.watches.nodes = LaggingNodeCache({n: executor.watches.nodes.get(n) for n in ("n0", "n1", "n2")})
+    run_pass(api, executor)  # n0's driver pod deleted; every node labelled
+    assert node_labels(api, "n1")[STATE_LABEL] == "pending"
+    api.put(f"{PODS}/driver-n0", driver_pod("n0", "new"))  # n0's new driver is Ready: n1 is next
+    api.requests.clear()
+    run_pass(api, executor)
+    assert ("DELETE", f"{PODS}/driver-n1") in writes(api)
+    assert api.get("/api/v1/nodes/n1")["spec"]["unschedulable"] is True
+    assert node_labels(api, "n1")[STATE_LABEL] == "deleting" and node_labels(api, "n0")[STATE_LABEL] == "done"
+
+
+def test_a_retry_label_deletes_the_failed_driver_once_then_is_removed(api, executor):
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": 3, "upgradeSteps": [{"replicas": "100%"}]}))
+    for i in range(3):  # n1's new driver failed (not Ready, restarted again and again)
+        api.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "new", ready=i != 1))
+    api.put("/api/v1/nodes/n1", {"metadata": {"name": "n1", "labels": {RETRY_LABEL: "true"}}, "spec": {}})
+    api.put("/api/v1/nodes/n2", {"metadata": {"name": "n2", "labels": {RETRY_LABEL: "true"}}, "spec": {}})
+    run_pass(api, executor)
+    assert [r.path for r in api.sent("DELETE")] == [f"{PODS}/driver-n1"]
+    assert RETRY_LABEL not in node_labels(api, "n1") and node_labels(api, "n1")[STATE_LABEL] == "deleting"
+    assert RETRY_LABEL not in node_labels(api, "n2")  # nothing failed there: consumed, with an event
+    reasons = [e.body["reason"] for e in api.sent("POST", "/events")]
+    assert "NodeRetried" in reasons and "NothingToRetry" in reasons
+
+
+def test_a_retry_whose_deletion_waits_keeps_the_label(api, executor):
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": 3, "upgradeSteps": [{"replicas": "100%"}]}))
+    for i in range(3):  # n1's new driver failed (not Ready, restarted again and again)
+        api.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "new", ready=i != 1))
+    api.put("/api/v1/nodes/n1", {"metadata": {"name": "n1", "labels": {RETRY_LABEL: "true"}}, "spec": {}})
+    api.fail("DELETE", f"{PODS}/driver-n1", 403, times=10_000)  # refused: the retry did not happen
+    with pytest.raises(ApiException):
+        run_pass(api, executor)
+    labels = node_labels(api, "n1")
+    assert labels[RETRY_LABEL] == "true" and labels[STATE_LABEL] == "failed"

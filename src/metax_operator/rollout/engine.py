@@ -33,6 +33,7 @@ from operator import attrgetter
 from typing import NamedTuple, Union
 
 from metax_operator.chart.upgrade_policy import Fallback, OnTimeout, Policy
+from metax_operator.contract import RETRY_LABEL
 from metax_operator.rollout import freeze, restore
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import (
@@ -94,6 +95,7 @@ class Cluster:
     skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
     cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
     need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
+    retry: frozenset[str] = frozenset()  # nodes an admin labelled to retry their failed driver
     template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
     driver_spec: str = ""  # the CR's spec.driver, serialized: recorded as lastCoDriverSpec
     # What a rollback restores from (`restore.plan`):
@@ -168,7 +170,7 @@ def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[st
     node whose new driver fails stays cordoned until an admin looks at it), or it is in the
     wave with a pod the wave has yet to replace (another revision, or a uid a retry
     deletes), its work still to end (wait, drain). A node with no driver pod at all that no
-    wave waits for has nothing coming. Unlike `_NodePods` it reads the pods of every node,
+    wave waits for has nothing coming. Unlike `NodePods` it reads the pods of every node,
     not only the eligible ones: a node the runner cordoned may have left the eligible set.
     """
     if not observed.cordoned:
@@ -195,7 +197,7 @@ def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[st
     return back
 
 
-class _NodePods:
+class NodePods:
     """Each eligible node's live driver pod (the newest not being deleted) and since when a pod of
     it is being deleted: what every `_View` of one pass starts from, worked out once."""
 
@@ -211,6 +213,21 @@ class _NodePods:
                 self.live[pod.node] = pod
 
 
+def held(observed: Cluster, policy: Policy, node: str) -> bool:
+    """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
+    return node in observed.gpu_busy_nodes and not policy.allow_gpu_workloads and not policy.drain
+
+
+def to_prepare(observed: Cluster, policy: Policy, node: str) -> Stage | None:
+    """What must end on `node` before its driver pod is deleted: its pods to wait for, its GPU
+    pods to drain, or nothing (None)."""
+    if policy.wait_selector and node in observed.wait_busy_nodes:
+        return Stage.WAIT
+    if policy.drain and not policy.allow_gpu_workloads and node in observed.gpu_busy_nodes:
+        return Stage.DRAIN
+    return None
+
+
 def failed(pod: Pod, now: float, timeout: float) -> bool:
     """A pod not Ready that will not be: in phase Failed, restarting again and again, or not
     Ready within the readiness timeout."""
@@ -220,7 +237,7 @@ def failed(pod: Pod, now: float, timeout: float) -> bool:
 class _View:
     """The eligible nodes sorted by what their driver pod is doing, relative to `revision`."""
 
-    def __init__(self, observed: Cluster, pods: _NodePods, revision: str, wave: set[str], timeout: float, now: float):
+    def __init__(self, observed: Cluster, pods: NodePods, revision: str, wave: set[str], timeout: float, now: float):
         self.revision = revision
         self.live = pods.live
         deleting = pods.deleting
@@ -283,7 +300,7 @@ class _PassState:
 
     def __init__(self, observed: Cluster, policy: Policy, status: UpgradeStatus | None, now: float):
         self.observed, self.policy, self.now = observed, policy, now
-        self.node_pods = _NodePods(observed)
+        self.node_pods = NodePods(observed)
         self.views: dict[tuple[str, tuple[str, ...]], _View] = {}  # by revision and wave: see `_classify`
         self.before = status or UpgradeStatus()
         self.status = copy.deepcopy(self.before)
@@ -560,17 +577,30 @@ class _Waves(_PassState):
         return {n for n in self.observed.wait_busy_nodes | self.observed.gpu_busy_nodes if self._to_prepare(n)}
 
     def _held(self, node: str) -> bool:
-        """Whether `node` is not taken at all: it runs GPU work that is neither allowed nor drained."""
-        return node in self.observed.gpu_busy_nodes and not self.policy.allow_gpu_workloads and not self.policy.drain
+        return held(self.observed, self.policy, node)
 
     def _to_prepare(self, node: str) -> Stage | None:
-        """What must end on `node` before its driver pod is deleted: its pods to wait for, its GPU
-        pods to drain, or nothing (None)."""
-        if self.policy.wait_selector and node in self.observed.wait_busy_nodes:
-            return Stage.WAIT
-        if self.policy.drain and not self.policy.allow_gpu_workloads and node in self.observed.gpu_busy_nodes:
-            return Stage.DRAIN
-        return None
+        return to_prepare(self.observed, self.policy, node)
+
+    def _retry(self) -> None:
+        """The nodes an admin labelled for a retry (`Cluster.retry`) whose driver pod at the current
+        revision failed: that pod is deleted again, whatever the phase and also while paused (a
+        failed node runs no driver, so its retry takes nothing down), as far as `maxParallel`
+        leaves room beside the swaps in flight and this pass's deletions; the others wait for
+        room. A labelled node that is not failed has nothing to retry: an Event says so."""
+        view = self._view(self.observed.current_revision)
+        deleting = {ref.node for ref in self.decision.delete}
+        failed = [view.live[n] for n in sorted(self.observed.retry) if n in view.failed and n in view.live and n not in deleting]
+        room = self._room(self.policy.max_parallel.of(view.total)) - len(deleting)
+        for pod in failed[: max(room, 0)]:
+            self._delete([pod])
+            self._event(
+                "Normal",
+                Reason.NODE_RETRIED,
+                f"node {pod.node}: its failed driver pod {pod.name} is deleted again (label {RETRY_LABEL}=true)",
+            )
+        for node in sorted((self.observed.retry & self.observed.nodes) - view.failed):
+            self._event("Warning", Reason.NOTHING_TO_RETRY, f"node {node}: its driver is not failed, nothing to retry")
 
     def _delete(self, pods: list[Pod]) -> None:
         self.decision.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
@@ -745,6 +775,8 @@ class _Pass(_IdleAndRollback):
             self._settle(handlers.get(self.status.phase, self._idle))
         self.status.upgrading = self.status.phase in (PROGRESSING, TERMINATING, DISABLING)
         self.resume.spec = freeze.record(self.observed.cr_spec, self.decision.restore) if self.status.upgrading else None
+        if self.observed.retry and self.observed.caught_up:
+            self._retry()
         self.resume.skipped = NodeList.of(self.observed.skipped)
         self.resume.cordoned = NodeList.of(self.observed.cordoned)
         self.resume.need_reboot = NodeList.of(self.observed.need_reboot)

@@ -78,6 +78,8 @@ class Reason(StrEnum):
     NODES_HELD_BACK = "NodesHeldBack"  # nodes with GPU work (or a timed-out wait or drain) kept out
     WAIT_TIMEOUT = "WaitTimeout"  # a node's pods matching `waitForCompletion.podSelector` did not end
     DRAIN_TIMEOUT = "DrainTimeout"  # a node's GPU pods were not evicted in time
+    NODE_RETRIED = "NodeRetried"  # an admin's retry label: a failed node's driver pod deleted again
+    NOTHING_TO_RETRY = "NothingToRetry"  # the retry label on a node whose driver is not failed
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.

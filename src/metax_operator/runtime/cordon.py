@@ -31,12 +31,13 @@ from typing import NamedTuple
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, SKIP_LABEL
+from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, RETRY_LABEL, SKIP_LABEL
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 
 CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
 SKIP_SELECTOR = f"{SKIP_LABEL}=true"
+RETRY_SELECTOR = f"{RETRY_LABEL}=true"
 
 
 class NodeState(NamedTuple):
@@ -120,19 +121,36 @@ def uncordon(api: Client, node: str) -> NodeState | None:
 
 
 class OwnWrites:
-    """The node cache, read through this runner's own uncordons until the cache holds them: an
-    uncordon the watch has not delivered yet must not make the next cordon of that node look
-    done already (the cache would still say unschedulable) and let its driver pod be deleted on
-    a schedulable node."""
+    """The node cache, read through this runner's own node writes (uncordons, state labels) until
+    the cache holds them: an uncordon the watch has not delivered yet must not make the next
+    cordon of that node look done already (the cache would still say unschedulable) and let its
+    driver pod be deleted on a schedulable node; and a cordon after a label write must carry the
+    resourceVersion that write returned, not the cache's older one (a 409 would delay the swap)."""
 
     def __init__(self, nodes: Informer):
         self.nodes = nodes
-        self.uncordoned: dict[str, NodeState] = {}
+        self.written: dict[str, NodeState] = {}
 
     def get(self, node: str) -> NodeState | None:
-        mine = self.uncordoned.get(node)
+        mine = self.written.get(node)
         if mine is not None:
             if not self.nodes.has_seen(mine.resource_version):
                 return mine
-            del self.uncordoned[node]
+            del self.written[node]
         return self.nodes.get(node)
+
+    def record(self, node: str, state: NodeState | None) -> None:
+        """`node` as a write of this runner left it (None: the write did nothing)."""
+        if state is not None:
+            self.written[node] = state
+
+
+def set_labels(api: Client, node: str, labels: dict[str, str | None]) -> NodeState | None:
+    """Set (or, with None, remove) the runner's own `labels` on `node`: a merge patch naming only
+    them, so no concurrent change to the node is lost; the node as it left it (None: gone)."""
+    try:
+        return node_state(api.patch("v1", "Node", node, {"metadata": {"labels": labels}}))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise

@@ -1,6 +1,6 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Six caches, started once and kept across passes:
+Nine caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `engine.Pod` plus its owner's uid;
@@ -9,17 +9,18 @@ Six caches, started once and kept across passes:
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
   resource, so this one watch sees every pod change of the cluster; what it stores is a few
   strings per GPU pod;
-- the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout) and the
-  nodes the runner cordoned (`cordon.py`), by label selector: names only;
-- every node, projected to whether it is unschedulable and its resourceVersion: what a cordon
-  reads before its conditional write (`cordon.cordon`), so that a wave's cordons are one request
-  per node, not two;
+- the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout), the
+  nodes the runner cordoned (`cordon.py`) and those an admin labelled
+  `metax-tech.com/driver-upgrade.retry=true` (retry a failed driver), by label selector: names only;
+- every node, projected to whether it is unschedulable, its resourceVersion and its product
+  labels: what a cordon reads before its conditional write (`cordon.cordon`), so that a wave's
+  cordons are one request per node, not two, and what the state labels are compared with;
 - the Node events of namespace `default` (where node events are kept) with reason
   `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
   finds a new boot id), by field selector: node name and time. A node needs a reboot while its
   latest `NodeNeedReboot` is newer than its latest `Rebooted`.
 
-With `upgradePolicy.waitForCompletion.podSelector` set, a sixth cache follows the running pods
+With `upgradePolicy.waitForCompletion.podSelector` set, a tenth cache follows the running pods
 that match it (their nodes only); it is replaced when the selector changes.
 
 The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
@@ -120,6 +121,9 @@ class Watches:
         self.cordoned = Informer(
             api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name, resync=resync, name="cordoned-nodes"
         )
+        self.retry = Informer(
+            api, nodes, label_selector=cordon.RETRY_SELECTOR, project=node_name, resync=resync, name="retry-nodes"
+        )
         self.nodes = Informer(api, nodes, project=cordon.node_state, resync=resync, name="nodes")
         events = "/api/v1/namespaces/default/events"
         self.reboot_asked = Informer(
@@ -144,6 +148,7 @@ class Watches:
             self.gpu_pods,
             self.skipped,
             self.cordoned,
+            self.retry,
             self.nodes,
             self.reboot_asked,
             self.rebooted,
@@ -207,6 +212,7 @@ class Watches:
             status,
             skipped=self.skipped.snapshot().values(),
             cordoned=self.cordoned.snapshot().values(),
+            retry=self.retry.snapshot().values(),
             waited=(node for node in waited if node),
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
             nodes=self.nodes,
@@ -226,6 +232,7 @@ def build(
     status: dict | None,
     skipped=(),
     cordoned=(),
+    retry=(),
     waited=(),
     need_reboot=(),
     nodes=None,
@@ -256,6 +263,7 @@ def build(
         wait_busy_nodes=frozenset(waited),
         skipped=skipped,
         cordoned=frozenset(cordoned),
+        retry=frozenset(retry),
         need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
         driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}),

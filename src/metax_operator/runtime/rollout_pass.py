@@ -25,7 +25,12 @@ the rollout acts (`RolloutPass.act`):
   pod with a uid precondition (404 or a failed precondition: already done); a node that could
   not be cordoned keeps its pod until a later pass;
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
-- emit the engine's Events on the CR.
+- emit the engine's Events on the CR;
+- label each node with its upgrade state (`rollout.node_state`, the label
+  `metax-tech.com/driver-upgrade.state`) where the label differs, after the deletions so that it
+  says which happened, and remove an admin's retry label once the node's retry is done (its pod
+  deleted again, or nothing failed to retry). At most `STATE_WRITES_PER_PASS` nodes a pass, those
+  in a wave first: a fleet's first labelling never delays a swap.
 
 The lease is checked before every write, also before each node's of a batch (its cordon, then
 again before its deletion): a runner whose lease lapses mid-batch sends only the requests already
@@ -53,10 +58,11 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract, workloads
 from metax_operator.chart import upgrade_policy as policy_mod
-from metax_operator.contract import DRIVER_DAEMONSET, LIVE_PODS, RUNNER_FIELD_MANAGER
+from metax_operator.contract import DRIVER_DAEMONSET, LIVE_PODS, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
-from metax_operator.rollout import engine
+from metax_operator.rollout import engine, node_state
+from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
 from metax_operator.runtime import cordon, kube, reconcile
@@ -72,6 +78,10 @@ log = logging.getLogger(__name__)
 REFUSED = "refused"
 #: A driver pod not deleted: its node runs GPU work the pass's snapshot did not show.
 BUSY = "gpu-busy"
+#: The most nodes whose labels one pass writes (a 10,000-node fleet's first labelling takes 20 passes).
+STATE_WRITES_PER_PASS = 500
+#: The states a node passes through quickly, written before the others when a pass has more to write.
+_SETTLED = (NodeUpgradeState.PENDING, NodeUpgradeState.DONE)
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,11 @@ class Plan:
     decision: engine.Decision
     pause_seen: bool
     stored: dict | None  # status.upgradeStatus as read (None: never written)
+    # What the engine decided on, with the policy and the time: what the nodes' state labels are
+    # worked out from (`node_state.states`). None in a plan made without an observation.
+    observed: engine.Cluster | None = None
+    policy: policy_mod.Policy | None = None
+    now: float = 0.0
 
 
 @dataclass
@@ -166,7 +181,8 @@ class RolloutPass:
             return self._release(ds, cr, stored)
         snap = self.watches.observe(ds, cr, stored)
         before = UpgradeStatus.from_json(stored) if stored is not None else None
-        return Plan(engine.decide(snap.observed, policy, before, self.clock()), policy.pause, stored)
+        now = self.clock()
+        return Plan(engine.decide(snap.observed, policy, before, now), policy.pause, stored, snap.observed, policy, now)
 
     def _release(self, ds: dict | None, cr: dict, stored: dict | None) -> Release | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
@@ -192,7 +208,7 @@ class RolloutPass:
         if self.metrics is not None:
             before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
-        writes = self._act(cr, decision, plan.pause_seen)
+        writes = self._act(cr, plan)
         status_written = decision.status.to_json() != plan.stored  # by the pass, just before
         step = decision.status.step
         event(
@@ -211,23 +227,26 @@ class RolloutPass:
         )
         return writes
 
-    def _act(self, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+    def _act(self, cr: dict, plan: Plan) -> int:
         """The decision's actions after its status write, in order; the number of writes. Raises
         the first per-node refusal once every action was tried."""
-        writes, self._refused = 0, []
+        decision, writes, self._refused = plan.decision, 0, []
         if decision.set_pause is not None:
-            writes += self._set_pause(decision.set_pause, pause_seen, decision.status_once_paused)
+            writes += self._set_pause(decision.set_pause, plan.pause_seen, decision.status_once_paused)
         if decision.restore is not None:
             writes += self._restore(cr, decision.restore)
         writes += self._drain(decision.cordon, decision.evict)
-        writes += self._delete(decision.delete, decision.cordon_first, decision.idle_first)
-        writes += self._uncordon(decision.uncordon)
+        deleted, delete_writes = self._delete(decision.delete, decision.cordon_first, decision.idle_first)
+        writes += delete_writes + self._uncordon(decision.uncordon)
         for item in decision.events:
             self._check()
             self.requests += 1
             writes += reconcile.emit_event(
                 self.api, cr, item.type, item.reason, item.message, rfc3339(self.clock()), self.identity
             )
+        if self.watches is not None and plan.observed is not None and plan.policy is not None:
+            states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
+            writes += self._label(states, plan.observed.retry, deleted)
         if self._refused:
             raise self._refused[0]
         return writes
@@ -333,11 +352,11 @@ class RolloutPass:
         event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 
-    def _delete(self, pods: list[engine.PodRef], cordon_first: bool, idle_first: bool) -> int:
+    def _delete(self, pods: list[engine.PodRef], cordon_first: bool, idle_first: bool) -> tuple[set[str], int]:
         """Cordon each pod's node (when `cordon_first`), check it has no GPU pod (when `idle_first`),
-        then delete the pod; the number of writes."""
+        then delete the pod; the nodes whose pod is gone, and the number of writes."""
         if not pods:
-            return 0
+            return set(), 0
         self._check()
 
         def delete(pod: engine.PodRef) -> tuple[str, str]:
@@ -370,7 +389,42 @@ class RolloutPass:
             **({"not_cordoned": not_now} if not_now else {}),
             **({"gpu_busy": busy} if busy else {}),
         )
-        return deletes + cordons.count(cordon.CORDONED)
+        gone = {p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d in ("deleted", "gone")}
+        return gone, deletes + cordons.count(cordon.CORDONED)
+
+    def _label(self, states: dict[str, NodeUpgradeState], retry: frozenset[str], deleted: set[str]) -> int:
+        """Write each node's state label where it differs, drop it from nodes the rollout no longer
+        knows, and drop the retry label of the nodes whose retry is done; the number of writes."""
+        nodes, changes = self._nodes, {}
+        for node, known in self.watches.nodes.snapshot().items():
+            labels = dict((nodes.get(node) or known).labels)
+            change = {}
+            if labels.get(STATE_LABEL) != states.get(node):
+                change[STATE_LABEL] = states.get(node)
+            if RETRY_LABEL in labels and node in retry and (node in deleted or states.get(node) != NodeUpgradeState.FAILED):
+                change[RETRY_LABEL] = None
+            if change:
+                changes[node] = change
+        if not changes:
+            return 0
+        self._check()
+        order = sorted(changes, key=lambda n: (changes[n].get(STATE_LABEL) in _SETTLED and RETRY_LABEL not in changes[n], n))
+        batch = order[:STATE_WRITES_PER_PASS]
+        write = self._per_node("label", str, lambda node: cordon.set_labels(self.api, node, changes[node]), None)
+        done = self._parallel(write, batch)
+        self.requests += len(batch)
+        for node, state in zip(batch, done, strict=True):
+            self._nodes.record(node, state)
+        retried = sorted(n for n in batch if RETRY_LABEL in changes[n])
+        event(
+            log,
+            "rollout-node-states",
+            logging.INFO if retried or len(order) > len(batch) else logging.DEBUG,
+            written=sum(1 for state in done if state),
+            **({"left_for_next_pass": len(order) - len(batch)} if len(order) > len(batch) else {}),
+            **({"retry_done": retried} if retried else {}),
+        )
+        return sum(1 for state in done if state)
 
     def _gpu_busy(self, node: str) -> bool:
         """Whether `node` runs a pod requesting a MetaX resource now (one LIST of its live pods)."""
@@ -407,7 +461,8 @@ class RolloutPass:
         done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), None), nodes)
         self.requests += len(nodes)
         if self.watches is not None:  # what the next cordons read
-            self._nodes.uncordoned.update((node, state) for node, state in zip(nodes, done, strict=True) if state)
+            for node, state in zip(nodes, done, strict=True):
+                self._nodes.record(node, state)
         uncordoned = sum(1 for state in done if state)
         event(log, "rollout-uncordon", nodes=nodes, uncordoned=uncordoned)
         return uncordoned
