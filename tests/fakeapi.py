@@ -327,8 +327,8 @@ def _namespaced(path: str, objects: dict) -> set[str]:
 def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
     have = (obj.get("metadata") or {}).get("labels") or {}
     for term in filter(None, (labels or "").split(",")):
-        key, _, value = term.partition("=")
-        if have.get(key) != value:
+        key, equals, value = term.partition("=")
+        if (have.get(key) != value) if equals else (key not in have):  # `key=value`, or `key`: it exists
             return False
     for term in filter(None, (fields or "").split(",")):
         negate = "!=" in term

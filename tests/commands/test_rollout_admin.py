@@ -8,6 +8,7 @@ import json
 from datetime import datetime, timezone
 
 from metax_operator.commands import rollout_admin as admin
+from metax_operator.contract import RETRY_LABEL, STATE_LABEL
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
 from tests.cases import SEED_POLICY
 from tests.fakeapi import FakeApi
@@ -198,3 +199,29 @@ def test_an_edit_the_runner_holds_is_named_with_its_line_and_the_rollout_moves_o
     assert "nothing moves" not in lines[-1], "a held edit does not stop the rollout"
     released = {**held, "status": "False", "reason": "NothingHeld"}
     assert not any(line.startswith("Held:") for line in admin.render(with_conditions(cr(running), released)).splitlines())
+
+
+def test_all_lists_every_labelled_node_with_its_state_and_the_counts():
+    with FakeApi() as fake:
+        for name, labels in (
+            ("gpu-b", {STATE_LABEL: "failed", RETRY_LABEL: "true"}),
+            ("gpu-a", {STATE_LABEL: "done"}),
+            ("gpu-c", {STATE_LABEL: "done"}),
+            ("cpu-0", {}),  # not the rollout's: not listed
+        ):
+            fake.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name, "labels": labels}})
+        rows = admin.node_states(fake.client())
+    assert rows == [("gpu-a", "done", False), ("gpu-b", "failed", True), ("gpu-c", "done", False)]
+    status = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(current_step_state="StepUpgrade"))
+    lines = admin.render(cr(status.to_json()), nodes=rows).splitlines()
+    at = lines.index("Nodes: 2 done, 1 failed")
+    assert [line.split() for line in lines[at + 1 :]] == [
+        ["NODE", "STATE", "RETRY"],
+        ["gpu-a", "done"],
+        ["gpu-b", "failed", "asked"],
+        ["gpu-c", "done"],
+    ]
+    as_json = json.loads(admin.render(cr(status.to_json()), "json", nodes=rows))
+    assert as_json["nodes"][1] == {"name": "gpu-b", "state": "failed", "retry": True}
+    assert as_json["upgradeStatus"]["phase"] == "Progressing"
+    assert "none carries the label" in admin.render(cr(status.to_json()), nodes=[])

@@ -327,11 +327,22 @@ def test_three_way_merge_of_one_field(recorded, values, live):
 def test_node_patch_removes_only_our_keys():
     n = node(
         "gpu-1",
-        labels={"metax-tech.com/gpu-device.mode": "sgpu", "team": "a"},
+        labels={
+            "metax-tech.com/gpu-device.mode": "sgpu",
+            "metax-tech.com/driver-upgrade.skip": "true",  # the admin's
+            "metax-tech.com/driver-upgrade.state": "done",  # the runner's
+            "metax-tech.com/driver-upgrade.retry": "true",  # consumed by the runner only
+            "team": "a",
+        },
         annotations={"metax-tech.com/gpu-vfio": '{"0":1}', "other": "x"},
     )
     assert cleanup.node_patch(n) == {
-        "metadata": {"labels": {"metax-tech.com/gpu.installed": None}, "annotations": {"metax-tech.com/gpu-vfio": None}}
+        "metadata": {
+            "labels": dict.fromkeys(
+                ("metax-tech.com/gpu.installed", "metax-tech.com/driver-upgrade.state", "metax-tech.com/driver-upgrade.retry")
+            ),
+            "annotations": {"metax-tech.com/gpu-vfio": None},
+        }
     }
     assert cleanup.node_patch(node("cpu-1", gpu=False, labels={"metax-tech.com/gpu-device.mode": "sgpu"})) is None
 

@@ -445,7 +445,7 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
         {
             "metadata": {
                 "annotations": {"metax-tech.com/gpu-vfio": '{"0":1,"1":0}', "team.example.com/owner": "ml"},
-                "labels": {"metax-tech.com/gpu-device.mode": "sgpu"},
+                "labels": {"metax-tech.com/gpu-device.mode": "sgpu", "metax-tech.com/driver-upgrade.state": "done"},
             }
         },
     )
@@ -460,6 +460,7 @@ def test_cleanup_leaves_nothing_of_ours_and_nothing_else_touched(client, hooks, 
     assert "metax-tech.com/gpu-vfio" not in first["annotations"]
     assert first["annotations"]["team.example.com/owner"] == "ml"  # not ours: kept
     assert first["labels"]["metax-tech.com/gpu-device.mode"] == "sgpu"  # the admin's: kept
+    assert "metax-tech.com/driver-upgrade.state" not in first["labels"]  # the runner's: removed
     assert client.get(*CRD) is not None  # crds.keep (default)
     assert f"node {gpu_nodes[0]}" in out
 

@@ -4,7 +4,8 @@ Each command is the documented `kubectl` command made safe to type (docs/rollout
 `pause`/`resume` set `spec.driver.upgradePolicy.pause` to true/false, `undo` sets `enableRollout`
 to false (the seed's forced rollback: the runner restores the previous driver revision on every
 node). `status` reads `status.upgradeStatus` and shows the steps, the wave in flight, failed,
-held-back, skipped and cordoned nodes, nodes that need a reboot, and what happens next; `--watch` prints it again at every change.
+held-back, skipped and cordoned nodes, nodes that need a reboot, and what happens next; `--watch` prints it again at every change;
+`--all` adds every node's upgrade state, from the label the runner keeps on each node (one LIST of the labelled nodes).
 When nothing moves it says why, each cause with the command that moves it on (`blockers`): the
 runner refuses the spec (SpecValid=False), its passes fail (RunnerHealthy=False), no runner
 holds the Lease, a pause (the admin's or the runner's), nodes held back by GPU work, nodes that
@@ -17,13 +18,24 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
+from typing import NamedTuple
 
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
 from metax_operator.commands.nodes import DEFAULT_NAMESPACE
-from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, CR_PLURAL, RUNNER_LEASE, SKIP_LABEL
+from metax_operator.contract import (
+    CR_API_VERSION,
+    CR_KIND,
+    CR_NAME,
+    CR_PLURAL,
+    RETRY_LABEL,
+    RUNNER_LEASE,
+    SKIP_LABEL,
+    STATE_LABEL,
+)
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
 from metax_operator.rollout import freeze
@@ -49,6 +61,12 @@ def register_status(commands) -> None:
         "--interval", type=bounded(float, 0.1, 3600), default=2.0, help="seconds between reads with --watch (default 2)"
     )
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help=f"also list every node's upgrade state (its label {STATE_LABEL}); "
+        "the CR's status names only the first 20 nodes of each kind",
+    )
     parser.add_argument(
         "--namespace",
         "-n",
@@ -103,7 +121,7 @@ def run_status(args: argparse.Namespace) -> int:
     while True:
         cr = _get_cr(api)
         leader = no_leader(api, args.namespace, args.lease_name, time.time())
-        text = render(cr, args.output, leader, args.namespace)
+        text = render(cr, args.output, leader, args.namespace, node_states(api) if args.all else None)
         if text != shown:
             if args.watch and shown is not None:
                 print()
@@ -126,6 +144,24 @@ def _get_cr(api: Client) -> dict:
             "install the chart (its bootstrap hook creates it) or check --kubeconfig/--context",
         )
     return cr
+
+
+class NodeRow(NamedTuple):
+    """A node as `--all` lists it: its upgrade state label and whether an admin asked for a retry."""
+
+    name: str
+    state: str
+    retry: bool
+
+
+def node_states(api: Client) -> list[NodeRow]:
+    """Every node carrying the runner's state label, by name."""
+    nodes = api.list("v1", "Node", label_selector=STATE_LABEL)
+    rows = []
+    for node in nodes:
+        labels = node["metadata"].get("labels") or {}
+        rows.append(NodeRow(node["metadata"]["name"], labels.get(STATE_LABEL, ""), labels.get(RETRY_LABEL) == "true"))
+    return sorted(rows)
 
 
 def no_leader(api: Client, namespace: str, name: str, now: float) -> str | None:
@@ -197,6 +233,7 @@ def blockers(
             out.append(
                 "Waiting: the runner paused the rollout after a failed step:"
                 " fix the failed nodes, then metax-operator rollout resume"
+                f" (or retry one node's driver now: kubectl label node NODE {RETRY_LABEL}=true)"
             )
         else:
             out.append(f"Waiting: step {sub.current_step_index} is done and waits for the admin: metax-operator rollout resume")
@@ -226,12 +263,37 @@ def _names(nodes: rollout.NodeList) -> str:
     return f"{nodes.count} node{'s' if nodes.count != 1 else ''} ({', '.join(nodes.names)}{more})"
 
 
-def render(cr: dict, output: str = "table", leader: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> str:
+def render(
+    cr: dict,
+    output: str = "table",
+    leader: str | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    nodes: list[NodeRow] | None = None,
+) -> str:
     """The status of the CR's rollout as a table (or its upgradeStatus as JSON); `leader` says
-    why no runner leads (`no_leader`), None when one does; `namespace` is the release's."""
+    why no runner leads (`no_leader`), None when one does; `namespace` is the release's; `nodes`
+    (with `--all`) every node's upgrade state, listed after it (JSON: `{"upgradeStatus", "nodes"}`)."""
     written = (cr.get("status") or {}).get("upgradeStatus") or {}
     if output == "json":
+        if nodes is not None:
+            return json.dumps({"upgradeStatus": written, "nodes": [row._asdict() for row in nodes]}, indent=2, sort_keys=True)
         return json.dumps(written, indent=2, sort_keys=True)
+    return _table(cr, written, leader, namespace) + ("" if nodes is None else "\n" + _node_table(nodes))
+
+
+def _node_table(nodes: list[NodeRow]) -> str:
+    """Every labelled node's state: the count of each state, then one row per node."""
+    if not nodes:
+        return f"Nodes: none carries the label {STATE_LABEL} yet (the runner writes it at its passes)"
+    counts = Counter(row.state for row in nodes)
+    lines = ["Nodes: " + ", ".join(f"{counts[state]} {state}" for state in sorted(counts))]
+    rows = [("NODE", "STATE", "RETRY")] + [(row.name, row.state, "asked" if row.retry else "") for row in nodes]
+    widths = [max(len(r[c]) for r in rows) for c in range(2)]
+    lines += [f"{name.ljust(widths[0])}  {state.ljust(widths[1])}  {retry}".rstrip() for name, state, retry in rows]
+    return "\n".join(lines)
+
+
+def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
     raw = lookup(cr, "spec", "driver", "upgradePolicy") or {}
     status = rollout.UpgradeStatus.from_json(written)
     try:
