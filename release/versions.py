@@ -316,7 +316,7 @@ def record(repo: Repo, version: str | None) -> str:
     return commit
 
 
-USAGE = "usage: scripts/release bump VERSION | record [VERSION] | changes | check"
+USAGE = "usage: scripts/release bump VERSION | record [VERSION] | changes | check | sign-image --key KEY DOMAIN/PROJECT PACKAGE"
 
 
 def main(argv: list[str]) -> int:

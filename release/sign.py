@@ -1,0 +1,136 @@
+"""`scripts/release sign-image`: signs the tools image of an offline package in the registry it
+was pushed to, attests its SBOM, and puts both and the public key into the package.
+
+    COSIGN_PASSWORD=... scripts/release sign-image --key cosign.key DOMAIN/PROJECT PACKAGE.tar.gz
+
+The package's `push` has put the tools image into DOMAIN/PROJECT (digests kept). This signs it by
+the digest the package holds (never by a tag, which may have moved since), with the key pair and
+no transparency log (an offline site has no Rekor to check against): `cosign sign`, then `cosign
+attest --type cyclonedx` of the package's sbom.cdx.json, a signed in-toto statement. Then it
+copies cosign's signature and attestation images (tags `sha256-HEX.sig` and `sha256-HEX.att`) out
+of the registry into the package as OCI archives, `NAME+sha256-HEX.sig.oci.tar` and `.att`, where
+`push` copies them under those tags into the site's registry beside the image, with `cosign.pub`;
+the site verifies after its push (docs/release.md). The package is rewritten as package.py writes
+it (sorted, 0:0, its files' time).
+
+The registry is reached as cosign and skopeo reach it: their logins, SSL_CERT_FILE for a private CA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from image import oci
+from release.package import plain_tar, reproducible_tar
+
+#: The SBOM's predicate type for `cosign attest`/`verify-attestation`: https://cyclonedx.org/bom.
+PREDICATE = "cyclonedx"
+#: No transparency log (an offline site has no Rekor to check an entry against) and no prompt.
+OFFLINE = ("--tlog-upload=false", "--yes")
+
+
+class SignError(Exception):
+    """The image cannot be signed; the message says why and the fix."""
+
+
+def run(command: list[str], what: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no output")
+        raise SignError(f"{what} failed: {last}")
+    return done.stdout
+
+
+def read_package(path: Path) -> tuple[dict[str, bytes], dict[str, int], int]:
+    """The package's files (name -> content), their modes and their one mtime."""
+    if not path.is_file():
+        raise SignError(f"{path}: no such file; give the package 'make package' wrote in dist/")
+    files, modes, times = {}, {}, set()
+    with tarfile.open(path) as archive:
+        for info in archive.getmembers():
+            times.add(info.mtime)
+            if info.isfile():
+                files[info.name] = archive.extractfile(info).read()
+                modes[info.name] = info.mode
+    return files, modes, min(times)
+
+
+def tools_image(files: dict[str, bytes]) -> tuple[str, str, str]:
+    """(the package's top directory, the tools image's name, the digest of its index) from the
+    archive NAME+TAG.oci.tar package.py wrote."""
+    found = [name for name in files if name.endswith(".oci.tar") and "+sha256-" not in name]
+    if len(found) != 1:
+        raise SignError("the package holds no tools image archive: build it with scripts/package (it builds the image)")
+    top, base = found[0].split("/", 1)
+    with tarfile.open(fileobj=io.BytesIO(files[found[0]])) as archive:
+        (descriptor,) = json.load(archive.extractfile("index.json"))["manifests"]
+    return top, base.split("+", 1)[0], descriptor["digest"]
+
+
+def fetch_archive(skopeo: str, source: str, tag: str, epoch: int, work: Path) -> bytes:
+    """The image at `source` (docker://...) as an OCI archive of the package's kind: its one image
+    tagged `tag`, the files' time `epoch`."""
+    layout = work / tag
+    run([skopeo, "copy", "--quiet", "--preserve-digests", source, f"oci:{layout}:{tag}"], f"skopeo copy of {source}")
+    return plain_tar(oci.archive_files(layout, tag), {}, epoch)
+
+
+def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> str:
+    """Sign and attest the package's tools image in `registry` (DOMAIN/PROJECT) and rewrite the
+    package with the signature, the attestation and the public key; returns the signed reference."""
+    for tool in (cosign, skopeo):
+        if shutil.which(tool) is None:
+            raise SignError(f"{tool} is missing: run 'make setup' (scripts/setup.d/30-cosign and 30-image-tools install them)")
+    if "://" not in key and "COSIGN_PASSWORD" not in os.environ:  # a key file, not a KMS URI
+        raise SignError("COSIGN_PASSWORD is not set: export the key's password (empty for a key without one)")
+    files, modes, epoch = read_package(package)
+    top, name, digest = tools_image(files)
+    registry = registry.rstrip("/")
+    reference = f"{registry}/{name}@{digest}"
+    hex_digest = digest.removeprefix("sha256:")
+    with tempfile.TemporaryDirectory(prefix="metax-sign-") as tmp:
+        work = Path(tmp)
+        sbom = work / "sbom.cdx.json"
+        sbom.write_bytes(files[f"{top}/sbom.cdx.json"])
+        run([cosign, "sign", "--key", key, *OFFLINE, reference], f"cosign sign of {reference}")
+        run(
+            [cosign, "attest", "--key", key, *OFFLINE, "--type", PREDICATE, "--predicate", str(sbom), reference],
+            f"cosign attest of {reference}",
+        )
+        for suffix in ("sig", "att"):
+            tag = f"sha256-{hex_digest}.{suffix}"
+            files[f"{top}/{name}+{tag}.oci.tar"] = fetch_archive(skopeo, f"docker://{registry}/{name}:{tag}", tag, epoch, work)
+        files[f"{top}/cosign.pub"] = run([cosign, "public-key", "--key", key], "cosign public-key").encode()
+    package.write_bytes(reproducible_tar(files, modes, epoch))
+    return reference
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/release sign-image", description=__doc__.splitlines()[0])
+    parser.add_argument("--key", required=True, help="cosign's private key: a file (cosign generate-key-pair) or a KMS URI")
+    parser.add_argument("registry", metavar="DOMAIN/PROJECT", help="where the package's push put the tools image")
+    parser.add_argument("package", help="the offline package (dist/metax-operator-package.VERSION.tar.gz), rewritten")
+    parser.add_argument("--cosign", default=os.environ.get("COSIGN", "cosign"), help="cosign (default: $COSIGN, else on PATH)")
+    parser.add_argument("--skopeo", default=os.environ.get("SKOPEO", "skopeo"), help="skopeo (default: $SKOPEO, else on PATH)")
+    args = parser.parse_args(argv)
+    if "://" in args.registry or "/" not in args.registry.strip("/"):
+        parser.error(f"{args.registry}: give DOMAIN/PROJECT without a scheme, e.g. cr.example.com/metax")
+    try:
+        print(sign(Path(args.package), args.registry, args.key, args.cosign, args.skopeo))
+    except SignError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
