@@ -14,7 +14,7 @@ the library lacks:
 - `MonotonicElection` times both sides on a monotonic clock (the library uses the wall clock);
 - after a lost lease it enters the election again (the library's `run()` returns);
 - `release()` on shutdown hands the lease over at once (holder cleared, as client-go's
-  ReleaseOnCancel does) and closes the lock so the election thread can never write again.
+  ReleaseOnCancel does) and closes the lock so the election thread can never write, nor read, again.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class LeaseLock:
         self._mutex = threading.Lock()
 
     def get(self, name, namespace):
+        if self._closed:  # released: the election thread, which never ends, stays off the API server
+            return False, _unavailable(RuntimeError("the lease was released"))
         try:
             lease = self.api.read_namespaced_lease(name, namespace, _request_timeout=10)
         except ApiException as err:
@@ -112,7 +114,7 @@ class LeaseLock:
         return self._write(lambda: self.api.replace_namespaced_lease(name, namespace, body, _request_timeout=10), updated_record)
 
     def release(self) -> bool:
-        """Clear the holder if we hold the lease, and refuse every later write. True if released."""
+        """Clear the holder if we hold the lease, and refuse every later read and write. True if released."""
         with self._mutex:
             self._closed = True
             lease = self._lease
