@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
+from metax_operator.contract import RETRY_LABEL, STATE_LABEL
 from tests.cases import SEED_POLICY
 from tests.e2e import tools
 from tests.e2e.tools import (
@@ -70,6 +71,12 @@ QUICK_POLICY = {
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def node_states(cp) -> dict[str, str]:
+    """Each labelled node's upgrade state, as `kubectl get nodes -L` shows it."""
+    rows = kubectl(cp, "get", "nodes", "-L", STATE_LABEL, "--no-headers").splitlines()
+    return {fields[0]: fields[5] for fields in map(str.split, rows) if len(fields) > 5}
 
 
 def upgrade_status(api) -> dict:
@@ -314,6 +321,7 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
         30,
         "a manual pause holding",
     )
+    assert Counter(node_states(cp).values()) == {"done": 2, "pending": NODES - 2}  # kubectl get nodes -L
     status = json.loads(
         kubectl(cp, "get", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "-o", "jsonpath={.status.upgradeStatus}")
     )
@@ -335,6 +343,7 @@ def test_seed_policy_runs_to_completion(control_plane, api, idle):
     seed_patch(cp, "pause", False)
     eventually(lambda: sub(api).get("currentStepState") == "Completed", 30, "Completed")
     assert all_at(api, new)
+    eventually(lambda: set(node_states(cp).values()) == {"done"}, 30, "every node's state done")
     # One rollout over the fleet of x86 and Arm servers: its steps counted both (the waves above).
     nodes = {n.metadata.name: n.metadata.labels["kubernetes.io/arch"] for n in client.CoreV1Api(api).list_node().items}
     assert Counter(nodes[p.spec.node_name] for p in driver_pods(api)) == {"amd64": 6, "arm64": 4}
@@ -539,7 +548,6 @@ def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(contr
         consistently(
             lambda: revisions(api)[new] == 3, more_passes(idle["runners"][0], 3), 30, "no deletion beyond step 0 while paused"
         )
-        history.stop()
         per_node = history.deletions_per_node()
         assert per_node[bad] == 1 + FAILING["maxFailureThreshold"], per_node  # the upgrade, then each retry
         assert sorted(n for n, c in per_node.items() if c) == ["gpu-node-0000", "gpu-node-0001", "gpu-node-0002"]
@@ -550,6 +558,21 @@ def test_a_pod_that_never_becomes_ready_is_retried_then_pauses_with_failed(contr
             .items
         ]
         assert reasons.count("StepRetry") >= FAILING["maxFailureThreshold"] and "StepFailed" in reasons
+
+        # Each node's state where an admin looks: the failed node, the two upgraded, the rest pending.
+        states = eventually(lambda: (s := node_states(cp)).get(bad) == "failed" and s, 30, "the failed node's label")
+        assert Counter(states.values()) == {"failed": 1, "done": 2, "pending": NODES - 3}, states
+        # The admin fixes the node and retries it alone, the rollout still paused: its driver pod is
+        # deleted once more, comes back Ready, and the retry label is consumed.
+        faults.clear_faults()
+        kubectl(cp, "label", "node", bad, f"{RETRY_LABEL}=true")
+        eventually(lambda: node_states(cp)[bad] == "done", 60, "the retried node done")
+        assert RETRY_LABEL not in client.CoreV1Api(api).read_node(bad).metadata.labels
+        assert history.deletions_per_node()[bad] == 2 + FAILING["maxFailureThreshold"]
+        assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True and revisions(api)[new] == 3
+        events = client.CoreV1Api(api).list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator")
+        assert any(e.reason == "NodeRetried" and bad in e.message for e in events.items)
+        history.stop()
     finally:  # roll back by disabling, so the next test starts idle
         faults.clear_faults()
         seed_patch(cp, "enableRollout", False)
