@@ -101,6 +101,12 @@ def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> st
         work = Path(tmp)
         sbom = work / "sbom.cdx.json"
         sbom.write_bytes(files[f"{top}/sbom.cdx.json"])
+        try:
+            run([skopeo, "inspect", "--raw", f"docker://{reference}"], f"skopeo inspect of {reference}")
+        except SignError as err:
+            if "manifest unknown" not in str(err):
+                raise
+            raise SignError(f"{reference} is not in the registry: run the package's push to {registry} first") from None
         run([cosign, "sign", "--key", key, *OFFLINE, reference], f"cosign sign of {reference}")
         run(
             [cosign, "attest", "--key", key, *OFFLINE, "--type", PREDICATE, "--predicate", str(sbom), reference],

@@ -191,3 +191,16 @@ def test_sign_image_refuses_a_package_without_the_tools_image_and_a_registry_wit
     with pytest.raises(SystemExit):
         sign.main(["--key", "cosign.key", "cr.example.com", str(tmp_path / "package.tar.gz")])
     assert "give DOMAIN/PROJECT without a scheme" in capsys.readouterr().err
+
+
+def test_sign_image_refuses_an_image_not_pushed_yet(released, cosign_keys, tools_image, tmp_path):
+    """The maintainer forgot the push: one line naming it, and the package is left as it was."""
+    unsigned = tmp_path / "package.tar.gz"
+    unsigned.write_bytes(released["package"].read_bytes())
+    target = f"{released['host']}/empty/metax"
+    command = [package.REPO / "scripts/release", "sign-image", "--key", cosign_keys["release"] / "cosign.key", target, unsigned]
+    done = subprocess.run(command, capture_output=True, text=True, env={**released["cosign_env"], "COSIGN": str(COSIGN)})
+    assert done.returncode == 1
+    reference = f"{target}/{NAME}@{tools_image['digest']}"
+    assert done.stderr == f"error: {reference} is not in the registry: run the package's push to {target} first\n"
+    assert unsigned.read_bytes() == released["package"].read_bytes()
