@@ -39,6 +39,20 @@ def test_redaction_replaces_secret_keys_and_secret_env_values_only():
     }
 
 
+def test_an_object_is_shown_redacted_and_without_its_managed_fields():
+    config = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "managedFields": [{"manager": "helm", "fieldsV1": {"f:data": {}}}]},
+        "data": {"api-token": "s3cr3t", "level": "info"},
+    }
+    assert gather.shown(config) == {
+        "kind": "ConfigMap",
+        "metadata": {"name": "c"},
+        "data": {"api-token": "<redacted>", "level": "info"},
+    }
+    assert config["metadata"]["managedFields"]  # the object read is left as it was
+
+
 def helm_secret(release: dict) -> dict:
     """A release Secret as Helm 3 writes it (gzip JSON, base64) and the API server serves it (base64 again)."""
     stored = base64.b64encode(gzip.compress(json.dumps(release).encode()))

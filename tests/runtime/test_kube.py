@@ -128,3 +128,15 @@ def test_a_refused_request_is_one_line_with_the_request_and_the_servers_message(
 def test_other_failures_are_one_line_too():
     assert kube.failure_line(ApiException(status=503, reason="Service Unavailable")) == "503 Service Unavailable"
     assert kube.failure_line(RuntimeError("two\nlines")) == "RuntimeError: two lines"
+
+
+def test_pages_yields_a_list_a_page_at_a_time_and_list_joins_them(monkeypatch):
+    monkeypatch.setattr(kube, "PAGE_SIZE", 2)
+    with FakeApi() as fake:
+        for name in ("a", "b", "c", "d", "e"):
+            fake.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        client = fake.client()
+        pages = [[n["metadata"]["name"] for n in page] for page in client.pages("v1", "Node")]
+        assert pages == [["a", "b"], ["c", "d"], ["e"]]
+        assert [n["metadata"]["name"] for n in client.list("v1", "Node")] == ["a", "b", "c", "d", "e"]
+        assert [r.query.get("limit") for r in fake.sent("GET", "/api/v1/nodes")] == ["2"] * 6

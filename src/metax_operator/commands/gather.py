@@ -97,6 +97,15 @@ def redact(value):
     return value
 
 
+def shown(obj: dict) -> dict:
+    """An object as the bundle shows it: redacted, without `metadata.managedFields` (as `kubectl get
+    -o yaml` leaves them out: a third of a small object's size, of no use to a ticket)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return redact(obj)
+
+
 def helm_release(secret: dict) -> dict | None:
     """What the bundle keeps of a Helm release Secret (`helm.sh/release.v1`): name, revision,
     status, chart version and values; None when it is not a metax-operator release."""
@@ -237,24 +246,29 @@ class Gatherer:
             ("controllerrevisions.yaml", "apps/v1", "ControllerRevision"),
             ("configmaps.yaml", "v1", "ConfigMap"),
         ):
-            out.part(name, lambda api_version=api_version, kind=kind: _yaml(redact(api.list(api_version, kind, ns))))
-        pods: list[dict] = []
-
-        def pod_table() -> str:
-            pods.extend(api.list("v1", "Pod", ns))
-            return "".join(pod_line(p) + "\n" for p in pods)
-
-        out.part("pods.txt", pod_table)
+            out.part(name, lambda api_version=api_version, kind=kind: _yaml([shown(o) for o in api.list(api_version, kind, ns)]))
         nodes, left_out = log_nodes(cr, self.extra_nodes)
         out.notes["logNodes"] = {"gathered": nodes, "notGathered": left_out}
-        ranked = [(rank, p) for p in pods if (rank := log_rank(p, nodes)) is not None]
+        ranked: list[tuple[int, dict]] = []
+
+        def pod_table() -> str:
+            """A line per pod; of the whole objects, only those whose logs are gathered are kept."""
+            lines = []
+            for page in api.pages("v1", "Pod", ns):
+                for pod in page:
+                    lines.append(pod_line(pod) + "\n")
+                    if (rank := log_rank(pod, nodes)) is not None:
+                        ranked.append((rank, pod))
+            return "".join(lines)
+
+        out.part("pods.txt", pod_table)
         chosen = [p for _, p in sorted(ranked, key=lambda pair: pair[0])]
-        out.part("pods.yaml", lambda: _yaml(redact(chosen)))
+        out.part("pods.yaml", lambda: _yaml([shown(p) for p in chosen]))
         for pod in chosen:
             self.logs(pod, out)
-        out.part("nodes.yaml", lambda: _yaml([node_summary(n) for n in api.list("v1", "Node")]))
+        out.part("nodes.yaml", lambda: _yaml([node_summary(n) for page in api.pages("v1", "Node") for n in page]))
         out.part("helm-history.yaml", lambda: _yaml(self.helm_history()))
-        out.part("metrics.txt", lambda: self.metrics(pods))
+        out.part("metrics.txt", lambda: self.metrics(chosen))
         if cr is not None:
             leader = admin.no_leader(api, ns, contract.RUNNER_LEASE, self.now)
             out.part("rollout-status.txt", lambda: admin.render(cr, "table", leader, ns) + "\n")
@@ -272,16 +286,21 @@ class Gatherer:
             if cr is None:
                 raise ValueError(f"{contract.CR_PLURAL}/{contract.CR_NAME} does not exist")
             found.append(cr)
-            return _yaml(redact(cr))
+            return _yaml(shown(cr))
 
         out.part("cr.yaml", produce)
         return found[0] if found else None
 
     def events(self) -> list[dict]:
         about_cr = f"involvedObject.kind={contract.CR_KIND},involvedObject.name={contract.CR_NAME}"
-        found = self.api.list("v1", "Event", self.namespace) + self.api.list("v1", "Event", "default", field_selector=about_cr)
         after = self.now - self.since if self.since else 0.0
-        return [e for e in found if _recent(e, after)]
+        return [
+            shown(e)
+            for namespace, selector in ((self.namespace, None), ("default", about_cr))
+            for page in self.api.pages("v1", "Event", namespace, field_selector=selector)
+            for e in page
+            if _recent(e, after)
+        ]
 
     def logs(self, pod: dict, out: Bundle) -> None:
         name, spec = pod["metadata"]["name"], pod.get("spec") or {}
@@ -309,6 +328,7 @@ class Gatherer:
         return sorted(releases, key=lambda r: (r["name"] or "", r["revision"] or 0))
 
     def metrics(self, pods: list[dict]) -> bytes:
+        """A scrape of the first running runner among `pods`."""
         runners = [
             p
             for p in pods
