@@ -22,8 +22,8 @@ other carries on from the CR's status: the watch of the driver pods sees both.
 `helm rollback` to the previous release is not refused (docs/rollout-admin.md refuses it only
 while a rollout is in flight and the release rolled back to names other driver settings): it
 runs the previous release's hooks and runner again, keeps the CRD (Helm never downgrades a CRD,
-and the previous release's upgrade-crds hook runs before install and upgrade only), and its
-runner rolls the driver back to the previous template in the same stages.
+and the previous release's upgrade-crds hook runs before install and upgrade only), and the
+driver goes back to the previous template in the same stages.
 """
 
 from __future__ import annotations
