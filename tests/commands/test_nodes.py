@@ -82,6 +82,25 @@ def test_the_view_joins_nodes_pods_and_revisions():
     assert view.problems == ["node b: one", "pod x/y: two"]
 
 
+def whole(obj: dict) -> dict:
+    """`obj` as the API server serves it: with what `build` does not read besides."""
+    out = json.loads(json.dumps(obj))
+    out["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    out.setdefault("spec", {})["containers"] = [{"name": "main", "image": "r/x:1", "env": [{"name": "A", "value": "1"}]}]
+    for container in out["spec"].get("initContainers") or ():
+        container["securityContext"] = {"privileged": True}
+    out["status"]["images"] = [{"names": ["r/x:1"], "sizeBytes": 1}]
+    return out
+
+
+def test_read_keeps_of_each_object_all_that_build_reads():
+    """`read` slims the nodes and pods it lists page by page: the view is the one of the whole objects."""
+    full_nodes, full_pods = [whole(n) for n in NODES], [whole(p) for p in PODS]
+    slim = nodes.build([nodes.slim_node(n) for n in full_nodes], [nodes.slim_pod(p) for p in full_pods], REVISIONS, CR)
+    assert slim == nodes.build(full_nodes, full_pods, REVISIONS, CR) == nodes.build(NODES, PODS, REVISIONS, CR)
+    assert "managedFields" not in json.dumps([nodes.slim_node(n) for n in full_nodes] + [nodes.slim_pod(p) for p in full_pods])
+
+
 def test_the_table_and_json():
     view = nodes.build(NODES, PODS, REVISIONS, CR)
     lines = nodes.render(view).splitlines()
