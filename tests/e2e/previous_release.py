@@ -26,6 +26,8 @@ from tests import registry
 from tests.controlplane import CACHE, REPO
 from tests.helm import BIN
 
+#: What makes a release: the chart and the package its image runs.
+RELEASED = ("Chart.yaml", "values.yaml", "values.schema.json", "templates", "crds", "files", "src", "image")
 PREVIOUS = "previous"  # the registry path the previous chart goes under, before registry.PROJECT
 
 
@@ -35,14 +37,22 @@ class Release:
     commit: str
     chart: str  # oci://HOST/previous/metax/metax-operator
     digest: str  # its tools image's manifest digest, pushed into HOST/metax/metax-operator-tools
+    tree: Path  # its files (git archive)
 
 
 def previous() -> versions.Entry:
-    """The newest release CHANGELOG.md records a commit for (a release being made has none yet)."""
+    """The newest release CHANGELOG.md records a commit for (a release being made has none yet)
+    that is not this tree (right after a release is recorded, the one before it)."""
     entries = versions.Repo(REPO).entries().values()
-    found = next((e for e in entries if e.version != "Unreleased" and e.commit), None)
-    assert found is not None, "CHANGELOG.md records no released commit: nothing to upgrade from"
+    found = next((e for e in entries if e.version != "Unreleased" and e.commit and not _is_this_tree(e.commit)), None)
+    assert found is not None, "CHANGELOG.md records no released commit other than this tree: nothing to upgrade from"
     return found
+
+
+def _is_this_tree(commit: str) -> bool:
+    """Whether the commit's chart and package are this working tree's."""
+    diff = ["git", "-C", str(REPO), "diff", "--quiet", commit, "--", *RELEASED]
+    return subprocess.run(diff, capture_output=True).returncode == 0
 
 
 def extract(commit: str, dest: Path) -> Path:
@@ -85,4 +95,4 @@ def publish(cluster, work: Path) -> Release:
     target = f"{host}/{registry.PROJECT}/{registry.TOOLS_IMAGE}:{entry.version}-{entry.commit[:12]}"
     registry.push_image(Path(image["layout"]), image["reference"].rsplit(":", 1)[1], target, cluster.cp.ca)
     chart = registry.push_chart(BIN / "helm3", tree, f"{host}/{PREVIOUS}", cluster.cp.ca, work / "chart")
-    return Release(entry.version, entry.commit, chart, image["digest"])
+    return Release(entry.version, entry.commit, chart, image["digest"], tree)

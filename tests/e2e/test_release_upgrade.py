@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -180,11 +181,14 @@ def without_tools_image(template: dict) -> dict:
     return template
 
 
-def working_tree_crd(api) -> dict:
-    """The CRD this tree's upgrade-crds hook applies on this API server (crds/ or files/)."""
+def release_crd(api, tree: Path) -> dict:
+    """The CRD the chart in `tree` serves on this API server: its crds/ one, or where the API server
+    admits it the whole one in files/ that its upgrade-crds hook applies (a release without files/
+    has only the first)."""
     minor = int("".join(c for c in client.VersionApi(api).get_code().minor if c.isdigit()))
-    portable, full = (yaml.safe_load((REPO / path).read_text()) for path in (schema.CRD_FILE, schema.FULL_CRD_FILE))
-    return admission.for_server(portable, full, minor)
+    portable = yaml.safe_load((tree / schema.CRD_FILE).read_text())
+    full = tree / schema.FULL_CRD_FILE
+    return admission.for_server(portable, yaml.safe_load(full.read_text()) if full.exists() else portable, minor)
 
 
 def served_crd(cp) -> dict:
@@ -226,8 +230,8 @@ def test_upgrade_from_the_previous_release_and_roll_back(
     old_runner = eventually(lambda: ready_runner(api, previous.digest), 90, "the previous release's runner Ready")
     eventually(lambda: reconciled(api), 60, "the previous runner's Reconciled condition on the CR")
     eventually(lambda: settled(api), 120, "the previous release's DaemonSets rolled out")
-    new_crd = working_tree_crd(api)
-    assert served_crd(cluster.cp)["spec"]["versions"] != new_crd["spec"]["versions"], "no CRD change to check"
+    assert served_crd(cluster.cp)["spec"]["versions"] == release_crd(api, previous.tree)["spec"]["versions"]
+    new_crd = release_crd(api, REPO)
 
     # The administrator's run-time state.
     seed_patch(cluster.cp, "maxParallel", ADMIN_MAX_PARALLEL)
