@@ -15,9 +15,10 @@ chart's render, from values with the staged rollout off, had been `RollingUpdate
 When the rollout came to record the spec it acts on (`resume.spec`, `rollout.freeze`), the status
 writes of the passes with a rollout in progress gained that key, and nothing else changed.
 When the runner came to label each node with its upgrade state (`rollout.node_state`), the
-requests were captured again: 11 node label writes were added at the end of passes 0-4 (compared
-sorted by node: they go out in parallel), and 7 other writes differ only in the fake server's
-`metadata.resourceVersion` those writes advance; the statuses stayed the same.
+requests were captured again: 11 node label writes were added at the end of passes 0-4, and 7
+other writes differ only in the fake server's `metadata.resourceVersion` those writes advance;
+the statuses stayed the same. The runner's parallel node writes go out one at a time here, so
+that the server numbers them in one order on every run.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
@@ -31,10 +32,11 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from unittest import mock
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import STATE_LABEL
+from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from tests.fakeapi import FakeApi
 from tests.helm import render_chart
@@ -122,17 +124,8 @@ def driver_pod(name: str, namespace: str, node: str, revision: str, owner: str, 
 
 
 def normalized(api: FakeApi) -> list[dict]:
-    """The writes in order, with the clocks' and the server's volatile fields as they are; the
-    nodes' state labels, written last and in parallel, sorted by node."""
-    writes = [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in api.requests if r.method != "GET"]
-    labels = [w for w in writes if is_state_label(w)]
-    return [w for w in writes if not is_state_label(w)] + sorted(labels, key=lambda w: w["path"])
-
-
-def is_state_label(write: dict) -> bool:
-    body = write["body"] if isinstance(write["body"], dict) else {}  # a JSON patch is a list
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return write["path"].startswith("/api/v1/nodes/") and write["method"] == "PATCH" and set(labels) == {STATE_LABEL}
+    """The writes in order, with the clocks' and the server's volatile fields as they are."""
+    return [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in api.requests if r.method != "GET"]
 
 
 def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
@@ -162,6 +155,8 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
         ticks = iter(range(1000))
         clock = lambda: T0 + 10 * next(ticks)  # noqa: E731 - ten seconds later at each reading
         runner = runner_mod.Runner(api.client(), NS, is_leader=lambda: True, identity="runner-0", clock=clock)
+        one_at_a_time = mock.patch.object(kube, "PARALLEL_REQUESTS", 1)  # the server's resourceVersions in one order
+        one_at_a_time.start()
         passes, statuses = [], []
         try:
             for _ in range(8):
@@ -178,6 +173,7 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
                 statuses.append(api.get(CR)["status"])
                 controller.sync()
         finally:
+            one_at_a_time.stop()
             runner.close()
     return passes, statuses
 
