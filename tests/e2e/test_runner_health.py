@@ -50,6 +50,7 @@ CACHES = {
     "gpu-workloads",
     "skipped-nodes",
     "cordoned-nodes",
+    "retry-nodes",
     "nodes",
     "node-need-reboot",
     "node-rebooted",

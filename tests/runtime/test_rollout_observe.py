@@ -12,7 +12,14 @@ from metax_operator.commands import rollout_admin as admin
 from metax_operator.rollout import engine
 from metax_operator.rollout.status import NodeList, UpgradeStatus
 from metax_operator.runtime import cordon
-from metax_operator.runtime.rollout_observe import build, need_reboot, node_event, project_driver_pod, project_revision
+from metax_operator.runtime.rollout_observe import (
+    build,
+    deletion_began,
+    need_reboot,
+    node_event,
+    project_driver_pod,
+    project_revision,
+)
 from metax_operator.workloads import gpu_pod
 from tests.commands.test_rollout_admin import cr
 from tests.rollout.test_engine import T0, policy
@@ -87,6 +94,16 @@ def test_driver_pod_projection_keeps_what_the_engine_reads():
         created=1735689600.0,
         deleting=1735689610.0,
     )
+
+
+def test_a_pod_being_deleted_counts_from_when_its_deletion_was_asked_not_from_the_end_of_its_grace_period():
+    """The API server stamps deletionTimestamp = the request's time + the grace period: the
+    readiness timeout of a pod stuck Terminating runs from the request, as for the runner's own
+    deletions (the engine's `deleting`)."""
+    deleted = pod("p1", "n1", "abc", deletionTimestamp="2025-01-01T00:00:40Z", deletionGracePeriodSeconds=30)
+    assert project_driver_pod(deleted).pod.deleting == engine.parse_time("2025-01-01T00:00:10Z")
+    assert deletion_began({"deletionTimestamp": "2025-01-01T00:00:10Z", "deletionGracePeriodSeconds": 0}) == 1735689610.0
+    assert deletion_began({"name": "p1"}) is None
 
 
 def test_pods_and_revisions_without_a_daemonset_owner_are_not_kept():

@@ -78,7 +78,7 @@ class Pod:
     phase: str = "Pending"
     restart_count: int = 0
     created: float = 0.0
-    deleting: float | None = None  # deletionTimestamp, when being deleted
+    deleting: float | None = None  # when its deletion was asked (deletionTimestamp less the grace period)
 
 
 @dataclass(frozen=True)

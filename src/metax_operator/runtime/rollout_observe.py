@@ -347,6 +347,14 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
             phase=status.get("phase") or "Pending",
             restart_count=restarts,
             created=engine.parse_time(meta.get("creationTimestamp")) or 0.0,
-            deleting=engine.parse_time(meta.get("deletionTimestamp")),
+            deleting=deletion_began(meta),
         ),
     )
+
+
+def deletion_began(meta: dict) -> float | None:
+    """When the object's deletion was asked, None if it is not being deleted: the API server sets
+    deletionTimestamp to that time plus the grace period, which it keeps in
+    deletionGracePeriodSeconds (a pod deleted with the default 30 s is stamped 30 s ahead)."""
+    at = engine.parse_time(meta.get("deletionTimestamp"))
+    return None if at is None else at - (meta.get("deletionGracePeriodSeconds") or 0)
