@@ -279,15 +279,21 @@ def test_while_a_rollout_is_in_progress_only_pause_and_enable_rollout_change(con
 
 
 def test_firmware_rules(control_plane, client, live_cr):
-    """Seed §3.2.9: no upgrade from non-virtualised to virtualised firmware; seed 001: no firmware
+    """Seed 001 §3.2.3 step 2: on servers that run virtualised firmware, its upgrade is the one patch
+    of fwUpgradePolicy PreferCloud and fwEnableVirt true; admitted, with a warning that the
+    operator never upgrades non-virtualised firmware to virtualised (seed §3.2.9: the CR cannot
+    know which firmware the GPUs run, the admin checks with mx-smi); seed 001: no firmware
     upgrade of GPUs bound to vfio-pci (a warning: the other GPUs are upgraded)."""
     virt = [
         {"op": "replace", "path": "/spec/driver/fwUpgradePolicy", "value": "PreferCloud"},
         {"op": "replace", "path": "/spec/driver/fwEnableVirt", "value": True},
     ]
     result = patch(control_plane, virt)
-    assert 'status="422 Unprocessable Entity"' in result.stderr and str(admission.virt_firmware_upgrade()) in result.stderr
-    # a fresh install may ask for virtualised firmware (no old object to compare)
+    assert result.returncode == 0 and "Warning: Validation failed for ValidatingAdmissionPolicy" in result.stderr
+    assert str(admission.virt_firmware_warning()) in result.stderr
+    again = patch(control_plane, [{"op": "add", "path": "/spec/driver/deployPolicy", "value": "PreferNewer"}], "--dry-run=server")
+    assert again.returncode == 0 and str(admission.virt_firmware_warning()) not in again.stderr  # only when turned on
+    # a fresh install may ask for virtualised firmware (no old object to compare): no warning either
     spec = {**live_cr["spec"], "driver": {**live_cr["spec"]["driver"], "fwUpgradePolicy": "PreferCloud", "fwEnableVirt": True}}
     client.delete(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
     client.wait_deleted(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME, timeout=60)

@@ -267,16 +267,10 @@ def _spec_rules() -> list[dict]:
 
 
 def _driver_rules() -> list[dict]:
-    """On `driver`. The firmware rule is a transition rule (it reads oldSelf): seed §3.2.9 does not
-    support upgrading non-virtualised firmware to virtualised firmware, so turning fwEnableVirt on
-    while the operator upgrades firmware is refused; a fresh install (no old object) may set both."""
-    virt = "(has(self.fwEnableVirt) && self.fwEnableVirt)"
+    """On `driver`. Turning on the virtualised firmware is not refused here: the CR cannot know
+    which firmware a GPU runs (the seed's upgrade of virtualised firmware sets fwEnableVirt with
+    PreferCloud in one patch); the warn policy says it (`warning_validations`)."""
     return [
-        _rule(
-            f"!{virt} || (has(oldSelf.fwEnableVirt) && oldSelf.fwEnableVirt)"
-            " || !(has(self.fwUpgradePolicy) && self.fwUpgradePolicy == 'PreferCloud')",
-            virt_firmware_upgrade,
-        ),
         _rule(
             "!(has(self.deploy) && self.deploy) || (has(self.deployPolicy) && self.deployPolicy == 'Never')"
             " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
@@ -369,13 +363,14 @@ def _field_prefix(path: tuple[str, ...]) -> str:
     return "".join(f"{key}." for key in path)
 
 
-def virt_firmware_upgrade() -> UserError:
+def virt_firmware_warning() -> UserError:
     return UserError(
         "driver.fwEnableVirt",
-        "cannot turn on while driver.fwUpgradePolicy is PreferCloud: "
-        "the operator does not upgrade non-virtualised firmware to virtualised firmware",
-        "check that the server model supports virtualised firmware and flash it by hand, "
-        "with driver.fwUpgradePolicy: Never meanwhile; then set fwEnableVirt: true",
+        "turned on with driver.fwUpgradePolicy PreferCloud: driver-manager upgrades GPUs to the "
+        "virtualised firmware, which is supported only where they run virtualised firmware already "
+        "(mx-smi --show-vbios on the node: SRIOV Support), never from non-virtualised firmware",
+        "on servers with non-virtualised firmware set fwEnableVirt back to false, or set "
+        "fwUpgradePolicy: Never and flash the virtualised firmware by hand on a server model that supports it",
     )
 
 
@@ -480,11 +475,17 @@ def warning_validations() -> list[dict]:
         f"{_has('object', 'spec', 'vfioManager', 'deploy')} && object.spec.vfioManager.deploy == true"
         f" && has(object.spec.vfioManager.vfioConfig) && size(object.spec.vfioManager.vfioConfig) > 0"
     )
+    virt = lambda obj: f"{_has(obj, 'spec', 'driver', 'fwEnableVirt')} && {obj}.spec.driver.fwEnableVirt == true"  # noqa: E731
+    turned_on = f"request.operation == 'UPDATE' && {virt('object')} && !({virt('oldObject')})"
     return [
         {
             "expression": f"!({firmware} && {vfio})",
             "message": str(vfio_firmware_warning()),
-        }
+        },
+        {
+            "expression": f"!({firmware} && {turned_on})",
+            "message": str(virt_firmware_warning()),
+        },
     ]
 
 
