@@ -94,3 +94,16 @@ def test_a_retry_waits_for_room_under_max_parallel():
         deleted, now = nodes_of(cluster, decision), now + 5
     assert deleted == ["n00"]  # once the wave left room: n02 and n03 went first
     assert cluster.pods["n00"].revision == "new" and cluster.pods["n00"].phase == "Running"
+
+
+def test_a_retry_label_seen_again_while_the_retried_pod_comes_up_says_nothing():
+    # The runner removes the label once the pod is deleted; a cache that still shows it for a
+    # pass must not make the engine report "nothing to retry" about the retry it just did.
+    cluster = Cluster(2)
+    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": "100%", "toleration": 1}], maxUnavailable=1)
+    cluster.decide(pol, T0)
+    cluster.set("n00", phase="Failed")
+    cluster.retry = {"n00"}
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 5)) == ["n00"]
+    again = cluster.decide(pol, T0 + 10)  # n00's new pod not Ready yet, the label still seen
+    assert nodes_of(cluster, again) == [] and [e.reason for e in again.events if "n00" in e.message] == []

@@ -587,7 +587,7 @@ class _Waves(_PassState):
         revision failed: that pod is deleted again, whatever the phase and also while paused (a
         failed node runs no driver, so its retry takes nothing down), as far as `maxParallel`
         leaves room beside the swaps in flight and this pass's deletions; the others wait for
-        room. A labelled node that is not failed has nothing to retry: an Event says so."""
+        room. A labelled node whose driver is Ready has nothing to retry: an Event says so."""
         view = self._view(self.observed.current_revision)
         deleting = {ref.node for ref in self.decision.delete}
         failed = [view.live[n] for n in sorted(self.observed.retry) if n in view.failed and n in view.live and n not in deleting]
@@ -600,7 +600,8 @@ class _Waves(_PassState):
                 f"node {pod.node}: its failed driver pod {pod.name} is deleted again (label {RETRY_LABEL}=true)",
             )
         for node in sorted((self.observed.retry & self.observed.nodes) - view.failed):
-            self._event("Warning", Reason.NOTHING_TO_RETRY, f"node {node}: its driver is not failed, nothing to retry")
+            if node in view.live and view.live[node].ready:  # mid-swap (a retry just done): no word
+                self._event("Warning", Reason.NOTHING_TO_RETRY, f"node {node}: its driver is Ready, nothing to retry")
 
     def _delete(self, pods: list[Pod]) -> None:
         self.decision.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
