@@ -21,7 +21,8 @@ What it holds (`PARTS`, under one directory named like the file):
   could not be read (RBAC, a node without logs) says why there, the rest is gathered anyway.
 
 Redacted: values, environment variables and ConfigMap keys whose name says password, token,
-secret or credential (`REDACTED`); no Secret is read but Helm's release records.
+secret or credential (`REDACTED`); no Secret is read but Helm's release records. Objects are shown
+without `metadata.managedFields`, as `kubectl get -o yaml` shows them.
 `--since` bounds the logs and the events.
 """
 
