@@ -146,7 +146,7 @@ def _get_cr(api: Client) -> dict:
     return cr
 
 
-class NodeRow(NamedTuple):
+class StateRow(NamedTuple):
     """A node as `--all` lists it: its upgrade state label and whether an admin asked for a retry."""
 
     name: str
@@ -154,13 +154,13 @@ class NodeRow(NamedTuple):
     retry: bool
 
 
-def node_states(api: Client) -> list[NodeRow]:
+def node_states(api: Client) -> list[StateRow]:
     """Every node carrying the runner's state label, by name."""
     nodes = api.list("v1", "Node", label_selector=STATE_LABEL)
     rows = []
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
-        rows.append(NodeRow(node["metadata"]["name"], labels.get(STATE_LABEL, ""), labels.get(RETRY_LABEL) == "true"))
+        rows.append(StateRow(node["metadata"]["name"], labels.get(STATE_LABEL, ""), labels.get(RETRY_LABEL) == "true"))
     return sorted(rows)
 
 
@@ -268,7 +268,7 @@ def render(
     output: str = "table",
     leader: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
-    nodes: list[NodeRow] | None = None,
+    nodes: list[StateRow] | None = None,
 ) -> str:
     """The status of the CR's rollout as a table (or its upgradeStatus as JSON); `leader` says
     why no runner leads (`no_leader`), None when one does; `namespace` is the release's; `nodes`
@@ -281,7 +281,7 @@ def render(
     return _table(cr, written, leader, namespace) + ("" if nodes is None else "\n" + _node_table(nodes))
 
 
-def _node_table(nodes: list[NodeRow]) -> str:
+def _node_table(nodes: list[StateRow]) -> str:
     """Every labelled node's state: the count of each state, then one row per node."""
     if not nodes:
         return f"Nodes: none carries the label {STATE_LABEL} yet (the runner writes it at its passes)"
