@@ -14,10 +14,11 @@ import time
 from collections import Counter
 
 from metax_operator.chart.upgrade_policy import validate
+from metax_operator.contract import STATE_LABEL
 from metax_operator.rollout import engine
 from metax_operator.rollout.node_state import NodeUpgradeState, states
 from metax_operator.rollout.simulate import NEW, Config, Simulation
-from metax_operator.runtime.rollout_pass import _SETTLED, STATE_WRITES_PER_PASS
+from metax_operator.runtime.rollout_pass import STATE_WRITES_PER_PASS, write_order
 
 # Seed 001 scenario 2's shape in percentages, so that one policy fits both sizes.
 POLICY = {
@@ -45,7 +46,7 @@ class LabelledSimulation(Simulation):
         observed = self.observe(now)
         decision = super()._pass(now)
         wanted = states(observed, decision, self.policy, now)
-        changed = sorted((n for n, s in wanted.items() if self.labels.get(n) != s), key=lambda n: (wanted[n] in _SETTLED, n))
+        changed = write_order({n: {STATE_LABEL: s} for n, s in wanted.items() if self.labels.get(n) != s})
         for node in changed[:STATE_WRITES_PER_PASS]:
             self.labels[node] = wanted[node]
             self.writes[wanted[node]] += 1

@@ -80,8 +80,14 @@ REFUSED = "refused"
 BUSY = "gpu-busy"
 #: The most nodes whose labels one pass writes (a 10,000-node fleet's first labelling takes 20 passes).
 STATE_WRITES_PER_PASS = 500
-#: The states a node passes through quickly, written before the others when a pass has more to write.
+#: States a node stays in between waves: when a pass has more labels to write than it may, these wait.
 _SETTLED = (NodeUpgradeState.PENDING, NodeUpgradeState.DONE)
+
+
+def write_order(changes: dict[str, dict[str, str | None]]) -> list[str]:
+    """The nodes whose label `changes` a pass writes, first to last: the wave's nodes and the retry
+    labels to drop before the settled states (`_SETTLED`), each group by name."""
+    return sorted(changes, key=lambda n: (changes[n].get(STATE_LABEL) in _SETTLED and RETRY_LABEL not in changes[n], n))
 
 
 @dataclass(frozen=True)
@@ -408,7 +414,7 @@ class RolloutPass:
         if not changes:
             return 0
         self._check()
-        order = sorted(changes, key=lambda n: (changes[n].get(STATE_LABEL) in _SETTLED and RETRY_LABEL not in changes[n], n))
+        order = write_order(changes)
         batch = order[:STATE_WRITES_PER_PASS]
         write = self._per_node("label", str, lambda node: cordon.set_labels(self.api, node, changes[node]), None)
         done = self._parallel(write, batch)
