@@ -107,3 +107,14 @@ def test_a_retry_label_seen_again_while_the_retried_pod_comes_up_says_nothing():
     assert nodes_of(cluster, cluster.decide(pol, T0 + 5)) == ["n00"]
     again = cluster.decide(pol, T0 + 10)  # n00's new pod not Ready yet, the label still seen
     assert nodes_of(cluster, again) == [] and [e.reason for e in again.events if "n00" in e.message] == []
+
+
+def test_a_retry_under_max_parallel_zero_has_no_cap():
+    # maxParallel 0 is no cap (Policy.caps): a failed node's retry must not wait for a slot that never comes.
+    cluster = Cluster(3)
+    pol = policy(maxParallel=0, maxUnavailable=1, upgradeSteps=[{"replicas": "100%", "toleration": 1}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    cluster.set("n00", phase="Failed", ready=False)
+    cluster.retry = {"n00"}
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 5)) == ["n00"]

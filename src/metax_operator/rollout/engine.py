@@ -582,16 +582,22 @@ class _Waves(_PassState):
     def _to_prepare(self, node: str) -> Stage | None:
         return to_prepare(self.observed, self.policy, node)
 
+    def _step_cap(self, total: int) -> int:
+        """The current step's batch cap (`Policy.caps`: maxParallel of the step's share, 0 no cap)."""
+        if not self.policy.steps:
+            return total
+        return self.policy.caps(total)[min(self.step.current_step_index, len(self.policy.steps) - 1)]
+
     def _retry(self) -> None:
         """The nodes an admin labelled for a retry (`Cluster.retry`) whose driver pod at the current
         revision failed: that pod is deleted again, whatever the phase and also while paused (a
-        failed node runs no driver, so its retry takes nothing down), as far as `maxParallel`
-        leaves room beside the swaps in flight and this pass's deletions; the others wait for
+        failed node runs no driver, so its retry takes nothing down), as far as the step's cap
+        (`maxParallel`) leaves room beside the swaps in flight and this pass's deletions; the others wait for
         room. A labelled node whose driver is Ready has nothing to retry: an Event says so."""
         view = self._view(self.observed.current_revision)
         deleting = {ref.node for ref in self.decision.delete}
         failed = [view.live[n] for n in sorted(self.observed.retry) if n in view.failed and n in view.live and n not in deleting]
-        room = self._room(self.policy.max_parallel.of(view.total)) - len(deleting)
+        room = self._room(self._step_cap(view.total)) - len(deleting)
         for pod in failed[: max(room, 0)]:
             self._delete([pod])
             self._event(
@@ -718,8 +724,7 @@ class _IdleAndRollback(_Waves):
         pods = self._takeable(view.others)
         if not pods:
             return self._finish("rollback: every remaining node is held back")
-        index = min(self.step.current_step_index, len(self.policy.steps) - 1)
-        cap = self.policy.caps(view.total)[index] if self.policy.steps else view.total
+        cap = self._step_cap(view.total)
         room = self._room(cap)
         if room <= 0:
             return self._wait_for_room("rollback")
