@@ -5,13 +5,16 @@ was pushed to, attests its SBOM, and puts both and the public key into the packa
 
 The package's `push` has put the tools image into DOMAIN/PROJECT (digests kept). This signs it by
 the digest the package holds (never by a tag, which may have moved since), with the key pair and
-no transparency log (an offline site has no Rekor to check against): `cosign sign`, then `cosign
-attest --type cyclonedx` of the package's sbom.cdx.json, a signed in-toto statement. Then it
-copies cosign's signature and attestation images (tags `sha256-HEX.sig` and `sha256-HEX.att`) out
-of the registry into the package as OCI archives, `NAME+sha256-HEX.sig.oci.tar` and `.att`, where
-`push` copies them under those tags into the site's registry beside the image, with `cosign.pub`;
-the site verifies after its push (docs/release.md). The package is rewritten as package.py writes
-it (sorted, 0:0, its files' time).
+no transparency log (an offline site has no Rekor to check against): `cosign sign --recursive`,
+which signs the index and each architecture's manifest (the digest a runtime or an admission
+policy that resolves the index checks), then `cosign attest --type cyclonedx` of the package's
+sbom.cdx.json on the index, a signed in-toto statement. Then it copies cosign's signature images
+(tag `sha256-HEX.sig`, one per digest) and the attestation image (`sha256-HEX.att`) out of the
+registry into the package as OCI archives, `NAME+sha256-HEX.sig.oci.tar` and `.att`, where `push`
+copies them under those tags into the site's registry beside the image, with `cosign.pub`; the
+site verifies after its push (docs/release.md). The package is rewritten as package.py writes it
+(sorted, 0:0, its files' time). Prints each signed reference: the index, then each architecture's
+manifest followed by its platform.
 
 The registry is reached as cosign and skopeo reach it: their logins, SSL_CERT_FILE for a private CA.
 """
@@ -64,16 +67,19 @@ def read_package(path: Path) -> tuple[dict[str, bytes], dict[str, int], int]:
     return files, modes, min(times)
 
 
-def tools_image(files: dict[str, bytes]) -> tuple[str, str, str]:
-    """(the package's top directory, the tools image's name, the digest of its index) from the
-    archive NAME+TAG.oci.tar package.py wrote."""
+def tools_image(files: dict[str, bytes]) -> tuple[str, str, str, dict[str, str]]:
+    """(the package's top directory, the tools image's name, the digest of its index, and each
+    manifest's digest the index lists -> its platform, OS/ARCH) from the archive NAME+TAG.oci.tar
+    package.py wrote."""
     found = [name for name in files if name.endswith(".oci.tar") and "+sha256-" not in name]
     if len(found) != 1:
         raise SignError("the package holds no tools image archive: build it with scripts/package (it builds the image)")
     top, base = found[0].split("/", 1)
     with tarfile.open(fileobj=io.BytesIO(files[found[0]])) as archive:
         (descriptor,) = json.load(archive.extractfile("index.json"))["manifests"]
-    return top, base.split("+", 1)[0], descriptor["digest"]
+        index = json.load(archive.extractfile(f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}"))
+    platforms = {m["digest"]: f"{m['platform']['os']}/{m['platform']['architecture']}" for m in index["manifests"]}
+    return top, base.split("+", 1)[0], descriptor["digest"], platforms
 
 
 def fetch_archive(skopeo: str, source: str, tag: str, epoch: int, work: Path) -> bytes:
@@ -84,16 +90,17 @@ def fetch_archive(skopeo: str, source: str, tag: str, epoch: int, work: Path) ->
     return plain_tar(oci.archive_files(layout, tag), {}, epoch)
 
 
-def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> str:
-    """Sign and attest the package's tools image in `registry` (DOMAIN/PROJECT) and rewrite the
-    package with the signature, the attestation and the public key; returns the signed reference."""
+def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> list[str]:
+    """Sign the package's tools image in `registry` (DOMAIN/PROJECT), its index and each
+    architecture's manifest, attest its index and rewrite the package with the signatures, the
+    attestation and the public key; returns the signed references, each platform's followed by it."""
     for tool in (cosign, skopeo):
         if shutil.which(tool) is None:
             raise SignError(f"{tool} is missing: run 'make setup' (scripts/setup.d/30-cosign and 30-image-tools install them)")
     if "://" not in key and "COSIGN_PASSWORD" not in os.environ:  # a key file, not a KMS URI
         raise SignError("COSIGN_PASSWORD is not set: export the key's password (empty for a key without one)")
     files, modes, epoch = read_package(package)
-    top, name, digest = tools_image(files)
+    top, name, digest, platforms = tools_image(files)
     registry = registry.rstrip("/")
     reference = f"{registry}/{name}@{digest}"
     hex_digest = digest.removeprefix("sha256:")
@@ -107,17 +114,17 @@ def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> st
             if "manifest unknown" not in str(err):
                 raise
             raise SignError(f"{reference} is not in the registry: run the package's push to {registry} first") from None
-        run([cosign, "sign", "--key", key, *OFFLINE, reference], f"cosign sign of {reference}")
+        run([cosign, "sign", "--key", key, "--recursive", *OFFLINE, reference], f"cosign sign of {reference}")
         run(
             [cosign, "attest", "--key", key, *OFFLINE, "--type", PREDICATE, "--predicate", str(sbom), reference],
             f"cosign attest of {reference}",
         )
-        for suffix in ("sig", "att"):
-            tag = f"sha256-{hex_digest}.{suffix}"
+        tags = [f"sha256-{hex_digest}.att"] + [f"{signed.replace(':', '-')}.sig" for signed in (digest, *platforms)]
+        for tag in tags:
             files[f"{top}/{name}+{tag}.oci.tar"] = fetch_archive(skopeo, f"docker://{registry}/{name}:{tag}", tag, epoch, work)
         files[f"{top}/cosign.pub"] = run([cosign, "public-key", "--key", key], "cosign public-key").encode()
     package.write_bytes(reproducible_tar(files, modes, epoch))
-    return reference
+    return [reference] + [f"{registry}/{name}@{manifest} {platform}" for manifest, platform in platforms.items()]
 
 
 def main(argv: list[str]) -> int:
@@ -131,7 +138,7 @@ def main(argv: list[str]) -> int:
     if "://" in args.registry or "/" not in args.registry.strip("/"):
         parser.error(f"{args.registry}: give DOMAIN/PROJECT without a scheme, e.g. cr.example.com/metax")
     try:
-        print(sign(Path(args.package), args.registry, args.key, args.cosign, args.skopeo))
+        print(*sign(Path(args.package), args.registry, args.key, args.cosign, args.skopeo), sep="\n")
     except SignError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

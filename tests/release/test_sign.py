@@ -3,8 +3,9 @@ verified as a site verifies it, against a real OCI registry and with no network 
 maintainer pushes the package to the release registry and signs the image there by digest with a
 key pair made for this run; the signed package carries the signature, the attestation and the
 public key, and the site's `push` puts them into its own registry beside the image. There the
-released digest verifies and the attested SBOM is the package's, byte for byte as JSON; another
-image pushed under the release's tag, and another key, fail saying so."""
+released digest verifies, and so does each architecture's manifest the index lists (the digest a
+runtime that resolves the index pins), and the attested SBOM is the package's, byte for byte as
+JSON; another image pushed under the release's tag, and another key, fail saying so."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.helm, pytest.mark.image, pytest.mark.xdist_group("cosi
 COSIGN = BIN / "cosign"
 PASSWORD = "release password"
 NAME = "metax-operator-tools"
+ARCHES = ("amd64", "arm64")
 
 
 def cosign_env(ca: Path, tmp: Path) -> dict:
@@ -91,7 +93,10 @@ def released(keys, cosign_keys, tools_image, registry, tmp_path_factory) -> dict
     command = [package.REPO / "scripts/release", "sign-image", "--key", key, f"{host}/release/metax", built]
     done = subprocess.run(command, capture_output=True, text=True, env=sign_env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{host}/release/metax/{NAME}@{tools_image['digest']}\n"
+    signed = f"{host}/release/metax/{NAME}@"
+    assert done.stdout.splitlines() == [signed + tools_image["digest"]] + [
+        f"{signed}{tools_image[f'digest-{arch}']} linux/{arch}" for arch in ARCHES
+    ]
     site = extract(built, work / "site")
     done = subprocess.run([site / "push", f"{host}/site/metax"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
@@ -124,9 +129,10 @@ def attestation(released: dict, reference: str, key: Path) -> subprocess.Complet
 def test_the_signed_package_carries_the_signature_the_attestation_and_the_public_key(released, cosign_keys, tools_image):
     """Beside what the unsigned package held, unchanged (the chart's GnuPG keyring among it), and
     written as it was: owner 0:0, the package's one time."""
-    hex_digest = tools_image["digest"].removeprefix("sha256:")
+    hexes = [tools_image[key].removeprefix("sha256:") for key in ("digest", *(f"digest-{arch}" for arch in ARCHES))]
     signed, unsigned = entries(released["package"]), released["unsigned"]
-    added = {f"{TOP}/{NAME}+sha256-{hex_digest}.{kind}.oci.tar" for kind in ("sig", "att")} | {f"{TOP}/cosign.pub"}
+    added = {f"{TOP}/{NAME}+sha256-{hex_digest}.sig.oci.tar" for hex_digest in hexes}
+    added |= {f"{TOP}/{NAME}+sha256-{hexes[0]}.att.oci.tar", f"{TOP}/cosign.pub"}
     assert set(signed) == set(unsigned) | added and f"{TOP}/metax-operator-keyring.gpg" in unsigned
     assert {name: signed[name] for name in unsigned} == unsigned
     (epoch,) = {e[2] for e in unsigned.values()}
@@ -139,6 +145,19 @@ def test_the_site_verifies_the_released_digest_and_the_tag_that_names_it(release
     digest = tools_image["digest"]
     for reference in (f"{released['host']}/site/metax/{NAME}@{digest}", f"{released['host']}/site/metax/{NAME}:{CHART_VERSION}"):
         done = verify(released, reference, key)
+        assert done.returncode == 0, done.stderr
+        (claim,) = json.loads(done.stdout)
+        assert claim["critical"]["image"]["docker-manifest-digest"] == digest
+        assert "The signatures were verified against the specified public key" in done.stderr
+
+
+def test_the_site_verifies_each_architecture_s_manifest(released, tools_image):
+    """By the digest a runtime pins once it has resolved the index for its node: a signature of
+    its own, which the package carried to the site's registry."""
+    key = released["dir"] / "cosign.pub"
+    for arch in ARCHES:
+        digest = tools_image[f"digest-{arch}"]
+        done = verify(released, f"{released['host']}/site/metax/{NAME}@{digest}", key)
         assert done.returncode == 0, done.stderr
         (claim,) = json.loads(done.stdout)
         assert claim["critical"]["image"]["docker-manifest-digest"] == digest
@@ -183,6 +202,10 @@ def test_another_key_fails_verification_saying_so(released, cosign_keys, tools_i
     done = attestation(released, reference, other)
     assert done.returncode != 0
     assert "no matching attestations" in done.stderr, done.stderr
+    for arch in ARCHES:
+        done = verify(released, f"{released['host']}/site/metax/{NAME}@{tools_image[f'digest-{arch}']}", other)
+        assert done.returncode != 0
+        assert "no matching signatures" in done.stderr, done.stderr
 
 
 def test_sign_image_refuses_a_package_without_the_tools_image_and_a_registry_without_project(tmp_path, capsys):
