@@ -2,8 +2,8 @@
 rollout on the local control plane, with the chart's alert rules (alerts/metax-operator-rules.yaml)
 loaded: every query of the rollout dashboard (dashboards/driver-rollout.json) returns data through
 Prometheus's HTTP API while the rollout runs, and a driver pod that never becomes Ready makes the
-"step failed" and "nodes failed" alerts fire within their `for:` windows, then resolve once the
-node is fixed and the rollout resumed.
+"step failed" and "nodes failed" alerts fire within their `for:` windows (and the node counts as
+`failed` by its upgrade state), then resolve once the node is fixed and the rollout resumed.
 
 The scrape target is the runner process's /metrics on loopback, as a static config: what the
 chart's ServiceMonitor points the Prometheus Operator at in a cluster (the runner pod's `metrics`
@@ -149,6 +149,8 @@ def test_prometheus_answers_every_panel_and_fires_then_resolves_the_failure_aler
         eventually(lambda: condition(api, "Failed").get("reason") == "StepFailed", 120, "the step failed")
         failed_at = time.monotonic()
         assert upgrade_status(api)["resume"]["failedNodes"] == [bad]
+        failed_nodes = 'metax_operator_node_upgrade_state{state="failed"}'
+        eventually(lambda: [r["value"][1] for r in prometheus.query(failed_nodes)] == ["1"], 30, "one node counted failed")
         eventually(lambda: prometheus.alert_state("MetaxRolloutStepFailed") == "firing", 60 + 45, "StepFailed firing")
         assert time.monotonic() - failed_at >= 50, "fired before its for: 1m"
         assert prometheus.alert_state("MetaxRolloutNodesFailed") == "pending"

@@ -18,10 +18,12 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.contract import RETRY_LABEL, STATE_LABEL
 from metax_operator.rollout import engine
+from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus, rfc3339
 from metax_operator.runtime import kube, reconcile
 from metax_operator.runtime.cordon import CORDONED_LABEL
+from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import Plan, RolloutPass
 from tests.fakeapi import FakeApi
@@ -448,6 +450,20 @@ def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executo
         run_pass(api, executor)
         assert len([r for r in api.sent("PATCH") if "/nodes/" in r.path]) == 1
     assert [node_labels(api, n).get(STATE_LABEL) for n in ("n0", "n1", "n2")] == ["waiting-for-ready", "pending", "pending"]
+
+
+def test_the_state_metric_counts_every_node_also_those_whose_label_waits_for_the_next_pass(api, executor, monkeypatch):
+    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    executor.metrics = Metrics()
+    run_pass(api, executor)
+    assert STATE_LABEL not in node_labels(api, "n1")  # its label waits, its count does not
+    counts = {
+        s.labels["state"]: s.value
+        for f in executor.metrics.registry.collect()
+        if f.name == "metax_operator_node_upgrade_state"
+        for s in f.samples
+    }
+    assert counts == {state.value: 0 for state in NodeUpgradeState} | {"deleting": 1, "pending": 2}
 
 
 def test_a_state_label_written_just_before_a_cordon_does_not_make_the_cordon_conflict(api, executor):

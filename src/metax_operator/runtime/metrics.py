@@ -11,6 +11,10 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
 - `metax_operator_rollout_nodes{state}`: nodes by state: `total` (eligible), `upgraded` (Ready
   at the upgrading revision), `failed`, `held` (GPU work), `skipped` (skip label), `cordoned`
   (by the runner), `in_wave`;
+- `metax_operator_node_upgrade_state{state}`: GPU nodes by the upgrade state the runner keeps in
+  each node's `metax-tech.com/driver-upgrade.state` label (`pending`, `cordoned`, ... `skipped`:
+  `NodeUpgradeState`), as the last pass decided it; every state's series exists, at 0 when no
+  node is in it;
 - `metax_operator_rollout_wave_duration_seconds`: histogram, from a wave's start until the pass
   that saw it done;
 - `metax_operator_runner_pass_duration_seconds`: histogram, one runner pass (reconcile and
@@ -37,12 +41,15 @@ keeps what it last saw (`metax_operator_leader` says which runner to read).
 
 from __future__ import annotations
 
+import collections
+
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.rollout import status as rollout
+from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.runtime.reconcile import PASS_FAILURES, Condition
 
 PREFIX = "metax_operator_"
@@ -68,6 +75,14 @@ class Metrics:
             PREFIX + "rollout_step_state", "The current step's state ('' before a rollout).", states=STEP_STATES, registry=r
         )
         self.nodes = Gauge(PREFIX + "rollout_nodes", "Nodes of the driver rollout by state.", ["state"], registry=r)
+        self.upgrade_states = Gauge(
+            PREFIX + "node_upgrade_state",
+            "GPU nodes by their upgrade state (the node label metax-tech.com/driver-upgrade.state).",
+            ["state"],
+            registry=r,
+        )
+        for state in NodeUpgradeState:
+            self.upgrade_states.labels(state.value)
         self.wave_seconds = Histogram(
             PREFIX + "rollout_wave_duration_seconds",
             "Seconds from a wave's start until a pass saw it done.",
@@ -182,6 +197,13 @@ class Metrics:
             and (not resume.wave or resume.wave_start_time != was.wave_start_time)
         ):
             self.wave_seconds.observe(max(0.0, now - started))
+
+    def node_states(self, states: dict[str, NodeUpgradeState]) -> None:
+        """Count the nodes of each upgrade state a pass decided (all of them, also those whose
+        label the pass left for the next one)."""
+        counts = collections.Counter(states.values())
+        for state in NodeUpgradeState:
+            self.upgrade_states.labels(state.value).set(counts[state])
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition of every metric, and its Content-Type."""

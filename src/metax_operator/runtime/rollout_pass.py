@@ -252,6 +252,8 @@ class RolloutPass:
             )
         if self.watches is not None and plan.observed is not None and plan.policy is not None:
             states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
+            if self.metrics is not None:
+                self.metrics.node_states(states)
             writes += self._label(states, plan.observed.retry, deleted)
         if self._refused:
             raise self._refused[0]
