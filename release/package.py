@@ -39,7 +39,6 @@ import gzip
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -55,8 +54,6 @@ from metax_operator.chart import image_list, images, validate
 from metax_operator.errors import UserError, UserErrors
 
 REPO = Path(__file__).resolve().parent.parent
-#: What `helm package` keeps of the repository (.helmignore): the chart's own files.
-CHART_FILES = ("Chart.yaml", "values.yaml", "values.schema.json", "README.md", ".helmignore", "crds", "templates", "dashboards")
 CHART = "metax-operator"  # the chart's name, and the Python package's
 #: The registry the image list is rendered for, then cut off: the list is relative to the site's.
 PLACEHOLDER_REGISTRY = "registry.invalid/project"
@@ -115,21 +112,26 @@ def source_date_epoch(repo: Path) -> int:
 
 
 def chart_archive(repo: Path, helm: str, out: Path, epoch: int, sign: dict | None) -> list[Path]:
-    """`helm package` of the chart's files, copied with the mtime `epoch`; with `sign`, its
-    provenance too. Returns the files written."""
+    """`helm package` of the chart's files with the mtime `epoch`; with `sign`, its provenance
+    too. Returns the files written. The files are the ones `helm package` of the checkout keeps
+    (its .helmignore decides, not a list here that a new chart directory could miss), re-timed."""
     with tempfile.TemporaryDirectory(prefix="metax-package-") as tmp:
-        stage = Path(tmp) / "metax-operator"
-        stage.mkdir()
-        for name in CHART_FILES:
-            source = repo / name
-            (shutil.copytree if source.is_dir() else shutil.copyfile)(source, stage / name)
+        (plain,) = helm_package(helm, repo, Path(tmp) / "plain", [])
+        with tarfile.open(plain) as archive:
+            archive.extractall(Path(tmp) / "stage", filter="data")
+        stage = Path(tmp) / "stage" / CHART
         for path in [stage, *stage.rglob("*")]:
             os.utime(path, (epoch, epoch), follow_symlinks=False)
         flags = ["--sign", "--key", sign["name"], "--keyring", sign["keyring"]] if sign else []
-        done = subprocess.run([helm, "package", str(stage), "--destination", str(out), *flags], capture_output=True, text=True)
-        if done.returncode:
-            raise PackageError(f"helm package failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return sorted(out.glob("metax-operator-*.tgz*"))
+        return helm_package(helm, stage, out, flags)
+
+
+def helm_package(helm: str, chart: Path, out: Path, flags: list[str]) -> list[Path]:
+    """`helm package CHART --destination OUT FLAGS`; the files it wrote (the archive, its provenance)."""
+    done = subprocess.run([helm, "package", str(chart), "--destination", str(out), *flags], capture_output=True, text=True)
+    if done.returncode:
+        raise PackageError(f"helm package failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return sorted(out.glob(f"{CHART}-*.tgz*"))
 
 
 def image_list_files(repo: Path, helm: str) -> dict[str, bytes]:

@@ -79,6 +79,39 @@ def test_the_package_holds_the_release(unsigned):
     assert read(unsigned, "CHANGELOG.md") == (package.REPO / "CHANGELOG.md").read_bytes()
 
 
+def chart_files(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as chart:
+        return {info.name: chart.extractfile(info).read() for info in chart.getmembers() if info.isfile()}
+
+
+def test_the_chart_is_every_file_helm_package_of_the_checkout_keeps(unsigned, tmp_path):
+    """files/ (the whole CRD the upgrade-crds hook applies) and alerts/ (the PrometheusRule's
+    rules) too, so the package's chart renders with the hooks and the PrometheusRule on, as the
+    checkout's chart does."""
+    done = subprocess.run([helm_path("helm4"), "package", package.REPO, "--destination", tmp_path], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    shipped = chart_files(read(unsigned, CHART_TGZ))
+    assert shipped == chart_files((tmp_path / CHART_TGZ).read_bytes())
+    assert {
+        "metax-operator/files/clusteroperators.gpu.metax-tech.com.yaml",
+        "metax-operator/alerts/metax-operator-rules.yaml",
+    } <= set(shipped)
+    (tmp_path / "shipped.tgz").write_bytes(read(unsigned, CHART_TGZ))
+    flags = [
+        "--set",
+        "registry=r.invalid/p",
+        "--set",
+        "driver.payload.version=2.32.0.6",
+        "--set",
+        "runner.prometheusRule.enabled=true",
+    ]
+    for helm in HELM_VERSIONS:
+        render = [BIN / helm, "template", "site", tmp_path / "shipped.tgz", *flags]
+        done = subprocess.run(render, capture_output=True, text=True)
+        assert done.returncode == 0, f"{helm}: {done.stderr}"
+        assert "kind: PrometheusRule" in done.stdout and "upgrade-crds" in done.stdout
+
+
 def test_the_tools_image_archive_is_the_built_index_of_both_architectures(unsigned, tools_image, tmp_path):
     """What `push` hands skopeo: an OCI archive whose one image is the index `make image` built."""
     archive = tmp_path / TOOLS_ARCHIVE
