@@ -368,6 +368,31 @@ def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
 
 
+def test_an_uncordon_by_someone_else_that_the_cache_has_not_seen_is_not_taken_for_a_cordon(api, executor):
+    # n0 was cordoned by an admin; they uncordon it, but the node watch lags: the cache still says
+    # unschedulable. The deletion of n0's driver pod must not go on a schedulable node.
+    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": True}})
+    executor.decide(read_cr(api))  # starts the caches
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
+    executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
+    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": False}})
+    api.requests.clear()
+    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
+    assert is_cordoned(api, "n0")  # cordoned by the runner now, so it will uncordon it
+
+
+def test_an_admins_cordon_is_confirmed_by_one_read_and_stays_theirs(api, executor):
+    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": True}})
+    executor.decide(read_cr(api))
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
+    api.requests.clear()
+    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    assert [r.path for r in api.sent("GET") if r.path.startswith("/api/v1/nodes/")] == ["/api/v1/nodes/n0"]
+    assert writes(api)[-1] == ("DELETE", f"{PODS}/driver-n0") and ("PATCH", "/api/v1/nodes/n0") not in writes(api)
+    assert not is_cordoned(api, "n0") and api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
+
+
 def cordoned_by_runner(api: FakeApi, node: str) -> None:
     api.put(
         f"/api/v1/nodes/{node}", {"metadata": {"name": node, "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}}

@@ -17,8 +17,8 @@ merge patch carrying the resourceVersion of the node as the runner's node cache 
 409 when the node changed since, or the cache is behind: the deletion waits for the next pass,
 by when the watch has brought the node's latest version); the uncordon is a JSON patch whose
 first op tests the label (422 when an admin removed it, which is how an admin keeps a node the
-runner cordoned cordoned). A cordon is one request, or none when the node is already
-unschedulable.
+runner cordoned cordoned). A cordon is one request: the PATCH, or a GET that confirms the node is
+unschedulable already when the cache says so (the cache may not hold an uncordon yet).
 
 A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does: the API server
 refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
@@ -64,9 +64,14 @@ CORDONED, ALREADY, NOT_NOW = "cordoned", "already-unschedulable", "not-now"
 
 def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> str:
     """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
-    (by an earlier pass or by someone else, as the node cache `nodes` says: no request) or
+    (by an earlier pass or by someone else: one GET confirms what the node cache `nodes` says) or
     NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
     known = nodes.get(node)
+    if known is not None and known.unschedulable:
+        # The cache lags the node by the watch's delay: an uncordon by someone else in that window
+        # would let the driver go on a schedulable node. The node itself says.
+        found = api.get("v1", "Node", node)
+        known = node_state(found) if found is not None else None
     if known is None:
         return NOT_NOW
     if known.unschedulable:
