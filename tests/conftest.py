@@ -8,8 +8,15 @@ nodes and 2 plain nodes; `faults` clears every fault a test injected when it end
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import controlplane
+
+# How long an example takes to generate or to run depends on the machine's load (two xdist workers
+# and the e2e clusters beside them on two cores), not on the code: neither fails a test here.
+# A test's own @settings still overrides these.
+settings.register_profile("metax", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("metax")
 
 
 @pytest.fixture(scope="session")
