@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, watch
 
 from tests import registry
-from tests.controlplane import ControlPlane
+from tests.controlplane import K8S_VERSION, ControlPlane
 from tests.e2e import tools
 from tests.e2e.tools import get_cr, kubectl
 from tests.helm import BIN
@@ -67,8 +67,10 @@ class ToolsCluster:
         return f"{self.cp.registry}/{registry.PROJECT}"
 
     @classmethod
-    def start(cls, work: Path) -> ToolsCluster:
-        cp = ControlPlane.start(work / "cluster", gpu_nodes=GPU_NODES, plain_nodes=1, real_node=True, timeout=180)
+    def start(cls, work: Path, kubernetes: str = K8S_VERSION) -> ToolsCluster:
+        cp = ControlPlane.start(
+            work / "cluster", gpu_nodes=GPU_NODES, plain_nodes=1, real_node=True, timeout=180, kubernetes=kubernetes
+        )
         try:
             published = registry.publish(BIN / "helm3", cp.registry, cp.ca, work / "chart")
         except BaseException:
@@ -76,17 +78,21 @@ class ToolsCluster:
             raise
         return cls(cp, published["chart"], published["image"], published["digest"], work / "helm")
 
-    def helm(self, which: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        """`helm3`/`helm4` ARGS as a user runs it: the cluster's kubeconfig, the registry's CA
+    def env(self) -> dict:
+        """The environment a user runs Helm under: the cluster's kubeconfig, the registry's CA
         trusted through SSL_CERT_FILE, Helm's own homes in a temporary directory."""
-        env = {
+        return {
             **registry.helm_env(self.cp.ca),
             "KUBECONFIG": str(self.cp.kubeconfig),
             "HELM_CONFIG_HOME": str(self.helm_home / "config"),
             "HELM_CACHE_HOME": str(self.helm_home / "cache"),
             "HELM_DATA_HOME": str(self.helm_home / "data"),
         }
-        return subprocess.run([str(BIN / which), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+    def helm(self, which: str, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """`helm3`/`helm4` ARGS as a user runs it (`env`), in `cwd` when given."""
+        run = [str(BIN / which), *args]
+        return subprocess.run(run, capture_output=True, text=True, env=self.env(), timeout=timeout, cwd=cwd)
 
     @staticmethod
     def user_values(tmp: Path, runner: dict | None = None, **more) -> Path:
