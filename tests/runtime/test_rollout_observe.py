@@ -5,6 +5,7 @@ plane (tests/e2e/test_rollout_cluster.py)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -304,6 +305,27 @@ def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback
     assert st.step.total_upgrade_replicas == 3 and not st.resume.failed.names
     # The runner's cordon of n03 is lifted once no driver is coming (a relabelled node stays on).
     assert not fleet.cordoned & set(fleet.nodes), fleet.cordoned
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_the_pod_left_on_a_deleted_wave_node_holds_no_slot_and_is_not_counted(ready):
+    # maxParallel 1: n02 is deleted while its new driver pod is still there (pod GC deletes the
+    # pods of a deleted Node only tens of seconds later), Ready or not yet. It holds no slot: n03
+    # goes next at once; and the rollout completes over the 3 nodes there are, not 4.
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    fleet, now = Fleet(4), T0
+    while "n02" not in [ref.node for ref in fleet.decide(pol, now).delete]:
+        fleet.ready_all()
+        now += 1
+    left = fleet.pods["n02"]
+    left["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    left["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]} if ready else {"phase": "Pending"}
+    del fleet.nodes["n02"]
+    assert [ref.node for ref in fleet.decide(pol, now + 1).delete] == ["n03"], fleet.status
+    fleet.ready_all()
+    st = fleet.decide(pol, now + 2).status
+    assert st.phase == engine.IDLING and st.step.current_step_state == engine.COMPLETED, st.message
+    assert st.step.total_upgrade_replicas == st.step.total_upgrade_ready_replicas == 3
 
 
 def test_a_new_revision_takes_over_the_nodes_whose_pod_is_not_back_yet():

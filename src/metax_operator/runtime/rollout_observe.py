@@ -36,7 +36,9 @@ agree, since they come from separate reads:
 - the runner's reconcile applied the CR's latest generation (`status.observedGeneration`), so the
   CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
   template came from.
-The engine's eligible nodes are the nodes of the DaemonSet's pods, less the skipped ones, plus
+The engine's eligible nodes are the nodes of the DaemonSet's pods (on nodes the node cache has:
+the pods of a deleted node stay until pod GC deletes them, tens of seconds later, and would hold a
+slot of `maxParallel` and count among the upgraded), less the skipped ones, plus
 the nodes of the wave in flight (whose pod may be between deletion and re-creation) while the
 node cache still has them and the DaemonSet's nodeSelector still selects them (`targeted`): a
 node deleted or relabelled out of the DaemonSet mid-wave never gets its pod back, and must drop
@@ -238,7 +240,7 @@ def build(
     nodes=None,
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `nodes` is the node cache
-    (`.get(name)` -> `cordon.NodeState` or None); without it every wave node is kept."""
+    (`.get(name)` -> `cordon.NodeState` or None); without it every pod and wave node is kept."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
@@ -249,7 +251,9 @@ def build(
         and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
         and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation")
     )
-    pods = tuple(p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node)
+    pods = tuple(
+        p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node and (nodes is None or nodes.get(p.pod.node) is not None)
+    )
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
         wave = [n for n in wave if targeted(ds, nodes.get(n))]
