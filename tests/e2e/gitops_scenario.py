@@ -3,7 +3,8 @@ user's path (tests/e2e/userpath.py: the control plane with its real node and loc
 the tools image of this working tree and the chart pushed there), with the values a user would
 give: the seed's registry and driver version, the tools pods' scheduling on the real node, and a
 staged rollout policy. Then what they observe and do alike: the CR, the driver's revisions, the
-runner's log, the admin's seed commands, what a deletion must leave.
+runner's log, the admin's seed commands, what a deletion must leave, and the story both tell of
+a sync in the middle of a rollout an admin started with `kubectl patch` (`sync_mid_rollout`).
 """
 
 from __future__ import annotations
@@ -11,19 +12,46 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client, watch
 
 from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
+from tests.e2e.disruption import DriverDownWatch
+from tests.e2e.test_driver_disruption import (
+    MAX_PARALLEL,
+    driver_daemonset,
+    paused_after_the_first_step,
+    payload_image,
+    quiet,
+    seed_patch_version,
+)
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import get_cr, kubectl
-from tests.e2e.userpath import NS, ON_TOOLS_NODE, POLICY, PodWatch, assert_ran_as_tools_pod, terminated
-from tests.waiting import eventually
+from tests.e2e.tools import get_cr, kubectl, seed_patch
+from tests.e2e.userpath import (
+    GPU_NODES,
+    NS,
+    ON_TOOLS_NODE,
+    POLICY,
+    PodWatch,
+    assert_ran_as_tools_pod,
+    driver_pods,
+    terminated,
+)
+from tests.waiting import consistently, eventually, for_seconds
 
 # Pods the runner deletes per pass in each step of POLICY on the cluster's 4 GPU nodes.
 POLICY_WAVES = {0: [1], 1: [2, 1]}
+# The policy of the sync-mid-rollout story, set in Git: one node, the runner's pause (an empty
+# pauseDuration) for the admin to answer, then the rest one node at a time.
+PAUSING_POLICY = {
+    **POLICY,
+    "maxParallel": MAX_PARALLEL,
+    "upgradeSteps": [{"replicas": 1, "pauseDuration": {}}, {"replicas": "100%", "pauseDuration": 0}],
+}
+KUBECTL_VERSION = "2.34.0.1"  # the admin's `kubectl patch` of the CR: no commit to Git names it
 OURS = "app.kubernetes.io/part-of=metax-operator"
 HOOKS = ("preflight", "upgrade-crds", "bootstrap")
 
@@ -191,3 +219,74 @@ class StatusWatch:
         self._watch.stop()
         self._thread.join(5)
         return [v for i, v in enumerate(self.seen) if i == 0 or self.seen[i - 1] != v]
+
+
+def steady_pods(api) -> dict[str, str]:
+    """name -> uid of the release namespace's pods but the Jobs' (the hooks'): a restart of any
+    component, driver or runner pod shows as a new uid."""
+    return {
+        p.metadata.name: p.metadata.uid
+        for p in client.CoreV1Api(api).list_namespaced_pod(NS).items
+        if not any(o.kind == "Job" for o in p.metadata.owner_references or [])
+    }
+
+
+def paused_state(api) -> dict:
+    """What a sync during the runner's pause must leave as it is."""
+    driver = driver_daemonset(api)
+    return {
+        "driver": (driver.metadata.generation, payload_image(driver)),
+        "generations": generations(api),
+        "pods": steady_pods(api),
+        "paused after the first step": paused_after_the_first_step(api),
+    }
+
+
+def completed_at(api, version: str) -> bool:
+    """The rollout Completed, every GPU node's driver pod at `version` and Ready."""
+    pods = driver_pods(api)
+    return (
+        step_status(api).get("currentStepState") == "Completed"
+        and len(pods) == GPU_NODES
+        and all(c.image.endswith(f":{version}") for p in pods for c in p.spec.init_containers if c.name == "payload")
+        and all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in pods)
+    )
+
+
+def sync_mid_rollout(cluster, api, commit: Callable[[dict], None], sync: Callable[[], None], status: Callable[[], StatusWatch]):
+    """The GitOps tool's sync in the middle of a staged rollout started by the admin's `kubectl
+    patch` of the CR's version, Git still naming the old one, all of it under DriverDownWatch.
+    `commit(values)` commits values to Git and returns once the tool applied them; `sync()` is the
+    tool's sync (or reconcile) and returns once it ended; `status()` starts a watch of the tool's
+    object, run from just before the sync to the rollout's end: what it saw is returned."""
+    down = DriverDownWatch(api, NS)
+    commit({"driver": {"upgradePolicy": PAUSING_POLICY}})
+    cr = get_cr(api)["spec"]["driver"]
+    assert (cr["upgradePolicy"]["maxParallel"], cr["upgradePolicy"]["upgradeSteps"]) == (
+        MAX_PARALLEL,
+        PAUSING_POLICY["upgradeSteps"],
+    ), cr["upgradePolicy"]
+    git_version = cr["payload"]["version"]
+
+    seed_patch_version(cluster, KUBECTL_VERSION)
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    before = paused_state(api)
+    assert before["driver"][1].endswith(f":{KUBECTL_VERSION}"), before["driver"]
+
+    seen = status()
+    sync()
+
+    def unchanged() -> bool:
+        now = paused_state(api)
+        assert now == before, f"the sync changed { ({k: (before[k], v) for k, v in now.items() if before[k] != v}) }"
+        return True
+
+    consistently(unchanged, for_seconds(10), 30, "the paused rollout untouched by the sync")
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] == KUBECTL_VERSION
+
+    seed_patch(cluster.cp, "pause", False)  # the admin's answer to the runner's pause
+    eventually(lambda: completed_at(api, KUBECTL_VERSION), 180, f"the rollout completed at {KUBECTL_VERSION}")
+    assert payload_image(driver_daemonset(api)).endswith(f":{KUBECTL_VERSION}")
+    assert get_cr(api)["spec"]["driver"]["payload"]["version"] == KUBECTL_VERSION != git_version
+    quiet(api, down)
+    return seen.stop()

@@ -30,6 +30,7 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     release_scope,
     runner_applied,
     runtime_edit,
+    sync_mid_rollout,
     user_values,
 )
 from tests.e2e.tools import get_cr, kubectl, seed_patch
@@ -94,6 +95,53 @@ def patch_values(api, values: dict) -> None:
 
 def history(argocd) -> list:
     return (argocd.application(APP).get("status") or {}).get("history") or []
+
+
+def bootstraps(api) -> dict[str, bool]:
+    """The bootstrap Jobs, by name: whether each succeeded."""
+    return {n: bool(j.status.succeeded) for n, j in jobs(api).items() if n.startswith("metax-operator-bootstrap-")}
+
+
+def commit(api, argocd, values: dict) -> None:
+    """`values` committed to Git (values the CR holds: the bootstrap Job runs again) and synced:
+    returns once a new bootstrap Job has written them into the CR and the sync ended."""
+    before = set(bootstraps(api))
+    patch_values(api, values)
+    argocd.wait_application(
+        APP,
+        lambda a: any(done for name, done in bootstraps(api).items() if name not in before) and synced_healthy(a),
+        180,
+        "the new values synced by a new bootstrap Job",
+    )
+
+
+def sync_now(api, argocd, hard_refresh: bool = False) -> None:
+    """What `argocd app sync` does (after `argocd app get --hard-refresh` with `hard_refresh`: the
+    chart rendered again rather than taken from the repo-server's cache); returns once the sync
+    is in the history, Synced and Healthy."""
+    if hard_refresh:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *APPLICATIONS, APP, {"metadata": {"annotations": {"argocd.argoproj.io/refresh": "hard"}}}
+        )
+        argocd.wait_application(
+            APP,
+            lambda a: "argocd.argoproj.io/refresh" not in (a["metadata"].get("annotations") or {}),
+            60,
+            "the hard refresh done (Argo CD removes its annotation)",
+        )
+    synced_before = len(history(argocd))
+    revision = argocd.application(APP)["spec"]["source"]["targetRevision"]
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *APPLICATIONS,
+        APP,
+        {"operation": {"initiatedBy": {"username": "admin"}, "sync": {"revision": revision, "prune": True}}},
+    )
+    argocd.wait_application(
+        APP,
+        lambda a: len((a.get("status") or {}).get("history") or []) > synced_before and synced_healthy(a),
+        120,
+        "the manual sync",
+    )
 
 
 def sync_state(app: dict) -> tuple[str | None, str | None]:
@@ -207,35 +255,35 @@ def test_a_runtime_pause_survives_the_next_syncs(tools_cluster, tools_api, argoc
     api, cp = tools_api, tools_cluster.cp
     seed_patch(cp, "pause", True)
     try:
-        # a sync with nothing new (as `argocd app sync` starts it)
-        synced_before = len(history(argocd))
-        revision = argocd.application(APP)["spec"]["source"]["targetRevision"]
-        client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            *APPLICATIONS,
-            APP,
-            {"operation": {"initiatedBy": {"username": "admin"}, "sync": {"revision": revision, "prune": True}}},
-        )
-        argocd.wait_application(
-            APP,
-            lambda a: len((a.get("status") or {}).get("history") or []) > synced_before and synced_healthy(a),
-            120,
-            "the manual sync",
-        )
+        sync_now(api, argocd)  # nothing new
         assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
-        # a values change that runs the bootstrap Job again (new inputs, new Job)
-        bootstraps = {n for n in jobs(api) if n.startswith("metax-operator-bootstrap-")}
-        patch_values(api, {"gpuDevice": {"healthyInterval": 11}})
-        argocd.wait_application(
-            APP,
-            lambda a: synced_healthy(a) and {n for n in jobs(api) if n.startswith("metax-operator-bootstrap-")} - bootstraps,
-            180,
-            "the new values synced by a new bootstrap Job",
-        )
+        commit(api, argocd, {"gpuDevice": {"healthyInterval": 11}})  # new inputs, a new bootstrap Job
         cr = get_cr(api)
         assert cr["spec"]["gpuDevice"]["healthyInterval"] == 11
         assert cr["spec"]["driver"]["upgradePolicy"]["pause"] is True
     finally:
         seed_patch(cp, "pause", False)
+
+
+def test_a_sync_mid_rollout_leaves_a_kubectl_started_rollout_to_the_runner(tools_cluster, tools_api, argocd, installed):
+    """The admin's `kubectl patch` of the version (Git still names the old one) starts a rollout
+    that pauses after its first node; a hard refresh and sync then changes nothing (the payload
+    image is the runner's, which Argo CD ignores and leaves), the Application stays Synced, and
+    the rollout, resumed, completes at the CR's version, one node at a time."""
+    api = tools_api
+    started = time.monotonic()
+    seen = sync_mid_rollout(
+        tools_cluster,
+        api,
+        commit=lambda values: commit(api, argocd, values),
+        sync=lambda: sync_now(api, argocd, hard_refresh=True),
+        status=lambda: watch_sync(api),
+    )
+    print(f"sync mid-rollout: {time.monotonic() - started:.0f} s, Application {seen}")
+    # Synced throughout; one sync operation: the one before the sync (the policy's commit), then ours
+    assert [s for i, (s, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != s] == ["Synced"], seen
+    assert len({operation for _, operation in seen if operation}) == 2, seen
+    argocd.wait_application(APP, synced_healthy, 60, "Synced and Healthy after the rollout")
 
 
 def test_deleting_the_application_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, argocd, pods, installed):

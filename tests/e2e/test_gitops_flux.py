@@ -33,6 +33,7 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     release_scope,
     runner_applied,
     runtime_edit,
+    sync_mid_rollout,
     user_values,
 )
 from tests.e2e.tools import get_cr, kubectl, seed_patch
@@ -111,6 +112,13 @@ def revisions(api) -> list[int]:
 def patch_values(api, values: dict) -> None:
     """A commit to the HelmRelease's values in Git, as Flux sees it."""
     client.CustomObjectsApi(api).patch_namespaced_custom_object(*HELMRELEASE, RELEASE, {"spec": {"values": values}})
+
+
+def commit(api, values: dict) -> None:
+    """`values` committed to Git, and the helm upgrade they make done: one release revision more, Ready."""
+    release = revisions(api)
+    patch_values(api, values)
+    eventually(lambda: revisions(api)[-1] == release[-1] + 1 and is_ready(api), 180, "the upgrade")
 
 
 def reconcile_now(api) -> str:
@@ -232,13 +240,34 @@ def test_a_runtime_pause_survives_the_next_reconciliations(tools_cluster, tools_
         )
         assert revisions(api) == release
         assert get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True
-        patch_values(api, {"gpuDevice": {"healthyInterval": 11}})  # an upgrade: the hooks run again
-        eventually(lambda: revisions(api)[-1] == release[-1] + 1 and is_ready(api), 180, "the upgrade")
+        commit(api, {"gpuDevice": {"healthyInterval": 11}})  # an upgrade: the hooks run again
         cr = get_cr(api)
         assert cr["spec"]["gpuDevice"]["healthyInterval"] == 11
         assert cr["spec"]["driver"]["upgradePolicy"]["pause"] is True
     finally:
         seed_patch(cp, "pause", False)
+
+
+def test_a_helm_upgrade_mid_rollout_leaves_a_kubectl_started_rollout_to_the_runner(tools_cluster, tools_api, installed):
+    """The admin's `kubectl patch` of the version (Git still names the old one) starts a rollout
+    that pauses after its first node; a commit unrelated to the driver (the runner's dashboard)
+    then makes helm-controller run a helm upgrade, hooks and all, which changes nothing of the
+    driver (its payload image is rendered from the live DaemonSet, the bootstrap keeps the CR's
+    run-time version), and the rollout, resumed, completes at the CR's version, one node at a time."""
+    api = tools_api
+    started = time.monotonic()
+    release = revisions(api)
+    seen = sync_mid_rollout(
+        tools_cluster,
+        api,
+        commit=lambda values: commit(api, values),
+        sync=lambda: commit(api, {"runner": {"dashboard": {"enabled": True}}}),
+        status=lambda: watch_ready(api),
+    )
+    print(f"helm upgrade mid-rollout: {time.monotonic() - started:.0f} s, Ready {seen}")
+    assert client.CoreV1Api(api).read_namespaced_config_map("metax-operator-runner-dashboard", NS)
+    assert revisions(api)[-1] == release[-1] + 2  # the policy's upgrade, then the dashboard's: no drift correction
+    assert seen == ["True UpgradeSucceeded", "Unknown Progressing", "True UpgradeSucceeded"], seen
 
 
 def test_deleting_the_helmrelease_cleans_up_as_helm_uninstall_does(tools_cluster, tools_api, pods, installed):
