@@ -103,6 +103,26 @@ def bin_dir(version: str) -> Path:
     return BIN_DIR if version == K8S_VERSION else CACHE / "controlplane" / version
 
 
+NODE_BINARIES = ("kubelet", "kube-proxy")
+KUBELET_SKEW = 3  # the version skew policy: a kubelet up to 3 minor versions older than its API server
+
+
+def node_version(version: str) -> str:
+    """The version of the real node's kubelet and kube-proxy under an API server of `version`:
+    its own where setup builds them (the matrix line names them), else the default version's,
+    which the skew policy allows up to KUBELET_SKEW minors below the API server. The newest
+    releases' kubelets need containerd 2 and cgroup v2 (from 1.36), which the Debian node here
+    does not have."""
+    if version == K8S_VERSION or any(v.version == version and "kubelet" in v.binaries for v in matrix()):
+        return version
+    if 0 <= minor(version) - minor(K8S_VERSION) <= KUBELET_SKEW:
+        return K8S_VERSION
+    raise ControlPlaneError(
+        f"Kubernetes {version} has no kubelet built and {K8S_VERSION}'s is outside the skew policy: "
+        f"add kubelet,kube-proxy to its line of {MATRIX.relative_to(REPO)} and run 'make setup'"
+    )
+
+
 GPU_LABEL = "metax-tech.com/gpu.installed"
 GPU_RESOURCE = "metax-tech.com/gpu"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -553,7 +573,10 @@ class ControlPlane:
         return cp
 
     def binary(self, name: str) -> Path:
-        """A binary (or the pause image, kwok's stages) of this control plane's version."""
+        """A binary (or the pause image, kwok's stages) of this control plane's version (the
+        node's: `node_version`)."""
+        if name in NODE_BINARIES:
+            return bin_dir(node_version(self.kubernetes)) / name
         return (bin_dir(self.kubernetes) if name in KUBERNETES_BINARIES else BIN_DIR) / name
 
     def _start(self, gpu_nodes: int, plain_nodes: int, deadline: float, real_node: bool, api_only: bool) -> None:
@@ -751,7 +774,8 @@ class ControlPlane:
         node = self.node
         issue_cert(pki, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
         issue_cert(pki, "kube-proxy", "/CN=system:kube-proxy")
-        node.write_config(pki, f"https://{APISERVER_IP}:{self.port}", self.registry)
+        kubelet_minor = minor(node_version(self.kubernetes))
+        node.write_config(pki, f"https://{APISERVER_IP}:{self.port}", self.registry, kubelet_minor)
 
         def inside(port: int, urlpath: str) -> Callable[[], bool]:
             return lambda: netns.call_in(node.netns, _status, f"http://127.0.0.1:{port}/{urlpath}") == 200
@@ -766,7 +790,7 @@ class ControlPlane:
         self._wait_healthy(["containerd"], deadline)
         holder = self.components["containerd"].process.pid
         for name, args, health in (
-            ("kubelet", node.kubelet_args(), inside(PORTS["kubelet-healthz"], "healthz")),
+            ("kubelet", node.kubelet_args(kubelet_minor), inside(PORTS["kubelet-healthz"], "healthz")),
             ("kube-proxy", node.kube_proxy_args(), inside(PORTS["kube-proxy-healthz"], "healthz")),
         ):
             self._run(
@@ -1166,7 +1190,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if running(CLUSTER_DIR):
             raise ControlPlaneError(f"a cluster is already running ({CLUSTER_DIR}): 'scripts/cluster down' first")
-        if args.kubernetes != K8S_VERSION and not args.api_only:
+        built = next((v.binaries for v in matrix() if v.version == args.kubernetes), KUBERNETES_BINARIES)
+        if "kube-controller-manager" not in built and not args.api_only:
             raise ControlPlaneError(f"--kubernetes {args.kubernetes}: only its API server is built; add --api-only")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         started = time.monotonic()

@@ -40,6 +40,7 @@ NODE_IP = "10.77.0.2"
 POD_SUBNET = "10.88.0.0/24"
 CLUSTER_DNS_IP = "10.96.0.10"
 PAUSE_TAG = "3.10"
+CONTAINERD_SOCKET = "unix:///run/containerd/containerd.sock"
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 PORTS = {"containerd-metrics": 1338, "kubelet": 10250, "kubelet-healthz": 10248, "kube-proxy-healthz": 10256}
 
@@ -141,9 +142,10 @@ class RealNode:
 
     # -- configuration -------------------------------------------------------------------------
 
-    def write_config(self, pki: Path, server: str, registry: str) -> None:
-        """containerd's, the kubelet's and kube-proxy's configuration, the CNI network, the
-        registry's hosts.toml, and the files read in place of the kernel settings."""
+    def write_config(self, pki: Path, server: str, registry: str, kubelet_minor: int) -> None:
+        """containerd's, the kubelet's (of the minor version `kubelet_minor`) and kube-proxy's
+        configuration, the CNI network, the registry's hosts.toml, and the files read in place of
+        the kernel settings."""
         for directory in NODE_DIRS:
             self._own(directory).mkdir(parents=True, exist_ok=True)
         kernel = self.workdir / "kernel"
@@ -239,10 +241,10 @@ version = 2
                         "x509": {"clientCAFile": str(pki / "ca.crt")},
                     },
                     "authorization": {"mode": "Webhook"},
-                    "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+                    **({"containerRuntimeEndpoint": CONTAINERD_SOCKET} if kubelet_minor >= 27 else {}),
                     "cgroupDriver": "cgroupfs",
                     "cgroupRoot": self.cgroup,
-                    "failCgroupV1": False,
+                    **({"failCgroupV1": False} if kubelet_minor >= 31 else {}),
                     "failSwapOn": False,
                     "protectKernelDefaults": True,  # the settings read as wanted; never write the host's
                     "registerWithTaints": [TOOLS_NODE_TAINT],
@@ -309,13 +311,16 @@ version = 2
         """`binary args` inside the node's mount namespace (held by pid `holder`) and network."""
         return ["nsenter", f"--mount=/proc/{holder}/ns/mnt", f"--net={self.netns}", "--", str(binary), *args]
 
-    def kubelet_args(self) -> list[str]:
+    def kubelet_args(self, kubelet_minor: int) -> list[str]:
         return [
             f"--config={self.workdir / 'kubelet.yaml'}",
             f"--kubeconfig={self.workdir / 'kubelet.kubeconfig'}",
             f"--hostname-override={NODE_NAME}",
             f"--node-ip={NODE_IP}",
             f"--node-labels={TOOLS_NODE}=true",
+            # Before 1.27 the runtime's socket is a flag, and before 1.24 "remote" (not dockershim) too.
+            *([f"--container-runtime-endpoint={CONTAINERD_SOCKET}"] if kubelet_minor < 27 else []),
+            *(["--container-runtime=remote"] if kubelet_minor < 24 else []),
         ]
 
     def kube_proxy_args(self) -> list[str]:

@@ -25,6 +25,7 @@ from tests.e2e.userpath import (
     POLICY,
     TOOLS_UID,
     PodWatch,
+    ToolsCluster,
     assert_ran_as_tools_pod,
     driver_pods,
     get_cr,
@@ -51,7 +52,12 @@ def conditions(api) -> dict[str, str]:
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
 def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tools_api, clean_slate, tmp_path, which):
-    cluster, api = tools_cluster, tools_api
+    seed_path(tools_cluster, tools_api, tmp_path, which)
+
+
+def seed_path(cluster: ToolsCluster, api, tmp_path, which: str) -> None:
+    """The seed's install, helm test, a staged upgrade through the values and uninstall, each
+    checked where it ends (tests/e2e/test_versions_user_path.py walks it on other versions)."""
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
     pods = PodWatch(api, NS)
