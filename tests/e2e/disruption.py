@@ -1,8 +1,17 @@
-"""How many GPU nodes are without a working driver at once, as a watch of the driver pods sees it
-for the whole of an administrator's action: the invariant the staged rollout exists for.
+"""How many GPU nodes are without a working driver at once, as a watch of the driver pods and the
+nodes sees it for the whole of an administrator's action: the invariant the staged rollout exists
+for.
 
-A GPU node's driver is down while the node has no driver pod that is Ready and not being
-deleted: from the moment its old pod is marked for deletion until its new pod is Ready.
+A GPU node is a node that exists and carries the GPU label (`metax-tech.com/gpu.installed=true`,
+the driver DaemonSet's nodeSelector). Its driver is down while it has no driver pod that is Ready
+and not being deleted: from the moment its old pod is marked for deletion until its new pod is
+Ready. A node deleted, or unlabelled by the uninstall's cleanup hook, leaves the fleet, and its
+driver pod going after that is not counted: the node no longer offers GPUs.
+
+The pods and the nodes come in two watches, whose changes reach the test in either order; the
+count replays them in the order of their resourceVersions, which on an etcd-backed API server are
+one counter for every object. So a driver pod the DaemonSet controller deletes because its node
+lost the label is always counted after the node left, whichever watch brought its change first.
 """
 
 from __future__ import annotations
@@ -26,9 +35,9 @@ def gpu_nodes(api) -> frozenset[str]:
     return frozenset(n.metadata.name for n in client.CoreV1Api(api).list_node(label_selector=f"{GPU_LABEL}=true").items)
 
 
-def down(nodes: frozenset[str], pods) -> frozenset[str]:
+def down(nodes, pods) -> frozenset[str]:
     """The `nodes` without a working driver among `pods`."""
-    return nodes - {p.spec.node_name for p in pods if _working(p)}
+    return frozenset(nodes) - {p.spec.node_name for p in pods if _working(p)}
 
 
 def down_now(api, namespace: str) -> frozenset[str]:
@@ -36,68 +45,85 @@ def down_now(api, namespace: str) -> frozenset[str]:
     return down(gpu_nodes(api), client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=DRIVER_PODS).items)
 
 
+def _apply(nodes: set[str], pods: dict[str, client.V1Pod], kind: str, obj) -> None:
+    """One watch change (`kind` ADDED, MODIFIED or DELETED) of a node or a driver pod."""
+    if isinstance(obj, client.V1Node):
+        if kind != "DELETED" and (obj.metadata.labels or {}).get(GPU_LABEL) == "true":
+            nodes.add(obj.metadata.name)
+        else:
+            nodes.discard(obj.metadata.name)
+    elif kind == "DELETED":
+        pods.pop(obj.metadata.uid, None)
+    else:
+        pods[obj.metadata.uid] = obj
+
+
 @dataclass
 class DriverDownWatch:
-    """Follows the driver pods of `namespace` from the moment it is made; `most_down` is the
-    largest number of GPU nodes down at once so far, `worst` those nodes. `stop()` raises if the
-    watch ended before it (a count from a broken watch would prove nothing)."""
+    """Follows the nodes and the driver pods of `namespace` from the moment it is made. `stop()`
+    sets `most_down`, the largest number of GPU nodes down at once, and `worst`, those nodes; it
+    raises if a watch ended before it (a count from a broken watch would prove nothing)."""
 
     api: object
     namespace: str
-    nodes: frozenset[str] = frozenset()
     most_down: int = 0
     worst: frozenset[str] = frozenset()
+    _nodes: set[str] = field(default_factory=set)
     _pods: dict[str, client.V1Pod] = field(default_factory=dict)
+    _changes: list[tuple[int, str, object]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped: bool = False
     _ended: Exception | str | None = None
 
     def __post_init__(self):
         core = client.CoreV1Api(self.api)
-        self.nodes = gpu_nodes(self.api)
-        start = core.list_namespaced_pod(self.namespace, label_selector=DRIVER_PODS)
-        for pod in start.items:
-            self._pods[pod.metadata.uid] = pod
-        self._count()
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._follow, args=(core, start.metadata.resource_version), daemon=True)
-        self._thread.start()
+        nodes = core.list_node()
+        pods = core.list_namespaced_pod(self.namespace, label_selector=DRIVER_PODS)
+        for obj in nodes.items + pods.items:
+            _apply(self._nodes, self._pods, "ADDED", obj)
+        self._start = (set(self._nodes), dict(self._pods))
+        self._watches = []
+        driver_pods = {"namespace": self.namespace, "label_selector": DRIVER_PODS}
+        for lister, args, version in (
+            (core.list_node, {}, nodes.metadata.resource_version),
+            (core.list_namespaced_pod, driver_pods, pods.metadata.resource_version),
+        ):
+            follower = watch.Watch()
+            stream = follower.stream(lister, resource_version=version, timeout_seconds=1800, **args)
+            self._watches.append(follower)
+            threading.Thread(target=self._follow, args=(stream,), daemon=True).start()
 
     def down(self) -> frozenset[str]:
-        """The GPU nodes without a working driver pod now."""
+        """The GPU nodes without a working driver pod now, as the watches have seen them so far."""
         with self._lock:
-            return down(self.nodes, list(self._pods.values()))
+            return down(self._nodes, list(self._pods.values()))
 
-    def _count(self) -> None:
-        down = self.down()
-        if len(down) > self.most_down:
-            self.most_down, self.worst = len(down), down
-
-    def _follow(self, core, version: str) -> None:
+    def _follow(self, stream) -> None:
         try:
-            for change in self._watch.stream(
-                core.list_namespaced_pod,
-                self.namespace,
-                label_selector=DRIVER_PODS,
-                resource_version=version,
-                timeout_seconds=1800,
-            ):
-                pod = change["object"]
+            for change in stream:
+                obj = change["object"]
                 with self._lock:
-                    if change["type"] == "DELETED":
-                        self._pods.pop(pod.metadata.uid, None)
-                    else:
-                        self._pods[pod.metadata.uid] = pod
-                self._count()
-            if not self._stopped:
-                self._ended = "it timed out"
+                    if self._stopped:
+                        return
+                    _apply(self._nodes, self._pods, change["type"], obj)
+                    self._changes.append((int(obj.metadata.resource_version), change["type"], obj))
+            self._ended = self._ended or "it timed out"
         except Exception as error:  # noqa: BLE001 - reported by stop()
-            if not self._stopped:
-                self._ended = error
+            self._ended = self._ended or error
 
     def stop(self) -> None:
-        self._stopped = True
-        self._watch.stop()
-        self._thread.join(10)
+        with self._lock:
+            self._stopped = True
+            changes = sorted(self._changes, key=lambda change: change[0])
+        for follower in self._watches:
+            follower.stop()
         if self._ended is not None:
-            raise AssertionError(f"the watch of the driver pods ended before the test did: {self._ended}")
+            raise AssertionError(f"a watch of the driver pods or nodes ended before the test did: {self._ended}")
+        nodes, pods = set(self._start[0]), dict(self._start[1])
+        self.worst = down(nodes, pods.values())
+        self.most_down = len(self.worst)
+        for _, kind, obj in changes:
+            _apply(nodes, pods, kind, obj)
+            now = down(nodes, pods.values())
+            if len(now) > self.most_down:
+                self.most_down, self.worst = len(now), now

@@ -5,25 +5,50 @@ watched by `DriverDownWatch`: never more GPU nodes without a working driver at o
 policy's `maxParallel`, and no node left cordoned once the fleet is quiet.
 
 The rollout: one node, then the runner's pause (an empty `pauseDuration`), then the rest, one at a
-time (`maxParallel: 1`). Two installs per Helm version, each walking actions in turn, each
-action checked where it ends. Before the fixes they check, each failed: a routine `helm upgrade`
-during a rollout started by the seed's `kubectl patch` of the version (Helm 3 wrote the values'
-version back, Helm 4 failed on a field conflict), `helm upgrade --set
-driver.upgradePolicy.enableRollout=false` during it (every driver pod replaced at once, twice),
-and `helm rollback` during a rollout started through the values (the DaemonSets rolled back,
-then the post-rollback hook refused).
+time (`maxParallel: 1`). One install per test, each action checked where it ends:
+- a routine `helm upgrade` during a rollout started by the seed's `kubectl patch` of the version,
+  then `helm upgrade --set driver.upgradePolicy.enableRollout=false` during it (before their
+  fixes: Helm 3 wrote the values' version back, Helm 4 failed on a field conflict; every driver
+  pod replaced at once, twice);
+- `helm rollback` during a rollout started through the values: refused before anything changes,
+  then through once the rollout is stopped (before: the DaemonSets rolled back, then the
+  post-rollback hook refused);
+- `metax-operator rollout undo` at the runner's pause, as docs/rollout-admin.md gives it;
+- `kubectl delete node` of the kwok node whose driver pod the wave has just deleted: the
+  rollout completes on the other nodes (before its fix, the node's leftover pod, until pod GC
+  deleted it, held the only slot while not Ready and counted among the upgraded once Ready:
+  `upgraded 4/4` on 3 nodes);
+- `helm uninstall --wait` while a wave node is cordoned and its new driver never turns Ready
+  (Helm 3 and Helm 4): the cleanup hook runs, and no cordon, runner label or GPU label is left.
+  The watch counts the nodes labelled GPU nodes; the cleanup hook unlabels each node before the
+  DaemonSet controller takes its driver, so the bound holds through the whole uninstall.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from kubernetes import client
 
-from tests.e2e.disruption import DriverDownWatch, down_now
-from tests.e2e.tools import kubectl
-from tests.e2e.userpath import GPU_NODES, NS, driver_pods, get_cr, ok, release_name, seed_install, upgrade_status
+from metax_operator.contract import NODE_LABEL_PREFIX, ROLLOUT_NODE_KEY_PREFIX
+from tests.controlplane import ARCH_LABEL, GPU_LABEL, GPUS_ANNOTATION, node_manifest
+from tests.e2e.disruption import DriverDownWatch, down_now, gpu_nodes
+from tests.e2e.tools import METAX, kubectl, run, seed_patch
+from tests.e2e.userpath import (
+    GPU_NODES,
+    NS,
+    PodWatch,
+    assert_ran_as_tools_pod,
+    driver_pods,
+    get_cr,
+    ok,
+    release_name,
+    seed_install,
+    terminated,
+    upgrade_status,
+)
 from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
@@ -38,6 +63,7 @@ POLICY = {
     "upgradeSteps": [{"replicas": 1}, {"replicas": "100%", "pauseDuration": 0}],
 }
 OLD, NEW = "2.32.0.6", "2.33.0.1"
+CORDON_TAINT = "node.kubernetes.io/unschedulable"  # the node lifecycle controller's, while cordoned
 
 
 def revisions(api) -> list[str]:
@@ -167,3 +193,109 @@ def test_helm_rollback_during_a_rollout_is_refused_before_anything_changes(
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == OLD
     assert payload_image(driver_daemonset(api)).endswith(f":{OLD}")
     quiet(api, watch)
+
+
+def test_rollout_undo_mid_rollout(tools_cluster, tools_api, clean_slate, tmp_path):
+    cluster, api = tools_cluster, tools_api
+    _, before, watch = installed(cluster, api, tmp_path, "helm3")
+    seed_patch_version(cluster, NEW)
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    abandoned = upgrade_status(api)["status"]["upgradingPodSpecRevision"]
+
+    # The admin's command from docs/rollout-admin.md, run where an admin runs it: their
+    # machine, with the cluster's kubeconfig.
+    said = run(METAX, "rollout", "undo", "--kubeconfig", str(cluster.cp.kubeconfig))
+    assert said.strip() == "clusteroperator/cluster-operator: spec.driver.upgradePolicy.enableRollout set to false", said
+    rolled_back_in_waves(api, watch, before)
+    status = upgrade_status(api)
+    terminating = next(c for c in status["condition"] if c["type"] == "Terminating")
+    assert (terminating["status"], terminating["reason"]) == ("False", "RolledBack"), terminating
+    assert status["resume"]["abandonedRevision"] == abandoned
+    quiet(api, watch)
+
+
+@pytest.fixture
+def deleted_nodes(tools_cluster, tools_api):
+    """`kubectl delete node` for a test; the nodes are made again after it, as the cluster made them."""
+    core, gone = client.CoreV1Api(tools_api), []
+
+    def delete(name: str) -> None:
+        gone.append(core.read_node(name))
+        kubectl(tools_cluster.cp, "delete", "node", name)
+
+    yield delete
+    for node in gone:
+        labels, gpus = node.metadata.labels, int(node.metadata.annotations[GPUS_ANNOTATION])
+        core.create_node(node_manifest(node.metadata.name, gpus, {ARCH_LABEL: labels[ARCH_LABEL]}, None))
+    tools_cluster.cp.wait_nodes_ready(time.monotonic() + 60, [n.metadata.name for n in gone])
+
+
+def test_a_gpu_node_deleted_mid_wave(tools_cluster, tools_api, clean_slate, deleted_nodes, tmp_path):
+    cluster, api = tools_cluster, tools_api
+    _, _, watch = installed(cluster, api, tmp_path, "helm4")
+    seed_patch_version(cluster, NEW)
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+    seed_patch(cluster.cp, "pause", False)
+
+    # The node whose driver pod the wave has just deleted goes away: the slot it held
+    # (maxParallel 1) must come free, not wait for a pod that will never be Ready.
+    def swapping() -> str | None:
+        wave = ((upgrade_status(api).get("resume") or {}).get("wave")) or []
+        return next((n for n in wave if n in watch.down()), None)
+
+    node = eventually(swapping, 60, "a node of the wave with its driver pod deleted", interval=0.05)
+    deleted_nodes(node)
+    done = eventually(
+        lambda: (s := upgrade_status(api)).get("phase") == "Idling" and s["status"].get("currentStepState") == "Completed" and s,
+        180,
+        "the rollout Completed on the other nodes",
+    )
+    assert done["status"]["totalUpgradeReplicas"] == done["status"]["totalUpgradeReadyReplicas"] == GPU_NODES - 1
+    conditions = {c["type"]: c["status"] for c in done["condition"]}
+    assert conditions["Succeed"] == "True" and conditions["Failed"] == "False", conditions
+    assert not (done["resume"].get("failedNodes") or {}).get("names"), done["resume"]
+    # The node's last pod stays until pod GC deletes it, tens of seconds later; the rest are new.
+    left = [p for p in driver_pods(api) if p.spec.node_name != node]
+    assert [p.metadata.labels["controller-revision-hash"] for p in left] == [done["status"]["upgradingPodSpecRevision"]] * 3
+    quiet(api, watch)
+
+
+def rollout_marks(api) -> dict[str, list[str]]:
+    """Per node, what the rollout and the release put there: the runner's labels
+    (`metax-tech.com/driver-upgrade.*`, the state labels included), the GPU label, a metax taint,
+    the cordon's taint."""
+    found = {}
+    for node in client.CoreV1Api(api).list_node().items:
+        keys = [k for k in node.metadata.labels if k.startswith(ROLLOUT_NODE_KEY_PREFIX) or k == GPU_LABEL]
+        keys += [t.key for t in node.spec.taints or [] if t.key.startswith(NODE_LABEL_PREFIX) or t.key == CORDON_TAINT]
+        if keys:
+            found[node.metadata.name] = keys
+    return found
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_helm_uninstall_mid_wave(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    cluster, api = tools_cluster, tools_api
+    release, _, watch = installed(cluster, api, tmp_path, which)
+    seed_patch_version(cluster, NEW)
+    eventually(lambda: paused_after_the_first_step(api), 120, "the rollout paused after its first step")
+
+    # The wave's new driver pod never turns Ready: its node stays cordoned and down, and the
+    # uninstall comes in the middle of the wave.
+    fault = cluster.cp.pods_never_ready(sorted(gpu_nodes(api)))
+    try:
+        seed_patch(cluster.cp, "pause", False)
+        eventually(lambda: watch.down() and cordoned(api), 60, "a wave node cordoned, its driver down")
+        pods = PodWatch(api, NS)
+        ok(cluster.helm(which, "uninstall", release, "-n", NS, "--wait", "--timeout", "3m"))
+    finally:
+        fault.clear()
+    eventually(lambda: [p for p in pods.hook("cleanup") if terminated(p)], 30, "the cleanup hook's pod seen ended")
+    pods.stop()
+    for pod in pods.hook("cleanup"):
+        assert_ran_as_tools_pod(pod, cluster)
+    quiet(api, watch)
+    try:
+        eventually(lambda: not rollout_marks(api), 60, "no rollout mark left on a node")
+    except AssertionError:
+        raise AssertionError(f"left on the nodes after helm uninstall --wait: {rollout_marks(api)}") from None
