@@ -41,10 +41,10 @@ from tests.e2e.userpath import (
     driver_pods,
     ok,
     release_name,
-    runner_log,
+    rollout_completed,
     runner_pod,
+    runner_waves,
     terminated,
-    upgrade_status,
 )
 from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.realnode import NODE_NAME
@@ -176,25 +176,12 @@ def test_runbook_install_from_the_package_s_chart_file_under_helm3(tools_cluster
     ok(runbook(cluster, "helm3", site, values, "upgrade", release, f"./{CHART_TGZ}", payload="2.33.0.1"))
     eventually(lambda: len(pods.hook("bootstrap")) == 2, 30, "the bootstrap hook run again by the upgrade")
     assert_hooks_ran_the_package_s_image(pods, site, ["bootstrap"])
-    done = eventually(
-        lambda: (
-            (s := upgrade_status(api)).get("phase") == "Idling"
-            and not s.get("upgrading")
-            and (s.get("status") or {}).get("currentStepState") == "Completed"
-            and s
-        ),
-        120,
-        "the staged rollout Completed",
-    )
+    done = eventually(lambda: rollout_completed(api), 120, "the staged rollout Completed")
     step = done["status"]
     assert step["upgradingPodSpecRevision"] not in old and step["lastPodSpecRevision"] in old
     revisions = [p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)]
     assert revisions == [step["upgradingPodSpecRevision"]] * GPU_NODES
-    waves = {}
-    for line in runner_log(cluster):
-        if line.get("action") == "rollout-pass" and line.get("deleted"):
-            waves.setdefault(line["step"], []).append(len(line["deleted"]))
-    assert waves == {0: [1], 1: [2, 1]}, waves
+    assert (waves := runner_waves(cluster)) == {0: [1], 1: [2, 1]}, waves
 
     uninstall(cluster, api, "helm3", release, pods, site)
 

@@ -31,11 +31,11 @@ from tests.e2e.userpath import (
     get_cr,
     ok,
     release_name,
-    runner_log,
+    rollout_completed,
     runner_pod,
+    runner_waves,
     seed_install,
     terminated,
-    upgrade_status,
 )
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
@@ -125,16 +125,7 @@ def seed_path(cluster: ToolsCluster, api, tmp_path, which: str) -> None:
         )
     )
     assert len(pods.hook("bootstrap")) == 2, "bootstrap runs again before the upgrade"
-    done = eventually(
-        lambda: (
-            (s := upgrade_status(api)).get("phase") == "Idling"
-            and not s.get("upgrading")
-            and (s.get("status") or {}).get("currentStepState") == "Completed"
-            and s
-        ),
-        120,
-        "the staged rollout Completed",
-    )
+    done = eventually(lambda: rollout_completed(api), 120, "the staged rollout Completed")
     step = done["status"]
     assert step["upgradingPodSpecRevision"] not in old and step["lastPodSpecRevision"] in old
     assert step["totalUpgradeReplicas"] == step["totalUpgradeReadyReplicas"] == GPU_NODES
@@ -145,11 +136,7 @@ def seed_path(cluster: ToolsCluster, api, tmp_path, which: str) -> None:
     events = core.list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items
     reasons = {e.reason for e in events if e.reporting_component == "metax-operator-runner"}
     assert {"RolloutStarted", "StepReady", "Completed"} <= reasons, reasons
-    waves = {}
-    for line in runner_log(cluster):
-        if line.get("action") == "rollout-pass" and line.get("deleted"):
-            waves.setdefault(line["step"], []).append(len(line["deleted"]))
-    assert waves == {0: [1], 1: [2, 1]}, waves
+    assert (waves := runner_waves(cluster)) == {0: [1], 1: [2, 1]}, waves
 
     # helm uninstall --wait: the cleanup hook runs on the real node and nothing of ours is left
     # but the CRD (kept by default, crds.keep).

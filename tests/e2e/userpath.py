@@ -197,6 +197,22 @@ def upgrade_status(api) -> dict:
     return ((get_cr(api) or {}).get("status") or {}).get("upgradeStatus") or {}
 
 
+def rollout_completed(api) -> dict | None:
+    """`status.upgradeStatus` once a staged rollout has completed and none is in flight."""
+    s = upgrade_status(api)
+    done = s.get("phase") == "Idling" and not s.get("upgrading")
+    return s if done and (s.get("status") or {}).get("currentStepState") == "Completed" else None
+
+
+def runner_waves(cluster: ToolsCluster) -> dict[int, list[int]]:
+    """The driver pods the runner deleted, pass by pass, per step (from its log)."""
+    waves: dict[int, list[int]] = {}
+    for line in runner_log(cluster):
+        if line.get("action") == "rollout-pass" and line.get("deleted"):
+            waves.setdefault(line["step"], []).append(len(line["deleted"]))
+    return waves
+
+
 def runner_pod(api) -> client.V1Pod | None:
     pods = [
         p
