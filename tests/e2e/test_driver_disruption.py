@@ -51,7 +51,7 @@ from tests.e2e.userpath import (
 )
 from tests.waiting import consistently, eventually, for_seconds
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node-2")]  # a cluster of its own: conftest.py
 
 MAX_PARALLEL = 1
 POLICY = {
