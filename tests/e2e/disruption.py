@@ -23,6 +23,8 @@ from kubernetes import client, watch
 
 from tests.controlplane import GPU_LABEL
 from tests.e2e.tools import DRIVER_PODS
+from tests.e2e.userpath import cordoned
+from tests.waiting import eventually
 
 
 def _working(pod: client.V1Pod) -> bool:
@@ -127,3 +129,11 @@ class DriverDownWatch:
             now = down(nodes, pods.values())
             if len(now) > self.most_down:
                 self.most_down, self.worst = len(now), now
+
+
+def quiet(api, watch: DriverDownWatch, max_parallel: int) -> None:
+    """Stop `watch` and check what it saw: never more than `max_parallel` GPU nodes down at once,
+    and, once the fleet is quiet, no node left cordoned."""
+    watch.stop()
+    assert watch.most_down <= max_parallel, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
+    eventually(lambda: not cordoned(api), 60, "no node left cordoned")

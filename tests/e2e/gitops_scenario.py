@@ -19,15 +19,7 @@ from kubernetes import client, watch
 
 from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
-from tests.e2e.disruption import DriverDownWatch
-from tests.e2e.test_driver_disruption import (
-    MAX_PARALLEL,
-    driver_daemonset,
-    paused_after_the_first_step,
-    payload_image,
-    quiet,
-    seed_patch_version,
-)
+from tests.e2e.disruption import DriverDownWatch, quiet
 from tests.e2e.test_rollout_cluster import deletions_per_step
 from tests.e2e.tools import get_cr, kubectl, seed_patch
 from tests.e2e.userpath import (
@@ -37,7 +29,11 @@ from tests.e2e.userpath import (
     POLICY,
     PodWatch,
     assert_ran_as_tools_pod,
+    driver_daemonset,
     driver_pods,
+    paused_after_the_first_step,
+    payload_image,
+    seed_patch_version,
     terminated,
 )
 from tests.waiting import consistently, eventually, for_seconds
@@ -46,6 +42,7 @@ from tests.waiting import consistently, eventually, for_seconds
 POLICY_WAVES = {0: [1], 1: [2, 1]}
 # The policy of the sync-mid-rollout story, set in Git: one node, the runner's pause (an empty
 # pauseDuration) for the admin to answer, then the rest one node at a time.
+MAX_PARALLEL = 1
 PAUSING_POLICY = {
     **POLICY,
     "maxParallel": MAX_PARALLEL,
@@ -288,5 +285,5 @@ def sync_mid_rollout(cluster, api, commit: Callable[[dict], None], sync: Callabl
     eventually(lambda: completed_at(api, KUBECTL_VERSION), 180, f"the rollout completed at {KUBECTL_VERSION}")
     assert payload_image(driver_daemonset(api)).endswith(f":{KUBECTL_VERSION}")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == KUBECTL_VERSION != git_version
-    quiet(api, down)
+    quiet(api, down, MAX_PARALLEL)
     return seen.stop()

@@ -34,18 +34,23 @@ from kubernetes import client
 
 from metax_operator.contract import NODE_LABEL_PREFIX, ROLLOUT_NODE_KEY_PREFIX
 from tests.controlplane import ARCH_LABEL, GPU_LABEL, GPUS_ANNOTATION, node_manifest
-from tests.e2e.disruption import DriverDownWatch, down_now, gpu_nodes
+from tests.e2e.disruption import DriverDownWatch, down_now, gpu_nodes, quiet
 from tests.e2e.tools import METAX, kubectl, run, seed_patch
 from tests.e2e.userpath import (
     GPU_NODES,
     NS,
     PodWatch,
     assert_ran_as_tools_pod,
+    cordoned,
+    driver_daemonset,
     driver_pods,
     get_cr,
     ok,
+    paused_after_the_first_step,
+    payload_image,
     release_name,
     seed_install,
+    seed_patch_version,
     terminated,
     upgrade_status,
 )
@@ -70,38 +75,6 @@ def revisions(api) -> list[str]:
     return sorted(p.metadata.labels["controller-revision-hash"] for p in driver_pods(api))
 
 
-def paused_after_the_first_step(api) -> bool:
-    status = upgrade_status(api)
-    policy = (get_cr(api) or {})["spec"]["driver"]["upgradePolicy"]
-    step = status.get("status") or {}
-    return bool(
-        status.get("upgrading")
-        and policy.get("pause")
-        and step.get("currentStepIndex") == 0
-        and step.get("currentStepState") == "StepPaused"
-    )
-
-
-def cordoned(api) -> list[str]:
-    return [n.metadata.name for n in client.CoreV1Api(api).list_node().items if n.spec.unschedulable]
-
-
-def driver_daemonset(api) -> client.V1DaemonSet:
-    return client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
-
-
-def payload_image(ds: client.V1DaemonSet) -> str:
-    return next(c.image for c in ds.spec.template.spec.init_containers if c.name == "payload")
-
-
-def seed_patch_version(cluster, version: str) -> None:
-    """Seed 001 step 8: the version changed in the CR with kubectl."""
-    patch = [{"op": "replace", "path": "/spec/driver/payload/version", "value": version}]
-    kubectl(
-        cluster.cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json", "-p", json.dumps(patch)
-    )
-
-
 def installed(cluster, api, tmp_path, which) -> tuple[str, list[str], DriverDownWatch]:
     """The seed's install with POLICY, every driver pod Ready: the release, the pods' revisions,
     and the watch started."""
@@ -120,12 +93,6 @@ def rolled_back_in_waves(api, watch: DriverDownWatch, before: list[str]) -> None
         "every driver pod back at the old revision and Ready",
     )
     assert driver_daemonset(api).spec.update_strategy.type == "OnDelete"
-
-
-def quiet(api, watch: DriverDownWatch) -> None:
-    watch.stop()
-    assert watch.most_down <= MAX_PARALLEL, f"{watch.most_down} GPU nodes without a driver at once: {sorted(watch.worst)}"
-    eventually(lambda: not cordoned(api), 60, "no node left cordoned")
 
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
@@ -151,7 +118,7 @@ def test_helm_upgrades_during_a_kubectl_started_rollout(tools_cluster, tools_api
     # The seed's forced rollback, made the way a values file in Git makes it: in waves.
     ok(cluster.helm(which, *upgrade, "--set", "driver.upgradePolicy.enableRollout=false"))
     rolled_back_in_waves(api, watch, before)
-    quiet(api, watch)
+    quiet(api, watch, MAX_PARALLEL)
 
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
@@ -192,7 +159,7 @@ def test_helm_rollback_during_a_rollout_is_refused_before_anything_changes(
     consistently(lambda: revisions(api) == before, for_seconds(10), 30, "the driver pods left at the old revision")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == OLD
     assert payload_image(driver_daemonset(api)).endswith(f":{OLD}")
-    quiet(api, watch)
+    quiet(api, watch, MAX_PARALLEL)
 
 
 def test_rollout_undo_mid_rollout(tools_cluster, tools_api, clean_slate, tmp_path):
@@ -211,7 +178,7 @@ def test_rollout_undo_mid_rollout(tools_cluster, tools_api, clean_slate, tmp_pat
     terminating = next(c for c in status["condition"] if c["type"] == "Terminating")
     assert (terminating["status"], terminating["reason"]) == ("False", "RolledBack"), terminating
     assert status["resume"]["abandonedRevision"] == abandoned
-    quiet(api, watch)
+    quiet(api, watch, MAX_PARALLEL)
 
 
 @pytest.fixture
@@ -257,7 +224,7 @@ def test_a_gpu_node_deleted_mid_wave(tools_cluster, tools_api, clean_slate, dele
     # The node's last pod stays until pod GC deletes it, tens of seconds later; the rest are new.
     left = [p for p in driver_pods(api) if p.spec.node_name != node]
     assert [p.metadata.labels["controller-revision-hash"] for p in left] == [done["status"]["upgradingPodSpecRevision"]] * 3
-    quiet(api, watch)
+    quiet(api, watch, MAX_PARALLEL)
 
 
 def rollout_marks(api) -> dict[str, list[str]]:
@@ -294,7 +261,7 @@ def test_helm_uninstall_mid_wave(tools_cluster, tools_api, clean_slate, tmp_path
     pods.stop()
     for pod in pods.hook("cleanup"):
         assert_ran_as_tools_pod(pod, cluster)
-    quiet(api, watch)
+    quiet(api, watch, MAX_PARALLEL)
     try:
         eventually(lambda: not rollout_marks(api), 60, "no rollout mark left on a node")
     except AssertionError:

@@ -213,6 +213,38 @@ def runner_waves(cluster: ToolsCluster) -> dict[int, list[int]]:
     return waves
 
 
+def driver_daemonset(api) -> client.V1DaemonSet:
+    return client.AppsV1Api(api).read_namespaced_daemon_set("metax-driver", NS)
+
+
+def payload_image(ds: client.V1DaemonSet) -> str:
+    return next(c.image for c in ds.spec.template.spec.init_containers if c.name == "payload")
+
+
+def seed_patch_version(cluster, version: str) -> None:
+    """Seed 001 step 8: the version changed in the CR with kubectl."""
+    patch = [{"op": "replace", "path": "/spec/driver/payload/version", "value": version}]
+    kubectl(
+        cluster.cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=json", "-p", json.dumps(patch)
+    )
+
+
+def paused_after_the_first_step(api) -> bool:
+    status = upgrade_status(api)
+    policy = (get_cr(api) or {})["spec"]["driver"]["upgradePolicy"]
+    step = status.get("status") or {}
+    return bool(
+        status.get("upgrading")
+        and policy.get("pause")
+        and step.get("currentStepIndex") == 0
+        and step.get("currentStepState") == "StepPaused"
+    )
+
+
+def cordoned(api) -> list[str]:
+    return [n.metadata.name for n in client.CoreV1Api(api).list_node().items if n.spec.unschedulable]
+
+
 def runner_pod(api) -> client.V1Pod | None:
     pods = [
         p
