@@ -1,6 +1,7 @@
-"""A staged rollout on the oldest and the newest Kubernetes the product supports (the `rollout`
-versions of scripts/controlplane/versions/matrix): that release's API server, controller manager
-(its DaemonSet controller) and scheduler, with kwok's GPU nodes. As in test_rollout_cluster.py,
+"""A staged rollout on every Kubernetes version of scripts/controlplane/versions/matrix whose
+`runs` says `rollout` (one of each class of what an API server enforces, the oldest supported
+and the newest): that release's API server, controller manager (its DaemonSet controller) and
+scheduler, with kwok's GPU nodes. As in test_rollout_cluster.py,
 Helm 3 installs the chart without hooks and the bootstrap hook's command runs as a local process;
 the runner runs as the chart's ServiceAccount. The seed's kubectl command changes the driver
 version; the rollout's first step ends in a manual pause; an edit of the version made then is
@@ -114,7 +115,8 @@ def test_a_staged_rollout_completes_and_an_edit_made_during_it_is_refused_or_hel
             90,
             "step 0 done, waiting for the admin",
         )
-        served = _serves(cp, admission.VAP_API)  # the chart's ValidatingAdmissionPolicy
+        # the chart's ValidatingAdmissionPolicy: v1, or v1beta1 where 1.28-1.29 turned it on
+        served = any(_serves(cp, f"{api_version}/ValidatingAdmissionPolicy") for api_version in admission.POLICY_API_VERSIONS)
         refusal = set_version(cp, "2.34.0.1")
         line = str(admission.frozen_during_rollout("driver.payload", "Progressing"))
         if served:

@@ -1,8 +1,8 @@
 """The user's path of test_user_path.py (the seed's `helm install oci://...` with every hook as a
 pod of the tools image on the real node, `helm test`, a staged upgrade through the values, `helm
-uninstall`) on the oldest and the newest Kubernetes the product supports: the `rollout` versions
-of scripts/controlplane/versions/matrix, each with its own API server, controller manager and
-scheduler. The real node's kubelet and kube-proxy are the version's own where the matrix builds
+uninstall`) on the oldest and the newest Kubernetes the product supports: the oldest and the
+newest `rollout` versions of scripts/controlplane/versions/matrix, each with its own API server,
+controller manager and scheduler. The real node's kubelet and kube-proxy are the version's own where the matrix builds
 them (1.23); the newest releases' kubelets need containerd 2 and cgroup v2, so the newest API
 server gets the default version's kubelet, within the version skew policy
 (tests.controlplane.node_version).
@@ -21,7 +21,8 @@ from tests.e2e.userpath import ToolsCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("versions-user-path")]
 
-VERSIONS = [v for v in controlplane.matrix() if v.runs == "rollout"]
+ROLLOUT = [v for v in controlplane.matrix() if v.runs == "rollout"]
+VERSIONS = [min(ROLLOUT, key=lambda v: v.minor), max(ROLLOUT, key=lambda v: v.minor)]
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=[v.version for v in VERSIONS])
