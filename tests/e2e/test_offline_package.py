@@ -147,7 +147,7 @@ def assert_runner_and_test_ran_the_package_s_image(cluster, api, which: str, rel
     runner = eventually(lambda: runner_pod(api), 60, "one running runner pod")
     status = runner.status.container_statuses[0]
     assert runner.spec.node_name == NODE_NAME
-    assert (status.image, status.image_id.rsplit("@", 1)[-1]) == (site.image, site.digest), status
+    assert (runner.spec.containers[0].image, status.image_id.rsplit("@", 1)[-1]) == (site.image, site.digest), status
     report = ok(cluster.helm(which, "test", release, "-n", NS, "--logs", "--timeout", "3m"))
     assert "test: the install is healthy" in report
     assert_ran_as_tools_pod(client.CoreV1Api(api).read_namespaced_pod("metax-operator-test", NS), site)
