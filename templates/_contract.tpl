@@ -67,6 +67,8 @@ config: |
 
 {{- define "metax-operator.schedulingInputsAnnotation" -}}gpu.metax-tech.com/scheduling-inputs{{- end }}
 
+{{- define "metax-operator.sharedFieldsAnnotation" -}}gpu.metax-tech.com/shared-fields{{- end }}
+
 {{- define "metax-operator.releaseRevisionAnnotation" -}}gpu.metax-tech.com/release-revision{{- end }}
 
 {{- define "metax-operator.driverPayloadContainer" -}}payload{{- end }}

@@ -93,21 +93,61 @@ Takes (dict "root" $ "image" {registry, name, tag, digest}). */}}
 {{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end }}
 
-{{/* The driver payload's image. Once the release is installed, the live DaemonSet's: the runner
-sets it from the CR (`spec.driver.payload`, where `helm upgrade --set driver.payload.version=...`
-also arrives, by the bootstrap hook), and Helm writing the values' copy would, wherever the two
-differ (after the seed's `kubectl patch` of the version, after a rollback), put a driver the CR
-does not name on the template (Helm 3) or fail the upgrade on a field conflict (Helm 4). Without
-a cluster (`helm template`, Argo CD) or before the install, the values'. Takes $. */}}
-{{- define "metax-operator.driverPayloadImage" -}}
-{{- $live := "" -}}
-{{- $name := include "metax-operator.driverPayloadContainer" . -}}
-{{- with lookup "apps/v1" "DaemonSet" .Release.Namespace (include "metax-operator.daemonset" "driver") -}}
-  {{- range ((.spec).template).spec.initContainers -}}
-    {{- if eq .name $name }}{{ $live = .image }}{{ end -}}
+{{/* A component's live DaemonSet as JSON (`fromJson` it), once the release has installed it and
+the runner keeps it (`runner.enabled`); `{}` without a cluster (`helm template`, Argo CD), before
+the install, and without the runner. Its shared fields (docs/runner.md: scheduling, the
+environment variables set from CR fields, the payload images) are then rendered as it holds
+them: the runner writes them from the CR, where the values arrive through the bootstrap hook,
+and Helm writing the values' copy would, wherever the two differ (after a runtime edit of the CR,
+the seed's `kubectl patch` of the version, a rollback), change the pods a second time (Helm 3) or
+fail the upgrade on a field conflict (Helm 4). Takes (dict "root" $ "name" DAEMONSET). */}}
+{{- define "metax-operator.liveDaemonSet" -}}
+{{- $live := dict -}}
+{{- if .root.Values.runner.enabled -}}
+  {{- $live = lookup "apps/v1" "DaemonSet" .root.Release.Namespace .name | default dict -}}
+{{- end -}}
+{{- toJson $live -}}
+{{- end }}
+
+{{/* The annotations and scheduling fields of a component's pod template: the live DaemonSet's
+(metax-operator.liveDaemonSet) with the annotation that tells the post-renderer to leave them,
+else the chart's base, which the post-renderer merges the values into. Takes the component's
+context with "live". */}}
+{{- define "metax-operator.scheduling" -}}
+{{- include "metax-operator.needs" (list "scheduling" . "root" "key" "live") -}}
+{{- if .live -}}
+  {{- $pod := ((.live.spec).template).spec | default dict -}}
+  {{- $fields := dict -}}
+  {{- range $field := list "nodeSelector" "affinity" "tolerations" -}}
+    {{- if hasKey $pod $field }}{{ $_ := set $fields $field (get $pod $field) }}{{ end -}}
+  {{- end -}}
+  {{- toJson $fields -}}
+{{- else -}}
+  {{- include "metax-operator.schedulingBase" . -}}
+{{- end -}}
+{{- end }}
+
+{{/* The value of each plain environment variable of the live DaemonSet's containers, by name, as
+JSON (`{}` when there is none). Takes the component's context with "live". */}}
+{{- define "metax-operator.liveEnv" -}}
+{{- $env := dict -}}
+{{- range ((((.live).spec).template).spec).containers -}}
+  {{- range .env -}}
+    {{- if not .valueFrom }}{{ $_ := set $env .name (.value | default "") }}{{ end -}}
   {{- end -}}
 {{- end -}}
-{{- $live | default (include "metax-operator.image" (dict "root" . "image" (include "metax-operator.driverPayloadValuesImage" . | fromJson))) -}}
+{{- toJson $env -}}
+{{- end }}
+
+{{/* The image of the live DaemonSet's init container NAME, or DEFAULT when there is none.
+Takes (dict "live" LIVE "name" NAME "default" IMAGE). */}}
+{{- define "metax-operator.liveInitImage" -}}
+{{- $image := .default -}}
+{{- $name := .name -}}
+{{- range ((((.live).spec).template).spec).initContainers -}}
+  {{- if eq .name $name }}{{ $image = .image }}{{ end -}}
+{{- end -}}
+{{- $image -}}
 {{- end }}
 
 {{/* A ConfigMap admins edit in place (seed §3.2.6): its `data` as the values render it (`data`,
@@ -173,8 +213,9 @@ run only on nodes gpu-label marked. The post-renderer and the runner merge `podT
 {{- end }}
 
 {{/* The annotations a component DaemonSet carries for the post-renderer and the runner
-(docs/chart.md): the values key, the base scheduling fields, the merge inputs, and the release
-revision this manifest belongs to (the runner holds its writes until Helm has applied it). */}}
+(docs/chart.md): the values key, the base scheduling fields, the merge inputs, the release
+revision this manifest belongs to (the runner holds its writes until Helm has applied it), and
+whether its shared fields are the live DaemonSet's. Takes the component's context with "live". */}}
 {{- define "metax-operator.componentAnnotations" -}}
 {{- include "metax-operator.needs" (list "componentAnnotations" . "root" "key") -}}
 {{- $component := (get .root.Values .key).podTemplateSpec -}}
@@ -183,10 +224,14 @@ revision this manifest belongs to (the runner holds its writes until Helm has ap
 {{ include "metax-operator.schedulingBaseAnnotation" . }}: {{ include "metax-operator.schedulingBase" . | quote }}
 {{ include "metax-operator.schedulingInputsAnnotation" . }}: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
 {{ include "metax-operator.releaseRevisionAnnotation" . }}: {{ .root.Release.Revision | quote }}
+{{- if .live }}
+{{ include "metax-operator.sharedFieldsAnnotation" . }}: live
+{{- end }}
 {{- end }}
 
 {{/* Environment every component container gets: its node and namespace (downward API) and
-its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
+its log settings. Takes (dict "root" $ "key" COMPONENT), with "live" for a container whose
+variables the runner sets (not an init container). */}}
 {{- define "metax-operator.commonEnv" -}}
 {{- include "metax-operator.needs" (list "commonEnv" . "root" "key") -}}
 {{- $values := get .root.Values .key -}}
@@ -198,15 +243,18 @@ its log settings. Takes (dict "root" $ "key" COMPONENT). */}}
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-{{ include "metax-operator.valuesEnv" (dict "values" $values "group" "log") }}
+{{ include "metax-operator.valuesEnv" (dict "values" $values "group" "log" "live" .live) }}
 {{- end }}
 
 {{/* Environment variables from values fields the CR also carries (the group's in
 metax-operator.valuesEnvVars; the runner sets them from the CR): a list joined with commas,
-anything else as its text. Takes (dict "values" VALUES_MAP "group" "log"|COMPONENT). */}}
+anything else as its text; the live DaemonSet's value where it has the variable. Takes
+(dict "values" VALUES_MAP "group" "log"|COMPONENT), with "live" (the live DaemonSet, may be
+empty) on a component's container. */}}
 {{- define "metax-operator.valuesEnv" -}}
 {{- include "metax-operator.needs" (list "valuesEnv" . "values" "group") -}}
 {{- $values := .values -}}
+{{- $live := include "metax-operator.liveEnv" . | fromJson -}}
 {{- $vars := get (include "metax-operator.valuesEnvVars" . | fromJson) .group -}}
 {{- if not $vars }}{{ fail (printf "valuesEnv: no environment group %q" .group) }}{{ end -}}
 {{- $env := list -}}
@@ -214,7 +262,8 @@ anything else as its text. Takes (dict "values" VALUES_MAP "group" "log"|COMPONE
   {{- $value := $values -}}
   {{- range index . 1 }}{{ $value = get $value . }}{{ end -}}
   {{- $text := "" -}}
-  {{- if kindIs "slice" $value }}{{ $text = join "," $value }}{{ else if not (kindIs "invalid" $value) }}{{ $text = toString $value }}{{ end -}}
+  {{- if hasKey $live (index . 0) }}{{ $text = get $live (index . 0) -}}
+  {{- else if kindIs "slice" $value }}{{ $text = join "," $value }}{{ else if not (kindIs "invalid" $value) }}{{ $text = toString $value }}{{ end -}}
   {{- $env = append $env (dict "name" (index . 0) "value" $text) -}}
 {{- end -}}
 {{- toYaml $env -}}
@@ -241,7 +290,7 @@ renders nothing for a component without prerequisites. */}}
     - {{ . }}
     {{- end }}
   env:
-    {{- include "metax-operator.commonEnv" . | nindent 4 }}
+    {{- include "metax-operator.commonEnv" (omit . "live") | nindent 4 }}
   resources:
     requests: {cpu: 10m, memory: 32Mi}
     limits: {cpu: "1", memory: 128Mi}

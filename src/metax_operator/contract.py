@@ -103,6 +103,10 @@ PART_OF = "metax-operator"
 COMPONENT_ANNOTATION = "gpu.metax-tech.com/component"
 SCHEDULING_BASE_ANNOTATION = "gpu.metax-tech.com/scheduling-base"
 SCHEDULING_INPUTS_ANNOTATION = "gpu.metax-tech.com/scheduling-inputs"
+#: On a component DaemonSet rendered once the release is installed, with the value "live": its
+#: fields that the runner writes from the CR (docs/runner.md) are the live DaemonSet's, so the
+#: post-renderer leaves its scheduling fields as they are.
+SHARED_FIELDS_ANNOTATION = "gpu.metax-tech.com/shared-fields"
 #: On each hook object: the hook's name.
 HOOK_LABEL = "gpu.metax-tech.com/hook"
 #: On the CR: the spec the last bootstrap applied, and (written by chart versions before the

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 
 from metax_operator.chart.postrender import error_document, postrender, split_documents
-from metax_operator.contract import SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.contract import SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION, SHARED_FIELDS_ANNOTATION
 from tests.chart.test_merge_properties import all_inputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,6 +213,16 @@ def test_changed_field_is_replaced_in_place_keeping_the_text_around_it():
         GPU_INPUTS,
     )
     assert postrender(output)[0] == output
+
+
+def test_a_daemonset_rendered_from_the_live_one_passes_through():
+    """Once installed, the chart renders the scheduling fields as the live DaemonSet holds them
+    (the runner's, from the CR): the values' inputs must not be merged over them."""
+    live = "\n      tolerations:\n        - key: from-the-cr\n      containers: []\n"
+    text = contract_daemonset(live, '{"tolerations":[{"key":"node-role"}]}', GPU_INPUTS)
+    marked = text.replace("  annotations:\n", f"  annotations:\n    {SHARED_FIELDS_ANNOTATION}: live\n")
+    assert postrender(text)[0] != text  # without the mark, the inputs would be merged
+    assert postrender(marked) == (marked, [])
 
 
 def test_a_block_scalar_at_the_end_of_a_replaced_field_is_cut_exactly():

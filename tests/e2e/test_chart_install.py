@@ -171,6 +171,8 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
         "--set",
         "gpuDevice.log.level=debug",
         "--set-string",
+        "gpuDevice.image.tag=0.10.1",
+        "--set-string",
         "driver.payload.version=2.33.0.1",
         "--wait",
         "--timeout",
@@ -178,10 +180,15 @@ def test_install_upgrade_uninstall(control_plane, helm_env, namespace, tmp_path,
         "--no-hooks",
     )
     upgraded = eventually(lambda: daemonsets_settled(api, namespace), 60, "DaemonSets settled after upgrade")
-    assert upgraded["metax-gpu-device"].metadata.generation == installed["metax-gpu-device"].metadata.generation + 1
-    # Once installed, Helm renders the driver's payload image from the live DaemonSet: a new
-    # version reaches the driver through the CR (the bootstrap hook, then the runner; both
-    # skipped here), never by Helm's own write, which would fight the runner's.
+    gpu_device = upgraded["metax-gpu-device"]
+    assert gpu_device.metadata.generation == installed["metax-gpu-device"].metadata.generation + 1
+    assert gpu_device.spec.template.spec.containers[0].image.endswith(":0.10.1")
+    # Once installed, Helm renders the fields the runner writes from the CR as the live DaemonSet
+    # holds them: a new log level or driver version reaches the pods through the CR (the
+    # bootstrap hook, then the runner; both skipped here), never by Helm's own write, which would
+    # fight the runner's.
+    env = {e.name: e.value for e in gpu_device.spec.template.spec.containers[0].env}
+    assert env["LOG_LEVEL"] == "info", env
     payload = {c.name: c.image for c in upgraded["metax-driver"].spec.template.spec.init_containers}["payload"]
     assert payload.endswith(":2.32.0.6"), payload
     assert upgraded["metax-driver"].metadata.generation == installed["metax-driver"].metadata.generation

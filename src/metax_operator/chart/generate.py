@@ -38,6 +38,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.componentAnnotation": contract.COMPONENT_ANNOTATION,
     "metax-operator.schedulingBaseAnnotation": contract.SCHEDULING_BASE_ANNOTATION,
     "metax-operator.schedulingInputsAnnotation": contract.SCHEDULING_INPUTS_ANNOTATION,
+    "metax-operator.sharedFieldsAnnotation": contract.SHARED_FIELDS_ANNOTATION,
     "metax-operator.releaseRevisionAnnotation": contract.RELEASE_REVISION_ANNOTATION,
     "metax-operator.driverPayloadContainer": contract.DRIVER_PAYLOAD_CONTAINER,
     "metax-operator.hookLabel": contract.HOOK_LABEL,

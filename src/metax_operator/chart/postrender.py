@@ -11,7 +11,9 @@ Contract with the chart: every component DaemonSet carries the annotations
 - `gpu.metax-tech.com/scheduling-inputs`: compact JSON `{"global": <podTemplateSpec or null>,
   "component": <<key>.podTemplateSpec or null>, "tolerations": <deprecated tolerations or null>}`.
 For each, `spec.template.spec.{nodeSelector,affinity,tolerations}` becomes
-merge(base, inputs); because the base comes from the annotation, a second run gives the
+merge(base, inputs), except in a DaemonSet whose `gpu.metax-tech.com/shared-fields` annotation is
+`live`: the chart rendered those fields as the installed DaemonSet holds them, which the runner
+keeps as the CR says; because the base comes from the annotation, a second run gives the
 same bytes. Every other document, and every DaemonSet whose fields are already right,
 passes through as the exact text it came in (separators and `# Source:` comments too).
 In a changed DaemonSet only the text of the changed fields is rewritten (`_splice`), so every
@@ -45,7 +47,7 @@ import re
 import sys
 
 from metax_operator.chart.merge import MANAGED_FIELDS, inputs_from_annotations, merge_scheduling
-from metax_operator.contract import SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.contract import SCHEDULING_INPUTS_ANNOTATION, SHARED_FIELDS_ANNOTATION
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
 from metax_operator.yamltext import duplicate_keys, nesting_problem
@@ -118,6 +120,8 @@ def render_document(body: str) -> tuple[str | None, list[str]]:
         loader.dispose()
     annotations = lookup(doc, "metadata", "annotations")
     if lookup(doc, "kind") != "DaemonSet" or not isinstance(annotations, dict) or SCHEDULING_INPUTS_ANNOTATION not in annotations:
+        return None, []
+    if annotations.get(SHARED_FIELDS_ANNOTATION) == "live":  # the runner's, as the live DaemonSet holds them
         return None, []
     result, notices = merge_scheduling(inputs_from_annotations(annotations))
     pod_spec = lookup(doc, "spec", "template", "spec")
