@@ -1,0 +1,93 @@
+"""One writer per field after a runtime edit of the CR, on the user's path (the chart from the
+local OCI registry without the post-renderer, every hook and the runner as containers of the
+tools image on the real node), under Helm 3 and Helm 4.
+
+The administrator edits gpu-device's `podTemplateSpec` and log level in the CR (seed §3.2.8), and
+the runner writes them to the DaemonSet. Then:
+- a routine `helm upgrade` of the same chart to a new driver version succeeds, leaves gpu-device's
+  pod template as the CR has it (before: Helm 3 wrote the values' copy back and the runner the
+  CR's again, two new pod generations; Helm 4 failed on a field conflict with the runner), and
+  the driver rolls out in waves within `maxParallel`;
+- a values change of a field the runner writes (`gpuDevice.healthyInterval`) reaches the pods
+  once, through the bootstrap hook and the runner, and the runtime edit stays.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.disruption import DriverDownWatch, down_now, quiet
+from tests.e2e.tools import kubectl
+from tests.e2e.userpath import (
+    GPU_NODES,
+    NS,
+    driver_daemonset,
+    driver_pods,
+    ok,
+    payload_image,
+    release_name,
+    rollout_completed,
+    seed_install,
+)
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node-2")]  # a cluster of its own: conftest.py
+
+MAX_PARALLEL = 1
+POLICY = {"enableRollout": True, "maxParallel": MAX_PARALLEL, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
+NEW = "2.33.0.1"
+MAINTENANCE = {"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}
+RUNTIME_EDIT = json.dumps(
+    {"spec": {"gpuDevice": {"podTemplateSpec": {"spec": {"tolerations": [MAINTENANCE]}}, "log": {"level": "debug"}}}}
+)
+
+
+def gpu_device(api) -> client.V1DaemonSet:
+    return client.AppsV1Api(api).read_namespaced_daemon_set("metax-gpu-device", NS)
+
+
+def rolled_out(ds: client.V1DaemonSet) -> bool:
+    s = ds.status
+    return (
+        s.observed_generation == ds.metadata.generation
+        and s.desired_number_scheduled == s.updated_number_scheduled == s.number_ready
+    )
+
+
+def env(ds: client.V1DaemonSet) -> dict[str, str]:
+    return {e.name: e.value for e in ds.spec.template.spec.containers[0].env if e.value_from is None}
+
+
+def edited(ds: client.V1DaemonSet) -> bool:
+    tolerations = [t.to_dict() for t in ds.spec.template.spec.tolerations or []]
+    carries = any({k: t.get(k) for k in MAINTENANCE} == MAINTENANCE for t in tolerations)
+    return carries and env(ds).get("LOG_LEVEL") == "debug"
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_routine_helm_upgrades_after_a_runtime_edit_of_the_cr(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    cluster, api = tools_cluster, tools_api
+    values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY})
+    release = release_name(ok(seed_install(cluster, which, values)))
+    eventually(lambda: len(driver_pods(api)) == GPU_NODES and not down_now(api, NS), 120, "a driver pod on every GPU node")
+    watch = DriverDownWatch(api, NS)
+
+    kubectl(cluster.cp, "patch", "clusteroperators.gpu.metax-tech.com", "cluster-operator", "--type=merge", "-p", RUNTIME_EDIT)
+    eventually(lambda: edited(gpu_device(api)) and rolled_out(gpu_device(api)), 120, "the runtime edit on gpu-device's pods")
+    generation = gpu_device(api).metadata.generation
+
+    upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--wait", "--timeout", "5m")
+    ok(cluster.helm(which, *upgrade, "--set", f"driver.payload.version={NEW}"))
+    eventually(lambda: rollout_completed(api), 240, "the staged rollout to the new driver completed")
+    assert payload_image(driver_daemonset(api)).endswith(f":{NEW}")
+    ds = gpu_device(api)
+    assert edited(ds) and ds.metadata.generation == generation, (generation, ds.metadata.generation, ds.spec.template.spec)
+
+    ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.healthyInterval=7"))
+    eventually(lambda: env(gpu_device(api)).get("HEALTHY_INTERVAL") == "7", 120, "the values' change on gpu-device")
+    ds = gpu_device(api)
+    assert edited(ds) and ds.metadata.generation == generation + 1, (generation, ds.metadata.generation)
+    quiet(api, watch, MAX_PARALLEL)
