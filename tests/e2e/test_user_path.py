@@ -55,6 +55,11 @@ def test_seed_install_helm_test_staged_upgrade_and_uninstall(tools_cluster, tool
     seed_path(tools_cluster, tools_api, tmp_path, which)
 
 
+def runner_event_reasons(core: client.CoreV1Api) -> set[str]:
+    events = core.list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items
+    return {e.reason for e in events if e.reporting_component == "metax-operator-runner"}
+
+
 def seed_path(cluster: ToolsCluster, api, tmp_path, which: str) -> None:
     """The seed's install, helm test, a staged upgrade through the values and uninstall, each
     checked where it ends (tests/e2e/test_versions_user_path.py walks it on other versions)."""
@@ -133,9 +138,12 @@ def seed_path(cluster: ToolsCluster, api, tmp_path, which: str) -> None:
     assert {c["type"]: c["status"] for c in done["condition"]}["Succeed"] == "True"
     revisions = [p.metadata.labels["controller-revision-hash"] for p in driver_pods(api)]
     assert revisions == [step["upgradingPodSpecRevision"]] * GPU_NODES
-    events = core.list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator").items
-    reasons = {e.reason for e in events if e.reporting_component == "metax-operator-runner"}
-    assert {"RolloutStarted", "StepReady", "Completed"} <= reasons, reasons
+    # The runner writes a pass's status before its Events: wait for the last pass's.
+    eventually(
+        lambda: {"RolloutStarted", "StepReady", "Completed"} <= runner_event_reasons(core),
+        30,
+        "the runner's Events of the rollout",
+    )
     assert (waves := runner_waves(cluster)) == {0: [1], 1: [2, 1]}, waves
 
     # helm uninstall --wait: the cleanup hook runs on the real node and nothing of ours is left
