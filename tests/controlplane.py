@@ -104,22 +104,27 @@ def bin_dir(version: str) -> Path:
 
 
 NODE_BINARIES = ("kubelet", "kube-proxy")
-KUBELET_SKEW = 3  # the version skew policy: a kubelet up to 3 minor versions older than its API server
+
+
+def kubelet_skew(version: str) -> int:
+    """How many minor versions older than an API server of `version` its kubelets may be, by the
+    version skew policy: 3 from 1.28, 2 before."""
+    return 3 if minor(version) >= 28 else 2
 
 
 def node_version(version: str) -> str:
-    """The version of the real node's kubelet and kube-proxy under an API server of `version`:
-    its own where setup builds them (the matrix line names them), else the default version's,
-    which the skew policy allows up to KUBELET_SKEW minors below the API server. The newest
-    releases' kubelets need containerd 2 and cgroup v2 (from 1.36), which the Debian node here
-    does not have."""
-    if version == K8S_VERSION or any(v.version == version and "kubelet" in v.binaries for v in matrix()):
-        return version
-    if 0 <= minor(version) - minor(K8S_VERSION) <= KUBELET_SKEW:
-        return K8S_VERSION
+    """The version of the real node's kubelet and kube-proxy under an API server of `version`: of
+    those setup builds (the default version's, and each matrix line's that names them), the newest
+    that is not newer than the API server and within the skew policy. The newest releases'
+    kubelets need containerd 2 and cgroup v2 (from 1.36), which the Debian node here does not
+    have, so the newest API server gets an older kubelet."""
+    built = [K8S_VERSION, *(v.version for v in matrix() if "kubelet" in v.binaries)]
+    fits = [b for b in built if 0 <= minor(version) - minor(b) <= kubelet_skew(version)]
+    if fits:
+        return max(fits, key=lambda b: tuple(int(part) for part in b.lstrip("v").split(".")))
     raise ControlPlaneError(
-        f"Kubernetes {version} has no kubelet built and {K8S_VERSION}'s is outside the skew policy: "
-        f"add kubelet,kube-proxy to its line of {MATRIX.relative_to(REPO)} and run 'make setup'"
+        f"Kubernetes {version} has no kubelet built within the skew policy ({kubelet_skew(version)} minor versions "
+        f"older at most): add kubelet,kube-proxy to a line of {MATRIX.relative_to(REPO)} and run 'make setup'"
     )
 
 

@@ -84,6 +84,17 @@ def test_kube_version_is_the_oldest_the_matrix_proves():
     assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == f">=1.{oldest}.0-0"
 
 
+def test_every_rollout_version_has_a_kubelet_within_the_skew_policy():
+    """The user's path runs on each `rollout` version with the real node (test_versions_user_path.py):
+    its kubelet is one setup builds, not newer than the API server, at most the skew policy's
+    minor versions older (2 before 1.28, 3 from it)."""
+    built = {controlplane.K8S_VERSION} | {v.version for v in VERSIONS if "kubelet" in v.binaries}
+    for version in (v.version for v in VERSIONS if v.runs == "rollout"):
+        node = controlplane.node_version(version)
+        skew = controlplane.minor(version) - controlplane.minor(node)
+        assert node in built and 0 <= skew <= (3 if controlplane.minor(version) >= 28 else 2), (version, node)
+
+
 @pytest.fixture(scope="module", params=VERSIONS, ids=[v.version for v in VERSIONS])
 def server(request, tmp_path_factory):
     version = request.param
