@@ -109,18 +109,18 @@ fail the upgrade on a field conflict (Helm 4). Takes (dict "root" $ "name" DAEMO
 {{- toJson $live -}}
 {{- end }}
 
-{{/* The annotations and scheduling fields of a component's pod template: the live DaemonSet's
-(metax-operator.liveDaemonSet) with the annotation that tells the post-renderer to leave them,
-else the chart's base, which the post-renderer merges the values into. Takes the component's
-context with "live". */}}
+{{/* The scheduling fields of a component's pod template, as JSON: the live DaemonSet's
+(metax-operator.liveDaemonSet; its annotation `shared-fields: live` tells the post-renderer to
+leave them), else the chart's base, which the post-renderer merges the values into. Takes the
+component's context with "live". */}}
 {{- define "metax-operator.scheduling" -}}
 {{- include "metax-operator.needs" (list "scheduling" . "root" "key" "live") -}}
-{{- if .live -}}
-  {{- $pod := ((.live.spec).template).spec | default dict -}}
-  {{- $fields := dict -}}
-  {{- range $field := list "nodeSelector" "affinity" "tolerations" -}}
-    {{- if hasKey $pod $field }}{{ $_ := set $fields $field (get $pod $field) }}{{ end -}}
-  {{- end -}}
+{{- $pod := (((.live).spec).template).spec | default dict -}}
+{{- $fields := dict -}}
+{{- range $field := list "nodeSelector" "affinity" "tolerations" -}}
+  {{- if hasKey $pod $field }}{{ $_ := set $fields $field (get $pod $field) }}{{ end -}}
+{{- end -}}
+{{- if $fields -}}
   {{- toJson $fields -}}
 {{- else -}}
   {{- include "metax-operator.schedulingBase" . -}}
