@@ -131,6 +131,8 @@ def node_version(version: str) -> str:
 GPU_LABEL = "metax-tech.com/gpu.installed"
 GPU_RESOURCE = "metax-tech.com/gpu"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_STARTUP_RACE = "fatal error: concurrent map writes"
+KWOK_STARTS = 3  # starts tried when kwok dies of its own startup race (see `_start_kwok`), which is rare
 GPUS_ANNOTATION = "metax-operator.test/gpus"  # how many GPUs a simulated node reports
 RESOURCES_ANNOTATION = "metax-operator.test/resources"  # JSON {resource: count} it also reports
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -705,12 +707,12 @@ class ControlPlane:
             ],
             health=f"https://127.0.0.1:{sched_port}/healthz",
         )
-        self._start_kwok()
+        self._start_kwok(deadline)
         arm = int(gpu_nodes * ARM_SHARE)
         self.add_nodes(gpu_nodes - arm, gpu=True, wait=False)
         self.add_nodes(arm, gpu=True, labels={ARCH_LABEL: "arm64"}, wait=False)
         self.add_nodes(plain_nodes, gpu=False, wait=False)
-        self._wait_healthy(["kube-controller-manager", "kube-scheduler", "kwok"], deadline)
+        self._wait_healthy(["kube-controller-manager", "kube-scheduler"], deadline)
         if real_node:
             self._start_real_node(pki, deadline)
         self.wait_nodes_ready(deadline)
@@ -907,7 +909,28 @@ class ControlPlane:
 
     # -- kwok and faults --
 
-    def _start_kwok(self) -> None:
+    def _start_kwok(self, deadline: float) -> None:
+        """Start kwok and wait until it is healthy. kwok (0.7 and 0.8 alike) can die as it starts from
+        a data race of its own: its stage controllers and its metrics compile CEL environments at
+        once, both writing one unguarded map of github.com/wzshiming/easycel ("fatal error:
+        concurrent map writes"). Only that death is retried; any other failure is raised."""
+        for attempt in range(1, KWOK_STARTS + 1):
+            log = self.workdir / "logs" / "kwok.log"
+            start = log.stat().st_size if log.exists() else 0
+            self._spawn_kwok()
+            try:
+                self._wait_healthy(["kwok"], deadline)
+                return
+            except ControlPlaneError:
+                kwok = self.components["kwok"]
+                with log.open("rb") as out:
+                    out.seek(start)
+                    raced = KWOK_STARTUP_RACE in out.read().decode(errors="replace")
+                if attempt == KWOK_STARTS or kwok.process.poll() is None or not raced:
+                    raise
+                self.components.pop("kwok")
+
+    def _spawn_kwok(self) -> None:
         port = free_port()
         config = self.workdir / "kwok.yaml"
         stock = [
@@ -943,8 +966,7 @@ class ControlPlane:
 
     def _restart_kwok(self) -> None:
         stop_pid(self.components["kwok"].process.pid, self.components.pop("kwok").process)
-        self._start_kwok()
-        self._wait_healthy(["kwok"], time.monotonic() + 30)
+        self._start_kwok(time.monotonic() + 30)
         self._write_state()
 
     def _pod_fault(self, kind: str, stage: Callable[[str], dict]) -> Fault:
