@@ -834,10 +834,14 @@ class ControlPlane:
             tls.verify_mode = ssl.CERT_NONE
         self._run(name, [str(self.binary(name)), *args], lambda: _status(health, tls) == 200, str(self.binary(name)))
 
+    def log_path(self, name: str) -> Path:
+        """Where a component's output goes (appended to across restarts)."""
+        return self.workdir / "logs" / f"{name}.log"
+
     def _run(
         self, name: str, command: list[str], healthy: Callable[[], bool], exe: str, preexec_fn: Callable[[], None] | None = None
     ) -> None:
-        log = self.workdir / "logs" / f"{name}.log"
+        log = self.log_path(name)
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
             process = subprocess.Popen(
@@ -914,8 +918,8 @@ class ControlPlane:
         a data race of its own: its stage controllers and its metrics compile CEL environments at
         once, both writing one unguarded map of github.com/wzshiming/easycel ("fatal error:
         concurrent map writes"). Only that death is retried; any other failure is raised."""
+        log = self.log_path("kwok")
         for attempt in range(1, KWOK_STARTS + 1):
-            log = self.workdir / "logs" / "kwok.log"
             start = log.stat().st_size if log.exists() else 0
             self._spawn_kwok()
             try:
