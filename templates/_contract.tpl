@@ -37,6 +37,12 @@ replaced only when the runner deletes them. The runner applies the same. */}}
 {"type":"OnDelete"}
 {{- end }}
 
+{{/* The other components' updateStrategy, as JSON: rendered only with the runner disabled;
+otherwise the runner alone writes it. */}}
+{{- define "metax-operator.componentUpdateStrategy" -}}
+{"type":"RollingUpdate","rollingUpdate":{"maxUnavailable":"10%"}}
+{{- end }}
+
 {{/* The environment variables rendered from values fields the CR also carries, as a JSON
 object {group: [[VAR, [path under the values map]]]}: `log` for the log settings, else a
 component's values key. The runner sets the same variables from the CR. */}}

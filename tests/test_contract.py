@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from metax_operator import contract
-from metax_operator.hooks import cleanup
+from metax_operator.hooks import cleanup, rollback_hold
 from tests.helm import CHART, helm_bin, render_chart  # noqa: F401 (helm_bin: a fixture)
 
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -67,7 +67,12 @@ def test_rbac_rules_name_the_contracts_objects(helm_bin):
     }
     test_role = next(role for role, _ in named["daemonsets"] if role.endswith("-test"))
     cleanup_role = next(role for role, _ in named["daemonsets"] if role.endswith("-cleanup"))
-    assert dict(named["daemonsets"]) == {test_role: list(contract.DAEMONSETS.values()), cleanup_role: list(cleanup.NODE_WRITERS)}
+    hold_role = next(role for role, _ in named["daemonsets"] if role.endswith("-rollback-hold"))
+    assert dict(named["daemonsets"]) == {
+        test_role: list(contract.DAEMONSETS.values()),
+        cleanup_role: list(cleanup.NODE_WRITERS),
+        hold_role: list(rollback_hold.COMPONENTS.values()),
+    }
     assert named["configmaps"] and all(names == list(contract.CONFIGMAPS) for _, names in named["configmaps"])
     assert named["services"] and all(names == [contract.EXPORTER_SERVICE] for _, names in named["services"])
 

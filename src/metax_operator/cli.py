@@ -26,6 +26,7 @@ COMMANDS = {
     "preflight": "hooks.preflight",
     "upgrade-crds": "hooks.upgrade_crds",
     "bootstrap": "hooks.bootstrap",
+    "rollback-hold": "hooks.rollback_hold",
     "cleanup": "hooks.cleanup",
     "test": "hooks.test",
     "postrender": "chart.postrender",

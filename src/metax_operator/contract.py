@@ -60,6 +60,14 @@ REVISION_LABEL = "controller-revision-hash"
 #: `enableRollout`: a strategy that let the DaemonSet controller replace pods would take effect
 #: the moment any writer (a Helm upgrade, an Argo CD sync, a rollback) rendered it mid-rollout.
 DRIVER_UPDATE_STRATEGY = {"type": "OnDelete"}
+#: The other components' update strategy, which the runner alone writes (with the runner enabled
+#: the chart leaves it out): the DaemonSet controller replaces their pods, a tenth of the nodes at
+#: a time. Left out of every release's manifest so that `helm rollback` cannot write it: the
+#: pre-rollback hook sets these DaemonSets to `OnDelete` while Helm re-applies an old release's
+#: pod templates (which may hold fields as they were before that release's own change reached
+#: the CR), and the runner puts this back with the CR's fields in one write, so the pods are
+#: replaced once (`hooks/rollback_hold.py`).
+COMPONENT_UPDATE_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
 #: Environment variables rendered from a values field the CR also carries, VAR -> the field's path
 #: under the component's values (the CR's `spec.<component>`): the chart renders them, and the
 #: runner sets them from the CR. `LOG_ENV` is on every component container (and the runner's, from
@@ -116,8 +124,9 @@ BOOTSTRAP_CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
 #: On each admin-editable ConfigMap: the CR value (JSON, by key) the runner last wrote there.
 CR_APPLIED_ANNOTATION = "gpu.metax-tech.com/cr-applied"
 #: A Helm release revision (`.Release.Revision`): on each component DaemonSet, the one whose
-#: manifest Helm applied last; on the CR, the one the bootstrap hook last ran for. A DaemonSet
-#: behind the CR means Helm has run its pre-upgrade hooks and not yet applied the release: the
+#: manifest Helm applied last; on the CR, the one the bootstrap hook last ran for (or the one the
+#: pre-rollback hook restores). A DaemonSet at another revision than the CR means Helm has run its
+#: pre-upgrade (pre-rollback) hooks and not yet applied the release: the
 #: runner then writes nothing (`runtime/helm_hold.py`), for at most HELM_APPLY_WAIT seconds
 #: after the bootstrap's write (an upgrade that fails after its hooks never applies).
 RELEASE_REVISION_ANNOTATION = "gpu.metax-tech.com/release-revision"

@@ -15,9 +15,10 @@ the runner writes them to the DaemonSet. Then:
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from tests.e2e.disruption import DriverDownWatch, down_now, quiet
 from tests.e2e.tools import kubectl
@@ -91,3 +92,61 @@ def test_routine_helm_upgrades_after_a_runtime_edit_of_the_cr(tools_cluster, too
     ds = gpu_device(api)
     assert edited(ds) and ds.metadata.generation == generation + 1, (generation, ds.metadata.generation)
     quiet(api, watch, MAX_PARALLEL)
+
+
+def gpu_device_selector(api) -> str:
+    return ",".join(f"{k}={v}" for k, v in gpu_device(api).spec.selector.match_labels.items())
+
+
+def pods_created_since(api, version: str) -> dict[str | None, int]:
+    """The gpu-device pods created after resourceVersion `version`, counted by the node they were
+    bound to (None: never bound). The API server replays the changes since then; a version it no
+    longer has fails the watch."""
+    created, node = set(), {}
+    changes = watch.Watch().stream(
+        client.CoreV1Api(api).list_namespaced_pod,
+        NS,
+        label_selector=gpu_device_selector(api),
+        resource_version=version,
+        timeout_seconds=3,
+    )
+    for change in changes:
+        pod = change["object"]
+        if change["type"] == "ADDED":
+            created.add(pod.metadata.uid)
+        node[pod.metadata.uid] = pod.spec.node_name or node.get(pod.metadata.uid)
+    return dict(Counter(node[uid] for uid in created))
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_helm_rollback_replaces_component_pods_once(tools_cluster, tools_api, clean_slate, tmp_path, which):
+    """`helm rollback` to a revision whose upgrade changed a field the runner writes
+    (`gpuDevice.log.level`): the stored manifest holds the value from before that change, Helm
+    writes it, and the runner then writes the revision's. The pre-rollback hook sets gpu-device
+    to OnDelete meanwhile, so its pods are replaced once, straight to the final template."""
+    cluster, api = tools_cluster, tools_api
+    values = cluster.user_values(tmp_path, runner={"interval": 1})
+    release = release_name(ok(seed_install(cluster, which, values)))
+    upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--wait", "--timeout", "5m")
+    ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.log.level=debug"))
+    eventually(lambda: env(gpu_device(api)).get("LOG_LEVEL") == "debug" and rolled_out(gpu_device(api)), 120, "debug logs")
+    revision_2 = env(gpu_device(api))
+    ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.healthyInterval=7"))
+    eventually(lambda: env(gpu_device(api)).get("HEALTHY_INTERVAL") == "7" and rolled_out(gpu_device(api)), 120, "interval 7")
+    strategy = gpu_device(api).spec.update_strategy.to_dict()
+    assert strategy["type"] == "RollingUpdate" and strategy["rolling_update"]["max_unavailable"] == "10%", strategy
+    before = client.CoreV1Api(api).list_namespaced_pod(NS).metadata.resource_version
+
+    # Helm 4 applies server-side: the runner owns LOG_LEVEL, which the stored manifest holds at
+    # its older value, so the rollback needs --force-conflicts (docs/rollout-admin.md).
+    ok(cluster.helm(which, "rollback", release, "2", "-n", NS, "--wait", *(["--force-conflicts"] if which == "helm4" else [])))
+    eventually(
+        lambda: env(gpu_device(api)) == revision_2 and rolled_out(gpu_device(api)),
+        180,
+        "gpu-device back at revision 2's fields",
+    )
+    assert gpu_device(api).spec.update_strategy.to_dict() == strategy, "the runner put the rolling update back"
+    created = pods_created_since(api, before)
+    pods = client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=gpu_device_selector(api)).items
+    nodes = {p.spec.node_name for p in pods}
+    assert created and set(created) == nodes and set(created.values()) == {1}, created

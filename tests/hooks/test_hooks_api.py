@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import yaml
 
 from metax_operator import cli, contract
 from metax_operator.chart import schema
-from metax_operator.hooks import bootstrap, cleanup, common
-from metax_operator.runtime import kube
+from metax_operator.hooks import bootstrap, cleanup, common, rollback_hold
+from metax_operator.runtime import helm_hold, kube
 from tests.controlplane import GPU_LABEL
 from tests.e2e.tools import service_account_kubeconfig
 from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, find, render_chart
@@ -570,6 +571,60 @@ def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client,
         30,
         "the garbage collector to delete the binding, a dependent of the deleted role",
     )
+
+
+# --- rollback-hold ---------------------------------------------------------------------------
+
+
+def test_rollback_hold_holds_the_runner_and_stops_rolling_updates_with_its_own_rbac(
+    control_plane, client, hooks, no_cr, namespace, tmp_path
+):
+    """As the pre-rollback Job runs it: its ServiceAccount with exactly the chart's rules. The
+    release at revision 4 rolls back to the one `helm template` renders (revision 1)."""
+    assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)), "--release-revision", "4")[0] == 0
+    for name in [*rollback_hold.COMPONENTS.values(), contract.DRIVER_DAEMONSET]:
+        ds = daemonset(name, namespace)
+        ds["metadata"]["annotations"] = {contract.RELEASE_REVISION_ANNOTATION: "4"}
+        if name == contract.DRIVER_DAEMONSET:
+            ds["spec"]["updateStrategy"] = contract.DRIVER_UPDATE_STRATEGY
+        client.apply(ds, field_manager="helm")
+    rendered = render_chart(BASE_VALUES, show_only=["templates/hooks/rollback-hold.yaml"])
+    for obj in rendered:
+        if "namespace" in obj["metadata"]:
+            obj["metadata"]["namespace"] = namespace
+        for subject in obj.get("subjects", []):
+            subject["namespace"] = namespace
+        if obj["kind"] != "Job":
+            client.apply(obj, field_manager="helm")
+    job = find(rendered, "Job", "metax-operator-rollback-hold")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-rollback"
+    args = [namespace if a == "metax-operator" else a for a in job["spec"]["template"]["spec"]["containers"][0]["args"]]
+    as_hook = Hooks(service_account_kubeconfig(control_plane, tmp_path, "metax-operator-rollback-hold", namespace), hooks.capsys)
+
+    code, out, err = as_hook(*args)
+    assert code == 0, err
+    cr = client.get(*CR)
+    assert cr["metadata"]["annotations"][contract.RELEASE_REVISION_ANNOTATION] == "1"
+    daemonsets = {name: client.get("apps/v1", "DaemonSet", name, namespace) for name in rollback_hold.COMPONENTS.values()}
+    for name, ds in daemonsets.items():
+        assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, name
+        assert name in out
+    driver = client.get("apps/v1", "DaemonSet", contract.DRIVER_DAEMONSET, namespace)
+    assert rollback_hold.FIELD_MANAGER not in {m["manager"] for m in driver["metadata"]["managedFields"]}
+    # Until Helm has applied revision 1 to the DaemonSets, the runner writes nothing.
+    held = helm_hold.hold(cr, daemonsets, time.time)
+    assert held is not None and held.revision == 1 and held.behind == sorted(daemonsets)
+
+    code, out, err = as_hook(*args)  # retried (a second `helm rollback`): nothing more to stop
+    assert code == 0 and "nothing to stop" in out, (out, err)
+
+
+def test_rollback_hold_without_a_cr_does_nothing(client, hooks, no_cr, namespace):
+    client.apply(daemonset("metax-gpu-device", namespace), field_manager="helm")
+    code, out, err = hooks("rollback-hold", "--namespace", namespace, "--release-revision", "2")
+    assert code == 0 and "nothing to stop" in out, (out, err)
+    strategy = client.get("apps/v1", "DaemonSet", "metax-gpu-device", namespace)["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
 
 
 # --- helm test -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The runner's hold between Helm's pre-upgrade hooks and its apply (`runtime.helm_hold`)."""
+"""The runner's hold between Helm's pre-upgrade (pre-rollback) hooks and its apply (`runtime.helm_hold`)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,15 @@ def test_the_runner_holds_while_a_daemonset_is_behind_the_revision_the_bootstrap
     assert held is not None and (held.revision, held.behind, held.until) == (4, ["metax-driver"], T0 + HELM_APPLY_WAIT)
 
 
+def test_the_runner_holds_while_a_rollback_has_not_applied_the_older_revision():
+    # the pre-rollback hook wrote revision 2 into the CR; the DaemonSets still carry 4
+    held = hold(cr("2"), daemonsets(driver="4", maca="4"), at(T0 + 5))
+    assert held is not None and held.behind == ["metax-driver", "metax-maca"]
+    assert hold(cr("2"), daemonsets(driver="2", maca="2"), at(T0 + 5)) is None
+
+
 def test_no_hold_once_helm_applied_the_release_or_without_a_record():
-    assert hold(cr("4"), daemonsets(driver="4", maca="5"), at(T0 + 5)) is None
+    assert hold(cr("4"), daemonsets(driver="4", maca="4"), at(T0 + 5)) is None
     assert hold(cr(None), daemonsets(driver="3"), at(T0 + 5)) is None  # Argo CD, or an older chart's bootstrap
     assert hold(cr("4", wrote=None), daemonsets(driver="3"), at(T0 + 5)) is None
 

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import daemonset, images
 from metax_operator.chart.daemonset import desired_daemonset
-from metax_operator.contract import RUNNER_FIELD_MANAGER
+from metax_operator.contract import COMPONENT_UPDATE_STRATEGY, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.runtime import reconcile
@@ -45,11 +45,20 @@ VALUES = {
 }
 
 
+def chart_daemonsets(values: dict) -> dict[str, dict]:
+    """The chart's DaemonSets for `values`, by component key, as `helm template` renders them."""
+    objects = render_chart(values)
+    return {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds for ds in objects if ds["kind"] == "DaemonSet"}
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, dict]:
-    """The chart's DaemonSets for VALUES, by component key (rendered once)."""
-    objects = render_chart(VALUES)
-    return {ds["metadata"]["annotations"]["gpu.metax-tech.com/component"]: ds for ds in objects if ds["kind"] == "DaemonSet"}
+    """The chart's DaemonSets for VALUES once installed (rendered once): with the components'
+    updateStrategy, which the chart leaves to the runner and its first pass sets."""
+    daemonsets = chart_daemonsets(VALUES)
+    for ds in daemonsets.values():
+        ds["spec"].setdefault("updateStrategy", copy.deepcopy(COMPONENT_UPDATE_STRATEGY))
+    return daemonsets
 
 
 def deep_update(tree: dict, changes: dict) -> dict:
@@ -443,7 +452,7 @@ def test_the_partial_object_holds_only_what_the_cr_governs(rendered, cr_spec):
     for container in pod_spec(desired)["containers"]:
         assert set(container) == {"name", "env"}
     maca, _ = desired_daemonset("maca", rendered["maca"], cr_spec())
-    assert set(maca["spec"]) == {"template"}
+    assert set(maca["spec"]) == {"template", "updateStrategy"}
 
 
 # -- the driver's update strategy: OnDelete whatever the policy -------------------------------------
@@ -467,6 +476,34 @@ def test_toggling_the_rollout_in_the_cr_leaves_the_driver_strategy_alone(rendere
         policy = {"enableRollout": enabled, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
         out = decide(observed(rendered, cr_spec(driver={"upgradePolicy": policy})))
         assert all("updateStrategy" not in a.fields for a in out.applies), enabled
+
+
+def test_the_first_pass_after_an_install_sets_the_components_strategy_and_nothing_else(cr_spec):
+    # The chart leaves it out of every release (helm rollback must not write it); the API server
+    # defaults it to one pod at a time.
+    installed = chart_daemonsets(VALUES)
+    for key, ds in installed.items():
+        assert ("updateStrategy" in ds["spec"]) is (key == "driver"), key
+        if key != "driver":
+            ds["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    out = decide(observed(installed, cr_spec()))
+    assert sorted(a.body["metadata"]["name"] for a in out.applies) == sorted(
+        ds["metadata"]["name"] for key, ds in installed.items() if key != "driver"
+    )
+    for apply in out.applies:
+        assert apply.fields == ("updateStrategy",)
+        assert apply.body["spec"] == {"template": {"spec": {}}, "updateStrategy": COMPONENT_UPDATE_STRATEGY}
+
+
+def test_the_rolling_update_is_put_back_with_the_cr_fields_in_one_write(rendered, cr_spec):
+    # After the pre-rollback hook's OnDelete: Helm wrote an older log level, the CR holds debug.
+    live = copy.deepcopy(rendered["gpuDevice"])
+    live["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    out = decide(observed(rendered, cr_spec(gpuDevice={"log": {"level": "debug"}}), {**rendered, "gpuDevice": live}))
+    (apply,) = out.applies
+    assert set(apply.fields) == {"containers", "updateStrategy"}
+    assert apply.body["spec"]["updateStrategy"] == COMPONENT_UPDATE_STRATEGY
+    assert pod_spec(apply.body)["containers"] == [{"name": "gpu-device", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}]
 
 
 def test_a_strategy_another_writer_rendered_is_put_back_to_on_delete(rendered, cr_spec):

@@ -36,6 +36,7 @@ from unittest import mock
 
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.contract import COMPONENT_UPDATE_STRATEGY
 from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from tests.fakeapi import FakeApi
@@ -137,6 +138,8 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
             if obj["kind"] in ("DaemonSet", "ConfigMap", "Service"):
                 live = copy.deepcopy(obj)
                 live["metadata"].update(namespace=NS, uid=f"uid-{obj['metadata']['name']}", generation=1)
+                if obj["kind"] == "DaemonSet":  # the components' strategy, which the chart leaves to the runner, is set
+                    live["spec"].setdefault("updateStrategy", copy.deepcopy(COMPONENT_UPDATE_STRATEGY))
                 api.put(path_of(obj), live)
         for node in NODES:
             api.put(f"/api/v1/nodes/{node}", {"metadata": {"name": node}, "spec": {}})

@@ -3,7 +3,7 @@
 `desired_daemonset` is what the runner's reconcile applies for a CR spec: the scheduling fields
 (the podTemplateSpec rules of `merge.py` over the base the chart recorded in the DaemonSet's
 annotations), the environment variables the chart renders from CR fields (`ENV`), the payload
-images and the driver's update strategy. `restored_driver_spec` is its inverse for the driver,
+images and the update strategy. `restored_driver_spec` is its inverse for the driver,
 which a rollback writes back to the CR. Pure functions of their arguments: the runtime's
 reconcile and the rollout's restore both use them.
 """
@@ -18,6 +18,7 @@ from metax_operator.chart import images
 from metax_operator.chart.merge import MANAGED_FIELDS, SchedulingInputs, inputs_from_annotations, merge_scheduling
 from metax_operator.contract import (
     COMPONENT_ENV,
+    COMPONENT_UPDATE_STRATEGY,
     DAEMONSETS,
     DRIVER_PAYLOAD_CONTAINER,
     DRIVER_UPDATE_STRATEGY,
@@ -66,10 +67,10 @@ def desired_daemonset(key: str, ds: dict, spec: dict) -> tuple[dict, list[str]]:
         "spec": {"template": {"spec": pod_spec}},
     }
     changed = [f for f in pod_spec if not covers(live.get(f), pod_spec[f], f)]
-    if key == "driver":
-        desired["spec"]["updateStrategy"] = copy.deepcopy(DRIVER_UPDATE_STRATEGY)
-        if (ds.get("spec") or {}).get("updateStrategy") != DRIVER_UPDATE_STRATEGY:
-            changed.append("updateStrategy")
+    strategy = DRIVER_UPDATE_STRATEGY if key == "driver" else COMPONENT_UPDATE_STRATEGY
+    desired["spec"]["updateStrategy"] = copy.deepcopy(strategy)
+    if not covers((ds.get("spec") or {}).get("updateStrategy"), strategy):
+        changed.append("updateStrategy")
     return desired, changed
 
 

@@ -98,6 +98,10 @@ def render_contract_template() -> str:
         "{{/* The driver DaemonSet's updateStrategy, as JSON, whatever the policy: its pods are\n"
         "replaced only when the runner deletes them. The runner applies the same. */}}\n"
         f'{{{{- define "metax-operator.driverUpdateStrategy" -}}}}\n{_json(contract.DRIVER_UPDATE_STRATEGY)}\n{{{{- end }}}}\n',
+        "{{/* The other components' updateStrategy, as JSON: rendered only with the runner disabled;\n"
+        "otherwise the runner alone writes it. */}}\n"
+        '{{- define "metax-operator.componentUpdateStrategy" -}}\n'
+        f"{_json(contract.COMPONENT_UPDATE_STRATEGY)}\n{{{{- end }}}}\n",
         "{{/* The environment variables rendered from values fields the CR also carries, as a JSON\n"
         "object {group: [[VAR, [path under the values map]]]}: `log` for the log settings, else a\n"
         "component's values key. The runner sets the same variables from the CR. */}}\n"

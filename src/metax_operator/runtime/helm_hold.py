@@ -6,10 +6,14 @@ applies the release's objects. A runner acting on that CR write at once (rolling
 DaemonSets' fields before Helm writes the values' copy of them: Helm 4's server-side apply then
 fails the upgrade on a field conflict with the runner, and Helm 3's three-way merge writes the
 template back (a second template change, a driver revision the CR does not name). So the runner
-writes nothing while a DaemonSet carries an older release revision than the CR
+writes nothing while a DaemonSet carries another release revision than the CR
 (`contract.RELEASE_REVISION_ANNOTATION`), from the bootstrap's write until Helm's apply, and at
 most `contract.HELM_APPLY_WAIT` seconds after that write: an upgrade that fails after its hooks
 never applies, and the runner goes on without it.
+
+`helm rollback` goes the other way: its pre-rollback hook (`hooks/rollback_hold.py`) writes the
+older revision it restores into the CR, and the DaemonSets carry a newer one until Helm has
+applied the old release. Hence "another", not "an older".
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def hold(cr: dict, daemonsets: dict[str, dict], clock: Callable[[], float]) -> H
     wanted, wrote = _revision(cr), _bootstrap_wrote(cr)
     if wanted is None or wrote is None:
         return None
-    behind = sorted(ds["metadata"]["name"] for ds in daemonsets.values() if (_revision(ds) or 0) < wanted)
+    behind = sorted(ds["metadata"]["name"] for ds in daemonsets.values() if _revision(ds) != wanted)
     if not behind or clock() >= wrote + HELM_APPLY_WAIT:
         return None
     return Hold(wanted, behind, wrote + HELM_APPLY_WAIT)
