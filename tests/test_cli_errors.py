@@ -54,7 +54,7 @@ API_ARGS = {
     ("preflight",): ["--values", "{values}"],
     ("upgrade-crds",): ["--crd", "{crd}"],
     ("bootstrap",): ["--values", "{values}", "--release", "metax"],
-    ("rollback-hold",): ["--namespace", "metax-operator", "--release-revision", "2"],
+    ("rollback-hold",): ["--namespace", "metax-operator"],
     ("cleanup",): ["--namespace", "metax-operator"],
     ("test",): ["--namespace", "metax-operator"],
     ("run",): ["--namespace", "metax-operator", "--once"],
@@ -79,7 +79,6 @@ FILE_ARGS = {
 NUMBER_ARGS = {
     ("run",): ["--namespace", "x", "--interval", "{n}"],
     ("cleanup",): ["--namespace", "x", "--timeout", "{n}"],
-    ("rollback-hold",): ["--namespace", "x", "--release-revision", "{n}"],
     ("wait-for",): ["--namespace", "x", "--node", "n", "--component", "gpuLabel", "--timeout", "{n}"],
     ("rollout", "simulate"): ["--nodes", "10", "--policy", "{policy}", "--interval", "{n}"],
     ("rollout", "status"): ["--interval", "{n}"],

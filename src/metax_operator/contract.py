@@ -124,9 +124,9 @@ BOOTSTRAP_CONTROLS_ANNOTATION = "gpu.metax-tech.com/bootstrap-controls"
 #: On each admin-editable ConfigMap: the CR value (JSON, by key) the runner last wrote there.
 CR_APPLIED_ANNOTATION = "gpu.metax-tech.com/cr-applied"
 #: A Helm release revision (`.Release.Revision`): on each component DaemonSet, the one whose
-#: manifest Helm applied last; on the CR, the one the bootstrap hook last ran for (or the one the
-#: pre-rollback hook restores). A DaemonSet at another revision than the CR means Helm has run its
-#: pre-upgrade (pre-rollback) hooks and not yet applied the release: the
+#: manifest Helm applied last; on the CR, the one the bootstrap hook last ran for (before a
+#: rollback, the older one restored). A DaemonSet at another revision than the CR means Helm has
+#: run its pre-upgrade (pre-rollback) hooks and not yet applied the release: the
 #: runner then writes nothing (`runtime/helm_hold.py`), for at most HELM_APPLY_WAIT seconds
 #: after the bootstrap's write (an upgrade that fails after its hooks never applies).
 RELEASE_REVISION_ANNOTATION = "gpu.metax-tech.com/release-revision"

@@ -137,8 +137,8 @@ def test_helm_rollback_during_a_rollout_is_refused_before_anything_changes(
 
     # Release 1 names the old version, which the freeze forbids changing during a rollout.
     refused = cluster.helm(which, "rollback", release, "1", "-n", NS)
-    assert refused.returncode != 0 and "bootstrap-check" in refused.stderr, refused.stderr
-    log = kubectl(cluster.cp, "logs", "-n", NS, "job/metax-operator-bootstrap-check")
+    assert refused.returncode != 0 and "metax-operator-bootstrap" in refused.stderr, refused.stderr
+    log = kubectl(cluster.cp, "logs", "-n", NS, "job/metax-operator-bootstrap")
     assert "cannot change while a driver rollout is in progress" in log, log
     assert driver_daemonset(api).metadata.generation == generation, "Helm changed the driver DaemonSet"
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == NEW and upgrade_status(api).get("upgrading")

@@ -94,6 +94,10 @@ def test_routine_helm_upgrades_after_a_runtime_edit_of_the_cr(tools_cluster, too
     quiet(api, watch, MAX_PARALLEL)
 
 
+def memory_limit(ds: client.V1DaemonSet) -> str:
+    return ds.spec.template.spec.containers[0].resources.limits["memory"]
+
+
 def gpu_device_selector(api) -> str:
     return ",".join(f"{k}={v}" for k, v in gpu_device(api).spec.selector.match_labels.items())
 
@@ -122,17 +126,21 @@ def pods_created_since(api, version: str) -> dict[str | None, int]:
 def test_helm_rollback_replaces_component_pods_once(tools_cluster, tools_api, clean_slate, tmp_path, which):
     """`helm rollback` to a revision whose upgrade changed a field the runner writes
     (`gpuDevice.log.level`): the stored manifest holds the value from before that change, Helm
-    writes it, and the runner then writes the revision's. The pre-rollback hook sets gpu-device
-    to OnDelete meanwhile, so its pods are replaced once, straight to the final template."""
+    writes it, and the runner then writes the revision's. The rollback also changes a field only
+    Helm writes (gpu-device's memory limit), so a runner writing the CR as it was before the
+    post-rollback bootstrap would make a template of its own. The pre-rollback hook sets
+    gpu-device to OnDelete and holds the runner until that bootstrap, so the pods are replaced
+    once, straight to the final template."""
     cluster, api = tools_cluster, tools_api
     values = cluster.user_values(tmp_path, runner={"interval": 1})
     release = release_name(ok(seed_install(cluster, which, values)))
     upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--wait", "--timeout", "5m")
     ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.log.level=debug"))
     eventually(lambda: env(gpu_device(api)).get("LOG_LEVEL") == "debug" and rolled_out(gpu_device(api)), 120, "debug logs")
-    revision_2 = env(gpu_device(api))
-    ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.healthyInterval=7"))
+    revision_2 = env(gpu_device(api)), memory_limit(gpu_device(api))
+    ok(cluster.helm(which, *upgrade, "--set", "gpuDevice.healthyInterval=7", "--set", "gpuDevice.resources.limits.memory=300Mi"))
     eventually(lambda: env(gpu_device(api)).get("HEALTHY_INTERVAL") == "7" and rolled_out(gpu_device(api)), 120, "interval 7")
+    assert memory_limit(gpu_device(api)) == "300Mi" != revision_2[1]
     strategy = gpu_device(api).spec.update_strategy.to_dict()
     assert strategy["type"] == "RollingUpdate" and strategy["rolling_update"]["max_unavailable"] == "10%", strategy
     before = client.CoreV1Api(api).list_namespaced_pod(NS).metadata.resource_version
@@ -141,7 +149,7 @@ def test_helm_rollback_replaces_component_pods_once(tools_cluster, tools_api, cl
     # its older value, so the rollback needs --force-conflicts (docs/rollout-admin.md).
     ok(cluster.helm(which, "rollback", release, "2", "-n", NS, "--wait", *(["--force-conflicts"] if which == "helm4" else [])))
     eventually(
-        lambda: env(gpu_device(api)) == revision_2 and rolled_out(gpu_device(api)),
+        lambda: (env(gpu_device(api)), memory_limit(gpu_device(api))) == revision_2 and rolled_out(gpu_device(api)),
         180,
         "gpu-device back at revision 2's fields",
     )

@@ -576,12 +576,14 @@ def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client,
 # --- rollback-hold ---------------------------------------------------------------------------
 
 
-def test_rollback_hold_holds_the_runner_and_stops_rolling_updates_with_its_own_rbac(
-    control_plane, client, hooks, no_cr, namespace, tmp_path
-):
-    """As the pre-rollback Job runs it: its ServiceAccount with exactly the chart's rules. The
-    release at revision 4 rolls back to the one `helm template` renders (revision 1)."""
-    assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)), "--release-revision", "4")[0] == 0
+def test_pre_rollback_hooks_hold_the_runner_and_stop_rolling_updates(control_plane, client, hooks, no_cr, namespace, tmp_path):
+    """Release 4 rolls back to release 2: the pre-rollback bootstrap writes release 2's values and
+    revision, then rollback-hold runs as its Job does (its ServiceAccount with exactly the chart's
+    rules). Until Helm has applied release 2 the runner writes nothing."""
+    bootstrap_at = lambda revision: hooks(  # noqa: E731
+        "bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)), "--release-revision", revision
+    )
+    assert bootstrap_at("4")[0] == 0
     for name in [*rollback_hold.COMPONENTS.values(), contract.DRIVER_DAEMONSET]:
         ds = daemonset(name, namespace)
         ds["metadata"]["annotations"] = {contract.RELEASE_REVISION_ANNOTATION: "4"}
@@ -601,30 +603,25 @@ def test_rollback_hold_holds_the_runner_and_stops_rolling_updates_with_its_own_r
     args = [namespace if a == "metax-operator" else a for a in job["spec"]["template"]["spec"]["containers"][0]["args"]]
     as_hook = Hooks(service_account_kubeconfig(control_plane, tmp_path, "metax-operator-rollback-hold", namespace), hooks.capsys)
 
+    assert bootstrap_at("2")[0] == 0
     code, out, err = as_hook(*args)
     assert code == 0, err
-    cr = client.get(*CR)
-    assert cr["metadata"]["annotations"][contract.RELEASE_REVISION_ANNOTATION] == "1"
     daemonsets = {name: client.get("apps/v1", "DaemonSet", name, namespace) for name in rollback_hold.COMPONENTS.values()}
     for name, ds in daemonsets.items():
         assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, name
         assert name in out
     driver = client.get("apps/v1", "DaemonSet", contract.DRIVER_DAEMONSET, namespace)
     assert rollback_hold.FIELD_MANAGER not in {m["manager"] for m in driver["metadata"]["managedFields"]}
-    # Until Helm has applied revision 1 to the DaemonSets, the runner writes nothing.
-    held = helm_hold.hold(cr, daemonsets, time.time)
-    assert held is not None and held.revision == 1 and held.behind == sorted(daemonsets)
+    held = helm_hold.hold(client.get(*CR), daemonsets, time.time)
+    assert held is not None and held.revision == 2 and held.behind == sorted(daemonsets)
 
     code, out, err = as_hook(*args)  # retried (a second `helm rollback`): nothing more to stop
     assert code == 0 and "nothing to stop" in out, (out, err)
 
 
-def test_rollback_hold_without_a_cr_does_nothing(client, hooks, no_cr, namespace):
-    client.apply(daemonset("metax-gpu-device", namespace), field_manager="helm")
-    code, out, err = hooks("rollback-hold", "--namespace", namespace, "--release-revision", "2")
+def test_rollback_hold_leaves_missing_daemonsets_alone(hooks, namespace):
+    code, out, err = hooks("rollback-hold", "--namespace", namespace)
     assert code == 0 and "nothing to stop" in out, (out, err)
-    strategy = client.get("apps/v1", "DaemonSet", "metax-gpu-device", namespace)["spec"]["updateStrategy"]
-    assert strategy["type"] == "RollingUpdate"
 
 
 # --- helm test -------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def test_the_runner_holds_while_a_daemonset_is_behind_the_revision_the_bootstrap
 
 
 def test_the_runner_holds_while_a_rollback_has_not_applied_the_older_revision():
-    # the pre-rollback hook wrote revision 2 into the CR; the DaemonSets still carry 4
+    # the pre-rollback bootstrap wrote revision 2 into the CR; the DaemonSets still carry 4
     held = hold(cr("2"), daemonsets(driver="4", maca="4"), at(T0 + 5))
     assert held is not None and held.behind == ["metax-driver", "metax-maca"]
     assert hold(cr("2"), daemonsets(driver="2", maca="2"), at(T0 + 5)) is None

@@ -15,8 +15,7 @@ BASE = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2
 PHASES = {
     "preflight": "pre-install,pre-upgrade",
     "upgrade-crds": "pre-install,pre-upgrade",
-    "bootstrap": "post-install,pre-upgrade,post-rollback",
-    "bootstrap-check": "pre-rollback",
+    "bootstrap": "post-install,pre-upgrade,pre-rollback",
     "rollback-hold": "pre-rollback",
     "cleanup": "pre-delete",
     "test": "test",
@@ -25,7 +24,6 @@ JOB_WEIGHTS = {
     "preflight": "0",
     "upgrade-crds": "1",
     "bootstrap": "2",
-    "bootstrap-check": "2",
     "rollback-hold": "3",
     "cleanup": "3",
 }
@@ -105,7 +103,7 @@ def test_delete_policy_and_job_limits_come_from_values(helm_bin):
 
 def test_pods_meet_pod_security_restricted(helm_bin):
     pods = [o for o in render(helm=helm_bin) if o["kind"] in ("Job", "Pod")]
-    assert len(pods) == 7
+    assert len(pods) == 6
     for obj in pods:
         spec = pod_spec(obj)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -204,7 +202,7 @@ def test_use_helm_hooks_false_renders_plain_resources_except_cleanup_and_test(he
         assert len(name.rsplit("-", 1)[1]) == 10
         assert "ttlSecondsAfterFinished" not in jobs[name]["spec"]
     # the Jobs' service accounts are the hook's, whatever the Job's name; no rollback hooks (no rollback there)
-    without_rollback = set(JOB_WEIGHTS) - {"bootstrap-check", "rollback-hold"}
+    without_rollback = set(JOB_WEIGHTS) - {"rollback-hold"}
     assert {pod_spec(j)["serviceAccountName"] for j in jobs.values()} == {f"metax-operator-{h}" for h in without_rollback}
 
 
@@ -310,4 +308,4 @@ def test_tests_enabled_false_renders_no_test_pod(helm_bin):
 def test_no_rollback_hold_without_the_runner(helm_bin):
     # With runner.enabled: false the chart renders the components' RollingUpdate and nobody would put it back.
     jobs = {hook_of(o) for o in render({"runner": {"enabled": False}}, helm=helm_bin) if o["kind"] == "Job"}
-    assert "bootstrap-check" in jobs and "rollback-hold" not in jobs
+    assert "bootstrap" in jobs and "rollback-hold" not in jobs

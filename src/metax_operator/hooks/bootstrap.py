@@ -1,6 +1,7 @@
 """`metax-operator bootstrap`: create or update the `cluster-operator` CR from the values.
 
-Runs as a post-install and pre-upgrade hook, and on every Argo CD sync: it must be safe to repeat.
+Runs as a post-install, pre-upgrade and pre-rollback hook, and on every Argo CD sync: it must be
+safe to repeat.
 The spec is the values restricted to what the CRD's spec schema declares (chart-only keys such as
 `image`, `resources`, `runner` are dropped; the schema the API server serves is the authority).
 It is written by server-side apply with the field manager `metax-operator-bootstrap` and `force`;
@@ -21,9 +22,9 @@ applier stops sending only if no other manager owns it, and an edit (an Update) 
 field takes its ownership from the bootstrap manager.
 
 With `--release-revision N` (the chart passes `.Release.Revision`) the CR also records N in the
-annotation `gpu.metax-tech.com/release-revision`. Bootstrap runs pre-upgrade, before Helm applies
-the release: until Helm has, the DaemonSets carry the previous revision, and the runner, seeing
-them behind the CR, writes nothing (`runtime/helm_hold.py`). Otherwise the runner would act on
+annotation `gpu.metax-tech.com/release-revision`. Bootstrap runs pre-upgrade (and pre-rollback),
+before Helm applies the release: until Helm has, the DaemonSets carry another revision, and the
+runner, seeing them differ from the CR, writes nothing (`runtime/helm_hold.py`). Otherwise the runner would act on
 this CR write at once (roll back for `enableRollout: false`, apply a new version) and Helm would
 then apply the values' DaemonSets over it: a field conflict under Helm 4's server-side apply, a
 template written twice under Helm 3.
@@ -31,7 +32,8 @@ template written twice under Helm 3.
 The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
 does not fit the new values (steps set at run time removed, say, while the values turn
 `enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
-anything else (bootstrap runs pre-upgrade). The API server's rules refuse it too. So is a change
+anything else (bootstrap runs pre-upgrade and pre-rollback). The API server's rules refuse it
+too. So is a change
 of anything but `pause` and `enableRollout` while a driver rollout is in progress
 (`refuse_frozen_edits`), which the chart's policy refuses only where it is served (1.30 and later).
 """
@@ -234,12 +236,10 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
 
 
 def bootstrap(
-    client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None, dry_run: bool = False
+    client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None
 ) -> tuple[dict, Merge]:
     """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
-    merge with the kept run-time edits would be invalid (nothing written then). `dry_run`: the
-    API server admits the apply (the CRD's rules, the freeze during a rollout) and stores
-    nothing; no Event."""
+    merge with the kept run-time edits would be invalid (nothing written then)."""
     schema = spec_schema(served_crd(client, timeout))
     spec = prune(values, schema)
     labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release, PART_OF_LABEL: PART_OF}
@@ -266,10 +266,10 @@ def bootstrap(
             refuse_frozen_edits(live, merged, schema)
             # written against what we read: a concurrent edit makes it re-read
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True, dry_run=dry_run), merge
+        return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
 
     cr, merge = kube.retry_on_conflict(attempt)
-    for change in merge.overridden if not dry_run else ():
+    for change in merge.overridden:
         reconcile.emit_event(
             client,
             cr,
@@ -288,16 +288,12 @@ def run(args: argparse.Namespace) -> int:
         common.load_values(args.values),
         args.release,
         revision=args.release_revision,
-        dry_run=args.dry_run,
     )
     for change in merge.kept:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:
         print(f"bootstrap: {change.overridden()}")
-    if args.dry_run:
-        print(f"bootstrap: dry run: the API server admits these values into {contract.CR_KIND} {contract.CR_NAME}")
-    else:
-        print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion {cr['metadata']['resourceVersion']}")
+    print(f"bootstrap: {contract.CR_KIND} {contract.CR_NAME} at resourceVersion {cr['metadata']['resourceVersion']}")
     return 0
 
 
@@ -312,11 +308,6 @@ def register(subparsers) -> None:
         type=bounded(int, 1, 2**31 - 1),
         metavar="N",
         help="the Helm release revision being applied: the runner writes nothing until Helm has applied it",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="only ask the API server whether it admits the CR (pre-rollback: refuse before Helm changes anything)",
     )
     common.add_api_arguments(parser, namespace=False)
     parser.set_defaults(func=run)

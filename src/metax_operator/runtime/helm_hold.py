@@ -11,9 +11,9 @@ writes nothing while a DaemonSet carries another release revision than the CR
 most `contract.HELM_APPLY_WAIT` seconds after that write: an upgrade that fails after its hooks
 never applies, and the runner goes on without it.
 
-`helm rollback` goes the other way: its pre-rollback hook (`hooks/rollback_hold.py`) writes the
-older revision it restores into the CR, and the DaemonSets carry a newer one until Helm has
-applied the old release. Hence "another", not "an older".
+`helm rollback` goes the other way: its pre-rollback bootstrap writes the older revision it
+restores into the CR, and the DaemonSets carry a newer one until Helm has applied the old
+release. Hence "another", not "an older".
 """
 
 from __future__ import annotations

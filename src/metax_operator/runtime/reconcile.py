@@ -21,7 +21,9 @@ creates or deletes objects):
   (`<payload.registry or registry>/<payload.name>:<payload.version>`) and MXMACA's `payload-N`
   init containers (`<payload.registry or registry>/<IMAGE>`);
 - the driver's `updateStrategy`: always `OnDelete` (`contract.DRIVER_UPDATE_STRATEGY`), put back
-  if anything else wrote another one (an older chart's release restored by `helm rollback`).
+  if anything else wrote another one (an older chart's release restored by `helm rollback`);
+- the other components' `updateStrategy` (`contract.COMPONENT_UPDATE_STRATEGY`), which the chart
+  leaves out: put back after the pre-rollback hook's `OnDelete`, with the CR's fields in one write.
 
 Beside the DaemonSets: the `driver-config` and `metax-vfio-config` ConfigMaps get `spec.driver.config`
 and `spec.vfioManager.vfioConfig` when those change in the CR (`reconcile_configmaps`; an admin's
