@@ -545,22 +545,31 @@ def test_cleanup_deletes_the_crd_only_when_asked(client, hooks, crd, namespace, 
         assert hooks("upgrade-crds", *UPGRADE_CRDS_ARGS)[0] == 0
 
 
-def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace, gpu_nodes, tmp_path):
-    """GitOps mode (Argo CD): the cleanup Job's ClusterRole and binding are not hooks, and the
-    cleanup, running as its own ServiceAccount with exactly the chart's rules, deletes them."""
-    assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
-    rendered = render_chart(merged(BASE_VALUES, {"hooks": {"useHelmHooks": False}}), show_only=["templates/hooks/cleanup.yaml"])
+def hook_job(control_plane, client, hooks, namespace: str, tmp_path: Path, values: dict, hook: str) -> tuple[Hooks, list[str]]:
+    """Hook `hook` as its Job runs it in `namespace`: its ServiceAccount and RBAC rendered for
+    `values` and applied there, and the Job's arguments; returns a runner of the command as that
+    ServiceAccount, and the arguments."""
+    rendered = render_chart(values, show_only=[f"templates/hooks/{hook}.yaml"])
     for obj in rendered:
         if "namespace" in obj["metadata"]:
             obj["metadata"]["namespace"] = namespace
         for subject in obj.get("subjects", []):
             subject["namespace"] = namespace
         if obj["kind"] != "Job":
-            client.apply(obj, field_manager="argocd-controller")
-    args = find(rendered, "Job", "metax-operator-cleanup")["spec"]["template"]["spec"]["containers"][0]["args"]
-    args = [namespace if a == "metax-operator" else a for a in args]
-    kubeconfig = service_account_kubeconfig(control_plane, tmp_path, "metax-operator-cleanup", namespace)
-    code, out, err = Hooks(kubeconfig, hooks.capsys)(*args)
+            client.apply(obj, field_manager="deployer")
+    args = find(rendered, "Job", f"metax-operator-{hook}")["spec"]["template"]["spec"]["containers"][0]["args"]
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path, f"metax-operator-{hook}", namespace)
+    return Hooks(kubeconfig, hooks.capsys), [namespace if a == "metax-operator" else a for a in args]
+
+
+def test_cleanup_with_its_own_rbac_deletes_that_rbac_last(control_plane, client, hooks, no_cr, namespace, gpu_nodes, tmp_path):
+    """GitOps mode (Argo CD): the cleanup Job's ClusterRole and binding are not hooks, and the
+    cleanup, running as its own ServiceAccount with exactly the chart's rules, deletes them."""
+    assert hooks("bootstrap", "--release", "metax", "--values", str(values_file(tmp_path)))[0] == 0
+    as_hook, args = hook_job(
+        control_plane, client, hooks, namespace, tmp_path, merged(BASE_VALUES, {"hooks": {"useHelmHooks": False}}), "cleanup"
+    )
+    code, out, err = as_hook(*args)
     assert code == 0, err
     assert client.get(*CR) is None
     assert "deleted its ClusterRole and ClusterRoleBinding metax-operator-cleanup" in out
@@ -590,18 +599,7 @@ def test_pre_rollback_hooks_hold_the_runner_and_stop_rolling_updates(control_pla
         if name == contract.DRIVER_DAEMONSET:
             ds["spec"]["updateStrategy"] = contract.DRIVER_UPDATE_STRATEGY
         client.apply(ds, field_manager="helm")
-    rendered = render_chart(BASE_VALUES, show_only=["templates/hooks/rollback-hold.yaml"])
-    for obj in rendered:
-        if "namespace" in obj["metadata"]:
-            obj["metadata"]["namespace"] = namespace
-        for subject in obj.get("subjects", []):
-            subject["namespace"] = namespace
-        if obj["kind"] != "Job":
-            client.apply(obj, field_manager="helm")
-    job = find(rendered, "Job", "metax-operator-rollback-hold")
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-rollback"
-    args = [namespace if a == "metax-operator" else a for a in job["spec"]["template"]["spec"]["containers"][0]["args"]]
-    as_hook = Hooks(service_account_kubeconfig(control_plane, tmp_path, "metax-operator-rollback-hold", namespace), hooks.capsys)
+    as_hook, args = hook_job(control_plane, client, hooks, namespace, tmp_path, BASE_VALUES, "rollback-hold")
 
     assert bootstrap_at("2")[0] == 0
     code, out, err = as_hook(*args)
