@@ -174,6 +174,17 @@ map for metax-operator.image, as JSON: its version is the tag. Takes $. */}}
 {{- dict "registry" $payload.registry "name" $payload.name "tag" $payload.version "digest" $payload.digest | toJson -}}
 {{- end }}
 
+{{/* The `updateStrategy` field of a component DaemonSet other than the driver's: rendered only
+with `runner.enabled: false`. With the runner it alone writes it, so that no release's manifest
+holds it and `helm rollback` cannot write it back while the pre-rollback hook has set `OnDelete`
+(contract.COMPONENT_UPDATE_STRATEGY). Takes $. */}}
+{{- define "metax-operator.componentUpdateStrategyField" -}}
+{{- if not .Values.runner.enabled -}}
+updateStrategy:
+  {{- include "metax-operator.componentUpdateStrategy" . | fromJson | toYaml | nindent 2 }}
+{{- end -}}
+{{- end }}
+
 {{/* The deprecated global `tolerations` as a JSON list. The value is a list, or a string from
 `--set-file tolerations=FILE` holding either a YAML list or the seed's `{tolerations: [...]}`. */}}
 {{- define "metax-operator.tolerationsList" -}}

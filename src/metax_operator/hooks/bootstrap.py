@@ -24,18 +24,18 @@ field takes its ownership from the bootstrap manager.
 With `--release-revision N` (the chart passes `.Release.Revision`) the CR also records N in the
 annotation `gpu.metax-tech.com/release-revision`. Bootstrap runs pre-upgrade (and pre-rollback),
 before Helm applies the release: until Helm has, the DaemonSets carry another revision, and the
-runner, seeing them differ from the CR, writes nothing (`runtime/helm_hold.py`). Otherwise the runner would act on
-this CR write at once (roll back for `enableRollout: false`, apply a new version) and Helm would
-then apply the values' DaemonSets over it: a field conflict under Helm 4's server-side apply, a
-template written twice under Helm 3.
+runner, seeing them differ from the CR, writes nothing (`runtime/helm_hold.py`). Otherwise the
+runner would act on this CR write at once (roll back for `enableRollout: false`, apply a new
+version) and Helm would then apply the values' DaemonSets over it: a field conflict under Helm
+4's server-side apply, a template written twice under Helm 3.
 
 The merged spec is checked (`validation.cr_spec_problems`) before it is written: a kept edit that
 does not fit the new values (steps set at run time removed, say, while the values turn
 `enableRollout` on) fails the hook with the problem and the kept edits named, before Helm changes
 anything else (bootstrap runs pre-upgrade and pre-rollback). The API server's rules refuse it
-too. So is a change
-of anything but `pause` and `enableRollout` while a driver rollout is in progress
-(`refuse_frozen_edits`), which the chart's policy refuses only where it is served (1.30 and later).
+too. So is a change of anything but `pause` and `enableRollout` while a driver rollout is in
+progress (`refuse_frozen_edits`), which the chart's policy refuses only where it is served (1.30
+and later).
 """
 
 from __future__ import annotations

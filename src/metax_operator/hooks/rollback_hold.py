@@ -32,7 +32,7 @@ COMPONENTS = {key: name for key, name in DAEMONSETS.items() if key != "driver"}
 ON_DELETE = {"type": "OnDelete", "rollingUpdate": None}
 
 
-def hold(client: kube.Client, namespace: str) -> list[str]:
+def stop_rolling_updates(client: kube.Client, namespace: str) -> list[str]:
     """Set the component DaemonSets of `namespace` to `OnDelete`; the names of those it changed."""
     stopped = []
     for name in COMPONENTS.values():
@@ -52,7 +52,7 @@ def hold(client: kube.Client, namespace: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    stopped = hold(kube.Client.from_args(args), args.namespace)
+    stopped = stop_rolling_updates(kube.Client.from_args(args), args.namespace)
     print(
         "rollback-hold: OnDelete until the runner has written the CR's fields after Helm's apply: "
         f"{', '.join(stopped) or 'nothing to stop'}"
