@@ -71,6 +71,8 @@ HAMI_SCHEDULER_LABEL = (COMPONENT_LABEL, "hami-scheduler")
 HAMI_SCHEDULER_SELECTOR = "=".join(HAMI_SCHEDULER_LABEL)
 
 MACA_VERSION_ENV = "METAX_MACA_VERSION"
+#: What the kubelet sets on the API server's copy of a static pod (`kubectl drain` skips those too).
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 MACA_PREFIX = "maca-"
 #: Values the runtime refuses: they name no version.
 MACA_REFUSED = ("maca", "maca-")
@@ -121,12 +123,16 @@ def choose_maca(requested: str, deployed: Sequence[str]) -> str | None:
 @dataclass(frozen=True)
 class GpuPod:
     """A pod with a container that requests a MetaX resource, and the `METAX_MACA_VERSION` values
-    (literal `value`s) its GPU containers set. `node` is empty while it is not scheduled."""
+    (literal `value`s) its GPU containers set. `node` is empty while it is not scheduled.
+    `workload`: what a driver rollout waits for or drains, as `kubectl drain --ignore-daemonsets`
+    does: not a DaemonSet's pod (on every node, and back at once on a cordoned one) nor a static
+    (mirror) pod."""
 
     namespace: str
     name: str
     node: str
     maca_versions: tuple[str, ...] = ()
+    workload: bool = True
 
 
 def requests_gpu(container: Mapping) -> bool:
@@ -144,7 +150,9 @@ def gpu_pod(obj: Mapping) -> GpuPod | None:
         e["value"] for c in containers for e in c.get("env") or [] if e.get("name") == MACA_VERSION_ENV and e.get("value")
     )
     meta = obj.get("metadata") or {}
-    return GpuPod(meta.get("namespace", ""), meta.get("name", ""), spec.get("nodeName") or "", versions)
+    daemon = any(owner.get("kind") == "DaemonSet" for owner in meta.get("ownerReferences") or [])
+    mirror = MIRROR_ANNOTATION in (meta.get("annotations") or {})
+    return GpuPod(meta.get("namespace", ""), meta.get("name", ""), spec.get("nodeName") or "", versions, not (daemon or mirror))
 
 
 def node_labels(obj: Mapping) -> dict[str, str]:

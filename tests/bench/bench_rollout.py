@@ -19,7 +19,9 @@ import time
 import tracemalloc
 
 from metax_operator.chart.upgrade_policy import validate
-from metax_operator.rollout import engine as R
+from metax_operator.rollout import engine
+from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.observation import Cluster, Pod
 from metax_operator.rollout.simulate import NEW, Config, Simulation
 
 NODES = 10_000
@@ -41,15 +43,15 @@ SCALED_SEED_POLICY = {
 }
 
 
-def one_decision(observed: R.Cluster, policy, status, now: float) -> tuple[float, float, R.Decision]:
+def one_decision(observed: Cluster, policy, status, now: float) -> tuple[float, float, Decision]:
     """(median CPU seconds, peak MiB) of `decide` on this input."""
     cpu = []
     for _ in range(5):
         started = time.process_time()
-        decision = R.decide(observed, policy, status, now)
+        decision = engine.decide(observed, policy, status, now)
         cpu.append(time.process_time() - started)
     tracemalloc.start()
-    R.decide(observed, policy, status, now)
+    engine.decide(observed, policy, status, now)
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
     return statistics.median(cpu), peak, decision
@@ -60,20 +62,20 @@ def decision_costs(count: int, cpu_target: float, memory_target: float) -> None:
     (seconds of CPU, MiB)."""
     policy = validate({"enableRollout": True, "maxParallel": 0, "upgradeSteps": [{"replicas": "100%"}]})
     nodes = [f"node-{i:06d}" for i in range(count)]
-    old = tuple(R.Pod(f"metax-driver-{i}", f"uid-{i}", node, "old", True, "Running", 0, 0.0) for i, node in enumerate(nodes))
-    observed = R.Cluster("new", True, frozenset(nodes), old)
+    old = tuple(Pod(f"metax-driver-{i}", f"uid-{i}", node, "old", True, "Running", 0, 0.0) for i, node in enumerate(nodes))
+    observed = Cluster("new", True, frozenset(nodes), old)
     print(f"one decision at {count} nodes (median CPU of 5 runs; tracemalloc peak of the decision's allocations):")
     cpu, peak, start = one_decision(observed, policy, None, 1000.0)
     worst = [(cpu, peak)]
     print(f"  rollout start, one wave of {len(start.delete)} deletions (maxParallel 0): {cpu * 1000:6.1f} ms CPU {peak:6.1f} MiB")
     coming = tuple(
-        R.Pod(f"metax-driver-{i}b", f"uid-{i}b", node, "new", i % 2 == 0, "Running", 0, 1001.0) for i, node in enumerate(nodes)
+        Pod(f"metax-driver-{i}b", f"uid-{i}b", node, "new", i % 2 == 0, "Running", 0, 1001.0) for i, node in enumerate(nodes)
     )
-    cpu, peak, _ = one_decision(R.Cluster("new", True, frozenset(nodes), coming), policy, start.status, 1010.0)
+    cpu, peak, _ = one_decision(Cluster("new", True, frozenset(nodes), coming), policy, start.status, 1010.0)
     worst.append((cpu, peak))
     print(f"  that wave in flight, {count // 2} pods not Ready yet:            {cpu * 1000:6.1f} ms CPU {peak:6.1f} MiB")
-    ready = tuple(R.Pod(p.name, p.uid, p.node, "new", True, "Running", 0, p.created) for p in coming)
-    cpu, peak, _ = one_decision(R.Cluster("new", True, frozenset(nodes), ready), policy, start.status, 1100.0)
+    ready = tuple(Pod(p.name, p.uid, p.node, "new", True, "Running", 0, p.created) for p in coming)
+    cpu, peak, _ = one_decision(Cluster("new", True, frozenset(nodes), ready), policy, start.status, 1100.0)
     worst.append((cpu, peak))
     print(f"  every pod Ready: rollout completes:                     {cpu * 1000:6.1f} ms CPU {peak:6.1f} MiB")
     cpu, peak = max(c for c, _ in worst), max(m for _, m in worst)
@@ -84,7 +86,7 @@ def decision_costs(count: int, cpu_target: float, memory_target: float) -> None:
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; load average {os.getloadavg()[0]:.1f})"
     )
     if met != "met":
-        profile(lambda: R.decide(observed, policy, None, 1000.0), "the rollout start")
+        profile(lambda: engine.decide(observed, policy, None, 1000.0), "the rollout start")
 
 
 def profile(call, what: str, lines: int = 8) -> None:

@@ -40,16 +40,9 @@ def test_missing_policy_is_the_defaults():
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
-def test_worked_examples_targets_and_caps(case):
+def test_worked_examples_targets(case):
     policy = validate(case["policy"])
-    targets = policy.targets(case["nodes"])
-    assert targets == [e["target"] for e in case["expect"]]
-    # each step's batches are its cap repeated, then the remainder
-    previous = 0
-    for cap, target, expect in zip(policy.caps(case["nodes"]), targets, case["expect"], strict=True):
-        delta = target - previous
-        assert expect["deletions"] == [cap] * (delta // cap) + ([delta % cap] if delta % cap else [])
-        previous = target
+    assert policy.targets(case["nodes"]) == [e["target"] for e in case["expect"]]
 
 
 def test_seed_step_written_with_pause_is_a_manual_pause():
@@ -116,11 +109,6 @@ def test_bad_replicas_are_rejected_naming_the_step(replicas):
 )
 def test_bad_top_level_fields_are_rejected(key, value):
     assert fields({key: value}) == [f"driver.upgradePolicy.{key}"]
-
-
-def test_max_parallel_zero_is_unlimited():
-    policy = validate({"maxParallel": 0, "upgradeSteps": [{"replicas": 3}, {"replicas": "100%"}]})
-    assert policy.caps(10) == [10, 10]
 
 
 def test_falling_targets_are_rejected():
@@ -199,14 +187,13 @@ def test_percent_rounds_up_in_integers(percent, total):
     nodes=st.integers(0, 20_000),
     parallel=st.one_of(st.integers(0, 50), st.integers(1, 100).map(lambda p: f"{p}%")),
 )
-def test_targets_rise_reach_all_nodes_and_caps_are_positive(raw, nodes, parallel):
+def test_targets_rise_and_reach_all_nodes(raw, nodes, parallel):
     steps = tuple(Step(IntOrPercent(p, True)) for p in sorted(raw)) + (Step(IntOrPercent(100, True)),)
     policy = Policy(steps=steps, max_parallel=validate({"maxParallel": parallel}).max_parallel)
     targets = policy.targets(nodes)
     assert targets == sorted(targets)
     assert targets[-1] == nodes
     assert all(t >= min(1, nodes) for t in targets)
-    assert all(c >= 1 for c in policy.caps(nodes))
 
 
 def test_wait_drain_and_on_timeout_parse_with_their_defaults():

@@ -10,9 +10,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from metax_operator.rollout import engine, simulate
+from metax_operator.rollout import simulate
+from metax_operator.rollout.budget import step_caps
+from metax_operator.rollout.decision import Decision, PodRef
 from metax_operator.rollout.simulate import NEW, OLD, SimPod, StepRecord
-from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.status import DISABLING, PROGRESSING, TERMINATING, UpgradeStatus
 
 __all__ = ["NEW", "OLD", "Config", "Simulation"]
 
@@ -114,11 +116,11 @@ class Simulation(simulate.Simulation):
         return status.resume.pause_reason != "failure" or self.cfg.admin_resumes_failures
 
     # -- the runner ---------------------------------------------------------------------------
-    def _pass(self, now: float) -> engine.Decision:
+    def _pass(self, now: float) -> Decision:
         self.crashed = self.deleted_now = False
         return super()._pass(now)
 
-    def _before(self, kind: str, decision: engine.Decision) -> bool:
+    def _before(self, kind: str, decision: Decision) -> bool:
         if self.cfg.crash_probability and self.crash_rng.random() < self.cfg.crash_probability:
             self.crashes += 1
             self.crashed = True  # the restarted runner runs its next pass one interval later
@@ -128,12 +130,12 @@ class Simulation(simulate.Simulation):
             self.deleted_now = True
         return True
 
-    def _quiet(self, decision: engine.Decision) -> bool:
+    def _quiet(self, decision: Decision) -> bool:
         return not self.crashed and super()._quiet(decision)
 
-    def _delete(self, ref: engine.PodRef, now: float, decision: engine.Decision) -> None:
+    def _delete(self, ref: PodRef, now: float, decision: Decision) -> None:
         pod = self.pods.get(ref.uid)
-        upgrading = decision.status.step.upgrading_pod_spec_revision if decision.status.phase == engine.PROGRESSING else None
+        upgrading = decision.status.step.upgrading_pod_spec_revision if decision.status.phase == PROGRESSING else None
         if (
             pod is not None
             and pod.deleting is None
@@ -158,8 +160,8 @@ class Simulation(simulate.Simulation):
                 1 for n in self.nodes if (p := self._live(n)) and p.revision == sub.upgrading_pod_spec_revision
             )
             rec.failed_at_ready = rs.failed.count
-        failure_pause = status.phase == engine.PROGRESSING and rs.paused_by_runner and rs.pause_reason == "failure"
-        rolled_back = status.phase == engine.TERMINATING and rs.abandoned_revision
+        failure_pause = status.phase == PROGRESSING and rs.paused_by_runner and rs.pause_reason == "failure"
+        rolled_back = status.phase == TERMINATING and rs.abandoned_revision
         if rec is not None and rec.fallback_retries is None and (failure_pause or rolled_back):
             rec.fallback_retries = sub.current_failure_retry
         cap = self._cap(status)
@@ -178,6 +180,6 @@ class Simulation(simulate.Simulation):
             self.steps[index].retries.append(size)
 
     def _cap(self, status: UpgradeStatus) -> int | None:
-        if status.phase not in (engine.PROGRESSING, engine.TERMINATING, engine.DISABLING) or not self.policy.steps:
+        if status.phase not in (PROGRESSING, TERMINATING, DISABLING) or not self.policy.steps:
             return None
-        return self.policy.caps(len(self.nodes))[min(status.step.current_step_index, len(self.policy.steps) - 1)]
+        return step_caps(self.policy, len(self.nodes))[min(status.step.current_step_index, len(self.policy.steps) - 1)]

@@ -15,7 +15,25 @@ import pytest
 import yaml
 
 from metax_operator.chart.upgrade_policy import validate
-from metax_operator.rollout import engine as R
+from metax_operator.conditions import rfc3339
+from metax_operator.rollout import engine, observation
+from metax_operator.rollout.context import Next
+from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.observation import Pod
+from metax_operator.rollout.rollback import Rollback
+from metax_operator.rollout.status import (
+    COMPLETED,
+    DISABLED,
+    DISABLING,
+    IDLING,
+    PROGRESSING,
+    STEP_INIT,
+    STEP_PAUSED,
+    STEP_READY,
+    STEP_UPGRADE,
+    TERMINATING,
+    UpgradeStatus,
+)
 
 T0 = 1_800_000_000.0
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
@@ -54,18 +72,18 @@ class Cluster:
     def __init__(self, n: int, old: str = "old", new: str = "new"):
         self.revision = new
         self.nodes = {f"n{i:02d}" for i in range(n)}
-        self.pods = {node: R.Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000) for node in self.nodes}
+        self.pods = {node: Pod(f"p-{node}-0", f"u-{node}-0", node, old, True, "Running", 0, T0 - 1000) for node in self.nodes}
         self.busy: set[str] = set()
         self.skipped: set[str] = set()  # as rollout_observe.build: out of `nodes`, listed
         self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
         self.waiting: set[str] = set()  # nodes running pods that match waitForCompletion.podSelector
         self.retry: set[str] = set()  # nodes an admin labelled for a retry
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
-        self.status: R.UpgradeStatus | None = None
+        self.status: UpgradeStatus | None = None
         self.serial = 0
 
-    def observed(self, caught_up: bool = True) -> R.Cluster:
-        return R.Cluster(
+    def observed(self, caught_up: bool = True) -> observation.Cluster:
+        return observation.Cluster(
             self.revision,
             caught_up,
             frozenset(self.nodes - self.skipped),
@@ -79,8 +97,8 @@ class Cluster:
             driver_spec=f"spec-{self.revision}",
         )
 
-    def decide(self, pol, now: float) -> R.Decision:
-        decision = R.decide(self.observed(), pol, self.status, now)
+    def decide(self, pol, now: float) -> Decision:
+        decision = engine.decide(self.observed(), pol, self.status, now)
         assert_fits_the_crd(decision.status.to_json())
         self.status = decision.status
         self.cordoned -= set(decision.uncordon)
@@ -91,7 +109,7 @@ class Cluster:
             assert ref.node == node
             self.cordoned.add(node)
             self.serial += 1
-            self.pods[node] = R.Pod(
+            self.pods[node] = Pod(
                 f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision, False, "Running", 0, now
             )
         if decision.restore is not None:
@@ -120,7 +138,7 @@ def assert_fits_the_crd(status: dict) -> None:
     assert set(status["status"]) <= set(UPGRADE_STATUS_SCHEMA["properties"]["status"]["properties"])
 
 
-def nodes_of(cluster: Cluster, decision: R.Decision) -> list[str]:
+def nodes_of(cluster: Cluster, decision: Decision) -> list[str]:
     return sorted(ref.name.split("-")[1] for ref in decision.delete)
 
 
@@ -130,7 +148,7 @@ def drive(cluster: Cluster, pol, now: float, passes: int = 200, step: float = 5.
         cluster.decide(pol, now)
         cluster.ready_all()
         now += step
-        if cluster.status.phase in (R.IDLING, R.DISABLED) and cluster.status.step.current_step_state in (R.COMPLETED, ""):
+        if cluster.status.phase in (IDLING, DISABLED) and cluster.status.step.current_step_state in (COMPLETED, ""):
             break
     return now
 
@@ -141,14 +159,14 @@ def test_status_has_every_field_of_table_3_16_and_the_seed_shape():
     status = decision.status.to_json()
     assert TABLE_3_16 <= set(status)
     assert TABLE_3_16_STATUS <= set(status["status"])
-    assert status["phase"] == R.PROGRESSING and status["upgrading"] is True
+    assert status["phase"] == PROGRESSING and status["upgrading"] is True
     assert status["status"]["lastPodSpecRevision"] == "old"
     assert status["status"]["upgradingPodSpecRevision"] == "new"
     progressing = next(c for c in status["condition"] if c["type"] == "Progressing")
     assert set(progressing) == {"type", "status", "lastTransitionTime", "reason", "message"}
     assert progressing["status"] == "True" and progressing["lastTransitionTime"] == "2027-01-15T08:00:00Z"
     assert {c["type"] for c in status["condition"]} == {"Progressing", "Succeed", "Failed", "Terminating"}
-    assert [e.reason for e in decision.events] == ["RolloutStarted", R.STEP_INIT]
+    assert [e.reason for e in decision.events] == ["RolloutStarted", STEP_INIT]
 
 
 def test_first_wave_takes_not_ready_old_pods_first_then_node_names():
@@ -182,8 +200,8 @@ def test_an_upgraded_ready_pod_is_never_deleted_and_the_rollout_completes():
         cluster.ready_all()
         now += 5
     assert len(deleted) == len(set(deleted)) == 7
-    assert cluster.status.step.current_step_state == R.COMPLETED
-    assert cluster.status.phase == R.IDLING and cluster.status.upgrading is False
+    assert cluster.status.step.current_step_state == COMPLETED
+    assert cluster.status.phase == IDLING and cluster.status.upgrading is False
     succeed = next(c for c in cluster.status.conditions if c.type == "Succeed")
     assert succeed.status == "True"
 
@@ -202,7 +220,7 @@ def test_failed_pod_is_retried_then_fallback_pause():
     fallback = cluster.decide(pol, T0 + 10)
     assert fallback.delete == []
     assert fallback.set_pause is True
-    assert fallback.status.step.current_step_state == R.STEP_PAUSED
+    assert fallback.status.step.current_step_state == STEP_PAUSED
     failed = next(c for c in fallback.status.conditions if c.type == "Failed")
     assert (failed.status, failed.reason) == ("True", "StepFailed")
     assert any(e.type == "Warning" and e.reason == "StepFailed" for e in fallback.events)
@@ -229,7 +247,7 @@ def test_resuming_after_the_fallback_pause_recreates_the_failed_pods_with_no_ret
     assert nodes_of(cluster, resumed) == ["n00"], [e.reason for e in resumed.events]
     assert [e.reason for e in resumed.events] == ["Resumed"]
     cluster.ready_all()
-    assert drive(cluster, pol, T0 + 25) and cluster.status.step.current_step_state == R.COMPLETED
+    assert drive(cluster, pol, T0 + 25) and cluster.status.step.current_step_state == COMPLETED
 
 
 def test_toleration_lets_a_step_finish_with_failures():
@@ -265,7 +283,7 @@ def test_fallback_rollback_restores_the_template_then_replaces_new_pods_in_waves
     cluster.set("n00", phase="Failed")
     cluster.set("n01", ready=True)
     decision = cluster.decide(pol, T0 + 5)
-    assert decision.status.phase == R.TERMINATING
+    assert decision.status.phase == TERMINATING
     assert decision.restore.revision == "old"
     assert decision.delete == []  # not before the template is back
     rollback = cluster.decide(pol, T0 + 10)
@@ -273,7 +291,7 @@ def test_fallback_rollback_restores_the_template_then_replaces_new_pods_in_waves
     assert rollback.status.resume.wave_kind == "rollback"
     cluster.ready_all()
     done = cluster.decide(pol, T0 + 15)
-    assert done.status.phase == R.IDLING and done.status.upgrading is False
+    assert done.status.phase == IDLING and done.status.upgrading is False
     assert cluster.revisions() == {"old": 4}
     terminating = next(c for c in done.status.conditions if c.type == "Terminating")
     assert (terminating.status, terminating.reason) == ("False", "RolledBack")
@@ -286,7 +304,7 @@ def test_max_unavailable_bounds_failures_at_the_end():
     cluster.ready_all()
     cluster.set("n03", phase="Failed", ready=False)
     decision = cluster.decide(pol, T0 + 5)
-    assert decision.status.step.current_step_state == R.STEP_PAUSED
+    assert decision.status.step.current_step_state == STEP_PAUSED
     assert next(c for c in decision.status.conditions if c.type == "Failed").status == "True"
 
 
@@ -315,7 +333,7 @@ def test_timed_pause_waits_until_recheck_time():
     cluster.decide(pol, T0)
     cluster.ready_all()
     ready = cluster.decide(pol, T0 + 5)
-    assert ready.status.step.recheck_time == R.rfc3339(T0 + 15)
+    assert ready.status.step.recheck_time == rfc3339(T0 + 15)
     assert ready.wake_at == T0 + 15 and ready.set_pause is None
     assert cluster.decide(pol, T0 + 14).delete == []
     assert nodes_of(cluster, cluster.decide(pol, T0 + 15)) == ["n01"]
@@ -340,11 +358,11 @@ def test_enable_rollout_false_mid_rollout_rolls_back_to_disabled():
     cluster.ready_all()
     off = dataclasses.replace(pol, enable_rollout=False)
     decision = cluster.decide(off, T0 + 5)
-    assert decision.status.phase == R.DISABLING and decision.restore.revision == "old"
+    assert decision.status.phase == DISABLING and decision.restore.revision == "old"
     assert nodes_of(cluster, cluster.decide(off, T0 + 10)) == ["n00", "n01"]
     cluster.ready_all()
     done = cluster.decide(off, T0 + 15)
-    assert done.status.phase == R.DISABLED and cluster.revisions() == {"old": 4}
+    assert done.status.phase == DISABLED and cluster.revisions() == {"old": 4}
     assert done.status.resume.abandoned_revision == "new"
 
 
@@ -356,7 +374,7 @@ def test_forced_rollback_during_the_fallback_pause_releases_the_runners_pause():
     assert cluster.decide(pol, T0 + 5).set_pause is True  # fallback pause
     paused_off = dataclasses.replace(pol, pause=True, enable_rollout=False)  # the spec holds the runner's pause
     disabling = cluster.decide(paused_off, T0 + 10)
-    assert disabling.status.phase == R.DISABLING and disabling.set_pause is False
+    assert disabling.status.phase == DISABLING and disabling.set_pause is False
     assert disabling.restore.revision == "old"
     # the runner crashed before patching pause back: the next pass asks again and goes on
     again = cluster.decide(paused_off, T0 + 15)
@@ -364,14 +382,14 @@ def test_forced_rollback_during_the_fallback_pause_releases_the_runners_pause():
     cluster.ready_all()
     done = cluster.decide(dataclasses.replace(paused_off, pause=False), T0 + 20)
     assert done.set_pause is None and not done.status.resume.release_pause
-    assert done.status.phase == R.DISABLED
+    assert done.status.phase == DISABLED
 
 
 def test_enable_rollout_false_replaces_every_pod_at_once():
     cluster = Cluster(5)
     off = policy(enableRollout=False)
     decision = cluster.decide(off, T0)
-    assert len(decision.delete) == 5 and decision.status.phase == R.DISABLED
+    assert len(decision.delete) == 5 and decision.status.phase == DISABLED
     assert decision.status.upgrading is False
     cluster.ready_all()
     cluster.decide(off, T0 + 5)
@@ -400,7 +418,7 @@ def test_template_set_back_to_the_last_revision_is_a_rollback():
     cluster.ready_all()
     cluster.revision = "old"
     decision = cluster.decide(pol, T0 + 5)
-    assert decision.status.phase == R.TERMINATING and decision.restore is None
+    assert decision.status.phase == TERMINATING and decision.restore is None
     assert nodes_of(cluster, decision) == ["n00", "n01"]
 
 
@@ -424,13 +442,13 @@ def test_nodes_joining_come_up_new_and_nodes_leaving_drop_out_of_n():
     assert cluster.status.step.current_upgrade_replicas == 2
     cluster.nodes |= {"n10", "n11"}
     for node in ("n10", "n11"):
-        cluster.pods[node] = R.Pod(f"p-{node}", f"u-{node}", node, "new", True, "Running", 0, T0)
+        cluster.pods[node] = Pod(f"p-{node}", f"u-{node}", node, "new", True, "Running", 0, T0)
     cluster.nodes.discard("n03")
     del cluster.pods["n03"]
     cluster.ready_all()
     decision = cluster.decide(pol, T0 + 5)
     assert decision.status.step.total_upgrade_replicas == 5
-    assert decision.status.step.current_step_state == R.STEP_PAUSED  # 4 upgraded >= ceil(50% x 5)
+    assert decision.status.step.current_step_state == STEP_PAUSED  # 4 upgraded >= ceil(50% x 5)
 
 
 def test_pod_stuck_terminating_fails_after_the_timeout():
@@ -439,7 +457,7 @@ def test_pod_stuck_terminating_fails_after_the_timeout():
     decision = cluster.decide(pol, T0)
     stuck = cluster.pods["n00"]
     cluster.pods["n00"] = dataclasses.replace(
-        R.Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000), deleting=T0
+        Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000), deleting=T0
     )
     assert stuck.revision == "new" and decision.delete
     assert cluster.decide(pol, T0 + 30).delete == []  # still terminating: the wave waits
@@ -452,12 +470,12 @@ def test_a_retry_gives_a_stuck_node_the_timeout_again_before_the_fallback():
     cluster = Cluster(2)
     pol = policy(readinessTimeout="1m", maxFailureThreshold=1, upgradeSteps=[{"replicas": "100%"}], maxParallel=1)
     cluster.decide(pol, T0)
-    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000, deleting=T0)
+    cluster.pods["n00"] = Pod("p-n00-0", "u-n00-0", "n00", "old", False, "Running", 0, T0 - 1000, deleting=T0)
     retry = cluster.decide(pol, T0 + 61)
     assert retry.status.step.current_failure_retry == 1 and retry.delete == []
-    assert cluster.decide(pol, T0 + 90).status.step.current_step_state == R.STEP_UPGRADE
+    assert cluster.decide(pol, T0 + 90).status.step.current_step_state == STEP_UPGRADE
     fallback = cluster.decide(pol, T0 + 122)
-    assert fallback.status.step.current_step_state == R.STEP_PAUSED and fallback.set_pause is True
+    assert fallback.status.step.current_step_state == STEP_PAUSED and fallback.set_pause is True
 
 
 def test_gpu_busy_nodes_are_held_back_and_reported():
@@ -476,8 +494,8 @@ def test_gpu_busy_nodes_are_held_back_and_reported():
 
 def test_nothing_happens_until_the_daemonset_controller_caught_up():
     cluster = Cluster(3)
-    decision = R.decide(cluster.observed(caught_up=False), policy(), None, T0)
-    assert decision.delete == [] and decision.status.phase == R.IDLING
+    decision = engine.decide(cluster.observed(caught_up=False), policy(), None, T0)
+    assert decision.delete == [] and decision.status.phase == IDLING
     assert "DaemonSet controller" in decision.status.message
 
 
@@ -496,7 +514,7 @@ def test_a_pass_repeated_on_the_same_state_changes_nothing():
     pol = policy(maxParallel=2, upgradeSteps=[{"replicas": "100%"}])
     cluster.decide(pol, T0)
     first = cluster.decide(pol, T0 + 5)
-    again = R.decide(cluster.observed(), pol, first.status, T0 + 10)
+    again = engine.decide(cluster.observed(), pol, first.status, T0 + 10)
     assert again.delete == [] and again.events == []
     assert again.status.step.last_update_time == first.status.step.last_update_time
 
@@ -504,7 +522,7 @@ def test_a_pass_repeated_on_the_same_state_changes_nothing():
 def test_idle_records_the_settled_template_and_driver_spec():
     cluster = Cluster(2, old="new")
     decision = cluster.decide(policy(), T0)
-    assert decision.status.phase == R.IDLING and decision.delete == []
+    assert decision.status.phase == IDLING and decision.delete == []
     assert (decision.status.last_applied_spec, decision.status.last_co_driver_spec) == ("template-new", "spec-new")
 
 
@@ -520,10 +538,10 @@ def test_a_rollout_started_right_after_a_completed_one_records_the_completed_rev
     assert cluster.decide(pol, T0).status.last_co_driver_spec == "spec-old"  # idle at the install revision
     cluster.revision = "new"
     now = drive(cluster, pol, T0 + 5)  # stops at the pass that completes: no idle pass after it
-    assert cluster.status.step.current_step_state == R.COMPLETED and cluster.revisions() == {"new": 4}
+    assert cluster.status.step.current_step_state == COMPLETED and cluster.revisions() == {"new": 4}
     cluster.revision = "newer"
     started = cluster.decide(pol, now)
-    assert started.status.phase == R.PROGRESSING
+    assert started.status.phase == PROGRESSING
     assert started.status.step.last_pod_spec_revision == "new"
     assert (started.status.last_applied_spec, started.status.last_co_driver_spec) == ("template-new", "spec-new")
     cluster.ready_all()
@@ -545,7 +563,7 @@ def test_a_cordoned_node_is_uncordoned_once_its_new_pod_is_ready():
     second = cluster.decide(pol, T0 + 2)
     assert second.uncordon == ["n00"] and nodes_of(cluster, second) == ["n01"]
     drive(cluster, pol, T0 + 3)
-    assert cluster.status.step.current_step_state == R.COMPLETED
+    assert cluster.status.step.current_step_state == COMPLETED
     assert cluster.decide(pol, T0 + 100).uncordon == [] and cluster.cordoned == set()
 
 
@@ -556,7 +574,7 @@ def test_a_node_whose_new_driver_fails_stays_cordoned():
     cluster.ready_all()
     cluster.set("n00", ready=False, phase="Failed")
     done = cluster.decide(pol, T0 + 5)
-    assert done.status.step.current_step_state in (R.STEP_PAUSED, R.STEP_READY, R.COMPLETED)
+    assert done.status.step.current_step_state in (STEP_PAUSED, STEP_READY, COMPLETED)
     assert done.uncordon == ["n01"]
     assert cluster.decide(pol, T0 + 10).uncordon == [] and cluster.cordoned == {"n00"}
 
@@ -574,7 +592,7 @@ def test_a_wave_node_whose_pod_is_still_to_be_replaced_stays_cordoned():
     cluster = Cluster(2)
     pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
     cluster.decide(pol, T0)
-    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
+    cluster.pods["n00"] = Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
     paused = cluster.decide(dataclasses.replace(pol, pause=True), T0 + 1)
     assert paused.delete == [] and paused.uncordon == []
     again = cluster.decide(pol, T0 + 2)
@@ -585,7 +603,7 @@ def test_a_re_deletion_passes_the_same_busy_node_check_as_a_first_deletion():
     cluster = Cluster(2)
     pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
     cluster.decide(pol, T0)
-    cluster.pods["n00"] = R.Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
+    cluster.pods["n00"] = Pod("p-n00-0", "u-n00-0", "n00", "old", True, "Running", 0, T0 - 1000)  # not deleted
     cluster.busy = {"n00"}  # a GPU pod landed meanwhile
     held = cluster.decide(pol, T0 + 1)  # n00 leaves the wave, held back; the next wave takes n01
     assert "u-n00-0" not in [ref.uid for ref in held.delete] and held.status.resume.held.names == ["n00"]
@@ -602,7 +620,7 @@ def test_skipped_nodes_keep_their_driver_are_listed_and_the_rollout_completes():
     first = cluster.decide(pol, T0)
     assert first.status.resume.skipped.names == ["n01", "n03"] and first.status.resume.skipped.count == 2
     drive(cluster, pol, T0 + 1)
-    assert cluster.status.step.current_step_state == R.COMPLETED
+    assert cluster.status.step.current_step_state == COMPLETED
     assert cluster.status.step.total_upgrade_replicas == 2 == cluster.status.step.total_upgrade_ready_replicas
     assert {n: p.revision for n, p in cluster.pods.items()} == {"n00": "new", "n01": "old", "n02": "new", "n03": "old"}
 
@@ -623,7 +641,7 @@ def test_drain_takes_a_busy_node_last_cordons_it_evicts_its_gpu_pods_then_swaps_
     cluster.busy = set()  # the evicted GPU pods are gone
     assert [ref.node for ref in cluster.decide(pol, T0 + 8).delete] == ["n00"]
     drive(cluster, pol, T0 + 9)
-    assert cluster.status.step.current_step_state == R.COMPLETED and cluster.cordoned == set()
+    assert cluster.status.step.current_step_state == COMPLETED and cluster.cordoned == set()
 
 
 def test_a_wait_that_times_out_holds_the_node_back_uncordoned_until_its_work_ends():
@@ -644,7 +662,7 @@ def test_a_wait_that_times_out_holds_the_node_back_uncordoned_until_its_work_end
     assert late.status.resume.timed_out_nodes == ["n00"] and late.uncordon == ["n00"]
     again = cluster.decide(pol, T0 + 70)
     assert again.delete == [] and again.status.resume.held.names == ["n00"]
-    assert again.status.step.current_step_state == R.STEP_UPGRADE  # not complete without n00
+    assert again.status.step.current_step_state == STEP_UPGRADE  # not complete without n00
     cluster.waiting = set()
     assert nodes_of(cluster, cluster.decide(pol, T0 + 80)) == ["n00"]
 
@@ -665,9 +683,9 @@ def test_a_drain_that_times_out_with_on_timeout_fail_counts_against_the_tolerati
     late = cluster.decide(pol, T0 + 32)
     assert [e.reason for e in late.events if e.type == "Warning"] == ["DrainTimeout"]
     assert late.status.resume.failed.names == ["n00"]
-    assert late.status.step.current_step_state in (R.STEP_PAUSED, R.STEP_READY, R.COMPLETED)
+    assert late.status.step.current_step_state in (STEP_PAUSED, STEP_READY, COMPLETED)
     drive(cluster, pol, T0 + 33)
-    assert cluster.status.step.current_step_state == R.COMPLETED
+    assert cluster.status.step.current_step_state == COMPLETED
     assert cluster.pods["n00"].revision == "old" and cluster.cordoned == set()
 
 
@@ -693,14 +711,10 @@ def test_a_drain_timeout_beyond_the_toleration_is_retried_with_a_new_drain():
 
 
 def test_handlers_name_the_next_one_and_a_chain_that_does_not_settle_is_an_error(monkeypatch):
-    """Each handler returns the next (or None): a pass that would cycle raises instead of looping."""
-
-    def _idle(self):
-        return self._idle
-
-    monkeypatch.setattr(R._Pass, "_idle", _idle)
-    with pytest.raises(R.Unsettled, match=r"did not settle within 18 steps \(phase Idling.*_idle -> _idle"):
-        R.decide(Cluster(2).observed(), policy(), None, T0)
+    """Each handler returns what runs next: a pass that would cycle raises instead of looping."""
+    monkeypatch.setattr(Rollback, "idle", lambda self: Next.IDLE)
+    with pytest.raises(engine.Unsettled, match=r"did not settle within 18 steps \(phase Idling.*idle -> idle"):
+        engine.decide(Cluster(2).observed(), policy(), None, T0)
 
 
 class Terminating(Cluster):
@@ -709,8 +723,8 @@ class Terminating(Cluster):
 
     GRACE = 3
 
-    def decide(self, pol, now: float) -> R.Decision:
-        decision = R.decide(self.observed(), pol, self.status, now)
+    def decide(self, pol, now: float) -> Decision:
+        decision = engine.decide(self.observed(), pol, self.status, now)
         self.status = decision.status
         for ref in decision.delete:
             pod = self.pods[ref.node]
@@ -724,7 +738,7 @@ class Terminating(Cluster):
         for node, pod in list(self.pods.items()):
             if pod.deleting is not None and now - pod.deleting >= self.GRACE:
                 self.serial += 1
-                self.pods[node] = R.Pod(
+                self.pods[node] = Pod(
                     f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision, False, "Running", 0, now
                 )
 
@@ -753,7 +767,7 @@ def test_aborting_or_retargeting_mid_wave_never_takes_more_than_max_parallel_nod
         assert cluster.down() <= 4, f"{cluster.down()} nodes down at once: {cluster.status.message}"
         cluster.finish(now)
         cluster.ready_all()
-        if cluster.status.phase in (R.IDLING, R.DISABLED) and not cluster.status.upgrading:
+        if cluster.status.phase in (IDLING, DISABLED) and not cluster.status.upgrading:
             break
     assert set(cluster.revisions()) == {"old" if change == "enableRollout false" else "newer"}, cluster.revisions()
 
@@ -763,11 +777,11 @@ def test_a_wave_node_whose_deletion_was_lost_and_that_gets_gpu_work_leaves_the_w
     # on it: the wave must not wait for that job; n01 is held back and the rollout goes on.
     cluster = Cluster(4)
     pol = policy(maxParallel=2, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
-    decision = R.decide(cluster.observed(), pol, None, T0)
+    decision = engine.decide(cluster.observed(), pol, None, T0)
     cluster.status = decision.status
     assert decision.status.resume.wave == ["n00", "n01"]
     cluster.serial += 1
-    cluster.pods["n00"] = R.Pod("p-n00-new", "u-n00-new", "n00", "new", True, "Running", 0, T0)
+    cluster.pods["n00"] = Pod("p-n00-new", "u-n00-new", "n00", "new", True, "Running", 0, T0)
     cluster.cordoned.add("n00")
     cluster.busy = {"n01"}
     later = cluster.decide(pol, T0 + 60)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step
-from metax_operator.rollout import engine as R
+from metax_operator.rollout.status import COMPLETED, IDLING, STEP_PAUSED
 from tests.rollout.oracle import NEW, OLD, Config, Simulation
 
 SMALL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -93,15 +93,15 @@ def check_safety(result, policy: Policy) -> None:
 def check_end_state(result, policy: Policy, nodes: int) -> None:
     status = result.status
     conditions = {c.type: c for c in status.conditions}
-    if status.step.current_step_state == R.COMPLETED:
-        assert status.phase == R.IDLING and not status.upgrading
+    if status.step.current_step_state == COMPLETED:
+        assert status.phase == IDLING and not status.upgrading
         assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
     elif "Terminating" in conditions and conditions["Terminating"].reason == "RolledBack":
         assert set(result.pods.values()) == {OLD}, "after a rollback every pod is at the old revision"
         assert policy.fallback == "rollback"
     else:  # the fallback pause, waiting for the admin
         assert policy.fallback == "pause"
-        assert status.step.current_step_state == R.STEP_PAUSED
+        assert status.step.current_step_state == STEP_PAUSED
         assert conditions["Failed"].status == "True"
         assert status.step.current_failure_retry == policy.max_failure_threshold
 
@@ -120,7 +120,7 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
         admin_pauses(data.draw),
     )
     check_safety(result, policy)
-    assert result.status.step.current_step_state == R.COMPLETED
+    assert result.status.step.current_step_state == COMPLETED
     assert set(result.pods.values()) == {NEW} and len(result.pods) == nodes
     targets = policy.targets(nodes)
     assert [r.target for r in result.steps] == [targets[r.step] for r in result.steps]
@@ -149,7 +149,7 @@ def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins,
     sim.set_revision(NEW)
     result = sim.run()
     check_safety(result, policy)
-    assert result.status.step.current_step_state == R.COMPLETED
+    assert result.status.step.current_step_state == COMPLETED
     assert result.pods == dict.fromkeys(sim.nodes, NEW)  # every node there at the end, upgraded
 
 
@@ -189,7 +189,7 @@ def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, c
         check_safety(result, policy)
         check_end_state(result, policy, nodes)
     if fail == 0.0:
-        assert crashed.status.step.current_step_state == R.COMPLETED
+        assert crashed.status.step.current_step_state == COMPLETED
         assert crashed.pods == calm.pods
         assert [r.target for r in crashed.steps] == [r.target for r in calm.steps]
 

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from metax_operator.rollout import engine as R
+from metax_operator.rollout import engine
+from metax_operator.rollout.status import DISABLED, DISABLING, IDLING, TERMINATING
 from tests.rollout.test_engine import T0, Cluster, policy
 from tests.runtime.test_rollout_observe import daemonset, revision
 
@@ -30,12 +31,12 @@ def test_a_restore_that_did_not_land_is_planned_again_not_taken_for_a_new_revisi
         cluster.set("n00", phase="Failed", ready=False)
     kept_revisions = {"old": revision("old", 1)["data"]} if kept else {}
     observed = dataclasses.replace(cluster.observed(), revisions=kept_revisions, daemonset=daemonset())
-    first = R.decide(observed, pol, cluster.status, T0 + 5)
+    first = engine.decide(observed, pol, cluster.status, T0 + 5)
     assert first.restore.revision == "old" and first.status.resume.restoring == "old"
     cluster.status, cluster.revision = first.status, "hybrid"  # the template write did not land
     observed = dataclasses.replace(cluster.observed(), revisions=kept_revisions, daemonset=daemonset())
-    again = R.decide(observed, pol, cluster.status, T0 + 10)
-    assert again.status.phase == (R.DISABLING if disable else R.TERMINATING)
+    again = engine.decide(observed, pol, cluster.status, T0 + 10)
+    assert again.status.phase == (DISABLING if disable else TERMINATING)
     assert [e.reason for e in again.events] == []
     if kept:
         assert again.restore.revision == "old" and again.delete == []
@@ -48,7 +49,7 @@ def test_a_restore_that_did_not_land_is_planned_again_not_taken_for_a_new_revisi
         cluster.decide(pol, now)
         cluster.ready_all()
         now += 5
-    assert cluster.revisions() == {"hybrid": 6} and cluster.status.phase in (R.DISABLED, R.IDLING)
+    assert cluster.revisions() == {"hybrid": 6} and cluster.status.phase in (DISABLED, IDLING)
 
 
 def test_a_restore_not_landed_with_the_template_still_at_the_abandoned_revision_is_planned_again():
@@ -60,9 +61,9 @@ def test_a_restore_not_landed_with_the_template_still_at_the_abandoned_revision_
     cluster.decide(pol, T0)
     cluster.set("n00", phase="Failed")
     cluster.set("n01", ready=True)
-    first = R.decide(cluster.observed(), pol, cluster.status, T0 + 5)
-    assert first.status.phase == R.TERMINATING and first.restore.revision == "old"
+    first = engine.decide(cluster.observed(), pol, cluster.status, T0 + 5)
+    assert first.status.phase == TERMINATING and first.restore.revision == "old"
     cluster.status = first.status  # neither write landed: the template is still at "new"
-    again = R.decide(cluster.observed(), pol, cluster.status, T0 + 10)
+    again = engine.decide(cluster.observed(), pol, cluster.status, T0 + 10)
     assert again.restore.revision == "old" and again.status.step.last_pod_spec_revision == "old"
     assert again.delete == []

@@ -6,7 +6,12 @@ compared with the trace captured before the engine was restructured
 executor's last look for GPU pods after a cordon): true in every pass of the trace, and added to
 it so; and `resume.spec` (the spec the rollout acts on, `rollout.freeze`): in every pass with a
 rollout in progress, added so; and `resume.restoring` (a rollback's restore not seen landed yet),
-in the one pass that plans the restore; every other field is as captured."""
+in the one pass that plans the restore. When the engine was split by topic, the decision's
+`idle_first` became `work_check` (what the executor looks for on a node right before a deletion:
+GPU pods, and pods matching `waitForCompletion.podSelector`; here `{gpu: true}` in every pass),
+the status gained `resume.deletedAt` (each node's late deletion: empty here) and the restore
+`revision_missing` (true in that pass: the scenario keeps no ControllerRevision); every other
+field is as captured."""
 
 from __future__ import annotations
 

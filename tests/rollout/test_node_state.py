@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from metax_operator.rollout import engine as R
 from metax_operator.rollout.node_state import NodeUpgradeState as S
 from metax_operator.rollout.node_state import states
+from metax_operator.rollout.status import STEP_PAUSED
 from tests.rollout.test_engine import T0, Cluster, nodes_of, policy
 
 
@@ -73,7 +73,7 @@ def test_a_retry_label_deletes_a_failed_nodes_pod_once_even_while_paused():
     assert nodes_of(cluster, retried) == ["n00"]
     assert [(e.type, e.reason) for e in retried.events] == [("Normal", "NodeRetried"), ("Warning", "NothingToRetry")]
     assert "n00" in retried.events[0].message and "n02" in retried.events[1].message
-    assert retried.status.step.current_step_state == R.STEP_PAUSED  # the rollout stays paused
+    assert retried.status.step.current_step_state == STEP_PAUSED  # the rollout stays paused
 
 
 def test_a_retry_waits_for_room_under_max_parallel():

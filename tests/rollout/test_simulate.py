@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from metax_operator.chart.upgrade_policy import validate
-from metax_operator.rollout import engine as R
 from metax_operator.rollout.simulate import simulate
+from metax_operator.rollout.status import COMPLETED, IDLING, STEP_PAUSED, UpgradeStatus
 from tests.cases import WORKED_EXAMPLES
 from tests.rollout.oracle import NEW, OLD, Config, Simulation
 from tests.rollout.test_engine import assert_fits_the_crd
@@ -62,7 +62,7 @@ def test_failing_pods_are_retried_then_the_fallback_pause_waits_for_the_admin():
     sim, result = run(policy, nodes=5, fail_probability=1.0, admin_resumes_failures=False)
     step = result.steps[0]
     assert step.retries == [2, 2] and step.fallback_retries == 2
-    assert result.status.step.current_step_state == R.STEP_PAUSED
+    assert result.status.step.current_step_state == STEP_PAUSED
     assert sim.spec_pause is True
     assert sorted(result.pods.values()) == [NEW, NEW, OLD, OLD, OLD]
 
@@ -78,7 +78,7 @@ def test_hanging_pods_fail_at_the_readiness_timeout_and_roll_back():
     _, result = run(policy, nodes=6, hang_probability=1.0)
     assert result.rollback_waves == [3]
     assert set(result.pods.values()) == {OLD}
-    assert result.status.phase == R.IDLING
+    assert result.status.phase == IDLING
     assert result.end_time >= 120
 
 
@@ -90,7 +90,7 @@ def test_crashes_between_actions_still_complete_without_deleting_upgraded_pods()
     }
     _, result = run(policy, nodes=30, crash_probability=0.3, seed=3)
     assert result.crashes > 0
-    assert result.status.step.current_step_state == R.COMPLETED
+    assert result.status.step.current_step_state == COMPLETED
     assert set(result.pods.values()) == {NEW}
     assert result.deleted_ready_upgraded == 0 and result.max_in_flight_over_cap <= 0
 
@@ -108,7 +108,7 @@ def test_scripted_admin_pause_holds_deletions_and_resume_continues():
     sim.set_revision(NEW)
     result = sim.run()
     assert result.deletions_while_paused == 0
-    assert result.status.step.current_step_state == R.COMPLETED
+    assert result.status.step.current_step_state == COMPLETED
     assert result.end_time > 600
 
 
@@ -121,7 +121,7 @@ def test_nodes_joining_and_leaving_mid_rollout():
     )
     sim.set_revision(NEW)
     result = sim.run()
-    assert result.status.step.current_step_state == R.COMPLETED
+    assert result.status.step.current_step_state == COMPLETED
     assert result.pods == {**{f"node-{i:05d}": NEW for i in range(5)}, "node-new": NEW}
 
 
@@ -137,9 +137,9 @@ class Recorded(Simulation):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.written: list[R.UpgradeStatus] = []
+        self.written: list[UpgradeStatus] = []
 
-    def _persist(self, status: R.UpgradeStatus) -> None:
+    def _persist(self, status: UpgradeStatus) -> None:
         self.written.append(status)
         super()._persist(status)
 

@@ -3,7 +3,8 @@ bookkeeping (retry, timed and manual pauses, a drain that times out, skipped and
 nodes, a rollback), compared key for key and in key order with the JSON the engine wrote before the
 status was typed (tests/rollout/data/upgrade_status_trace.json; since then `resume.spec`, the spec
 the rollout acts on, is added last in every pass with a rollout in progress, and
-`resume.restoring` in the pass that plans the rollback's restore); the codec's round trip on any
+`resume.restoring` in the pass that plans the rollback's restore, and `resume.deletedAt`, empty
+here, after `drainStart` in every pass); the codec's round trip on any
 status (hypothesis); reading partial and null fields."""
 
 from __future__ import annotations
@@ -16,8 +17,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metax_operator.chart.upgrade_policy import validate
-from metax_operator.rollout import engine as R
-from metax_operator.rollout.status import Condition, NodeList, Resume, StepStatus, UpgradeStatus
+from metax_operator.rollout import engine
+from metax_operator.rollout.observation import Cluster, Pod
+from metax_operator.rollout.status import (
+    COMPLETED,
+    DISABLED,
+    DISABLING,
+    IDLING,
+    PROGRESSING,
+    STEP_INIT,
+    STEP_PAUSED,
+    STEP_READY,
+    STEP_UPGRADE,
+    TERMINATING,
+    Condition,
+    NodeList,
+    Resume,
+    StepStatus,
+    UpgradeStatus,
+)
 
 T0 = 1_800_000_000.0
 GOLDEN = Path(__file__).parent / "data" / "upgrade_status_trace.json"
@@ -27,7 +45,7 @@ def scenario(decisions: list | None = None) -> list[dict]:
     """Six nodes (n5 skipped, n4 needing a reboot, n3 running GPU work that a drain cannot end), the
     status after each pass; each pass's whole decision is appended to `decisions` if given."""
     nodes = {f"n{i}" for i in range(6)}
-    pods = {n: R.Pod(f"p-{n}-0", f"u-{n}-0", n, "old", True, "Running", 0, T0 - 1000) for n in nodes}
+    pods = {n: Pod(f"p-{n}-0", f"u-{n}-0", n, "old", True, "Running", 0, T0 - 1000) for n in nodes}
     revision, cordoned, serial = "new", set(), 0
     busy, skipped, reboot = {"n3"}, {"n5"}, frozenset({"n4"})
     base = {
@@ -79,7 +97,7 @@ def scenario(decisions: list | None = None) -> list[dict]:
             for n, p in pods.items():
                 if p.phase != "Failed":
                     pods[n] = dataclasses.replace(p, ready=True)
-        observed = R.Cluster(
+        observed = Cluster(
             revision,
             True,
             frozenset(nodes - skipped),
@@ -93,7 +111,7 @@ def scenario(decisions: list | None = None) -> list[dict]:
         )
         overrides = dict(overrides)
         pause = overrides.pop("pause", pause)
-        decision = R.decide(observed, validate({**base, **overrides, "pause": pause}), status, T0 + dt)
+        decision = engine.decide(observed, validate({**base, **overrides, "pause": pause}), status, T0 + dt)
         if decisions is not None:
             decisions.append(decision)
         if decision.set_pause is not None:
@@ -104,7 +122,7 @@ def scenario(decisions: list | None = None) -> list[dict]:
         for ref in decision.delete:
             serial += 1
             cordoned.add(ref.node)
-            pods[ref.node] = R.Pod(
+            pods[ref.node] = Pod(
                 f"p-{ref.node}-{serial}", f"u-{ref.node}-{serial}", ref.node, revision, False, "Running", 0, T0 + dt
             )
         if decision.restore is not None:
@@ -155,7 +173,7 @@ STATUSES = st.builds(
     last_applied_spec=st.text(max_size=20),
     last_co_driver_spec=st.text(max_size=20),
     upgrading=st.booleans(),
-    phase=st.sampled_from([R.IDLING, R.PROGRESSING, R.TERMINATING, R.DISABLED, R.DISABLING]),
+    phase=st.sampled_from([IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING]),
     message=st.text(max_size=20),
     conditions=st.lists(
         st.builds(
@@ -180,7 +198,7 @@ STATUSES = st.builds(
         st.integers(0, 10**5),
         st.text(max_size=8),
         times,
-        st.none() | st.sampled_from([R.STEP_INIT, R.STEP_UPGRADE, R.STEP_PAUSED, R.STEP_READY, R.COMPLETED]),
+        st.none() | st.sampled_from([STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED]),
         times,
     ),
     resume=st.builds(
@@ -201,6 +219,7 @@ STATUSES = st.builds(
         node_lists,
         node_lists,
         st.dictionaries(st.text(max_size=8), st.just("2027-01-15T08:00:00Z"), max_size=3),
+        st.dictionaries(st.text(max_size=8), st.just("2027-01-15T08:00:05Z"), max_size=3),
         names,
         node_lists,
         times,

@@ -1,4 +1,5 @@
-"""`driver.upgradePolicy`: parsing, validation and the staged rollout's integer arithmetic.
+"""`driver.upgradePolicy`: parsing, validation and each step's target and toleration (how many
+nodes at once is the rollout's own rule: `rollout.budget`).
 
 Seed 000 table 3.11 plus the knobs beyond it: `readinessTimeout`, `allowGpuWorkloads`, and the
 node-safety ones (`cordon`, `waitForCompletion`, `drain`, `onTimeout`). `validate` is
@@ -111,24 +112,6 @@ class Policy:
             out.append(max(own, out[-1] if out else 0))
         return out
 
-    def caps(self, nodes: int) -> list[int]:
-        """Each step's batch cap: `maxParallel` int, or max(1, ceil(p% x step delta)); 0 = no cap."""
-        caps, previous = [], 0
-        for target in self.targets(nodes):
-            mp = self.max_parallel
-            if not mp.percent:
-                caps.append(mp.value if mp.value else max(nodes, 1))
-            else:
-                caps.append(max(1, mp.of(target - previous)))
-            previous = target
-        return caps
-
-    def waves(self, nodes: int) -> list[int]:
-        """Each step's number of waves on `nodes` eligible pods with no failure: its share of
-        the targets in batches of its cap."""
-        targets = self.targets(nodes)
-        return [-(-(t - p) // cap) for t, p, cap in zip(targets, [0, *targets], self.caps(nodes), strict=False)]
-
     def tolerations(self, nodes: int) -> list[int]:
         """Failed pods each step allows: the int, or ceil(p% x the step's target)."""
         return [s.toleration.of(t) for s, t in zip(self.steps, self.targets(nodes), strict=True)]
@@ -153,7 +136,7 @@ def validate(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int
     errors = problems(policy, field_prefix, nodes)
     if errors:
         raise UserErrors(errors)
-    return _build(policy or {})
+    return build(policy or {})
 
 
 def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int | None = None) -> list[UserError]:
@@ -249,8 +232,8 @@ def pause_with_duration(step: str) -> UserError:
     )
 
 
-def _build(raw: Mapping) -> Policy:
-    """The `Policy` of a mapping that passed `problems`."""
+def build(raw: Mapping) -> Policy:
+    """The `Policy` of a mapping that passed `problems` (`validate` checks, then builds)."""
     steps = tuple(
         Step(
             replicas=_parse_int_or_percent(s["replicas"]),

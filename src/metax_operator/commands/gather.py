@@ -46,8 +46,9 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator import contract
 from metax_operator.commands import nodes as nodes_cmd
 from metax_operator.commands import rollout_admin as admin
+from metax_operator.conditions import parse_time, rfc3339
 from metax_operator.errors import UserError
-from metax_operator.rollout import status as rollout
+from metax_operator.rollout.status import UpgradeStatus
 from metax_operator.runtime.kube import REQUEST_TIMEOUT, Client, add_arguments, failure_line
 
 PARTS = (
@@ -157,7 +158,7 @@ def pod_line(pod: dict) -> str:
 def named_nodes(cr: dict | None) -> list[str]:
     """The nodes the rollout's status names, the most telling first: failed, timed out, needing a
     reboot, held back, cordoned by the runner, in the wave; each once."""
-    resume = rollout.UpgradeStatus.from_json(((cr or {}).get("status") or {}).get("upgradeStatus")).resume
+    resume = UpgradeStatus.from_json(((cr or {}).get("status") or {}).get("upgradeStatus")).resume
     ordered = (
         *resume.failed.names,
         *sorted(resume.timed_out_nodes),
@@ -188,7 +189,7 @@ def log_rank(pod: dict, nodes: list[str]) -> int | None:
 
 def _recent(event: dict, after: float) -> bool:
     when = event.get("lastTimestamp") or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp")
-    stamp = rollout.parse_time(when)
+    stamp = parse_time(when)
     return stamp is None or stamp >= after
 
 
@@ -367,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         bundle = Gatherer(api, args.namespace, args.since, args.node, now).collect()
     except ApiException as err:
         raise UserError("API server", failure_line(err), "check --kubeconfig/--context and your permissions") from None
-    meta = {"created": rollout.rfc3339(now), "createdUnix": int(now), "namespace": args.namespace, "sinceSeconds": args.since}
+    meta = {"created": rfc3339(now), "createdUnix": int(now), "namespace": args.namespace, "sinceSeconds": args.since}
     try:
         write(bundle, output, meta)
     except OSError as err:

@@ -24,10 +24,10 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract, workloads
+from metax_operator.conditions import CrCondition
 from metax_operator.contract import COMPONENT_LABEL, DRIVER_DAEMONSET, REVISION_LABEL
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
-from metax_operator.runtime import reconcile
 from metax_operator.runtime.kube import Client, add_arguments
 
 POD_SELECTOR = f"{COMPONENT_LABEL} in (driver,maca)"
@@ -78,7 +78,7 @@ def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict |
         _row(node, by_node.get(("driver", node["metadata"]["name"])), by_node.get(("maca", node["metadata"]["name"])), current)
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"])
     ]
-    condition = next((c for c in lookup(cr, "status", "conditions") or [] if c.get("type") == reconcile.WORKLOADS_VALID), None)
+    condition = next((c for c in lookup(cr, "status", "conditions") or [] if c.get("type") == CrCondition.WORKLOADS_VALID), None)
     problems = condition["message"].splitlines() if condition and condition.get("status") == "False" else []
     return View(rows, current, problems)
 
@@ -132,7 +132,7 @@ def render(view: View, output: str = "table") -> str:
         lines.append(f"(no node is labelled {contract.GPU_NODE_LABEL}=true)")
     lines.append(f"current driver revision: {view.current_driver_revision or '(no driver ControllerRevision)'}")
     if view.problems:
-        lines.append(f"problems the runner reports ({reconcile.WORKLOADS_VALID}=False):")
+        lines.append(f"problems the runner reports ({CrCondition.WORKLOADS_VALID}=False):")
         lines += [f"  {p}" for p in view.problems]
     return "\n".join(lines)
 

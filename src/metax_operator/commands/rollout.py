@@ -13,6 +13,7 @@ from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
 from metax_operator.commands import rollout_admin as admin
 from metax_operator.errors import UserError
+from metax_operator.rollout.budget import step_waves
 from metax_operator.rollout.simulate import Result, simulate
 from metax_operator.yamltext import load_one, read_text
 
@@ -84,7 +85,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def wave_count(policy: policy_mod.Policy, nodes: int) -> int:
     """The waves the policy deletes pods in on `nodes` nodes with no failure."""
-    return sum(policy.waves(nodes))
+    return sum(step_waves(policy, nodes))
 
 
 def load_policy(path: str) -> tuple[object, str]:

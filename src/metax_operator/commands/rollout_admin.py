@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.cli import bounded
 from metax_operator.commands.nodes import DEFAULT_NAMESPACE
+from metax_operator.conditions import CrCondition, parse_time
 from metax_operator.contract import (
     CR_API_VERSION,
     CR_KIND,
@@ -38,10 +39,8 @@ from metax_operator.contract import (
 )
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
-from metax_operator.rollout import freeze
-from metax_operator.rollout import status as rollout
+from metax_operator.rollout.status import COMPLETED, DISABLING, STEP_PAUSED, TERMINATING, NodeList, UpgradeStatus
 from metax_operator.runtime.kube import Backoff, Client, add_arguments
-from metax_operator.runtime.reconcile import RUNNER_HEALTHY, SPEC_VALID
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
 AT_ONCE = Backoff(attempts=1)
@@ -181,7 +180,7 @@ def no_leader(api: Client, namespace: str, name: str, now: float) -> str | None:
         return f"no runner has ever taken the {where} (a wrong namespace? pass -n): check the runner pod, {runner}"
     spec = lease.get("spec") or {}
     holder, duration = spec.get("holderIdentity"), spec.get("leaseDurationSeconds") or 15
-    renewed = rollout.parse_time(spec.get("renewTime"))
+    renewed = parse_time(spec.get("renewTime"))
     if not holder:
         return f"the {where} is released and no runner took it over: check the runner pod, {runner}"
     if renewed is None or now - renewed > duration:
@@ -201,20 +200,18 @@ def _runs_as_cronjob(api: Client, namespace: str, name: str) -> bool:
         return False
 
 
-def blockers(
-    cr: dict, status: rollout.UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str
-) -> list[str]:
+def blockers(cr: dict, status: UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str) -> list[str]:
     """Why the rollout does not move, each with what moves it on: first what stops the runner
     itself (`Stopped: ...`), then what the rollout waits for (`Waiting: ...`)."""
     conditions = {c.get("type"): c for c in (cr.get("status") or {}).get("conditions") or () if isinstance(c, dict)}
     out = []
-    spec = conditions.get(SPEC_VALID) or {}
+    spec = conditions.get(CrCondition.SPEC_VALID) or {}
     if spec.get("status") == "False":
         out.append(
             f"Stopped: the runner refuses the spec (SpecValid=False, {spec.get('reason')}): {spec.get('message')};"
             f" fix it: {EDIT_CR}"
         )
-    health = conditions.get(RUNNER_HEALTHY) or {}
+    health = conditions.get(CrCondition.RUNNER_HEALTHY) or {}
     if health.get("status") == "False":
         out.append(
             f"Stopped: the runner's passes fail (RunnerHealthy=False, {health.get('reason')}): {health.get('message')};"
@@ -222,7 +219,7 @@ def blockers(
         )
     if leader is not None:
         out.append(f"Stopped: no runner leads: {leader}")
-    held = conditions.get(freeze.SPEC_HELD) or {}
+    held = conditions.get(CrCondition.SPEC_HELD) or {}
     if held.get("status") == "True":
         out.append(f"Held: an edit made during the rollout (SpecHeld=True): {held.get('message')}")
     if policy is None:
@@ -246,7 +243,7 @@ def blockers(
             f" kubectl label node NODE {SKIP_LABEL}=true"
         )
     if resume.drain_start:
-        draining = rollout.NodeList.of(resume.drain_start)
+        draining = NodeList.of(resume.drain_start)
         out.append(
             f"Waiting: for the drain of {_names(draining)} (evictions a PodDisruptionBudget may refuse): kubectl get pdb -A"
         )
@@ -258,7 +255,7 @@ def blockers(
     return out
 
 
-def _names(nodes: rollout.NodeList) -> str:
+def _names(nodes: NodeList) -> str:
     more = f" (+{nodes.count - len(nodes.names)} more)" if nodes.count > len(nodes.names) else ""
     return f"{nodes.count} node{'s' if nodes.count != 1 else ''} ({', '.join(nodes.names)}{more})"
 
@@ -295,7 +292,7 @@ def _node_table(nodes: list[StateRow]) -> str:
 
 def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
     raw = lookup(cr, "spec", "driver", "upgradePolicy") or {}
-    status = rollout.UpgradeStatus.from_json(written)
+    status = UpgradeStatus.from_json(written)
     try:
         policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
     except (UserError, UserErrors) as err:
@@ -313,7 +310,7 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
     rows = [("STEP", "TARGET", "UPGRADED", "AFTER", "STATE")]
     for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
         after = "wait for admin" if step.pause_ms is None else f"{step.pause_ms} ms"
-        if state == rollout.COMPLETED or i < index:
+        if state == COMPLETED or i < index:
             cell = "done"
         elif i == index and status.upgrading:
             cell = state or "-"
@@ -345,23 +342,23 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
     return "\n".join(lines)
 
 
-def next_action(status: rollout.UpgradeStatus, policy: policy_mod.Policy) -> str:
+def next_action(status: UpgradeStatus, policy: policy_mod.Policy) -> str:
     sub, resume = status.step, status.resume
     phase, state = status.phase, sub.current_step_state
-    if phase in (rollout.TERMINATING, rollout.DISABLING):
+    if phase in (TERMINATING, DISABLING):
         return "the runner rolls every node back to the previous revision, wave by wave"
     if not status.upgrading:
-        if state == rollout.COMPLETED:
+        if state == COMPLETED:
             return "nothing: the last rollout completed; a new driver version starts the next one"
         return "nothing in flight; a new driver version starts a rollout" + (
             "" if policy.enable_rollout else " that replaces every pod at once (enableRollout: false)"
         )
-    if state == rollout.STEP_PAUSED and resume.paused_by_runner:
+    if state == STEP_PAUSED and resume.paused_by_runner:
         why = "fix the failed nodes, then " if resume.pause_reason == "failure" else ""
         return f"{why}resume: metax-operator rollout resume (sets pause: false)"
     if policy.pause:
         return "paused by the admin: metax-operator rollout resume to continue"
-    if state == rollout.STEP_PAUSED and sub.recheck_time:
+    if state == STEP_PAUSED and sub.recheck_time:
         return f"continues on its own at {sub.recheck_time}"
     if resume.wave:
         return f"waiting for {len(resume.wave)} new pods to become Ready, then the next wave"

@@ -49,6 +49,7 @@ from metax_operator import contract
 from metax_operator.chart import validation
 from metax_operator.chart.admission import frozen_changes, frozen_during_rollout
 from metax_operator.cli import bounded
+from metax_operator.conditions import CrReason, Event, EventType, rfc3339
 from metax_operator.contract import (
     BOOTSTRAP_APPLIED_ANNOTATION,
     BOOTSTRAP_CONTROLS_ANNOTATION,
@@ -60,8 +61,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.lookup import lookup
-from metax_operator.rollout.status import rfc3339
-from metax_operator.runtime import kube, reconcile
+from metax_operator.runtime import cr_status, kube
 
 _MISSING = object()
 
@@ -270,12 +270,10 @@ def bootstrap(
 
     cr, merge = kube.retry_on_conflict(attempt)
     for change in merge.overridden:
-        reconcile.emit_event(
+        cr_status.emit_event(
             client,
             cr,
-            "Normal",
-            "ValuesOverrodeEdit",
-            change.overridden(),
+            Event(EventType.NORMAL, CrReason.VALUES_OVERRODE_EDIT, change.overridden()),
             rfc3339(time.time()),
             component=BOOTSTRAP_FIELD_MANAGER,
         )

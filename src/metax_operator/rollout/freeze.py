@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from metax_operator.chart.admission import ROLLOUT_CONTROLS, frozen_changes, frozen_during_rollout
+from metax_operator.chart.admission import POLICY, ROLLOUT_CONTROLS, frozen_changes, frozen_during_rollout
+from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason
 from metax_operator.lookup import lookup
 from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import Condition, UpgradeStatus
-
-#: The CR's condition: True while an edit waits for the rollout to end.
-SPEC_HELD = "SpecHeld"
+from metax_operator.rollout.status import UpgradeStatus
 
 
 @dataclass(frozen=True)
@@ -34,12 +32,12 @@ class SpecInForce:
 
     def condition(self) -> Condition:
         if not self.held:
-            return Condition(SPEC_HELD, "False", "NothingHeld", "the runner acts on the CR's spec")
+            return Condition(CrCondition.SPEC_HELD, FALSE, CrReason.NOTHING_HELD, "the runner acts on the CR's spec")
         problem = frozen_during_rollout(", ".join(self.held), self.phase)
         return Condition(
-            SPEC_HELD,
-            "True",
-            "EditDuringRollout",
+            CrCondition.SPEC_HELD,
+            TRUE,
+            CrReason.EDIT_DURING_ROLLOUT,
             f"{problem.field}: {problem.problem}: the edit is held, and the rollout goes on with the spec it "
             "started with; it takes effect when the rollout ends: revert the edit to drop it, or set "
             "enableRollout: false to roll the rollout back first",
@@ -72,9 +70,13 @@ def in_force(cr: dict) -> SpecInForce:
         recorded = None
     if not isinstance(recorded, dict):
         return SpecInForce(spec)
-    held = frozen_changes(recorded, spec)
-    if not held:
+    changed = frozen_changes(recorded, spec)
+    if not changed:
         return SpecInForce(spec)
+    # While a rollback restores spec.driver, the CR's own fields of it differ from the record until
+    # that write lands: the runner's pending write, re-planned every pass, not an admin's edit.
+    restoring = status.resume.restoring is not None
+    held = [f for f in changed if not (restoring and f.startswith("driver.") and not f.startswith(f"{POLICY}."))]
     controls = lookup(spec, "driver", "upgradePolicy") or {}
     driver = recorded.get("driver") if isinstance(recorded.get("driver"), dict) else {}
     policy = driver.get("upgradePolicy") if isinstance(driver.get("upgradePolicy"), dict) else {}

@@ -5,7 +5,7 @@ shows the fleet, where the CR's status lists only counts and the first names.
 `states` is pure: it reads what a pass observed and what the engine decided in it (the pass's
 deletions and cordons, its new status), so the label says what the node is doing once the pass
 acted. It derives nothing the engine does not: a node is failed by the engine's own rule
-(`engine.failed`), held by its rule for GPU work, and in a wave when the status says so.
+(`observation.failed`), held by its rule for GPU work, and in a wave when the status says so.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 from metax_operator.chart.upgrade_policy import OnTimeout, Policy
-from metax_operator.rollout import engine
+from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.observation import Cluster, NodePods, Stage, failed, held, to_prepare
 
 
 class NodeUpgradeState(StrEnum):
@@ -32,13 +33,13 @@ class NodeUpgradeState(StrEnum):
 
 
 def states(
-    observed: engine.Cluster, decision: engine.Decision, policy: Policy, now: float, deleted: set[str] | None = None
+    observed: Cluster, decision: Decision, policy: Policy, now: float, deleted: set[str] | None = None
 ) -> dict[str, NodeUpgradeState]:
     """The state of every node the rollout knows (the eligible nodes and the skipped ones) after
     the pass that made `decision`; `deleted`, where the runner knows it, the nodes whose driver pod
     it did delete (a deletion it had to put off, the node not cordoned yet or running GPU work,
     leaves the node where it was), else every node of `decision.delete`."""
-    pods = engine.NodePods(observed)
+    pods = NodePods(observed)
     resume = decision.status.resume
     revision, timeout = observed.current_revision, policy.readiness_timeout_ms / 1000
     deleting = {ref.node for ref in decision.delete} if deleted is None else deleted
@@ -54,7 +55,7 @@ def states(
         elif pod.revision == revision:
             if pod.ready:
                 state = NodeUpgradeState.DONE
-            elif engine.failed(pod, now, timeout):
+            elif failed(pod, now, timeout):
                 state = NodeUpgradeState.FAILED
             else:
                 state = NodeUpgradeState.WAITING_FOR_READY
@@ -62,7 +63,7 @@ def states(
             state = NodeUpgradeState.HELD if policy.on_timeout == OnTimeout.HOLD else NodeUpgradeState.FAILED
         elif node in wave:
             state = _preparing(node, observed, policy, cordoned)
-        elif engine.held(observed, policy, node):
+        elif held(observed, policy, node):
             state = NodeUpgradeState.HELD
         else:
             state = NodeUpgradeState.PENDING
@@ -70,9 +71,9 @@ def states(
     return out
 
 
-def _preparing(node: str, observed: engine.Cluster, policy: Policy, cordoned: set[str]) -> NodeUpgradeState:
+def _preparing(node: str, observed: Cluster, policy: Policy, cordoned: set[str]) -> NodeUpgradeState:
     """A wave node whose old driver pod is still there: what it waits for (the engine's stages)."""
-    stage = engine.to_prepare(observed, policy, node)
+    stage = to_prepare(observed, policy, node)
     if stage is not None:
-        return NodeUpgradeState.WAITING_FOR_JOBS if stage == engine.Stage.WAIT else NodeUpgradeState.DRAINING
+        return NodeUpgradeState.WAITING_FOR_JOBS if stage == Stage.WAIT else NodeUpgradeState.DRAINING
     return NodeUpgradeState.CORDONED if node in cordoned else NodeUpgradeState.PENDING

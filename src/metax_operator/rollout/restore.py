@@ -16,11 +16,24 @@ class Restore:
     """Roll the driver back to `revision`: write `driver_spec` to the CR's spec.driver (None: no
     spec.driver reproduces the revision's template; the admin must set it), then patch the
     DaemonSet with `template_patch`, the ControllerRevision's data, as `kubectl rollout undo`
-    (None: the ControllerRevision is gone and the template cannot be restored)."""
+    (None: the template is at `revision` already, or, with `revision_missing`, the
+    ControllerRevision is gone and the template cannot be restored)."""
 
     revision: str
     driver_spec: dict | None
     template_patch: dict | None
+    revision_missing: bool = False
+
+    def landed(self, stored_driver: dict) -> bool:
+        """Whether the CR's spec.driver as stored (`stored_driver`) is the one this restore writes
+        (or none is known: there is nothing to write)."""
+        return self.driver_spec is None or without_policy(self.driver_spec) == without_policy(stored_driver)
+
+
+def without_policy(driver: dict) -> dict:
+    """spec.driver but its upgradePolicy: what a restore writes (the rollout's controls and policy
+    stay as the admin has them)."""
+    return {key: value for key, value in driver.items() if key != "upgradePolicy"}
 
 
 def revision_template(data: dict) -> dict:
@@ -45,5 +58,6 @@ def plan(revision: str, data: dict | None, daemonset: dict, cr_spec: dict, recor
     except ValueError:  # none recorded (or not JSON: an edited status)
         driver = None
     if not isinstance(driver, dict):
-        return Restore(revision, None, None)
-    return Restore(revision, {**driver, "upgradePolicy": (cr_spec.get("driver") or {}).get("upgradePolicy", {})}, None)
+        return Restore(revision, None, None, revision_missing=True)
+    policy = (cr_spec.get("driver") or {}).get("upgradePolicy", {})
+    return Restore(revision, {**driver, "upgradePolicy": policy}, None, revision_missing=True)

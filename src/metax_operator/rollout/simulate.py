@@ -21,7 +21,19 @@ from dataclasses import dataclass, field
 
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
-from metax_operator.rollout.status import PauseReason, UpgradeStatus, WaveKind
+from metax_operator.rollout.decision import Decision, PodRef
+from metax_operator.rollout.observation import Cluster, Pod
+from metax_operator.rollout.status import (
+    COMPLETED,
+    DISABLED,
+    IDLING,
+    PROGRESSING,
+    STEP_PAUSED,
+    STEP_READY,
+    PauseReason,
+    UpgradeStatus,
+    WaveKind,
+)
 
 OLD, NEW = "rev-old", "rev-new"
 
@@ -123,9 +135,9 @@ class Simulation:
         """Nodes running GPU work at `now`."""
         return frozenset()
 
-    def observe(self, now: float) -> engine.Cluster:
+    def observe(self, now: float) -> Cluster:
         pods = tuple(
-            engine.Pod(
+            Pod(
                 name=p.name,
                 uid=p.uid,
                 node=p.node,
@@ -137,7 +149,7 @@ class Simulation:
             )
             for p in self.pods.values()
         )
-        return engine.Cluster(
+        return Cluster(
             current_revision=self.revision,
             caught_up=True,
             nodes=frozenset(self.nodes),
@@ -170,7 +182,7 @@ class Simulation:
             ):
                 self.unpause_at = now + self.cfg.admin_delay  # the admin saw the pause in status
             self._record(status, now)
-            started = started or status.phase not in (engine.IDLING, engine.DISABLED)
+            started = started or status.phase not in (IDLING, DISABLED)
             if started and not status.upgrading and not self._changing(now):
                 break
             now = self._next_time(now, decision)
@@ -190,7 +202,7 @@ class Simulation:
         """Whether the admin answers the runner's pause that `status` shows."""
         return True
 
-    def _pass(self, now: float) -> engine.Decision:
+    def _pass(self, now: float) -> Decision:
         """One runner pass: decide, then carry out the decision's actions in the executor's order."""
         policy = dataclasses.replace(self.policy, pause=self.spec_pause)
         decision = engine.decide(self.observe(now), policy, self.status, now)
@@ -211,7 +223,7 @@ class Simulation:
             act()
         return decision
 
-    def _before(self, kind: str, decision: engine.Decision) -> bool:
+    def _before(self, kind: str, decision: Decision) -> bool:
         """Whether the runner gets to do the next action (`kind`) of `decision`."""
         return True
 
@@ -219,15 +231,15 @@ class Simulation:
         """The timeline, from the persisted status (what survives a crash)."""
         sub, rs = status.step, status.resume
         index = sub.current_step_index
-        completed = sub.current_step_state == engine.COMPLETED and sub.upgrading_pod_spec_revision == self.revision
-        if (status.phase == engine.PROGRESSING or completed) and self.policy.steps:
+        completed = sub.current_step_state == COMPLETED and sub.upgrading_pod_spec_revision == self.revision
+        if (status.phase == PROGRESSING or completed) and self.policy.steps:
             if index not in self.steps:
                 self.steps[index] = self._step_record(index, now)
             rec = self.steps[index]
             if rec.ready is None:  # the target as the step met it (N may change later)
                 rec.target = sub.current_upgrade_replicas
             if (
-                sub.current_step_state in (engine.STEP_PAUSED, engine.STEP_READY, engine.COMPLETED)
+                sub.current_step_state in (STEP_PAUSED, STEP_READY, COMPLETED)
                 and rec.ready is None
                 and not (rs.paused_by_runner and rs.pause_reason == PauseReason.FAILURE)
             ):
@@ -254,7 +266,7 @@ class Simulation:
     def _set_pause(self, value: bool) -> None:
         self.spec_pause = value
 
-    def _delete(self, ref: engine.PodRef, now: float, decision: engine.Decision) -> None:
+    def _delete(self, ref: PodRef, now: float, decision: Decision) -> None:
         pod = self.pods.get(ref.uid)
         if pod is None or pod.name != ref.name or pod.deleting is not None:
             return  # the uid precondition: a repeated deletion is harmless
@@ -264,7 +276,7 @@ class Simulation:
         """Whether pods are still terminating or coming up."""
         return any(p.gone_at is not None or (p.ready_at is not None and p.ready_at > now) for p in self.pods.values())
 
-    def _next_time(self, now: float, decision: engine.Decision) -> float:
+    def _next_time(self, now: float, decision: Decision) -> float:
         """The next pass: one interval on, or the next time anything can change, on the loop's grid."""
         step = self.cfg.interval
         if not self._quiet(decision):
@@ -279,7 +291,7 @@ class Simulation:
         """The times after `now` at which the cluster changes on its own."""
         return [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at) if t is not None]
 
-    def _quiet(self, decision: engine.Decision) -> bool:
+    def _quiet(self, decision: Decision) -> bool:
         return not decision.delete and decision.restore is None and decision.set_pause is None
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Any, get_args, get_origin, get_type_hints
+
+from metax_operator.conditions import Condition
 
 # The rollout's vocabulary, named once. Phases and step states are the seed's (OpenKruise
 # Rollout's) names, written to `phase` and `status.currentStepState`.
@@ -107,25 +108,6 @@ class NodeList:
         return cls(nodes[:LISTED_NODES], len(nodes))
 
 
-def transition_time(old_status: str | None, old_time: str | None, status: str, now: str) -> str:
-    """A condition's `lastTransitionTime` when it is set to `status`: kept while its status stays
-    (and was recorded), `now` when the status changes (metav1.Condition's rule, for the CR's
-    conditions and those of `upgradeStatus` alike)."""
-    return old_time if old_status == status and old_time else now
-
-
-@dataclass
-class Condition:
-    """A condition: of the CR (`status.conditions`, set by the runner's reconcile) or of the
-    rollout (`status.upgradeStatus.condition`)."""
-
-    type: str = _key("type", "")  # a `ConditionType`
-    status: str = _key("status", "")  # True, False
-    reason: str = _key("reason", "")
-    message: str = _key("message", "")
-    last_transition_time: str = _key("lastTransitionTime", "")  # changes only when `status` does
-
-
 @dataclass
 class StepStatus:
     """`status.upgradeStatus.status`: the step in progress."""
@@ -165,6 +147,9 @@ class Resume:
     skipped: NodeList = _key("skippedNodes", factory=NodeList, count="skippedNodeCount")
     cordoned: NodeList = _key("cordonedNodes", factory=NodeList, count="cordonedNodeCount")
     drain_start: dict[str, str] = _key("drainStart", factory=dict)  # node -> when its drain began
+    # Wave nodes whose driver pod was deleted after the wave began (their work ended first, or the
+    # deletion was repeated), node -> when: a node's readiness timeout runs from its own deletion.
+    deleted_at: dict[str, str] = _key("deletedAt", factory=dict)
     timed_out_nodes: list[str] = _key("timedOutNodes", factory=list)
     need_reboot: NodeList = _key("needRebootNodes", factory=NodeList, count="needRebootNodeCount")
     step_start_time: str | None = _key("stepStartTime")
@@ -199,10 +184,16 @@ class UpgradeStatus:
         return _to_json(self)
 
 
+def _json_key(f: dataclasses.Field) -> str:
+    """A field's JSON key: the one `_key` declared, else its name in camelCase (`Condition`)."""
+    head, *rest = f.name.split("_")
+    return f.metadata.get("json") or head + "".join(part.title() for part in rest)
+
+
 def _to_json(obj) -> dict:
     out: dict = {}
     for f in dataclasses.fields(obj):
-        value, key = getattr(obj, f.name), f.metadata["json"]
+        value, key = getattr(obj, f.name), _json_key(f)
         if value is None:
             continue
         if isinstance(value, NodeList):
@@ -223,7 +214,7 @@ def _from_json(cls, raw: Any):
     hints = get_type_hints(cls)
     values: dict = {}
     for f in dataclasses.fields(cls):
-        kind, value = hints[f.name], raw.get(f.metadata["json"])
+        kind, value = hints[f.name], raw.get(_json_key(f))
         if kind is NodeList:
             values[f.name] = NodeList(list(value or ()), raw.get(f.metadata["count"]) or 0)
         elif value is None:
@@ -238,15 +229,3 @@ def _from_json(cls, raw: Any):
         else:
             values[f.name] = value
     return cls(**values)
-
-
-def rfc3339(t: float) -> str:
-    ms = round(t * 1000)
-    text = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

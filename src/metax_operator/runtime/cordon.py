@@ -62,7 +62,15 @@ def node_state(obj: dict) -> NodeState:
 CORDONED, ALREADY, NOT_NOW = "cordoned", "already-unschedulable", "not-now"
 
 
-def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> str:
+class Cordon(NamedTuple):
+    """What `cordon` found or did, and the node as the API server returned it then (None with
+    NOT_NOW): what the runner reads the node's labels from right before a deletion."""
+
+    outcome: str
+    node: NodeState | None
+
+
+def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> Cordon:
     """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
     (by an earlier pass or by someone else: one GET confirms what the node cache `nodes` says) or
     NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
@@ -72,21 +80,25 @@ def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> str:
         # would let the driver go on a schedulable node. The node itself says.
         found = api.get("v1", "Node", node)
         known = node_state(found) if found is not None else None
+        if known is not None and known.unschedulable:
+            return Cordon(ALREADY, known)  # the runner's own cordon of an earlier pass, or someone else's: it stays theirs
     if known is None:
-        return NOT_NOW
-    if known.unschedulable:
-        return ALREADY  # the runner's own cordon of an earlier pass, or someone else's: it stays theirs
+        return Cordon(NOT_NOW, None)
     patch = {
         "metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
         "spec": {"unschedulable": True},
     }
     try:
-        api.patch("v1", "Node", node, patch)
+        return Cordon(CORDONED, node_state(api.patch("v1", "Node", node, patch)))
     except ApiException as err:
         if err.status in (404, 409):
-            return NOT_NOW
+            return Cordon(NOT_NOW, None)
         raise
-    return CORDONED
+
+
+def skipped(node: NodeState) -> bool:
+    """Whether the node carries the label that keeps its driver (`metax-tech.com/driver-upgrade.skip=true`)."""
+    return (SKIP_LABEL, "true") in node.labels
 
 
 #: What `evict` found or did.

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from metax_operator.conditions import parse_time
 from metax_operator.contract import BOOTSTRAP_FIELD_MANAGER, HELM_APPLY_WAIT, RELEASE_REVISION_ANNOTATION
-from metax_operator.rollout.status import parse_time
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import email.utils
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -201,6 +202,9 @@ class Client:
         #: Called with every object a write (POST, PUT, PATCH) returns: how a cache of what this
         #: client reads learns of its own writes before its watch does (`object_cache`).
         self.on_written: list[Callable[[dict], None]] = []
+        #: The calls made through `call` so far (what the runner's log reports per pass).
+        self.requests = 0
+        self._counting = threading.Lock()
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None, backoff: Backoff = Backoff()) -> Client:
@@ -240,6 +244,8 @@ class Client:
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, content_type: str | None = None
     ) -> Any:
         """One HTTP call, decoded JSON back; transient failures retried."""
+        with self._counting:
+            self.requests += 1
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type

@@ -29,7 +29,7 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
 - `metax_operator_rollout_condition{type,reason}`: 1 for each condition of the rollout
   (`status.upgradeStatus.condition`) whose status is True, e.g. `Failed`/`StepFailed`;
 - `metax_operator_rollout_step_deadline_timestamp_seconds`: when the current step should be done
-  by under the upgrade policy (`step_deadline`), 0 while no bound applies;
+  by under the upgrade policy (`rollout.budget.step_deadline`), 0 while no bound applies;
 - `metax_operator_runner_unhealthy{reason}`: 1 for the reason of the CR's RunnerHealthy=False
   after a failed pass, all 0 after a pass that succeeded.
 
@@ -46,15 +46,27 @@ import collections
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from metax_operator.chart import upgrade_policy as policy_mod
-from metax_operator.errors import UserError, UserErrors
-from metax_operator.rollout import status as rollout
+from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.conditions import FALSE, PASS_FAILURES, Condition, parse_time
+from metax_operator.rollout.budget import step_deadline
 from metax_operator.rollout.node_state import NodeUpgradeState
-from metax_operator.runtime.reconcile import PASS_FAILURES, Condition
+from metax_operator.rollout.status import (
+    COMPLETED,
+    DISABLED,
+    DISABLING,
+    IDLING,
+    PROGRESSING,
+    STEP_INIT,
+    STEP_PAUSED,
+    STEP_READY,
+    STEP_UPGRADE,
+    TERMINATING,
+    UpgradeStatus,
+)
 
 PREFIX = "metax_operator_"
-PHASES = [rollout.IDLING, rollout.PROGRESSING, rollout.TERMINATING, rollout.DISABLED, rollout.DISABLING]
-STEP_STATES = ["", rollout.STEP_INIT, rollout.STEP_UPGRADE, rollout.STEP_PAUSED, rollout.STEP_READY, rollout.COMPLETED]
+PHASES = [IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING]
+STEP_STATES = ["", STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED]
 NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave")
 # A wave lasts from seconds (kwok) to the readiness timeout (10 min by default) or longer.
 WAVE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -128,7 +140,7 @@ class Metrics:
         for reason in PASS_FAILURES:
             self.unhealthy.labels(reason)
         #: The upgrade policy of the CR the pass read (`read_policy`): the step deadline's bound.
-        self.policy: policy_mod.Policy | None = None
+        self.policy: Policy | None = None
         for state in NODE_STATES:
             self.nodes.labels(state)
         for method in ("GET", "PUT", "PATCH", "DELETE", "POST"):
@@ -147,31 +159,27 @@ class Metrics:
 
     def pass_ended(self, condition: Condition) -> None:
         """Count a failed pass by its RunnerHealthy reason, and say which reason holds now."""
-        failed = condition.status == "False"
+        failed = condition.status == FALSE
         if failed:
             self.pass_failures.labels(condition.reason).inc()
         for reason in PASS_FAILURES:
             self.unhealthy.labels(reason).set(1 if failed and reason == condition.reason else 0)
 
-    def read_policy(self, spec: dict) -> None:
-        """Keep the CR's upgrade policy (None when it is invalid: SpecValid says why) for the
-        step deadline of the rollout pass that follows."""
-        raw = (spec.get("driver") or {}).get("upgradePolicy")
-        try:
-            self.policy = policy_mod.validate(raw)
-        except (UserError, UserErrors):
-            self.policy = None
+    def read_policy(self, policy: Policy | None) -> None:
+        """Keep the CR's upgrade policy as the pass validated it (None when it is invalid: SpecValid
+        says why) for the step deadline of the rollout pass that follows."""
+        self.policy = policy
 
-    def rollout_pass(self, before: rollout.UpgradeStatus | None, after: rollout.UpgradeStatus, now: float) -> None:
+    def rollout_pass(self, before: UpgradeStatus | None, after: UpgradeStatus, now: float) -> None:
         """Set the rollout gauges from the status a pass wrote (`after`); a wave that `before` had
         in flight and `after` no longer has (or replaced) is observed as done now."""
-        sub, resume = after.step, after.resume
+        step, resume = after.step, after.resume
         self.phase.state(after.phase)
-        self.step.set(sub.current_step_index)
-        self.step_state.state(sub.current_step_state or "")
+        self.step.set(step.current_step_index)
+        self.step_state.state(step.current_step_state or "")
         counts = {
-            "total": sub.total_upgrade_replicas,
-            "upgraded": sub.total_upgrade_ready_replicas,
+            "total": step.total_upgrade_replicas,
+            "upgraded": step.total_upgrade_ready_replicas,
             "failed": resume.failed.count,
             "held": resume.held.count,
             "skipped": resume.skipped.count,
@@ -189,7 +197,7 @@ class Metrics:
             self.conditions.labels(*labels).set(1)
         self._true_conditions = true
         was = before.resume if before is not None else None
-        started = rollout.parse_time(was.wave_start_time) if was is not None else None
+        started = parse_time(was.wave_start_time) if was is not None else None
         if (
             was is not None
             and was.wave
@@ -208,34 +216,6 @@ class Metrics:
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition of every metric, and its Content-Type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-def wave_bound(policy: policy_mod.Policy) -> float | None:
-    """The longest one wave may take under `policy`, seconds, before the runner acts on its own
-    (the wait for matching pods, the drain, the readiness timeout, each bounded); None when the
-    wait for matching pods has no timeout."""
-    if policy.wait_selector and not policy.wait_timeout_ms:
-        return None
-    wait_ms = policy.wait_timeout_ms if policy.wait_selector else 0
-    drain_ms = policy.drain_timeout_ms if policy.drain else 0
-    return (wait_ms + drain_ms + policy.readiness_timeout_ms) / 1000
-
-
-def step_deadline(status: rollout.UpgradeStatus, policy: policy_mod.Policy | None) -> float | None:
-    """When the current step should be done by (seconds since the epoch): its start, plus one
-    `wave_bound` per wave its nodes need at the step's batch cap and per retry the policy allows
-    (`maxFailureThreshold`), plus its timed pause. None while no bound applies: no rollout in
-    progress, the policy unknown or invalid, a pause (the admin's, or the runner's waiting for
-    the admin), or a wait for matching pods without a timeout."""
-    sub, resume = status.step, status.resume
-    start = rollout.parse_time(resume.step_start_time)
-    if policy is None or not policy.steps or status.phase != rollout.PROGRESSING or start is None:
-        return None
-    if policy.pause or resume.paused_by_runner or (wave := wave_bound(policy)) is None:
-        return None
-    index = min(sub.current_step_index, len(policy.steps) - 1)
-    waves = max(1, policy.waves(sub.total_upgrade_replicas)[index]) + policy.max_failure_threshold
-    return start + waves * wave + (policy.steps[index].pause_ms or 0) / 1000
 
 
 def names(metrics: Metrics) -> set[str]:

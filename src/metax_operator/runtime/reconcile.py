@@ -1,12 +1,13 @@
 """The runtime reconcile of the `cluster-operator` CR into the DaemonSets the chart rendered.
 
 Functional core, imperative shell; the mapping of the CR onto a DaemonSet is
-`chart/daemonset.py`. `observe` reads the cluster into an `Observed`; every function
-in `RECONCILERS` turns it into an `Outcome` (partial DaemonSets to apply, conditions, events)
-without calling the API (`decide`); `apply` writes. The staged driver rollout (a `RolloutStep`,
-`rollout_pass.py`) decides between the applies and the status write, so that it sees the
-template just applied, and acts after it: one pass writes the CR's status once, with the
-conditions, `observedGeneration` and the rollout's `upgradeStatus` together (`write_status`).
+`chart/daemonset.py`. `observe` reads the cluster into an `Observed`, whose spec is validated
+once (`check_spec`); every function in `RECONCILERS` turns it into an `Outcome` (partial
+DaemonSets to apply, conditions, events) without calling the API (`decide`); `apply_objects`
+writes the objects, `cr_status.write` the CR's status and the events (`apply` does both). The
+runner's pass (`run.Runner`) puts the staged driver rollout between the two, so that it sees the
+template just applied: one pass writes the CR's status once, with the conditions,
+`observedGeneration` and the rollout's `upgradeStatus` together.
 
 What the runner governs on a DaemonSet, and nothing else (Helm owns the rest, and only Helm
 creates or deletes objects):
@@ -39,18 +40,20 @@ unchanged CR issues no request that writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
-from kubernetes.client.exceptions import ApiException
 
-from metax_operator.chart import validation
+from metax_operator.chart import upgrade_policy, validation
+from metax_operator.chart.admission import POLICY
 from metax_operator.chart.daemonset import covers, desired_daemonset, item_names, payload_containers, pod_of, scheduling_inputs
 from metax_operator.chart.merge import merge_scheduling
+from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason, Event, EventType, rfc3339
 from metax_operator.contract import (
     COMPONENT_ANNOTATION,
     CONFIGMAP_KEYS,
@@ -70,36 +73,23 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
-from metax_operator.rollout import freeze
-from metax_operator.rollout.status import Condition, rfc3339, transition_time
-from metax_operator.runtime.kube import Client, api_problem
+from metax_operator.runtime import cr_status
+from metax_operator.runtime.kube import Client
 from metax_operator.runtime.object_cache import Reader
 
-log = logging.getLogger("metax_operator.runtime.reconcile")
+log = logging.getLogger(__name__)
 
-#: Events about the cluster-scoped CR must live here (API server rule for cluster-scoped objects).
-EVENT_NAMESPACE = "default"
 #: The objects of the release (the chart's `app.kubernetes.io/part-of` label).
 RELEASE_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 
 
-# Condition types on the CR (metav1.Condition), with the status that means "all is well".
-SPEC_VALID = "SpecValid"
-CONFIG_VALID = "ConfigMapsValid"
-RECONCILED = "Reconciled"
-HELM_UPGRADE = "HelmUpgradeRequired"
-WORKLOADS_VALID = "WorkloadsValid"  # set by workloads.check
-RUNNER_HEALTHY = "RunnerHealthy"  # how the runner's last pass ended (`pass_condition`)
-FORBIDDEN, API_ERROR, PASS_FAILED = PASS_FAILURES = ("Forbidden", "APIError", "PassFailed")  # its reasons when False
-HEALTHY = {
-    SPEC_VALID: "True",
-    CONFIG_VALID: "True",
-    RECONCILED: "True",
-    HELM_UPGRADE: "False",
-    WORKLOADS_VALID: "True",
-    RUNNER_HEALTHY: "True",
-    freeze.SPEC_HELD: "False",
-}
+@dataclass(frozen=True)
+class SpecCheck:
+    """The spec's validation, done once per pass (and once per spec: `check_spec` keeps the last
+    few): its problems, and the upgrade policy parsed (None when it is invalid)."""
+
+    errors: tuple[UserError, ...]
+    policy: upgrade_policy.Policy | None
 
 
 @dataclass
@@ -116,6 +106,11 @@ class Observed:
     def spec(self) -> dict:
         return (self.cr or {}).get("spec") or {}
 
+    @functools.cached_property
+    def check(self) -> SpecCheck:
+        """The spec's validation (`check_spec`), once for this pass."""
+        return check_spec(self.spec)
+
 
 @dataclass(frozen=True)
 class Apply:
@@ -131,7 +126,7 @@ class Outcome:
 
     applies: list[Apply] = field(default_factory=list)
     conditions: list[Condition] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    events: list[Event] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:
         self.applies += other.applies
@@ -142,9 +137,17 @@ class Outcome:
 # -- the core: pure functions of the observed state ----------------------------------------------
 
 
-def spec_errors(spec: dict) -> list[UserError]:
-    """Problems of the CR spec: the shared validation rules, then the podTemplateSpec inputs
-    (the global podTemplateSpec is checked once per component: each problem is kept once)."""
+def check_spec(spec: dict) -> SpecCheck:
+    """The CR spec's validation: the shared validation rules, then the podTemplateSpec inputs (the
+    global podTemplateSpec is checked once per component: each problem is kept once); and the
+    upgrade policy parsed when none of the problems is its own. A spec seen again is not checked
+    again (the runner passes every few seconds over the same spec)."""
+    return _check(json.dumps(spec, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4)
+def _check(text: str) -> SpecCheck:
+    spec = json.loads(text)
     errors: list[UserError] = []
     checks = [lambda: validation.validate_cr_spec(spec)]
     checks += [lambda key=key: merge_scheduling(scheduling_inputs(spec, key), prefix="spec.") for key in DAEMONSETS]
@@ -155,7 +158,10 @@ def spec_errors(spec: dict) -> list[UserError]:
             errors += err.errors
         except UserError as err:
             errors.append(err)
-    return list({str(e): e for e in errors}.values())
+    unique = tuple({str(e): e for e in errors}.values())
+    policy_invalid = any(e.field.startswith(f"spec.{POLICY}") for e in unique)
+    raw = lookup(spec, "driver", "upgradePolicy") or {}
+    return SpecCheck(unique, None if policy_invalid else upgrade_policy.build(raw))
 
 
 def reconcile_daemonsets(observed: Observed) -> Outcome:
@@ -163,17 +169,20 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
     out = Outcome()
     if observed.cr is None:
         return out
-    errors = spec_errors(observed.spec)
+    errors = observed.check.errors
     if errors:
         message = "; ".join(str(e) for e in errors)
         out.conditions += [
-            Condition(SPEC_VALID, "False", "InvalidSpec", message),
+            Condition(CrCondition.SPEC_VALID, FALSE, CrReason.INVALID_SPEC, message),
             Condition(
-                RECONCILED, "False", "InvalidSpec", f"the CR is not applied to the DaemonSets until it is fixed: {message}"
+                CrCondition.RECONCILED,
+                FALSE,
+                CrReason.INVALID_SPEC,
+                f"the CR is not applied to the DaemonSets until it is fixed: {message}",
             ),
         ]
         return out
-    out.conditions.append(Condition(SPEC_VALID, "True", "Valid", "the spec passes validation"))
+    out.conditions.append(Condition(CrCondition.SPEC_VALID, TRUE, CrReason.VALID, "the spec passes validation"))
     problems = []
     for key, ds in sorted(observed.daemonsets.items()):
         try:
@@ -184,9 +193,9 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
         if needs_write(desired, ds):
             out.applies.append(Apply(minimal(desired, ds), tuple(changed)))
     if problems:
-        out.conditions.append(Condition(RECONCILED, "False", "BrokenDaemonSet", "; ".join(problems)))
+        out.conditions.append(Condition(CrCondition.RECONCILED, FALSE, CrReason.BROKEN_DAEMONSET, "; ".join(problems)))
     else:
-        out.conditions.append(Condition(RECONCILED, "True", "Applied", "every DaemonSet matches the CR"))
+        out.conditions.append(Condition(CrCondition.RECONCILED, TRUE, CrReason.APPLIED, "every DaemonSet matches the CR"))
     return out
 
 
@@ -228,9 +237,11 @@ def check_helm_owned(observed: Observed) -> Outcome:
             )
     needs += _service_differences(spec, observed.service)
     if needs:
-        out.conditions.append(Condition(HELM_UPGRADE, "True", "HelmOwnedChange", "; ".join(needs)))
+        out.conditions.append(Condition(CrCondition.HELM_UPGRADE, TRUE, CrReason.HELM_OWNED_CHANGE, "; ".join(needs)))
     else:
-        out.conditions.append(Condition(HELM_UPGRADE, "False", "InSync", "nothing in the CR needs helm upgrade"))
+        out.conditions.append(
+            Condition(CrCondition.HELM_UPGRADE, FALSE, CrReason.IN_SYNC, "nothing in the CR needs helm upgrade")
+        )
     return out
 
 
@@ -261,7 +272,7 @@ def reconcile_configmaps(observed: Observed) -> Outcome:
     it (`CR_APPLIED_ANNOTATION`): an admin's edit of the ConfigMap itself stays until the CR field
     changes (seed §3.2.6: admins edit these ConfigMaps in place). The first pass only records."""
     out = Outcome()
-    if observed.cr is None or spec_errors(observed.spec):  # an invalid spec is reported, not applied
+    if observed.cr is None or observed.check.errors:  # an invalid spec is reported, not applied
         return out
     for name in CONFIGMAPS:
         cm = observed.configmaps.get(name)
@@ -307,9 +318,9 @@ def check_configmaps(observed: Observed) -> Outcome:
         if cm is not None:
             problems += [str(e) for e in validation.configmap_problems(name, cm.get("data"))]
     if problems:
-        out.conditions.append(Condition(CONFIG_VALID, "False", "InvalidConfigMap", "; ".join(problems)))
+        out.conditions.append(Condition(CrCondition.CONFIG_VALID, FALSE, CrReason.INVALID_CONFIGMAP, "; ".join(problems)))
     else:
-        out.conditions.append(Condition(CONFIG_VALID, "True", "Valid", f"{' and '.join(CONFIGMAPS)} parse"))
+        out.conditions.append(Condition(CrCondition.CONFIG_VALID, TRUE, CrReason.VALID, f"{' and '.join(CONFIGMAPS)} parse"))
     return out
 
 
@@ -419,48 +430,7 @@ def _project(value: Any, fields: dict) -> Any:
     return value
 
 
-def pass_condition(failure: BaseException | None) -> Condition:
-    """RunnerHealthy for how a pass ended: False with the failure in one line and its fix (a
-    permission the runner lacks shows in `kubectl describe`, not only in the runner's log)."""
-    if failure is None:
-        return Condition(RUNNER_HEALTHY, "True", "PassSucceeded", "the runner's last pass succeeded")
-    retry = "the runner retries with backoff"
-    if isinstance(failure, ApiException) and failure.status in (401, 403):
-        problem = api_problem(failure)
-        fix = "give the runner's ServiceAccount that permission back: helm upgrade renders its RBAC (templates/runner/rbac.yaml)"
-        return Condition(RUNNER_HEALTHY, "False", FORBIDDEN, f"{problem.field}: {problem.problem}; {fix}; {retry}")
-    if isinstance(failure, UserError):
-        reason, text = PASS_FAILED, str(failure)
-    elif (problem := api_problem(failure)) is not None:
-        reason, text = API_ERROR, str(problem)
-    else:
-        reason, text = PASS_FAILED, f"{type(failure).__name__}: {failure}"
-    return Condition(RUNNER_HEALTHY, "False", reason, f"{' '.join(text.split())}; {retry}")
-
-
 # -- the shell: read, then write what the core decided ------------------------------------------
-
-
-class LostLeadership(Exception):
-    """The lease was lost in the middle of a pass: stop writing at once."""
-
-
-def check_lease(guard: Callable[[], bool]) -> None:
-    """Raise LostLeadership unless `guard` says the lease is still held: called before every write."""
-    if not guard():
-        raise LostLeadership("the lease was lost: stopping before the next write")
-
-
-class RolloutStep(Protocol):
-    """The staged rollout's part of a pass (`rollout_pass.RolloutPass`): `decide` after the
-    applies, on the CR the pass observed (None: nothing to do this pass), the `upgradeStatus`
-    its plan writes, then `act` on the CR as written."""
-
-    def decide(self, cr: dict) -> Any: ...
-
-    def upgrade_status(self, plan: Any) -> dict: ...
-
-    def act(self, cr: dict, plan: Any) -> int: ...
 
 
 def observe(api: Reader, namespace: str) -> Observed:
@@ -475,51 +445,19 @@ def observe(api: Reader, namespace: str) -> Observed:
     return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
 
 
-def merge_conditions(
-    existing: list[dict], wanted: list[Condition], generation: int | None, now: str
-) -> tuple[list[dict], list[Condition]]:
-    """`existing` with the `wanted` conditions set (others kept), and the ones that changed.
-
-    `lastTransitionTime` moves only when a condition's status changes (metav1.Condition rules).
-    """
-    result = [dict(c) for c in existing]
-    changed = []
-    for want in wanted:
-        old = next((c for c in result if c.get("type") == want.type), None)
-        new = {
-            "type": want.type,
-            "status": want.status,
-            "reason": want.reason,
-            "message": want.message[:32768],
-            "observedGeneration": generation,
-            "lastTransitionTime": transition_time(old.get("status"), old.get("lastTransitionTime"), want.status, now)
-            if old
-            else now,
-        }
-        if old is None:
-            result.append(new)
-        else:
-            result[result.index(old)] = new
-        if old is None or (old.get("status"), old.get("reason"), old.get("message")) != (
-            want.status,
-            want.reason,
-            new["message"],
-        ):
-            changed.append(want)
-    return result, changed
-
-
-def transition_events(changed: list[Condition], first: set[str]) -> list[tuple[str, str, str]]:
-    """Events for condition changes: Warning when a condition goes bad, Normal when it recovers.
-
-    A condition set for the first time (`first`) and healthy is not worth an event.
-    """
+def apply_objects(api: Client, applies: list[Apply], guard: Callable[[], bool]) -> list[Event]:
+    """Server-side apply each partial object as the runner's field manager, the lease checked
+    before each; the Events that say what was applied."""
     events = []
-    for c in changed:
-        healthy = HEALTHY.get(c.type) == c.status
-        if healthy and c.type in first:
-            continue
-        events.append(("Normal" if healthy else "Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
+    for partial in applies:
+        cr_status.check_lease(guard)
+        api.apply(partial.body, field_manager=RUNNER_FIELD_MANAGER, force=True)
+        meta = partial.body["metadata"]
+        kind, name = partial.body["kind"], meta["name"]
+        event(log, "apply", kind=kind, name=name, namespace=meta.get("namespace"), fields=list(partial.fields))
+        fields = ", ".join(partial.fields) or "field ownership only"
+        message = f"applied the CR to {kind} {name}: {fields}"
+        events.append(Event(EventType.NORMAL, CrReason.APPLIED, message))
     return events
 
 
@@ -531,144 +469,17 @@ def apply(
     clock: Callable[[], float],
     identity: str = "",
     applied: bool = True,
-    rollout: RolloutStep | None = None,
 ) -> int:
-    """Write what the pass decided; the number of writes. In order: the partial objects, the
-    rollout's decision (`rollout`, on the objects just applied), the CR's status once
-    (`write_status`), the events, then the rollout's actions. Checks `guard` before every write
-    and raises LostLeadership when it says the lease is gone; `clock` gives the time of the
-    status and the events (seconds since the epoch, as every clock of the runner). `applied`: the outcome is the
-    whole pass's for the CR's generation, which `status.observedGeneration` then records (False
-    for a condition alone, such as the report of a failed pass)."""
-    writes = 0
-    events = list(outcome.events)
-    for partial in outcome.applies:
-        check_lease(guard)
-        api.apply(partial.body, field_manager=RUNNER_FIELD_MANAGER, force=True)
-        writes += 1
-        meta = partial.body["metadata"]
-        fields = ", ".join(partial.fields) or "field ownership only"
-        event(
-            log,
-            "apply",
-            kind=partial.body["kind"],
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            fields=list(partial.fields),
-        )
-        events.append(("Normal", "Applied", f"applied the CR to {partial.body['kind']} {meta['name']}: {fields}"))
+    """Write what the reconcile decided: the partial objects, then the CR's status once with the
+    conditions (`cr_status.write`), then the events; the number of writes. `applied`: the outcome
+    is the whole pass's for the CR's generation (False for a condition alone, such as the report of
+    a failed pass). The runner's own pass puts the rollout between the objects and the status
+    (`run.Runner`)."""
+    events = apply_objects(api, outcome.applies, guard)
     if observed.cr is None:
-        return writes
-    plan = rollout.decide(observed.cr) if rollout is not None else None
-    upgrade_status = rollout.upgrade_status(plan) if plan is not None else None
+        return len(outcome.applies)
     now = rfc3339(clock())
-    written = write_status(api, observed.cr, outcome.conditions, guard, now, applied=applied, upgrade_status=upgrade_status)
-    writes += written.writes
-    for kind, reason, message in [*events, *written.events]:
-        check_lease(guard)
-        writes += emit_event(api, observed.cr, kind, reason, message, now, identity)
-    if plan is not None and written.cr is not None:
-        writes += rollout.act(written.cr, plan)
-    return writes
-
-
-@dataclass
-class StatusWrite:
-    """What `write_status` did: the CR as it now stands (None after a conflict), the writes (0 or
-    1) and the events of the conditions that changed."""
-
-    cr: dict | None
-    writes: int = 0
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-
-def write_status(
-    api: Client,
-    cr: dict,
-    conditions: list[Condition],
-    guard: Callable[[], bool],
-    now: str,
-    applied: bool = True,
-    upgrade_status: dict | None = None,
-) -> StatusWrite:
-    """The CR's status as one pass leaves it: `conditions` set (`merge_conditions`),
-    `observedGeneration` when `applied`, the rollout's `upgradeStatus` when given; written as one
-    PUT of the status subresource carrying the resourceVersion the pass read, and only when it
-    differs from the status read."""
-    status = cr.get("status") or {}
-    generation = cr["metadata"].get("generation")
-    existing = status.get("conditions") or []
-    merged, changed = merge_conditions(existing, conditions, generation, now)
-    wanted = dict(status)
-    if merged != existing:
-        wanted["conditions"] = merged
-    if applied:
-        wanted["observedGeneration"] = generation
-    if upgrade_status is not None:
-        wanted["upgradeStatus"] = upgrade_status
-    if wanted == status:
-        return StatusWrite(cr)
-    check_lease(guard)
-    body = {**json.loads(json.dumps(cr)), "status": wanted}
-    path = api.resource(CR_API_VERSION, CR_KIND).path(CR_NAME, subresource="status")
-    try:
-        written = api.call("PUT", path, body=body)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        # The CR changed since it was read: this status was planned from the spec of generation
-        # `generation`, which may no longer be the CR's. Writing it under the new generation would
-        # claim a spec this pass never applied, and the rollout's decision is stale too: the next
-        # pass decides again (and acts on nothing before).
-        event(log, "status-conflict", msg="the CR changed since it was read: its status waits for the next pass")
-        return StatusWrite(None)
-    if changed:
-        event(log, "set-conditions", changed=[f"{c.type}={c.status}({c.reason})" for c in changed])
-    first = {c.type for c in conditions} - {c["type"] for c in existing}
-    return StatusWrite(written, 1, transition_events(changed, first))
-
-
-def emit_event(
-    api: Client,
-    cr: dict,
-    kind: str,
-    reason: str,
-    message: str,
-    now: str,
-    identity: str = "",
-    component: str = RUNNER_FIELD_MANAGER,
-) -> bool:
-    """A core/v1 Event about the CR (what `kubectl describe clusteroperator` shows) from `component`
-    (the runner, or the bootstrap hook). The API server keeps events of cluster-scoped objects in
-    namespace `default`. Best effort, as client-go's recorder: a failed event is logged, never
-    fails the pass."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{CR_NAME}.", "namespace": EVENT_NAMESPACE},
-        "involvedObject": {"apiVersion": CR_API_VERSION, "kind": CR_KIND, "name": CR_NAME, "uid": cr["metadata"].get("uid")},
-        "type": kind,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": component},
-        "reportingComponent": component,
-        "reportingInstance": identity or component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        api.call("POST", api.resource("v1", "Event").path(namespace=EVENT_NAMESPACE), body=body)
-    except Exception as err:  # noqa: BLE001 - events are best effort
-        event(
-            log,
-            "event-failed",
-            logging.WARNING,
-            type=kind,
-            reason=reason,
-            msg=message,
-            error=f"{type(err).__name__}: {getattr(err, 'reason', err)}",
-        )
-        return False
-    event(log, "event", type=kind, reason=reason, msg=message)
-    return True
+    written = cr_status.write(
+        api, observed.cr, outcome.conditions, [*outcome.events, *events], guard, now, identity, applied=applied
+    )
+    return len(outcome.applies) + written.writes

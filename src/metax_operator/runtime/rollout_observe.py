@@ -3,7 +3,7 @@
 Nine caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
-  `engine.Pod` plus its owner's uid;
+  `Pod` plus its owner's uid;
 - every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
   projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
@@ -27,7 +27,7 @@ The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, w
 runner's own write until its watch has delivered it: the reconcile may have changed the
 template a moment before in the same pass.
 
-`Watches.observe(ds, cr, status)` turns a snapshot of them into `engine.Cluster`: the current
+`Watches.observe(ds, cr, status)` turns a snapshot of them into `Cluster`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
 owned by the DaemonSet's uid. The engine acts only when `caught_up`, which needs the three views to
 agree, since they come from separate reads:
@@ -53,8 +53,9 @@ import json
 from dataclasses import dataclass
 
 from metax_operator import workloads
+from metax_operator.conditions import parse_time
 from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, NODE_LABEL_PREFIX, REVISION_LABEL
-from metax_operator.rollout import engine
+from metax_operator.rollout.observation import Cluster, Pod
 from metax_operator.rollout.restore import revision_template
 from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer, Stats
@@ -78,14 +79,14 @@ class Revision:
 @dataclass(frozen=True)
 class DriverPod:
     owner_uid: str
-    pod: engine.Pod
+    pod: Pod
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """One pass's view: the engine's `Cluster` and what acting on it needs."""
 
-    observed: engine.Cluster
+    observed: Cluster
     daemonset: dict
     revisions: dict[str, Revision]  # hash -> the DaemonSet's revision
 
@@ -95,6 +96,7 @@ class Watches:
 
     def __init__(self, api: Client, namespace: str, resync: float = 1800.0):
         self.api, self.resync = api, resync
+        self.started = False
         self.waited: Informer | None = None
         core = api.resource("v1", "Pod")
         apps = lambda kind: api.resource("apps/v1", kind)  # noqa: E731
@@ -157,8 +159,11 @@ class Watches:
         )
 
     def start(self) -> Watches:
-        for informer in self.all:
-            informer.start()
+        """Start every cache, once."""
+        if not self.started:
+            for informer in self.all:
+                informer.start()
+            self.started = True
         return self
 
     def wait_for(self, selector: str) -> Informer | None:
@@ -202,15 +207,17 @@ class Watches:
                 setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
         return total
 
-    def observe(self, ds: dict, cr: dict, status: dict | None) -> Snapshot:
-        """The snapshot for one pass, with the driver DaemonSet `ds` as just read."""
+    def observe(self, ds: dict, cr: dict, spec: dict, status: dict | None) -> Snapshot:
+        """The snapshot for one pass, with the driver DaemonSet `ds` as just read, the CR `cr` and
+        the spec the pass acts on (`freeze.in_force`)."""
         waited = self.waited.snapshot().values() if self.waited else ()
         return build(
             ds,
             self.revisions.snapshot().values(),
             self.driver_pods.snapshot().values(),
-            (p.node for p in self.gpu_pods.snapshot().values() if p.node),
+            (p.node for p in self.gpu_pods.snapshot().values() if p.node and p.workload),
             cr,
+            spec,
             status,
             skipped=self.skipped.snapshot().values(),
             cordoned=self.cordoned.snapshot().values(),
@@ -221,8 +228,9 @@ class Watches:
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
-        """The GPU pods the cache holds on `nodes` (what a drain evicts)."""
-        return [p for p in self.gpu_pods.snapshot().values() if p.node in nodes]
+        """The GPU workload pods the cache holds on `nodes` (what a drain evicts: not a DaemonSet's
+        pods nor static ones, as `kubectl drain --ignore-daemonsets`)."""
+        return [p for p in self.gpu_pods.snapshot().values() if p.node in nodes and p.workload]
 
 
 def build(
@@ -231,6 +239,7 @@ def build(
     driver_pods,
     gpu_nodes,
     cr: dict,
+    spec: dict,
     status: dict | None,
     skipped=(),
     cordoned=(),
@@ -239,8 +248,9 @@ def build(
     need_reboot=(),
     nodes=None,
 ) -> Snapshot:
-    """The pure part of `observe` (also what the unit tests call). `nodes` is the node cache
-    (`.get(name)` -> `cordon.NodeState` or None); without it every pod and wave node is kept."""
+    """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
+    on, `cr` the CR as stored. `nodes` is the node cache (`.get(name)` -> `cordon.NodeState` or
+    None); without it every pod and wave node is kept."""
     uid = ds["metadata"]["uid"]
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
@@ -258,7 +268,7 @@ def build(
     if nodes is not None:
         wave = [n for n in wave if targeted(ds, nodes.get(n))]
     skipped = frozenset(skipped)
-    observed = engine.Cluster(
+    observed = Cluster(
         current_revision=newest.hash if newest else "",
         caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
@@ -270,10 +280,11 @@ def build(
         retry=frozenset(retry),
         need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
-        driver_spec=canonical(((cr.get("spec") or {}).get("driver")) or {}),
+        driver_spec=canonical(spec.get("driver") or {}),
         revisions={h: r.data for h, r in own.items()},
         daemonset=ds,
-        cr_spec=cr.get("spec") or {},
+        cr_spec=spec,
+        stored_driver=((cr.get("spec") or {}).get("driver")) or {},
     )
     return Snapshot(observed, ds, own)
 
@@ -308,7 +319,7 @@ def node_event(obj: dict) -> tuple[str, float]:
     when = (
         obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") or obj["metadata"].get("creationTimestamp")
     )
-    return (obj.get("involvedObject") or {}).get("name", ""), engine.parse_time(when) or 0.0
+    return (obj.get("involvedObject") or {}).get("name", ""), parse_time(when) or 0.0
 
 
 def need_reboot(asked, rebooted) -> set[str]:
@@ -342,7 +353,7 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
     restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
     return DriverPod(
         owner,
-        engine.Pod(
+        Pod(
             name=meta["name"],
             uid=meta["uid"],
             node=spec.get("nodeName") or "",
@@ -350,7 +361,7 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
             ready=ready,
             phase=status.get("phase") or "Pending",
             restart_count=restarts,
-            created=engine.parse_time(meta.get("creationTimestamp")) or 0.0,
+            created=parse_time(meta.get("creationTimestamp")) or 0.0,
             deleting=deletion_began(meta),
         ),
     )
@@ -360,5 +371,5 @@ def deletion_began(meta: dict) -> float | None:
     """When the object's deletion was asked, None if it is not being deleted: the API server sets
     deletionTimestamp to that time plus the grace period, which it keeps in
     deletionGracePeriodSeconds (a pod deleted with the default 30 s is stamped 30 s ahead)."""
-    at = engine.parse_time(meta.get("deletionTimestamp"))
+    at = parse_time(meta.get("deletionTimestamp"))
     return None if at is None else at - (meta.get("deletionGracePeriodSeconds") or 0)

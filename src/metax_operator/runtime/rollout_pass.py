@@ -1,12 +1,12 @@
-"""The staged driver rollout's imperative shell: its part of every runner pass.
+"""The staged driver rollout's imperative shell: its part of every runner pass (`run.Runner`).
 
-Each pass (`reconcile.apply`): on the CR the pass observed and the driver DaemonSet (from the
-runner's `runtime.object_cache`, with the template the pass just applied), snapshot the watch
-caches (`rollout_observe`) and let the engine decide (`RolloutPass.decide`, `engine.decide`);
-the pass writes the intended `status.upgradeStatus` with the rest of the CR's status, once (a
-PUT of the status subresource carrying the resourceVersion read: a conflict means someone
-changed the CR since, and the pass stops without acting; the next pass decides again), then
-the rollout acts (`RolloutPass.act`):
+`RolloutPass.decide`: on the CR the pass observed, the spec it acts on and the upgrade policy it
+validated, and the driver DaemonSet (from the runner's `runtime.object_cache`, with the template
+the pass just applied), snapshot the watch caches (`rollout_observe`) and let the engine decide
+(`engine.decide`). The pass writes the intended `status.upgradeStatus` with the rest of the CR's
+status, once (a PUT of the status subresource carrying the resourceVersion read: a conflict
+means someone changed the CR since, and the pass stops without acting; the next pass decides
+again), then the rollout acts (`RolloutPass.act`):
 
 - set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
   saw, so an admin's concurrent edit wins), and once the runner's own pause landed, write the
@@ -14,16 +14,18 @@ the rollout acts (`RolloutPass.act`):
 - roll back (`Decision.restore`, planned by `rollout.restore`): first set the CR's `spec.driver`
   back to the one that gives the stable revision's template, so the runner's reconcile does not
   re-apply the abandoned version, then patch the DaemonSet with the stable ControllerRevision's
-  data, as `kubectl rollout undo`;
-- cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU pods of
-  those being drained (`Decision.evict`, only once cordoned; the Eviction API respects
-  PodDisruptionBudgets);
-- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then, unless GPU
-  work is allowed, list the node's pods once more: the engine decided from the GPU-pod cache of
-  the pass's start, and a GPU job bound since (before the cordon landed) must not lose its
-  driver; such a node stays cordoned and its driver pod waits for a later pass. Then delete the
-  pod with a uid precondition (404 or a failed precondition: already done); a node that could
-  not be cordoned keeps its pod until a later pass;
+  data, as `kubectl rollout undo` (the engine plans either again until the cluster shows it);
+- cordon the wave nodes whose work must end first (`Decision.cordon`) and evict the GPU
+  workload pods of those being drained (`Decision.evict`, only once cordoned; the Eviction API
+  respects PodDisruptionBudgets; a DaemonSet's pods and static pods are left, as
+  `kubectl drain --ignore-daemonsets` does);
+- cordon each pod's node (`cordon.py`; unless `upgradePolicy.cordon` is false), then look at the
+  node once more, as the API server has it, before the deletion (`Decision.work_check`): the
+  engine decided from caches of the pass's start, and a node labelled skip since, a GPU job bound
+  since (unless GPU work is allowed), or a pod matching `waitForCompletion.podSelector` started
+  since must not lose its driver; such a node keeps its driver pod, and the next pass sees why.
+  Then delete the pod with a uid precondition (404 or a failed precondition: already done); a node
+  that could not be cordoned keeps its pod until a later pass;
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
 - emit the engine's Events on the CR;
 - label each node with its upgrade state (`rollout.node_state`, the label
@@ -31,6 +33,10 @@ the rollout acts (`RolloutPass.act`):
   says which happened, and remove an admin's retry label once the node's retry is done (its pod
   deleted again, or nothing failed to retry). At most `STATE_WRITES_PER_PASS` nodes a pass, those
   in a wave first: a fleet's first labelling never delays a swap.
+
+A pass the rollout cannot decide (an invalid policy, no driver DaemonSet, no CR at all) still
+gives back the nodes the runner cordoned whose driver is back (`GiveBack`); without the CR the
+rollout is gone, and so are the nodes' state labels.
 
 The lease is checked before every write, also before each node's of a batch (its cordon, then
 again before its deletion): a runner whose lease lapses mid-batch sends only the requests already
@@ -57,15 +63,17 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract, workloads
-from metax_operator.chart import upgrade_policy as policy_mod
+from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.conditions import rfc3339
 from metax_operator.contract import DRIVER_DAEMONSET, LIVE_PODS, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL
-from metax_operator.errors import UserError, UserErrors
 from metax_operator.jsonlog import event
 from metax_operator.rollout import engine, node_state
+from metax_operator.rollout.decision import Decision, PodRef, WorkCheck
 from metax_operator.rollout.node_state import NodeUpgradeState
-from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import cordon, kube, reconcile
+from metax_operator.rollout.observation import Cluster, driver_back
+from metax_operator.rollout.restore import Restore, without_policy
+from metax_operator.rollout.status import Resume, UpgradeStatus
+from metax_operator.runtime import cordon, cr_status, kube
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
@@ -74,14 +82,15 @@ from metax_operator.runtime.rollout_observe import Watches
 
 log = logging.getLogger(__name__)
 
-#: A batch item the API server refused (`_per_node`).
-REFUSED = "refused"
-#: A driver pod not deleted: its node runs GPU work the pass's snapshot did not show.
-BUSY = "gpu-busy"
 #: The most nodes whose labels one pass writes (a 10,000-node fleet's first labelling takes 20 passes).
 STATE_WRITES_PER_PASS = 500
 #: States a node stays in between waves: when a pass has more labels to write than it may, these wait.
 _SETTLED = (NodeUpgradeState.PENDING, NodeUpgradeState.DONE)
+#: What became of one pod of `Decision.delete` (`RolloutPass._delete`).
+DELETED, GONE = "deleted", "gone"  # by this pass; already, by someone else
+REFUSED = "refused"  # the API server refused a write for it
+BUSY = "busy"  # its node runs work the pass's snapshot did not show: its pod waits
+SKIPPED = "skipped"  # its node is labelled skip since the snapshot: its pod stays
 
 
 def write_order(changes: dict[str, dict[str, str | None]]) -> list[str]:
@@ -95,35 +104,37 @@ class Plan:
     """The rollout's decision for one pass, and what acting on it needs: the CR's
     `spec.driver.upgradePolicy.pause` as the engine saw it, and the status as stored."""
 
-    decision: engine.Decision
+    decision: Decision
     pause_seen: bool
     stored: dict | None  # status.upgradeStatus as read (None: never written)
     # What the engine decided on, with the policy and the time: what the nodes' state labels are
     # worked out from (`node_state.states`). None in a plan made without an observation.
-    observed: engine.Cluster | None = None
-    policy: policy_mod.Policy | None = None
+    observed: Cluster | None = None
+    policy: Policy | None = None
     now: float = 0.0
 
+    @property
+    def upgrade_status(self) -> dict:
+        """The `status.upgradeStatus` the pass writes before `act`."""
+        return self.decision.status.to_json()
 
-@dataclass
-class Release:
-    """A pass the rollout cannot decide (an invalid policy, no driver DaemonSet) still gives back
-    the nodes the runner cordoned whose driver is back: a frozen rollout holds no capacity it
-    does not need. The status stays as stored."""
+
+@dataclass(frozen=True)
+class GiveBack:
+    """A pass the rollout cannot decide gives back the nodes the runner cordoned whose driver is
+    back: a frozen rollout holds no capacity it does not need. The status stays as stored."""
 
     nodes: list[str]
     stored: dict | None
 
-
-def without_policy(driver: dict) -> dict:
-    """spec.driver but its upgradePolicy (JSON-pointer-safe keys: the CRD's field names)."""
-    return {key: value for key, value in driver.items() if key != "upgradePolicy"}
+    @property
+    def upgrade_status(self) -> dict | None:
+        return self.stored
 
 
 class RolloutPass:
-    """The rollout's part of every runner pass (a `reconcile.RolloutStep`): `decide` on the CR
-    the pass observed, then, once the pass wrote the status, `act`. Keeps its watch caches
-    between passes."""
+    """The rollout's part of every runner pass: `decide`, then, once the pass wrote the status,
+    `act`. Keeps its watch caches between passes."""
 
     def __init__(
         self,
@@ -138,41 +149,44 @@ class RolloutPass:
     ):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
         self.reader: Reader = reader or api  # where the DaemonSet is read (`object_cache`), else live
-        self.watches, self.metrics = watches, metrics
-        self.requests = 0  # this module's own requests (the caches count theirs)
+        self.watches = watches or Watches(api, namespace)
+        self.metrics = metrics
         self._refused: list[ApiException] = []  # per-node refusals of this pass's actions
         self._own: cordon.OwnWrites | None = None
 
     def close(self) -> None:
-        if self.watches is not None:
-            self.watches.stop()
+        self.watches.stop()
 
-    def decide(self, cr: dict) -> Plan | Release | None:
-        """The engine's decision on `cr` and what the watch caches and the DaemonSet show now;
-        None when there is nothing to decide on yet (caches not listed or failing). An invalid
-        policy or no DaemonSet: the runner's cordons that may go (`Release`), or None."""
-        if self.watches is None:
-            self.watches = Watches(self.api, self.namespace).start()
+    def _caches_ready(self) -> bool:
+        """Whether the watch caches can be decided on (started at the first call): listed, and
+        none failing (a GPU job started since a watch broke would not be seen: no node is taken)."""
+        self.watches.start()
         if not self.watches.wait_synced(SYNC_TIMEOUT):
             event(log, "rollout-wait-cache", logging.WARNING, msg="the watch caches have not listed yet")
-            return None
+            return False
         failing = self.watches.failing()
-        if failing:  # a GPU job started since the watch broke would not be seen: no node is taken
+        if failing:
             event(
                 log,
                 "rollout-wait-cache",
                 logging.WARNING,
                 msg=f"the watch caches {', '.join(failing)} are failing: the rollout waits until they list again",
             )
+            return False
+        return True
+
+    def decide(self, cr: dict, spec: dict, policy: Policy | None) -> Plan | GiveBack | None:
+        """The engine's decision on `cr` (as stored), acting on `spec` (`freeze.in_force`) and its
+        upgrade policy as the pass validated it (None: invalid), with what the watch caches and the
+        DaemonSet show now; None when there is nothing to decide on yet (caches not listed or
+        failing). An invalid policy or no DaemonSet: the runner's cordons that may go (`GiveBack`)."""
+        if not self._caches_ready():
             return None
         stored = (cr.get("status") or {}).get("upgradeStatus") or None
         ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
-        raw = ((cr.get("spec") or {}).get("driver") or {}).get("upgradePolicy")
-        try:
-            policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
-        except (UserError, UserErrors) as err:  # reported as SpecValid=False by reconcile
-            event(log, "rollout-invalid-policy", logging.WARNING, error=str(err))
-            return self._release(ds, cr, stored)
+        if policy is None:  # reported as SpecValid=False by the reconcile
+            event(log, "rollout-invalid-policy", logging.WARNING, msg="the upgrade policy is invalid: the rollout waits")
+            return self._give_back(ds, cr, spec, stored)
         waited = self.watches.wait_for(policy.wait_selector)
         if waited is not None and (not waited.wait_synced(SYNC_TIMEOUT) or waited.state != "synced"):
             event(
@@ -184,39 +198,50 @@ class RolloutPass:
             return None
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
-            return self._release(ds, cr, stored)
-        snap = self.watches.observe(ds, cr, stored)
+            return self._give_back(ds, cr, spec, stored)
+        snap = self.watches.observe(ds, cr, spec, stored)
         before = UpgradeStatus.from_json(stored) if stored is not None else None
         now = self.clock()
         return Plan(engine.decide(snap.observed, policy, before, now), policy.pause, stored, snap.observed, policy, now)
 
-    def _release(self, ds: dict | None, cr: dict, stored: dict | None) -> Release | None:
+    def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
-        `engine.driver_back` gives for the stored wave (a node whose driver is down or being
-        swapped stays cordoned); without it no driver is coming, so every one."""
+        `driver_back` gives for the stored wave (a node whose driver is down or being swapped stays
+        cordoned); without it no driver is coming, so every one."""
         if ds is None:
             nodes = set(self.watches.cordoned.snapshot().values())
         else:
-            resume = UpgradeStatus.from_json(stored).resume if stored is not None else UpgradeStatus().resume
-            nodes = engine.driver_back(self.watches.observe(ds, cr, stored).observed, resume, set())
-        return Release(sorted(nodes), stored) if nodes else None
+            resume = UpgradeStatus.from_json(stored).resume if stored is not None else Resume()
+            nodes = driver_back(self.watches.observe(ds, cr, spec, stored).observed, resume, set())
+        return GiveBack(sorted(nodes), stored) if nodes else None
 
-    def upgrade_status(self, plan: Plan | Release) -> dict | None:
-        """The `status.upgradeStatus` the pass writes before `act` (a `Release` leaves it)."""
-        return plan.stored if isinstance(plan, Release) else plan.decision.status.to_json()
+    def without_cr(self) -> int:
+        """No CR (deleted, or not made yet): the rollout is gone. Give back the nodes the runner
+        cordoned whose driver is back and drop the nodes' state labels; the number of writes."""
+        if not self._caches_ready():
+            return 0
+        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        give_back = self._give_back(ds, {}, {}, None)
+        self._refused = []
+        writes = self._uncordon(give_back.nodes if give_back else [])
+        writes += self._label({}, frozenset(), set())
+        if self._refused:
+            raise self._refused[0]
+        return writes
 
-    def act(self, cr: dict, plan: Plan | Release) -> int:
+    def act(self, cr: dict, plan: Plan | GiveBack) -> int:
         """Carry out `plan` on the CR `cr` as the pass's status write left it: the actions in
         order; the number of writes."""
-        if isinstance(plan, Release):
+        if isinstance(plan, GiveBack):
             return self._uncordon(plan.nodes)
-        decision = plan.decision
+        decision, requests = plan.decision, self.api.requests
         if self.metrics is not None:
             before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
         writes = self._act(cr, plan)
         status_written = decision.status.to_json() != plan.stored  # by the pass, just before
         step = decision.status.step
+        stats = self.watches.stats()
         event(
             log,
             "rollout-pass",
@@ -229,7 +254,10 @@ class RolloutPass:
             total=step.total_upgrade_replicas,
             deleted=[p.name for p in decision.delete],
             message=decision.status.message,
-            **self._traffic(),
+            requests=self.api.requests - requests,
+            cache_requests=stats.requests,
+            cache_bytes=stats.bytes,
+            cache_events=stats.events,
         )
         return writes
 
@@ -242,15 +270,13 @@ class RolloutPass:
         if decision.restore is not None:
             writes += self._restore(cr, decision.restore)
         writes += self._drain(decision.cordon, decision.evict)
-        deleted, delete_writes = self._delete(decision.delete, decision.cordon_first, decision.idle_first)
+        deleted, delete_writes = self._delete(decision.delete, decision.cordon_first, decision.work_check)
         writes += delete_writes + self._uncordon(decision.uncordon)
+        now = rfc3339(self.clock())
         for item in decision.events:
             self._check()
-            self.requests += 1
-            writes += reconcile.emit_event(
-                self.api, cr, item.type, item.reason, item.message, rfc3339(self.clock()), self.identity
-            )
-        if self.watches is not None and plan.observed is not None and plan.policy is not None:
+            writes += cr_status.emit_event(self.api, cr, item, now, self.identity)
+        if plan.observed is not None and plan.policy is not None:
             states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
             if self.metrics is not None:
                 self.metrics.node_states(states)
@@ -279,7 +305,6 @@ class RolloutPass:
         self._check()
         path = "/spec/driver/upgradePolicy/pause"
         patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
-        self.requests += 1
         try:
             patched = self.api.patch(
                 contract.CR_API_VERSION,
@@ -296,10 +321,10 @@ class RolloutPass:
             return 0
         event(log, "rollout-set-pause", pause=value)
         if then is not None:
-            confirmed = reconcile.write_status(
-                self.api, patched, [], self.guard, rfc3339(self.clock()), applied=False, upgrade_status=then.to_json()
+            now = rfc3339(self.clock())
+            confirmed = cr_status.write_status(
+                self.api, patched, [], self.guard, now, applied=False, upgrade_status=then.to_json()
             )
-            self.requests += 1
             return 1 + confirmed.writes
         return 1
 
@@ -324,7 +349,6 @@ class RolloutPass:
             )
         elif wanted != live:  # not written yet
             self._check()
-            self.requests += 1
             ops = [{"op": "add", "path": f"/spec/driver/{key}", "value": value} for key, value in sorted(wanted.items())]
             ops += [{"op": "remove", "path": f"/spec/driver/{key}"} for key in sorted(live.keys() - wanted.keys())]
             self.api.patch(
@@ -337,7 +361,7 @@ class RolloutPass:
             )
             event(log, "rollout-restore-cr", revision=revision, msg=f"spec.driver set back to revision {revision}'s")
             writes += 1
-        if restore.template_patch is None:
+        if restore.revision_missing:
             event(
                 log,
                 "rollout-revision-missing",
@@ -346,8 +370,9 @@ class RolloutPass:
                 msg=f"no ControllerRevision with hash {revision}: cannot restore the template",
             )
             return writes
+        if restore.template_patch is None:  # the template is back already
+            return writes
         self._check()
-        self.requests += 1
         self.api.patch(
             "apps/v1",
             "DaemonSet",
@@ -360,45 +385,67 @@ class RolloutPass:
         event(log, "rollout-restore-template", revision=revision)
         return writes + 1
 
-    def _delete(self, pods: list[engine.PodRef], cordon_first: bool, idle_first: bool) -> tuple[set[str], int]:
-        """Cordon each pod's node (when `cordon_first`), check it has no GPU pod (when `idle_first`),
-        then delete the pod; the nodes whose pod is gone, and the number of writes."""
+    def _delete(self, pods: list[PodRef], cordon_first: bool, check: WorkCheck) -> tuple[set[str], int]:
+        """Cordon each pod's node (when `cordon_first`), look at the node and its pods once more
+        (`check`), then delete the pod; the nodes whose pod is gone, and the number of writes."""
         if not pods:
             return set(), 0
         self._check()
 
-        def delete(pod: engine.PodRef) -> tuple[str, str]:
-            found = cordon.cordon(self.api, pod.node, self._nodes) if cordon_first else ""
-            if found == cordon.NOT_NOW:
+        def delete(pod: PodRef) -> tuple[str, str]:
+            if cordon_first:
+                found, node = cordon.cordon(self.api, pod.node, self._nodes)
+            else:
+                found, node = "", self._node(pod.node)
+            if node is None:
                 return found, ""
-            if idle_first and self._gpu_busy(pod.node):
+            if cordon.skipped(node):
+                return found, SKIPPED
+            if self._runs_work(pod.node, check):
                 return found, BUSY
-            self._check()  # the lease may have lapsed during the cordon and the check
+            self._check()  # the lease may have lapsed during the cordon and the checks
             try:
-                return found, "deleted" if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) else "gone"
+                return found, DELETED if self.api.delete("v1", "Pod", pod.name, self.namespace, uid=pod.uid) else GONE
             except ApiException as err:
                 if err.status == 409:  # the uid precondition failed: that pod is already gone
-                    return found, "gone"
+                    return found, GONE
                 raise
 
         outcomes = self._parallel(self._per_node("delete", lambda p: p.node, delete, (REFUSED, "")), pods)
         cordons = [c for c, _ in outcomes]
-        deletes = sum(1 for _, d in outcomes if d in ("deleted", "gone"))
-        checks = sum(1 for c, _ in outcomes if c not in (cordon.NOT_NOW, REFUSED)) if idle_first else 0
-        self.requests += deletes + checks + cordons.count(cordon.CORDONED) + cordons.count(cordon.NOT_NOW)
+        by = lambda outcome: [p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d == outcome]  # noqa: E731
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
-        busy = [p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d == BUSY]
         event(
             log,
             "rollout-delete",
             pods=[p.name for p in pods],
-            deleted=sum(d == "deleted" for _, d in outcomes),
+            deleted=len(by(DELETED)),
             cordoned=cordons.count(cordon.CORDONED),
             **({"not_cordoned": not_now} if not_now else {}),
-            **({"gpu_busy": busy} if busy else {}),
+            **({"busy": by(BUSY)} if by(BUSY) else {}),
+            **({"skipped": by(SKIPPED)} if by(SKIPPED) else {}),
         )
-        gone = {p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d in ("deleted", "gone")}
-        return gone, deletes + cordons.count(cordon.CORDONED)
+        gone = set(by(DELETED)) | set(by(GONE))
+        return gone, len(by(DELETED)) + len(by(GONE)) + cordons.count(cordon.CORDONED)
+
+    def _node(self, name: str) -> cordon.NodeState | None:
+        """The node as the API server has it now (None: gone)."""
+        found = self.api.get("v1", "Node", name)
+        return cordon.node_state(found) if found is not None else None
+
+    def _runs_work(self, node: str, check: WorkCheck) -> bool:
+        """Whether `node` runs, now, what must not lose its driver (`check`): a GPU workload pod,
+        or a pod matching the wait selector (one LIST of the node's live pods each)."""
+        on_node = f"spec.nodeName={node},{LIVE_PODS}"
+        if check.gpu:
+            pods = self.api.list("v1", "Pod", field_selector=on_node, all_namespaces=True)
+            if any((gpu := workloads.gpu_pod(p)) is not None and gpu.workload for p in pods):
+                return True
+        if check.wait_selector:
+            return bool(
+                self.api.list("v1", "Pod", field_selector=on_node, label_selector=check.wait_selector, all_namespaces=True)
+            )
+        return False
 
     def _label(self, states: dict[str, NodeUpgradeState], retry: frozenset[str], deleted: set[str]) -> int:
         """Write each node's state label where it differs, drop it from nodes the rollout no longer
@@ -420,7 +467,6 @@ class RolloutPass:
         batch = order[:STATE_WRITES_PER_PASS]
         write = self._per_node("label", str, lambda node: cordon.set_labels(self.api, node, changes[node]), None)
         done = self._parallel(write, batch)
-        self.requests += len(batch)
         for node, state in zip(batch, done, strict=True):
             self._nodes.record(node, state)
         retried = sorted(n for n in batch if RETRY_LABEL in changes[n])
@@ -434,24 +480,18 @@ class RolloutPass:
         )
         return sum(1 for state in done if state)
 
-    def _gpu_busy(self, node: str) -> bool:
-        """Whether `node` runs a pod requesting a MetaX resource now (one LIST of its live pods)."""
-        pods = self.api.list("v1", "Pod", field_selector=f"spec.nodeName={node},{LIVE_PODS}", all_namespaces=True)
-        return any(workloads.gpu_pod(p) is not None for p in pods)
-
     def _drain(self, cordons: list[str], drains: list[str]) -> int:
-        """Cordon `cordons`, then evict the GPU pods on `drains` that are cordoned; the number of writes."""
+        """Cordon `cordons`, then evict the GPU workload pods on `drains` that are cordoned; the
+        number of writes."""
         if not cordons and not drains:
             return 0
         self._check()
-        cordon_one = self._per_node("cordon", str, lambda node: cordon.cordon(self.api, node, self._nodes), REFUSED)
+        cordon_one = self._per_node("cordon", str, lambda node: cordon.cordon(self.api, node, self._nodes).outcome, REFUSED)
         found = dict(zip(cordons, self._parallel(cordon_one, cordons), strict=True))
-        self.requests += list(found.values()).count(cordon.CORDONED) + list(found.values()).count(cordon.NOT_NOW)
         ready = {n for n in drains if found.get(n) not in (cordon.NOT_NOW, REFUSED)}
         pods = self.watches.gpu_pods_on(ready)
         evict = self._per_node("evict", lambda p: p.node, lambda p: cordon.evict(self.api, p.namespace, p.name), REFUSED)
         outcomes = self._parallel(evict, pods)
-        self.requests += len(pods)
         event(
             log,
             "rollout-drain",
@@ -467,10 +507,8 @@ class RolloutPass:
             return 0
         self._check()
         done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), None), nodes)
-        self.requests += len(nodes)
-        if self.watches is not None:  # what the next cordons read
-            for node, state in zip(nodes, done, strict=True):
-                self._nodes.record(node, state)
+        for node, state in zip(nodes, done, strict=True):  # what the next cordons read
+            self._nodes.record(node, state)
         uncordoned = sum(1 for state in done if state)
         event(log, "rollout-uncordon", nodes=nodes, uncordoned=uncordoned)
         return uncordoned
@@ -490,13 +528,4 @@ class RolloutPass:
             return list(pool.map(fn, items))
 
     def _check(self) -> None:
-        reconcile.check_lease(self.guard)
-
-    def _traffic(self) -> dict:
-        stats = self.watches.stats() if self.watches else None
-        return {
-            "requests": self.requests,
-            "cache_requests": stats.requests if stats else 0,
-            "cache_bytes": stats.bytes if stats else 0,
-            "cache_events": stats.events if stats else 0,
-        }
+        cr_status.check_lease(self.guard)

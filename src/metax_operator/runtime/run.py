@@ -1,10 +1,11 @@
 """`metax-operator run`: the in-cluster loop that makes CR edits take effect.
 
 Level-triggered: one pass observes the CR, the DaemonSets and the ConfigMaps (from watch caches,
-`runtime.object_cache`), decides (`reconcile.decide`, then the rollout's `RolloutPass.decide`) and
-writes what differs (`reconcile.apply`: the objects, then the CR's status once, with the
-conditions of both halves and the `upgradeStatus`, then the rollout's actions); a pass over an
-unchanged cluster writes nothing and sends no request. A pass runs as soon as a watch sees
+`runtime.object_cache`), validates the spec it acts on once, decides (`reconcile.decide`, then the
+rollout's `RolloutPass.decide` on the objects as the reconcile wrote them) and writes what
+differs: the objects, then the CR's status once, with the conditions of both halves and the
+`upgradeStatus`, then the rollout's actions (`Runner._pass`); a pass over an unchanged cluster
+writes nothing and sends no request. A pass runs as soon as a watch sees
 a change a decision reads (a driver pod turning Ready, failing or gone, a new ControllerRevision,
 an edit of the CR, a DaemonSet, a ConfigMap or the exporter's Service by anyone but this runner)
 or the previous pass wrote something (the next step of the rollout may act at once), after
@@ -31,11 +32,11 @@ from collections.abc import Callable
 
 from metax_operator import contract, jsonlog
 from metax_operator.cli import bounded
+from metax_operator.conditions import FALSE, CrCondition, rfc3339
 from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import freeze
-from metax_operator.rollout.status import rfc3339
-from metax_operator.runtime import helm_hold, reconcile
+from metax_operator.runtime import cr_status, helm_hold, reconcile
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client, add_arguments, failure_line
@@ -83,20 +84,22 @@ class Runner:
         # The CR, DaemonSets, ConfigMaps and Service: started at the first pass.
         self.objects = ObjectCache(api, namespace)
         self.objects.on_change = self.wake.set
-        # One set of watch caches for the rollout and the workload check, started once the CR exists.
+        # One set of watch caches for the rollout and the workload check, started at the first
+        # pass past a Helm hold.
         self.watches = Watches(api, namespace)
+        for informer in (self.watches.revisions, self.watches.driver_pods):
+            informer.on_change = self.wake.set
         self.rollout = RolloutPass(
             api, namespace, is_leader, identity, clock, watches=self.watches, metrics=metrics, reader=self.objects
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
-        self.watching = False
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes. How the pass ended is the CR's
         RunnerHealthy condition: a failure is reported, then raised."""
         try:
             return self._pass()
-        except reconcile.LostLeadership:
+        except cr_status.LostLeadership:
             raise
         except Exception as err:
             self._report(err)
@@ -106,7 +109,7 @@ class Runner:
         """Set RunnerHealthy for how the pass ended (written only when it changes; the writes
         made). Best effort: the status write may be what fails, and that must not hide the pass's
         own failure."""
-        condition = reconcile.pass_condition(failure)
+        condition = cr_status.pass_condition(failure)
         if self.metrics is not None:
             self.metrics.pass_ended(condition)
         try:
@@ -123,6 +126,9 @@ class Runner:
             return 0
 
     def _pass(self) -> int:
+        """One pass, in order: observe (the caches), hold for Helm, the spec in force, decide (the
+        reconcile, once validated), write the objects, decide the rollout on the objects as just
+        written, write the CR's status and the Events once, then the rollout's actions."""
         started = time.monotonic()
         if not self.objects.start().wait_synced(SYNC_TIMEOUT):
             jsonlog.event(
@@ -134,66 +140,76 @@ class Runner:
             return 0
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
-            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME} yet: nothing to do")
-            return 0
-        held = helm_hold.hold(observed.cr, observed.daemonsets, self.clock)
-        if held is not None:
+            jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME}: no rollout")
+            return self.rollout.without_cr()
+        waiting = helm_hold.hold(observed.cr, observed.daemonsets, self.clock)
+        if waiting is not None:
             jsonlog.event(
                 log,
                 "helm-hold",
-                revision=held.revision,
-                daemonsets=held.behind,
-                msg=f"Helm has not applied release revision {held.revision} yet (DaemonSets {', '.join(held.behind)}): "
-                f"nothing is written until it has, or until {rfc3339(held.until)}",
+                revision=waiting.revision,
+                daemonsets=waiting.behind,
+                msg=f"Helm has not applied release revision {waiting.revision} yet (DaemonSets {', '.join(waiting.behind)}): "
+                f"nothing is written until it has, or until {rfc3339(waiting.until)}",
             )
             return 0
-        if not self.watching:
-            for informer in (self.watches.revisions, self.watches.driver_pods):
-                informer.on_change = self.wake.set
-            self.watches.start()
-            self.workloads.start()
-            self.watching = True
-        held = freeze.in_force(observed.cr)
-        if held.held:  # an edit made mid-rollout waits for the rollout to end: the pass acts on its spec
-            jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(held.held))
-            observed = dataclasses.replace(observed, cr={**observed.cr, "spec": held.spec})
-        outcome = reconcile.decide(observed, [*reconcile.RECONCILERS, self.workloads.reconcile])
-        if held.held or lookup_condition(observed.cr, freeze.SPEC_HELD) is not None:
-            outcome.conditions.append(held.condition())
+        self.watches.start()
+        self.workloads.start()
+        cr = observed.cr
+        in_force = freeze.in_force(cr)
+        if in_force.held:  # an edit made mid-rollout waits for the rollout to end: the pass acts on its spec
+            jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(in_force.held))
+        acting = dataclasses.replace(observed, cr={**cr, "spec": in_force.spec})
+        outcome = reconcile.decide(acting, [*reconcile.RECONCILERS, self.workloads.reconcile])
+        if in_force.held or lookup_condition(cr, CrCondition.SPEC_HELD) is not None:
+            outcome.conditions.append(in_force.condition())
         # RunnerHealthy goes with the pass's one status write, which comes before the rollout's
         # actions; after a failed pass it turns True only once the whole pass has succeeded, so
         # that a pass failing in those actions does not set it True and then False again.
-        failing = lookup_condition(observed.cr, reconcile.RUNNER_HEALTHY) == "False"
+        failing = lookup_condition(cr, CrCondition.RUNNER_HEALTHY) == FALSE
         if not failing:
-            outcome.conditions.append(reconcile.pass_condition(None))
-        writes = reconcile.apply(self.api, observed, outcome, self.is_leader, self.clock, self.identity, rollout=self.rollout)
+            outcome.conditions.append(cr_status.pass_condition(None))
+        policy = acting.check.policy
+        applied = reconcile.apply_objects(self.api, outcome.applies, self.is_leader)
+        plan = self.rollout.decide(cr, in_force.spec, policy)
+        written = cr_status.write(
+            self.api,
+            cr,
+            outcome.conditions,
+            [*outcome.events, *applied],
+            self.is_leader,
+            rfc3339(self.clock()),
+            self.identity,
+            upgrade_status=plan.upgrade_status if plan is not None else None,
+        )
+        writes = len(outcome.applies) + written.writes
+        if plan is not None and written.cr is not None:
+            writes += self.rollout.act(written.cr, plan)
         if failing:
             writes += self._report(None)
         if self.metrics is not None:
-            self.metrics.read_policy(observed.spec)
-        seconds = time.monotonic() - started
-        if self.metrics is not None:
-            self.metrics.pass_seconds.observe(seconds)
+            self.metrics.read_policy(policy)
+            self.metrics.pass_seconds.observe(time.monotonic() - started)
         jsonlog.event(
             log,
             "pass",
             logging.INFO if writes else logging.DEBUG,
             writes=writes,
-            generation=observed.cr["metadata"].get("generation"),
-            seconds=round(seconds, 3),
+            generation=cr["metadata"].get("generation"),
+            seconds=round(time.monotonic() - started, 3),
         )
         return writes
 
     def close(self) -> None:
         """Stop the watch caches (those not started yet included)."""
         self.objects.stop()
-        self.watches.stop()
+        self.rollout.close()
         self.workloads.stop()
 
     def caches(self) -> tuple:
         """The watch caches this runner has started (the objects' from its first pass, the
-        rollout's once the CR exists): what its readiness waits for."""
-        return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watching else ()))
+        rollout's and the workload check's once past a Helm hold): what its readiness waits for."""
+        return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watches.started else ()))
 
 
 def loop(
@@ -220,7 +236,7 @@ def loop(
                     wake.set()
                 failures = 0
                 passed = True
-            except reconcile.LostLeadership as err:
+            except cr_status.LostLeadership as err:
                 jsonlog.event(log, "lost-lease-mid-pass", logging.WARNING, msg=str(err))
             except Exception as err:  # noqa: BLE001 - a pass must never kill the loop
                 failures += 1

@@ -1,6 +1,6 @@
 """The runner's workload check: the CR condition `WorkloadsValid` from `workloads.problems` over
 what the runner's watches see (a Warning Event on the CR when it turns False, as for every
-condition: `reconcile.transition_events`), one problem per line.
+condition: `cr_status.transition_events`), one problem per line.
 
 Inputs, all from watch-fed caches, so a pass costs no request:
 - the nodes carrying the sGPU mode or the QoS policy label: two informers with label-existence
@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 
 from metax_operator import contract, workloads
+from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason
 from metax_operator.jsonlog import event
-from metax_operator.rollout.status import Condition
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.informer import SYNC_TIMEOUT, Informer
 from metax_operator.runtime.kube import Client
@@ -34,6 +34,7 @@ class WorkloadCheck:
 
     def __init__(self, api: Client, gpu_pods: Informer, resync: float = 1800.0):
         self.gpu_pods = gpu_pods
+        self.started = False
         self.labelled = [
             Informer(
                 api,
@@ -60,8 +61,11 @@ class WorkloadCheck:
         return (*self.labelled, self.hami)
 
     def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
+        """Start its caches, once."""
+        if not self.started:
+            for informer in self.informers:
+                informer.start()
+            self.started = True
 
     def stop(self) -> None:
         for informer in self.informers:
@@ -87,14 +91,14 @@ class WorkloadCheck:
         )
         if found:
             out.conditions.append(
-                Condition(reconcile.WORKLOADS_VALID, "False", "WorkloadMisconfigured", "\n".join(map(str, found)))
+                Condition(CrCondition.WORKLOADS_VALID, FALSE, CrReason.WORKLOAD_MISCONFIGURED, "\n".join(map(str, found)))
             )
         else:
             out.conditions.append(
                 Condition(
-                    reconcile.WORKLOADS_VALID,
-                    "True",
-                    "Valid",
+                    CrCondition.WORKLOADS_VALID,
+                    TRUE,
+                    CrReason.VALID,
                     "node sGPU labels, sGPU prerequisites and the GPU pods' METAX_MACA_VERSION check out",
                 )
             )

@@ -1,0 +1,194 @@
+"""What one pass of the rollout observed (`Cluster`, its driver `Pod`s), and the rules that read
+it the same way for every part of the engine: which pod is each node's, when a pod has failed,
+which nodes GPU work holds back or must be waited for, whose driver is back, and the nodes sorted
+relative to a revision (`RevisionView`).
+
+`runtime.rollout_observe` builds a `Cluster` from the runner's watch caches; the tests build them
+by hand. Times are seconds since the epoch (UTC), as every clock of the runner.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.rollout.status import Resume
+
+# A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
+RESTART_LIMIT = 3
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A driver pod as the runner observed it."""
+
+    name: str
+    uid: str
+    node: str
+    revision: str  # its `controller-revision-hash` label
+    ready: bool = False
+    phase: str = "Pending"
+    restart_count: int = 0
+    created: float = 0.0
+    deleting: float | None = None  # when its deletion was asked (deletionTimestamp less the grace period)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster as one pass observed it, in the rollout's terms (`rollout_observe` builds it
+    from the watch caches; the pass's own `reconcile.Observed` holds the objects themselves)."""
+
+    current_revision: str  # hash of the DaemonSet's newest ControllerRevision
+    caught_up: bool  # DaemonSet status.observedGeneration == metadata.generation
+    nodes: frozenset[str]  # nodes that should run the driver (the DaemonSet's node selector)
+    pods: tuple[Pod, ...]  # the DaemonSet's pods
+    gpu_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that request metax-tech.com/*
+    wait_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that match waitForCompletion.podSelector
+    skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
+    cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
+    need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
+    retry: frozenset[str] = frozenset()  # nodes an admin labelled to retry their failed driver
+    template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec
+    driver_spec: str = ""  # the spec.driver the runner acts on, serialized: recorded as lastCoDriverSpec
+    # What a rollback restores from (`restore.plan`):
+    revisions: Mapping[str, dict] = field(default_factory=dict)  # hash -> the DaemonSet's ControllerRevision data
+    daemonset: Mapping = field(default_factory=dict)  # the driver DaemonSet as read
+    cr_spec: Mapping = field(default_factory=dict)  # the spec the runner acts on (`freeze.in_force`)
+    # The CR's spec.driver as stored, which differs from `cr_spec`'s while a rollback's write of it
+    # has not landed (or an edit is held): what tells the rollback its restore is done.
+    stored_driver: Mapping = field(default_factory=dict)
+
+
+class Stage(StrEnum):
+    """What must end on a wave's node before its driver pod is deleted (never persisted)."""
+
+    WAIT = "wait"  # its pods matching `waitForCompletion.podSelector`
+    DRAIN = "drain"  # its GPU pods, evicted
+
+
+def failed(pod: Pod, now: float, timeout: float) -> bool:
+    """A pod not Ready that will not be: in phase Failed, restarting again and again, or not
+    Ready within the readiness timeout."""
+    return pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout
+
+
+def starting(pod: Pod, now: float, timeout: float) -> bool:
+    """A pod coming up: not Ready yet and not failed. Its driver may be flashing GPU firmware, so
+    no rule deletes it for a newer template until it is Ready or has failed."""
+    return not pod.ready and not failed(pod, now, timeout)
+
+
+def held(observed: Cluster, policy: Policy, node: str) -> bool:
+    """Whether `node` is not taken at all: it runs GPU work that is neither allowed, nor drained,
+    nor waited for (`waitForCompletion` takes a node whose pods match it, GPU work or not, into a
+    wave and cordons it while they run)."""
+    if node not in observed.gpu_busy_nodes or policy.allow_gpu_workloads or policy.drain:
+        return False
+    return not (policy.wait_selector and node in observed.wait_busy_nodes)
+
+
+def to_prepare(observed: Cluster, policy: Policy, node: str) -> Stage | None:
+    """What must end on `node` before its driver pod is deleted: its pods to wait for, its GPU
+    pods to drain, or nothing (None)."""
+    if policy.wait_selector and node in observed.wait_busy_nodes:
+        return Stage.WAIT
+    if policy.drain and not policy.allow_gpu_workloads and node in observed.gpu_busy_nodes:
+        return Stage.DRAIN
+    return None
+
+
+class NodePods:
+    """Each eligible node's live driver pod (the newest not being deleted) and since when a pod of
+    it is being deleted: what every `RevisionView` of one pass starts from, worked out once."""
+
+    def __init__(self, observed: Cluster):
+        self.live: dict[str, Pod] = {}
+        self.deleting: dict[str, float] = {}
+        for pod in observed.pods:
+            if pod.node not in observed.nodes:
+                continue
+            if pod.deleting is not None:
+                self.deleting[pod.node] = min(pod.deleting, self.deleting.get(pod.node, pod.deleting))
+            elif pod.node not in self.live or pod.created > self.live[pod.node].created:
+                self.live[pod.node] = pod
+
+
+def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[str]:
+    """The nodes the runner cordoned that it may uncordon now, `deleting` holding the nodes whose
+    driver pod is to be deleted in this pass.
+
+    A node stays cordoned while its driver is being swapped: a pod of it is to be deleted in
+    this pass, or is being deleted, or its live pod is not Ready (coming up, or failed: a
+    node whose new driver fails stays cordoned until an admin looks at it), or it is in the
+    wave with a pod the wave has yet to replace (another revision, or a uid a retry
+    deletes), its work still to end (wait, drain). A node with no driver pod at all that no
+    wave waits for has nothing coming. Unlike `NodePods` it reads the pods of every node,
+    not only the eligible ones: a node the runner cordoned may have left the eligible set.
+    """
+    if not observed.cordoned:
+        return set()
+    deleting = set(deleting)
+    live: dict[str, Pod] = {}
+    for pod in observed.pods:
+        if pod.deleting is not None:
+            deleting.add(pod.node)
+        elif pod.node not in live or pod.created > live[pod.node].created:
+            live[pod.node] = pod
+    # A node whose wait or drain timed out keeps its driver: its swap is given up. A node that
+    # left the DaemonSet mid-wave (relabelled) gets no driver back: nothing is coming.
+    wave = (set(resume.wave) & observed.nodes) - set(resume.timed_out_nodes)
+    doomed = set(resume.wave_uids)
+    back = set()
+    for node in observed.cordoned - deleting:
+        pod = live.get(node)
+        if pod is None:
+            if node not in wave:
+                back.add(node)
+        elif pod.ready and (node not in wave or (pod.revision == observed.current_revision and pod.uid not in doomed)):
+            back.add(node)
+    return back
+
+
+class RevisionView:
+    """The eligible nodes sorted by what their driver pod is doing, relative to `revision` and the
+    nodes of the wave in flight (`wave`: a wave node without a live pod is coming)."""
+
+    def __init__(self, observed: Cluster, pods: NodePods, revision: str, wave: set[str], timeout: float, now: float):
+        self.revision = revision
+        self.live = pods.live
+        deleting = pods.deleting
+        self.ready_at_revision: set[str] = set()
+        self.failed: set[str] = set()  # at the revision and failed, or stuck without a pod
+        self.pending: set[str] = set()  # at the revision, neither Ready nor failed yet
+        self.coming: set[str] = set()  # no live pod yet; the DaemonSet will create one
+        self.others: list[Pod] = []  # live pods at another revision
+        self.deadline: float | None = None  # the next time a pending pod times out
+        for node in observed.nodes:
+            pod = self.live.get(node)
+            if pod is None:
+                if node in deleting and now - deleting[node] >= timeout:
+                    self.failed.add(node)  # stuck Terminating
+                elif node in deleting or node in wave:
+                    self.coming.add(node)
+            elif pod.revision != revision:
+                self.others.append(pod)
+            elif pod.ready:
+                self.ready_at_revision.add(node)
+            elif failed(pod, now, timeout):
+                self.failed.add(node)
+            else:
+                self.pending.add(node)
+                end = pod.created + timeout
+                self.deadline = end if self.deadline is None else min(self.deadline, end)
+        self.at_revision = len(self.ready_at_revision) + len(self.pending) + sum(1 for n in self.failed if n in self.live)
+        self.total = len(self.live) + len(self.coming) + sum(1 for n in self.failed if n not in self.live)
+
+    def copy(self) -> RevisionView:
+        """A copy whose sets and lists a handler may change without changing this view."""
+        view = copy.copy(self)
+        view.ready_at_revision, view.failed, view.pending = set(self.ready_at_revision), set(self.failed), set(self.pending)
+        view.coming, view.others = set(self.coming), list(self.others)
+        return view
