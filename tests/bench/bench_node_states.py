@@ -15,7 +15,7 @@ from collections import Counter
 
 from metax_operator.chart.upgrade_policy import validate
 from metax_operator.contract import STATE_LABEL
-from metax_operator.rollout import engine
+from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.node_state import NodeUpgradeState, states
 from metax_operator.rollout.simulate import NEW, Config, Simulation
 from metax_operator.runtime.rollout_pass import STATE_WRITES_PER_PASS, write_order
@@ -42,7 +42,7 @@ class LabelledSimulation(Simulation):
         self.writes: Counter[str] = Counter()  # by the state written
         self.most_in_a_pass = 0
 
-    def _pass(self, now: float) -> engine.Decision:
+    def _pass(self, now: float) -> Decision:
         observed = self.observe(now)
         decision = super()._pass(now)
         wanted = states(observed, decision, self.policy, now)

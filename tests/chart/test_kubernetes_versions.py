@@ -28,10 +28,11 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator import cli, contract
 from metax_operator.chart import admission, schema
+from metax_operator.conditions import CrCondition
 from metax_operator.errors import UserError
 from metax_operator.hooks import bootstrap
 from metax_operator.rollout import freeze
-from metax_operator.runtime import kube, reconcile, run
+from metax_operator.runtime import cr_status, kube, run
 from tests import controlplane
 from tests.chart.test_admission import CR_CASES, _policy, admit, case_values, client  # noqa: F401 (fixture)
 from tests.helm import BIN, CHART, NAMESPACE, RELEASE, UPGRADE_CRDS_ARGS, render_chart
@@ -249,9 +250,9 @@ def test_an_edit_during_a_rollout_is_refused_where_the_policy_is_served_and_held
         _runner_pass(client)
         assert _payload_image(client) == before, "the held version reached the driver"
         live = client.get(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
-        held = next(c for c in live["status"]["conditions"] if c["type"] == freeze.SPEC_HELD)
+        held = next(c for c in live["status"]["conditions"] if c["type"] == CrCondition.SPEC_HELD)
         assert held["status"] == "True" and held["message"].startswith(line.split(";")[0]), held
-        events = client.list("v1", "Event", reconcile.EVENT_NAMESPACE)
+        events = client.list("v1", "Event", cr_status.EVENT_NAMESPACE)
         assert any(e["reason"] == "EditDuringRollout" and e["type"] == "Warning" for e in events), events
     finally:
         client.delete(contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)

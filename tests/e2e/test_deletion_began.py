@@ -7,7 +7,7 @@ import time
 import pytest
 from kubernetes import client
 
-from metax_operator.rollout import engine
+from metax_operator.conditions import parse_time
 from metax_operator.runtime.rollout_observe import deletion_began
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +34,7 @@ def test_a_pod_deleted_with_a_grace_period_began_its_deletion_when_it_was_asked(
         core.delete_namespaced_pod(name, "default", grace_period_seconds=GRACE)
         after = time.time()
         meta = control_plane.api().sanitize_for_serialization(core.read_namespaced_pod(name, "default").metadata)
-        stamped = engine.parse_time(meta["deletionTimestamp"])
+        stamped = parse_time(meta["deletionTimestamp"])
         assert stamped >= before + GRACE - 1  # the API server's stamp: the request plus the grace period
         assert before - 1 <= deletion_began(meta) <= after  # RFC 3339 seconds: up to 1 s truncated
     finally:

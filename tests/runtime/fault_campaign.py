@@ -36,9 +36,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.conditions import rfc3339
 from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, SKIP_LABEL
-from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime.reconcile import LostLeadership
+from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.runtime.cr_status import LostLeadership
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, revision
@@ -347,7 +348,7 @@ class Campaign(RuleBasedStateMachine):
         self.step("watches-expire")
         self.api.expire_watches()
 
-    @precondition(lambda self: self.runner.watches is not None)
+    @precondition(lambda self: self.runner.watches.started)
     @rule(collection=st.sampled_from([NODES, "/api/v1/pods", PODS]))
     def relist_fails(self, collection: str) -> None:
         """The watches expire and the caches' next LIST of `collection` answers 500: a pass while
@@ -414,7 +415,7 @@ class Campaign(RuleBasedStateMachine):
         went through."""
         FIGURES.passes += 1
         runner = self.runner
-        if runner.watches is not None and wait:
+        if runner.watches.started and wait:
             eventually(
                 lambda: runner.watches.synced() and not runner.watches.failing() and self.api.delivered(runner.watches.all),
                 30,

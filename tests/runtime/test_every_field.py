@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from metax_operator import contract
+from metax_operator.conditions import CrCondition
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.runtime import reconcile
 from metax_operator.runtime.reconcile import Observed
@@ -84,9 +85,9 @@ def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
         reported = [
             c
             for c in after.conditions
-            if c.status == "True" and c.type == reconcile.HELM_UPGRADE and f"spec.{field}" in c.message
+            if c.status == "True" and c.type == CrCondition.HELM_UPGRADE and f"spec.{field}" in c.message
         ]
-        refused = [c for c in after.conditions if c.type == reconcile.SPEC_VALID and c.status == "False"]
+        refused = [c for c in after.conditions if c.type == CrCondition.SPEC_VALID and c.status == "False"]
         assert not refused, (field, refused)
         if not (writes or reported):
             silent.add(field)

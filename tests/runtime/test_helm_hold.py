@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from metax_operator.conditions import rfc3339
 from metax_operator.contract import BOOTSTRAP_FIELD_MANAGER, HELM_APPLY_WAIT, RELEASE_REVISION_ANNOTATION
-from metax_operator.rollout.status import rfc3339
 from metax_operator.runtime.helm_hold import hold
 
 T0 = 1_800_000_000.0

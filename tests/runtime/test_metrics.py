@@ -11,21 +11,21 @@ import urllib.request
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from metax_operator.chart.upgrade_policy import validate
+from metax_operator.conditions import PASS_FAILURES, Condition, rfc3339
 from metax_operator.rollout.status import (
     COMPLETED,
     IDLING,
     PROGRESSING,
     STEP_UPGRADE,
-    Condition,
     NodeList,
     Resume,
     StepStatus,
     UpgradeStatus,
-    rfc3339,
 )
+from metax_operator.runtime.cr_status import pass_condition
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.metrics import NODE_STATES, Metrics, names
-from metax_operator.runtime.reconcile import PASS_FAILURES, pass_condition
 from tests.helm import find, helm_bin, render_chart  # noqa: F401 - helm_bin is a fixture
 from tests.runtime.test_health import FakeElector
 from tests.templates.test_chart_render import SEED_INSTALL
@@ -199,7 +199,7 @@ def deadline(m: Metrics, after: UpgradeStatus) -> float:
 
 def test_the_step_deadline_counts_waves_retries_and_the_timed_pause_of_the_step():
     m = Metrics()
-    m.read_policy({"driver": {"upgradePolicy": POLICY}})
+    m.read_policy(validate(POLICY))
     # step 0: 2 nodes at maxParallel 1 = 2 waves, 1 retry, 10 min each, then a 1 min pause
     assert deadline(m, progressing(0, T0)) == T0 + 3 * 600 + 60
     # step 1: the other 8 nodes = 8 waves, 1 retry, no pause
@@ -209,21 +209,21 @@ def test_the_step_deadline_counts_waves_retries_and_the_timed_pause_of_the_step(
 def test_the_step_deadline_adds_the_bounded_wait_and_drain_to_each_wave():
     m = Metrics()
     waited = {**POLICY, "waitForCompletion": {"podSelector": "app=training", "timeout": "1h"}, "drain": {"enable": True}}
-    m.read_policy({"driver": {"upgradePolicy": waited}})
+    m.read_policy(validate(waited))
     assert deadline(m, progressing(1, T0)) == T0 + 9 * (3600 + 300 + 600)
 
 
 def test_no_step_deadline_applies_while_paused_waiting_without_limit_or_with_an_invalid_policy():
     m = Metrics()
-    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "pause": True}}})
+    m.read_policy(validate({**POLICY, "pause": True}))
     assert deadline(m, progressing(0, T0)) == 0
-    m.read_policy({"driver": {"upgradePolicy": POLICY}})
+    m.read_policy(validate(POLICY))
     assert deadline(m, progressing(0, T0, paused_by_runner=True, pause_reason="failure")) == 0
     assert deadline(m, status(IDLING, 0, COMPLETED, 10, 10, [], T0)) == 0
-    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "waitForCompletion": {"podSelector": "app=training"}}}})
+    m.read_policy(validate({**POLICY, "waitForCompletion": {"podSelector": "app=training"}}))
     assert deadline(m, progressing(0, T0)) == 0
-    m.read_policy({"driver": {"upgradePolicy": {**POLICY, "maxParallel": "many"}}})
-    assert m.policy is None and deadline(m, progressing(0, T0)) == 0
+    m.read_policy(None)  # the pass found the policy invalid
+    assert deadline(m, progressing(0, T0)) == 0
 
 
 def test_the_rollout_conditions_that_hold_are_1_and_those_that_ended_go():

@@ -18,19 +18,14 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.chart import daemonset, images
 from metax_operator.chart.daemonset import desired_daemonset
+from metax_operator.conditions import HEALTHY, Condition, Event, EventType
 from metax_operator.contract import COMPONENT_UPDATE_STRATEGY, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks.bootstrap import prune, spec_schema
-from metax_operator.runtime import reconcile
-from metax_operator.runtime.reconcile import (
-    Condition,
-    Observed,
-    decide,
-    merge_conditions,
-    needs_write,
-    owned_fields,
-    transition_events,
-)
+from metax_operator.rollout import observation
+from metax_operator.runtime import cr_status, reconcile
+from metax_operator.runtime.cr_status import merge_conditions, transition_events
+from metax_operator.runtime.reconcile import Observed, decide, needs_write, owned_fields
 from tests.helm import CHART, render_chart
 
 T_PASS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the clock of the passes below
@@ -272,9 +267,9 @@ def test_a_rollback_from_pods_first_met_at_an_older_revision_converges(rendered,
     stable = applied(rendered["driver"], desired_daemonset("driver", rendered["driver"], old_spec)[0])
     abandoned = applied(stable, desired_daemonset("driver", stable, new_spec)[0])
     nodes = frozenset({"n0", "n1", "n2"})
-    pods = tuple(engine.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
+    pods = tuple(observation.Pod(f"p-{n}", f"u-{n}", n, "r-old", True, "Running") for n in sorted(nodes))
     revision_data = {"spec": {"template": {**stable["spec"]["template"], "$patch": "replace"}}}
-    observed_pass = engine.Cluster(
+    observed_pass = observation.Cluster(
         "r-new",
         True,
         nodes,
@@ -599,9 +594,9 @@ def test_a_condition_keeps_its_transition_time_while_its_status_stays():
 def test_events_for_conditions_going_bad_and_recovering_but_not_for_a_healthy_start():
     bad = Condition("SpecValid", "False", "InvalidSpec", "spec.x: bad")
     good = Condition("SpecValid", "True", "Valid", "ok")
-    assert transition_events([bad], {"SpecValid"}) == [("Warning", "InvalidSpec", "SpecValid=False: spec.x: bad")]
+    assert transition_events([bad], {"SpecValid"}) == [Event(EventType.WARNING, "InvalidSpec", "SpecValid=False: spec.x: bad")]
     assert transition_events([good], {"SpecValid"}) == []
-    assert transition_events([good], set()) == [("Normal", "Valid", "SpecValid=True: ok")]
+    assert transition_events([good], set()) == [Event(EventType.NORMAL, "Valid", "SpecValid=True: ok")]
 
 
 def test_owned_fields_projects_keyed_lists_and_atomic_fields():
@@ -804,22 +799,22 @@ def test_a_forbidden_pass_names_the_permission_and_the_fix_in_one_line():
             'metax-operator-runner" cannot delete resource "pods" in API group "" in the namespace "metax-operator"'
         }
     )
-    condition = reconcile.pass_condition(denied)
+    condition = cr_status.pass_condition(denied)
     assert (condition.type, condition.status, condition.reason) == ("RunnerHealthy", "False", "Forbidden")
     assert 'cannot delete resource "pods"' in condition.message and "\n" not in condition.message
     assert "helm upgrade renders its RBAC" in condition.message and "retries" in condition.message
 
 
 def test_other_failures_are_named_by_kind_and_a_success_is_healthy():
-    unreachable = reconcile.pass_condition(urllib3.exceptions.MaxRetryError(None, "/", "connection refused"))
+    unreachable = cr_status.pass_condition(urllib3.exceptions.MaxRetryError(None, "/", "connection refused"))
     assert unreachable.reason == "APIError" and "cannot be reached" in unreachable.message
-    bug = reconcile.pass_condition(KeyError("spec"))
+    bug = cr_status.pass_condition(KeyError("spec"))
     assert bug.reason == "PassFailed" and bug.message.startswith("KeyError: 'spec'")
-    several = reconcile.pass_condition(UserErrors([UserError("a", "one"), UserError("b", "two")]))
+    several = cr_status.pass_condition(UserErrors([UserError("a", "one"), UserError("b", "two")]))
     assert "\n" not in several.message and "a: one" in several.message and "b: two" in several.message
-    healthy = reconcile.pass_condition(None)
+    healthy = cr_status.pass_condition(None)
     assert (healthy.status, healthy.reason) == ("True", "PassSucceeded")
-    assert reconcile.HEALTHY["RunnerHealthy"] == "True"
+    assert HEALTHY["RunnerHealthy"] == "True"
 
 
 def test_a_condition_alone_leaves_the_observed_generation_as_it_was(rendered, cr_spec):
@@ -830,7 +825,7 @@ def test_a_condition_alone_leaves_the_observed_generation_as_it_was(rendered, cr
     seen.cr["status"] = {"observedGeneration": 4, "conditions": []}
     api = ConflictOnceApi(seen.cr)
     api.conflicts = 0
-    failed = reconcile.pass_condition(KeyError("spec"))
+    failed = cr_status.pass_condition(KeyError("spec"))
     reconcile.apply(api, seen, reconcile.Outcome(conditions=[failed]), lambda: True, lambda: T_PASS, applied=False)
     [written] = api.status_writes
     assert written["status"]["observedGeneration"] == 4

@@ -10,8 +10,10 @@ import time
 import pytest
 
 from metax_operator.commands import rollout_admin as admin
-from metax_operator.rollout import engine
-from metax_operator.rollout.status import NodeList, UpgradeStatus
+from metax_operator.conditions import parse_time
+from metax_operator.rollout import engine, observation
+from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.status import COMPLETED, IDLING, NodeList, UpgradeStatus
 from metax_operator.runtime import cordon
 from metax_operator.runtime.rollout_observe import (
     build,
@@ -84,7 +86,7 @@ def applied_cr(generation: int = 4, observed: int = 4) -> dict:
 def test_driver_pod_projection_keeps_what_the_engine_reads():
     projected = project_driver_pod(pod("p1", "n1", "abc", ready=False, deletionTimestamp="2025-01-01T00:00:10Z"))
     assert projected.owner_uid == DS_UID
-    assert projected.pod == engine.Pod(
+    assert projected.pod == observation.Pod(
         name="p1",
         uid="uid-p1",
         node="n1",
@@ -102,7 +104,7 @@ def test_a_pod_being_deleted_counts_from_when_its_deletion_was_asked_not_from_th
     readiness timeout of a pod stuck Terminating runs from the request, as for the runner's own
     deletions (the engine's `deleting`)."""
     deleted = pod("p1", "n1", "abc", deletionTimestamp="2025-01-01T00:00:40Z", deletionGracePeriodSeconds=30)
-    assert project_driver_pod(deleted).pod.deleting == engine.parse_time("2025-01-01T00:00:10Z")
+    assert project_driver_pod(deleted).pod.deleting == parse_time("2025-01-01T00:00:10Z")
     assert deletion_began({"deletionTimestamp": "2025-01-01T00:00:10Z", "deletionGracePeriodSeconds": 0}) == 1735689610.0
     assert deletion_began({"name": "p1"}) is None
 
@@ -250,7 +252,7 @@ class Fleet:
         self.serial = 0
         self.cordoned: set[str] = set()  # as the executor cordons and uncordons
 
-    def decide(self, pol, now: float) -> engine.Decision:
+    def decide(self, pol, now: float) -> Decision:
         snap = build(
             self.ds,
             self.revs,
@@ -298,10 +300,10 @@ def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback
         fleet.ready_all()
         decision = fleet.decide(pol, now)
         assert not decision.set_pause and decision.restore is None, decision.status.message
-        if decision.status.phase == engine.IDLING:
+        if decision.status.phase == IDLING:
             break
     st = UpgradeStatus.from_json(fleet.status)
-    assert st.phase == engine.IDLING and st.step.current_step_state == engine.COMPLETED, st.message
+    assert st.phase == IDLING and st.step.current_step_state == COMPLETED, st.message
     assert st.step.total_upgrade_replicas == 3 and not st.resume.failed.names
     # The runner's cordon of n03 is lifted once no driver is coming (a relabelled node stays on).
     assert not fleet.cordoned & set(fleet.nodes), fleet.cordoned
@@ -324,7 +326,7 @@ def test_the_pod_left_on_a_deleted_wave_node_holds_no_slot_and_is_not_counted(re
     assert [ref.node for ref in fleet.decide(pol, now + 1).delete] == ["n03"], fleet.status
     fleet.ready_all()
     st = fleet.decide(pol, now + 2).status
-    assert st.phase == engine.IDLING and st.step.current_step_state == engine.COMPLETED, st.message
+    assert st.phase == IDLING and st.step.current_step_state == COMPLETED, st.message
     assert st.step.total_upgrade_replicas == st.step.total_upgrade_ready_replicas == 3
 
 

@@ -16,15 +16,16 @@ import dataclasses
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.conditions import rfc3339
 from metax_operator.contract import RETRY_LABEL, STATE_LABEL
-from metax_operator.rollout import engine
+from metax_operator.rollout.decision import Decision, PodRef
 from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.rollout.restore import Restore
-from metax_operator.rollout.status import UpgradeStatus, rfc3339
-from metax_operator.runtime import kube, reconcile
+from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.runtime import cr_status, kube, reconcile
 from metax_operator.runtime.cordon import CORDONED_LABEL
+from metax_operator.runtime.cr_status import LostLeadership
 from metax_operator.runtime.metrics import Metrics
-from metax_operator.runtime.reconcile import LostLeadership
 from metax_operator.runtime.rollout_pass import Plan, RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, pod, revision
@@ -84,20 +85,28 @@ def executor(api):
 
 
 def run_pass(api: FakeApi, executor: RolloutPass) -> int:
-    """A runner pass of the rollout alone, as `reconcile.apply` runs it: decide on the CR, write
-    the status, act."""
-    observed = reconcile.Observed(NS, read_cr(api))
-    return reconcile.apply(
-        executor.api, observed, reconcile.Outcome(), executor.guard, executor.clock, applied=False, rollout=executor
-    )
+    """A runner pass of the rollout alone, as `run.Runner` runs it: decide on the CR and its policy
+    as the pass validated it, write the status, act."""
+    cr = read_cr(api)
+    plan = decide(executor, cr)
+    if plan is None:
+        return 0
+    now = rfc3339(executor.clock())
+    written = cr_status.write(executor.api, cr, [], [], executor.guard, now, applied=False, upgrade_status=plan.upgrade_status)
+    return written.writes + (executor.act(written.cr, plan) if written.cr is not None else 0)
 
 
-def execute(executor: RolloutPass, cr: dict, decision: engine.Decision, pause_seen: bool) -> int:
+def decide(executor: RolloutPass, cr: dict):
+    """The executor's decision on `cr`, acting on its spec and policy as the pass validated them."""
+    return executor.decide(cr, cr["spec"], reconcile.Observed(NS, cr).check.policy)
+
+
+def execute(executor: RolloutPass, cr: dict, decision: Decision, pause_seen: bool) -> int:
     """Carry out `decision` taken on `cr` as a pass does: its status written first, then the
     actions (none after a conflict); the number of writes."""
     stored = (cr.get("status") or {}).get("upgradeStatus")
     status = decision.status.to_json()
-    written = reconcile.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, upgrade_status=status)
+    written = cr_status.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, upgrade_status=status)
     if written.cr is None:
         return 0
     return written.writes + executor.act(written.cr, Plan(decision, pause_seen, stored))
@@ -180,9 +189,9 @@ def test_the_lease_lost_stops_the_pass_before_its_next_write(api, executor):
     assert writes(api) == []
 
 
-def decision(**fields) -> engine.Decision:
+def decision(**fields) -> Decision:
     """A decision on the CR as the fixture holds it: its status written, then `fields`' actions."""
-    return engine.Decision(status=UpgradeStatus(message="hand-made"), **fields)
+    return Decision(status=UpgradeStatus(message="hand-made"), **fields)
 
 
 def test_the_runners_pause_is_patched_with_a_test_op_then_confirmed_in_status(api, executor):
@@ -190,8 +199,7 @@ def test_the_runners_pause_is_patched_with_a_test_op_then_confirmed_in_status(ap
     status.resume.paused_by_runner = True
     then = dataclasses.replace(status, resume=dataclasses.replace(status.resume, pause_confirmed=True))
     assert (
-        execute(executor, read_cr(api), engine.Decision(status=status, set_pause=True, status_once_paused=then), pause_seen=False)
-        == 3
+        execute(executor, read_cr(api), Decision(status=status, set_pause=True, status_once_paused=then), pause_seen=False) == 3
     )
     assert writes(api) == [("PUT", CR + "/status"), ("PATCH", CR), ("PUT", CR + "/status")]
     pointer = "/spec/driver/upgradePolicy/pause"
@@ -218,7 +226,7 @@ def test_a_pause_the_admin_changed_meanwhile_is_left_alone(api, executor):
         execute(
             executor,
             seen,
-            engine.Decision(status=status, set_pause=True, status_once_paused=then, uncordon=["n1"]),
+            Decision(status=status, set_pause=True, status_once_paused=then, uncordon=["n1"]),
             pause_seen=False,
         )
         == 1
@@ -282,7 +290,7 @@ def test_drain_cordons_then_evicts_only_on_cordoned_nodes(api, executor):
 def test_a_failing_watch_cache_stops_the_rollout_until_it_lists_again(api, executor):
     # The cluster-wide GPU-pod watch breaks (an overloaded API server) and a GPU job then lands on
     # n0: the cache cannot see it, so the rollout must take no node until the cache lists again.
-    assert executor.decide(read_cr(api)) is not None  # starts the caches, all listed
+    assert decide(executor, read_cr(api)) is not None  # starts the caches, all listed
     api.fail("GET", "/api/v1/pods", 500, times=10_000)
     api.fail("GET", "/api/v1/pods", 500, times=10_000, watch=True)
     api.close_watches()
@@ -323,8 +331,8 @@ def test_a_gpu_job_bound_after_the_decision_keeps_its_driver(api, executor):
     # The engine took n0 from the GPU-pod cache of the pass's start; a job is bound to n0 before
     # the cordon lands. The last look after the cordon finds it: n0 stays cordoned, its driver stays.
     cr = read_cr(api)
-    plan = executor.decide(cr)
-    assert [ref.node for ref in plan.decision.delete] == ["n0"] and plan.decision.idle_first
+    plan = decide(executor, cr)
+    assert [ref.node for ref in plan.decision.delete] == ["n0"] and plan.decision.work_check.gpu
     job = {
         "metadata": {"name": "train", "namespace": "ml"},
         "spec": {"nodeName": "n0", "containers": [{"name": "c", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
@@ -357,13 +365,13 @@ def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api
     # says unschedulable. A pass that then deletes n0's driver pod (a rollback, a new revision)
     # must cordon it again rather than take the stale cache's word.
     api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
-    executor.decide(read_cr(api))  # starts the caches
+    decide(executor, read_cr(api))  # starts the caches
     eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
     executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
     execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is False
     api.requests.clear()
-    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    execute(executor, read_cr(api), decision(delete=[PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
     assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
 
@@ -372,22 +380,22 @@ def test_an_uncordon_by_someone_else_that_the_cache_has_not_seen_is_not_taken_fo
     # n0 was cordoned by an admin; they uncordon it, but the node watch lags: the cache still says
     # unschedulable. The deletion of n0's driver pod must not go on a schedulable node.
     api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": True}})
-    executor.decide(read_cr(api))  # starts the caches
+    decide(executor, read_cr(api))  # starts the caches
     eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
     executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
     api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": False}})
     api.requests.clear()
-    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    execute(executor, read_cr(api), decision(delete=[PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
     assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
     assert is_cordoned(api, "n0")  # cordoned by the runner now, so it will uncordon it
 
 
 def test_an_admins_cordon_is_confirmed_by_one_read_and_stays_theirs(api, executor):
     api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {"unschedulable": True}})
-    executor.decide(read_cr(api))
+    decide(executor, read_cr(api))
     eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
     api.requests.clear()
-    execute(executor, read_cr(api), decision(delete=[engine.PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
+    execute(executor, read_cr(api), decision(delete=[PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
     assert [r.path for r in api.sent("GET") if r.path.startswith("/api/v1/nodes/")] == ["/api/v1/nodes/n0"]
     assert writes(api)[-1] == ("DELETE", f"{PODS}/driver-n0") and ("PATCH", "/api/v1/nodes/n0") not in writes(api)
     assert not is_cordoned(api, "n0") and api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
@@ -495,7 +503,7 @@ def test_a_state_label_written_just_before_a_cordon_does_not_make_the_cordon_con
     # The label write bumps the node's resourceVersion; a cordon in the next pass, before the
     # watch delivered that write, must carry the version the write returned, not the cache's
     # (a conditional cordon on the cache's version would conflict, and the swap wait a pass).
-    executor.decide(read_cr(api))  # starts the caches
+    decide(executor, read_cr(api))  # starts the caches
     eventually(lambda: executor.watches.nodes.get("n1"), 10, "the node cache holding n1")
     executor.watches.nodes = LaggingNodeCache({n: executor.watches.nodes.get(n) for n in ("n0", "n1", "n2")})
     run_pass(api, executor)  # n0's driver pod deleted; every node labelled

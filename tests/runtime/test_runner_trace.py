@@ -17,8 +17,10 @@ writes of the passes with a rollout in progress gained that key, and nothing els
 When the runner came to label each node with its upgrade state (`rollout.node_state`), the
 requests were captured again: 11 node label writes were added at the end of passes 0-4, and 7
 other writes differ only in the fake server's `metadata.resourceVersion` those writes advance;
-the statuses stayed the same. The runner's parallel node writes go out one at a time here, so
-that the server numbers them in one order on every run.
+the statuses stayed the same. When the rollout came to time each node's readiness from its own
+deletion, its status gained `resume.deletedAt` (empty here), and nothing else changed; nor did it
+when the runner's pass came to compose the reconcile and the rollout itself. The runner's parallel
+node writes go out one at a time here, so that the server numbers them in one order on every run.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from metax_operator.rollout.freeze import SPEC_HELD
+from metax_operator.conditions import CrCondition
 from tests.runtime.test_runner_trace import CR, DS, scenario
 
 EDIT_AT = 2  # the pass before which the admin edits the CR (the rollout is in progress)
@@ -42,7 +42,7 @@ def test_a_version_edited_mid_rollout_waits_for_the_rollout_to_end_and_is_report
     assert steps == sorted(steps), steps
 
     # Reported as the condition, with the policy's line, and one Warning Event.
-    held = [condition(s, SPEC_HELD) for s in statuses[EDIT_AT : end + 1]]
+    held = [condition(s, CrCondition.SPEC_HELD) for s in statuses[EDIT_AT : end + 1]]
     assert held[-1] is not None and held[-1]["status"] == "True"
     assert held[-1]["message"].startswith(
         "driver.payload: cannot change while a driver rollout is in progress (phase Progressing): the edit is held"
@@ -54,6 +54,6 @@ def test_a_version_edited_mid_rollout_waits_for_the_rollout_to_end_and_is_report
 
     # The pass after the rollout ended applies the edit: a new version, a new rollout.
     assert any(NEXT in json.dumps(r["body"]) for r in applies[end + 1]), "the held edit takes effect"
-    after = condition(statuses[end + 1], SPEC_HELD)
+    after = condition(statuses[end + 1], CrCondition.SPEC_HELD)
     assert after["status"] == "False"
     assert any(r["body"]["reason"] == "NothingHeld" for r in passes[end + 1] if r["path"].endswith("/events"))

@@ -24,6 +24,7 @@ import sys
 
 from metax_operator import contract, workloads
 from metax_operator.chart.validation import configmap_problems, validate_cr_spec
+from metax_operator.conditions import CrCondition
 from metax_operator.contract import (
     COMPONENT_LABEL,
     CONFIGMAP_KEYS,
@@ -39,7 +40,6 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.runtime import kube
-from metax_operator.runtime.reconcile import RUNNER_HEALTHY
 
 GPU_RESOURCES = (GPU_RESOURCE, SGPU_RESOURCE, VFIO_RESOURCE)
 #: Node names listed per failing DaemonSet before "and N more".
@@ -61,10 +61,11 @@ def check_cr(cr: dict | None) -> list[str]:
 
 def check_runner(cr: dict) -> list[str]:
     conditions = (cr.get("status") or {}).get("conditions") or []
-    runner = next((c for c in conditions if c.get("type") == RUNNER_HEALTHY), None)
+    runner = next((c for c in conditions if c.get("type") == CrCondition.RUNNER_HEALTHY), None)
     if runner is None or runner.get("status") != "False":
         return []
-    return [f"{contract.CR_KIND} {contract.CR_NAME}: {RUNNER_HEALTHY}=False ({runner.get('reason')}): {runner.get('message')}"]
+    what = f"{contract.CR_KIND} {contract.CR_NAME}: {CrCondition.RUNNER_HEALTHY}=False"
+    return [f"{what} ({runner.get('reason')}): {runner.get('message')}"]
 
 
 def check_daemonset(namespace: str, name: str, ds: dict | None, pods: list[dict]) -> list[str]:

@@ -207,9 +207,9 @@ class Watches:
                 setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
         return total
 
-    def observe(self, ds: dict, cr: dict, spec: dict, status: dict | None) -> Snapshot:
+    def observe(self, ds: dict, cr: dict, status: dict | None, spec: dict | None = None) -> Snapshot:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read, the CR `cr` and
-        the spec the pass acts on (`freeze.in_force`)."""
+        the spec the pass acts on (`freeze.in_force`; the CR's own by default)."""
         waited = self.waited.snapshot().values() if self.waited else ()
         return build(
             ds,
@@ -217,7 +217,6 @@ class Watches:
             self.driver_pods.snapshot().values(),
             (p.node for p in self.gpu_pods.snapshot().values() if p.node and p.workload),
             cr,
-            spec,
             status,
             skipped=self.skipped.snapshot().values(),
             cordoned=self.cordoned.snapshot().values(),
@@ -225,6 +224,7 @@ class Watches:
             waited=(node for node in waited if node),
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
             nodes=self.nodes,
+            spec=spec,
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
@@ -239,7 +239,6 @@ def build(
     driver_pods,
     gpu_nodes,
     cr: dict,
-    spec: dict,
     status: dict | None,
     skipped=(),
     cordoned=(),
@@ -247,11 +246,13 @@ def build(
     waited=(),
     need_reboot=(),
     nodes=None,
+    spec: dict | None = None,
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
-    on, `cr` the CR as stored. `nodes` is the node cache (`.get(name)` -> `cordon.NodeState` or
+    on (the CR's own by default), `cr` the CR as stored. `nodes` is the node cache (`.get(name)` -> `cordon.NodeState` or
     None); without it every pod and wave node is kept."""
     uid = ds["metadata"]["uid"]
+    spec = (cr.get("spec") or {}) if spec is None else spec
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
     newest = max(own.values(), key=lambda r: r.number) if own else None
     cr_status = cr.get("status") or {}

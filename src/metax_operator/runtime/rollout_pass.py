@@ -199,7 +199,7 @@ class RolloutPass:
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return self._give_back(ds, cr, spec, stored)
-        snap = self.watches.observe(ds, cr, spec, stored)
+        snap = self.watches.observe(ds, cr, stored, spec)
         before = UpgradeStatus.from_json(stored) if stored is not None else None
         now = self.clock()
         return Plan(engine.decide(snap.observed, policy, before, now), policy.pause, stored, snap.observed, policy, now)
@@ -212,7 +212,7 @@ class RolloutPass:
             nodes = set(self.watches.cordoned.snapshot().values())
         else:
             resume = UpgradeStatus.from_json(stored).resume if stored is not None else Resume()
-            nodes = driver_back(self.watches.observe(ds, cr, spec, stored).observed, resume, set())
+            nodes = driver_back(self.watches.observe(ds, cr, stored, spec).observed, resume, set())
         return GiveBack(sorted(nodes), stored) if nodes else None
 
     def without_cr(self) -> int:
@@ -272,10 +272,9 @@ class RolloutPass:
         writes += self._drain(decision.cordon, decision.evict)
         deleted, delete_writes = self._delete(decision.delete, decision.cordon_first, decision.work_check)
         writes += delete_writes + self._uncordon(decision.uncordon)
-        now = rfc3339(self.clock())
         for item in decision.events:
             self._check()
-            writes += cr_status.emit_event(self.api, cr, item, now, self.identity)
+            writes += cr_status.emit_event(self.api, cr, item, rfc3339(self.clock()), self.identity)
         if plan.observed is not None and plan.policy is not None:
             states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
             if self.metrics is not None:
