@@ -9,11 +9,23 @@ codes, retries and watch streaming), with just enough of the API behind it:
   pagination with `limit`/`continue`), WATCH of a collection (the changes since its
   resourceVersion, then each write and the events the test pushes, one JSON line each, or the
   410 a test asks for);
-- PUT with the resourceVersion precondition (409 on a stale one), PATCH as JSON patch (add,
-  remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
-  DELETE with a uid precondition (409), POST;
+- PUT with the resourceVersion precondition (409 on a stale one), PATCH by its content type:
+  JSON patch (add, remove, replace, test: a failed test is 422), merge patch, strategic merge
+  patch and server-side apply (`_strategic`: lists of named items merged by their merge key,
+  `$patch: replace` and `$patch: delete`; an apply also creates), DELETE with a uid precondition
+  (409), POST;
+- what the API server itself does on a write that comes over HTTP: `metadata.generation` set at
+  creation and raised when anything but the metadata and the status changes, for the kinds that
+  have one (`GENERATION`); the Eviction subresource of a pod (`pods/NAME/eviction`: the pod
+  deleted, or 429 while a PodDisruptionBudget selecting it allows no disruption, whose
+  `status.disruptionsAllowed` an eviction uses up); with a `clock`, the graceful deletion of a
+  pod bound to a node (`deletionTimestamp` set, the object kept until the kubelet, here the
+  test's `delete`, removes it). `put` and `delete`, the test's own writes, store and remove as
+  they are told, as other parts of the cluster would leave the objects;
 - discovery of the kinds the runner uses;
-- `fail(method, path, status, times, message=...)`: the next matching requests get that status instead.
+- `fail(method, path, status, times, message=...)`: the next matching requests get that status
+  instead; `interceptors`: functions that see each request before it is answered (under the
+  server's lock: they may change objects) and may answer it instead.
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
 """
@@ -24,12 +36,15 @@ import copy
 import json
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s
 
+from metax_operator.conditions import rfc3339
+from metax_operator.lookup import lookup
 from metax_operator.runtime.kube import Backoff, Client
 
 # (group/version path, plural, kind, namespaced)
@@ -43,8 +58,28 @@ KINDS = [
     ("/apis/apps/v1", "controllerrevisions", "ControllerRevision", True),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
     ("/apis/batch/v1", "cronjobs", "CronJob", True),
+    ("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     ("/apis/gpu.metax-tech.com/v1", "clusteroperators", "ClusterOperator", False),
 ]
+#: The kinds (plurals) whose objects the API server gives a `metadata.generation`.
+GENERATION = frozenset({"daemonsets", "clusteroperators"})
+#: Strategic merge: the key that names an item of each list merged item by item (the Kubernetes
+#: API's patchMergeKey); any other list is replaced whole.
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+}
+#: Maps a server-side apply replaces whole (`+mapType=atomic`); a strategic merge patch merges them.
+ATOMIC_MAPS = frozenset({"nodeSelector"})
+#: The grace period of a pod that names none (`terminationGracePeriodSeconds`' default), seconds.
+GRACE_PERIOD = 30
 
 
 @dataclass(frozen=True)
@@ -53,10 +88,17 @@ class Request:
     path: str
     query: dict
     body: object
+    content_type: str = ""
 
 
 class FakeApi:
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] | None = None, apply_as_merge_patch: bool = False):
+        """`clock`: pods bound to a node are deleted gracefully, stamped by this clock (without
+        it a deletion removes the pod at once). `apply_as_merge_patch`: a server-side apply is
+        merged as a merge patch (lists replaced whole), as this server did before it merged
+        applies by their keys, for the golden traces recorded then."""
+        self.clock, self.apply_as_merge_patch = clock, apply_as_merge_patch
+        self.interceptors: list[Callable[[Request], tuple[int, object] | None]] = []
         self.objects: dict[str, dict] = {}  # object path -> object
         self.requests: list[Request] = []
         self.version = 100
@@ -64,7 +106,7 @@ class FakeApi:
         self._watchers: list[tuple[str, dict, queue.Queue]] = []  # (collection, query, events)
         self.last_sent: dict[int, str] = {}  # id(events) -> resourceVersion of the last event sent there
         self._history: list[tuple] = []  # (version, path, change, object, before): what a watch replays
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: an interceptor may change objects
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -196,18 +238,23 @@ class FakeApi:
                         return False
         return True
 
-    def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
+    def answer(self, method: str, path: str, query: dict, body, content_type: str = "") -> tuple[int, object]:
         with self._lock:
-            self.requests.append(Request(method, path, query, body))
+            request = Request(method, path, query, body, content_type)
+            self.requests.append(request)
+            for intercept in self.interceptors:
+                answered = intercept(request)
+                if answered is not None:
+                    return answered
             for fault in self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
                     return fault[3], _status(fault[3], fault[5])
             if method == "GET" and query.get("watch") == "true":
                 return 200, None  # served by the handler as a stream
-            return self._answer(method, path, query, body)
+            return self._answer(method, path, query, body, content_type)
 
-    def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
+    def _answer(self, method: str, path: str, query: dict, body, content_type: str = "") -> tuple[int, object]:
         if method == "GET" and path in {group for group, *_ in KINDS}:
             return 200, {
                 "resources": [
@@ -223,34 +270,95 @@ class FakeApi:
             if _is_collection(path):
                 return 200, self._list(path, query)
             return 404, _status(404, "not found")
+        if method == "POST" and path.endswith("/eviction"):
+            return self._evict(path.removesuffix("/eviction"))
         if method == "POST":
             name = (body.get("metadata") or {}).get("name") or f"generated-{self.version}"
-            return 201, self._store(f"{path}/{name}", body, "ADDED")
+            return 201, self._write(f"{path}/{name}", body, "ADDED")
         live = self.objects.get(target)
+        if live is None and method == "PATCH" and content_type == APPLY and not self.apply_as_merge_patch:
+            return 201, self._write(target, _strategic({}, body, apply=True), "ADDED")  # an apply creates
         if live is None:
             return 404, _status(404, "not found")
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
                 return 409, _status(409, "the object has been modified")
-            return 200, self._store(target, _subresource(path, live, body), "MODIFIED")
+            return 200, self._write(target, _subresource(path, live, body), "MODIFIED")
         if method == "PATCH":
             try:
-                patched = _json_patch(live, body) if isinstance(body, list) else _merge(live, body)
+                patched = self._patch(live, body, content_type)
             except _TestFailed as err:
                 return 422, _status(422, str(err))
             wanted = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if wanted and wanted != live["metadata"]["resourceVersion"]:
                 return 409, _status(409, "the object has been modified")
-            return 200, self._store(target, _subresource(path, live, patched), "MODIFIED")
+            return 200, self._write(target, _subresource(path, live, patched), "MODIFIED")
         if method == "DELETE":
             uid = ((body or {}).get("preconditions") or {}).get("uid")
             if uid and uid != live["metadata"]["uid"]:
                 return 409, _status(409, "precondition failed: uid")
-            del self.objects[target]
-            self.version += 1
-            self._notify(target, "DELETED", live)
-            return 200, _status(200, "deleted")
+            return self._delete(target, live, (body or {}).get("gracePeriodSeconds"))
         return 405, _status(405, f"{method} not supported")
+
+    def _patch(self, live: dict, body, content_type: str) -> dict:
+        """`live` patched by `body` as its content type says (a list: a JSON patch; no content
+        type: a merge patch)."""
+        if isinstance(body, list) or content_type == "application/json-patch+json":
+            return _json_patch(live, body)
+        if content_type == "application/strategic-merge-patch+json":
+            return _strategic(live, body)
+        if content_type == APPLY and not self.apply_as_merge_patch:
+            return _strategic(live, body, apply=True)
+        return _merge(live, body)
+
+    def _write(self, path: str, obj: dict, change: str) -> dict:
+        """Store a write that came over HTTP, with the API server's `metadata.generation`: 1 at
+        creation, raised when anything but the metadata and the status changes (`GENERATION`'s
+        kinds); the one the client sent is ignored."""
+        if path.rsplit("/", 2)[-2] in GENERATION:
+            live = self.objects.get(path)
+            obj = copy.deepcopy(obj)
+            generation = 1 if live is None else (live["metadata"].get("generation") or 1) + (_content(obj) != _content(live))
+            obj.setdefault("metadata", {})["generation"] = generation
+        return self._store(path, obj, change)
+
+    def _delete(self, path: str, live: dict, grace: int | None) -> tuple[int, object]:
+        """Remove the object; with a clock, a pod bound to a node is only marked (its deletion
+        has a grace period, which the kubelet ends by removing it), and marked once."""
+        if grace is None:
+            grace = (live.get("spec") or {}).get("terminationGracePeriodSeconds", GRACE_PERIOD)
+        bound = path.rsplit("/", 2)[-2] == "pods" and (live.get("spec") or {}).get("nodeName")
+        if self.clock is not None and bound and grace > 0:
+            if live["metadata"].get("deletionTimestamp"):
+                return 200, copy.deepcopy(live)
+            marked = copy.deepcopy(live)
+            marked["metadata"].update(deletionTimestamp=rfc3339(self.clock() + grace), deletionGracePeriodSeconds=grace)
+            return 200, self._store(path, marked, "MODIFIED")
+        del self.objects[path]
+        self.version += 1
+        self._notify(path, "DELETED", live)
+        return 200, _status(200, "deleted")
+
+    def _evict(self, pod_path: str) -> tuple[int, object]:
+        """The Eviction subresource: 429 while a PodDisruptionBudget of the pod's namespace that
+        selects it allows no disruption; else one disruption of each such budget used up and
+        the pod deleted (gracefully, as any deletion)."""
+        pod = self.objects.get(pod_path)
+        if pod is None:
+            return 404, _status(404, "not found")
+        namespace = pod_path.split("/")[-3]
+        labels = pod["metadata"].get("labels") or {}
+        prefix = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/"
+        selecting = lambda pdb: all(labels.get(k) == v for k, v in (lookup(pdb, "spec", "selector", "matchLabels") or {}).items())  # noqa: E731
+        budgets = [path for path, pdb in self.objects.items() if path.startswith(prefix) and selecting(pdb)]
+        if any((self.objects[path].get("status") or {}).get("disruptionsAllowed", 0) < 1 for path in budgets):
+            return 429, _status(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+        for path in budgets:
+            pdb = copy.deepcopy(self.objects[path])
+            pdb["status"]["disruptionsAllowed"] -= 1
+            self._store(path, pdb, "MODIFIED")
+        self._delete(pod_path, pod, None)
+        return 201, _status(201, "evicted")
 
     def _list(self, path: str, query: dict) -> dict:
         items = [
@@ -284,8 +392,17 @@ class FakeApi:
             self._watchers = [w for w in self._watchers if w[2] is not events]
 
 
+#: The content type of a server-side apply.
+APPLY = "application/apply-patch+yaml"
+
+
 class _TestFailed(Exception):
     pass
+
+
+def _content(obj: dict) -> dict:
+    """What a change of raises `metadata.generation`: all but the metadata and the status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
 def _status(code: int, message: str) -> dict:
@@ -354,6 +471,40 @@ def _merge(target, patch):
     return out
 
 
+def _strategic(target, patch, apply: bool = False, field: str = ""):
+    """`patch` merged into `target` as a strategic merge patch (`apply`: as a server-side apply):
+    maps key by key (a null removes the key; `$patch: replace` replaces the map; with `apply` the
+    `ATOMIC_MAPS` are replaced whole), the lists of `MERGE_KEYS` item by item by that key (an item
+    `$patch: delete` removes it), any other value replaced. Not modelled: the removal, by an
+    apply, of fields its manager set before and leaves out now (no managedFields are kept)."""
+    if isinstance(patch, dict):
+        if patch.get("$patch") == "replace" or (apply and field in ATOMIC_MAPS):
+            return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        out = copy.deepcopy(target) if isinstance(target, dict) else {}
+        for key, value in patch.items():
+            if key.startswith("$"):
+                continue
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = _strategic(out.get(key), value, apply, key)
+        return out
+    key = MERGE_KEYS.get(field)
+    if isinstance(patch, list) and key and isinstance(target, list):
+        out = [copy.deepcopy(item) for item in target]
+        for item in patch:
+            at = next((i for i, have in enumerate(out) if have.get(key) == item.get(key)), None)
+            if item.get("$patch") == "delete":
+                if at is not None:
+                    del out[at]
+            elif at is None:
+                out.append(_strategic({}, item, apply))
+            else:
+                out[at] = _strategic(out[at], item, apply)
+        return out
+    return copy.deepcopy(patch)
+
+
 def _json_patch(target: dict, ops: list) -> dict:
     """RFC 6902: add, remove, replace and test on object members."""
     out = copy.deepcopy(target)
@@ -391,7 +542,8 @@ def _handler(api: FakeApi):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
-            code, answer = api.answer(method, url.path, query, body)
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            code, answer = api.answer(method, url.path, query, body, content_type)
             if method == "GET" and query.get("watch") == "true" and code == 200:
                 return self._stream(url.path, query)
             data = json.dumps(answer).encode()

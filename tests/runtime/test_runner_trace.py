@@ -21,6 +21,10 @@ the statuses stayed the same. When the rollout came to time each node's readines
 deletion, its status gained `resume.deletedAt` (empty here), and nothing else changed; nor did it
 when the runner's pass came to compose the reconcile and the rollout itself. The runner's parallel
 node writes go out one at a time here, so that the server numbers them in one order on every run.
+The fake server answers the runner's server-side apply as a merge patch here (the driver's
+`initContainers` replaced by the one applied, which `lastAppliedSpec` shows), as it did when these
+were recorded; it has since learned to merge an apply's lists by their keys, as the API server
+does, which the whole-cluster model (tests/runtime/cluster.py) relies on.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
@@ -135,7 +139,7 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
     """The writes of each pass, and the CR's status after it; `fault(api, i)`, if given, runs
     before pass i (a pass that fails then is recorded as it ended)."""
     objects = render_chart(VALUES)
-    with FakeApi() as api:
+    with FakeApi(apply_as_merge_patch=True) as api:  # as when the goldens were recorded
         for obj in objects:
             if obj["kind"] in ("DaemonSet", "ConfigMap", "Service"):
                 live = copy.deepcopy(obj)
