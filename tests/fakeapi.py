@@ -25,7 +25,9 @@ codes, retries and watch streaming), with just enough of the API behind it:
 - discovery of the kinds the runner uses;
 - `fail(method, path, status, times, message=...)`: the next matching requests get that status
   instead; `interceptors`: functions that see each request before it is answered (under the
-  server's lock: they may change objects) and may answer it instead.
+  server's lock: they may change objects) and may answer it instead; neither touches the
+  requests of a client whose user agent the test lists in `exempt` (an admin's kubectl);
+- a watch ends after it sent an ERROR event, as the API server's does.
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
 """
@@ -89,6 +91,7 @@ class Request:
     query: dict
     body: object
     content_type: str = ""
+    user_agent: str = ""
 
 
 class FakeApi:
@@ -99,6 +102,9 @@ class FakeApi:
         applies by their keys, for the golden traces recorded then."""
         self.clock, self.apply_as_merge_patch = clock, apply_as_merge_patch
         self.interceptors: list[Callable[[Request], tuple[int, object] | None]] = []
+        # User agents of the test's own clients (an admin's kubectl), whose requests neither the
+        # faults nor the interceptors meant for the code under test touch.
+        self.exempt: set[str] = set()
         self.objects: dict[str, dict] = {}  # object path -> object
         self.requests: list[Request] = []
         self.version = 100
@@ -122,12 +128,16 @@ class FakeApi:
         self._server.shutdown()
         self._server.server_close()
 
-    def client(self, attempts: int = 3) -> Client:
-        """A runner's client of this server; transient failures retried `attempts` times, quickly."""
+    def client(self, attempts: int = 3, user_agent: str = "") -> Client:
+        """A runner's client of this server; transient failures retried `attempts` times, quickly.
+        With a `user_agent` in `exempt`, no fault or interceptor touches its requests."""
         configuration = k8s.Configuration()
         configuration.host = f"http://127.0.0.1:{self._server.server_address[1]}"
         configuration.retries = 0
-        return Client(k8s.ApiClient(configuration), Backoff(attempts=attempts, base=0.01, cap=0.02))
+        api_client = k8s.ApiClient(configuration)
+        if user_agent:
+            api_client.user_agent = user_agent
+        return Client(api_client, Backoff(attempts=attempts, base=0.01, cap=0.02))
 
     def put(self, path: str, obj: dict) -> dict:
         """Store `obj` at `path` (an object's path), as created by someone else."""
@@ -222,31 +232,35 @@ class FakeApi:
         self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
 
     def delivered(self, informers) -> bool:
-        """Whether each of `informers` holds every event sent to its open watch (`has_seen` the
-        resourceVersion of the last one)."""
+        """Whether each of `informers` that runs follows an open watch and holds every event sent
+        to it (`has_seen` the resourceVersion of the last one): one between a 410 and its next
+        watch (relisting) or failing does not."""
         with self._lock:
-            sent = [
-                (path, query, self.last_sent[id(events)])
+            watches = [
+                ((path, query.get("labelSelector"), query.get("fieldSelector")), self.last_sent.get(id(events)))
                 for path, query, events in self._watchers
-                if id(events) in self.last_sent
             ]
-        for path, query, version in sent:
-            for informer in informers:
-                selectors = (informer.label_selector or None, informer.field_selector or None)
-                if (informer.path, selectors) == (path, (query.get("labelSelector"), query.get("fieldSelector"))):
-                    if not informer.has_seen(version):
-                        return False
+        for informer in informers:
+            if informer.state == "stopped":
+                continue
+            key = (informer.path, informer.label_selector or None, informer.field_selector or None)
+            versions = [version for watched, version in watches if watched == key]
+            if not versions or any(v is not None and not informer.has_seen(v) for v in versions):
+                return False
         return True
 
-    def answer(self, method: str, path: str, query: dict, body, content_type: str = "") -> tuple[int, object]:
+    def answer(
+        self, method: str, path: str, query: dict, body, content_type: str = "", user_agent: str = ""
+    ) -> tuple[int, object]:
         with self._lock:
-            request = Request(method, path, query, body, content_type)
+            request = Request(method, path, query, body, content_type, user_agent)
             self.requests.append(request)
-            for intercept in self.interceptors:
+            exempt = user_agent in self.exempt
+            for intercept in () if exempt else self.interceptors:
                 answered = intercept(request)
                 if answered is not None:
                     return answered
-            for fault in self._faults:
+            for fault in () if exempt else self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
                     return fault[3], _status(fault[3], fault[5])
@@ -543,7 +557,7 @@ def _handler(api: FakeApi):
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            code, answer = api.answer(method, url.path, query, body, content_type)
+            code, answer = api.answer(method, url.path, query, body, content_type, self.headers.get("User-Agent") or "")
             if method == "GET" and query.get("watch") == "true" and code == 200:
                 return self._stream(url.path, query)
             data = json.dumps(answer).encode()
@@ -568,6 +582,8 @@ def _handler(api: FakeApi):
                     line = json.dumps(change).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
+                    if change["type"] == "ERROR":
+                        break  # as the API server, which ends a watch after its error
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
                 pass  # the client closed the watch

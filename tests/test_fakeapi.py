@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator.runtime.informer import Informer
 from tests.fakeapi import FakeApi
+from tests.waiting import eventually
 
 NS = "ns"
 DS = f"/apis/apps/v1/namespaces/{NS}/daemonsets/d"
@@ -200,3 +202,30 @@ def test_an_interceptor_sees_each_request_first_and_may_answer_it(api):
         client.delete("v1", "Pod", "p", NS)
     assert refused.value.status == 403 and api.get(f"{PODS}/p") is not None
     assert seen[-2:] == [("GET", f"{PODS}/p"), ("DELETE", f"{PODS}/p")]
+
+
+def test_the_faults_and_interceptors_leave_an_exempt_client_alone(api):
+    api.put(f"{PODS}/p", pod("p"))
+    api.exempt.add("kubectl")
+    api.fail("GET", f"{PODS}/p", 500, times=10)
+    api.interceptors.append(lambda request: (403, {"kind": "Status", "code": 403}) if request.method == "DELETE" else None)
+    kubectl = api.client(attempts=1, user_agent="kubectl")
+    assert kubectl.get("v1", "Pod", "p", NS) is not None
+    assert kubectl.delete("v1", "Pod", "p", NS)
+    with pytest.raises(ApiException):
+        api.client(attempts=1).get("v1", "Pod", "p", NS)
+
+
+def test_an_informer_between_a_410_and_its_next_watch_is_not_delivered(api):
+    api.put(f"{PODS}/p", pod("p"))
+    informer = Informer(api.client(attempts=1), PODS, name="pods").start()
+    try:
+        eventually(lambda: api.delivered([informer]), 10, "the informer to follow its watch", interval=0.01)
+        api.fail("GET", PODS, 500, times=10_000)  # its relist fails: no watch follows
+        api.expire_watches()  # the watch ends after its ERROR
+        eventually(lambda: not api.watching(PODS), 10, "the expired watch to end", interval=0.01)
+        assert not api.delivered([informer])
+        api.clear_faults()
+        eventually(lambda: api.delivered([informer]), 30, "the informer to watch again", interval=0.05)
+    finally:
+        informer.stop()
