@@ -211,8 +211,10 @@ class FakeApi:
         return obj
 
     def _notify(self, path: str, change: str, obj: dict, before: dict | None = None) -> None:
-        """Send `change` to the open watches (and keep it for the watches opened later)."""
-        self._history.append((self.version, path, change, copy.deepcopy(obj), copy.deepcopy(before)))
+        """Send `change` to the open watches (and keep it for the watches opened later): one copy
+        of the object, which every watch serializes and nothing changes."""
+        obj, before = copy.deepcopy(obj), copy.deepcopy(before)
+        self._history.append((self.version, path, change, obj, before))
         for watched, query, events in self._watchers:
             self._send(watched, query, events, path, change, obj, before)
 
@@ -224,9 +226,9 @@ class FakeApi:
             return
         selectors = query.get("labelSelector"), query.get("fieldSelector")
         if _matches(obj, *selectors):
-            events.put({"type": change, "object": copy.deepcopy(obj)})
+            events.put({"type": change, "object": obj})
         elif before is not None and _matches(before, *selectors):
-            events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
+            events.put({"type": "DELETED", "object": obj})
         else:
             return
         self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]

@@ -21,7 +21,9 @@ meets, each a small model the test moves between the runner's passes:
   every change, so that a pass reads the cluster as it is.
 
 The test's own writes go through an exempt client (`KUBECTL`): the faults a test injects for the
-runner never hit them. Times are one clock, `Cluster.now`, which only the test moves.
+runner never hit them; its reads look at the fake server's store (`FakeApi.objects`) between the
+runner's passes, never changing what they read. Times are one clock, `Cluster.now`, which only
+the test moves.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.conditions import rfc3339
-from metax_operator.contract import BOOTSTRAP_FIELD_MANAGER, GPU_NODE_LABEL, RELEASE_REVISION_ANNOTATION, SKIP_LABEL
+from metax_operator.conditions import parse_time, rfc3339
+from metax_operator.contract import (
+    BOOTSTRAP_FIELD_MANAGER,
+    GPU_NODE_LABEL,
+    HELM_APPLY_WAIT,
+    RELEASE_REVISION_ANNOTATION,
+    SKIP_LABEL,
+)
 from metax_operator.runtime import run
 from metax_operator.runtime.cr_status import LostLeadership
 from metax_operator.runtime.object_cache import NotReady
@@ -97,6 +105,12 @@ def labels(obj: dict) -> dict:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
+def images(pod_spec: dict, kind: str) -> list[dict]:
+    """A pod template's containers of `kind` as a pod made from it keeps them here: their names
+    and images (no decision reads more of a driver pod's spec)."""
+    return [{"name": c["name"], "image": c["image"]} for c in pod_spec.get(kind) or []]
+
+
 def payload_version(template: dict) -> str:
     """The driver version a driver pod template installs (its payload image's tag)."""
     image = next(c["image"] for c in template["spec"]["initContainers"] if c["name"] == "payload")
@@ -110,6 +124,7 @@ class DaemonSetController:
     def __init__(self, api: FakeApi, kubectl, clock):
         self.api, self.kubectl, self.clock = api, kubectl, clock
         self.serial = itertools.count()
+        self.hashes: dict[tuple[str, str], str] = {}  # (path, resourceVersion) -> its template's hash
 
     def revisions(self, ds: str = "metax-driver") -> dict[str, dict]:
         """hash -> the ControllerRevision of DaemonSet `ds`."""
@@ -120,7 +135,15 @@ class DaemonSetController:
 
     def current(self) -> str:
         """The driver template's revision hash."""
-        return template_hash(self.api.get(DRIVER)["spec"]["template"])
+        return self.hash(DRIVER)
+
+    def hash(self, path: str) -> str:
+        """The revision hash of the template of the DaemonSet at `path` (worked out once a version)."""
+        ds = self.api.objects[path]
+        key = (path, ds["metadata"]["resourceVersion"])
+        if key not in self.hashes:
+            self.hashes[key] = template_hash(ds["spec"]["template"])
+        return self.hashes[key]
 
     def sync(self) -> None:
         for path in sorted(p for p in self.api.objects if p.startswith(DAEMONSETS + "/")):
@@ -130,9 +153,9 @@ class DaemonSetController:
     def _revision(self, path: str) -> None:
         """The template's ControllerRevision, created or renumbered the newest; then the
         generation observed."""
-        ds = self.api.get(path)
+        ds = self.api.objects[path]
         name, template = ds["metadata"]["name"], ds["spec"]["template"]
-        current, revisions = template_hash(template), self.revisions(name)
+        current, revisions = self.hash(path), self.revisions(name)
         newest = max((r["revision"] for r in revisions.values()), default=0)
         if current not in revisions:
             owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": ds["metadata"]["uid"], "controller": True}
@@ -159,7 +182,7 @@ class DaemonSetController:
 
     def selected(self) -> set[str]:
         """The nodes the driver's nodeSelector selects."""
-        selector = self.api.get(DRIVER)["spec"]["template"]["spec"].get("nodeSelector") or {}
+        selector = self.api.objects[DRIVER]["spec"]["template"]["spec"].get("nodeSelector") or {}
         return {
             path.rsplit("/", 1)[1]
             for path, node in self.api.objects.items()
@@ -177,8 +200,8 @@ class DaemonSetController:
     def _driver_pods(self) -> None:
         """OnDelete: a pod for each selected node without one (not while its old one terminates);
         the pods of a node no longer selected deleted; those of a node gone removed (pod GC)."""
-        ds = self.api.get(DRIVER)
-        template, current = ds["spec"]["template"], template_hash(ds["spec"]["template"])
+        ds = self.api.objects[DRIVER]
+        template, current = ds["spec"]["template"], self.current()
         nodes, selected, pods = self.nodes(), self.selected(), self.driver_pods()
         for node in sorted(selected - set(pods)):
             name = f"metax-driver-{node}-{next(self.serial)}"
@@ -194,7 +217,7 @@ class DaemonSetController:
                         {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "metax-driver", "uid": ds["metadata"]["uid"]}
                     ],
                 },
-                "spec": {**copy.deepcopy(template["spec"]), "nodeName": node},
+                "spec": {"nodeName": node, **{kind: images(template["spec"], kind) for kind in ("initContainers", "containers")}},
                 "status": {"phase": "Pending"},
             }
             self.kubectl.call("POST", PODS, body=pod)
@@ -287,7 +310,7 @@ class Workloads:
     def end(self, name: str) -> None:
         """The pod's work ends (it succeeds and is cleaned up), and its budget goes."""
         for path in (f"{JOBS}/{name}", f"{BUDGETS}/{name}"):
-            if self.api.get(path) is not None:
+            if path in self.api.objects:
                 self.api.delete(path)
 
 
@@ -352,9 +375,21 @@ class Helm:
             if obj["kind"] == "DaemonSet":
                 self.cluster.kubectl.patch("apps/v1", "DaemonSet", obj["metadata"]["name"], annotation, namespace=NS)
 
+    def holds(self) -> bool:
+        """Whether the runner must wait for Helm now: a DaemonSet carries another release revision
+        than the CR (Helm has not applied it yet), which the bootstrap wrote less than
+        `HELM_APPLY_WAIT` seconds ago."""
+        cr = self.cluster.cr()
+        wrote = [
+            parse_time(m["time"])
+            for m in (cr or {}).get("metadata", {}).get("managedFields") or []
+            if m["manager"] == BOOTSTRAP_FIELD_MANAGER
+        ]
+        return bool(wrote) and self.behind() and self.cluster.now < max(wrote) + HELM_APPLY_WAIT
+
     def behind(self) -> bool:
         """Whether a DaemonSet carries another release revision than the CR (Helm not applied yet)."""
-        cr = self.cluster.api.get(CR)
+        cr = self.cluster.api.objects.get(CR)
         wanted = ((cr or {}).get("metadata") or {}).get("annotations", {}).get(RELEASE_REVISION_ANNOTATION)
         return wanted is not None and any(
             (obj["metadata"].get("annotations") or {}).get(RELEASE_REVISION_ANNOTATION) != wanted
@@ -519,4 +554,4 @@ class Cluster:
         return {node: out.get(node, "-") for node in sorted(self.controller.selected())}
 
     def template_version(self) -> str:
-        return payload_version(self.api.get(DRIVER)["spec"]["template"])
+        return payload_version(self.api.objects[DRIVER]["spec"]["template"])

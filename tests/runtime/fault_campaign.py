@@ -1,71 +1,140 @@
-"""The fault campaign: a hypothesis state machine over the real rollout engine and the real
-executor (`runtime.rollout_pass.RolloutPass` on the real client), against the fake API server of
-tests/fakeapi.py, whose steps are what happens to a fleet during a driver rollout:
+"""The fault campaign: a hypothesis state machine over the whole runner (`runtime.run.Runner`: its
+Helm hold, freeze, reconcile, rollout engine and executor, on the real client) in the fake cluster
+of tests/runtime/cluster.py (the chart's real DaemonSets on the fake API server, the DaemonSet
+controller, the kubelet, GPU work, Helm, the admin). Its steps are what happens to a fleet during
+a driver rollout, in any order:
 
-- the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin, labelled
-  skip; driver pods deleted by someone else, failing (never Ready), slow (Ready only when the
-  kubelet step says so); GPU jobs bound and finished at any moment;
-- the API server: watches answered 410 Gone (the caches list again), a LIST answered 500 (the
-  caches failing), the next write of a kind answered 409, 422, 500 or 403, writes failing until
-  cleared (the runner killed between two writes);
-- the runner: passes, restarted with fresh caches, its lease lost between passes or mid-batch;
-- the template: a next driver version landing mid-rollout;
-- the administrator: pause, enableRollout and maxParallel edited at any step; the clock moves on.
+- the policy, drawn once: steps with and without pauses and tolerations, `maxParallel`,
+  `maxUnavailable`, `maxFailureThreshold`, `fallback` pause or rollback, `allowGpuWorkloads`,
+  `cordon`, `drain` and `waitForCompletion` with their timeouts, `onTimeout` hold or fail;
+- the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin,
+  labelled skip; driver pods deleted by someone else, failing (a crash loop), slow (the kubelet
+  or the DaemonSet controller not run), stuck Terminating; GPU jobs (owned by a Job, or bare), a
+  DaemonSet's GPU pod and pods the policy waits for started and ending, some guarded by a
+  PodDisruptionBudget that refuses their eviction;
+- the API server: watches answered `410 Gone`, a LIST answered 500 (the caches failing), the
+  next write of a kind answered 409, 422, 500 or 403, writes failing until cleared;
+- the runner: passes; restarted with fresh caches; killed at its k-th write of a pass (that write
+  and every later one lost, then restarted), k drawn up to `MOST_WRITES` so that every write of
+  any pass is reachable; its lease lost between passes or lapsing mid-batch; a change landing
+  between its reads and its k-th write (a skip label, a GPU job, a pod to wait for, an admin's
+  cordon or pause);
+- Helm: `helm upgrade` (with a new version or not) whose bootstrap hook writes the CR and holds
+  the runner until Helm applies the release, which it may never do (the hold then ends);
+- the administrator: `pause`, `enableRollout` and `maxParallel` edited at any step; a new driver
+  version set by `kubectl patch` of `spec.driver.payload.version`; the CR deleted, and created
+  again by the next `helm upgrade`'s bootstrap; the clock moves on.
 
-`Fleet` plays the DaemonSet controller (OnDelete: a node without a driver pod gets one at the
-template's revision, a node that left loses its pod) and the kubelet. Checked after every pass:
+`Checks` holds the invariants, checked after every pass (and every step where they say so). The
+state the cluster must never be in:
 
-- no pass leaves more nodes being swapped (their driver pod deleted by the runner, the new one
-  not Ready yet, the driver not failing) than `maxParallel`, while the rollout is enabled;
-- no driver pod is deleted under a GPU job;
-- no Ready driver pod already at the template's revision is deleted (no node replaced twice);
-- a node that left (deleted, relabelled) never fails a step (a node whose driver failed, or was
-  not Ready within the readiness timeout, may), and never blocks one (the end, below).
+- while the rollout is enabled, no pass leaves more nodes being swapped (their driver deleted by
+  the runner, the new one not Ready, neither failing nor past the readiness timeout) than
+  `maxParallel` (the largest it was since the rollout last idled: an edit mid-rollout is held);
+- no driver pod is deleted while its node runs a GPU workload pod (unless GPU work is allowed)
+  or a pod matching `waitForCompletion.podSelector`, or while the pod is Ready at the template's
+  revision (a node replaced twice);
+- a node that left the DaemonSet never fails a step;
+- while Helm holds the runner (a DaemonSet behind the CR's release revision, within the hold's
+  time) the runner writes nothing;
 
-At the end the faults stop, the drivers heal, the admin resumes: the rollout must finish with
-every selected, unskipped node on the template's revision and no node left cordoned by the
-runner. `tests/runtime/test_fault_campaign.py` runs it short, `make bench` long.
+and the decisions the runner must never make:
+
+- (a) a failed node is retried exactly as `maxFailureThreshold` says: each retry counted deletes
+  every node of its queue again (the failed nodes then, as `resume.failedNodes` names them)
+  before the step's next retry, fallback or end, unless the node stopped failing or left; no
+  more retries than the threshold, the fallback only after all of them, and neither with no
+  failed node named;
+- (b) no node is counted failed (`resume.failedNodes`) before `readinessTimeout` has passed
+  since its own driver pod's deletion (or its new pod's creation), but a node whose wait or
+  drain timed out under `onTimeout: fail`;
+- (c) a rollback (Terminating or Disabling) that ends (Idling or Disabled) leaves the CR's
+  `spec.driver.payload.version` at the restored revision's version, and after it no driver pod
+  is created at the abandoned revision nor the template set back to it, until someone sets a
+  version again;
+- (d) a node labelled skip, as the API server has it when the deletion arrives, never has its
+  driver pod deleted.
+
+At the end (`settle`) the faults stop, the drivers heal, the work ends, Helm applies its release,
+a deleted CR is created again and the admin resumes: the rollout must finish with every
+selected, unskipped node Ready at the template's revision, the template at the CR's version,
+and no node left cordoned by the runner. A pass may fail on a fault (an API answer, a lost
+lease, a cache not listed); any other exception fails the campaign.
+tests/runtime/test_fault_campaign.py replays a fixed set and plants a mutation under each
+invariant to show the campaign finds it; `make bench` (tests/bench/bench_fault_campaign.py)
+explores new sequences.
 """
 
 from __future__ import annotations
 
-import itertools
+import copy
 from dataclasses import dataclass, field
+from unittest import mock
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kubernetes.client.exceptions import ApiException
 
-from metax_operator.conditions import rfc3339
+from metax_operator.conditions import parse_time
 from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, SKIP_LABEL
-from metax_operator.rollout.status import UpgradeStatus
-from metax_operator.runtime.cr_status import LostLeadership
-from metax_operator.runtime.rollout_pass import RolloutPass
-from tests.fakeapi import FakeApi
-from tests.runtime.test_rollout_observe import daemonset, revision
-from tests.runtime.test_rollout_pass import CR, DS, NS, PODS, cluster_operator, run_pass
-from tests.runtime.test_runner_trace import driver_pod
+from metax_operator.runtime import kube
+from tests.runtime.cluster import (
+    CR,
+    DAEMONSETS,
+    DRIVER,
+    JOBS,
+    NODES,
+    PODS,
+    REVISION_LABEL,
+    VERSIONS,
+    WAIT_SELECTOR,
+    Cluster,
+    Pass,
+    labels,
+    ready,
+    template_hash,
+)
 from tests.waiting import eventually
 
-JOBS = "/api/v1/namespaces/ml/pods"
-NODES = "/api/v1/nodes"
-SELECTOR = {GPU_NODE_LABEL: "true"}
-OLD_TEMPLATE = {"spec": {"nodeSelector": SELECTOR, "containers": [{"name": "driver-manager", "image": "driver:1"}]}}
-NEW_TEMPLATE = {"spec": {"nodeSelector": SELECTOR, "containers": [{"name": "driver-manager", "image": "driver:2"}]}}
-NEXT_TEMPLATE = {"spec": {"nodeSelector": SELECTOR, "containers": [{"name": "driver-manager", "image": "driver:3"}]}}
-#: The driver's pod templates by the hash of their ControllerRevision.
-TEMPLATES = {"old": OLD_TEMPLATE, "new": NEW_TEMPLATE, "next": NEXT_TEMPLATE}
-REVISIONS = f"/apis/apps/v1/namespaces/{NS}/controllerrevisions"
 READINESS_TIMEOUT = 300
-T0 = 1_800_000_000.0
-# Every write the executor makes, as (method, path pattern): `{node}`/`{pod}` filled in by the rule.
+MAX_NODES = 8
+#: More writes than one pass of these fleets sends (the bench reports the most it saw): the kill
+#: rule's position is drawn up to it, so that every write of any pass is reachable.
+MOST_WRITES = 32
+STEP_SHAPES = (
+    [{"replicas": "100%", "pauseDuration": 0}],
+    [{"replicas": "50%", "pauseDuration": 0, "toleration": 1}, {"replicas": "100%", "pauseDuration": 0}],
+    [{"replicas": 1}, {"replicas": "100%", "pauseDuration": "30s"}],  # a manual pause, then a timed one
+)
+POLICIES = st.fixed_dictionaries(
+    {
+        "enableRollout": st.just(True),
+        "pause": st.just(False),
+        "readinessTimeout": st.just(f"{READINESS_TIMEOUT}s"),
+        "upgradeSteps": st.sampled_from(STEP_SHAPES),
+        "maxParallel": st.integers(1, 3),
+        "maxUnavailable": st.integers(0, 1),
+        "maxFailureThreshold": st.integers(0, 2),
+        "fallback": st.sampled_from(["pause", "rollback"]),
+        "allowGpuWorkloads": st.booleans(),
+        "cordon": st.booleans(),
+        "drain": st.fixed_dictionaries({"enable": st.booleans(), "timeout": st.sampled_from(["120s", "600s"])}),
+        "waitForCompletion": st.sampled_from(
+            [{}, {"podSelector": WAIT_SELECTOR}, {"podSelector": WAIT_SELECTOR, "timeout": "200s"}]
+        ),
+        "onTimeout": st.sampled_from(["hold", "fail"]),
+    }
+)
+#: The runner's writes a fault refuses, as (method, path): `{node}`, `{pod}` filled in by the rule.
 WRITES = (
     ("PUT", CR + "/status"),
     ("PATCH", CR),
+    ("PATCH", DRIVER),
     ("PATCH", NODES + "/{node}"),
     ("DELETE", PODS + "/{pod}"),
+    ("POST", JOBS + "/{work}/eviction"),
     ("POST", "/api/v1/namespaces/default/events"),
 )
+ROLLING_BACK, SETTLED = ("Terminating", "Disabling"), ("Idling", "Disabled")
 
 
 @dataclass
@@ -75,293 +144,612 @@ class Figures:
     examples: int = 0
     steps: int = 0
     passes: int = 0
-    deletions: int = 0
+    deletions: int = 0  # driver pods the runner deleted
+    kills: int = 0  # kill rules whose write the pass reached
+    kill_positions: set = field(default_factory=set)  # the positions those were at
+    most_writes: int = 0  # the most writes one pass sent
+    rollbacks: int = 0  # rollbacks that ended (invariant c checked)
+    retries: int = 0  # retries counted (invariant a checked)
     sequences: set = field(default_factory=set)  # the distinct sequences of rule names
 
 
 FIGURES = Figures()
 
 
-def gpu_job(node: str) -> dict:
-    return {
-        "metadata": {"name": f"job-{node}", "namespace": "ml"},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
-        "status": {"phase": "Running"},
-    }
+@dataclass(frozen=True)
+class Deletion:
+    """A deletion of a driver pod the runner asked for, with what the API server had when it
+    arrived."""
+
+    node: str
+    path: str
+    uid: str
+    ready: bool
+    revision: str
+    template: str  # the driver template's revision hash then
+    skipped: bool  # the node labelled skip
+    gpu_work: tuple[str, ...]  # the GPU workload pods on the node (a DaemonSet's not counted)
+    waited: tuple[str, ...]  # the pods on the node matching the wait selector
 
 
-class Fleet:
-    """The DaemonSet controller and the kubelet, on the fake API server's objects."""
+@dataclass
+class Retry:
+    """A retry counted: its queue (the step's failed nodes then) must all be deleted again before
+    the step retries again, falls back or ends, unless excused (no longer failed, or left)."""
 
-    def __init__(self, api: FakeApi, clock):
-        self.api, self.clock = api, clock
-        self.serial = itertools.count()
-        self.failing: set[str] = set()  # nodes whose new driver never gets Ready
-
-    def nodes(self) -> dict[str, dict]:
-        return {path.rsplit("/", 1)[1]: obj for path, obj in self.api.objects.items() if path.startswith(NODES + "/")}
-
-    def selected(self) -> set[str]:
-        return {n for n, obj in self.nodes().items() if (obj["metadata"].get("labels") or {}).get(GPU_NODE_LABEL) == "true"}
-
-    def driver_pods(self) -> dict[str, dict]:
-        """node -> its driver pod."""
-        return {obj["spec"]["nodeName"]: obj for path, obj in self.api.objects.items() if path.startswith(PODS + "/driver-")}
-
-    def template_revision(self) -> str:
-        template = self.api.get(DS)["spec"]["template"]
-        return next(h for h, t in TEMPLATES.items() if t == {k: v for k, v in template.items() if k != "$patch"})
-
-    def revisions(self) -> dict[str, dict]:
-        return {path.rsplit("-", 1)[1]: obj for path, obj in self.api.objects.items() if path.startswith(REVISIONS + "/")}
-
-    def record_revision(self) -> None:
-        """As the DaemonSet controller does on a template change: the ControllerRevision holding
-        the template becomes the newest (created, or an older one's number raised). A rollback's
-        strategic merge patch (`$patch: replace`, which this server merges) is normalised."""
-        ds = self.api.get(DS)
-        current = self.template_revision()
-        if "$patch" in ds["spec"]["template"]:
-            ds["spec"]["template"] = TEMPLATES[current]
-            self.api.put(DS, ds)
-        revisions = self.revisions()
-        newest = max(r["revision"] for r in revisions.values())
-        if current not in revisions:
-            self.api.put(f"{REVISIONS}/metax-driver-{current}", revision(current, newest + 1, template=TEMPLATES[current]))
-        elif revisions[current]["revision"] != newest:
-            raised = {**revisions[current], "revision": newest + 1}
-            self.api.put(f"{REVISIONS}/metax-driver-{current}", raised)
-
-    def add_pod(self, node: str, rev: str, ready: bool) -> None:
-        name = f"driver-{node}-{next(self.serial)}"
-        owner = daemonset()["metadata"]["uid"]
-        self.api.put(f"{PODS}/{name}", driver_pod(name, NS, node, rev, owner, rfc3339(self.clock()), ready))
-
-    def controller(self) -> None:
-        """OnDelete: a selected node without a driver pod gets one at the template's revision;
-        a pod whose node left is deleted."""
-        self.record_revision()
-        pods, selected = self.driver_pods(), self.selected()
-        for node in sorted(selected - set(pods)):
-            self.add_pod(node, self.template_revision(), ready=False)
-        for node, pod in pods.items():
-            if node not in selected:
-                self.api.delete(f"{PODS}/{pod['metadata']['name']}")
-
-    def kubelet(self) -> None:
-        """Every driver pod not Ready whose driver does not fail gets Ready."""
-        for node, pod in self.driver_pods().items():
-            if node not in self.failing and not ready(pod):
-                pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-                self.api.put(f"{PODS}/{pod['metadata']['name']}", pod)
+    key: tuple
+    queue: set[str]
+    done: set[str] = field(default_factory=set)
 
 
-def ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod["status"].get("conditions") or [])
+@dataclass
+class Rollback:
+    began: tuple  # the status key it began with
+    edited: bool = False  # someone set a version since it began
+
+
+class Checks:
+    """The invariants (the module's docstring) and what they remember between passes."""
+
+    def __init__(self, cluster: Cluster, policy: dict):
+        self.cluster, self.policy = cluster, policy
+        self.deletions: list[Deletion] = []  # of the pass in progress
+        self.deleted_at: dict[str, float] = {}  # node -> when its driver pod's last deletion was asked, by anyone
+        self.swapping: dict[str, float] = {}  # node -> when the runner deleted its driver, until it is back
+        self.parallel = {policy["maxParallel"]}  # maxParallel's values since the rollout last idled
+        self.status: dict = {}  # the upgradeStatus after the last pass
+        self.retry: Retry | None = None
+        self.rollback: Rollback | None = None
+        self.abandoned: tuple[str, set[str]] | None = None  # a rolled-back revision, and the pods then
+        cluster.api.interceptors.append(self.intercept)
+
+    # -- what the API server had when a deletion arrived ------------------------------------
+
+    def intercept(self, request) -> None:
+        """Record each of the runner's driver pod deletions with the cluster as it is then."""
+        if request.method != "DELETE" or not request.path.startswith(PODS + "/metax-driver-"):
+            return None
+        api = self.cluster.api
+        pod = api.objects.get(request.path)
+        uid = ((request.body or {}).get("preconditions") or {}).get("uid")
+        if pod is None or pod["metadata"].get("deletionTimestamp") or uid not in (None, pod["metadata"]["uid"]):
+            return None  # nothing to delete
+        node = pod["spec"]["nodeName"]
+        work = [p for path, p in api.objects.items() if path.startswith(JOBS + "/") and p["spec"].get("nodeName") == node]
+        key, value = WAIT_SELECTOR.split("=")
+        self.deletions.append(
+            Deletion(
+                node,
+                request.path,
+                pod["metadata"]["uid"],
+                ready(pod),
+                labels(pod)[REVISION_LABEL],
+                template_hash(api.objects[DRIVER]["spec"]["template"]),
+                labels(api.objects.get(f"{NODES}/{node}") or {}).get(SKIP_LABEL) == "true",
+                tuple(p["metadata"]["name"] for p in work if gpu_workload(p)),
+                tuple(p["metadata"]["name"] for p in work if labels(p).get(key) == value),
+            )
+        )
+        return None
+
+    # -- after each pass ----------------------------------------------------------------------
+
+    def after_pass(self, done: Pass, before: dict) -> None:
+        """`done` ran on the cluster `before` describes (`snapshot`)."""
+        cluster, now = self.cluster, self.cluster.now
+        FIGURES.passes += 1
+        FIGURES.most_writes = max(FIGURES.most_writes, len(done.writes))
+        if before["held"]:
+            assert not done.writes, f"the runner wrote while Helm held it: {[(r.method, r.path) for r in done.writes]}"
+        deleted = [d for d in self.deletions if taken(cluster.api.get(d.path), d.uid)]
+        self.deletions = []
+        for d in deleted:
+            self.check_deletion(d, before["policy"])
+            self.deleted_at[d.node] = self.swapping[d.node] = now
+        FIGURES.deletions += len(deleted)
+        self.forget_settled()
+        if deleted and before["policy"].get("enableRollout"):
+            bound = max(self.parallel)
+            healthy = sorted(self.swapping)
+            assert len(healthy) <= bound, f"{healthy} being swapped at once, maxParallel {bound}"
+        status = cluster.upgrade_status()
+        if status != self.status:  # this pass wrote it
+            self.check_status(self.status, status, before, {d.node for d in deleted})
+        self.status = status
+        cr = cluster.cr()
+        if cr is not None and not status.get("upgrading"):
+            self.parallel = {cr["spec"]["driver"]["upgradePolicy"]["maxParallel"]}
+        self.check_abandoned()
+
+    def check_deletion(self, d: Deletion, policy: dict) -> None:
+        assert not d.skipped, f"(d) {d.node}'s driver pod deleted although the node is labelled {SKIP_LABEL}"
+        if not policy.get("allowGpuWorkloads"):
+            assert not d.gpu_work, f"{d.node}'s driver pod deleted under the GPU workload pods {d.gpu_work}"
+        if (policy.get("waitForCompletion") or {}).get("podSelector"):
+            assert not d.waited, f"{d.node}'s driver pod deleted under the pods to wait for {d.waited}"
+        assert not (d.ready and d.revision == d.template), f"{d.node}'s Ready driver pod at the template's revision deleted"
+
+    def forget_settled(self) -> None:
+        """Nodes no longer being swapped: back (a Ready driver pod), left, failing (no slot), or
+        past the readiness timeout since their deletion or their new pod's creation (failed)."""
+        cluster, now = self.cluster, self.cluster.now
+        selected, pods = cluster.controller.selected(), live_pods(cluster)
+        self.swapping = {
+            node: at
+            for node, at in self.swapping.items()
+            if node in selected
+            and node not in cluster.kubelet.failing
+            and now - at < READINESS_TIMEOUT
+            and not (node in pods and (ready(pods[node]) or now - created(pods[node]) >= READINESS_TIMEOUT))
+        }
+
+    def check_status(self, old: dict, new: dict, before: dict, deleted: set[str]) -> None:
+        """What a pass decided, from the status it wrote (`new`; `old` the one before)."""
+        failed = set(failed_nodes(new))
+        left = failed - set(failed_nodes(old)) - before["selected"]
+        assert not left, f"{sorted(left)} left the DaemonSet and failed the step"
+        self.check_failed_in_time(new, before)
+        self.check_retries(old, new, deleted, before)
+        self.check_rollback(old, new)
+
+    def check_failed_in_time(self, new: dict, before: dict) -> None:
+        """(b) Every node counted failed has a reason the readiness timeout gives it, from its own
+        deletion or its new pod's creation, as the pass saw it."""
+        now, timed_out = self.cluster.now, set(new.get("resume", {}).get("timedOutNodes") or [])
+        for node in failed_nodes(new):
+            if self.policy["onTimeout"] == "fail" and node in timed_out:
+                continue  # its wait or drain timed out: failed before its swap
+            pod = before["pods"].get(node)
+            if pod is not None:
+                restarts = max((c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []), default=0)
+                assert not ready(pod) and (
+                    restarts >= 3 or pod["status"].get("phase") == "Failed" or now - created(pod) >= READINESS_TIMEOUT
+                ), f"(b) {node} counted failed with a driver pod neither failed nor {READINESS_TIMEOUT} s old"
+            else:
+                since = before["deleted_at"].get(node)
+                assert since is not None and now - since >= READINESS_TIMEOUT, (
+                    f"(b) {node} counted failed {now - since if since is not None else '?'} s after its driver pod's "
+                    f"deletion, before readinessTimeout ({READINESS_TIMEOUT} s)"
+                )
+
+    def check_retries(self, old: dict, new: dict, deleted: set[str], before: dict) -> None:
+        """(a) Each retry deletes its whole queue again; the threshold is kept exactly."""
+        threshold = self.policy["maxFailureThreshold"]
+        retries, retries_before = step(new).get("currentFailureRetry", 0), step(old).get("currentFailureRetry", 0)
+        assert retries <= threshold, f"(a) {retries} retries counted, maxFailureThreshold {threshold}"
+        key, open_retry = step_key(new), self.retry
+        in_step = old.get("phase") == "Progressing" and step_key(old)[1:] == key[1:]  # the same step of the same rollout
+        counted = in_step and new.get("phase") == "Progressing" and retries > retries_before
+        fell_back = in_step and failed_step(new) and not failed_step(old)
+        ended = in_step and bool(new.get("resume", {}).get("stepReadyTime")) and not old.get("resume", {}).get("stepReadyTime")
+        completed = in_step and new.get("phase") == "Idling"
+        if open_retry is not None and open_retry.key[1:] == key[1:] and (counted or fell_back or ended or completed):
+            missed = open_retry.queue - open_retry.done
+            assert not missed, f"(a) the retry of {sorted(open_retry.queue)} never deleted {sorted(missed)} again"
+        if fell_back:
+            assert retries == threshold, f"(a) the step fell back after {retries} retries, maxFailureThreshold {threshold}"
+            assert failed_nodes(new), "(a) the step fell back with no failed node named"
+        if counted:
+            FIGURES.retries += 1
+            assert failed_nodes(new), "(a) a retry counted with no failed node named"
+            self.retry = Retry(key, set(failed_nodes(new)))
+        elif open_retry is not None and (
+            open_retry.key[1:] != key[1:] or new.get("phase") != "Progressing" or retries < retries_before
+        ):
+            self.retry = None  # the course changed (a new revision, a rollback, edited steps, resumed after a failure)
+        if self.retry is not None:
+            queue, selected = self.retry.queue, self.cluster.controller.selected()
+            self.retry.done |= (
+                (deleted & queue)  # deleted again
+                | (queue - set(failed_nodes(new)))  # no longer failing
+                | (queue - set(before["pods"]))  # no pod to delete: its retry is the wait for one
+                | (queue - selected)  # left
+                | (queue & self.cluster.skipped())
+            )
+
+    def excuse(self, node: str) -> None:
+        """Someone else deleted `node`'s driver pod: its retry is not the runner's to do any more."""
+        if self.retry is not None:
+            self.retry.done.add(node)
+
+    def check_rollback(self, old: dict, new: dict) -> None:
+        """(c) A rollback that ends leaves the CR at the restored revision's version."""
+        if new.get("phase") in ROLLING_BACK and old.get("phase") not in ROLLING_BACK:
+            self.rollback = Rollback(step_key(new))
+        elif self.rollback is not None and old.get("phase") in ROLLING_BACK and new.get("phase") in SETTLED:
+            FIGURES.rollbacks += 1
+            restored = new["resume"]["stableRevision"]
+            abandoned = new["resume"].get("abandonedRevision")
+            if not self.rollback.edited:
+                want = self.cluster.revision_versions().get(restored)
+                assert self.cluster.cr_version() == want, (
+                    f"(c) the rollback to {restored} ended with the CR at version {self.cluster.cr_version()}, not {want}"
+                )
+                if abandoned and abandoned != restored:
+                    self.abandoned = (abandoned, set(all_driver_pods(self.cluster)))
+            self.rollback = None
+        elif self.rollback is not None and new.get("phase") not in ROLLING_BACK:
+            self.rollback = None  # replaced by a new rollout
+
+    def check_abandoned(self) -> None:
+        """(c) After a rollback, nothing brings the abandoned revision back unasked."""
+        if self.abandoned is None or self.cluster.cr() is None:
+            return
+        revision, before = self.abandoned
+        assert self.cluster.controller.current() != revision, (
+            f"(c) the template was set back to the abandoned revision {revision}"
+        )
+        again = [
+            name
+            for name, pod in all_driver_pods(self.cluster).items()
+            if name not in before and labels(pod).get(REVISION_LABEL) == revision
+        ]
+        assert not again, f"(c) driver pods {again} created at the abandoned revision {revision} after the rollback"
+
+    def version_set(self) -> None:
+        """Someone set a driver version (the admin, Helm, a CR created again): a rollback's
+        version and its abandoned revision are theirs to bring back."""
+        if self.rollback is not None:
+            self.rollback.edited = True
+        self.abandoned = None
+
+    def snapshot(self, held: bool) -> dict:
+        """What the checks of a pass compare with: the cluster before it."""
+        cr = self.cluster.cr() or {}
+        return {
+            "held": held,
+            "policy": copy.deepcopy(cr.get("spec", {}).get("driver", {}).get("upgradePolicy", {})),
+            "selected": self.cluster.controller.selected() & set(self.cluster.nodes()),
+            "pods": live_pods(self.cluster),
+            "deleted_at": dict(self.deleted_at),
+        }
+
+
+# -- reading the cluster --------------------------------------------------------------------------
+
+
+def gpu_workload(pod: dict) -> bool:
+    """A pod requesting a MetaX resource that no DaemonSet owns."""
+    gpu = any(
+        name.startswith("metax-tech.com/")
+        for c in pod["spec"].get("containers") or []
+        for section in ("requests", "limits")
+        for name in (c.get("resources") or {}).get(section) or {}
+    )
+    return gpu and not any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def taken(pod: dict | None, uid: str) -> bool:
+    """Whether a deletion of the pod `uid` took effect: gone, or terminating."""
+    return pod is None or pod["metadata"]["uid"] != uid or bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def all_driver_pods(cluster: Cluster) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for pods in cluster.controller.driver_pods().values() for p in pods}
+
+
+def live_pods(cluster: Cluster) -> dict[str, dict]:
+    """node -> its driver pod not being deleted."""
+    out = {}
+    for node, pods in cluster.controller.driver_pods().items():
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        if live:
+            out[node] = copy.deepcopy(live[-1])
+    return out
+
+
+def created(pod: dict) -> float:
+    return parse_time(pod["metadata"]["creationTimestamp"])
+
+
+def step(status: dict) -> dict:
+    return status.get("status") or {}
+
+
+def step_key(status: dict) -> tuple:
+    """The step of the rollout a status is at: phase, revision, step."""
+    return status.get("phase"), step(status).get("upgradingPodSpecRevision"), step(status).get("currentStepIndex")
+
+
+def failed_nodes(status: dict) -> list[str]:
+    return (status.get("resume") or {}).get("failedNodes") or []
+
+
+def failed_step(status: dict) -> bool:
+    """Whether the status says a step failed beyond its retries (condition Failed, StepFailed)."""
+    return any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == "StepFailed"
+        for c in status.get("condition") or []
+    )
+
+
+# -- the state machine ----------------------------------------------------------------------------
 
 
 class Campaign(RuleBasedStateMachine):
-    """See the module docstring."""
+    """See the module's docstring."""
 
     def __init__(self):
         super().__init__()
-        self.api = FakeApi().__enter__()
-        self.fleet = Fleet(self.api, lambda: self.now)
-        self.now = T0
-        self.lease = {"held": True, "checks_left": None}  # see `lease_guard`
-        self.runner: RolloutPass | None = None
-        self.swapping: set[str] = set()  # nodes whose driver pod the runner deleted, not back yet
-        self.failed: set[str] = set()  # the status's failed nodes after the last pass
-        self.admin_cordoned: set[str] = set()
-        self.names = itertools.count()
+        self.cluster: Cluster | None = None
         self.trace: list[str] = []
+        self.pending: list = []  # what the next pass meets mid-pass (`kill_at`, `mid_pass`)
+        self.admin_cordoned: set[str] = set()
+        self.relists = 0  # LIST faults since the runner started (each backs a cache off longer)
+        self.passed = False  # the step ran a pass of its own
+        self.coalesce = False  # the next change comes before the runner's next pass
+        self.one_at_a_time = mock.patch.object(kube, "PARALLEL_REQUESTS", 1)  # writes in one order: k-th is k-th
         FIGURES.examples += 1
-
-    # -- the cluster at the start -------------------------------------------------------------
 
     @initialize(
         nodes=st.integers(2, 6),
-        parallel=st.integers(1, 3),
-        threshold=st.integers(0, 2),
-        fallback=st.sampled_from(["pause", "rollback"]),
+        policy=POLICIES,
+        version=st.sampled_from(VERSIONS[1:]),
+        failing=st.sets(st.integers(0, 5), max_size=2),
     )
-    def start(self, nodes: int, parallel: int, threshold: int, fallback: str) -> None:
-        ds = daemonset(template=NEW_TEMPLATE)
-        self.api.put(DS, {**ds, "metadata": {**ds["metadata"], "namespace": NS}})
-        self.api.put(f"{REVISIONS}/metax-driver-old", revision("old", 1, template=OLD_TEMPLATE))
-        self.api.put(f"{REVISIONS}/metax-driver-new", revision("new", 2, template=NEW_TEMPLATE))
-        for _ in range(nodes):
-            self.fleet.add_pod(self.new_node(), "old", ready=True)
-        policy = {
-            "enableRollout": True,
-            "pause": False,
-            "maxParallel": parallel,
-            "maxFailureThreshold": threshold,
-            "fallback": fallback,
-            "readinessTimeout": f"{READINESS_TIMEOUT}s",
-            "upgradeSteps": [{"replicas": "50%", "pauseDuration": 0}, {"replicas": "100%", "pauseDuration": 0}],
-        }
-        self.api.put(CR, cluster_operator(policy))
-        self.runner = self.new_runner()
-
-    def new_runner(self) -> RolloutPass:
-        return RolloutPass(self.api.client(attempts=1), NS, guard=self.lease_guard, clock=lambda: self.now)
-
-    def lease_guard(self) -> bool:
-        """The runner's lease check (one before each write): held, unless lost, or lapsing after
-        the number of checks `lease_lapses_mid_pass` set."""
-        left = self.lease["checks_left"]
-        if left is not None:
-            self.lease["checks_left"] = left - 1 if left else None
-            self.lease["held"] = self.lease["held"] and left > 0
-        return self.lease["held"]
+    def start(self, nodes: int, policy: dict, version: str, failing: set[int]) -> None:
+        """The chart installed on `nodes` GPU nodes with `policy`, the runner's first passes, then
+        the admin sets a new driver `version`: the rollout begins; on the `failing` nodes the new
+        driver will not come up."""
+        self.one_at_a_time.start()
+        self.policy = policy
+        self.cluster = Cluster(nodes=nodes, policy=policy)
+        self.checks = Checks(self.cluster, policy)
+        self.cluster.kubelet.failing.update(f"n{i}" for i in failing)
+        self.step("install")
+        for _ in range(2):
+            self.run_pass()
+            self.cluster.sync()
+        self.cluster.set_version(version)
+        self.checks.version_set()
 
     def teardown(self) -> None:
         try:
-            if self.runner is not None:
+            if self.cluster is not None:
                 self.settle()
         finally:
             FIGURES.sequences.add(tuple(self.trace))
-            if self.runner is not None:
-                self.runner.close()
-            self.api.__exit__(None, None, None)
+            if self.cluster is not None:
+                self.cluster.close()
+            self.one_at_a_time.stop()
 
     # -- the runner ---------------------------------------------------------------------------
 
-    @rule()
-    def runner_pass(self) -> None:
-        self.step("pass")
-        self.run_pass()
+    @rule(passes=st.lists(st.sampled_from(["pass", "sync", "time"]), min_size=1, max_size=4))
+    def runner_passes(self, passes: list[str]) -> None:
+        """Passes of the runner, each right away (`pass`), after the cluster caught up (`sync`: the
+        DaemonSet controller and the kubelets), or after 30 s more of it (`time`)."""
+        for kind in passes:
+            self.step(kind)
+            if kind == "time":
+                self.cluster.tick(30)
+            if kind != "pass":
+                self.cluster.sync()
+            self.run_pass()
 
     @rule()
     def restart_runner(self) -> None:
-        """The runner killed (between two writes, when a write fault is pending) and started again."""
         self.step("restart")
-        self.runner.close()
-        self.runner = self.new_runner()
+        self.cluster.restart_runner()
+        self.relists = 0
+
+    @rule(k=st.one_of(st.integers(1, 4), st.integers(1, MOST_WRITES)))
+    def killed_at_write(self, k: int) -> None:
+        """The runner dies at its k-th write of a pass: that write and every later one are lost;
+        then it starts again with fresh caches. The kill waits for a pass that makes k writes (up
+        to four passes, the cluster catching up between them)."""
+        self.step(f"kill-at-{k}")
+        writes, dead = [0], []
+
+        def kill(request):
+            if request.method == "GET":
+                return None
+            writes[0] += 1
+            if writes[0] >= k:
+                dead.append(request)
+                return 500, {"kind": "Status", "code": 500, "message": f"the runner was killed at its write {k}"}
+            return None
+
+        self.cluster.api.interceptors.insert(0, kill)
+        try:
+            for _ in range(4):
+                writes[0] = 0
+                self.run_pass()
+                if dead:
+                    break
+                self.cluster.sync()
+        finally:
+            self.cluster.api.interceptors.remove(kill)
+        if dead:
+            FIGURES.kills += 1
+            FIGURES.kill_positions.add(k)
+        self.cluster.restart_runner()
+        self.relists = 0
+
+    @rule(k=st.integers(1, 12), change=st.sampled_from(["skip", "gpu-job", "wait-pod", "cordon", "pause"]), data=st.data())
+    def change_lands_mid_pass(self, k: int, change: str, data) -> None:
+        """Between the runner's reads and its k-th write of the next pass, something changes."""
+        node = self.pick(data)
+        if node is None:
+            return
+        self.step(f"mid-pass-{change}-at-{k}")
+        api, writes = self.cluster.api, [0]
+
+        def land(request):
+            if request.method == "GET":
+                return None
+            writes[0] += 1
+            if writes[0] == k:
+                self.change_now(change, node)
+            return None
+
+        api.interceptors.insert(0, land)
+        try:
+            self.run_pass()
+        finally:
+            api.interceptors.remove(land)
+
+    def change_now(self, change: str, node: str) -> None:
+        """`change` on `node`, written straight into the store (the server is answering the runner)."""
+        api = self.cluster.api
+        if change == "pause":
+            cr = api.get(CR)
+            if cr is not None and not cr["spec"]["driver"]["upgradePolicy"].get("pause"):
+                cr["spec"]["driver"]["upgradePolicy"]["pause"] = True
+                cr["metadata"]["generation"] += 1
+                api.put(CR, cr)
+            return
+        obj = api.get(f"{NODES}/{node}")
+        if obj is None:
+            return
+        if change in ("gpu-job", "wait-pod"):
+            name = f"mid-{node}-{len(self.trace)}"
+            pod = {
+                "metadata": {"name": name, "namespace": "ml", "labels": {"app": "training"} if change == "wait-pod" else {}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
+                "status": {"phase": "Running"},
+            }
+            api.put(f"{JOBS}/{name}", pod)
+            return
+        if change == "skip":
+            obj["metadata"].setdefault("labels", {})[SKIP_LABEL] = "true"
+        elif not obj["spec"].get("unschedulable"):
+            obj["spec"]["unschedulable"] = True
+            self.admin_cordoned.add(node)
+        api.put(f"{NODES}/{node}", obj)
 
     @rule(held=st.booleans())
     def lease_changes(self, held: bool) -> None:
         self.step(f"lease-{held}")
-        self.lease.update(held=held, checks_left=None)
+        self.cluster.lease.update(held=held, checks_left=None)
 
-    @rule(checks=st.integers(0, 4))
+    @rule(checks=st.integers(0, 6))
     def lease_lapses_mid_pass(self, checks: int) -> None:
         """The lease is lost after the runner's next `checks` lease checks: mid-batch."""
         self.step("lease-lapses")
-        self.lease["checks_left"] = checks
+        self.cluster.lapse_after(checks)
+        self.run_pass()
 
     # -- the fleet ----------------------------------------------------------------------------
 
     @rule()
     def daemonset_controller(self) -> None:
         self.step("controller")
-        self.fleet.controller()
+        self.cluster.controller.sync()
+        self.checks.check_abandoned()
 
-    @rule()
-    def kubelet(self) -> None:
+    @rule(data=st.data())
+    def kubelet(self, data) -> None:
+        """Every node's kubelet catches up, or one node's (the others slow)."""
+        node = data.draw(st.one_of(st.none(), st.sampled_from(sorted(self.cluster.nodes()) or ["n0"])))
         self.step("kubelet")
-        self.fleet.kubelet()
+        self.cluster.kubelet.sync(node)
 
     @rule(seconds=st.sampled_from([30, 120, READINESS_TIMEOUT + 1]))
     def time_passes(self, seconds: int) -> None:
-        self.step("time")
-        self.now += seconds
+        self.step(f"time-{seconds}")
+        self.cluster.tick(seconds)
 
-    @precondition(lambda self: len(self.fleet.nodes()) < 8)
+    @precondition(lambda self: len(self.cluster.nodes()) < MAX_NODES)
     @rule()
     def add_node(self) -> None:
         self.step("add-node")
-        self.new_node()
-
-    def new_node(self) -> str:
-        """A GPU node the DaemonSet selects; its name."""
-        name = f"n{next(self.names)}"
-        self.api.put(f"{NODES}/{name}", {"metadata": {"name": name, "labels": dict(SELECTOR)}, "spec": {}})
-        return name
+        self.cluster.add_node()
 
     @rule(data=st.data())
     def delete_node(self, data) -> None:
         node = self.pick(data)
         if node:
             self.step("delete-node")
-            self.api.delete(f"{NODES}/{node}")
-            self.fleet.controller()
+            self.cluster.kubectl.delete("v1", "Node", node)
 
-    @rule(data=st.data())
-    def relabel_node(self, data) -> None:
-        """The node no longer carries the label the DaemonSet selects on (no GPU any more)."""
+    @rule(data=st.data(), selected=st.booleans())
+    def relabel_node(self, data, selected: bool) -> None:
+        """The node loses (no GPU any more) or gets back the label the DaemonSet selects on."""
         node = self.pick(data)
         if node:
-            self.step("relabel")
-            self.edit_node(node, lambda obj: obj["metadata"]["labels"].pop(GPU_NODE_LABEL, None))
+            self.step(f"gpu-label-{selected}")
+            self.cluster.edit_node(node, {"metadata": {"labels": {GPU_NODE_LABEL: "true" if selected else None}}})
 
     @rule(data=st.data())
     def admin_cordons(self, data) -> None:
         node = self.pick(data)
-        if node and not self.fleet.nodes()[node]["spec"].get("unschedulable"):
+        if node and not self.cluster.nodes()[node]["spec"].get("unschedulable"):
             self.step("admin-cordon")
             self.admin_cordoned.add(node)
-            self.edit_node(node, lambda obj: obj["spec"].update(unschedulable=True))
+            self.cluster.edit_node(node, {"spec": {"unschedulable": True}})
 
-    @rule(data=st.data())
-    def label_skip(self, data) -> None:
+    @rule(data=st.data(), skip=st.booleans())
+    def label_skip(self, data, skip: bool) -> None:
         node = self.pick(data)
         if node:
-            self.step("skip")
-            self.edit_node(node, lambda obj: obj["metadata"]["labels"].update({SKIP_LABEL: "true"}))
+            self.step(f"skip-{skip}")
+            self.cluster.edit_node(node, {"metadata": {"labels": {SKIP_LABEL: "true" if skip else None}}})
 
     @rule(data=st.data())
     def someone_deletes_a_driver_pod(self, data) -> None:
-        pods = self.fleet.driver_pods()
+        pods = live_pods(self.cluster)
         if pods:
-            self.step("pod-deleted")
             node = data.draw(st.sampled_from(sorted(pods)))
-            self.api.delete(f"{PODS}/{pods[node]['metadata']['name']}")
-            self.swapping.discard(node)  # not the runner's doing any more
+            self.step("pod-deleted")
+            self.cluster.kubectl.delete("v1", "Pod", pods[node]["metadata"]["name"], "metax-operator")
+            self.checks.deleted_at[node] = self.cluster.now
+            self.checks.swapping.pop(node, None)  # not the runner's doing any more
+            self.checks.excuse(node)
 
-    @rule(data=st.data())
-    def driver_fails(self, data) -> None:
+    @rule(data=st.data(), fails=st.booleans())
+    def driver_fails(self, data, fails: bool) -> None:
+        """The node's new driver never gets Ready (a crash loop), or is fixed."""
         node = self.pick(data)
         if node:
-            self.step("driver-fails")
-            self.fleet.failing.add(node)
+            self.step(f"driver-fails-{fails}")
+            (self.cluster.kubelet.failing.add if fails else self.cluster.kubelet.failing.discard)(node)
 
-    @rule(data=st.data())
-    def gpu_job_bound(self, data) -> None:
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["job", "bare", "daemonset", "waited-gpu", "waited"]),
+        guarded=st.booleans(),
+    )
+    def work_starts(self, data, kind: str, guarded: bool) -> None:
+        """A pod lands on a node: a GPU job (of a Job, or bare), a DaemonSet's GPU pod, a pod the
+        policy waits for (with a GPU or without); its eviction maybe refused by a budget."""
         node = self.pick(data)
-        if node and f"{JOBS}/job-{node}" not in self.api.objects:
-            self.step("job-bound")
-            self.api.put(f"{JOBS}/job-{node}", gpu_job(node))
+        if node:
+            self.step(f"work-{kind}")
+            owner = {"job": "Job", "waited-gpu": "Job", "waited": "Job", "bare": "", "daemonset": "DaemonSet"}[kind]
+            gpu, waited = kind != "waited", kind.startswith("waited")
+            self.cluster.workloads.start(node, gpu=gpu, waited=waited, owner=owner, guarded=guarded)
 
     @rule(data=st.data())
-    def gpu_job_ends(self, data) -> None:
-        jobs = sorted(p for p in self.api.objects if p.startswith(JOBS + "/"))
-        if jobs:
-            self.step("job-ends")
-            self.api.delete(data.draw(st.sampled_from(jobs)))
+    def work_ends(self, data) -> None:
+        running = sorted(self.cluster.workloads.running())
+        if running:
+            self.step("work-ends")
+            self.cluster.workloads.end(data.draw(st.sampled_from(running)))
 
     # -- the API server -----------------------------------------------------------------------
 
     @rule()
     def watches_expire(self) -> None:
         self.step("watches-expire")
-        self.api.expire_watches()
+        self.cluster.api.expire_watches()
 
-    @precondition(lambda self: self.runner.watches.started)
-    @rule(collection=st.sampled_from([NODES, "/api/v1/pods", PODS]))
+    @precondition(lambda self: self.cluster.runner.watches.started and self.relists < 2)
+    @rule(collection=st.sampled_from([NODES, "/api/v1/pods", PODS, DAEMONSETS]))
     def relist_fails(self, collection: str) -> None:
-        """The watches expire and the caches' next LIST of `collection` answers 500: a pass while
-        they are failing takes no node and writes nothing; they list again within a second."""
+        """The watches expire and the caches' LISTs of `collection` answer 500 during the next
+        pass: the rollout takes no node and writes nothing then."""
         self.step("relist-fails")
-        self.api.fail("GET", collection, 500)
-        self.api.expire_watches()
-        watches = self.runner.watches
-        eventually(lambda: watches.failing(), 10, f"a cache of {collection} failing")
-        first = len(self.api.requests)
-        self.run_pass(wait=False)
-        writes = [r for r in self.api.requests[first:] if r.method != "GET"]
-        assert not writes or not watches.failing(), f"a pass on failing caches wrote {writes}"
+        self.relists += 1
+        api = self.cluster.api
+        api.fail("GET", collection, 500, times=10_000)
+        api.expire_watches()
+        caches = [i for i in self.cluster.runner.caches() if i.path == collection and i.state != "stopped"]
+        eventually(lambda: all(i.state == "failing" for i in caches), 30, f"the caches of {collection} failing", interval=0.005)
+        done = self.run_pass(wait=False)
+        api.clear_faults()
+        taken = [(r.method, r.path) for r in done.writes if r.path.startswith((NODES, PODS, JOBS))]
+        assert not taken, f"a pass on a failing cache of {collection} acted on nodes: {taken}"
 
     @rule(write=st.sampled_from(WRITES), status=st.sampled_from([409, 422, 500, 403]), data=st.data())
     def write_refused(self, write, status: int, data) -> None:
@@ -370,148 +758,148 @@ class Campaign(RuleBasedStateMachine):
         path = self.fill(path, data)
         if path:
             self.step(f"refuse-{method}-{status}")
-            self.api.fail(method, path, status)
+            self.cluster.api.fail(method, path, status)
 
     @rule(write=st.sampled_from(WRITES), data=st.data())
     def writes_fail_until_cleared(self, write, data) -> None:
-        """Every matching write fails (500) until `faults_cleared`: the runner's passes stop at it."""
+        """Every matching write fails (500) until `faults_cleared`."""
         method, path = write
         path = self.fill(path, data)
         if path:
             self.step(f"outage-{method}")
-            self.api.fail(method, path, 500, times=10_000)
+            self.cluster.api.fail(method, path, 500, times=10_000)
 
     @rule()
     def faults_cleared(self) -> None:
         self.step("faults-cleared")
-        self.api.clear_faults()
+        self.cluster.api.clear_faults()
 
-    # -- the administrator --------------------------------------------------------------------
+    # -- the administrator and Helm ------------------------------------------------------------
 
+    @precondition(lambda self: self.cluster.cr() is not None)
     @rule(field=st.sampled_from(["pause", "enableRollout", "maxParallel"]), data=st.data())
-    def admin_edits_the_policy(self, field, data) -> None:
+    def admin_edits_the_policy(self, field: str, data) -> None:
         value = data.draw(st.integers(1, 3) if field == "maxParallel" else st.booleans())
         self.step(f"edit-{field}")
-        cr = self.api.get(CR)
-        cr["spec"]["driver"]["upgradePolicy"][field] = value
-        self.api.put(CR, cr)
+        self.cluster.set_policy(field, value)
+        if field == "maxParallel":
+            self.checks.parallel.add(value)
 
-    @precondition(lambda self: self.fleet.template_revision() != "next")
+    @precondition(lambda self: self.cluster.cr() is not None)
+    @rule(version=st.sampled_from(VERSIONS))
+    def admin_sets_a_version(self, version: str) -> None:
+        """`kubectl patch` of spec.driver.payload.version: a rollout, or a held edit mid-rollout."""
+        self.step("set-version")
+        self.cluster.set_version(version)
+        self.checks.version_set()
+
+    @precondition(lambda self: self.cluster.cr() is not None)
+    @rule(again=st.booleans())
+    def cr_deleted(self, again: bool) -> None:
+        """`kubectl delete` of the CR (a GitOps prune, an uninstall that failed); `again`: after the
+        runner's pass, the next `helm upgrade`'s bootstrap creates it again, with the version it
+        had (the admin's `--set driver.payload.version`)."""
+        self.step(f"cr-deleted-{again}")
+        version = self.cluster.cr_version()
+        self.cluster.delete_cr()
+        if again:
+            self.run_pass()
+            self.cluster.helm.upgrade(version)
+            self.checks.version_set()
+            self.checks.parallel.add(self.policy["maxParallel"])
+
+    @rule(version=st.one_of(st.none(), st.sampled_from(VERSIONS)))
+    def helm_upgrade(self, version: str | None) -> None:
+        """`helm upgrade` (`--set driver.payload.version=...`): its bootstrap writes the CR (or
+        creates it again) and holds the runner until Helm applies the release."""
+        self.step("helm-upgrade")
+        gone = self.cluster.cr() is None
+        if self.cluster.helm.upgrade(version) and (gone or version is not None):
+            self.checks.version_set()
+            if gone:
+                self.checks.parallel.add(self.policy["maxParallel"])
+
     @rule()
-    def new_driver_version(self) -> None:
-        """A next driver version lands on the template mid-rollout (the runner's reconcile of a
-        version the admin set, or a Helm upgrade): a new ControllerRevision."""
-        self.step("new-version")
-        ds = self.api.get(DS)
-        ds["spec"]["template"] = NEXT_TEMPLATE
-        self.api.put(DS, ds)
-        self.fleet.record_revision()
+    def helm_applies(self) -> None:
+        self.step("helm-applies")
+        self.cluster.helm.apply()
 
-    # -- the checks ---------------------------------------------------------------------------
+    # -- passes and the end --------------------------------------------------------------------
 
-    def run_pass(self, wait: bool = True) -> bool:
-        """One runner pass (`run_pass`: the rollout's half, as `reconcile.apply` runs it), once its caches hold what the API
-        server sent them (unless not to `wait`); the invariants of one pass checked. Whether it
-        went through."""
-        FIGURES.passes += 1
-        runner = self.runner
-        if runner.watches.started and wait:
-            eventually(
-                lambda: runner.watches.synced() and not runner.watches.failing() and self.api.delivered(runner.watches.all),
-                30,
-                "the caches",
-            )
-        policy = self.api.get(CR)["spec"]["driver"]["upgradePolicy"]
-        before = self.fleet.driver_pods()
-        jobs = {p.rsplit("-", 1)[1] for p in self.api.objects if p.startswith(JOBS + "/job-")}
-        template = self.fleet.template_revision()
-        first = len(self.api.requests)
-        went_through = True
-        try:
-            run_pass(self.api, runner)
-        except (ApiException, LostLeadership):
-            went_through = False
-        deleted = {
-            node
-            for r in self.api.requests[first:]
-            if r.method == "DELETE" and r.path.startswith(PODS + "/driver-")
-            for node, pod in before.items()
-            if r.path.endswith("/" + pod["metadata"]["name"]) and f"{PODS}/{pod['metadata']['name']}" not in self.api.objects
-        }
-        FIGURES.deletions += len(deleted)
-        template_after = self.fleet.template_revision()  # a rollback changes it within the pass
-        for node in deleted:
-            pod = before[node]
-            assert node not in jobs, f"the runner deleted {node}'s driver under a GPU job"
-            at = pod["metadata"]["labels"]["controller-revision-hash"]
-            assert not (ready(pod) and at == template == template_after), (
-                f"the runner replaced {node}'s Ready driver already at revision {template}"
-            )
-        self.swapping |= deleted
-        self.forget_settled()
-        if deleted and policy.get("enableRollout"):
-            healthy = self.swapping - self.fleet.failing
-            assert len(healthy) <= policy["maxParallel"], (
-                f"{sorted(healthy)} being swapped at once, maxParallel is {policy['maxParallel']}: {self.trace}"
-            )
-        if went_through:
-            stored = (self.api.get(CR).get("status") or {}).get("upgradeStatus")
-            if stored:
-                status = UpgradeStatus.from_json(stored)
-                newly_failed = set(status.resume.failed.names) - self.failed
-                left = newly_failed - self.fleet.selected()
-                assert not left, f"{sorted(left)} left the DaemonSet and failed the step: {self.trace}"
-                self.failed = set(status.resume.failed.names)
-        return went_through
-
-    def forget_settled(self) -> None:
-        """Nodes no longer being swapped: their new driver is Ready, or they left."""
-        pods, selected = self.fleet.driver_pods(), self.fleet.selected()
-        self.swapping = {n for n in self.swapping if n in selected and not (n in pods and ready(pods[n]))}
+    def run_pass(self, wait: bool = True) -> Pass:
+        """One runner pass, its checks after it."""
+        held = self.cluster.helm.holds()
+        before = self.checks.snapshot(held)
+        done = self.cluster.run_pass(wait=wait)
+        self.checks.after_pass(done, before)
+        self.passed = True
+        return done
 
     @invariant()
-    def counted(self) -> None:
+    def runner_reacts(self) -> None:
+        """A watch wakes the runner after each change: a pass follows every step, but one that ran
+        its own passes or whose change `changes_coalesce` joined to the next one."""
         FIGURES.steps += 1
+        if self.passed or self.coalesce:
+            self.passed = self.coalesce = False
+            return
+        self.run_pass()
+        self.passed = False
+
+    @rule()
+    def changes_coalesce(self) -> None:
+        """The next change lands within the runner's coalescing delay of the last: one pass after both."""
+        self.step("coalesce")
+        self.coalesce = self.passed = True
 
     def settle(self) -> None:
-        """The faults end, failed drivers are fixed, jobs end, the admin resumes: the rollout
-        finishes, and only the admin's cordons remain."""
-        self.api.clear_faults()
-        self.lease.update(held=True, checks_left=None)
-        self.fleet.failing.clear()
-        for path in [p for p in self.api.objects if p.startswith(JOBS + "/")]:
-            self.api.delete(path)
-        cr = self.api.get(CR)
-        cr["spec"]["driver"]["upgradePolicy"].update(pause=False, enableRollout=True)
-        self.api.put(CR, cr)
-        for _ in range(60):
-            self.fleet.controller()
-            self.fleet.kubelet()
-            self.now += 60
+        """The faults end, drivers heal, work ends, Helm applies, a deleted CR is created again,
+        the admin resumes: the rollout finishes, and only the admin's cordons remain."""
+        cluster = self.cluster
+        cluster.api.clear_faults()
+        cluster.lease.update(held=True, checks_left=None)
+        cluster.kubelet.failing.clear()
+        for name in cluster.workloads.running():
+            cluster.workloads.end(name)
+        if cluster.cr() is None:
+            cluster.helm.upgrade()
+            self.checks.version_set()
+        cluster.helm.apply()
+        cluster.set_policy("enableRollout", True)
+        cluster.set_policy("pause", False)
+        for _ in range(40):
+            cluster.sync()
+            cluster.tick(60)
             self.run_pass()
             if self.done():
                 return
-            cr = self.api.get(CR)
-            if cr["spec"]["driver"]["upgradePolicy"].get("pause"):  # the runner's fallback pause: the admin resumes
-                cr["spec"]["driver"]["upgradePolicy"]["pause"] = False
-                self.api.put(CR, cr)
-        raise AssertionError(f"the rollout did not settle: {self.api.get(CR)['status']}, {self.trace}")
+            if (cluster.cr()["spec"]["driver"]["upgradePolicy"]).get("pause"):  # the runner's pause: the admin answers
+                cluster.set_policy("pause", False)
+        raise AssertionError(f"the rollout did not settle: {self.unsettled()}; {cluster.upgrade_status().get('message')}")
 
     def done(self) -> bool:
-        pods = self.fleet.driver_pods()
-        skipped = {n for n, obj in self.fleet.nodes().items() if SKIP_LABEL in (obj["metadata"].get("labels") or {})}
-        template = self.fleet.template_revision()
-        upgraded = all(
-            n in pods and ready(pods[n]) and pods[n]["metadata"]["labels"]["controller-revision-hash"] == template
-            for n in self.fleet.selected() - skipped
-        )
-        left_cordoned = [
+        return not self.unsettled()
+
+    def unsettled(self) -> str:
+        """What keeps the rollout from being done ("" once it is)."""
+        cluster = self.cluster
+        pods, template = live_pods(cluster), cluster.controller.current()
+        behind = [
             n
-            for n, obj in self.fleet.nodes().items()
-            if CORDONED_LABEL in (obj["metadata"].get("labels") or {})
-            or (obj["spec"].get("unschedulable") and n not in self.admin_cordoned)
+            for n in sorted(cluster.controller.selected() - cluster.skipped())
+            if not (n in pods and ready(pods[n]) and labels(pods[n])[REVISION_LABEL] == template)
         ]
-        return upgraded and not left_cordoned
+        cordoned = [
+            n
+            for n, obj in cluster.nodes().items()
+            if CORDONED_LABEL in labels(obj) or (obj["spec"].get("unschedulable") and n not in self.admin_cordoned)
+        ]
+        versions = (cluster.template_version(), cluster.cr_version())
+        return "; ".join(
+            [f"nodes not Ready at the template's revision: {behind}"] * bool(behind)
+            + [f"nodes left cordoned by the runner: {cordoned}"] * bool(cordoned)
+            + [f"template at {versions[0]}, the CR at {versions[1]}"] * (versions[0] != versions[1])
+        )
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -519,7 +907,7 @@ class Campaign(RuleBasedStateMachine):
         self.trace.append(name)
 
     def pick(self, data) -> str | None:
-        nodes = sorted(self.fleet.nodes())
+        nodes = sorted(self.cluster.nodes())
         return data.draw(st.sampled_from(nodes)) if nodes else None
 
     def fill(self, path: str, data) -> str | None:
@@ -527,13 +915,9 @@ class Campaign(RuleBasedStateMachine):
             node = self.pick(data)
             return path.format(node=node) if node else None
         if "{pod}" in path:
-            pods = self.fleet.driver_pods()
-            return path.format(pod=pods[data.draw(st.sampled_from(sorted(pods)))]["metadata"]["name"]) if pods else None
+            pods = all_driver_pods(self.cluster)
+            return path.format(pod=data.draw(st.sampled_from(sorted(pods)))) if pods else None
+        if "{work}" in path:
+            work = sorted(self.cluster.workloads.running())
+            return path.format(work=data.draw(st.sampled_from(work))) if work else None
         return path
-
-    def edit_node(self, node: str, change) -> None:
-        obj = self.api.get(f"{NODES}/{node}")
-        obj["metadata"].setdefault("labels", {})
-        change(obj)
-        self.api.put(f"{NODES}/{node}", obj)
-        self.fleet.controller()

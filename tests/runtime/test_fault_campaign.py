@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.runtime import fault_campaign
 
 # Derandomized: `make test` replays the same sequences every run; `make bench` explores new ones.
 SHORT = settings(
-    max_examples=20, stateful_step_count=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    max_examples=6,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
 )
 
 
-def test_the_rollout_stays_within_the_policy_whatever_happens_to_the_fleet():
+@pytest.mark.helm
+def test_the_whole_runner_stays_within_the_policy_whatever_happens_to_the_fleet():
     fault_campaign.Campaign.TestCase.settings = SHORT
     fault_campaign.Campaign.TestCase().runTest()
     figures = fault_campaign.FIGURES
