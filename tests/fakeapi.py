@@ -30,7 +30,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s
 
-from metax_operator.runtime.kube import Backoff, Client
+from metax_operator.runtime.api_failures import Backoff
+from metax_operator.runtime.kube import Client
 
 # (group/version path, plural, kind, namespaced)
 KINDS = [

@@ -32,7 +32,7 @@ from metax_operator.conditions import CrCondition
 from metax_operator.errors import UserError
 from metax_operator.hooks import bootstrap
 from metax_operator.rollout import freeze
-from metax_operator.runtime import cr_status, kube, run
+from metax_operator.runtime import api_failures, cr_status, kube, run
 from tests import controlplane
 from tests.chart.test_admission import CR_CASES, _policy, admit, case_values, client  # noqa: F401 (fixture)
 from tests.helm import BIN, CHART, NAMESPACE, RELEASE, UPGRADE_CRDS_ARGS, render_chart
@@ -67,7 +67,7 @@ class Server:
         for api_version in admission.POLICY_API_VERSIONS:
             try:
                 self.client.resource(api_version, "ValidatingAdmissionPolicy")
-            except kube.NotServed:
+            except api_failures.NotServed:
                 continue
             return api_version
         return None

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from metax_operator.runtime.kube import Backoff
+from metax_operator.runtime.api_failures import Backoff
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
 from tests.e2e.tools import (

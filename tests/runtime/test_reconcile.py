@@ -25,7 +25,8 @@ from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.rollout import observation
 from metax_operator.runtime import cr_status, reconcile
 from metax_operator.runtime.cr_status import merge_conditions, transition_events
-from metax_operator.runtime.reconcile import Observed, decide, needs_write, owned_fields
+from metax_operator.runtime.field_ownership import needs_write, owned_fields
+from metax_operator.runtime.reconcile import Observed, decide
 from tests.helm import CHART, render_chart
 
 T_PASS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the clock of the passes below

@@ -474,7 +474,7 @@ def test_state_labels_are_written_only_when_they_change_and_leave_other_nodes(ap
 
 
 def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executor, monkeypatch):
-    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     run_pass(api, executor)
     assert node_labels(api, "n0")[STATE_LABEL] == "deleting"  # first: the wave's node
     assert STATE_LABEL not in node_labels(api, "n1") and STATE_LABEL not in node_labels(api, "n2")
@@ -486,7 +486,7 @@ def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executo
 
 
 def test_the_state_metric_counts_every_node_also_those_whose_label_waits_for_the_next_pass(api, executor, monkeypatch):
-    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     executor.metrics = Metrics()
     run_pass(api, executor)
     assert STATE_LABEL not in node_labels(api, "n1")  # its label waits, its count does not

@@ -61,7 +61,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.lookup import lookup
-from metax_operator.runtime import cr_status, kube
+from metax_operator.runtime import api_failures, cr_status, kube
 
 _MISSING = object()
 
@@ -268,7 +268,7 @@ def bootstrap(
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
 
-    cr, merge = kube.retry_on_conflict(attempt)
+    cr, merge = api_failures.retry_on_conflict(attempt)
     for change in merge.overridden:
         cr_status.emit_event(
             client,

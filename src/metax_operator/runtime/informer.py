@@ -27,7 +27,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_backoff
+from metax_operator.runtime.api_failures import failure_line, with_backoff
+from metax_operator.runtime.kube import PAGE_SIZE, Client
 
 log = logging.getLogger("metax_operator.runtime.informer")
 

@@ -36,7 +36,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import failure_line
+from metax_operator.runtime.api_failures import failure_line
 
 log = logging.getLogger("metax_operator.runtime.leader")
 

@@ -78,6 +78,8 @@ class Revision:
 
 @dataclass(frozen=True)
 class DriverPod:
+    """A driver pod as the cache keeps it: the engine's `Pod` and its DaemonSet's uid."""
+
     owner_uid: str
     pod: Pod
 

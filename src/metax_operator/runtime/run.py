@@ -37,9 +37,10 @@ from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import freeze
 from metax_operator.runtime import cr_status, helm_hold, reconcile
+from metax_operator.runtime.api_failures import failure_line
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.informer import SYNC_TIMEOUT
-from metax_operator.runtime.kube import Client, add_arguments, failure_line
+from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
