@@ -7,6 +7,8 @@ by every e2e test of the runner."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from metax_operator.runtime import kube
@@ -110,3 +112,26 @@ def test_a_list_that_keeps_failing_leaves_the_cache_failing_until_the_api_answer
         assert list(informer.snapshot()) == ["ns/p0"] and informer.state == "synced"
     finally:
         informer.stop()
+
+
+def test_each_watch_failure_after_a_successful_list_waits_the_first_backoff_again(api, caplog):
+    """Separate failures, each followed by a LIST that succeeds, are not one failure growing: the
+    wait before the relist starts again from the shortest (at most 1 s), so a cache that fails
+    once an hour is not left "failing" (the rollout taking no node) for up to 30 s."""
+    caplog.set_level(logging.WARNING, logger="metax_operator.runtime.informer")
+    api.put(f"{PODS}/p0", pod("p0"))
+    informer = start(api)
+    try:
+        for round_ in range(1, 5):
+            api.fail("GET", PODS, 500, watch=True)  # the next watch request fails once...
+            api.close_watches()  # ...when the server ends the open one
+            eventually(lambda round_=round_: len(retries(caplog)) == round_, 10, f"failure {round_} logged")
+            eventually(lambda: informer.state == "synced" and api.watching(PODS), 10, "the cache listed and watching again")
+        assert max(retries(caplog)) <= 1.0, retries(caplog)
+    finally:
+        informer.stop()
+
+
+def retries(caplog) -> list[float]:
+    """The waits the informer logged before retrying, in order."""
+    return [r.fields["retry_in"] for r in caplog.records if getattr(r, "fields", {}).get("action") == "informer-error"]

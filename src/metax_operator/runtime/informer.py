@@ -146,11 +146,11 @@ class Informer:
         while not self._stop.is_set():
             try:
                 self._relist()
+                failures = 0  # a later failure is a new one: its wait starts from the shortest again
                 listed = time.monotonic()
                 while not self._stop.is_set() and time.monotonic() - listed < self.resync:
                     if not self._watch():
                         break  # 410 Gone: relist
-                failures = 0
             except Exception as err:  # noqa: BLE001 - the cache must outlive any API failure
                 if self._stop.is_set():
                     return
