@@ -11,7 +11,6 @@ import logging
 
 import pytest
 
-from metax_operator.runtime import kube
 from metax_operator.runtime.informer import Informer
 from tests.fakeapi import FakeApi
 from tests.waiting import consistently, eventually
@@ -39,7 +38,6 @@ def start(api: FakeApi, **kwargs) -> Informer:
 
 
 def test_lists_in_pages_then_follows_the_watch(api, monkeypatch):
-    monkeypatch.setattr(kube, "PAGE_SIZE", 2)
     monkeypatch.setattr("metax_operator.runtime.informer.PAGE_SIZE", 2)
     for i in range(5):
         api.put(f"{PODS}/p{i}", pod(f"p{i}"))

@@ -38,7 +38,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_backoff
+from metax_operator.runtime.kube import Client, failure_line, with_backoff
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
@@ -52,6 +52,10 @@ DEFAULT_RESYNC = 1800.0
 #: single objects, a LIST's answer a list), else the objects themselves.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+#: Objects per LIST page. A page is parsed whole: 100 realistic Nodes (20 KB of JSON each) are
+#: 2 MB of JSON and 8 MB while parsed; 500 (`kube.PAGE_SIZE`, for a `Client.list` that keeps every
+#: object anyway) would be 10 and 40 MB at the runner's peak.
+PAGE_SIZE = 100
 #: Held while a LIST page is parsed and stored: one page's objects in memory at a time.
 _DECODING = threading.Lock()
 
