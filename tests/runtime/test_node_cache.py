@@ -116,3 +116,6 @@ class Frozen:
 
     def snapshot(self) -> dict:
         return dict(self.store)
+
+    def versioned_snapshot(self) -> tuple[dict, str]:
+        return dict(self.store), self.resource_version

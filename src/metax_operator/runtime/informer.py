@@ -141,6 +141,12 @@ class Informer:
         with self._lock:
             return dict(self._store)
 
+    def versioned_snapshot(self) -> tuple[dict[str, Any], str]:
+        """`snapshot()`, and the resourceVersion it holds every change up to (`has_seen`), read
+        together."""
+        with self._lock:
+            return dict(self._store), self.resource_version
+
     def get(self, key: str) -> Any:
         """What the store holds under `key` (`namespace/name`, or `name`), or None."""
         with self._lock:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from metax_operator.contract import CORDONED_LABEL, RETRY_LABEL, SKIP_LABEL
 from metax_operator.runtime import cordon
-from metax_operator.runtime.informer import Informer, compare_versions
+from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 
 #: The labels whose nodes the rollout reads by name: set to "true".
@@ -60,6 +60,9 @@ class NodeCache:
             resync=resync,
             name="unschedulable-nodes",
         )
+        # The unschedulable nodes and the version their watch had seen, read together, again
+        # only once the watch has moved on: what every `get` compares a node with.
+        self._cordoned: tuple[frozenset[str], str, int] = (frozenset(), "", -1)
 
     @property
     def informers(self) -> tuple[Informer, Informer]:
@@ -69,17 +72,27 @@ class NodeCache:
         state = self.metadata.get(name)
         if state is None:
             return None
-        if self.unschedulable.get(name) is not None or not self.unschedulable.has_seen(state.resource_version):
+        cordoned, seen = self._unschedulable()
+        if name in cordoned or int(state.resource_version) > seen:
             return state._replace(unschedulable=True)
         return state
 
     def snapshot(self) -> dict[str, cordon.NodeState]:
         states = self.metadata.snapshot()
-        cordoned, seen = self.unschedulable.snapshot(), self.unschedulable.resource_version
+        cordoned, seen = self._unschedulable()
         for name, state in states.items():
-            if name in cordoned or not seen or compare_versions(state.resource_version, seen) > 0:
+            if name in cordoned or int(state.resource_version) > seen:
                 states[name] = state._replace(unschedulable=True)
         return states
+
+    def _unschedulable(self) -> tuple[frozenset[str], int]:
+        """The unschedulable nodes, and the resourceVersion their watch holds every change up to
+        (-1: none yet: every node is newer), read together; read again once the watch moved on."""
+        version = self.unschedulable.resource_version
+        if version != self._cordoned[1]:
+            names, version = self.unschedulable.versioned_snapshot()
+            self._cordoned = (frozenset(names), version, int(version) if version else -1)
+        return self._cordoned[0], self._cordoned[2]
 
     def has_seen(self, resource_version: str) -> bool:
         """Both watches hold every change up to `resource_version`."""
