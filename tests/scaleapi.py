@@ -2,7 +2,8 @@
 the runner's benchmark at scale (tests/bench/bench_scale.py).
 
 It speaks the request semantics of tests/fakeapi.py (its kinds and discovery, label and field
-selectors `matches`, merge and JSON patches with `test`, the status subresource, the
+selectors `matches`, merge and JSON patches with `test` (here into new objects that share what a patch
+leaves, not copies), the status subresource, the
 `PartialObjectMetadata` forms of `negotiate`), with the storage, LIST and WATCH built for size:
 fakeapi.py deep-copies every object for every LIST page, every watcher and every history entry,
 and keeps every change forever, so one LIST page of 500 realistic nodes takes seconds there. Here
@@ -65,9 +66,7 @@ from tests.fakeapi import (
     as_form,
     cluster_wide,
     is_collection,
-    json_patch,
     matches,
-    merge_patch,
     negotiate,
     status_body,
     subresource_write,
@@ -86,6 +85,9 @@ HISTORY_SECONDS = 600
 #: Kinds whose spec changes move metadata.generation.
 GENERATION_KINDS = frozenset({"DaemonSet", "ClusterOperator", "Deployment"})
 _VERSION = re.compile(rb'"resourceVersion":"\d+"')
+#: What a pod made once and copied for each node says in place of the node, its name's suffix and
+#: its time.
+_PROTO_NODE, _PROTO_SUFFIX, _PROTO_TIME = "gpu-node-99999", "qqqqq", "2000-01-01T00:00:00Z"
 
 
 def dumps(obj) -> bytes:
@@ -106,6 +108,54 @@ def selectable(obj: dict) -> dict:
     if "involvedObject" in obj:
         out["involvedObject"] = {"kind": (obj["involvedObject"] or {}).get("kind")}
         out["reason"] = obj.get("reason")
+    return out
+
+
+def shared_merge(target, patch):
+    """RFC 7386 merge patch (as `merge_patch`) into a new object that shares every part of
+    `target` the patch leaves: the stored objects are never changed, so nothing needs the copy of
+    a whole 20 KB Node that `merge_patch` makes."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = shared_merge(out.get(key), value)
+    return out
+
+
+def shared_json_patch(target: dict, ops: list) -> dict:
+    """RFC 6902 (as `json_patch`: add, remove, replace and test on object members) into a new
+    object that shares every part of `target` the operations leave."""
+    out = target
+    for op in ops:
+        path = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        out = _patched(out, path, op)
+    return out
+
+
+def _patched(node: dict, path: list[str], op: dict) -> dict:
+    """`node` with `op` applied at `path` under it: the dicts along the path copied."""
+    if not isinstance(node, dict):
+        raise PatchTestFailed(f"{op['path']}: no such path")
+    key, *rest = path
+    if rest:
+        if key not in node:
+            raise PatchTestFailed(f"{op['path']}: no such path")
+        return {**node, key: _patched(node[key], rest, op)}
+    if op["op"] == "test":
+        if node.get(key) != op["value"]:
+            raise PatchTestFailed(f"test of {op['path']} failed: {node.get(key)!r} != {op['value']!r}")
+        return node
+    if op["op"] in ("remove", "replace") and key not in node:
+        raise PatchTestFailed(f"{op['op']} of {op['path']}: no such member")
+    out = dict(node)
+    if op["op"] == "remove":
+        del out[key]
+    else:
+        out[key] = op["value"]
     return out
 
 
@@ -201,6 +251,7 @@ class Cluster:
         self.timers: list = []  # heap of (when, serial, fn)
         self.timer_cv = threading.Condition()
         self.driver_revision, self.revision_number, self.template_seen = "", 0, None
+        self.prototypes: dict[tuple, tuple[bytes, bytes]] = {}  # (revision, generation, ready) -> a driver pod's JSON, its uid
         self.ds_dirty = False
 
     # -- storage --------------------------------------------------------------------------------
@@ -333,9 +384,9 @@ class Cluster:
         elif method == "PATCH":
             try:
                 if content_type.startswith("application/json-patch"):
-                    patched = json_patch(live, body)
+                    patched = shared_json_patch(live, body)
                 elif content_type.startswith("application/merge-patch"):
-                    patched = merge_patch(live, body)
+                    patched = shared_merge(live, body)
                 else:  # strategic merge patch, server-side apply
                     patched = strategic_merge(live, body)
             except PatchTestFailed as err:
@@ -460,22 +511,29 @@ class Cluster:
             name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(next(self.serial)), 5)}"
             while f"{PODS}/{name}" in self.entries:  # the name is taken: the controller tries another
                 name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(next(self.serial)), 5)}"
-            labels = {
-                contract.REVISION_LABEL: self.driver_revision,
-                "pod-template-generation": str(ds["metadata"].get("generation", 1)),
-            }
-            pod = objects.pod(
-                ds["spec"]["template"],
-                name,
-                NS,
-                node,
-                owner=objects.daemonset_owner(contract.DRIVER_DAEMONSET, ds["metadata"]["uid"]),
-                labels=labels,
-                phase="Running" if ready else "Pending",
-                ready=ready,
-                created=objects.CREATED if ready else rfc3339(),
+            generation = str(ds["metadata"].get("generation", 1))
+            key = (self.driver_revision, generation, ready)
+            if key not in self.prototypes:  # one pod made per revision, then copied for each node
+                pod = objects.pod(
+                    ds["spec"]["template"],
+                    f"{contract.DRIVER_DAEMONSET}-{_PROTO_SUFFIX}",
+                    NS,
+                    _PROTO_NODE,
+                    owner=objects.daemonset_owner(contract.DRIVER_DAEMONSET, ds["metadata"]["uid"]),
+                    labels={contract.REVISION_LABEL: self.driver_revision, "pod-template-generation": generation},
+                    phase="Running" if ready else "Pending",
+                    ready=ready,
+                    created=_PROTO_TIME,
+                )
+                self.prototypes[key] = (dumps(pod), pod["metadata"]["uid"].encode())
+            raw, proto_uid = self.prototypes[key]
+            created = objects.CREATED if ready else rfc3339()
+            uid = objects.uid(f"pod/{NS}/{name}").encode()
+            raw = raw.replace(_PROTO_NODE.encode(), node.encode()).replace(
+                _PROTO_SUFFIX.encode(), name.rsplit("-", 1)[1].encode()
             )
-            self.put(f"{PODS}/{name}", pod, "ADDED")
+            raw = raw.replace(proto_uid, uid).replace(_PROTO_TIME.encode(), created.encode())
+            self.put(f"{PODS}/{name}", json.loads(raw), "ADDED")
             self.ds_dirty = True
         if not ready:
             self.after(1.0, lambda: self.pod_phase(f"{PODS}/{name}", "Running", False))
@@ -645,7 +703,11 @@ class Cluster:
         prototypes = []
         for namespace, name, template in templates:
             pod = objects.pod(
-                template, f"{name}-qqqqq", namespace, "gpu-node-99999", owner=objects.daemonset_owner(name, objects.uid(name))
+                template,
+                f"{name}-{_PROTO_SUFFIX}",
+                namespace,
+                _PROTO_NODE,
+                owner=objects.daemonset_owner(name, objects.uid(name)),
             )
             prototypes.append((namespace, name, dumps(pod), pod["metadata"]["uid"].encode(), pod["metadata"]["labels"]))
         for i in range(self.nodes if templates or self.busy_fraction else 0):
@@ -656,7 +718,9 @@ class Cluster:
                     name = f"{ds}-{suffix}"
                     uid = objects.uid(f"pod/{namespace}/{name}").encode()
                     body = (
-                        raw.replace(b"gpu-node-99999", node.encode()).replace(b"qqqqq", suffix.encode()).replace(proto_uid, uid)
+                        raw.replace(_PROTO_NODE.encode(), node.encode())
+                        .replace(_PROTO_SUFFIX.encode(), suffix.encode())
+                        .replace(proto_uid, uid)
                     )
                     view = {
                         "metadata": {"name": name, "namespace": namespace, "labels": labels},
