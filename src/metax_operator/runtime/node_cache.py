@@ -74,7 +74,7 @@ class NodeCache:
             return None
         cordoned, seen = self._unschedulable()
         if name in cordoned or int(state.resource_version) > seen:
-            return state._replace(unschedulable=True)
+            return cordon.NodeState(True, state.resource_version, state.labels)
         return state
 
     def snapshot(self) -> dict[str, cordon.NodeState]:
@@ -82,17 +82,18 @@ class NodeCache:
         cordoned, seen = self._unschedulable()
         for name, state in states.items():
             if name in cordoned or int(state.resource_version) > seen:
-                states[name] = state._replace(unschedulable=True)
+                states[name] = cordon.NodeState(True, state.resource_version, state.labels)
         return states
 
     def _unschedulable(self) -> tuple[frozenset[str], int]:
         """The unschedulable nodes, and the resourceVersion their watch holds every change up to
         (-1: none yet: every node is newer), read together; read again once the watch moved on."""
-        version = self.unschedulable.resource_version
-        if version != self._cordoned[1]:
-            names, version = self.unschedulable.versioned_snapshot()
-            self._cordoned = (frozenset(names), version, int(version) if version else -1)
-        return self._cordoned[0], self._cordoned[2]
+        names, version, seen = self._cordoned
+        if self.unschedulable.resource_version != version:
+            store, version = self.unschedulable.versioned_snapshot()
+            names, seen = frozenset(store), int(version) if version else -1
+            self._cordoned = (names, version, seen)
+        return names, seen
 
     def has_seen(self, resource_version: str) -> bool:
         """Both watches hold every change up to `resource_version`."""
