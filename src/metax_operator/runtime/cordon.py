@@ -8,8 +8,9 @@ The runner uncordons only nodes it cordoned itself, and it records that on the n
 write as the cordon: the label `CORDONED_LABEL`. A label rather than an annotation, because
 the runner finds those nodes by it (an index of its node cache, `node_cache`, which holds the
 nodes' labels and not their annotations), also after a restart: a runner killed between the
-cordon and the uncordon leaves the label, and the next leader uncordons the node. A node that is already unschedulable
-without that label was cordoned by someone else: the runner neither labels nor uncordons it.
+cordon and the uncordon leaves the label, and the next leader uncordons the node. A node that
+is already unschedulable without that label was cordoned by someone else: the runner neither
+labels nor uncordons it.
 
 Both writes are conditional, so nothing an admin does meanwhile is overwritten: the cordon is a
 merge patch carrying the resourceVersion of the node as the runner's node cache holds it
