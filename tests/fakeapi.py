@@ -13,6 +13,10 @@ codes, retries and watch streaming), with just enough of the API behind it:
   remove, replace, test: a failed test is 422), merge and strategic patch (both as a merge patch),
   DELETE with a uid precondition (409), POST;
 - discovery of the kinds the runner uses;
+- GET, LIST and WATCH of metadata only, as the API server answers an `Accept` of
+  `application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` (`PartialObjectMetadataList` for
+  a LIST; the other form is refused with 406), and field selector values as it formats them
+  (booleans `true`/`false`, an absent `spec.unschedulable` false);
 - `fail(method, path, status, times, message=...)`: the next matching requests get that status instead.
 
 Every request is recorded (`requests`) so a test can assert what was sent and in which order.
@@ -134,7 +138,7 @@ class FakeApi:
         watch resumed from was compacted away: the watchers list again."""
         with self._lock:
             for _, _, events in self._watchers:
-                events.put({"type": "ERROR", "object": _status(410, "too old resource version")})
+                events.put({"type": "ERROR", "object": status_body(410, "too old resource version")})
 
     def close_watches(self) -> None:
         """End every open watch (as the server does at timeoutSeconds)."""
@@ -169,12 +173,12 @@ class FakeApi:
         """`change` to the watch of `watched` if its selectors match `obj`; as the API server
         does, a watch that matched the object `before` the write and no longer does gets a DELETED."""
         collection = path.rsplit("/", 1)[0]
-        if watched not in (collection, _all_namespaces(collection)):
+        if watched not in (collection, cluster_wide(collection)):
             return
         selectors = query.get("labelSelector"), query.get("fieldSelector")
-        if _matches(obj, *selectors):
+        if matches(obj, *selectors):
             events.put({"type": change, "object": copy.deepcopy(obj)})
-        elif before is not None and _matches(before, *selectors):
+        elif before is not None and matches(before, *selectors):
             events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
         else:
             return
@@ -197,16 +201,23 @@ class FakeApi:
                         return False
         return True
 
-    def answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
+    def answer(self, method: str, path: str, query: dict, body, accept: str = "") -> tuple[int, object]:
+        """The status and the body of a request; a WATCH's body is the form its events take
+        (`negotiate`), which the handler streams."""
         with self._lock:
             self.requests.append(Request(method, path, query, body))
             for fault in self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
-                    return fault[3], _status(fault[3], fault[5])
-            if method == "GET" and query.get("watch") == "true":
-                return 200, None  # served by the handler as a stream
-            return self._answer(method, path, query, body)
+                    return fault[3], status_body(fault[3], fault[5])
+            watch = method == "GET" and query.get("watch") == "true"
+            form = negotiate(accept, "watch" if watch else "list" if method == "GET" and is_collection(path) else "get")
+            if form is None:
+                return 406, status_body(406, f"the server cannot answer {accept!r}")
+            if watch:
+                return 200, form
+            code, answer = self._answer(method, path, query, body)
+            return code, as_form(answer, form) if code == 200 else answer
 
     def _answer(self, method: str, path: str, query: dict, body) -> tuple[int, object]:
         if method == "GET" and path in {group for group, *_ in KINDS}:
@@ -221,44 +232,44 @@ class FakeApi:
         if method == "GET":
             if path in self.objects:
                 return 200, copy.deepcopy(self.objects[path])
-            if _is_collection(path):
+            if is_collection(path):
                 return 200, self._list(path, query)
-            return 404, _status(404, "not found")
+            return 404, status_body(404, "not found")
         if method == "POST":
             name = (body.get("metadata") or {}).get("name") or f"generated-{self.version}"
             return 201, self._store(f"{path}/{name}", body, "ADDED")
         live = self.objects.get(target)
         if live is None:
-            return 404, _status(404, "not found")
+            return 404, status_body(404, "not found")
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
-                return 409, _status(409, "the object has been modified")
-            return 200, self._store(target, _subresource(path, live, body), "MODIFIED")
+                return 409, status_body(409, "the object has been modified")
+            return 200, self._store(target, subresource_write(path, live, body), "MODIFIED")
         if method == "PATCH":
             try:
-                patched = _json_patch(live, body) if isinstance(body, list) else _merge(live, body)
-            except _TestFailed as err:
-                return 422, _status(422, str(err))
+                patched = json_patch(live, body) if isinstance(body, list) else merge_patch(live, body)
+            except PatchTestFailed as err:
+                return 422, status_body(422, str(err))
             wanted = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if wanted and wanted != live["metadata"]["resourceVersion"]:
-                return 409, _status(409, "the object has been modified")
-            return 200, self._store(target, _subresource(path, live, patched), "MODIFIED")
+                return 409, status_body(409, "the object has been modified")
+            return 200, self._store(target, subresource_write(path, live, patched), "MODIFIED")
         if method == "DELETE":
             uid = ((body or {}).get("preconditions") or {}).get("uid")
             if uid and uid != live["metadata"]["uid"]:
-                return 409, _status(409, "precondition failed: uid")
+                return 409, status_body(409, "precondition failed: uid")
             del self.objects[target]
             self.version += 1
             self._notify(target, "DELETED", live)
-            return 200, _status(200, "deleted")
-        return 405, _status(405, f"{method} not supported")
+            return 200, status_body(200, "deleted")
+        return 405, status_body(405, f"{method} not supported")
 
     def _list(self, path: str, query: dict) -> dict:
         items = [
             copy.deepcopy(obj)
             for key, obj in sorted(self.objects.items())
             if key.rsplit("/", 1)[0] in (path, *_namespaced(path, self.objects))
-            and _matches(obj, query.get("labelSelector"), query.get("fieldSelector"))
+            and matches(obj, query.get("labelSelector"), query.get("fieldSelector"))
         ]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or len(items) or 1)
@@ -285,11 +296,43 @@ class FakeApi:
             self._watchers = [w for w in self._watchers if w[2] is not events]
 
 
-class _TestFailed(Exception):
+class PatchTestFailed(Exception):
     pass
 
 
-def _status(code: int, message: str) -> dict:
+PARTIAL, PARTIAL_LIST = "PartialObjectMetadata", "PartialObjectMetadataList"
+
+
+def negotiate(accept: str, request: str) -> str | None:
+    """The form of the answer to `request` ("get", "list" or "watch") that `Accept` asks for, as
+    the API server picks it: the first media range it can serve, "" for the objects themselves,
+    PARTIAL or PARTIAL_LIST for metadata only (meta.k8s.io/v1: a LIST's answer is a
+    PartialObjectMetadataList, a GET's and a WATCH's events' a PartialObjectMetadata); None when it
+    can serve none (406)."""
+    wanted = PARTIAL_LIST if request == "list" else PARTIAL
+    for media in (accept or "application/json").split(","):
+        kind, *options = (part.strip() for part in media.split(";"))
+        params = dict(option.partition("=")[::2] for option in options)
+        if kind not in ("application/json", "application/*", "*/*"):
+            continue
+        if "as" not in params:
+            return ""
+        if (params["as"], params.get("g"), params.get("v")) == (wanted, "meta.k8s.io", "v1"):
+            return wanted
+    return None
+
+
+def as_form(answer: dict, form: str) -> dict:
+    """`answer` (an object, or a List of them) in `form` (`negotiate`)."""
+    if form == PARTIAL:
+        return {"kind": PARTIAL, "apiVersion": "meta.k8s.io/v1", "metadata": answer.get("metadata") or {}}
+    if form == PARTIAL_LIST:
+        items = [as_form(item, PARTIAL) for item in answer["items"]]
+        return {"kind": PARTIAL_LIST, "apiVersion": "meta.k8s.io/v1", "metadata": answer["metadata"], "items": items}
+    return answer
+
+
+def status_body(code: int, message: str) -> dict:
     return {
         "kind": "Status",
         "apiVersion": "v1",
@@ -299,7 +342,7 @@ def _status(code: int, message: str) -> dict:
     }
 
 
-def _subresource(path: str, live: dict, written: dict) -> dict:
+def subresource_write(path: str, live: dict, written: dict) -> dict:
     """What a write keeps, as with a status subresource: through /status only the status, else
     everything but the status."""
     if path.endswith("/status"):
@@ -307,11 +350,11 @@ def _subresource(path: str, live: dict, written: dict) -> dict:
     return {**written, **({"status": live["status"]} if "status" in live else {})}
 
 
-def _is_collection(path: str) -> bool:
+def is_collection(path: str) -> bool:
     return any(path.endswith("/" + plural) for _, plural, _, _ in KINDS)
 
 
-def _all_namespaces(collection: str) -> str:
+def cluster_wide(collection: str) -> str:
     """/api/v1/namespaces/ns/pods -> /api/v1/pods (the cluster-wide collection)."""
     parts = collection.split("/")
     if "namespaces" in parts:
@@ -322,10 +365,21 @@ def _all_namespaces(collection: str) -> str:
 
 def _namespaced(path: str, objects: dict) -> set[str]:
     """The namespaced collections a cluster-wide collection path lists."""
-    return {key.rsplit("/", 1)[0] for key in objects if _all_namespaces(key.rsplit("/", 1)[0]) == path}
+    return {key.rsplit("/", 1)[0] for key in objects if cluster_wide(key.rsplit("/", 1)[0]) == path}
 
 
-def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
+#: The value the API server gives a selectable field an object leaves out (Go's zero value).
+_FIELD_ZERO = {"spec.unschedulable": False}
+
+
+def field_text(value) -> str:
+    """A field's value as a field selector compares it (Go's formatting)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def matches(obj: dict, labels: str | None, fields: str | None) -> bool:
     have = (obj.get("metadata") or {}).get("labels") or {}
     for term in filter(None, (labels or "").split(",")):
         key, equals, value = term.partition("=")
@@ -337,12 +391,12 @@ def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
         node = obj
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value) == negate:
+        if (field_text(_FIELD_ZERO.get(key) if node is None else node) == value) == negate:
             return False
     return True
 
 
-def _merge(target, patch):
+def merge_patch(target, patch):
     """RFC 7386 merge patch."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -351,11 +405,11 @@ def _merge(target, patch):
         if value is None:
             out.pop(key, None)
         else:
-            out[key] = _merge(out.get(key), value)
+            out[key] = merge_patch(out.get(key), value)
     return out
 
 
-def _json_patch(target: dict, ops: list) -> dict:
+def json_patch(target: dict, ops: list) -> dict:
     """RFC 6902: add, remove, replace and test on object members."""
     out = copy.deepcopy(target)
     for op in ops:
@@ -363,17 +417,17 @@ def _json_patch(target: dict, ops: list) -> dict:
         node = out
         for part in parents:
             if not isinstance(node, dict) or part not in node:
-                raise _TestFailed(f"{op['path']}: no such path")
+                raise PatchTestFailed(f"{op['path']}: no such path")
             node = node[part]
         if op["op"] == "test":
             if node.get(last) != op["value"]:
-                raise _TestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
+                raise PatchTestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
         elif op["op"] == "remove":
             if last not in node:
-                raise _TestFailed(f"remove of {op['path']}: no such member")
+                raise PatchTestFailed(f"remove of {op['path']}: no such member")
             del node[last]
         elif op["op"] == "replace" and last not in node:
-            raise _TestFailed(f"replace of {op['path']}: no such member")
+            raise PatchTestFailed(f"replace of {op['path']}: no such member")
         else:
             node[last] = copy.deepcopy(op["value"])
     return out
@@ -392,9 +446,9 @@ def _handler(api: FakeApi):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
-            code, answer = api.answer(method, url.path, query, body)
+            code, answer = api.answer(method, url.path, query, body, self.headers.get("Accept", ""))
             if method == "GET" and query.get("watch") == "true" and code == 200:
-                return self._stream(url.path, query)
+                return self._stream(url.path, query, answer)
             data = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -402,8 +456,9 @@ def _handler(api: FakeApi):
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, path: str, query: dict) -> None:
-            """Chunked JSON lines until the test closes the watches (or the client goes)."""
+        def _stream(self, path: str, query: dict, form: str) -> None:
+            """Chunked JSON lines, each object in `form` (`negotiate`), until the test closes the
+            watches (or the client goes)."""
             events = api.watch(path, query)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -414,6 +469,8 @@ def _handler(api: FakeApi):
             self.end_headers()
             try:
                 while (change := events.get()) is not None:
+                    if change["type"] != "ERROR":
+                        change = {**change, "object": as_form(change["object"], form)}
                     line = json.dumps(change).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()

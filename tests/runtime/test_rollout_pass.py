@@ -571,26 +571,28 @@ def test_a_pod_to_wait_for_bound_after_the_decision_keeps_its_driver(api, execut
 
 
 def test_a_node_labelled_skip_whose_label_the_cache_has_not_seen_keeps_its_driver(api, executor, monkeypatch):
-    """The skip label is read from the node as the cordon returns it, right before the deletion:
-    while the skip-label watch lags (its own stream) the node watch may be current and the cordon
-    goes through, but the driver pod stays (before: deleted)."""
+    """The skip label is read from the node as the API server has it, right before the deletion:
+    n0, cordoned by the runner for its wave, is labelled skip while the node watch lags; the cordon
+    confirms n0 with a GET (the cache says unschedulable), which shows the label, and the driver
+    pod stays (before: deleted, the label read only from the cache)."""
+    cordoned_by_runner(api, "n0")
     decide(executor, read_cr(api))  # starts the caches
-    eventually(lambda: api.delivered(executor.watches.all), 10, "the caches")
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
     send = FakeApi._send
 
     def lagging(self, watched, query, events, path, change, obj, before):
-        if path.startswith("/api/v1/nodes/") and SKIP_LABEL in (query.get("labelSelector") or ""):
-            return None  # the skip-label watch hears nothing
+        if path.startswith("/api/v1/nodes/"):
+            return None  # the node watches hear nothing
         return send(self, watched, query, events, path, change, obj, before)
 
     monkeypatch.setattr(FakeApi, "_send", lagging)
     node = api.get("/api/v1/nodes/n0")
-    node["metadata"]["labels"] = {SKIP_LABEL: "true"}
+    node["metadata"]["labels"][SKIP_LABEL] = "true"
     api.put("/api/v1/nodes/n0", node)
-    eventually(lambda: api.delivered([executor.watches.nodes]), 10, "the node cache")
     assert executor.watches.skipped.snapshot() == {}
     run_pass(api, executor)
     assert f"{PODS}/driver-n0" in api.objects and api.sent("DELETE") == []
+    assert [r.path for r in api.sent("GET") if r.path == "/api/v1/nodes/n0"]  # the confirmation read
 
 
 def test_a_drain_leaves_a_daemonsets_gpu_pod_and_swaps_the_driver(api, executor):

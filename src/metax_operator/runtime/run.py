@@ -217,10 +217,11 @@ def loop(
     runner: Runner, elector: Elector, interval: float, stop: threading.Event, health: Health | None = None, on_change: bool = True
 ) -> None:
     """Pass when `runner.wake` is set or the last pass wrote (after COALESCE seconds; neither with
-    `on_change` False), or `interval` seconds after the last pass, while leading, until `stop` is
-    set; then release the lease. After a failed pass the backoff holds whatever changes. Each
+    `on_change` False), when the elector takes the lease, or `interval` seconds after the last
+    pass, while leading, until `stop` is set; then release the lease. After a failed pass the backoff holds whatever changes. Each
     finished iteration is reported to `health`."""
     wake = runner.wake if on_change else threading.Event()
+    elector.on_leading = wake.set  # the lease taken: the first pass comes at once, not an interval later
     threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
     failures = 0
     waiting_for = object()
