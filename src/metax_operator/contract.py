@@ -85,6 +85,14 @@ COMPONENT_ENV = {
 #: Field selector of the pods the runner and the hooks read: every pod not yet finished.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
+#: The product manual's own spellings of two options, accepted beside the chart's (seed 000 table
+#: 3.1 writes `vfio-manager`, §3.1 `driver.enableRollout`): the seed's path -> the chart's path.
+#: chart/seed_spellings.py reads them as the chart's key (values) or checks they agree (the CR).
+SEED_SPELLINGS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("vfio-manager",): ("vfioManager",),
+    ("driver", "enableRollout"): ("driver", "upgradePolicy", "enableRollout"),
+}
+
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
 CR_GROUP = "gpu.metax-tech.com"

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from metax_operator.chart import images
+from metax_operator.chart import images, seed_spellings
 from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.problems import regex_problem, schema_problems
 from metax_operator.chart.schema import build_values_schema, fragment
@@ -108,12 +108,18 @@ def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
     _raise(values_problems(values, schema))
 
 
-def values_problems(values: Mapping, schema: Mapping | None = None) -> list[UserError]:
+def values_problems(values: Mapping, schema: Mapping | None = None, defaults: Mapping | None = None) -> list[UserError]:
     """values.schema.json's problems (`schema`, else the package's own copy), or when there are
-    none, the rules templates/_validations.tpl applies at render time: what a render refuses."""
+    none, the rules templates/_validations.tpl applies at render time: what a render refuses.
+    The product manual's spellings are read as the chart's keys first (seed_spellings.normalise,
+    with the chart's values.yaml `defaults` where known)."""
     errors = schema_problems(values, values_schema() if schema is None else schema)
     if errors:  # the rules assume the schema's shapes, as the render does
         return errors
+    spelled = seed_spellings.normalise(values, defaults)
+    if spelled.errors:
+        return spelled.errors
+    values = spelled.values
     errors = _spec_problems(values)
     errors += _schedule_problems((values.get("runner") or {}).get("schedule"))
     errors += _deprecated_tolerations_problems(values.get("tolerations"))
@@ -134,7 +140,7 @@ def validate_cr_spec(spec: Mapping) -> None:
 
 
 def cr_spec_problems(spec: Mapping) -> list[UserError]:
-    return [_prefixed("spec.", e) for e in _spec_problems(spec)]
+    return [_prefixed("spec.", e) for e in seed_spellings.cr_problems(spec) + _spec_problems(spec)]
 
 
 def _spec_problems(values: Mapping) -> list[UserError]:
