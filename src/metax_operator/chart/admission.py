@@ -277,6 +277,11 @@ def _driver_rules() -> list[dict]:
             " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
             validation.payload_version_missing,
         ),
+        _rule(
+            "!(has(self.deploy) && self.deploy) || !(has(self.deployPolicy) && self.deployPolicy == 'Never')"
+            " || !(has(self.fwUpgradePolicy) && self.fwUpgradePolicy == 'PreferCloud')",
+            validation.firmware_without_payload,
+        ),
     ]
 
 
@@ -511,7 +516,12 @@ def warning_validations() -> list[dict]:
     )
     virt = lambda obj: f"{_has(obj, 'spec', 'driver', 'fwEnableVirt')} && {obj}.spec.driver.fwEnableVirt == true"  # noqa: E731
     turned_on = f"request.operation == 'UPDATE' && {virt('object')} && !({virt('oldObject')})"
-    return [
+    spellings = [
+        {"expression": f"!({_has('object', 'spec', *map(_cel_name, seed))})", "message": str(seed_spellings.cr_notice(seed, key))}
+        for seed, key in SEED_SPELLINGS.items()
+        if len(key) > 1  # a whole component in the seed's spelling is refused (crd_rules)
+    ]
+    return spellings + [
         {
             "expression": f"!({firmware} && {vfio})",
             "message": str(vfio_firmware_warning()),

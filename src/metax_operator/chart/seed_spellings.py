@@ -113,9 +113,10 @@ def cr_problems(spec: Mapping) -> list[UserError]:
     return errors
 
 
-def cr_notices(spec: Mapping) -> list[UserError]:
-    """The notices of the seed's spellings a ClusterOperator `spec` holds."""
-    return [notice(seed, key) for seed, key in SEED_SPELLINGS.items() if lookup(spec, *seed) is not None]
+def cr_notice(seed: tuple[str, ...], key: tuple[str, ...]) -> UserError:
+    """The notice of the seed's spelling `seed` in the ClusterOperator, where it must agree with
+    the chart's `key` (the API server's warn policy says it: admission.warning_validations)."""
+    return UserError(dotted(seed), f"is the product manual's spelling of {dotted(key)}, which decides", f"write {dotted(key)}")
 
 
 def _leaves(value: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:

@@ -64,6 +64,15 @@ def payload_version_missing() -> UserError:
     )
 
 
+def firmware_without_payload() -> UserError:
+    return UserError(
+        "driver.fwUpgradePolicy",
+        "PreferCloud flashes the firmware the driver payload carries, and driver.deployPolicy Never deploys no payload",
+        "set driver.fwUpgradePolicy=Never, or a driver.deployPolicy that deploys the payload "
+        "(PreferCloud, PreferHost or PreferNewer)",
+    )
+
+
 def node_port_range_backwards(ports: object) -> UserError:
     return UserError(
         "exporter.service.nodePortRange",
@@ -154,6 +163,8 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     driver = values.get("driver") or {}
     if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" and not (driver.get("payload") or {}).get("version"):
         errors.append(payload_version_missing())
+    if _deployed(values, "driver") and driver.get("deployPolicy") == "Never" and driver.get("fwUpgradePolicy") == "PreferCloud":
+        errors.append(firmware_without_payload())
     errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
     errors += driver_config_problems(driver.get("config") or {}, "driver.config")
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [], "vfioManager.vfioConfig")
