@@ -85,6 +85,14 @@ config: |
 
 {{- define "metax-operator.driverPayloadContainer" -}}payload{{- end }}
 
+{{- define "metax-operator.payloadDir" -}}/payload{{- end }}
+
+{{- define "metax-operator.payloadCopierContainer" -}}copier{{- end }}
+
+{{- define "metax-operator.payloadImageEnv" -}}PAYLOAD_IMAGE{{- end }}
+
+{{- define "metax-operator.payloadContractExit" -}}3{{- end }}
+
 {{- define "metax-operator.hookLabel" -}}gpu.metax-tech.com/hook{{- end }}
 
 {{- define "metax-operator.partOf" -}}metax-operator{{- end }}

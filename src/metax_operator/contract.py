@@ -49,6 +49,16 @@ NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 #: `payload-0`, `payload-1`, ... one per image of `maca.payload.images`, in its order.
 DRIVER_PAYLOAD_CONTAINER = "payload"
 MACA_PAYLOAD_PREFIX = "payload-"
+#: The payload contract (docs/chart.md, "Payload images"): a payload image holds its files under
+#: PAYLOAD_DIR, and needs nothing else: each payload init container runs a static busybox that the
+#: init container PAYLOAD_COPIER_CONTAINER (tools image) put into the pod, with the image's
+#: reference in PAYLOAD_IMAGE_ENV. An image without a PAYLOAD_DIR (or an empty one) ends its
+#: container at once with exit code PAYLOAD_CONTRACT_EXIT and one line naming the image (its
+#: termination message).
+PAYLOAD_DIR = "/payload"
+PAYLOAD_COPIER_CONTAINER = "copier"
+PAYLOAD_IMAGE_ENV = "PAYLOAD_IMAGE"
+PAYLOAD_CONTRACT_EXIT = 3
 
 #: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
