@@ -103,6 +103,10 @@ config: |
 
 {{- define "metax-operator.gpuTaint" -}}metax-tech.com/gpu{{- end }}
 
+{{- define "metax-operator.hamiNodeLock" -}}hami.io/mutex.lock{{- end }}
+
+{{- define "metax-operator.hamiBindPhase" -}}hami.io/bind-phase{{- end }}
+
 {{- define "metax-operator.crGroup" -}}gpu.metax-tech.com{{- end }}
 
 {{- define "metax-operator.crName" -}}cluster-operator{{- end }}

@@ -186,6 +186,12 @@ SGPU_RESOURCE = f"{RESOURCE_PREFIX}sgpu"
 VFIO_RESOURCE = f"{RESOURCE_PREFIX}vfio-gpu"
 #: HAMi's resources that size an sGPU: percent of the GPU's compute, GiB of device memory.
 HAMI_RESOURCES = (f"{RESOURCE_PREFIX}vcore", f"{RESOURCE_PREFIX}vmemory")
+#: HAMi's allocation protocol (HAMi v2.10.0, docs/workloads.md "What HAMi and gpu-device write"):
+#: the node annotation HAMi's scheduler locks a node with while it binds an sGPU pod there, which
+#: the node's device plugin (gpu-device) removes once it has allocated; and the pod annotation the
+#: device plugin sets to `success` or `failed` then.
+HAMI_NODE_LOCK = "hami.io/mutex.lock"
+HAMI_BIND_PHASE = "hami.io/bind-phase"
 GPU_TAINT = GPU_RESOURCE
 
 # -- the ConfigMaps admins edit in place (seed §3.2.6-3.2.7) ---------------------------------------

@@ -51,6 +51,8 @@ TEMPLATE_STRINGS = {
     "metax-operator.gpuNodeLabel": contract.GPU_NODE_LABEL,
     "metax-operator.rolloutNodeKeyPrefix": contract.ROLLOUT_NODE_KEY_PREFIX,
     "metax-operator.gpuTaint": contract.GPU_TAINT,
+    "metax-operator.hamiNodeLock": contract.HAMI_NODE_LOCK,
+    "metax-operator.hamiBindPhase": contract.HAMI_BIND_PHASE,
     "metax-operator.crGroup": contract.CR_GROUP,
     "metax-operator.crName": contract.CR_NAME,
     "metax-operator.crdName": contract.CRD_NAME,
