@@ -16,6 +16,7 @@ import pytest
 from metax_operator.chart import seed_spellings, validation
 from metax_operator.chart.schema import load_values_defaults
 from metax_operator.contract import HOOK_VALUES_KEY, SEED_SPELLINGS
+from tests.chart.test_admission import client, live_cr, patch, spec_schema  # noqa: F401 - fixtures used by name
 from tests.helm import (
     CHART,
     helm_bin,  # noqa: F401 - fixture
@@ -152,3 +153,47 @@ def test_the_runner_reports_the_cr_s_seed_spellings_under_spec():
     spec = merged(BASE, {"driver": {"enableRollout": True, "upgradePolicy": {"enableRollout": False}}})
     fields = [e.field for e in validation.cr_spec_problems(spec)]
     assert fields[0] == "spec.driver.enableRollout"
+
+
+# --- the API server: the CRD's rules and the warn policy ----------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.helm
+@pytest.mark.parametrize(
+    "operations, answer",
+    [
+        (
+            [{"op": "add", "path": "/spec/driver/enableRollout", "value": True}],
+            "driver.enableRollout: is true but driver.upgradePolicy.enableRollout is false; they are one option "
+            "(driver.enableRollout is the product manual's spelling of driver.upgradePolicy.enableRollout): "
+            "set only driver.upgradePolicy.enableRollout",
+        ),
+        (
+            [{"op": "add", "path": "/spec/vfio-manager", "value": {"deploy": False}}],
+            "vfio-manager: is the product manual's spelling of vfioManager, which this spec holds already; "
+            "write its fields under vfioManager (kubectl edit clusteroperators cluster-operator)",
+        ),
+    ],
+    ids=["enableRollout disagreeing", "vfio-manager"],
+)
+def test_the_api_server_refuses_the_seed_spelling_naming_the_chart_key(operations, answer, control_plane, client, live_cr):
+    result = patch(control_plane, operations)
+    assert result.returncode == 1 and 'status="422 Unprocessable Entity"' in result.stderr, result.stderr
+    assert answer in result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.helm
+def test_the_api_server_admits_an_agreeing_seed_spelling_with_a_warning(control_plane, client, live_cr):
+    value = live_cr["spec"]["driver"]["upgradePolicy"]["enableRollout"]
+    result = patch(control_plane, [{"op": "add", "path": "/spec/driver/enableRollout", "value": value}])
+    try:
+        assert result.returncode == 0, result.stderr
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+        assert [w.split("-warnings': ")[-1] for w in warnings] == [
+            "driver.enableRollout: is the product manual's spelling of driver.upgradePolicy.enableRollout, "
+            "which decides; write driver.upgradePolicy.enableRollout"
+        ], result.stderr
+    finally:
+        patch(control_plane, [{"op": "remove", "path": "/spec/driver/enableRollout"}])

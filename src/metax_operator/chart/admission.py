@@ -334,7 +334,7 @@ def _seed_spelling_rules() -> dict[tuple[str, ...], list[dict]]:
                 f"!has({given}) || ({have} && {given} == {ours})",
                 lambda a, b, s=s, k=k: seed_spellings.conflict(s, a, k, b, s, k),
                 given,
-                f"({have} ? {ours} : null)",
+                ours,  # unset: the messageExpression fails and the API server says `message`
             )
         rules.setdefault(seed[:common], []).append(rule)
     return rules
