@@ -360,6 +360,7 @@ images"). Takes $. */}}
 - name: {{ include "metax-operator.payloadCopierContainer" . }}
   {{- include "metax-operator.toolsContainer" . | nindent 2 }}
   command: ["cp", "/bin/busybox", "/mnt/copier/busybox"]
+  terminationMessagePolicy: FallbackToLogsOnError
   resources:
     requests: {cpu: 10m, memory: 16Mi}
     limits: {cpu: 100m, memory: 32Mi}
