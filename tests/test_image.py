@@ -400,3 +400,25 @@ def test_every_module_and_extension_imports_in_the_image(bundle, preflight):
     out = run_image(bundle, (spec, {**container, "command": ["python3", "-c", code]}), [])
     assert out.returncode == 0, out.stderr
     assert any(line.startswith("_re2.") for line in out.stdout.splitlines()), out.stdout
+
+
+def test_the_image_brings_the_static_busybox_the_payload_containers_run(image):
+    """The driver and MXMACA pods copy /bin/busybox into their payload init containers, which run
+    it inside payload images that may hold no libc: it is a static executable of the image's
+    architecture (ELF e_machine), needing no program interpreter."""
+    files = image.files()
+    link, _ = files["bin"]  # merged /usr: /bin is a link to usr/bin, where the package puts it
+    assert link.issym() and link.linkname == "usr/bin"
+    info, data = files["usr/bin/busybox"]
+    assert info.isfile() and info.mode & 0o111
+    assert data[:4] == b"\x7fELF"
+    machine = int.from_bytes(data[18:20], "little")
+    assert machine == {"amd64": 62, "arm64": 183}[image.arch]
+    program_headers = (
+        int.from_bytes(data[32:40], "little"),
+        int.from_bytes(data[54:56], "little"),
+        int.from_bytes(data[56:58], "little"),
+    )
+    offset, size, count = program_headers
+    kinds = [int.from_bytes(data[offset + i * size : offset + i * size + 4], "little") for i in range(count)]
+    assert 3 not in kinds, "busybox asks for a program interpreter (PT_INTERP): not static"

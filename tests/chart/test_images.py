@@ -9,7 +9,7 @@ import yaml
 
 from metax_operator.chart import images
 from metax_operator.chart.daemonset import desired_daemonset
-from metax_operator.contract import DAEMONSETS
+from metax_operator.contract import DAEMONSETS, PAYLOAD_COPIER_CONTAINER
 from tests.helm import APP_VERSION, CHART, helm_bin, render_chart  # noqa: F401
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -43,9 +43,12 @@ def expected_references(values: dict) -> dict[str, str]:
     out["metax-driver/payload"] = images.reference(
         payload["registry"] or common, payload["name"], payload["version"], payload["digest"]
     )
+    out[f"metax-driver/{PAYLOAD_COPIER_CONTAINER}"] = image("tools")
     maca = {**defaults["maca"]["payload"], **(values.get("maca") or {}).get("payload", {})}
     for i, entry in enumerate(maca["images"]):
         out[f"metax-maca/payload-{i}"] = f"{maca['registry'] or common}/{entry}"
+    if maca["images"]:
+        out[f"metax-maca/{PAYLOAD_COPIER_CONTAINER}"] = image("tools")
     return out
 
 

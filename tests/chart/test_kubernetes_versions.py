@@ -34,7 +34,7 @@ from metax_operator.hooks import bootstrap
 from metax_operator.rollout import freeze
 from metax_operator.runtime import api_failures, cr_status, kube, run
 from tests import controlplane
-from tests.chart.test_admission import CR_CASES, _policy, admit, case_values, client  # noqa: F401 (fixture)
+from tests.chart.test_admission import CR_CASES, _policy, admit, case_spec, case_values, client  # noqa: F401 (fixture)
 from tests.helm import BIN, CHART, NAMESPACE, RELEASE, UPGRADE_CRDS_ARGS, render_chart
 
 VERSIONS = controlplane.matrix()
@@ -194,7 +194,7 @@ def assert_same_verdict(server: Server, default, spec: dict) -> None:
 def test_each_case_gets_the_default_servers_verdict(case, server, client, tmp_path):
     values = case_values(case, tmp_path)
     schema_of_spec = bootstrap.spec_schema(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", contract.CRD_NAME))
-    assert_same_verdict(server, client, bootstrap.prune(values, schema_of_spec))
+    assert_same_verdict(server, client, case_spec(values, schema_of_spec))
 
 
 @pytest.mark.e2e
