@@ -63,3 +63,18 @@ def test_a_step_failed_after_its_retries_pauses_with_the_failed_nodes_named():
     failed = cluster.decide(pol, T0 + 5)
     assert failed.status.step.current_step_state == STEP_PAUSED and failed.set_pause is True
     assert failed.status.resume.failed.names == ["n00"]
+
+
+def test_a_driver_pod_that_says_it_cannot_start_fails_at_once_and_the_event_says_why():
+    """A payload image without /payload: its init container ends with the payload contract's exit
+    and one line. The node is failed at the next pass, not at the readiness timeout, and a
+    Warning Event carries the line (once)."""
+    cluster = Cluster(2)
+    pol = policy(maxParallel=1, readinessTimeout="10m", upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    assert nodes_of(cluster, cluster.decide(pol, T0)) == ["n00"]
+    line = "payload image cr.example.com/metax/driver-image:2.33.0.1 has no /payload directory"
+    cluster.set("n00", failure=line)
+    failed = cluster.decide(pol, T0 + 5)
+    assert failed.status.resume.failed.names == ["n00"] and failed.status.step.current_step_state == STEP_PAUSED
+    assert [(e.reason, e.message) for e in failed.events if e.reason == "DriverFailed"] == [("DriverFailed", f"node n00: {line}")]
+    assert [e for e in cluster.decide(pol, T0 + 10).events if e.reason == "DriverFailed"] == []

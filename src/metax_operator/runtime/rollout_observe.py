@@ -60,6 +60,7 @@ from metax_operator.contract import (
     CORDONED_LABEL,
     LIVE_PODS,
     NODE_LABEL_PREFIX,
+    PAYLOAD_CONTRACT_EXIT,
     RETRY_LABEL,
     REVISION_LABEL,
     SKIP_LABEL,
@@ -343,6 +344,7 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
         return None
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
+    failure = next((message for c in status.get("initContainerStatuses") or [] if (message := contract_failure(c))), "")
     return DriverPod(
         owner,
         Pod(
@@ -355,8 +357,20 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
             restart_count=restarts,
             created=parse_time(meta.get("creationTimestamp")) or 0.0,
             deleting=deletion_began(meta),
+            failure=failure,
         ),
     )
+
+
+def contract_failure(container: dict) -> str:
+    """The payload contract's one line when an init container (the copier, a payload container)
+    ended with `PAYLOAD_CONTRACT_EXIT` (now, or the last time it ran before a restart), else ""."""
+    for state in ("state", "lastState"):
+        ended = (container.get(state) or {}).get("terminated") or {}
+        if ended.get("exitCode") == PAYLOAD_CONTRACT_EXIT:
+            line = " ".join(str(ended.get("message") or "").split())
+            return line or f"init container {container.get('name')} ended with the payload contract's exit code"
+    return ""
 
 
 def deletion_began(meta: dict) -> float | None:
