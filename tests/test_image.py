@@ -19,6 +19,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from image.lock import MACHINES
+from metax_operator.contract import PAYLOAD_COPIER_CONTAINER
 from tests.helm import helm_path, render_chart
 from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
 
@@ -321,10 +322,15 @@ def test_chart_runs_the_image_as_its_config_says(image, pods):
     assert commands >= {"preflight", "upgrade-crds", "bootstrap", "cleanup", "test", "run", "wait-for"}
     for spec, container in containers:
         security = {**spec.get("securityContext", {}), **container["securityContext"]}
-        assert container["command"][:1] == config["Entrypoint"], container["name"]
+        if container["name"] == PAYLOAD_COPIER_CONTAINER:
+            # It runs the image's cp on the image's static busybox, not the metax-operator command
+            # (its run on the real node: tests/e2e/test_payload_contract.py).
+            assert container["command"][:2] == ["cp", "/bin/busybox"], container["command"]
+        else:
+            assert container["command"][:1] == config["Entrypoint"], container["name"]
         assert (security["runAsUser"], security["runAsGroup"]) == (uid, gid), container["name"]
         assert security["readOnlyRootFilesystem"] is True
-        if container["name"] != "wait-for":  # reads pods only: it has no volume, nothing is writable
+        if container["name"] not in ("wait-for", PAYLOAD_COPIER_CONTAINER):  # they write nothing but their volume, if any
             assert config["WorkingDir"] in {m["mountPath"] for m in container["volumeMounts"]}, (
                 f"{container['name']}: the working directory must be its writable emptyDir"
             )

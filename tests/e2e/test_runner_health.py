@@ -48,9 +48,7 @@ CACHES = {
     "controllerrevisions",
     "driver-pods",
     "gpu-workloads",
-    "skipped-nodes",
-    "cordoned-nodes",
-    "retry-nodes",
+    "unschedulable-nodes",
     "nodes",
     "node-need-reboot",
     "node-rebooted",
@@ -135,9 +133,13 @@ class HealthRunner:
 
         def answered():
             code, body = self.get(path)
+            self.last = (code, body)
             return code == status and (not caches or set(body["caches"]) == CACHES) and body
 
-        return eventually(answered, timeout, what)
+        try:
+            return eventually(answered, timeout, what)
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; /readyz last answered {self.last}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

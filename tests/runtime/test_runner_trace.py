@@ -21,6 +21,8 @@ the statuses stayed the same. When the rollout came to time each node's readines
 deletion, its status gained `resume.deletedAt` (empty here), and nothing else changed; nor did it
 when the runner's pass came to compose the reconcile and the rollout itself. The runner's parallel
 node writes go out one at a time here, so that the server numbers them in one order on every run.
+When the payload init container came to carry its image's reference for the payload contract, the
+driver's apply gained that variable and the recorded spec the copier's volume, and nothing else.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new
