@@ -40,10 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import oci
-import tomllib
 from lock import LOCK, MACHINES, locked_wheels, runs_on
 
 HERE = Path(__file__).resolve().parent

@@ -50,7 +50,7 @@ from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 TOP = f"metax-operator-package.{CHART_VERSION}"
 CHART_TGZ = f"metax-operator-{CHART_VERSION}.tgz"

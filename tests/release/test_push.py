@@ -22,15 +22,13 @@ from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.registry import config
 from tests.release.test_package import CHART_TGZ, keys, signed, tools_image  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.helm
-
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """(host:port, CA file): the distribution registry on 127.0.0.1 with a certificate of a CA made here."""
     binary = BIN / "registry"
     if not binary.exists():
-        pytest.fail(f"{binary} is missing: run 'make setup' (builds the distribution registry)", pytrace=False)
+        pytest.fail(f"{binary} is missing: run 'make e2e' (it builds the registry)", pytrace=False)
     work = tmp_path_factory.mktemp("registry")
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=registry",

@@ -36,8 +36,6 @@ import yaml
 
 from tests.helm import BIN, CHART, HELM_VERSIONS, NAMESPACE, RELEASE, run_helm
 
-pytestmark = pytest.mark.helm
-
 PINS = CHART / "scripts" / "checkov" / "requirements.txt"
 CHECKOV = BIN.parent / "checkov" / hashlib.sha256(PINS.read_bytes()).hexdigest()[:16] / "bin" / "checkov"
 SKIP_KEY = re.compile(r"^checkov\.io/skip\d+$")
@@ -147,7 +145,7 @@ def scan(directory: Path) -> dict:
 def report(tmp_path_factory, request) -> dict:
     """One scan per test session, shared by the xdist workers through a file under a lock."""
     if not CHECKOV.exists():
-        pytest.fail(f"{CHECKOV} is missing: run 'make setup'", pytrace=False)
+        pytest.fail(f"{CHECKOV} is missing: run 'make test'", pytrace=False)
     worker = getattr(request.config, "workerinput", {}).get("workerid")
     shared = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
     with open(shared / "checkov.lock", "w") as lock:

@@ -1,0 +1,80 @@
+"""The test tiers and the guard that keeps them apart (docs/control-plane.md, "Test tiers").
+
+- `make test` runs every test not marked `e2e`: it sets up no cluster, real node, registry or
+  tools image, and takes minutes.
+- `make e2e` runs the tests marked `e2e`: those that use a fixture of CLUSTER_FIXTURES (directly
+  or through another fixture: marked here), and the modules that start a cluster, the registry
+  or the image themselves (their `pytestmark`). Among them, `long_build` marks the tests that use
+  a tool of the long cold builds (setup profile `long-builds`: the Kubernetes version matrix,
+  Argo CD, Flux, cosign): `make e2e` builds those while the other e2e tests run, then runs these.
+
+The guard: `make test` sets METAX_TEST_TIER=test, and a test that starts a cluster binary then
+fails, saying to mark it e2e; `make e2e`'s first run sets METAX_TEST_TIER=e2e, and a test that
+starts a binary of the long builds fails, saying to mark it long_build. It sees every process the
+tests start (a `subprocess.Popen` audit hook), whichever helper starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import controlplane
+
+TIER = "METAX_TEST_TIER"
+CLUSTER_FIXTURES = frozenset({"control_plane", "tools_cluster", "tools_image"})
+LONG_BUILD_BINARIES = frozenset({"argocd", "source-controller", "helm-controller", "cosign"})
+CLUSTER_BINARIES = LONG_BUILD_BINARIES | {
+    *controlplane.KUBERNETES_BINARIES,
+    "etcd",
+    "kwok",
+    "containerd",
+    "runc",
+    "nsenter",
+    "unshare",  # the real node
+    "registry",
+    "skopeo",
+    "image",  # scripts/image: the tools image, built by mmdebstrap
+    "umoci",
+    "redis-server",  # Argo CD's cache
+}
+
+
+def mark(items: list[pytest.Item]) -> None:
+    """Mark `e2e` every test that uses a cluster fixture or is marked `long_build`."""
+    for item in items:
+        if CLUSTER_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("long_build"):
+            item.add_marker(pytest.mark.e2e)
+
+
+def refusal(tier: str, program: str) -> str | None:
+    """Why a test of `tier` may not start `program`, in one line; None when it may."""
+    path = Path(program)
+    if tier == "test" and path.name in CLUSTER_BINARIES:
+        return f"this test starts {path.name}, which `make test` does not set up: give it a cluster fixture or mark it e2e"
+    matrix = path.parent.parent == controlplane.CACHE / "controlplane" and path.parent.name != controlplane.K8S_VERSION
+    if tier == "e2e" and (path.name in LONG_BUILD_BINARIES or matrix):
+        return f"this test starts {program}, which `make e2e` builds while the other e2e tests run: mark it long_build"
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen" or not os.environ.get(TIER):
+        return
+    why = refusal(os.environ[TIER], os.fsdecode(args[0]))  # the program Popen executes
+    if why:
+        pytest.fail(why, pytrace=False)
+
+
+_installed = False
+
+
+def install_guard() -> None:
+    """Watch the processes this interpreter starts (once: an audit hook cannot be removed)."""
+    global _installed
+    if not _installed:
+        sys.addaudithook(_audit)
+        _installed = True
