@@ -61,7 +61,9 @@ def test_a_test_is_e2e_by_the_cluster_fixtures_it_uses_or_its_marker(pytester):
 
 
 def test_make_test_fails_a_test_that_starts_a_cluster_binary_saying_to_mark_it(pytester, monkeypatch, tmp_path):
-    apiserver, helm = stub(tmp_path, "kube-apiserver"), stub(tmp_path, "helm3")
+    monkeypatch.setattr(controlplane, "CACHE", tmp_path / "cache")
+    apiserver = stub(tmp_path / "cache" / "controlplane" / controlplane.K8S_VERSION, "kube-apiserver")
+    helm, stand_in = stub(tmp_path / "cache" / "bin", "helm3"), stub(tmp_path / "test", "kwok")
     pytester.makeini(INI)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(
@@ -72,18 +74,24 @@ def test_make_test_fails_a_test_that_starts_a_cluster_binary_saying_to_mark_it(p
             def test_starts_an_api_server():
                 subprocess.run([{str(apiserver)!r}], check=True)
 
-            def test_runs_helm():
+            def test_runs_helm_and_a_stand_in_of_kwok():
                 subprocess.run([{str(helm)!r}], check=True)
+                subprocess.run([{str(stand_in)!r}], check=True)
+
+            def test_runs_containerd():
+                subprocess.run(["containerd", "--version"], check=True)
             """
         )
     )
     monkeypatch.setenv(tiers.TIER, "test")
     result = pytester.runpytest("-q")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines_random(
         [
             "this test starts kube-apiserver, which `make test` does not set up: give it a cluster fixture or mark it e2e",
+            "this test starts containerd, which `make test` does not set up: give it a cluster fixture or mark it e2e",
             "FAILED *::test_starts_an_api_server",
+            "FAILED *::test_runs_containerd",
         ]
     )
     monkeypatch.delenv(tiers.TIER)
@@ -94,10 +102,10 @@ def test_make_e2e_first_run_refuses_the_long_builds_binaries_only(monkeypatch, t
     monkeypatch.setattr(controlplane, "CACHE", tmp_path)
     default = stub(tmp_path / "controlplane" / controlplane.K8S_VERSION, "kube-apiserver")
     matrix = stub(tmp_path / "controlplane" / controlplane.matrix()[0].version, "kube-apiserver")
-    cosign = stub(tmp_path / "bin", "cosign")
+    long_builds = [matrix, stub(tmp_path / "bin", "cosign"), stub(tmp_path / "argocd" / "v3.2.6", "argocd")]
     monkeypatch.setenv(tiers.TIER, "e2e")
     assert subprocess.run([default]).returncode == 0
-    for program in (matrix, cosign):
+    for program in long_builds:
         with pytest.raises(pytest.fail.Exception, match=f"^this test starts {program}, .*: mark it long_build$"):
             subprocess.run([program])
     monkeypatch.setenv(tiers.TIER, "test")

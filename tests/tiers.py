@@ -26,21 +26,8 @@ from tests import controlplane
 
 TIER = "METAX_TEST_TIER"
 CLUSTER_FIXTURES = frozenset({"control_plane", "tools_cluster", "tools_image"})
-LONG_BUILD_BINARIES = frozenset({"argocd", "source-controller", "helm-controller", "cosign"})
-CLUSTER_BINARIES = LONG_BUILD_BINARIES | {
-    *controlplane.KUBERNETES_BINARIES,
-    "etcd",
-    "kwok",
-    "containerd",
-    "runc",
-    "nsenter",
-    "unshare",  # the real node
-    "registry",
-    "skopeo",
-    "image",  # scripts/image: the tools image, built by mmdebstrap
-    "umoci",
-    "redis-server",  # Argo CD's cache
-}
+# Debian's programs of the real node, of the registry's pushes and the tools image, Argo CD's cache.
+HOST_TOOLS = frozenset({"containerd", "runc", "nsenter", "unshare", "skopeo", "umoci", "redis-server"})
 
 
 def mark(items: list[pytest.Item]) -> None:
@@ -50,13 +37,38 @@ def mark(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def long_build(program: Path) -> bool:
+    """A binary of the long builds: a matrix version's, Argo CD's, Flux's, cosign."""
+    cache = controlplane.CACHE
+    matrix = program.parent.parent == cache / "controlplane" and program.parent.name != controlplane.K8S_VERSION
+    return (
+        matrix
+        or program.is_relative_to(cache / "argocd")
+        or program.is_relative_to(cache / "flux")
+        or program == cache / "bin" / "cosign"
+    )
+
+
+def cluster(program: Path) -> bool:
+    """A program of `make e2e`'s setup (or `make demo`'s): the control plane, the real node, the
+    registry, the tools image's build, and the long builds."""
+    cache = controlplane.CACHE
+    return (
+        long_build(program)
+        or program.is_relative_to(cache / "controlplane")
+        or program.is_relative_to(controlplane.BIN_DIR)
+        or program == cache / "bin" / "registry"
+        or program == controlplane.REPO / "scripts" / "image"
+        or program.name in HOST_TOOLS
+    )
+
+
 def refusal(tier: str, program: str) -> str | None:
     """Why a test of `tier` may not start `program`, in one line; None when it may."""
-    path = Path(program)
-    if tier == "test" and path.name in CLUSTER_BINARIES:
-        return f"this test starts {path.name}, which `make test` does not set up: give it a cluster fixture or mark it e2e"
-    matrix = path.parent.parent == controlplane.CACHE / "controlplane" and path.parent.name != controlplane.K8S_VERSION
-    if tier == "e2e" and (path.name in LONG_BUILD_BINARIES or matrix):
+    if tier == "test" and cluster(Path(program)):
+        name = Path(program).name
+        return f"this test starts {name}, which `make test` does not set up: give it a cluster fixture or mark it e2e"
+    if tier == "e2e" and long_build(Path(program)):
         return f"this test starts {program}, which `make e2e` builds while the other e2e tests run: mark it long_build"
     return None
 
