@@ -51,13 +51,14 @@ def long_build(program: Path) -> bool:
 
 def cluster(program: Path) -> bool:
     """A program of `make e2e`'s setup (or `make demo`'s): the control plane, the real node, the
-    registry, the tools image's build, and the long builds."""
+    registry, the tools image's build, Checkov, and the long builds."""
     cache = controlplane.CACHE
     return (
         long_build(program)
         or program.is_relative_to(cache / "controlplane")
         or program.is_relative_to(controlplane.BIN_DIR)
         or program == cache / "bin" / "registry"
+        or program.is_relative_to(cache / "checkov")
         or program == controlplane.REPO / "scripts" / "image"
         or program.name in HOST_TOOLS
     )
