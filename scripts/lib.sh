@@ -42,8 +42,10 @@ use_go() {  # version: check that Go `version` or newer is on PATH, and configur
   printf '%s\n' "go$1" "$have" | sort --version-sort --check=quiet \
     || die "$have is too old to build this: install Go $1 or newer, then run '$AGAIN' again"
   # The same flags for every build, so that the standard library and the modules the tools share
-  # compile once into Go's build cache.
-  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false -modcacherw"
+  # compile once into Go's build cache. No DWARF from the compiler: the link strips it anyway
+  # (-ldflags -w, go_build), and leaving it out saves a sixth of the compile's CPU (kwok: 274
+  # CPU-seconds instead of 330, the binary the same size).
+  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false -modcacherw -gcflags=all=-dwarf=false"
 }
 
 go_module() {  # module version h1-sum: print the module's directory, downloaded from the Go module proxy
