@@ -1,17 +1,18 @@
 """The test tiers and the guard that keeps them apart (docs/control-plane.md, "Test tiers").
 
-- `make test` runs every test not marked `e2e`: it sets up no cluster, real node, registry or
-  tools image, and takes minutes.
+- `make test` runs every test not marked `e2e`: it sets up no cluster, real node, registry,
+  tools image or Checkov, and takes minutes.
 - `make e2e` runs the tests marked `e2e`: those that use a fixture of CLUSTER_FIXTURES (directly
-  or through another fixture: marked here), and the modules that start a cluster, the registry
-  or the image themselves (their `pytestmark`). Among them, `long_build` marks the tests that use
-  a tool of the long cold builds (setup profile `long-builds`: the Kubernetes version matrix,
-  Argo CD, Flux, cosign): `make e2e` builds those while the other e2e tests run, then runs these.
+  or through another fixture: marked here), and the modules that start a cluster themselves or
+  run Checkov (their `pytestmark`). Among them, `long_build` marks the tests that use a tool of
+  the long cold builds (setup profile `long-builds`: the Kubernetes version matrix, Argo CD, Flux,
+  cosign): `make e2e` builds those while the other e2e tests run, then runs these.
 
-The guard: `make test` sets METAX_TEST_TIER=test, and a test that starts a cluster binary then
-fails, saying to mark it e2e; `make e2e`'s first run sets METAX_TEST_TIER=e2e, and a test that
-starts a binary of the long builds fails, saying to mark it long_build. It sees every process the
-tests start (a `subprocess.Popen` audit hook), whichever helper starts it.
+The guard: `make test` sets METAX_TEST_TIER=test, and a test that then starts a program of the
+e2e setup fails, saying to mark it e2e; `make e2e`'s first run sets METAX_TEST_TIER=e2e, and a
+test that starts a binary of the long builds fails, saying to mark it long_build. It sees every
+process the tests start (a `subprocess.Popen` audit hook), whichever helper starts it; a
+stand-in program of the same name elsewhere (a test's fake kwok) runs.
 """
 
 from __future__ import annotations
