@@ -103,7 +103,9 @@ def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> li
     attestation and the public key; returns the signed references, each platform's followed by it."""
     for tool in (cosign, skopeo):
         if shutil.which(tool) is None:
-            raise SignError(f"{tool} is missing: run 'make setup' (scripts/setup.d/30-cosign and 30-image-tools install them)")
+            raise SignError(
+                f"{tool} is missing: run scripts/setup.d/30-cosign and scripts/setup.d/30-image-tools to install them"
+            )
     if "://" not in key and "COSIGN_PASSWORD" not in os.environ:  # a key file, not a KMS URI
         raise SignError("COSIGN_PASSWORD is not set: export the key's password (empty for a key without one)")
     files, modes, epoch = read_package(package)

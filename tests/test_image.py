@@ -11,10 +11,10 @@ import json
 import re
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
@@ -22,8 +22,6 @@ from image.lock import MACHINES
 from metax_operator.contract import PAYLOAD_COPIER_CONTAINER
 from tests.helm import helm_path, render_chart
 from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
-
-pytestmark = pytest.mark.image
 
 VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 PACKAGE_LAYER = "usr/local/"

@@ -31,8 +31,6 @@ from tests.chart.test_bad_values import CASES, DEFAULTS, case_args
 from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, render_chart
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.helm]
-
 CR_PATH = "/apis/gpu.metax-tech.com/v1/clusteroperators"
 # Cases the API server does not refuse, and why (validate and the hook refuse them, the runner
 # reports them as a condition).

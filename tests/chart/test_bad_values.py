@@ -135,7 +135,6 @@ def helm_field(field: str, helm: str) -> str:
     return dotted if helm == "helm3" else "'/" + dotted.replace(".", "/") + "'"
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_every_path_gives_the_case_its_verdict(case, tmp_path, capsys):
     args = case_args(case, tmp_path)

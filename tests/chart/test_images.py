@@ -73,7 +73,6 @@ def rendered_references(objects: list[dict]) -> tuple[dict[str, str], set[str]]:
     return out, tools
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("values", [PLAIN, PINNED], ids=["tags", "digests-and-own-registries"])
 def test_every_rendered_image_is_the_reference_format(helm_bin, values):
     rendered, tools = rendered_references(render_chart(values, helm=helm_bin))
@@ -81,7 +80,6 @@ def test_every_rendered_image_is_the_reference_format(helm_bin, values):
     assert tools == {expected_references(values)["metax-driver/wait-for"]}
 
 
-@pytest.mark.helm
 def test_the_runner_builds_the_payload_references_the_chart_renders():
     objects = render_chart(PINNED)
     daemonsets = {

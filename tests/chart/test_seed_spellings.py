@@ -55,7 +55,6 @@ def hook_values(objects: list[dict]) -> dict:
     return json.loads(configmap["data"][HOOK_VALUES_KEY])
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("pair", PAIRS, ids=list(PAIRS))
 def test_the_seed_spelling_renders_what_the_chart_key_renders(pair, helm_bin):
     seed, ours = PAIRS[pair]
@@ -159,7 +158,6 @@ def test_the_runner_reports_the_cr_s_seed_spellings_under_spec():
 
 
 @pytest.mark.e2e
-@pytest.mark.helm
 @pytest.mark.parametrize(
     "operations, answer",
     [
@@ -184,7 +182,6 @@ def test_the_api_server_refuses_the_seed_spelling_naming_the_chart_key(operation
 
 
 @pytest.mark.e2e
-@pytest.mark.helm
 def test_the_api_server_admits_an_agreeing_seed_spelling_with_a_warning(control_plane, client, live_cr):
     value = live_cr["spec"]["driver"]["upgradePolicy"]["enableRollout"]
     result = patch(control_plane, [{"op": "add", "path": "/spec/driver/enableRollout", "value": value}])

@@ -20,7 +20,7 @@ from tests.chart.test_admission import client, live_cr, spec_schema  # noqa: F40
 from tests.doc_blocks import blocks
 from tests.helm import BIN, CHART
 
-pytestmark = [pytest.mark.e2e, pytest.mark.helm]
+pytestmark = pytest.mark.e2e
 
 PAGE = CHART / "docs" / "rollout-admin.md"
 COMMANDS = {b.args[0]: b for b in blocks(PAGE) if b.kind == "admin-command"}

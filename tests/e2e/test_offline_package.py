@@ -53,7 +53,7 @@ from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 TOP = f"{package.PACKAGE_PREFIX}{CHART_VERSION}"
 CHART_TGZ = f"k8s/metax-operator-{CHART_VERSION}.tgz"

@@ -33,8 +33,6 @@ from tests.e2e.tools import (
 )
 from tests.waiting import consistently, eventually
 
-pytestmark = pytest.mark.e2e
-
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s

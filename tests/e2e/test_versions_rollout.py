@@ -37,7 +37,7 @@ from tests.e2e.tools import (
 )
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.long_build
 
 VERSIONS = [v for v in controlplane.matrix() if v.runs == "rollout"]
 NODES = 4

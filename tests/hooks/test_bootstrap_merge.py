@@ -20,8 +20,6 @@ from metax_operator.hooks import bootstrap
 from metax_operator.runtime import kube
 from tests.helm import BIN, CHART
 
-pytestmark = [pytest.mark.e2e, pytest.mark.helm]
-
 CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)
 AFFINITY = lambda key: {  # noqa: E731
     "nodeAffinity": {

@@ -26,7 +26,6 @@ from release import package
 from tests import image
 from tests.helm import BIN, CHART_VERSION, HELM_VERSIONS, helm_path
 
-pytestmark = [pytest.mark.helm, pytest.mark.image]
 TOP = f"metax-operator-package.{CHART_VERSION}"
 CHART_TGZ = f"k8s/metax-operator-{CHART_VERSION}.tgz"
 TOOLS_ARCHIVE = f"metax-operator-tools+{CHART_VERSION}.oci.tar"
@@ -190,7 +189,7 @@ def keys(tmp_path_factory) -> dict[str, Path]:
     """Two RSA signing keys made for this run (Helm 3 reads no EdDSA keys): the release's and
     another; their secret and public keyrings, binary, as Helm reads them."""
     if shutil.which("gpg") is None:
-        pytest.fail("gpg is missing: run 'make setup' (scripts/setup.d/30-release-tools)", pytrace=False)
+        pytest.fail("gpg is missing: run 'make e2e' (scripts/setup.d/30-release-tools)", pytrace=False)
     out = {}
     for who in ("release", "other"):
         home = tmp_path_factory.mktemp(f"gnupg-{who}")

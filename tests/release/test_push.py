@@ -31,7 +31,7 @@ from tests.registry import config
 from tests.release.test_package import CHART_TGZ, RUN, keys, signed, tools_image, unsigned  # noqa: F401 (fixtures)
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.helm
+pytestmark = pytest.mark.e2e  # it serves the registry that `make e2e` builds
 ARCHES = ("amd64", "arm64")
 
 
@@ -39,7 +39,7 @@ def serve(work: Path, tls: bool) -> tuple[subprocess.Popen, str, Path | None]:
     """The distribution registry on 127.0.0.1, with a certificate of a CA made here when `tls`."""
     binary = BIN / "registry"
     if not binary.exists():
-        pytest.fail(f"{binary} is missing: run 'make setup' (builds the distribution registry)", pytrace=False)
+        pytest.fail(f"{binary} is missing: run 'make e2e' (it builds the registry)", pytrace=False)
     cert = key = None
     if tls:
         subprocess.run(
@@ -87,7 +87,7 @@ def containerd(tmp_path):
     """The socket of a containerd of its own, on a fresh root (no CRI: ctr needs none)."""
     binary = shutil.which("containerd")
     if binary is None:
-        pytest.fail("containerd is missing: run 'make setup' (the real node's runtime)", pytrace=False)
+        pytest.fail("containerd is missing: run 'make e2e' (it sets up the real node's runtime)", pytrace=False)
     root = tmp_path / "containerd"
     socket = root / "containerd.sock"
     (root / "config.toml").parent.mkdir()
@@ -171,7 +171,6 @@ def site(package_file: Path, into: Path) -> Path:
     return into / f"{package.PACKAGE_PREFIX}{CHART_VERSION}"
 
 
-@pytest.mark.image
 def test_the_package_pushes_its_images_and_then_its_chart_as_the_seed_s_steps_3_and_4(unsigned, tools_image, registry, tmp_path):
     host, ca = registry
     env, certs = push_env(tmp_path, ca)
@@ -193,7 +192,6 @@ def test_the_package_pushes_its_images_and_then_its_chart_as_the_seed_s_steps_3_
         assert (into / Path(CHART_TGZ).name).read_bytes() == (here / CHART_TGZ).read_bytes()
 
 
-@pytest.mark.image
 def test_a_signed_chart_pushed_by_step_4_verifies_at_the_registry_under_helm4(signed, registry, tmp_path):
     """`helm push` takes the provenance beside the chart (k8s/), so Helm 4 verifies at the
     registry. (Helm 3.18.0 cannot pull a chart pushed with its provenance, helm/helm#30890:

@@ -23,7 +23,7 @@ from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.release.test_package import RUN, TOP, keys, tools_image  # noqa: F401 (fixtures)
 from tests.release.test_push import push_env, registry, tiny_archive  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.helm, pytest.mark.image, pytest.mark.xdist_group("cosign")]
+pytestmark = [pytest.mark.long_build, pytest.mark.xdist_group("cosign")]
 COSIGN = BIN / "cosign"
 PASSWORD = "release password"
 NAME = "metax-operator-tools"
@@ -51,7 +51,7 @@ def cosign_keys(tmp_path_factory) -> dict[str, Path]:
     """Two cosign key pairs made for this run, each a directory with cosign.key and cosign.pub:
     the release's and another."""
     if not COSIGN.exists():
-        pytest.fail(f"{COSIGN} is missing: run 'make setup' (scripts/setup.d/30-cosign builds it)", pytrace=False)
+        pytest.fail(f"{COSIGN} is missing: run 'make e2e' (scripts/setup.d/30-cosign builds it)", pytrace=False)
     out = {}
     for who in ("release", "other"):
         out[who] = tmp_path_factory.mktemp(f"cosign-{who}")

@@ -63,7 +63,6 @@ def _spec() -> dict:
     return prune(values, SCHEMA)
 
 
-@pytest.mark.helm
 def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     base = _spec()
     first = reconcile.reconcile_configmaps(seen(rendered, base, dict.fromkeys(contract.CONFIGMAPS)))
@@ -97,7 +96,6 @@ def test_each_crd_field_acts_is_reported_or_is_listed(rendered):
     assert silent == VALIDATION_ONLY
 
 
-@pytest.mark.e2e
 def test_the_runner_keeps_the_configmaps_in_step_with_the_cr_and_leaves_an_admins_edit(control_plane, rendered):
     """On the real API server: the first pass only records; an admin's edit of a ConfigMap stays
     while the CR field is unchanged; a CR change is written in the chart's format (the parsers
