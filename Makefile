@@ -1,34 +1,48 @@
-# The newcomer's commands: `make demo` (the main job) and `make test` (everything CI runs).
+# The newcomer's commands: `make demo` (the main job) and `make test` (every test that needs no
+# cluster: minutes). `make e2e` runs the others (a real API server, the real node, the registry,
+# GitOps, the release, the Kubernetes version matrix); CI runs both (.ci/run). The tiers:
+# tests/tiers.py. Each target sets up only what it needs (scripts/setup PROFILE: cached, a warm run
+# is a few stat calls); `make setup` sets up what every target needs.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 export METAX_CACHE ?= $(HOME)/.cache/metax-operator
 PY := .venv/bin/python
-PYTEST := $(PY) -m pytest
+# A failed setup step names the target to run again.
+SETUP = METAX_SETUP='make $@' scripts/setup
 
-.PHONY: setup lint test demo bench image package
+.PHONY: setup lint test e2e demo bench image package
 setup:
-	@scripts/setup
+	@$(SETUP)
 
 # ruff (configured in pyproject.toml) over every Python file of the repository: the lint rules,
 # then the formatting.
-lint: setup
+lint:
+	@$(SETUP) lint
 	.venv/bin/ruff check --no-cache .
 	.venv/bin/ruff format --no-cache --check .
 
-test: setup lint
-	$(PYTEST) -n 2 --dist loadgroup tests
+# A test that starts a cluster binary here fails, saying to mark it e2e (METAX_TEST_TIER).
+test: lint
+	@$(SETUP) test
+	METAX_TEST_TIER=test $(PY) -m pytest -n 2 --dist loadgroup -m "not e2e" tests
 
-demo: setup
-	@scripts/demo
+e2e:
+	@METAX_SETUP='make $@' scripts/e2e
 
-bench: setup
+demo:
+	@METAX_SETUP='make $@' scripts/demo
+
+bench:
+	@$(SETUP) demo
 	$(PY) -m tests.bench
 
 # The tools image as an OCI layout under $(METAX_CACHE)/image (docs/image.md); needs root.
-image: setup
+image:
+	@$(SETUP) image
 	@scripts/image build
 
 # The offline package of the release under dist/ (docs/release.md): the chart, the tools image (built
 # first: needs root), the image list, the SBOM, the push command; reproducible. `scripts/package --sign NAME ...` signs the chart.
-package: setup
+package:
+	@$(SETUP) package
 	@scripts/package

@@ -40,10 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import oci
-import tomllib
 from lock import LOCK, MACHINES, locked_wheels, runs_on
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def run(args: list, log: Path | None = None, **kwargs) -> str:
             subprocess.run(args, check=True, stdout=out, stderr=subprocess.STDOUT, **kwargs)
         return ""
     except FileNotFoundError:
-        raise BuildError(f"{args[0]} is not installed: run 'make setup'") from None
+        raise BuildError(f"{args[0]} is not installed: run 'make image' (it installs the image tools)") from None
     except subprocess.CalledProcessError as err:
         where = f"see {log}" if log else "see its output above"
         raise BuildError(f"{Path(str(args[0])).name} failed (exit {err.returncode}): {where}") from None

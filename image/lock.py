@@ -12,10 +12,9 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
 from typing import NamedTuple
-
-import tomllib
 
 LOCK = Path(__file__).with_name("pylock.toml")
 PROJECT = "metax-operator"  # the lock's root; its wheel is built from the source tree

@@ -3,23 +3,25 @@
     scripts/package [--output DIR] [--sign NAME --keyring SECRING --public-key FILE]
     python -m release.package [--tools-image LAYOUT] ...
 
-writes DIR/metax-operator-package.VERSION.tar.gz (default DIR: dist/) holding, under
-metax-operator-package.VERSION/:
+writes DIR/metax-operator-package.VERSION.tar.gz (default DIR: dist/), in the shape of the MetaX
+package seed 001 §3.1.3 installs from, holding under metax-operator-package.VERSION/:
 
-    metax-operator-VERSION.tgz        the chart, as `helm package` writes it
-    metax-operator-VERSION.tgz.prov   its provenance (with --sign: `helm package --sign`)
+    metax-k8s-images.VERSION.run      the images and the command that pushes them (step 3):
+                                      `./metax-k8s-images.VERSION.run [skopeo|nerdctl|ctr|docker]
+                                      push DOMAIN/PROJECT [--plain-http]`; the tools image, both
+                                      architectures (an OCI archive of the index `make image`
+                                      built; scripts/package builds it and passes its layout as
+                                      --tools-image), and its signatures once signed (sign.py)
+    k8s/metax-operator-VERSION.tgz    the chart, as `helm package` writes it (steps 4 and 5)
+    k8s/metax-operator-VERSION.tgz.prov
+                                      its provenance (with --sign: `helm package --sign`)
     metax-operator-keyring.gpg        the public key that verifies it, as the OpenPGP keyring
                                       `helm verify --keyring` reads (with --sign)
     images.txt, images.json           the images the chart pulls, relative to the site's registry
                                       (`metax-operator images` with every component deployed)
-    metax-operator-tools+APPVERSION.oci.tar
-                                      the tools image, both architectures (an OCI archive of the
-                                      index `make image` built; scripts/package builds it and
-                                      passes its layout as --tools-image)
     sbom.cdx.json                     CycloneDX SBOM: the chart, the Python package, and the
                                       Python wheels (image/pylock.toml) and Debian packages of
                                       the tools image, per architecture
-    push                              `./push DOMAIN/PROJECT`: the chart and the image archives
     CHANGELOG.md
 
 Runs with the project's .venv (`python -m release.package` from the repository: it renders the
@@ -55,45 +57,94 @@ from metax_operator.errors import UserError, UserErrors
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = "metax-operator"  # the chart's name, and the Python package's
+PACKAGE_PREFIX = "metax-operator-package."  # the package's name and top directory: PREFIX + VERSION
+CHART_DIR = "k8s"  # where the package holds the chart, as seed 001 §3.1.3 steps 4 and 5 name it
+CONTAINERD_NAME = "io.containerd.image.name"
 #: The registry the image list is rendered for, then cut off: the list is relative to the site's.
 PLACEHOLDER_REGISTRY = "registry.invalid/project"
 #: Every component deployed, the payloads left out (the site picks their versions at install).
 LIST_VALUES = ("--set", f"registry={PLACEHOLDER_REGISTRY}", "--set", "exporter.deploy=true", "--set", "driver.deployPolicy=Never")
-PUSH = """#!/bin/sh
-# ./push DOMAIN/PROJECT: pushes this package into the site's registry, the chart (helm push; with
-# its provenance when PUSH_PROVENANCE=1; then `helm install oci://DOMAIN/PROJECT/metax-operator --version {version}`) and
-# every OCI image archive beside this script, NAME+TAG.oci.tar (skopeo copy: MetaX's archives
-# copied here, the tools image when the package holds it). HELM and SKOPEO name other binaries;
-# HELM_FLAGS and SKOPEO_FLAGS add flags: for a registry with a private CA, SSL_CERT_FILE=CA for
-# Helm and SKOPEO_FLAGS="--dest-cert-dir DIR"; for plain HTTP, HELM_FLAGS=--plain-http and
-# SKOPEO_FLAGS=--dest-tls-verify=false.
+#: The images' file (seed 001 §3.1.3 step 3's `metax-k8s-images.VERSION.run`): this shell header,
+#: then a tar of the OCI image archives NAME+TAG.oci.tar it pushes. Each archive's index names its
+#: image NAME:TAG for the runtimes that load an archive before they push (`io.containerd.image.name`).
+RUN_NAME = "metax-k8s-images.{version}.run"
+RUN_MARKER = b"\n__IMAGES__\n"
+RUN = """#!/bin/sh
+# metax-k8s-images.{version}.run: the images of metax-operator {version} (the tools image, and its
+# signatures when the release is signed), and the command that pushes them into a registry
+# (docs/release.md, "The offline package"):
+#
+#   ./metax-k8s-images.{version}.run [skopeo|nerdctl|ctr|docker] push DOMAIN/PROJECT [--plain-http]
+#   ./metax-k8s-images.{version}.run list
+#
+# Each image goes to DOMAIN/PROJECT/NAME:TAG with every architecture it holds. Without a runtime
+# named, the first found of skopeo, nerdctl, ctr and docker: the first three push every
+# architecture of an image; docker pushes those its image store holds (the containerd image store
+# holds all, the classic one only this machine's). --plain-http: a registry without TLS (docker
+# takes it from its daemon's insecure-registries). Extra flags for the runtime's push (a private
+# CA, credentials): SKOPEO_FLAGS (e.g. --dest-cert-dir DIR), CTR_FLAGS (e.g. --tlscacert CA),
+# NERDCTL_FLAGS, DOCKER_FLAGS; ctr and nerdctl work in the containerd namespace metax-push
+# (CONTAINERD_ADDRESS names another socket).
 set -eu
-[ $# -eq 1 ] || {{ echo "usage: $0 DOMAIN/PROJECT (e.g. $0 cr.example.com/metax)" >&2; exit 2; }}
-target=${{1%/}}
-case $target in
-  *://*) echo "error: $1: give the registry without a scheme, e.g. cr.example.com/metax" >&2; exit 2 ;;
-  */*) ;;
-  *) echo "error: $1: give DOMAIN/PROJECT, e.g. cr.example.com/metax" >&2; exit 2 ;;
+self=$0
+usage() {{ echo "usage: $self [skopeo|nerdctl|ctr|docker] push DOMAIN/PROJECT [--plain-http] | $self list" >&2; exit 2; }}
+runtime=
+case ${{1:-}} in skopeo|nerdctl|ctr|docker) runtime=$1; shift ;; esac
+images() {{ tail -n +"$(($(awk '/^__IMAGES__$/ {{ print NR; exit }}' "$self") + 1))" "$self"; }}
+case ${{1:-}} in
+  list) images | tar -t | sed -n 's/+\\(.*\\)\\.oci\\.tar$/:\\1/p'; exit 0 ;;
+  push) [ $# -ge 2 ] || usage ;;
+  *) usage ;;
 esac
-here=$(cd "$(dirname "$0")" && pwd)
-chart=$here/metax-operator-{version}.tgz
-# helm push uploads the provenance beside the chart, and Helm 3.18.0 then cannot pull the chart at
-# all (helm/helm#30890): without PUSH_PROVENANCE=1 the chart goes alone (verify it from this
-# package: helm verify metax-operator-{version}.tgz --keyring metax-operator-keyring.gpg).
-if [ "${{PUSH_PROVENANCE:-}}" != 1 ]; then
-  alone=$(mktemp -d)
-  trap 'rm -rf "$alone"' EXIT
-  cp "$chart" "$alone/"
-  chart=$alone/metax-operator-{version}.tgz
+target=${{2%/}}
+plain=
+case ${{3:-}} in --plain-http) plain=1 ;; '') ;; *) usage ;; esac
+case $target in
+  *://*) echo "error: $2: give the registry without a scheme, e.g. cr.example.com/metax" >&2; exit 2 ;;
+  */*) ;;
+  *) echo "error: $2: give DOMAIN/PROJECT, e.g. cr.example.com/metax" >&2; exit 2 ;;
+esac
+if [ -z "$runtime" ]; then
+  for candidate in skopeo nerdctl ctr docker; do
+    if command -v "$candidate" >/dev/null 2>&1; then runtime=$candidate; break; fi
+  done
+  [ -n "$runtime" ] || {{
+    echo "error: none of skopeo, nerdctl, ctr, docker is on PATH: install one, or push from a machine that has one" >&2
+    exit 1
+  }}
 fi
-# shellcheck disable=SC2086 # the flags are words
-"${{HELM:-helm}}" push ${{HELM_FLAGS:-}} "$chart" "oci://$target"
-for archive in "$here"/*+*.oci.tar; do
-  [ -e "$archive" ] || continue
+command -v "$runtime" >/dev/null 2>&1 || {{ echo "error: $runtime is not on PATH" >&2; exit 1; }}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+images | tar -x -C "$work"
+for archive in "$work"/*+*.oci.tar; do
   base=$(basename "$archive" .oci.tar)
-  # shellcheck disable=SC2086
-  "${{SKOPEO:-skopeo}}" copy ${{SKOPEO_FLAGS:-}} --all "oci-archive:$archive" "docker://$target/${{base%%+*}}:${{base#*+}}"
+  name=${{base%%+*}}:${{base#*+}}
+  echo "pushing $target/$name ($runtime)"
+  # shellcheck disable=SC2086 # the flags are words
+  case $runtime in
+    skopeo)
+      skopeo copy --all ${{plain:+--dest-tls-verify=false}} ${{SKOPEO_FLAGS:-}} "oci-archive:$archive" "docker://$target/$name" ;;
+    ctr)
+      ctr -n metax-push images import --all-platforms --no-unpack "$archive" >/dev/null
+      ctr -n metax-push images push ${{plain:+--plain-http}} ${{CTR_FLAGS:-}} "$target/$name" "$name"
+      ctr -n metax-push images rm "$name" >/dev/null ;;
+    nerdctl)
+      nerdctl -n metax-push load --all-platforms -i "$archive" >/dev/null
+      nerdctl -n metax-push tag "$name" "$target/$name"
+      nerdctl -n metax-push push --all-platforms ${{plain:+--insecure-registry}} ${{NERDCTL_FLAGS:-}} "$target/$name"
+      nerdctl -n metax-push rmi "$name" "$target/$name" >/dev/null ;;
+    docker)
+      docker load -i "$archive" >/dev/null
+      docker tag "$name" "$target/$name"
+      docker push ${{DOCKER_FLAGS:-}} "$target/$name"
+      docker rmi "$name" "$target/$name" >/dev/null ;;
+  esac
 done
+echo "next: helm push ./k8s/metax-operator-{version}.tgz oci://$target${{plain:+ --plain-http}}"
+exit 0
+# shellcheck disable=SC2317 # not a command: the images follow this line
+__IMAGES__
 """
 
 
@@ -244,25 +295,56 @@ def build(repo: Path, output: Path, helm: str, sign: dict | None = None, tools_i
     chart = yaml.safe_load((repo / "Chart.yaml").read_text())
     version = chart["version"]
     epoch = source_date_epoch(repo)
-    top = f"metax-operator-package.{version}"
+    top = f"{PACKAGE_PREFIX}{version}"
     files: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="metax-package-") as tmp:
         for path in chart_archive(repo, helm, Path(tmp), epoch, sign):
-            files[f"{top}/{path.name}"] = path.read_bytes()
+            files[f"{top}/{CHART_DIR}/{path.name}"] = path.read_bytes()
     if sign:
         files[f"{top}/metax-operator-keyring.gpg"] = Path(sign["public_key"]).read_bytes()
     files.update({f"{top}/{name}": content for name, content in image_list_files(repo, helm).items()})
+    archives = {}
     if tools_image:
         name = yaml.safe_load((repo / "values.yaml").read_text())["tools"]["image"]["name"]  # the chart pulls it so
         tag = chart["appVersion"]
-        files[f"{top}/{name}+{tag}.oci.tar"] = tools_image_archive(tools_image, tag, epoch)
+        archives[f"{name}+{tag}.oci.tar"] = tools_image_archive(tools_image, tag, epoch)
+    run = f"{top}/{RUN_NAME.format(version=version)}"
+    files[run] = images_run(archives, version, epoch)
     files[f"{top}/sbom.cdx.json"] = sbom(repo, version, debian_packages(tools_image) if tools_image else None)
-    files[f"{top}/push"] = PUSH.format(version=version).encode()
     files[f"{top}/CHANGELOG.md"] = (repo / "CHANGELOG.md").read_bytes()
     output.mkdir(parents=True, exist_ok=True)
     package = output / f"{top}.tar.gz"
-    package.write_bytes(reproducible_tar(files, {f"{top}/push": 0o755}, epoch))
+    package.write_bytes(reproducible_tar(files, {run: 0o755}, epoch))
     return package
+
+
+def images_run(archives: dict[str, bytes], version: str, epoch: int) -> bytes:
+    """The images' file: the RUN header, then the tar of `archives` (NAME+TAG.oci.tar -> an OCI
+    archive), each archive's index naming its image NAME:TAG."""
+    named = {name: named_archive(name, data, epoch) for name, data in archives.items()}
+    return RUN.format(version=version).encode() + plain_tar(named, {}, epoch)
+
+
+def run_archives(run: bytes) -> dict[str, bytes]:
+    """The OCI archives the images' file holds (the inverse of `images_run`)."""
+    _, marker, payload = run.partition(RUN_MARKER)
+    if not marker:
+        raise PackageError("not an images file of this release: no images after its script")
+    with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
+        return {info.name: tar.extractfile(info).read() for info in tar.getmembers() if info.isfile()}
+
+
+def named_archive(name: str, data: bytes, epoch: int) -> bytes:
+    """The OCI archive `data` (file NAME+TAG.oci.tar) with its index naming its one image NAME:TAG
+    (`io.containerd.image.name`), which containerd, nerdctl and docker load it as."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        files = {info.name: tar.extractfile(info).read() for info in tar.getmembers() if info.isfile()}
+    index = json.loads(files["index.json"])
+    image, tag = name.removesuffix(".oci.tar").split("+", 1)
+    for descriptor in index["manifests"]:
+        descriptor.setdefault("annotations", {})[CONTAINERD_NAME] = f"{image}:{tag}"
+    files["index.json"] = oci.canonical_json(index)
+    return plain_tar(files, {}, epoch)
 
 
 def tools_image_archive(layout: Path, tag: str, epoch: int) -> bytes:

@@ -3,16 +3,17 @@ was pushed to, attests its SBOM, and puts both and the public key into the packa
 
     COSIGN_PASSWORD=... scripts/release sign-image --key cosign.key DOMAIN/PROJECT PACKAGE.tar.gz
 
-The package's `push` has put the tools image into DOMAIN/PROJECT (digests kept). This signs it by
+The package's images file (`metax-k8s-images.VERSION.run push`) has put the tools image into
+DOMAIN/PROJECT (digests kept). This signs it by
 the digest the package holds (never by a tag, which may have moved since), with the key pair and
 no transparency log (an offline site has no Rekor to check against): `cosign sign --recursive`,
 which signs the index and each architecture's manifest (the digest a runtime or an admission
 policy that resolves the index checks), then `cosign attest --type cyclonedx` of the package's
 sbom.cdx.json on the index, a signed in-toto statement. Then it copies cosign's signature images
 (tag `sha256-HEX.sig`, one per digest) and the attestation image (`sha256-HEX.att`) out of the
-registry into the package as OCI archives, `NAME+sha256-HEX.sig.oci.tar` and `.att`, where `push`
-copies them under those tags into the site's registry beside the image, with `cosign.pub`; the
-site verifies after its push (docs/release.md). The package is rewritten as package.py writes it
+registry into the package's images file as OCI archives, `NAME+sha256-HEX.sig.oci.tar` and `.att`,
+which it pushes under those tags into the site's registry beside the image, with `cosign.pub` in
+the package; the site verifies after its push (docs/release.md). The package is rewritten as package.py writes it
 (sorted, 0:0, its files' time). Prints each signed reference: the index, then each architecture's
 manifest followed by its platform.
 
@@ -33,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from image import oci
-from release.package import plain_tar, reproducible_tar
+from release.package import PACKAGE_PREFIX, images_run, plain_tar, reproducible_tar, run_archives
 
 #: The SBOM's predicate type for `cosign attest`/`verify-attestation`: https://cyclonedx.org/bom.
 PREDICATE = "cyclonedx"
@@ -67,19 +68,25 @@ def read_package(path: Path) -> tuple[dict[str, bytes], dict[str, int], int]:
     return files, modes, min(times)
 
 
-def tools_image(files: dict[str, bytes]) -> tuple[str, str, str, dict[str, str]]:
-    """(the package's top directory, the tools image's name, the digest of its index, and each
-    manifest's digest the index lists -> its platform, OS/ARCH) from the archive NAME+TAG.oci.tar
-    package.py wrote."""
-    found = [name for name in files if name.endswith(".oci.tar") and "+sha256-" not in name]
+def images_file(files: dict[str, bytes]) -> str:
+    """The path of the package's images file (package.RUN_NAME)."""
+    found = [name for name in files if name.count("/") == 1 and name.endswith(".run")]
+    if len(found) != 1:
+        raise SignError("the package holds no images file: build it with scripts/package")
+    return found[0]
+
+
+def tools_image(archives: dict[str, bytes]) -> tuple[str, str, dict[str, str]]:
+    """(the tools image's name, the digest of its index, and each manifest's digest the index
+    lists -> its platform, OS/ARCH) from the archive NAME+TAG.oci.tar of the images file."""
+    found = [name for name in archives if name.endswith(".oci.tar") and "+sha256-" not in name]
     if len(found) != 1:
         raise SignError("the package holds no tools image archive: build it with scripts/package (it builds the image)")
-    top, base = found[0].split("/", 1)
-    with tarfile.open(fileobj=io.BytesIO(files[found[0]])) as archive:
+    with tarfile.open(fileobj=io.BytesIO(archives[found[0]])) as archive:
         (descriptor,) = json.load(archive.extractfile("index.json"))["manifests"]
         index = json.load(archive.extractfile(f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}"))
     platforms = {m["digest"]: f"{m['platform']['os']}/{m['platform']['architecture']}" for m in index["manifests"]}
-    return top, base.split("+", 1)[0], descriptor["digest"], platforms
+    return found[0].split("+", 1)[0], descriptor["digest"], platforms
 
 
 def fetch_archive(skopeo: str, source: str, tag: str, epoch: int, work: Path) -> bytes:
@@ -96,11 +103,16 @@ def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> li
     attestation and the public key; returns the signed references, each platform's followed by it."""
     for tool in (cosign, skopeo):
         if shutil.which(tool) is None:
-            raise SignError(f"{tool} is missing: run 'make setup' (scripts/setup.d/30-cosign and 30-image-tools install them)")
+            raise SignError(
+                f"{tool} is missing: run scripts/setup.d/30-cosign and scripts/setup.d/30-image-tools to install them"
+            )
     if "://" not in key and "COSIGN_PASSWORD" not in os.environ:  # a key file, not a KMS URI
         raise SignError("COSIGN_PASSWORD is not set: export the key's password (empty for a key without one)")
     files, modes, epoch = read_package(package)
-    top, name, digest, platforms = tools_image(files)
+    images_path = images_file(files)
+    top = images_path.split("/", 1)[0]
+    archives = run_archives(files[images_path])
+    name, digest, platforms = tools_image(archives)
     registry = registry.rstrip("/")
     reference = f"{registry}/{name}@{digest}"
     hex_digest = digest.removeprefix("sha256:")
@@ -121,7 +133,8 @@ def sign(package: Path, registry: str, key: str, cosign: str, skopeo: str) -> li
         )
         tags = [f"sha256-{hex_digest}.att"] + [f"{signed.replace(':', '-')}.sig" for signed in (digest, *platforms)]
         for tag in tags:
-            files[f"{top}/{name}+{tag}.oci.tar"] = fetch_archive(skopeo, f"docker://{registry}/{name}:{tag}", tag, epoch, work)
+            archives[f"{name}+{tag}.oci.tar"] = fetch_archive(skopeo, f"docker://{registry}/{name}:{tag}", tag, epoch, work)
+        files[images_path] = images_run(archives, top.removeprefix(PACKAGE_PREFIX), epoch)
         files[f"{top}/cosign.pub"] = run([cosign, "public-key", "--key", key], "cosign public-key").encode()
     package.write_bytes(reproducible_tar(files, modes, epoch))
     return [reference] + [f"{registry}/{name}@{manifest} {platform}" for manifest, platform in platforms.items()]

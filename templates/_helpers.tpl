@@ -352,6 +352,62 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/* The init container that puts the payload copier into a driver or MXMACA pod: the tools
+image's static busybox, which each payload init container then runs inside its payload image, so
+that a payload image needs nothing but its files under /payload (docs/chart.md, "Payload
+images"). Takes $. */}}
+{{- define "metax-operator.payloadCopier" -}}
+- name: {{ include "metax-operator.payloadCopierContainer" . }}
+  {{- include "metax-operator.toolsContainer" . | nindent 2 }}
+  command: ["cp", "/bin/busybox", "/mnt/copier/busybox"]
+  terminationMessagePolicy: FallbackToLogsOnError
+  resources:
+    requests: {cpu: 10m, memory: 16Mi}
+    limits: {cpu: 100m, memory: 32Mi}
+  volumeMounts:
+    - name: copier
+      mountPath: /mnt/copier
+{{- end }}
+
+{{/* A payload init container: in the payload IMAGE, with the pod's copier, it checks that the
+image holds a non-empty /payload and copies it into DEST. An image that does not ends it at once,
+exit code metax-operator.payloadContractExit, with one line naming the image and what it lacks
+as its termination message. (No `$(` in the script: Kubernetes would read it as a variable
+reference of the command.) Takes (dict "root" $ "name" NAME "image" IMAGE "dest" DEST
+"resources" MAP). */}}
+{{- define "metax-operator.payloadContainer" -}}
+{{- include "metax-operator.needs" (list "payloadContainer" . "root" "name" "image" "dest") -}}
+{{- $dir := include "metax-operator.payloadDir" .root -}}
+{{- $script := list
+  "b=/mnt/copier/busybox"
+  (printf "if [ ! -d %s ]; then m='no %s directory'" $dir $dir)
+  (printf "elif [ -z \"`$b ls -A %s`\" ]; then m='an empty %s directory'" $dir $dir)
+  (printf "else $b mkdir -p \"$1\"; exec $b cp -a %s/. \"$1\"; fi" $dir)
+  (printf "m=\"payload image $%s has $m: a payload image holds its files under %s (docs/chart.md, Payload images)\"" (include "metax-operator.payloadImageEnv" .root) $dir)
+  (printf "echo \"$m\" >/dev/termination-log; echo \"$m\" >&2; exit %s" (include "metax-operator.payloadContractExit" .root))
+-}}
+- name: {{ .name }}
+  image: {{ .image }}
+  imagePullPolicy: {{ .root.Values.imagePullPolicy }}
+  command: ["/mnt/copier/busybox", "sh", "-c", {{ join "\n" $script | quote }}, "payload", {{ .dest | quote }}]
+  env:
+    - name: {{ include "metax-operator.payloadImageEnv" .root }}
+      value: {{ .image | quote }}
+  terminationMessagePolicy: FallbackToLogsOnError
+  securityContext:
+    {{- include "metax-operator.rootNoPrivileges" .root | nindent 4 }}
+  {{- with .resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: payload
+      mountPath: /mnt/payload
+    - name: copier
+      mountPath: /mnt/copier
+      readOnly: true
+{{- end }}
+
 {{/* A container security context for a root process that writes root-owned host or volume
 files without privilege: no escalation, only the file-ownership capabilities, its own files
 read-only. */}}

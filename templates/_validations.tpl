@@ -27,6 +27,9 @@ Helm 3 and Helm 4.
 {{- if and $v.driver.deploy (ne $v.driver.deployPolicy "Never") (not $v.driver.payload.version) -}}
   {{- $errors = append $errors "driver.payload.version: is required unless driver.deployPolicy is Never; set the driver version, e.g. --set driver.payload.version=2.32.0.6" -}}
 {{- end -}}
+{{- if and $v.driver.deploy (eq $v.driver.deployPolicy "Never") (eq $v.driver.fwUpgradePolicy "PreferCloud") -}}
+  {{- $errors = append $errors "driver.fwUpgradePolicy: PreferCloud flashes the firmware the driver payload carries, and driver.deployPolicy Never deploys no payload; set driver.fwUpgradePolicy=Never, or a driver.deployPolicy that deploys the payload (PreferCloud, PreferHost or PreferNewer)" -}}
+{{- end -}}
 
 {{- /* The staged rollout's step list (the rules of chart/upgrade_policy.py the schema cannot say). */ -}}
 {{- $policy := $v.driver.upgradePolicy -}}

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures, and the test tiers (tests/tiers.py): a test that uses a cluster fixture
+is marked `e2e`, and the tier `make test` or `make e2e` runs is guarded.
 
 Control plane (tests/controlplane.py): `control_plane` is one real kube-apiserver, controller
 manager, scheduler, etcd and kwok per test session (per xdist worker), with 10 simulated GPU
@@ -10,13 +11,22 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import controlplane
+from tests import controlplane, tiers
 
 # How long an example takes to generate or to run depends on the machine's load (two xdist workers
 # and the e2e clusters beside them on two cores), not on the code: neither fails a test here.
 # A test's own @settings still overrides these.
 settings.register_profile("metax", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("metax")
+
+
+def pytest_configure(config):
+    tiers.install_guard()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
+def pytest_collection_modifyitems(items):
+    tiers.mark(items)
 
 
 @pytest.fixture(scope="session")

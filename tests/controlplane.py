@@ -124,7 +124,7 @@ def node_version(version: str) -> str:
         return max(fits, key=lambda b: tuple(int(part) for part in b.lstrip("v").split(".")))
     raise ControlPlaneError(
         f"Kubernetes {version} has no kubelet built within the skew policy ({kubelet_skew(version)} minor versions "
-        f"older at most): add kubelet,kube-proxy to a line of {MATRIX.relative_to(REPO)} and run 'make setup'"
+        f"older at most): add kubelet,kube-proxy to a line of {MATRIX.relative_to(REPO)} and run 'make e2e'"
     )
 
 
@@ -316,7 +316,7 @@ def _check_node_prerequisites() -> None:
     ]
     if missing:
         raise ControlPlaneError(
-            f"{', '.join(missing)} not on PATH: run 'make setup' (scripts/setup.d/15-node-packages installs them)"
+            f"{', '.join(missing)} not on PATH: run 'make e2e' or 'make demo' first (scripts/setup.d/15-node-packages)"
         )
 
 
@@ -559,10 +559,10 @@ class ControlPlane:
         cp = cls(workdir=Path(workdir), port=port or free_port(), kubernetes=kubernetes)
         binaries = ["etcd", "kube-apiserver"] + ([] if api_only else ["kube-controller-manager", "kube-scheduler", "kwok"])
         for binary in binaries + (["kubelet", "kube-proxy", "pause-image"] if real_node else []):
-            if not os.access(cp.binary(binary), os.X_OK):
-                raise ControlPlaneError(
-                    f"{cp.binary(binary)} is missing: run 'make setup' (builds the control plane; 10-20 minutes the first time)"
-                )
+            path = cp.binary(binary)
+            if not os.access(path, os.X_OK):
+                builds = "'make e2e' or 'make demo'" if path.parent == BIN_DIR else "'make e2e' (it builds the version matrix)"
+                raise ControlPlaneError(f"{path} is missing: run {builds} first")
         if real_node:
             _check_node_prerequisites()
         if port:
@@ -727,7 +727,7 @@ class ControlPlane:
         issue_cert(pki, "registry", "/CN=registry", "serverAuth", "IP:127.0.0.1,DNS:localhost")
         binary = CACHE / "bin" / "registry"
         if not os.access(binary, os.X_OK):
-            raise ControlPlaneError(f"{binary} is missing: run 'make setup' (builds the distribution registry)")
+            raise ControlPlaneError(f"{binary} is missing: run 'make e2e' or 'make demo' first (they build the registry)")
         context = ssl.create_default_context(cafile=str(self.ca))
         self._run(
             "registry",

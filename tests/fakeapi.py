@@ -23,6 +23,10 @@ codes, retries and watch streaming), with just enough of the API behind it:
   test's `delete`, removes it). `put` and `delete`, the test's own writes, store and remove as
   they are told, as other parts of the cluster would leave the objects;
 - discovery of the kinds the runner uses;
+- GET, LIST and WATCH of metadata only, as the API server answers an `Accept` of
+  `application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` (`PartialObjectMetadataList` for
+  a LIST; the other form is refused with 406), and field selector values as it formats them
+  (booleans `true`/`false`, an absent `spec.unschedulable` false);
 - `fail(method, path, status, times, message=...)`: the next matching requests get that status
   instead; `interceptors`: functions that see each request before it is answered (under the
   server's lock: they may change objects) and may answer it instead; neither touches the
@@ -47,7 +51,8 @@ from kubernetes import client as k8s
 
 from metax_operator.conditions import rfc3339
 from metax_operator.lookup import lookup
-from metax_operator.runtime.kube import Backoff, Client
+from metax_operator.runtime.api_failures import Backoff
+from metax_operator.runtime.kube import Client
 
 # (group/version path, plural, kind, namespaced)
 KINDS = [
@@ -185,7 +190,7 @@ class FakeApi:
         watch resumed from was compacted away: the watchers list again."""
         with self._lock:
             for _, _, events in self._watchers:
-                events.put({"type": "ERROR", "object": _status(410, "too old resource version")})
+                events.put({"type": "ERROR", "object": status_body(410, "too old resource version")})
 
     def close_watches(self) -> None:
         """End every open watch (as the server does at timeoutSeconds)."""
@@ -222,13 +227,13 @@ class FakeApi:
         """`change` to the watch of `watched` if its selectors match `obj`; as the API server
         does, a watch that matched the object `before` the write and no longer does gets a DELETED."""
         collection = path.rsplit("/", 1)[0]
-        if watched not in (collection, _all_namespaces(collection)):
+        if watched not in (collection, cluster_wide(collection)):
             return
         selectors = query.get("labelSelector"), query.get("fieldSelector")
-        if _matches(obj, *selectors):
-            events.put({"type": change, "object": obj})
-        elif before is not None and _matches(before, *selectors):
-            events.put({"type": "DELETED", "object": obj})
+        if matches(obj, *selectors):
+            events.put({"type": change, "object": copy.deepcopy(obj)})
+        elif before is not None and matches(before, *selectors):
+            events.put({"type": "DELETED", "object": copy.deepcopy(obj)})
         else:
             return
         self.last_sent[id(events)] = obj["metadata"]["resourceVersion"]
@@ -252,8 +257,10 @@ class FakeApi:
         return True
 
     def answer(
-        self, method: str, path: str, query: dict, body, content_type: str = "", user_agent: str = ""
+        self, method: str, path: str, query: dict, body, content_type: str = "", user_agent: str = "", accept: str = ""
     ) -> tuple[int, object]:
+        """The status and the body of a request; a WATCH's body is the form its events take
+        (`negotiate`), which the handler streams."""
         with self._lock:
             request = Request(method, path, query, body, content_type, user_agent)
             self.requests.append(request)
@@ -265,10 +272,15 @@ class FakeApi:
             for fault in () if exempt else self._faults:
                 if fault[:3] == [method, path, query.get("watch") == "true"] and fault[4] > 0:
                     fault[4] -= 1
-                    return fault[3], _status(fault[3], fault[5])
-            if method == "GET" and query.get("watch") == "true":
-                return 200, None  # served by the handler as a stream
-            return self._answer(method, path, query, body, content_type)
+                    return fault[3], status_body(fault[3], fault[5])
+            watch = method == "GET" and query.get("watch") == "true"
+            form = negotiate(accept, "watch" if watch else "list" if method == "GET" and is_collection(path) else "get")
+            if form is None:
+                return 406, status_body(406, f"the server cannot answer {accept!r}")
+            if watch:
+                return 200, form
+            code, answer = self._answer(method, path, query, body, content_type)
+            return code, as_form(answer, form) if code == 200 else answer
 
     def _answer(self, method: str, path: str, query: dict, body, content_type: str = "") -> tuple[int, object]:
         if method == "GET" and path in {group for group, *_ in KINDS}:
@@ -283,9 +295,9 @@ class FakeApi:
         if method == "GET":
             if path in self.objects:
                 return 200, copy.deepcopy(self.objects[path])
-            if _is_collection(path):
+            if is_collection(path):
                 return 200, self._list(path, query)
-            return 404, _status(404, "not found")
+            return 404, status_body(404, "not found")
         if method == "POST" and path.endswith("/eviction"):
             return self._evict(path.removesuffix("/eviction"))
         if method == "POST":
@@ -295,37 +307,37 @@ class FakeApi:
         if live is None and method == "PATCH" and content_type == APPLY and not self.apply_as_merge_patch:
             return 201, self._write(target, _strategic({}, body, apply=True), "ADDED")  # an apply creates
         if live is None:
-            return 404, _status(404, "not found")
+            return 404, status_body(404, "not found")
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
-                return 409, _status(409, "the object has been modified")
-            return 200, self._write(target, _subresource(path, live, body), "MODIFIED")
+                return 409, status_body(409, "the object has been modified")
+            return 200, self._write(target, subresource_write(path, live, body), "MODIFIED")
         if method == "PATCH":
             try:
                 patched = self._patch(live, body, content_type)
-            except _TestFailed as err:
-                return 422, _status(422, str(err))
+            except PatchTestFailed as err:
+                return 422, status_body(422, str(err))
             wanted = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if wanted and wanted != live["metadata"]["resourceVersion"]:
-                return 409, _status(409, "the object has been modified")
-            return 200, self._write(target, _subresource(path, live, patched), "MODIFIED")
+                return 409, status_body(409, "the object has been modified")
+            return 200, self._write(target, subresource_write(path, live, patched), "MODIFIED")
         if method == "DELETE":
             uid = ((body or {}).get("preconditions") or {}).get("uid")
             if uid and uid != live["metadata"]["uid"]:
-                return 409, _status(409, "precondition failed: uid")
+                return 409, status_body(409, "precondition failed: uid")
             return self._delete(target, live, (body or {}).get("gracePeriodSeconds"))
-        return 405, _status(405, f"{method} not supported")
+        return 405, status_body(405, f"{method} not supported")
 
     def _patch(self, live: dict, body, content_type: str) -> dict:
         """`live` patched by `body` as its content type says (a list: a JSON patch; no content
         type: a merge patch)."""
         if isinstance(body, list) or content_type == "application/json-patch+json":
-            return _json_patch(live, body)
+            return json_patch(live, body)
         if content_type == "application/strategic-merge-patch+json":
             return _strategic(live, body)
         if content_type == APPLY and not self.apply_as_merge_patch:
             return _strategic(live, body, apply=True)
-        return _merge(live, body)
+        return merge_patch(live, body)
 
     def _write(self, path: str, obj: dict, change: str) -> dict:
         """Store a write that came over HTTP, with the API server's `metadata.generation`: 1 at
@@ -353,7 +365,7 @@ class FakeApi:
         del self.objects[path]
         self.version += 1
         self._notify(path, "DELETED", live)
-        return 200, _status(200, "deleted")
+        return 200, status_body(200, "deleted")
 
     def _evict(self, pod_path: str) -> tuple[int, object]:
         """The Eviction subresource: 429 while a PodDisruptionBudget of the pod's namespace that
@@ -361,27 +373,27 @@ class FakeApi:
         the pod deleted (gracefully, as any deletion)."""
         pod = self.objects.get(pod_path)
         if pod is None:
-            return 404, _status(404, "not found")
+            return 404, status_body(404, "not found")
         namespace = pod_path.split("/")[-3]
         labels = pod["metadata"].get("labels") or {}
         prefix = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/"
         selecting = lambda pdb: all(labels.get(k) == v for k, v in (lookup(pdb, "spec", "selector", "matchLabels") or {}).items())  # noqa: E731
         budgets = [path for path, pdb in self.objects.items() if path.startswith(prefix) and selecting(pdb)]
         if any((self.objects[path].get("status") or {}).get("disruptionsAllowed", 0) < 1 for path in budgets):
-            return 429, _status(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+            return 429, status_body(429, "Cannot evict pod as it would violate the pod's disruption budget.")
         for path in budgets:
             pdb = copy.deepcopy(self.objects[path])
             pdb["status"]["disruptionsAllowed"] -= 1
             self._store(path, pdb, "MODIFIED")
         self._delete(pod_path, pod, None)
-        return 201, _status(201, "evicted")
+        return 201, status_body(201, "evicted")
 
     def _list(self, path: str, query: dict) -> dict:
         items = [
             copy.deepcopy(obj)
             for key, obj in sorted(self.objects.items())
             if key.rsplit("/", 1)[0] in (path, *_namespaced(path, self.objects))
-            and _matches(obj, query.get("labelSelector"), query.get("fieldSelector"))
+            and matches(obj, query.get("labelSelector"), query.get("fieldSelector"))
         ]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or len(items) or 1)
@@ -412,7 +424,7 @@ class FakeApi:
 APPLY = "application/apply-patch+yaml"
 
 
-class _TestFailed(Exception):
+class PatchTestFailed(Exception):
     pass
 
 
@@ -421,7 +433,39 @@ def _content(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
-def _status(code: int, message: str) -> dict:
+PARTIAL, PARTIAL_LIST = "PartialObjectMetadata", "PartialObjectMetadataList"
+
+
+def negotiate(accept: str, request: str) -> str | None:
+    """The form of the answer to `request` ("get", "list" or "watch") that `Accept` asks for, as
+    the API server picks it: the first media range it can serve, "" for the objects themselves,
+    PARTIAL or PARTIAL_LIST for metadata only (meta.k8s.io/v1: a LIST's answer is a
+    PartialObjectMetadataList, a GET's and a WATCH's events' a PartialObjectMetadata); None when it
+    can serve none (406)."""
+    wanted = PARTIAL_LIST if request == "list" else PARTIAL
+    for media in (accept or "application/json").split(","):
+        kind, *options = (part.strip() for part in media.split(";"))
+        params = dict(option.partition("=")[::2] for option in options)
+        if kind not in ("application/json", "application/*", "*/*"):
+            continue
+        if "as" not in params:
+            return ""
+        if (params["as"], params.get("g"), params.get("v")) == (wanted, "meta.k8s.io", "v1"):
+            return wanted
+    return None
+
+
+def as_form(answer: dict, form: str) -> dict:
+    """`answer` (an object, or a List of them) in `form` (`negotiate`)."""
+    if form == PARTIAL:
+        return {"kind": PARTIAL, "apiVersion": "meta.k8s.io/v1", "metadata": answer.get("metadata") or {}}
+    if form == PARTIAL_LIST:
+        items = [as_form(item, PARTIAL) for item in answer["items"]]
+        return {"kind": PARTIAL_LIST, "apiVersion": "meta.k8s.io/v1", "metadata": answer["metadata"], "items": items}
+    return answer
+
+
+def status_body(code: int, message: str) -> dict:
     return {
         "kind": "Status",
         "apiVersion": "v1",
@@ -431,7 +475,7 @@ def _status(code: int, message: str) -> dict:
     }
 
 
-def _subresource(path: str, live: dict, written: dict) -> dict:
+def subresource_write(path: str, live: dict, written: dict) -> dict:
     """What a write keeps, as with a status subresource: through /status only the status, else
     everything but the status."""
     if path.endswith("/status"):
@@ -439,11 +483,11 @@ def _subresource(path: str, live: dict, written: dict) -> dict:
     return {**written, **({"status": live["status"]} if "status" in live else {})}
 
 
-def _is_collection(path: str) -> bool:
+def is_collection(path: str) -> bool:
     return any(path.endswith("/" + plural) for _, plural, _, _ in KINDS)
 
 
-def _all_namespaces(collection: str) -> str:
+def cluster_wide(collection: str) -> str:
     """/api/v1/namespaces/ns/pods -> /api/v1/pods (the cluster-wide collection)."""
     parts = collection.split("/")
     if "namespaces" in parts:
@@ -454,10 +498,21 @@ def _all_namespaces(collection: str) -> str:
 
 def _namespaced(path: str, objects: dict) -> set[str]:
     """The namespaced collections a cluster-wide collection path lists."""
-    return {key.rsplit("/", 1)[0] for key in objects if _all_namespaces(key.rsplit("/", 1)[0]) == path}
+    return {key.rsplit("/", 1)[0] for key in objects if cluster_wide(key.rsplit("/", 1)[0]) == path}
 
 
-def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
+#: The value the API server gives a selectable field an object leaves out (Go's zero value).
+_FIELD_ZERO = {"spec.unschedulable": False}
+
+
+def field_text(value) -> str:
+    """A field's value as a field selector compares it (Go's formatting)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def matches(obj: dict, labels: str | None, fields: str | None) -> bool:
     have = (obj.get("metadata") or {}).get("labels") or {}
     for term in filter(None, (labels or "").split(",")):
         key, equals, value = term.partition("=")
@@ -469,12 +524,12 @@ def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
         node = obj
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value) == negate:
+        if (field_text(_FIELD_ZERO.get(key) if node is None else node) == value) == negate:
             return False
     return True
 
 
-def _merge(target, patch):
+def merge_patch(target, patch):
     """RFC 7386 merge patch."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -483,7 +538,7 @@ def _merge(target, patch):
         if value is None:
             out.pop(key, None)
         else:
-            out[key] = _merge(out.get(key), value)
+            out[key] = merge_patch(out.get(key), value)
     return out
 
 
@@ -521,7 +576,7 @@ def _strategic(target, patch, apply: bool = False, field: str = ""):
     return copy.deepcopy(patch)
 
 
-def _json_patch(target: dict, ops: list) -> dict:
+def json_patch(target: dict, ops: list) -> dict:
     """RFC 6902: add, remove, replace and test on object members."""
     out = copy.deepcopy(target)
     for op in ops:
@@ -529,17 +584,17 @@ def _json_patch(target: dict, ops: list) -> dict:
         node = out
         for part in parents:
             if not isinstance(node, dict) or part not in node:
-                raise _TestFailed(f"{op['path']}: no such path")
+                raise PatchTestFailed(f"{op['path']}: no such path")
             node = node[part]
         if op["op"] == "test":
             if node.get(last) != op["value"]:
-                raise _TestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
+                raise PatchTestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
         elif op["op"] == "remove":
             if last not in node:
-                raise _TestFailed(f"remove of {op['path']}: no such member")
+                raise PatchTestFailed(f"remove of {op['path']}: no such member")
             del node[last]
         elif op["op"] == "replace" and last not in node:
-            raise _TestFailed(f"replace of {op['path']}: no such member")
+            raise PatchTestFailed(f"replace of {op['path']}: no such member")
         else:
             node[last] = copy.deepcopy(op["value"])
     return out
@@ -559,9 +614,12 @@ def _handler(api: FakeApi):
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            code, answer = api.answer(method, url.path, query, body, content_type, self.headers.get("User-Agent") or "")
+            headers = self.headers
+            code, answer = api.answer(
+                method, url.path, query, body, content_type, headers.get("User-Agent") or "", headers.get("Accept", "")
+            )
             if method == "GET" and query.get("watch") == "true" and code == 200:
-                return self._stream(url.path, query)
+                return self._stream(url.path, query, answer)
             data = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -569,8 +627,9 @@ def _handler(api: FakeApi):
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, path: str, query: dict) -> None:
-            """Chunked JSON lines until the test closes the watches (or the client goes)."""
+        def _stream(self, path: str, query: dict, form: str) -> None:
+            """Chunked JSON lines, each object in `form` (`negotiate`), until the test closes the
+            watches (or the client goes)."""
             events = api.watch(path, query)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -581,6 +640,8 @@ def _handler(api: FakeApi):
             self.end_headers()
             try:
                 while (change := events.get()) is not None:
+                    if change["type"] != "ERROR":
+                        change = {**change, "object": as_form(change["object"], form)}
                     line = json.dumps(change).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()

@@ -11,7 +11,7 @@ the tests do not run, would create it). The in-cluster destination
 the controller use the kubeconfig there instead of a pod's ServiceAccount.
 
 `Flux.start(cp, workdir)` runs Flux's source-controller and helm-controller, from binaries built
-by `make setup` where it has helm-controller's source (FLUX_BUILD), or given by environment
+by `make e2e` where it has helm-controller's source (FLUX_BUILD), or given by environment
 variables (FLUX_ENV): helm-controller is not on the Go module proxy.
 
 `snippet(name)` returns a code block of docs/gitops.md marked `<!-- snippet: NAME -->`: the
@@ -241,10 +241,10 @@ class ArgoCD:
         binary = ARGOCD_DIR / "argocd"
         for needed in (binary, ARGOCD_DIR / "crds", BIN / "helm3", BIN / "kubectl"):
             if not needed.exists():
-                raise GitOpsError(f"{needed} is missing: run 'make setup' (builds Argo CD {ARGOCD_VERSION})")
+                raise GitOpsError(f"{needed} is missing: run 'make e2e' (it builds Argo CD {ARGOCD_VERSION})")
         redis = shutil.which("redis-server")
         if redis is None:
-            raise GitOpsError("redis-server is not on PATH: run 'make setup' (apt-get install redis-server)")
+            raise GitOpsError("redis-server is not on PATH: run 'make e2e' (it installs Debian's redis-server with Argo CD)")
         workdir = Path(workdir)
         argocd = cls(cp, Processes(workdir), metrics_port=free_port())
         try:
@@ -407,7 +407,7 @@ class ArgoCD:
         return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 
-# Flux: helm-controller is not on the Go module proxy; `make setup` builds it, with
+# Flux: helm-controller is not on the Go module proxy; `make e2e` builds it, with
 # source-controller, where METAX_HELM_CONTROLLER_SOURCE names its source tarball
 # (scripts/setup.d/35-flux, into FLUX_BUILD). Each of these, set, points at another build instead:
 # a source-controller and a helm-controller binary, and a directory with both controllers' CRDs.
@@ -431,7 +431,7 @@ def flux_unavailable() -> str | None:
         if not (path.is_dir() if name == "METAX_FLUX_CRDS" else os.access(path, os.X_OK)):
             if not os.environ.get(name):
                 return (
-                    f"no Flux build in {FLUX_BUILD}: helm-controller is not on the Go module proxy; make setup builds"
+                    f"no Flux build in {FLUX_BUILD}: helm-controller is not on the Go module proxy; make e2e builds"
                     " it where METAX_HELM_CONTROLLER_SOURCE names its source tarball (docs/gitops.md)"
                 )
             return f"{name}={path} is not {'a directory' if name == 'METAX_FLUX_CRDS' else 'an executable'}"

@@ -7,7 +7,7 @@
                                show_only=["templates/driver/daemonset.yaml"])
 
 `render_chart` writes the values to a temporary file, runs `helm template` (Helm 3.18 or 4.1 as
-installed by `make setup`), parses the output with PyYAML's C loader and returns the objects;
+installed by `make test`'s setup), parses the output with PyYAML's C loader and returns the objects;
 `HelmError` carries helm's stderr when the render fails. `validate_objects` checks objects
 against the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail).
 """
@@ -47,7 +47,7 @@ class HelmError(Exception):
 def helm_path(helm: str) -> Path:
     path = BIN / helm
     if not path.exists():
-        pytest.fail(f"{path} is missing: run 'make setup'", pytrace=False)
+        pytest.fail(f"{path} is missing: run 'make test'", pytrace=False)
     return path
 
 

@@ -26,8 +26,12 @@ class RegistryError(Exception):
     """A push failed; the message is one line with the tool's own error."""
 
 
-def config(workdir: Path, port: int, cert: Path, key: Path) -> Path:
-    """The registry's configuration file: storage in workdir, TLS, quiet logs."""
+def config(workdir: Path, port: int, cert: Path | None, key: Path | None) -> Path:
+    """The registry's configuration file: storage in workdir, TLS (plain HTTP without a
+    certificate), quiet logs."""
+    http: dict = {"addr": f"127.0.0.1:{port}"}
+    if cert is not None:
+        http["tls"] = {"certificate": str(cert), "key": str(key)}
     path = workdir / "registry.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -35,7 +39,7 @@ def config(workdir: Path, port: int, cert: Path, key: Path) -> Path:
                 "version": 0.1,
                 "log": {"level": "warn", "accesslog": {"disabled": True}},
                 "storage": {"filesystem": {"rootdirectory": str(workdir / "registry")}, "delete": {"enabled": True}},
-                "http": {"addr": f"127.0.0.1:{port}", "tls": {"certificate": str(cert), "key": str(key)}},
+                "http": http,
             }
         )
     )

@@ -11,18 +11,17 @@ import json
 import re
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
 from image.lock import MACHINES
+from metax_operator.contract import PAYLOAD_COPIER_CONTAINER
 from tests.helm import helm_path, render_chart
 from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
-
-pytestmark = pytest.mark.image
 
 VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 PACKAGE_LAYER = "usr/local/"
@@ -321,10 +320,15 @@ def test_chart_runs_the_image_as_its_config_says(image, pods):
     assert commands >= {"preflight", "upgrade-crds", "bootstrap", "cleanup", "test", "run", "wait-for"}
     for spec, container in containers:
         security = {**spec.get("securityContext", {}), **container["securityContext"]}
-        assert container["command"][:1] == config["Entrypoint"], container["name"]
+        if container["name"] == PAYLOAD_COPIER_CONTAINER:
+            # It runs the image's cp on the image's static busybox, not the metax-operator command
+            # (its run on the real node: tests/e2e/test_payload_contract.py).
+            assert container["command"][:2] == ["cp", "/bin/busybox"], container["command"]
+        else:
+            assert container["command"][:1] == config["Entrypoint"], container["name"]
         assert (security["runAsUser"], security["runAsGroup"]) == (uid, gid), container["name"]
         assert security["readOnlyRootFilesystem"] is True
-        if container["name"] != "wait-for":  # reads pods only: it has no volume, nothing is writable
+        if container["name"] not in ("wait-for", PAYLOAD_COPIER_CONTAINER):  # they write nothing but their volume, if any
             assert config["WorkingDir"] in {m["mountPath"] for m in container["volumeMounts"]}, (
                 f"{container['name']}: the working directory must be its writable emptyDir"
             )
@@ -400,3 +404,25 @@ def test_every_module_and_extension_imports_in_the_image(bundle, preflight):
     out = run_image(bundle, (spec, {**container, "command": ["python3", "-c", code]}), [])
     assert out.returncode == 0, out.stderr
     assert any(line.startswith("_re2.") for line in out.stdout.splitlines()), out.stdout
+
+
+def test_the_image_brings_the_static_busybox_the_payload_containers_run(image):
+    """The driver and MXMACA pods copy /bin/busybox into their payload init containers, which run
+    it inside payload images that may hold no libc: it is a static executable of the image's
+    architecture (ELF e_machine), needing no program interpreter."""
+    files = image.files()
+    link, _ = files["bin"]  # merged /usr: /bin is a link to usr/bin, where the package puts it
+    assert link.issym() and link.linkname == "usr/bin"
+    info, data = files["usr/bin/busybox"]
+    assert info.isfile() and info.mode & 0o111
+    assert data[:4] == b"\x7fELF"
+    machine = int.from_bytes(data[18:20], "little")
+    assert machine == {"amd64": 62, "arm64": 183}[image.arch]
+    program_headers = (
+        int.from_bytes(data[32:40], "little"),
+        int.from_bytes(data[54:56], "little"),
+        int.from_bytes(data[56:58], "little"),
+    )
+    offset, size, count = program_headers
+    kinds = [int.from_bytes(data[offset + i * size : offset + i * size + 4], "little") for i in range(count)]
+    assert 3 not in kinds, "busybox asks for a program interpreter (PT_INTERP): not static"

@@ -7,7 +7,7 @@ module registers which subcommand.
 Every mistake a user can make ends in one line `error: <what>: <problem>; <fix>` and exit
 status 1: a bad option (`Parser.error`), a number out of range (`bounded`), a `UserError` from a
 command, a kubeconfig that cannot be loaded or an API server that cannot be reached or refuses
-(`kube.api_problem`). Anything else is a bug and keeps its stack trace.
+(`runtime.api_failures.api_problem`). Anything else is a bug and keeps its stack trace.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         return _report(err)
     except Exception as err:  # only the API's failures are the user's; the rest re-raised
-        kube = sys.modules.get("metax_operator.runtime.kube")  # imported only by the commands that use the API
-        problem = kube.api_problem(err) if kube else None
+        failures = sys.modules.get("metax_operator.runtime.api_failures")  # imported only by the commands that use the API
+        problem = failures.api_problem(err) if failures else None
         if problem is None:
             raise
         return _report(problem)

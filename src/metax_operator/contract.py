@@ -49,6 +49,16 @@ NODE_PATCHERS = ("driver", "gpuDevice", "gpuLabel", "vfioManager")
 #: `payload-0`, `payload-1`, ... one per image of `maca.payload.images`, in its order.
 DRIVER_PAYLOAD_CONTAINER = "payload"
 MACA_PAYLOAD_PREFIX = "payload-"
+#: The payload contract (docs/chart.md, "Payload images"): a payload image holds its files under
+#: PAYLOAD_DIR, and needs nothing else: each payload init container runs a static busybox that the
+#: init container PAYLOAD_COPIER_CONTAINER (tools image) put into the pod, with the image's
+#: reference in PAYLOAD_IMAGE_ENV. An image without a PAYLOAD_DIR (or an empty one) ends its
+#: container at once with exit code PAYLOAD_CONTRACT_EXIT and one line naming the image (its
+#: termination message).
+PAYLOAD_DIR = "/payload"
+PAYLOAD_COPIER_CONTAINER = "copier"
+PAYLOAD_IMAGE_ENV = "PAYLOAD_IMAGE"
+PAYLOAD_CONTRACT_EXIT = 3
 
 #: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
@@ -84,6 +94,14 @@ COMPONENT_ENV = {
 }
 #: Field selector of the pods the runner and the hooks read: every pod not yet finished.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+#: The product manual's own spellings of two options, accepted beside the chart's (seed 000 table
+#: 3.1 writes `vfio-manager`, §3.1 `driver.enableRollout`): the seed's path -> the chart's path.
+#: chart/seed_spellings.py reads them as the chart's key (values) or checks they agree (the CR).
+SEED_SPELLINGS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("vfio-manager",): ("vfioManager",),
+    ("driver", "enableRollout"): ("driver", "upgradePolicy", "enableRollout"),
+}
 
 # -- the ClusterOperator custom resource -----------------------------------------------------------
 
@@ -168,6 +186,12 @@ SGPU_RESOURCE = f"{RESOURCE_PREFIX}sgpu"
 VFIO_RESOURCE = f"{RESOURCE_PREFIX}vfio-gpu"
 #: HAMi's resources that size an sGPU: percent of the GPU's compute, GiB of device memory.
 HAMI_RESOURCES = (f"{RESOURCE_PREFIX}vcore", f"{RESOURCE_PREFIX}vmemory")
+#: HAMi's allocation protocol (HAMi v2.10.0, docs/workloads.md "What HAMi and gpu-device write"):
+#: the node annotation HAMi's scheduler locks a node with while it binds an sGPU pod there, which
+#: the node's device plugin (gpu-device) removes once it has allocated; and the pod annotation the
+#: device plugin sets to `success` or `failed` then.
+HAMI_NODE_LOCK = "hami.io/mutex.lock"
+HAMI_BIND_PHASE = "hami.io/bind-phase"
 GPU_TAINT = GPU_RESOURCE
 
 # -- the ConfigMaps admins edit in place (seed §3.2.6-3.2.7) ---------------------------------------

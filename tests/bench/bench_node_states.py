@@ -18,7 +18,7 @@ from metax_operator.contract import STATE_LABEL
 from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.node_state import NodeUpgradeState, states
 from metax_operator.rollout.simulate import NEW, Config, Simulation
-from metax_operator.runtime.rollout_pass import STATE_WRITES_PER_PASS, write_order
+from metax_operator.runtime.rollout_nodes import STATE_WRITES_PER_PASS, write_order
 
 # Seed 001 scenario 2's shape in percentages, so that one policy fits both sizes.
 POLICY = {

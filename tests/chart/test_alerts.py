@@ -29,7 +29,7 @@ METRIC_NAME = re.compile(r"\bmetax_operator_[a-z_]+\b")
 def promtool(*args: str) -> subprocess.CompletedProcess:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool is missing: run 'make setup' (it installs Debian's prometheus package)", pytrace=False)
+        pytest.fail("promtool is missing: run 'make test' (it installs Debian's prometheus package)", pytrace=False)
     return subprocess.run([path, *args], capture_output=True, text=True, timeout=120)
 
 

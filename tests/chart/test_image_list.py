@@ -14,8 +14,6 @@ from metax_operator.chart import images
 from metax_operator.contract import DAEMONSETS
 from tests.helm import APP_VERSION, CHART, helm_bin, helm_path, overlay  # noqa: F401
 
-pytestmark = pytest.mark.helm
-
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 SEED = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 VALUES = {

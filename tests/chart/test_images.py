@@ -9,7 +9,7 @@ import yaml
 
 from metax_operator.chart import images
 from metax_operator.chart.daemonset import desired_daemonset
-from metax_operator.contract import DAEMONSETS
+from metax_operator.contract import DAEMONSETS, PAYLOAD_COPIER_CONTAINER
 from tests.helm import APP_VERSION, CHART, helm_bin, render_chart  # noqa: F401
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -43,9 +43,12 @@ def expected_references(values: dict) -> dict[str, str]:
     out["metax-driver/payload"] = images.reference(
         payload["registry"] or common, payload["name"], payload["version"], payload["digest"]
     )
+    out[f"metax-driver/{PAYLOAD_COPIER_CONTAINER}"] = image("tools")
     maca = {**defaults["maca"]["payload"], **(values.get("maca") or {}).get("payload", {})}
     for i, entry in enumerate(maca["images"]):
         out[f"metax-maca/payload-{i}"] = f"{maca['registry'] or common}/{entry}"
+    if maca["images"]:
+        out[f"metax-maca/{PAYLOAD_COPIER_CONTAINER}"] = image("tools")
     return out
 
 
@@ -70,7 +73,6 @@ def rendered_references(objects: list[dict]) -> tuple[dict[str, str], set[str]]:
     return out, tools
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("values", [PLAIN, PINNED], ids=["tags", "digests-and-own-registries"])
 def test_every_rendered_image_is_the_reference_format(helm_bin, values):
     rendered, tools = rendered_references(render_chart(values, helm=helm_bin))
@@ -78,7 +80,6 @@ def test_every_rendered_image_is_the_reference_format(helm_bin, values):
     assert tools == {expected_references(values)["metax-driver/wait-for"]}
 
 
-@pytest.mark.helm
 def test_the_runner_builds_the_payload_references_the_chart_renders():
     objects = render_chart(PINNED)
     daemonsets = {

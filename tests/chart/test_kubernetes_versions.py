@@ -1,7 +1,7 @@
 """The chart on every class of Kubernetes version it supports (scripts/controlplane/versions/matrix).
 
 Each matrix version's API server runs alone (etcd and kube-apiserver of that release, built by
-`make setup`). On it the chart is installed as Helm 3 installs it, without the hook Jobs (no
+`make e2e`). On it the chart is installed as Helm 3 installs it, without the hook Jobs (no
 nodes run them here): `crds/` created as Helm creates it, every object validated by Helm against
 that server's OpenAPI and accepted, the ValidatingAdmissionPolicy where Helm's capabilities show
 it; then the upgrade-crds hook's command applies the CRD in the form that server takes.
@@ -32,9 +32,9 @@ from metax_operator.conditions import CrCondition
 from metax_operator.errors import UserError
 from metax_operator.hooks import bootstrap
 from metax_operator.rollout import freeze
-from metax_operator.runtime import cr_status, kube, run
+from metax_operator.runtime import api_failures, cr_status, kube, run
 from tests import controlplane
-from tests.chart.test_admission import CR_CASES, _policy, admit, case_values, client  # noqa: F401 (fixture)
+from tests.chart.test_admission import CR_CASES, _policy, admit, case_spec, case_values, client  # noqa: F401 (fixture)
 from tests.helm import BIN, CHART, NAMESPACE, RELEASE, UPGRADE_CRDS_ARGS, render_chart
 
 VERSIONS = controlplane.matrix()
@@ -67,7 +67,7 @@ class Server:
         for api_version in admission.POLICY_API_VERSIONS:
             try:
                 self.client.resource(api_version, "ValidatingAdmissionPolicy")
-            except kube.NotServed:
+            except api_failures.NotServed:
                 continue
             return api_version
         return None
@@ -130,8 +130,7 @@ def rules_of(node) -> list[dict]:
     return []
 
 
-@pytest.mark.e2e
-@pytest.mark.helm
+@pytest.mark.long_build
 def test_the_chart_installs_and_the_crd_takes_the_form_the_server_enforces(server):
     """The CRD is accepted (Established) with the rules of the form the hook chose where the
     server has CEL rules, none where it drops them; the policy is installed where it is served."""
@@ -188,17 +187,15 @@ def assert_same_verdict(server: Server, default, spec: dict) -> None:
         assert line in lines if server.full_crd else _said(line, lines), (line, lines)
 
 
-@pytest.mark.e2e
-@pytest.mark.helm
+@pytest.mark.long_build
 @pytest.mark.parametrize("case", CR_CASES, ids=[case["name"] for case in CR_CASES])
 def test_each_case_gets_the_default_servers_verdict(case, server, client, tmp_path):
     values = case_values(case, tmp_path)
     schema_of_spec = bootstrap.spec_schema(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", contract.CRD_NAME))
-    assert_same_verdict(server, client, bootstrap.prune(values, schema_of_spec))
+    assert_same_verdict(server, client, case_spec(values, schema_of_spec))
 
 
-@pytest.mark.e2e
-@pytest.mark.helm
+@pytest.mark.long_build
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_policy)
 def test_generated_policies_get_the_default_servers_verdict(raw, server, client):
@@ -220,8 +217,7 @@ def _payload_image(client: kube.Client) -> str:
     return next(c["image"] for c in init if c["name"] == contract.DRIVER_PAYLOAD_CONTAINER)
 
 
-@pytest.mark.e2e
-@pytest.mark.helm
+@pytest.mark.long_build
 def test_an_edit_during_a_rollout_is_refused_where_the_policy_is_served_and_held_by_the_runner_elsewhere(server):
     """The product's rule on every version: while a driver rollout is in progress only `pause` and
     `enableRollout` change. `helm upgrade`'s bootstrap refuses another change everywhere; `kubectl

@@ -120,14 +120,12 @@ def test_documents_without_the_contract_pass_through_byte_for_byte():
     assert postrender(UNTOUCHED) == (UNTOUCHED, [])
 
 
-@pytest.mark.helm
 def test_default_render_passes_through_byte_for_byte(helm_home):
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART).stdout
     assert SCHEDULING_INPUTS_ANNOTATION in rendered
     assert postrender(rendered) == (rendered, [])
 
 
-@pytest.mark.helm
 def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tmp_path):
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES)).stdout
     output, _ = postrender(rendered)
@@ -146,7 +144,6 @@ def test_only_the_scheduling_fields_of_component_daemonsets_change(helm_home, tm
         assert "# trailing comment kept" in new and new.startswith("---\n# Source: ")
 
 
-@pytest.mark.helm
 def test_output_run_through_again_is_byte_identical(helm_home, tmp_path):
     values = {
         **SEED_VALUES,
@@ -172,7 +169,6 @@ def test_output_run_through_again_is_byte_identical(helm_home, tmp_path):
     assert postrender(once)[0] == once
 
 
-@pytest.mark.helm
 def test_helm4_stream_keeps_the_filename_annotation_and_is_idempotent(helm_home, tmp_path):
     result = helm_template(HELM4, helm_home, FIXTURE_CHART, write_values(tmp_path, SEED_VALUES), "--post-renderer", "capture")
     assert result.returncode == 0, result.stderr
@@ -287,7 +283,6 @@ def test_any_inputs_give_the_merge_result_and_a_second_run_changes_nothing(input
 # --- errors -----------------------------------------------------------------------------
 
 
-@pytest.mark.helm
 def test_malformed_podtemplatespec_fails_naming_document_source_and_field(helm_home, tmp_path):
     values = {"maca": {"podTemplateSpec": {"spec": {"containers": [{"name": "x"}]}}}}
     rendered = helm_template(HELM3, helm_home, FIXTURE_CHART, write_values(tmp_path, values)).stdout
@@ -407,7 +402,6 @@ def test_error_document_mode_exits_zero_with_one_document_carrying_the_message()
 CHART_REQUIRED = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize(
     "chart, required", [pytest.param(FIXTURE_CHART, {}, id="fixture-chart"), pytest.param(REPO, CHART_REQUIRED, id="chart")]
 )
@@ -435,7 +429,6 @@ def test_seed_example_end_to_end(helm_home, tmp_path, chart, required, helm, pos
     assert "generated-by-postrender" not in result.stdout and HELM4_FILENAME not in result.stdout
 
 
-@pytest.mark.helm
 def test_helm3_shows_the_error_and_fails(helm_home, tmp_path):
     values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
     result = helm_template(HELM3, helm_home, FIXTURE_CHART, values, "--post-renderer", str(EXECUTABLE))
@@ -446,7 +439,6 @@ def test_helm3_shows_the_error_and_fails(helm_home, tmp_path):
     ) in result.stderr
 
 
-@pytest.mark.helm
 def test_helm4_shows_the_error_and_fails(helm_home, tmp_path):
     values = write_values(tmp_path, {"driver": {"podTemplateSpec": {"spec": {"hostNetwork": True}}}})
     result = helm_template(HELM4, helm_home, FIXTURE_CHART, values, "--post-renderer", "metax-postrender")

@@ -253,7 +253,6 @@ def test_configmap_problems_name_the_key(parse, text, field):
     assert [e.field for e in raised.value.errors] == [field]
 
 
-@pytest.mark.helm
 def test_rendered_configmaps_parse_back_to_the_values():
     """What the chart renders into driver-config and metax-vfio-config is what the parsers read."""
     config = {
@@ -282,7 +281,6 @@ def test_rendered_configmaps_parse_back_to_the_values():
 HELM = str(BIN / "helm3")
 
 
-@pytest.mark.helm
 def test_helm_merges_files_and_every_set_flag_in_its_own_order(tmp_path):
     first = tmp_path / "a.yaml"
     first.write_text("registry: one\ndriver:\n  payload:\n    version: '1'\npriorityClassName: null\n")
@@ -319,7 +317,6 @@ def test_helm_merges_files_and_every_set_flag_in_its_own_order(tmp_path):
     assert merged["tolerations"] == SEED_TOLERATIONS_FILE
 
 
-@pytest.mark.helm
 def test_an_index_helm_refuses_is_refused_at_once(capsys):
     """Regression: validate's own --set parser built a list of 100 million items (1.6 GB) for
     `a[99999999]=1`; Helm refuses indexes over 65536."""
@@ -342,7 +339,6 @@ def test_without_helm_validate_says_how_to_get_it(capsys, monkeypatch, tmp_path)
     assert capsys.readouterr().err.startswith(f"error: $HELM_BIN: {tmp_path / 'helm'} is not an executable file")
 
 
-@pytest.mark.helm
 def test_helm_bin_is_the_helm_validate_runs(capsys, monkeypatch):
     monkeypatch.setenv("HELM_BIN", str(BIN / "helm4"))
     assert (
@@ -351,7 +347,6 @@ def test_helm_bin_is_the_helm_validate_runs(capsys, monkeypatch):
     assert capsys.readouterr().out == "values are valid\n"
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("helm", ["helm3", "helm4"])
 def test_helm_refusals_become_one_line_each_naming_the_field(helm, tmp_path):
     """What `validate` shows when the chart's render refuses values the Python checks let through:

@@ -1,7 +1,7 @@
 """The cluster of the user's path (tests/e2e/userpath.py): one per session (per xdist worker),
 started by the first test that asks for it. The modules that use it mark themselves
 `xdist_group("real-node")`, or `"real-node-2"` for a long module that may run beside them on the
-other worker, with its own cluster; `make test` runs pytest with `--dist loadgroup`, so one
+other worker, with its own cluster; `make e2e` runs pytest with `--dist loadgroup`, so one
 worker runs each group.
 """
 

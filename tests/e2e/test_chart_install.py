@@ -24,8 +24,6 @@ from kubernetes import client
 from tests.controlplane import CACHE, GPU_LABEL, REPO
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
-
 BIN = CACHE / "bin"
 RELEASE = "metax"
 CRD = "clusteroperators.gpu.metax-tech.com"

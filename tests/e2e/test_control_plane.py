@@ -13,7 +13,7 @@ from tests import controlplane
 from tests.controlplane import GPU_LABEL, GPU_RESOURCE
 from tests.waiting import consistently, eventually, for_seconds
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e  # starts control planes of its own
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ def test_start_refuses_a_port_in_use(tmp_path):
             controlplane.ControlPlane.start(tmp_path, port=port)
 
 
-def test_start_without_binaries_says_to_run_setup(tmp_path, monkeypatch):
+def test_start_without_binaries_says_which_target_builds_them(tmp_path, monkeypatch):
     monkeypatch.setattr(controlplane, "BIN_DIR", tmp_path / "nothing")
-    with pytest.raises(controlplane.ControlPlaneError, match="run 'make setup'"):
+    with pytest.raises(controlplane.ControlPlaneError, match="is missing: run 'make e2e' or 'make demo' first$"):
         controlplane.ControlPlane.start(tmp_path)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from kubernetes import client
 
 from metax_operator.conditions import parse_time
 from metax_operator.runtime.rollout_observe import deletion_began
-
-pytestmark = pytest.mark.e2e
 
 GRACE = 30
 FINALIZER = "metax-tech.com/test-hold"  # keeps the pod Terminating

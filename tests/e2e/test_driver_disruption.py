@@ -56,7 +56,7 @@ from tests.e2e.userpath import (
 )
 from tests.waiting import consistently, eventually, for_seconds
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node-2")]  # a cluster of its own: conftest.py
+pytestmark = pytest.mark.xdist_group("real-node-2")  # a cluster of its own: conftest.py
 
 MAX_PARALLEL = 1
 POLICY = {

@@ -35,7 +35,7 @@ from tests.e2e.userpath import (
 )
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node-2")]  # a cluster of its own: conftest.py
+pytestmark = pytest.mark.xdist_group("real-node-2")  # a cluster of its own: conftest.py
 
 MAX_PARALLEL = 1
 POLICY = {"enableRollout": True, "maxParallel": MAX_PARALLEL, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}

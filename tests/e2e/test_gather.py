@@ -23,8 +23,6 @@ from tests.e2e.tools import METAX, bootstrap, helm3, install_chart, kubectl, rel
 from tests.helm import CHART
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
-
 NS = "gather-e2e"
 RELEASE = "metax"
 SECRET = "s3cr3t-do-not-ship"

@@ -37,7 +37,7 @@ from tests.e2e.tools import get_cr, kubectl, seed_patch
 from tests.gitops import APPLICATIONS, ArgoCD, GitOpsError, snippet, summary, synced_healthy
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = [pytest.mark.long_build, pytest.mark.xdist_group("real-node")]
 
 APP = "metax-operator"
 RECONCILIATION = 30  # seconds: how often Argo CD compares the Application with its source

@@ -4,7 +4,7 @@ HelmRepository and HelmRelease in docs/gitops.md (read from the docs, so they ca
 Flux's source-controller and helm-controller run as local processes against the cluster of the
 user's path (tests/gitops.py, tests/e2e/gitops_scenario.py), from the binaries
 METAX_SOURCE_CONTROLLER_BIN and METAX_HELM_CONTROLLER_BIN with the CRDs in METAX_FLUX_CRDS.
-helm-controller is not on the Go module proxy, so `make setup` cannot build it; without them the
+helm-controller is not on the Go module proxy, so `make e2e` cannot build it; without them the
 tests are skipped, saying so (docs/gitops.md: the versions, the command, what was seen). The
 chart comes from the local OCI registry (its CA in the HelmRepository's certSecretRef); the Helm
 hooks and the runner run as containers of the tools image on the real node.
@@ -40,7 +40,7 @@ from tests.e2e.tools import get_cr, kubectl, seed_patch
 from tests.gitops import FLUX_NAMESPACE, HELMRELEASES, Flux, GitOpsError, apply, flux_unavailable, snippet
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = [pytest.mark.long_build, pytest.mark.xdist_group("real-node")]
 
 RELEASE = "metax-operator"
 INTERVAL = 30  # seconds between the HelmRelease's reconciliations (the docs say 10m)

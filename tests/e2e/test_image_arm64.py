@@ -26,8 +26,6 @@ from tests.helm import RELEASE, find, render_chart
 from tests.image import build, run_as_pod, unpack
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.image]
-
 NS = "arm64-e2e"
 VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

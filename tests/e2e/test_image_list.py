@@ -13,7 +13,7 @@ from tests.helm import BIN
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 
 def reconciled(api) -> bool:

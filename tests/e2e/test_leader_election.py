@@ -21,14 +21,11 @@ import time
 import uuid
 from urllib.parse import urlparse
 
-import pytest
 from kubernetes import client
 
 from metax_operator.runtime.leader import Elector, LeaseLock
 from tests.e2e.relay import Relay
 from tests.waiting import eventually
-
-pytestmark = pytest.mark.e2e
 
 LEASE, RENEW, RETRY = 7, 6, 1  # seconds
 DELAY = 4.5  # > LEASE + 2 x RETRY - RENEW, < LEASE - RETRY and < RENEW

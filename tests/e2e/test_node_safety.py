@@ -18,7 +18,6 @@ import time
 import urllib.request
 from collections import defaultdict
 
-import pytest
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,8 +43,6 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
 )
 from tests.e2e.tools import METAX, kubectl, run, seed_patch
 from tests.waiting import consistently, eventually
-
-pytestmark = pytest.mark.e2e
 
 CORDONED = "metax-tech.com/driver-upgrade.cordoned"
 SKIP = "metax-tech.com/driver-upgrade.skip"

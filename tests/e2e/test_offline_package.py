@@ -1,15 +1,17 @@
-"""The runbook of a site without internet, typed against the offline package (docs/release.md):
-the package built from this working tree (`release.package`, with the tools image `make image`
-built), unpacked into a site directory, its own `./push DOMAIN/PROJECT` run into the local
-cluster's registry (the one the real node's kubelet pulls from, behind a private CA: the
-package's `SSL_CERT_FILE` and `SKOPEO_FLAGS="--dest-cert-dir DIR"`), and only then the runbook's
-install, `--set registry=DOMAIN/PROJECT --set driver.payload.version=2.32.0.6` plus the values
-file of the user's path that puts the hooks and the runner on the real node:
+"""The runbook of a site without internet, seed 001 §3.1.3 steps 1 to 5 typed against the offline
+package (docs/release.md): the package built from this working tree (`release.package`, with the
+tools image `make image` built), unpacked into a site directory (step 1); its images file
+`./metax-k8s-images.VERSION.run push DOMAIN/PROJECT` run into the local cluster's registry (step 3;
+the one the real node's kubelet pulls from, behind a private CA: `SKOPEO_FLAGS="--dest-cert-dir
+DIR"`), then `helm push ./k8s/metax-operator-VERSION.tgz oci://DOMAIN/PROJECT` (step 4, Helm 3,
+`SSL_CERT_FILE`), and only then the runbook's install (step 5), `--set registry=DOMAIN/PROJECT
+--set driver.payload.version=2.32.0.6` plus the values file of the user's path that puts the hooks
+and the runner on the real node:
 
-- under Helm 3, from the chart file of the package (`helm install ./metax-operator-VERSION.tgz`),
+- under Helm 3, from the chart file of the package (`helm install ./k8s/metax-operator-VERSION.tgz`),
   then `helm test`, a staged rollout by `helm upgrade --set driver.payload.version=...` and
   `helm uninstall --wait`;
-- under Helm 4, from the registry the package's script pushed the chart into (`helm install
+- under Helm 4, from the registry step 4 pushed the chart into (`helm install
   oci://DOMAIN/PROJECT/metax-operator`), then `helm test` and `helm uninstall --wait`.
 
 DOMAIN/PROJECT is `127.0.0.1:PORT/site/metax`, a path the test harness never pushes into
@@ -20,6 +22,7 @@ the package's archive carries, so the image came from the package.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import tarfile
@@ -50,10 +53,11 @@ from tests.helm import BIN, CHART_VERSION, helm_path
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
-TOP = f"metax-operator-package.{CHART_VERSION}"
-CHART_TGZ = f"metax-operator-{CHART_VERSION}.tgz"
+TOP = f"{package.PACKAGE_PREFIX}{CHART_VERSION}"
+CHART_TGZ = f"k8s/metax-operator-{CHART_VERSION}.tgz"
+RUN = package.RUN_NAME.format(version=CHART_VERSION)
 TOOLS_ARCHIVE = f"{registry.TOOLS_IMAGE}+{CHART_VERSION}.oci.tar"
 SITE_PROJECT = "site/metax"  # PROJECT of the runbook's DOMAIN/PROJECT
 INSTALL_HOOKS = ("preflight", "upgrade-crds", "bootstrap")
@@ -83,32 +87,28 @@ def in_registry(cluster, target: str) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def site(tools_cluster, tmp_path_factory) -> Site:
-    """The package of this tree unpacked at the site, pushed by its own script (Helm 3's push)."""
+    """The package of this tree unpacked at the site, its images pushed by its images file, its
+    chart by Helm 3's `helm push` (seed 001 §3.1.3 steps 1, 3 and 4)."""
     tools_image = registry.build_tools_image()  # `make image`: a warm cache only checks its inputs
     layout = Path(tools_image["layout"])
     built = package.build(package.REPO, tmp_path_factory.mktemp("dist"), str(helm_path("helm4")), None, layout)
     at = tmp_path_factory.mktemp("site")
     subprocess.run(["tar", "-xzf", built], cwd=at, check=True)  # the runbook's step 1
     here = at / TOP
-    with tarfile.open(here / TOOLS_ARCHIVE) as archive:
+    with tarfile.open(fileobj=io.BytesIO(package.run_archives((here / RUN).read_bytes())[TOOLS_ARCHIVE])) as archive:
         (digest,) = [m["digest"] for m in json.load(archive.extractfile("index.json"))["manifests"]]
     (listed,) = [line for line in (here / "images.txt").read_text().splitlines() if line.startswith(f"{registry.TOOLS_IMAGE}:")]
     target = f"{tools_cluster.cp.registry}/{SITE_PROJECT}"
 
     assert in_registry(tools_cluster, target) == {"image": False, "chart": False}, "the site's registry path is not empty"
+    env = {**tools_cluster.env(), "SKOPEO_FLAGS": f"--dest-cert-dir {registry.trust_dir(tools_cluster.cp.ca)}"}
+    push = subprocess.run([f"./{RUN}", "push", target], cwd=here, capture_output=True, text=True, timeout=600, env=env)
+    assert push.returncode == 0, f"./{RUN} push {target} failed:\n{push.stderr}"
+    assert in_registry(tools_cluster, target) == {"image": True, "chart": False}
     push = subprocess.run(
-        ["./push", target],
-        cwd=here,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={
-            **tools_cluster.env(),
-            "HELM": str(BIN / "helm3"),
-            "SKOPEO_FLAGS": f"--dest-cert-dir {registry.trust_dir(tools_cluster.cp.ca)}",
-        },
+        [BIN / "helm3", "push", f"./{CHART_TGZ}", f"oci://{target}"], cwd=here, capture_output=True, text=True, env=env
     )
-    assert push.returncode == 0, f"./push {target} failed:\n{push.stderr}"
+    assert push.returncode == 0, f"helm push ./{CHART_TGZ} failed:\n{push.stderr}"
     assert in_registry(tools_cluster, target) == {"image": True, "chart": True}
     return Site(here, target, f"{target}/{listed}", digest)
 

@@ -41,8 +41,6 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
 from tests.e2e.tools import seed_patch
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts/metax-operator-rules.yaml"
 DASHBOARD = REPO / "dashboards/driver-rollout.json"
@@ -57,7 +55,7 @@ class Prometheus:
     def __init__(self, tmp: Path, target: str):
         binary = shutil.which("prometheus")
         if binary is None:
-            pytest.fail("prometheus is missing: run 'make setup' (it installs Debian's prometheus package)", pytrace=False)
+            pytest.fail("prometheus is missing: run 'make e2e' (it installs Debian's prometheus package)", pytrace=False)
         self.port = free_port()
         config = {
             "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},

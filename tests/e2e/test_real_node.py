@@ -12,7 +12,7 @@ from kubernetes import client
 from tests.controlplane import ControlPlane
 from tests.realnode import NODE_NAME, TOOLS_NODE, cgroup_mounts
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]  # starts a cluster of its own
 
 
 def host_network() -> dict[str, str]:

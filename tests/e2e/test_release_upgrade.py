@@ -69,7 +69,7 @@ from tests.e2e.userpath import (
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 ADMIN_MAX_PARALLEL = "25%"  # the admin's run-time edit: one GPU node of 4 per wave
 SITE_VERSION = "2.33.0.9"  # the driver version the site rolls out under the previous release

@@ -49,8 +49,6 @@ from tests.helm import CHART
 from tests.rollout.test_engine import TABLE_3_16_STATUS
 from tests.waiting import consistently, eventually
 
-pytestmark = pytest.mark.e2e
-
 NS = "rollout-e2e"
 RELEASE = "metax"
 DRIVER_PODS = tools.DRIVER_PODS

@@ -43,8 +43,6 @@ from tests.e2e.tools import (
 )
 from tests.waiting import consistently, eventually, for_seconds
 
-pytestmark = pytest.mark.e2e
-
 NS = "runner-e2e"
 RELEASE = "metax"
 RELEASE_FULLNAME = "metax-operator"  # the chart's fullname: the runner's ServiceAccount is <fullname>-runner

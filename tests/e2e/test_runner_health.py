@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from metax_operator.runtime.kube import Backoff
+from metax_operator.runtime.api_failures import Backoff
 from tests.controlplane import free_port
 from tests.e2e.relay import Relay
 from tests.e2e.tools import (
@@ -33,8 +33,6 @@ from tests.e2e.tools import (
 )
 from tests.waiting import consistently, eventually
 
-pytestmark = pytest.mark.e2e
-
 NS = "runner-health"
 RELEASE = "metax"
 LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")  # /readyz: API answer within 4 s
@@ -48,9 +46,7 @@ CACHES = {
     "controllerrevisions",
     "driver-pods",
     "gpu-workloads",
-    "skipped-nodes",
-    "cordoned-nodes",
-    "retry-nodes",
+    "unschedulable-nodes",
     "nodes",
     "node-need-reboot",
     "node-rebooted",
@@ -135,9 +131,13 @@ class HealthRunner:
 
         def answered():
             code, body = self.get(path)
+            self.last = (code, body)
             return code == status and (not caches or set(body["caches"]) == CACHES) and body
 
-        return eventually(answered, timeout, what)
+        try:
+            return eventually(answered, timeout, what)
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; /readyz last answered {self.last}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

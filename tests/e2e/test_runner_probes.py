@@ -33,7 +33,7 @@ from tests.e2e.tools import CR, run
 from tests.e2e.userpath import NS, ok, runner_log, runner_pod, seed_install
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 STALL_TIMEOUT = 20  # runner.health.stallTimeout: above a refused pass (under 10 s of retries)
 DEPLOYMENT = "metax-operator-runner"

@@ -28,7 +28,7 @@ from tests.e2e.userpath import (
 )
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 RUNNER_ROLE = "metax-operator-runner"
 

@@ -40,7 +40,7 @@ from tests.e2e.userpath import (
 from tests.realnode import NODE_NAME
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real-node")]
+pytestmark = pytest.mark.xdist_group("real-node")
 
 EVENTS_NS = "default"  # where the API server keeps events of the cluster-scoped CR
 LEASE = "metax-operator-runner"

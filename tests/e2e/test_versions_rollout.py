@@ -20,7 +20,7 @@ from kubernetes import client
 
 from metax_operator.chart import admission
 from metax_operator.contract import CORDONED_LABEL
-from metax_operator.runtime import kube
+from metax_operator.runtime import api_failures, kube
 from tests import controlplane
 from tests.e2e.test_rollout_cluster import NS, RELEASE, Runner
 from tests.e2e.tools import (
@@ -37,7 +37,7 @@ from tests.e2e.tools import (
 )
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.long_build
 
 VERSIONS = [v for v in controlplane.matrix() if v.runs == "rollout"]
 NODES = 4
@@ -81,7 +81,7 @@ def at(api, version: str) -> bool:
 def _serves(cp, api_kind: str) -> bool:
     try:
         kube.Client.connect(str(cp.kubeconfig)).resource(*api_kind.rsplit("/", 1))
-    except kube.NotServed:
+    except api_failures.NotServed:
         return False
     return True
 

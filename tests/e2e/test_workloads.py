@@ -40,8 +40,6 @@ from tests.e2e.tools import (
 from tests.helm import BIN, CHART, render_chart
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.e2e
-
 NS = "workloads-e2e"
 RELEASE = "metax"
 # Multi-architecture tags: the simulated fleet has x86 and Arm GPU nodes (docs/chart.md).

@@ -26,8 +26,6 @@ from tests.e2e.tools import service_account_kubeconfig
 from tests.helm import BIN, CHART, UPGRADE_CRDS_ARGS, find, render_chart
 from tests.waiting import consistently, eventually, for_seconds
 
-pytestmark = pytest.mark.e2e
-
 BASE_VALUES = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 CRD = (common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME)
 CR = (contract.CR_API_VERSION, contract.CR_KIND, contract.CR_NAME)

@@ -1,7 +1,9 @@
 """`make package` (release/package.py): two builds of one commit are the same bytes; the package
-holds the chart, the tools image of both architectures, the image list `metax-operator images`
-gives, the SBOM, the push command and the CHANGELOG; a chart signed with a key made for this run
-verifies under Helm 3 and Helm 4, and a tampered chart or another key fails with Helm's sentence."""
+has the shape of MetaX's (seed 001 §3.1.3): the images file `metax-k8s-images.VERSION.run` (the
+tools image of both architectures and the command that pushes it) and the chart under `k8s/`,
+with the image list `metax-operator images` gives, the SBOM and the CHANGELOG; a chart signed with
+a key made for this run verifies under Helm 3 and Helm 4, and a tampered chart or another key fails
+with Helm's sentence."""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ from release import package
 from tests import image
 from tests.helm import BIN, CHART_VERSION, HELM_VERSIONS, helm_path
 
-pytestmark = [pytest.mark.helm, pytest.mark.image]
 TOP = f"metax-operator-package.{CHART_VERSION}"
-CHART_TGZ = f"metax-operator-{CHART_VERSION}.tgz"
+CHART_TGZ = f"k8s/metax-operator-{CHART_VERSION}.tgz"
 TOOLS_ARCHIVE = f"metax-operator-tools+{CHART_VERSION}.oci.tar"
+RUN = package.RUN_NAME.format(version=CHART_VERSION)
 
 
 @pytest.fixture(scope="session")
@@ -65,13 +67,12 @@ def test_the_package_holds_the_release(unsigned):
     found = members(unsigned)
     assert set(found) == {
         TOP,
-        *(
-            f"{TOP}/{name}"
-            for name in (CHART_TGZ, TOOLS_ARCHIVE, "images.txt", "images.json", "sbom.cdx.json", "push", "CHANGELOG.md")
-        ),
+        f"{TOP}/k8s",
+        *(f"{TOP}/{name}" for name in (CHART_TGZ, RUN, "images.txt", "images.json", "sbom.cdx.json", "CHANGELOG.md")),
     }
     assert {(i.uid, i.gid, i.mtime) for i in found.values()} == {(0, 0, package.source_date_epoch(package.REPO))}
-    assert found[f"{TOP}/push"].mode == 0o755
+    assert found[f"{TOP}/{RUN}"].mode == 0o755
+    assert list(package.run_archives(read(unsigned, RUN))) == [TOOLS_ARCHIVE]
     with tarfile.open(fileobj=io.BytesIO(read(unsigned, CHART_TGZ))) as chart:
         meta = yaml.safe_load(chart.extractfile("metax-operator/Chart.yaml"))
         assert "metax-operator/templates/driver/daemonset.yaml" in chart.getnames()
@@ -91,7 +92,7 @@ def test_the_chart_is_every_file_helm_package_of_the_checkout_keeps(unsigned, tm
     done = subprocess.run([helm_path("helm4"), "package", package.REPO, "--destination", tmp_path], capture_output=True)
     assert done.returncode == 0, done.stderr
     shipped = chart_files(read(unsigned, CHART_TGZ))
-    assert shipped == chart_files((tmp_path / CHART_TGZ).read_bytes())
+    assert shipped == chart_files((tmp_path / Path(CHART_TGZ).name).read_bytes())
     assert {
         "metax-operator/files/clusteroperators.gpu.metax-tech.com.yaml",
         "metax-operator/alerts/metax-operator-rules.yaml",
@@ -113,9 +114,10 @@ def test_the_chart_is_every_file_helm_package_of_the_checkout_keeps(unsigned, tm
 
 
 def test_the_tools_image_archive_is_the_built_index_of_both_architectures(unsigned, tools_image, tmp_path):
-    """What `push` hands skopeo: an OCI archive whose one image is the index `make image` built."""
+    """What the images file pushes: an OCI archive whose one image is the index `make image` built,
+    named as containerd, nerdctl and docker load it."""
     archive = tmp_path / TOOLS_ARCHIVE
-    archive.write_bytes(read(unsigned, TOOLS_ARCHIVE))
+    archive.write_bytes(package.run_archives(read(unsigned, RUN))[TOOLS_ARCHIVE])
     for arch in ("amd64", "arm64"):
         inspect = ["skopeo", "--override-arch", arch, "inspect", f"oci-archive:{archive}"]
         inspected = json.loads(subprocess.run(inspect, capture_output=True, text=True, check=True).stdout)
@@ -123,6 +125,7 @@ def test_the_tools_image_archive_is_the_built_index_of_both_architectures(unsign
     with tarfile.open(archive) as tar:
         index = json.load(tar.extractfile("index.json"))
         assert [m["digest"] for m in index["manifests"]] == [tools_image["digest"]]
+        assert index["manifests"][0]["annotations"][package.CONTAINERD_NAME] == f"metax-operator-tools:{CHART_VERSION}"
         layout = Path(tools_image["layout"])
         blobs = {f"blobs/sha256/{path.name}" for path in (layout / "blobs/sha256").iterdir()}
         assert set(tar.getnames()) - {"blobs", "blobs/sha256"} == blobs | {"index.json", "oci-layout"}
@@ -162,13 +165,17 @@ def test_the_sbom_names_the_release_and_every_locked_wheel(unsigned):
     assert len(locked) == len({w.package for w in locked_wheels(lock)}) + 4  # the 4 compiled packages twice
 
 
-def test_push_refuses_a_target_that_is_not_domain_and_project(unsigned, tmp_path):
-    script = tmp_path / "push"
-    script.write_bytes(read(unsigned, "push"))
+def test_the_images_file_refuses_a_target_that_is_not_domain_and_project(unsigned, tmp_path):
+    script = tmp_path / RUN
+    script.write_bytes(read(unsigned, RUN))
     script.chmod(0o755)
     for target, words in (("https://cr.example.com/metax", "without a scheme"), ("cr.example.com", "give DOMAIN/PROJECT")):
-        done = subprocess.run([script, target], capture_output=True, text=True)
+        done = subprocess.run([script, "push", target], capture_output=True, text=True)
         assert done.returncode == 2 and words in done.stderr, done.stderr
+    done = subprocess.run([script, "podman", "push", "cr.example.com/metax"], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage:" in done.stderr
+    done = subprocess.run([script, "list"], capture_output=True, text=True)
+    assert done.stdout.splitlines() == [f"metax-operator-tools:{CHART_VERSION}"]
 
 
 def gpg(home: Path, *args: str) -> bytes:
@@ -182,7 +189,7 @@ def keys(tmp_path_factory) -> dict[str, Path]:
     """Two RSA signing keys made for this run (Helm 3 reads no EdDSA keys): the release's and
     another; their secret and public keyrings, binary, as Helm reads them."""
     if shutil.which("gpg") is None:
-        pytest.fail("gpg is missing: run 'make setup' (scripts/setup.d/30-release-tools)", pytrace=False)
+        pytest.fail("gpg is missing: run 'make e2e' (scripts/setup.d/30-release-tools)", pytrace=False)
     out = {}
     for who in ("release", "other"):
         home = tmp_path_factory.mktemp(f"gnupg-{who}")
@@ -223,12 +230,12 @@ def test_the_signed_chart_verifies_with_the_shipped_key(signed, unsigned, helm):
 
 @pytest.mark.parametrize("helm", HELM_VERSIONS)
 def test_a_tampered_chart_fails_verification_saying_so(signed, helm, tmp_path):
-    tampered = tmp_path / CHART_TGZ
+    tampered = tmp_path / Path(CHART_TGZ).name
     tampered.write_bytes((signed / CHART_TGZ).read_bytes() + b"\0")
-    shutil.copyfile(signed / f"{CHART_TGZ}.prov", tmp_path / f"{CHART_TGZ}.prov")
+    shutil.copyfile(signed / f"{CHART_TGZ}.prov", tmp_path / f"{tampered.name}.prov")
     done = verify(helm, tampered, signed / "metax-operator-keyring.gpg")
     assert done.returncode == 1
-    assert f"Error: sha256 sum does not match for {CHART_TGZ}" in done.stderr
+    assert f"Error: sha256 sum does not match for {tampered.name}" in done.stderr
 
 
 @pytest.mark.parametrize("helm", HELM_VERSIONS)

@@ -20,10 +20,10 @@ import pytest
 
 from release import package, sign
 from tests.helm import BIN, CHART_VERSION, helm_path
-from tests.release.test_package import TOP, keys, tools_image  # noqa: F401 (fixtures)
+from tests.release.test_package import RUN, TOP, keys, tools_image  # noqa: F401 (fixtures)
 from tests.release.test_push import push_env, registry, tiny_archive  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.helm, pytest.mark.image, pytest.mark.xdist_group("cosign")]
+pytestmark = [pytest.mark.long_build, pytest.mark.xdist_group("cosign")]
 COSIGN = BIN / "cosign"
 PASSWORD = "release password"
 NAME = "metax-operator-tools"
@@ -51,7 +51,7 @@ def cosign_keys(tmp_path_factory) -> dict[str, Path]:
     """Two cosign key pairs made for this run, each a directory with cosign.key and cosign.pub:
     the release's and another."""
     if not COSIGN.exists():
-        pytest.fail(f"{COSIGN} is missing: run 'make setup' (scripts/setup.d/30-cosign builds it)", pytrace=False)
+        pytest.fail(f"{COSIGN} is missing: run 'make e2e' (scripts/setup.d/30-cosign builds it)", pytrace=False)
     out = {}
     for who in ("release", "other"):
         out[who] = tmp_path_factory.mktemp(f"cosign-{who}")
@@ -86,7 +86,7 @@ def released(keys, cosign_keys, tools_image, registry, tmp_path_factory) -> dict
     unsigned = entries(built)
     env, _ = push_env(work, ca)
     maintainer = extract(built, work / "maintainer")
-    done = subprocess.run([maintainer / "push", f"{host}/release/metax"], capture_output=True, text=True, env=env)
+    done = subprocess.run([maintainer / RUN, "push", f"{host}/release/metax"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     sign_env = {**cosign_env(ca, work), "COSIGN": str(COSIGN)}
     key = cosign_keys["release"] / "cosign.key"
@@ -98,7 +98,7 @@ def released(keys, cosign_keys, tools_image, registry, tmp_path_factory) -> dict
         f"{signed}{tools_image[f'digest-{arch}']} linux/{arch}" for arch in ARCHES
     ]
     site = extract(built, work / "site")
-    done = subprocess.run([site / "push", f"{host}/site/metax"], capture_output=True, text=True, env=env)
+    done = subprocess.run([site / RUN, "push", f"{host}/site/metax"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     return {
         "package": built,
@@ -127,14 +127,18 @@ def attestation(released: dict, reference: str, key: Path) -> subprocess.Complet
 
 
 def test_the_signed_package_carries_the_signature_the_attestation_and_the_public_key(released, cosign_keys, tools_image):
-    """Beside what the unsigned package held, unchanged (the chart's GnuPG keyring among it), and
-    written as it was: owner 0:0, the package's one time."""
+    """The images file holds the signatures and the attestation beside the tools image, the
+    package the public key; the rest is what the unsigned package held, unchanged (the chart's
+    GnuPG keyring among it), written as it was: owner 0:0, the package's one time."""
     hexes = [tools_image[key].removeprefix("sha256:") for key in ("digest", *(f"digest-{arch}" for arch in ARCHES))]
     signed, unsigned = entries(released["package"]), released["unsigned"]
-    added = {f"{TOP}/{NAME}+sha256-{hex_digest}.sig.oci.tar" for hex_digest in hexes}
-    added |= {f"{TOP}/{NAME}+sha256-{hexes[0]}.att.oci.tar", f"{TOP}/cosign.pub"}
-    assert set(signed) == set(unsigned) | added and f"{TOP}/metax-operator-keyring.gpg" in unsigned
-    assert {name: signed[name] for name in unsigned} == unsigned
+    images = f"{TOP}/{RUN}"
+    assert set(signed) == set(unsigned) | {f"{TOP}/cosign.pub"} and f"{TOP}/metax-operator-keyring.gpg" in unsigned
+    assert {name: signed[name] for name in unsigned if name != images} == {n: e for n, e in unsigned.items() if n != images}
+    added = {f"{NAME}+sha256-{hex_digest}.sig.oci.tar" for hex_digest in hexes} | {f"{NAME}+sha256-{hexes[0]}.att.oci.tar"}
+    before, after = package.run_archives(unsigned[images][4]), package.run_archives(signed[images][4])
+    assert set(after) == set(before) | added
+    assert {name: after[name] for name in before} == before
     (epoch,) = {e[2] for e in unsigned.values()}
     assert {e[:3] for e in signed.values()} == {(0, 0, epoch)}
     assert (released["dir"] / "cosign.pub").read_bytes() == (cosign_keys["release"] / "cosign.pub").read_bytes()
@@ -178,7 +182,9 @@ def test_the_attested_sbom_is_the_package_s(released, tools_image):
 def test_another_image_under_the_release_tag_fails_verification(released, tmp_path):
     """A re-tagged image: the site's registry serves another image under the release's tag."""
     host = released["host"]
-    done = subprocess.run([released["dir"] / "push", f"{host}/retag/metax"], capture_output=True, text=True, env=released["env"])
+    done = subprocess.run(
+        [released["dir"] / RUN, "push", f"{host}/retag/metax"], capture_output=True, text=True, env=released["env"]
+    )
     assert done.returncode == 0, done.stderr
     other = tiny_archive(tmp_path, NAME, CHART_VERSION)
     certs = tmp_path / "certs"

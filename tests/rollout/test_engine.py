@@ -83,10 +83,13 @@ class Cluster:
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> observation.Cluster:
+        # As the runner observes it: the skipped nodes are not eligible, but those of the wave in
+        # flight (a node labelled skip mid-swap) are, for the engine to tell what became of them.
+        wave = set(self.status.resume.wave) if self.status is not None else set()
         return observation.Cluster(
             self.revision,
             caught_up,
-            frozenset(self.nodes - self.skipped),
+            frozenset((self.nodes - self.skipped) | (wave & self.nodes)),
             tuple(self.pods.values()),
             frozenset(self.busy),
             wait_busy_nodes=frozenset(self.waiting),

@@ -118,3 +118,14 @@ def test_a_retry_under_max_parallel_zero_has_no_cap():
     cluster.set("n00", phase="Failed", ready=False)
     cluster.retry = {"n00"}
     assert nodes_of(cluster, cluster.decide(pol, T0 + 5)) == ["n00"]
+
+
+def test_a_pod_of_an_older_template_still_starting_waits_for_ready_and_is_not_deleted():
+    """Without a staged rollout, a second template change while the first change's pods come up:
+    the starting ones say waiting-for-ready (they are replaced once Ready), the others deleting."""
+    cluster = Cluster(2)
+    pol = policy(enableRollout=False)
+    decide(cluster, pol, T0)  # both replaced at once
+    cluster.set("n00", ready=True)
+    cluster.revision = "newer"
+    assert decide(cluster, pol, T0 + 5) == {"n00": S.DELETING, "n01": S.WAITING_FOR_READY}

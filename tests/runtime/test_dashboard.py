@@ -2,7 +2,7 @@
 dashboard sidecar gets it), checked as Grafana reads it, without a Grafana:
 
 - by the dashboard kind of the Grafana Foundation SDK (Go types generated from Grafana's dashboard
-  schema, read strictly: scripts/dashboard-check, built by `make setup`): a misspelt or unknown
+  schema, read strictly: scripts/dashboard-check, built by `make test`'s setup): a misspelt or unknown
   field, a value of the wrong type, a required field missing, a panel's options that do not fit
   its panel plugin or a query that does not fit the Prometheus data source, a gridPos outside the
   schema's bounds;
@@ -45,7 +45,7 @@ def board() -> dict:
 def schema_problems(board: dict, tmp_path) -> list[str]:
     """dashboard-check's lines: [] when the SDK's dashboard kind reads the dashboard."""
     if not CHECKER.exists():
-        pytest.fail(f"{CHECKER} is missing: run 'make setup' (scripts/setup.d/10-dashboard-check)", pytrace=False)
+        pytest.fail(f"{CHECKER} is missing: run 'make test' (scripts/setup.d/10-dashboard-check)", pytrace=False)
     path = tmp_path / "dashboard.json"
     path.write_text(json.dumps(board))
     done = subprocess.run([CHECKER, path], capture_output=True, text=True, timeout=60)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.runtime import fault_campaign
@@ -18,7 +17,6 @@ SHORT = settings(
 )
 
 
-@pytest.mark.helm
 def test_the_whole_runner_stays_within_the_policy_whatever_happens_to_the_fleet():
     fault_campaign.Campaign.TestCase.settings = SHORT
     fault_campaign.Campaign.TestCase().runTest()

@@ -14,6 +14,7 @@ import pytest
 
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.health import Health, serve
+from tests.fakeapi import FakeApi
 from tests.waiting import eventually
 
 
@@ -115,6 +116,25 @@ def test_readiness_needs_every_watch_cache_synced(state):
     ready, detail = health(clock, elector, caches=[cache("driver-pods", "synced"), cache("gpu-workloads", state)]).readiness()
     assert not ready and detail["caches"] == {"driver-pods": "synced", "gpu-workloads": state}
     assert health(clock, elector, caches=[cache("driver-pods", "synced")]).readiness()[0]
+
+
+def test_before_the_cr_exists_the_runner_s_readiness_waits_on_the_caches_it_started_only():
+    """Helm's --wait holds the install until the runner is Ready, and the CR comes after it (the
+    post-install bootstrap hook): the workload check's caches, which start with the first pass
+    over a CR, must not hold readiness back before that."""
+    with FakeApi() as api:
+        runner = runner_mod.Runner(api.client(), "metax-operator", is_leader=lambda: True, identity="runner-0")
+        try:
+            runner.run_pass()
+            eventually(lambda: all(c.state == "synced" for c in runner.caches()), 30, "the started caches to list")
+            names = {c.name for c in runner.caches()}
+            assert "driver-pods" in names and "hami-scheduler" not in names, names
+            clock = Clock()
+            elector = FakeElector()
+            elector.lock.answered_at = clock.now
+            assert Health(elector, runner.caches, stall_timeout=30, api_timeout=15, clock=clock).readiness()[0]
+        finally:
+            runner.close()
 
 
 # -- the HTTP server -----------------------------------------------------------------------------

@@ -7,12 +7,13 @@ by every e2e test of the runner."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from metax_operator.runtime import kube
 from metax_operator.runtime.informer import Informer
 from tests.fakeapi import FakeApi
-from tests.waiting import eventually
+from tests.waiting import consistently, eventually
 
 PODS = "/api/v1/namespaces/ns/pods"
 
@@ -37,7 +38,6 @@ def start(api: FakeApi, **kwargs) -> Informer:
 
 
 def test_lists_in_pages_then_follows_the_watch(api, monkeypatch):
-    monkeypatch.setattr(kube, "PAGE_SIZE", 2)
     monkeypatch.setattr("metax_operator.runtime.informer.PAGE_SIZE", 2)
     for i in range(5):
         api.put(f"{PODS}/p{i}", pod(f"p{i}"))
@@ -110,3 +110,91 @@ def test_a_list_that_keeps_failing_leaves_the_cache_failing_until_the_api_answer
         assert list(informer.snapshot()) == ["ns/p0"] and informer.state == "synced"
     finally:
         informer.stop()
+
+
+def test_each_watch_failure_after_a_successful_list_waits_the_first_backoff_again(api, caplog):
+    """Separate failures, each followed by a LIST that succeeds, are not one failure growing: the
+    wait before the relist starts again from the shortest (at most 1 s), so a cache that fails
+    once an hour is not left "failing" (the rollout taking no node) for up to 30 s."""
+    caplog.set_level(logging.WARNING, logger="metax_operator.runtime.informer")
+    api.put(f"{PODS}/p0", pod("p0"))
+    informer = start(api)
+    try:
+        for round_ in range(1, 5):
+            api.fail("GET", PODS, 500, watch=True)  # the next watch request fails once...
+            api.close_watches()  # ...when the server ends the open one
+            eventually(lambda round_=round_: len(retries(caplog)) == round_, 10, f"failure {round_} logged")
+            eventually(lambda: informer.state == "synced" and api.watching(PODS), 10, "the cache listed and watching again")
+        assert max(retries(caplog)) <= 1.0, retries(caplog)
+    finally:
+        informer.stop()
+
+
+def retries(caplog) -> list[float]:
+    """The waits the informer logged before retrying, in order."""
+    return [r.fields["retry_in"] for r in caplog.records if getattr(r, "fields", {}).get("action") == "informer-error"]
+
+
+def test_a_metadata_only_cache_lists_and_watches_the_objects_metadata(api):
+    api.put(f"{PODS}/p0", {**pod("p0"), "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}})
+    informer = Informer(api.client(), PODS, project=lambda o: (o.get("kind"), sorted(o)), metadata_only=True).start()
+    try:
+        assert informer.wait_synced(10)
+        assert informer.get("ns/p0") == ("PartialObjectMetadata", ["apiVersion", "kind", "metadata"])
+        api.put(f"{PODS}/p1", pod("p1"))
+        eventually(lambda: informer.get("ns/p1"), 10, "the watched pod")
+        assert informer.get("ns/p1")[0] == "PartialObjectMetadata"
+    finally:
+        informer.stop()
+
+
+def test_an_index_follows_the_store_through_events_and_relists(api):
+    for name, app in (("p0", "driver"), ("p1", "driver")):
+        api.put(f"{PODS}/{name}", {**pod(name, app), "spec": {"nodeName": "n0"}})
+    node_of = lambda o: (o.get("spec") or {}).get("nodeName")  # noqa: E731
+    informer = Informer(api.client(), PODS, project=lambda o: node_of(o) or "", index=lambda node: [node] if node else [])
+    informer.start()
+    try:
+        assert informer.wait_synced(10)
+        assert informer.indexed("n0") == {"ns/p0", "ns/p1"} and informer.indexed("n1") == set()
+        api.put(f"{PODS}/p1", {**pod("p1"), "spec": {"nodeName": "n1"}})
+        api.put(f"{PODS}/p2", {**pod("p2"), "spec": {"nodeName": "n1"}})
+        eventually(lambda: informer.indexed("n1") == {"ns/p1", "ns/p2"}, 10, "p1 moved and p2 added")
+        assert informer.indexed("n0") == {"ns/p0"}
+        api.delete(f"{PODS}/p0")
+        eventually(lambda: informer.indexed("n0") == set(), 10, "p0 gone")
+        api.objects.pop(f"{PODS}/p2")  # gone while the watch is away: the relist repairs the index
+        api.expire_watches()
+        eventually(lambda: informer.stats.relists == 1, 10, "the relist")
+        assert informer.indexed("n1") == {"ns/p1"}
+    finally:
+        informer.stop()
+
+
+def test_one_list_page_is_decoded_at_a_time_in_the_process(api):
+    """Two caches listing at once: while one stores a page, the other's page waits, so the
+    runner's memory holds one page's objects, not one per cache."""
+    import threading
+
+    api.put(f"{PODS}/p0", pod("p0"))
+    api.put("/api/v1/namespaces/ns/configmaps/c0", {"metadata": {"name": "c0", "namespace": "ns"}})
+    storing, go, stored = threading.Event(), threading.Event(), []
+
+    def slow(obj):
+        storing.set()
+        go.wait(10)
+        return obj
+
+    first = Informer(api.client(), PODS, project=slow).start()
+    try:
+        assert storing.wait(10)  # the first cache is storing its page
+        second = Informer(api.client(), "/api/v1/namespaces/ns/configmaps", project=lambda o: stored.append(o) or o).start()
+        done = threading.Event()
+        threading.Timer(1.0, done.set).start()
+        consistently(lambda: not stored and not second.synced, done.is_set, 5, "the second cache's page waiting")
+        go.set()
+        assert second.wait_synced(10) and first.wait_synced(10) and len(stored) == 1
+        second.stop()
+    finally:
+        go.set()
+        first.stop()

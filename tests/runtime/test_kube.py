@@ -6,7 +6,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.runtime import kube
+from metax_operator.runtime import api_failures, kube
 from tests.fakeapi import FakeApi
 
 
@@ -44,7 +44,7 @@ class Flaky:
 def test_transient_failures_are_retried(err):
     sleeps: list[float] = []
     fn = Flaky(err, err)
-    assert kube.with_backoff(fn, kube.Backoff(attempts=3), sleep=sleeps.append) == "ok"
+    assert api_failures.with_backoff(fn, api_failures.Backoff(attempts=3), sleep=sleeps.append) == "ok"
     assert fn.calls == 3 and len(sleeps) == 2
 
 
@@ -52,7 +52,7 @@ def test_transient_failures_are_retried(err):
 def test_client_errors_are_not_retried(status):
     fn = Flaky(api_error(status))
     with pytest.raises(ApiException):
-        kube.with_backoff(fn, kube.Backoff(attempts=5), sleep=lambda s: None)
+        api_failures.with_backoff(fn, api_failures.Backoff(attempts=5), sleep=lambda s: None)
     assert fn.calls == 1
 
 
@@ -60,16 +60,16 @@ def test_backoff_is_bounded_and_gives_up():
     sleeps: list[float] = []
     fn = Flaky(*[api_error(503)] * 10)
     with pytest.raises(ApiException):
-        kube.with_backoff(fn, kube.Backoff(attempts=4, base=1, cap=2), sleep=sleeps.append)
+        api_failures.with_backoff(fn, api_failures.Backoff(attempts=4, base=1, cap=2), sleep=sleeps.append)
     assert fn.calls == 4
     assert len(sleeps) == 3 and all(0 <= s <= 2 for s in sleeps)
 
 
 def test_retry_after_is_honoured_up_to_the_cap():
     sleeps: list[float] = []
-    kube.with_backoff(
+    api_failures.with_backoff(
         Flaky(api_error(429, {"Retry-After": "3"}), api_error(429, {"Retry-After": "60"})),
-        kube.Backoff(attempts=3, cap=10),
+        api_failures.Backoff(attempts=3, cap=10),
         sleep=sleeps.append,
     )
     assert sleeps == [3.0, 10.0]
@@ -77,12 +77,12 @@ def test_retry_after_is_honoured_up_to_the_cap():
 
 def test_conflicts_rerun_the_callers_function():
     fn = Flaky(api_error(409), api_error(409))
-    assert kube.retry_on_conflict(fn, attempts=3) == "ok"
+    assert api_failures.retry_on_conflict(fn, attempts=3) == "ok"
     assert fn.calls == 3
     with pytest.raises(ApiException):
-        kube.retry_on_conflict(Flaky(*[api_error(409)] * 3), attempts=3)
+        api_failures.retry_on_conflict(Flaky(*[api_error(409)] * 3), attempts=3)
     with pytest.raises(ApiException):
-        kube.retry_on_conflict(Flaky(api_error(422)))
+        api_failures.retry_on_conflict(Flaky(api_error(422)))
 
 
 def test_resource_paths():
@@ -122,12 +122,12 @@ def refused_patch() -> ApiException:
 def test_a_refused_request_is_one_line_with_the_request_and_the_servers_message():
     err = refused_patch()
     assert "HTTP response headers" in str(err)  # what the client's own str() dumps
-    assert kube.failure_line(err) == f"PATCH {DRIVER}: 422 Unprocessable Entity: {INVALID}"
+    assert api_failures.failure_line(err) == f"PATCH {DRIVER}: 422 Unprocessable Entity: {INVALID}"
 
 
 def test_other_failures_are_one_line_too():
-    assert kube.failure_line(ApiException(status=503, reason="Service Unavailable")) == "503 Service Unavailable"
-    assert kube.failure_line(RuntimeError("two\nlines")) == "RuntimeError: two lines"
+    assert api_failures.failure_line(ApiException(status=503, reason="Service Unavailable")) == "503 Service Unavailable"
+    assert api_failures.failure_line(RuntimeError("two\nlines")) == "RuntimeError: two lines"
 
 
 def test_pages_yields_a_list_a_page_at_a_time_and_list_joins_them(monkeypatch):

@@ -19,13 +19,14 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.chart import daemonset, images
 from metax_operator.chart.daemonset import desired_daemonset
 from metax_operator.conditions import HEALTHY, Condition, Event, EventType
-from metax_operator.contract import COMPONENT_UPDATE_STRATEGY, RUNNER_FIELD_MANAGER
+from metax_operator.contract import COMPONENT_UPDATE_STRATEGY, PAYLOAD_IMAGE_ENV, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks.bootstrap import prune, spec_schema
 from metax_operator.rollout import observation
 from metax_operator.runtime import cr_status, reconcile
 from metax_operator.runtime.cr_status import merge_conditions, transition_events
-from metax_operator.runtime.reconcile import Observed, decide, needs_write, owned_fields
+from metax_operator.runtime.field_ownership import needs_write, owned_fields
+from metax_operator.runtime.reconcile import Observed, decide
 from tests.helm import CHART, render_chart
 
 T_PASS = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the clock of the passes below
@@ -393,7 +394,10 @@ def test_log_settings_driver_options_and_payload_follow_the_cr(rendered, cr_spec
         "FW_UPGRADE_POLICY": "PreferCloud",
         "FW_ENABLE_VIRT": "true",
     }
-    assert pod_spec(desired)["initContainers"] == [{"name": "payload", "image": "mirror.example/metax/driver-image:2.33.0.1"}]
+    image = "mirror.example/metax/driver-image:2.33.0.1"
+    assert pod_spec(desired)["initContainers"] == [
+        {"name": "payload", "image": image, "env": [{"name": PAYLOAD_IMAGE_ENV, "value": image}]}
+    ]
     assert set(changed) == {"containers", "initContainers"}
 
 
@@ -408,7 +412,10 @@ def test_healthy_interval_and_maca_images_follow_the_cr(rendered, cr_spec):
     device, _ = desired_daemonset("gpuDevice", rendered["gpuDevice"], spec)
     maca, _ = desired_daemonset("maca", rendered["maca"], spec)
     assert {"name": "HEALTHY_INTERVAL", "value": "0"} in pod_spec(device)["containers"][0]["env"]
-    assert pod_spec(maca)["initContainers"] == [{"name": "payload-0", "image": "r.example/metax/maca-c500:2.19.0.1"}]
+    image = "r.example/metax/maca-c500:2.19.0.1"
+    assert pod_spec(maca)["initContainers"] == [
+        {"name": "payload-0", "image": image, "env": [{"name": PAYLOAD_IMAGE_ENV, "value": image}]}
+    ]
     assert {"name": "PAYLOAD_IMAGES", "value": "maca-c500:2.19.0.1"} in pod_spec(maca)["containers"][0]["env"]
 
 

@@ -353,3 +353,19 @@ def test_a_wave_node_still_selected_but_without_its_pod_yet_stays_in_the_wave():
     ds = daemonset(template=NEW)
     assert build(ds, [], pods, [], applied_cr(), status, nodes=nodes).observed.nodes == {"n00", "n01"}
     assert build(ds, [], pods, [], applied_cr(), status, nodes=node_cache(["n00"])).observed.nodes == {"n00"}
+
+
+def test_an_init_container_ending_with_the_payload_contracts_exit_makes_the_pod_failed_with_its_line():
+    line = "payload image r/driver:2 has no /payload directory: a payload image holds its files under /payload"
+    obj = pod("p1", "n1", "abc", ready=False)
+    obj["status"]["initContainerStatuses"] = [
+        {"name": "copier", "state": {"terminated": {"exitCode": 0}}},
+        {
+            "name": "payload",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "message": line + "\n"}},
+        },
+    ]
+    assert project_driver_pod(obj).pod.failure == line
+    obj["status"]["initContainerStatuses"][1]["lastState"]["terminated"]["exitCode"] = 1  # another failure: the timeout decides
+    assert project_driver_pod(obj).pod.failure == ""

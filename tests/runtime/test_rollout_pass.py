@@ -17,7 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.conditions import rfc3339
-from metax_operator.contract import RETRY_LABEL, STATE_LABEL
+from metax_operator.contract import RETRY_LABEL, SKIP_LABEL, STATE_LABEL
 from metax_operator.rollout.decision import Decision, PodRef
 from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.rollout.restore import Restore
@@ -474,7 +474,7 @@ def test_state_labels_are_written_only_when_they_change_and_leave_other_nodes(ap
 
 
 def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executor, monkeypatch):
-    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     run_pass(api, executor)
     assert node_labels(api, "n0")[STATE_LABEL] == "deleting"  # first: the wave's node
     assert STATE_LABEL not in node_labels(api, "n1") and STATE_LABEL not in node_labels(api, "n2")
@@ -486,7 +486,7 @@ def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executo
 
 
 def test_the_state_metric_counts_every_node_also_those_whose_label_waits_for_the_next_pass(api, executor, monkeypatch):
-    monkeypatch.setattr("metax_operator.runtime.rollout_pass.STATE_WRITES_PER_PASS", 1)
+    monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     executor.metrics = Metrics()
     run_pass(api, executor)
     assert STATE_LABEL not in node_labels(api, "n1")  # its label waits, its count does not
@@ -540,3 +540,93 @@ def test_a_retry_whose_deletion_waits_keeps_the_label(api, executor):
         run_pass(api, executor)
     labels = node_labels(api, "n1")
     assert labels[RETRY_LABEL] == "true" and labels[STATE_LABEL] == "failed"
+
+
+def training_pod(node: str, gpu: bool) -> dict:
+    """A pod matching `waitForCompletion.podSelector` (app=training), with a GPU or without."""
+    resources = {"limits": {"metax-tech.com/gpu": "1"}} if gpu else {}
+    return {
+        "metadata": {"name": f"train-{node}", "namespace": "ml", "labels": {"app": "training"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": resources}]},
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.mark.parametrize(("gpu", "allow_gpu"), [(False, False), (True, True)], ids=["no-gpu-request", "gpu-workloads-allowed"])
+def test_a_pod_to_wait_for_bound_after_the_decision_keeps_its_driver(api, executor, gpu, allow_gpu):
+    """The engine took n0 as free from the caches of the pass's start; a pod matching
+    waitForCompletion.podSelector is bound to n0 before the cordon lands. The last look before the
+    deletion finds it, whether it requests a GPU or not and also where GPU work is allowed (before:
+    only GPU pods were looked for, and not at all with allowGpuWorkloads)."""
+    wait = {"podSelector": "app=training"}
+    api.put(CR, cluster_operator({**POLICY, "waitForCompletion": wait, "allowGpuWorkloads": allow_gpu}))
+    cr = read_cr(api)
+    plan = decide(executor, cr)
+    eventually(lambda: executor.watches.waited is not None and executor.watches.waited.synced, 10, "the wait cache")
+    assert [ref.node for ref in plan.decision.delete] == ["n0"]
+    api.put("/api/v1/namespaces/ml/pods/train-n0", training_pod("n0", gpu))
+    execute(executor, cr, plan.decision, plan.pause_seen)
+    assert api.sent("DELETE") == [] and f"{PODS}/driver-n0" in api.objects
+    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
+
+
+def test_a_node_labelled_skip_whose_label_the_cache_has_not_seen_keeps_its_driver(api, executor, monkeypatch):
+    """The skip label is read from the node as the API server has it, right before the deletion:
+    n0, cordoned by the runner for its wave, is labelled skip while the node watch lags; the cordon
+    confirms n0 with a GET (the cache says unschedulable), which shows the label, and the driver
+    pod stays (before: deleted, the label read only from the cache)."""
+    cordoned_by_runner(api, "n0")
+    decide(executor, read_cr(api))  # starts the caches
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
+    send = FakeApi._send
+
+    def lagging(self, watched, query, events, path, change, obj, before):
+        if path.startswith("/api/v1/nodes/"):
+            return None  # the node watches hear nothing
+        return send(self, watched, query, events, path, change, obj, before)
+
+    monkeypatch.setattr(FakeApi, "_send", lagging)
+    node = api.get("/api/v1/nodes/n0")
+    node["metadata"]["labels"][SKIP_LABEL] = "true"
+    api.put("/api/v1/nodes/n0", node)
+    assert executor.watches.skipped.snapshot() == {}
+    run_pass(api, executor)
+    assert f"{PODS}/driver-n0" in api.objects and api.sent("DELETE") == []
+    assert [r.path for r in api.sent("GET") if r.path == "/api/v1/nodes/n0"]  # the confirmation read
+
+
+def test_a_drain_leaves_a_daemonsets_gpu_pod_and_swaps_the_driver(api, executor):
+    """A GPU pod a DaemonSet owns is on every node and back at once on a cordoned one: the drain
+    leaves it, as `kubectl drain --ignore-daemonsets` does, and it holds no node back (before: it
+    was evicted again and again until the drain timed out, and the rollout never completed)."""
+    agent = {
+        "metadata": {
+            "name": "gpu-agent-n0",
+            "namespace": "monitoring",
+            "ownerReferences": [{"kind": "DaemonSet", "name": "gpu-agent", "uid": "agent-uid"}],
+        },
+        "spec": {"nodeName": "n0", "containers": [{"name": "a", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"},
+    }
+    api.put("/api/v1/namespaces/monitoring/pods/gpu-agent-n0", agent)
+    api.put(CR, cluster_operator({**POLICY, "drain": {"enable": True, "timeout": "5m"}}))
+    run_pass(api, executor)
+    assert [r.path for r in api.sent("DELETE")] == [f"{PODS}/driver-n0"]
+    assert not [r for r in api.requests if r.path.endswith("/eviction")]
+    assert stored_status(api).resume.held.names == []
+
+
+def test_without_the_cr_the_runners_cordons_whose_driver_is_back_go_and_so_do_the_state_labels(api, executor):
+    """The CR deleted mid-rollout (by an admin, or a helm uninstall whose cleanup has yet to run):
+    no rollout is left, so the nodes the runner cordoned are given back once their driver is Ready,
+    and the nodes' state labels go (before: a node stayed cordoned and labelled `deleting`)."""
+    cordoned_by_runner(api, "n0")
+    labelled = api.get("/api/v1/nodes/n1")
+    labelled["metadata"]["labels"] = {STATE_LABEL: "deleting"}
+    api.put("/api/v1/nodes/n1", labelled)
+    cordoned_by_runner(api, "n2")
+    api.put(f"{PODS}/driver-n2", driver_pod("n2", "new", ready=False))  # n2's new driver is not Ready yet
+    api.delete(CR)
+    executor.without_cr()
+    assert not is_cordoned(api, "n0") and is_cordoned(api, "n2")
+    assert STATE_LABEL not in node_labels(api, "n1")

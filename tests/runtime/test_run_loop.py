@@ -164,3 +164,30 @@ def test_interval_only_ignores_changes():
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("on_change", [True, False])
+def test_the_first_pass_comes_as_soon_as_the_election_takes_the_lease(on_change, caplog):
+    """The loop starts before the election thread has asked for the lease: it finds itself no
+    leader and waits; taking the lease ends that wait, so a start does not cost an interval."""
+    from kubernetes import client
+
+    from metax_operator.runtime.leader import Elector, LeaseLock
+    from tests.runtime.test_leader import Leases
+
+    lock = LeaseLock("lease", "ns", "me", client.ApiClient())
+    lock.api = Leases()
+    elector = Elector(lock, lease_duration=15, renew_deadline=10, retry_period=2)
+    runner, stop = GatedRunner(), threading.Event()
+    caplog.set_level(logging.INFO, logger="metax_operator.runtime.run")
+    thread = threading.Thread(target=runner_mod.loop, args=(runner, elector, HOUR, stop), kwargs={"on_change": on_change})
+    thread.start()
+    try:
+        waiting = lambda: any(getattr(r, "fields", {}).get("action") == "wait-lease" for r in caplog.records)  # noqa: E731
+        eventually(waiting, 10, "the loop waiting for the lease, which nobody has asked for yet")
+        elector.start()
+        eventually(lambda: runner.passes == 1, 10, "the first pass, once the lease is taken (the interval is an hour)")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()

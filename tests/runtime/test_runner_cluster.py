@@ -74,7 +74,6 @@ def kill_at(cluster: Cluster, first) -> None:
     cluster.api.interceptors.append(intercept)
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize("fault", ["500", "kill", "fallback"])
 def test_a_rollback_whose_write_of_the_cr_is_lost_still_ends_on_the_old_driver_in_waves(cluster, fault):
     """The restore's write of spec.driver back to A is lost after the pass wrote its status (the
@@ -114,7 +113,6 @@ def test_a_rollback_whose_write_of_the_cr_is_lost_still_ends_on_the_old_driver_i
     assert "Progressing" not in phases, f"a rollout started again after the rollback: {phases}"
 
 
-@pytest.mark.helm
 def test_with_the_cr_deleted_mid_rollout_the_runner_uncordons_a_node_whose_driver_is_back():
     """The CR is deleted (`kubectl delete`, a GitOps prune) while n0, cordoned by the runner for
     its swap, has its new driver Ready: the runner lifts its cordon and its state label."""

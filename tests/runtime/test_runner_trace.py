@@ -21,6 +21,8 @@ the statuses stayed the same. When the rollout came to time each node's readines
 deletion, its status gained `resume.deletedAt` (empty here), and nothing else changed; nor did it
 when the runner's pass came to compose the reconcile and the rollout itself. The runner's parallel
 node writes go out one at a time here, so that the server numbers them in one order on every run.
+When the payload init container came to carry its image's reference for the payload contract, the
+driver's apply gained that variable and the recorded spec the copier's volume, and nothing else.
 The fake server answers the runner's server-side apply as a merge patch here (the driver's
 `initContainers` replaced by the one applied, which `lastAppliedSpec` shows), as it did when these
 were recorded; it has since learned to merge an apply's lists by their keys, as the API server

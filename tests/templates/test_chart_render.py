@@ -26,8 +26,6 @@ from tests.helm import (  # noqa: F401
     validate_objects,
 )
 
-pytestmark = pytest.mark.helm
-
 # The seed's install command, its DOMAIN/PROJECT placeholder filled in (an image path must be
 # lowercase: `DOMAIN/PROJECT` itself is refused, as the kubelet would refuse its images).
 SEED_INSTALL = ("--set", "registry=domain.example/project", "--set", "driver.payload.version=2.32.0.6")

@@ -10,8 +10,6 @@ import pytest
 
 from tests.helm import CHART, helm_bin, render_chart  # noqa: F401
 
-pytestmark = pytest.mark.helm
-
 ALL_ON = ("--values", str(CHART / "tests/data/values-all.yaml"), "--set", "runner.mode={mode}")
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The containers that run our own API clients, whatever the pod: the wait-for init containers,

@@ -14,8 +14,6 @@ import pytest
 
 from tests.helm import BIN, CHART
 
-pytestmark = pytest.mark.helm
-
 UNIT = CHART / "tests" / "helm-unittest"
 SUITES = sorted(UNIT.rglob("*_test.yaml"))
 # Templates owned elsewhere, with their own tests: validation helpers, hook Jobs, helm test pods.
@@ -30,7 +28,7 @@ def suite_id(path) -> str:
 def test_helm_unittest_suite_passes(suite):
     binary = BIN / "helm-unittest"
     if not binary.exists():
-        pytest.fail(f"{binary} is missing: run 'make setup'", pytrace=False)
+        pytest.fail(f"{binary} is missing: run 'make test'", pytrace=False)
     result = subprocess.run(
         [binary, "--strict", "--color=false", "--file", str(suite.relative_to(CHART)), "."],
         cwd=CHART,

@@ -9,8 +9,6 @@ import pytest
 
 from tests.helm import CHART, HelmError, helm_bin, overlay, render_chart  # noqa: F401
 
-pytestmark = pytest.mark.helm
-
 VALUES = {"registry": "r.example/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from tests.helm import APP_VERSION, CHART, find, helm_bin, render_chart, validate_objects  # noqa: F401 (fixture)
-
-pytestmark = pytest.mark.helm
 
 BASE = {"registry": "cr.example.com/metax", "driver": {"payload": {"version": "2.32.0.6"}}}
 PHASES = {

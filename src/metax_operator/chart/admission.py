@@ -29,13 +29,14 @@ dear, hence the schema's maxLength/maxItems on what rules read, and `string(dyn(
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Callable
 
-from metax_operator.chart import problems, validation
+from metax_operator.chart import problems, seed_spellings, validation
 from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.schema import fragment, percent_pattern
-from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES
+from metax_operator.contract import CR_GROUP, CR_NAME, CR_PLURAL, CR_VERSION, PREREQUISITES, SEED_SPELLINGS
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
 
@@ -51,7 +52,7 @@ ROLLOUT_CONTROLS = ("pause", "enableRollout")
 #: every key but the one compared a level down (or, at the last, the rollout's controls).
 FREEZE_LEVELS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     ((), ("driver",)),
-    (("driver",), ("upgradePolicy",)),
+    (("driver",), ("upgradePolicy", "enableRollout")),  # driver.enableRollout: the seed's spelling
     (("driver", "upgradePolicy"), ROLLOUT_CONTROLS),
 )
 _MARK = re.compile("\x00([0-9]+)\x00")
@@ -276,6 +277,11 @@ def _driver_rules() -> list[dict]:
             " || (has(self.payload) && has(self.payload.version) && size(self.payload.version) > 0)",
             validation.payload_version_missing,
         ),
+        _rule(
+            "!(has(self.deploy) && self.deploy) || !(has(self.deployPolicy) && self.deployPolicy == 'Never')"
+            " || !(has(self.fwUpgradePolicy) && self.fwUpgradePolicy == 'PreferCloud')",
+            validation.firmware_without_payload,
+        ),
     ]
 
 
@@ -303,6 +309,37 @@ def _service_rules(node: dict) -> list[dict]:
     ]
 
 
+def _cel_name(key: str) -> str:
+    """A property name as CEL reads it (`vfio-manager` is `vfio__dash__manager`)."""
+    return key.replace("_", "__underscores__").replace("-", "__dash__").replace(".", "__dot__")
+
+
+def _seed_spelling_rules() -> dict[tuple[str, ...], list[dict]]:
+    """The seed's spellings in the spec (seed_spellings.cr_problems), each rule on the deepest
+    node holding both spellings: a whole component refused, a single field where it disagrees
+    with the chart's key."""
+    rules: dict[tuple[str, ...], list[dict]] = {}
+    for seed, key in SEED_SPELLINGS.items():
+        common = len(os.path.commonprefix([seed, key]))
+        s, k = seed_spellings.dotted(seed), seed_spellings.dotted(key)
+        if len(seed) - common != 1 or common == len(key):
+            raise ValueError(f"contract.SEED_SPELLINGS: {s} is not one key beside {k}")
+        given = f"self.{_cel_name(seed[-1])}"
+        if len(key) == 1:  # a whole component
+            rule = _rule(f"!has({given})", lambda s=s, k=k: seed_spellings.whole_component_in_cr(s, k))
+        else:
+            have = _has("self", *map(_cel_name, key[common:]))
+            ours = "self." + ".".join(map(_cel_name, key[common:]))
+            rule = _rule(
+                f"!has({given}) || ({have} && {given} == {ours})",
+                lambda a, b, s=s, k=k: seed_spellings.conflict(s, a, k, b, s, k),
+                given,
+                ours,  # unset: the messageExpression fails and the API server says `message`
+            )
+        rules.setdefault(seed[:common], []).append(rule)
+    return rules
+
+
 def crd_rules(spec: dict, *, full: bool) -> dict[tuple[str, ...], list[dict]]:
     """The CRD's `x-kubernetes-validations`, by the spec path of the node that carries them
     (`spec`: the CRD's spec schema, for the single-field checks). `full`: with validate's lines
@@ -316,6 +353,8 @@ def crd_rules(spec: dict, *, full: bool) -> dict[tuple[str, ...], list[dict]]:
         ("driver", "upgradePolicy", "upgradeSteps"): _steps_rules(upgrade_policy["properties"]["upgradeSteps"], full),
         ("exporter", "service"): _service_rules(spec["properties"]["exporter"]["properties"]["service"]),
     }
+    for path, extra in _seed_spelling_rules().items():
+        rules[path] = rules.get(path, []) + extra
     if not full:
         rules = {path: [{k: v for k, v in r.items() if k != "messageExpression"} for r in node] for path, node in rules.items()}
     return rules
@@ -477,7 +516,12 @@ def warning_validations() -> list[dict]:
     )
     virt = lambda obj: f"{_has(obj, 'spec', 'driver', 'fwEnableVirt')} && {obj}.spec.driver.fwEnableVirt == true"  # noqa: E731
     turned_on = f"request.operation == 'UPDATE' && {virt('object')} && !({virt('oldObject')})"
-    return [
+    spellings = [
+        {"expression": f"!({_has('object', 'spec', *map(_cel_name, seed))})", "message": str(seed_spellings.cr_notice(seed, key))}
+        for seed, key in SEED_SPELLINGS.items()
+        if len(key) > 1  # a whole component in the seed's spelling is refused (crd_rules)
+    ]
+    return spellings + [
         {
             "expression": f"!({firmware} && {vfio})",
             "message": str(vfio_firmware_warning()),
@@ -538,6 +582,7 @@ def render_template(generated_note: str) -> str:
     return f"""{{{{- /* {generated_note}
 The API server's half of the cross-field rules that CRD rules cannot express (docs/hooks.md,
 "Admission"); installed with the first of {", ".join(POLICY_API_VERSIONS)} the API server serves. */}}}}
+{{{{- include "metax-operator.seedSpellings" . -}}}}
 {{{{- $api := "" }}}}
 {{{{- range $version := list {" ".join(f'"{v}"' for v in POLICY_API_VERSIONS)} }}}}
 {{{{- if and (not $api) ($.Capabilities.APIVersions.Has (printf "%s/ValidatingAdmissionPolicy" $version)) }}}}

@@ -24,6 +24,7 @@ from metax_operator.contract import (
     DRIVER_UPDATE_STRATEGY,
     LOG_ENV,
     MACA_PAYLOAD_PREFIX,
+    PAYLOAD_IMAGE_ENV,
 )
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
@@ -193,15 +194,21 @@ def _payload_images(key: str, live: dict, spec: dict) -> list[dict]:
             and payload.get("version")
         ):
             image = images.reference(registry, payload["name"], payload["version"], payload.get("digest") or "")
-            return [{"name": DRIVER_PAYLOAD_CONTAINER, "image": image}]
+            return [_payload_container(DRIVER_PAYLOAD_CONTAINER, image)]
     if key == "maca":
         payload = (spec.get("maca") or {}).get("payload") or {}
         registry = payload.get("registry") or registry
         entries = payload.get("images")
         containers = payload_containers(live)
         if registry and entries is not None and len(entries) == len(containers):
-            return [{"name": name, "image": f"{registry}/{entry}"} for name, entry in zip(containers, entries, strict=False)]
+            return [_payload_container(name, f"{registry}/{entry}") for name, entry in zip(containers, entries, strict=False)]
     return []
+
+
+def _payload_container(name: str, image: str) -> dict:
+    """A payload init container's image, and the variable that names it in its one-line failure
+    (`metax-operator.payloadContainer`)."""
+    return {"name": name, "image": image, "env": [{"name": PAYLOAD_IMAGE_ENV, "value": image}]}
 
 
 def payload_containers(pod_spec: dict) -> list[str]:

@@ -29,6 +29,7 @@ import yaml
 from metax_operator import contract
 from metax_operator.chart import admission, alerts, schema
 from metax_operator.errors import UserError
+from metax_operator.lookup import lookup
 
 COMMAND = "python -m metax_operator.chart.generate"
 CONTRACT_TEMPLATE = "templates/_contract.tpl"
@@ -41,11 +42,17 @@ TEMPLATE_STRINGS = {
     "metax-operator.sharedFieldsAnnotation": contract.SHARED_FIELDS_ANNOTATION,
     "metax-operator.releaseRevisionAnnotation": contract.RELEASE_REVISION_ANNOTATION,
     "metax-operator.driverPayloadContainer": contract.DRIVER_PAYLOAD_CONTAINER,
+    "metax-operator.payloadDir": contract.PAYLOAD_DIR,
+    "metax-operator.payloadCopierContainer": contract.PAYLOAD_COPIER_CONTAINER,
+    "metax-operator.payloadImageEnv": contract.PAYLOAD_IMAGE_ENV,
+    "metax-operator.payloadContractExit": str(contract.PAYLOAD_CONTRACT_EXIT),
     "metax-operator.hookLabel": contract.HOOK_LABEL,
     "metax-operator.partOf": contract.PART_OF,
     "metax-operator.gpuNodeLabel": contract.GPU_NODE_LABEL,
     "metax-operator.rolloutNodeKeyPrefix": contract.ROLLOUT_NODE_KEY_PREFIX,
     "metax-operator.gpuTaint": contract.GPU_TAINT,
+    "metax-operator.hamiNodeLock": contract.HAMI_NODE_LOCK,
+    "metax-operator.hamiBindPhase": contract.HAMI_BIND_PHASE,
     "metax-operator.crGroup": contract.CR_GROUP,
     "metax-operator.crName": contract.CR_NAME,
     "metax-operator.crdName": contract.CRD_NAME,
@@ -66,17 +73,20 @@ def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def render_contract_template() -> str:
-    """templates/_contract.tpl."""
+def render_contract_template(values: dict) -> str:
+    """templates/_contract.tpl; `values`: the chart's values.yaml (the seed spellings' defaults)."""
     components = [[key, c.daemonset] for key, c in contract.COMPONENTS.items()]
     prerequisites = {key: list(c.prerequisites) for key, c in contract.COMPONENTS.items()}
     env_groups = {
         group: [[var, list(path)] for var, path in variables.items()]
         for group, variables in {"log": contract.LOG_ENV, **contract.COMPONENT_ENV}.items()
     }
+    spellings = [
+        {"seed": list(seed), "key": list(key), "default": lookup(values, *key)} for seed, key in contract.SEED_SPELLINGS.items()
+    ]
     daemonsets = " ".join(f'"{key}" "{name}"' for key, name in contract.DAEMONSETS.items())
     parts = [
-        f"{{{{- /* {generated_note('src/metax_operator/contract.py')}\n"
+        f"{{{{- /* {generated_note('src/metax_operator/contract.py', 'values.yaml')}\n"
         "The names the templates share with the hooks, the runner and the components. */}}\n",
         "{{/* The components as a JSON list of [values key, DaemonSet name], in install order. */}}\n"
         f'{{{{- define "metax-operator.components" -}}}}\n{_json(components)}\n{{{{- end }}}}\n',
@@ -106,6 +116,9 @@ def render_contract_template() -> str:
         "object {group: [[VAR, [path under the values map]]]}: `log` for the log settings, else a\n"
         "component's values key. The runner sets the same variables from the CR. */}}\n"
         f'{{{{- define "metax-operator.valuesEnvVars" -}}}}\n{_json(env_groups)}\n{{{{- end }}}}\n',
+        "{{/* The product manual's spellings of chart options (_seed_spellings.tpl), as a JSON list of\n"
+        "{seed: path, key: the chart's path, default: the chart's default there}. */}}\n"
+        f'{{{{- define "metax-operator.seedSpellingList" -}}}}\n{_json(spellings)}\n{{{{- end }}}}\n',
         *(_configmap_data(name) for name in contract.CONFIGMAPS),
         "{{/* Label, annotation and object names. */}}",
     ]
@@ -160,7 +173,7 @@ def outputs(root: Path = schema.REPO_ROOT) -> dict[Path, str]:
         root / schema.CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=False))),
         root / schema.FULL_CRD_FILE: render_crd(schema.build_crd(values_text, lambda spec: admission.crd_rules(spec, full=True))),
         root / admission.TEMPLATE: admission.render_template(generated_note("src/metax_operator/chart/admission.py")),
-        root / CONTRACT_TEMPLATE: render_contract_template(),
+        root / CONTRACT_TEMPLATE: render_contract_template(yaml.safe_load(values_text)),
         root / alerts.RULES_FILE: alerts.render_rules_file(generated_note("src/metax_operator/chart/alerts.py")),
     }
 

@@ -492,6 +492,8 @@ def _cr_spec_source(node: dict) -> dict:
             child = definitions[child["$ref"].removeprefix("#/definitions/")]
         return bool(child.get("x-chart-only"))
 
+    if "$ref" in node and "x-crd" not in node:  # a definition's properties may be chart-only
+        node = {**definitions[node["$ref"].removeprefix("#/definitions/")], **{k: v for k, v in node.items() if k != "$ref"}}
     out = dict(node)
     if "properties" in node:
         properties = dict(node["properties"])
@@ -545,3 +547,11 @@ def load_values_schema(chart: Path = REPO_ROOT) -> dict:
             str(path), "not found", "pass --chart with the chart's directory, or run `python -m metax_operator.chart.generate`"
         )
     return json.loads(path.read_text())
+
+
+def load_values_defaults(chart: Path = REPO_ROOT) -> dict:
+    """The chart's values.yaml: the defaults Helm merges under every user's values."""
+    path = chart / "values.yaml"
+    if not path.exists():
+        raise UserError(str(path), "not found", "pass --chart with the chart's directory")
+    return yaml.safe_load(path.read_text()) or {}

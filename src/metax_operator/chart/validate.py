@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
@@ -44,9 +45,9 @@ from pathlib import Path
 
 import yaml
 
-from metax_operator.chart import validation, values_sources
+from metax_operator.chart import seed_spellings, validation, values_sources
 from metax_operator.chart.problems import field_path
-from metax_operator.chart.schema import REPO_ROOT, load_values_schema
+from metax_operator.chart.schema import REPO_ROOT, load_values_defaults, load_values_schema
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.yamltext import load_one, read_text
 
@@ -121,10 +122,11 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="metax-validate-") as tmp:
         files, sets = values_flags(args, Path(tmp))
         if not args.files:
-            errors = problems(chart, helm, [*files, *sets])
+            errors, notices = checked(chart, helm, [*files, *sets])
             report = Report(
                 checked=[] if errors else [{"file": None, "line": None, "column": None, "what": "the -f files and --set flags"}],
                 problems=[values_sources.Problem(None, None, None, e) for e in errors],
+                notices=[values_sources.Problem(None, None, None, n) for n in notices],
             )
         else:
             report = Report()
@@ -135,8 +137,9 @@ def run(args) -> int:
                 for source in found.sources:
                     values = Path(tmp) / "source-values.yaml"
                     values.write_text(source.text)
-                    errors = problems(chart, helm, [*files, "--values", str(values), *source.flags, *sets])
+                    errors, notices = checked(chart, helm, [*files, "--values", str(values), *source.flags, *sets])
                     report.problems += [source.locate(e) for e in errors]
+                    report.notices += [source.locate(n) for n in notices]
                     if not errors:
                         report.checked.append(
                             {"file": source.file, "line": source.line, "column": source.column, "what": source.what}
@@ -147,23 +150,33 @@ def run(args) -> int:
 def problems(chart: Path, helm: str, flags: list[str]) -> list[UserError]:
     """What is wrong with the values Helm merges from `flags`: the schema's and the cross-field
     rules' problems, else the render's."""
+    return checked(chart, helm, flags)[0]
+
+
+def checked(chart: Path, helm: str, flags: list[str]) -> tuple[list[UserError], list[UserError]]:
+    """`problems`, and the notices of the product manual's spellings the values use (each names
+    the chart's key to write)."""
     try:
         values = merged_values(chart, flags, helm)
     except UserErrors as err:
-        return err.errors
-    errors = validation.values_problems(values, load_values_schema(chart))
-    return errors or render_problems(chart, flags, helm)
+        return err.errors, []
+    defaults = load_values_defaults(chart)
+    errors = validation.values_problems(values, load_values_schema(chart), defaults)
+    notices = seed_spellings.normalise(values, defaults).notices
+    return errors or render_problems(chart, flags, helm), notices
 
 
 @dataclass
 class Report:
     """What `validate` found: the sets of values it found valid (file, line, column, what), the
-    problems, and the Applications and HelmReleases of other charts it skipped (file, line, what,
+    problems, the notices (the product manual's spellings used: valid, but write the chart's
+    key), and the Applications and HelmReleases of other charts it skipped (file, line, what,
     chart)."""
 
     checked: list[dict] = field(default_factory=list)
     problems: list[values_sources.Problem] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    notices: list[values_sources.Problem] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The valid and skipped sets of values, one line each."""
@@ -177,6 +190,8 @@ class Report:
 
 
 def text_output(report: Report) -> int:
+    for notice in report.notices:
+        print(f"warning: {notice}", file=sys.stderr)
     for line in report.lines():
         print(line)
     if report.problems:
@@ -192,6 +207,11 @@ def github_output(report: Report) -> int:
         properties = ",".join(f"{key}={_escape(str(value), True)}" for key, value in where.items() if value is not None)
         properties += ("," if properties else "") + "title=metax-operator validate"
         print(f"::error {properties}::{_escape(str(problem.error))}")
+    for notice in report.notices:
+        where = {"file": notice.file, "line": notice.line, "col": notice.column}
+        properties = ",".join(f"{key}={_escape(str(value), True)}" for key, value in where.items() if value is not None)
+        properties += ("," if properties else "") + "title=metax-operator validate"
+        print(f"::warning {properties}::{_escape(str(notice.error))}")
     for line in report.lines():
         print(line)
     return 1 if report.problems else 0
@@ -211,6 +231,7 @@ def json_output(report: Report) -> int:
                 "checked": report.checked,
                 "skipped": report.skipped,
                 "problems": [p.as_dict() for p in report.problems],
+                "warnings": [n.as_dict() for n in report.notices],
             },
             indent=2,
         )

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from metax_operator.chart import images
+from metax_operator.chart import images, seed_spellings
 from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.problems import regex_problem, schema_problems
 from metax_operator.chart.schema import build_values_schema, fragment
@@ -61,6 +61,15 @@ def payload_version_missing() -> UserError:
         "driver.payload.version",
         "is required unless driver.deployPolicy is Never",
         "set the driver version, e.g. --set driver.payload.version=2.32.0.6",
+    )
+
+
+def firmware_without_payload() -> UserError:
+    return UserError(
+        "driver.fwUpgradePolicy",
+        "PreferCloud flashes the firmware the driver payload carries, and driver.deployPolicy Never deploys no payload",
+        "set driver.fwUpgradePolicy=Never, or a driver.deployPolicy that deploys the payload "
+        "(PreferCloud, PreferHost or PreferNewer)",
     )
 
 
@@ -108,12 +117,18 @@ def validate_values(values: Mapping, schema: Mapping | None = None) -> None:
     _raise(values_problems(values, schema))
 
 
-def values_problems(values: Mapping, schema: Mapping | None = None) -> list[UserError]:
+def values_problems(values: Mapping, schema: Mapping | None = None, defaults: Mapping | None = None) -> list[UserError]:
     """values.schema.json's problems (`schema`, else the package's own copy), or when there are
-    none, the rules templates/_validations.tpl applies at render time: what a render refuses."""
+    none, the rules templates/_validations.tpl applies at render time: what a render refuses.
+    The product manual's spellings are read as the chart's keys first (seed_spellings.normalise,
+    with the chart's values.yaml `defaults` where known)."""
     errors = schema_problems(values, values_schema() if schema is None else schema)
     if errors:  # the rules assume the schema's shapes, as the render does
         return errors
+    spelled = seed_spellings.normalise(values, defaults)
+    if spelled.errors:
+        return spelled.errors
+    values = spelled.values
     errors = _spec_problems(values)
     errors += _schedule_problems((values.get("runner") or {}).get("schedule"))
     errors += _deprecated_tolerations_problems(values.get("tolerations"))
@@ -134,7 +149,7 @@ def validate_cr_spec(spec: Mapping) -> None:
 
 
 def cr_spec_problems(spec: Mapping) -> list[UserError]:
-    return [_prefixed("spec.", e) for e in _spec_problems(spec)]
+    return [_prefixed("spec.", e) for e in seed_spellings.cr_problems(spec) + _spec_problems(spec)]
 
 
 def _spec_problems(values: Mapping) -> list[UserError]:
@@ -148,6 +163,8 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     driver = values.get("driver") or {}
     if _deployed(values, "driver") and driver.get("deployPolicy") != "Never" and not (driver.get("payload") or {}).get("version"):
         errors.append(payload_version_missing())
+    if _deployed(values, "driver") and driver.get("deployPolicy") == "Never" and driver.get("fwUpgradePolicy") == "PreferCloud":
+        errors.append(firmware_without_payload())
     errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
     errors += driver_config_problems(driver.get("config") or {}, "driver.config")
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [], "vfioManager.vfioConfig")

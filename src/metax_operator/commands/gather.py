@@ -49,7 +49,8 @@ from metax_operator.commands import rollout_admin as admin
 from metax_operator.conditions import parse_time, rfc3339
 from metax_operator.errors import UserError
 from metax_operator.rollout.status import UpgradeStatus
-from metax_operator.runtime.kube import REQUEST_TIMEOUT, Client, add_arguments, failure_line
+from metax_operator.runtime.api_failures import failure_line
+from metax_operator.runtime.kube import REQUEST_TIMEOUT, Client, add_arguments
 
 PARTS = (
     "cr.yaml",

@@ -40,7 +40,8 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
 from metax_operator.rollout.status import COMPLETED, DISABLING, STEP_PAUSED, TERMINATING, NodeList, UpgradeStatus
-from metax_operator.runtime.kube import Backoff, Client, add_arguments
+from metax_operator.runtime.api_failures import Backoff
+from metax_operator.runtime.kube import Client, add_arguments
 
 #: An admin at a terminal: one try per request, so a wrong kubeconfig fails at once.
 AT_ONCE = Backoff(attempts=1)

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 from metax_operator import contract
-from metax_operator.chart import validation
+from metax_operator.chart import seed_spellings, validation
 from metax_operator.chart.admission import frozen_changes, frozen_during_rollout
 from metax_operator.cli import bounded
 from metax_operator.conditions import CrReason, Event, EventType, rfc3339
@@ -61,7 +61,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.hooks import common
 from metax_operator.lookup import lookup
-from metax_operator.runtime import cr_status, kube
+from metax_operator.runtime import api_failures, cr_status, kube
 
 _MISSING = object()
 
@@ -235,13 +235,23 @@ def served_crd(client: kube.Client, timeout: float) -> dict:
         time.sleep(1)
 
 
+def spec_from_values(values: dict, schema: dict) -> dict:
+    """The spec the release's `values` give: the product manual's spellings read as the chart's
+    keys (the chart's render has done so in the values it hands the hooks; a conflict is refused),
+    restricted to what the CRD's spec `schema` declares."""
+    spelled = seed_spellings.normalise(values)
+    if spelled.errors:
+        raise UserErrors(spelled.errors)
+    return prune(spelled.values, schema)
+
+
 def bootstrap(
     client: kube.Client, values: dict, release: str, timeout: float = 60, revision: int | None = None
 ) -> tuple[dict, Merge]:
     """Apply the CR for `values`; returns the CR and the merge. Raises `UserErrors` when the
     merge with the kept run-time edits would be invalid (nothing written then)."""
     schema = spec_schema(served_crd(client, timeout))
-    spec = prune(values, schema)
+    spec = spec_from_values(values, schema)
     labels = {"app.kubernetes.io/name": "metax-operator", "app.kubernetes.io/instance": release, PART_OF_LABEL: PART_OF}
 
     def attempt() -> tuple[dict, Merge]:
@@ -268,7 +278,7 @@ def bootstrap(
             merge.manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         return client.apply(merge.manifest, field_manager=BOOTSTRAP_FIELD_MANAGER, force=True), merge
 
-    cr, merge = kube.retry_on_conflict(attempt)
+    cr, merge = api_failures.retry_on_conflict(attempt)
     for change in merge.overridden:
         cr_status.emit_event(
             client,
@@ -281,12 +291,10 @@ def bootstrap(
 
 
 def run(args: argparse.Namespace) -> int:
-    cr, merge = bootstrap(
-        kube.Client.from_args(args),
-        common.load_values(args.values),
-        args.release,
-        revision=args.release_revision,
-    )
+    values = common.load_values(args.values)
+    for notice in seed_spellings.normalise(values).notices:
+        print(f"bootstrap: {notice}")
+    cr, merge = bootstrap(kube.Client.from_args(args), values, args.release, revision=args.release_revision)
     for change in merge.kept:
         print(f"bootstrap: {change.kept()}")
     for change in merge.overridden:

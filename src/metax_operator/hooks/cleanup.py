@@ -53,7 +53,7 @@ from metax_operator.contract import (
     VFIO_ANNOTATION,
 )
 from metax_operator.hooks import common
-from metax_operator.runtime import cordon, kube
+from metax_operator.runtime import api_failures, cordon, kube
 
 #: Node labels our components set: gpu-label marks GPU nodes and describes their GPUs; the
 #: runner labels each with its upgrade state; an admin's retry label means nothing without the runner.
@@ -110,7 +110,7 @@ def clean_node(client: kube.Client, node: dict) -> bool:
     try:
         client.patch("v1", "Node", node["metadata"]["name"], patch)
     except Exception as err:  # only a vanished node is expected
-        if not kube.is_status(err, 404):
+        if not api_failures.is_status(err, 404):
             raise
         return False
     return True

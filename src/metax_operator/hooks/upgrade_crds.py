@@ -27,7 +27,7 @@ from metax_operator import contract
 from metax_operator.chart import admission
 from metax_operator.errors import UserError
 from metax_operator.hooks import common
-from metax_operator.runtime import kube
+from metax_operator.runtime import api_failures, kube
 from metax_operator.yamltext import load_one, read_text
 
 
@@ -102,7 +102,7 @@ def release_fields(client: kube.Client) -> dict:
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "managedFields": others or [{}]}}
         return client.patch(common.CRD_API_VERSION, "CustomResourceDefinition", contract.CRD_NAME, patch)
 
-    return kube.retry_on_conflict(attempt)
+    return api_failures.retry_on_conflict(attempt)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from metax_operator.conditions import Condition, Event, EventType, rfc3339, tran
 from metax_operator.rollout.budget import Budget, in_flight
 from metax_operator.rollout.decision import Decision, PodRef, WorkCheck
 from metax_operator.rollout.observation import Cluster, NodePods, Pod, RevisionView
-from metax_operator.rollout.status import PROGRESSING, STEP_INIT, ConditionType, PauseReason, Reason, UpgradeStatus
+from metax_operator.rollout.status import PROGRESSING, STEP_INIT, ConditionType, NodeList, PauseReason, Reason, UpgradeStatus
 
 
 class Next(Enum):
@@ -120,6 +120,16 @@ class PassContext:
         before (a rollback would then restore an older driver version than its revision's).
         """
         self.status.last_applied_spec, self.status.last_co_driver_spec = self.observed.template, self.observed.driver_spec
+
+    def record_failed(self, view: RevisionView) -> None:
+        """List the failed nodes in status; a node newly listed whose driver pod says why it cannot
+        start (`Pod.failure`: the payload contract) gets a Warning Event with that line."""
+        said = {*self.before.resume.failed.names, *self.resume.failed.names}  # by an earlier pass, or this one
+        self.resume.failed = NodeList.of(view.failed)
+        for node in self.resume.failed.names:
+            pod = view.live.get(node)
+            if node not in said and pod is not None and pod.failure:
+                self.event(EventType.WARNING, Reason.DRIVER_FAILED, f"node {node}: {pod.failure}")
 
     def delete(self, pods: list[Pod]) -> None:
         self.decision.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)

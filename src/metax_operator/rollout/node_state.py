@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from metax_operator.chart.upgrade_policy import OnTimeout, Policy
 from metax_operator.rollout.decision import Decision
-from metax_operator.rollout.observation import Cluster, NodePods, Stage, failed, held, to_prepare
+from metax_operator.rollout.observation import Cluster, NodePods, Stage, failed, held, starting, to_prepare
 
 
 class NodeUpgradeState(StrEnum):
@@ -25,7 +25,7 @@ class NodeUpgradeState(StrEnum):
     WAITING_FOR_JOBS = "waiting-for-jobs"  # in a wave, cordoned: pods matching waitForCompletion.podSelector run
     DRAINING = "draining"  # in a wave, cordoned: its GPU pods are being evicted
     DELETING = "deleting"  # its driver pod is being deleted
-    WAITING_FOR_READY = "waiting-for-ready"  # its new driver pod is not Ready yet
+    WAITING_FOR_READY = "waiting-for-ready"  # its driver pod is not Ready yet (new, or of an older template still starting)
     DONE = "done"  # its driver pod is at the DaemonSet's current revision and Ready
     FAILED = "failed"  # its new driver pod failed (or its wait or drain timed out with onTimeout: fail)
     HELD = "held"  # kept out of the waves: it runs GPU work, or its wait or drain timed out (onTimeout: hold)
@@ -59,6 +59,8 @@ def states(
                 state = NodeUpgradeState.FAILED
             else:
                 state = NodeUpgradeState.WAITING_FOR_READY
+        elif starting(pod, now, timeout):  # a pod of an older template still coming up: replaced once Ready
+            state = NodeUpgradeState.WAITING_FOR_READY
         elif node in timed_out:
             state = NodeUpgradeState.HELD if policy.on_timeout == OnTimeout.HOLD else NodeUpgradeState.FAILED
         elif node in wave:

@@ -34,6 +34,8 @@ class Pod:
     restart_count: int = 0
     created: float = 0.0
     deleting: float | None = None  # when its deletion was asked (deletionTimestamp less the grace period)
+    # Why it will never be Ready, when a container said so (the payload contract's exit): failed at once.
+    failure: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ class Stage(StrEnum):
 
 
 def failed(pod: Pod, now: float, timeout: float) -> bool:
-    """A pod not Ready that will not be: in phase Failed, restarting again and again, or not
-    Ready within the readiness timeout."""
-    return pod.phase == "Failed" or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout
+    """A pod not Ready that will not be: in phase Failed, restarting again and again, a container
+    of it saying why it cannot start (`Pod.failure`), or not Ready within the readiness timeout."""
+    if pod.ready:
+        return False
+    return pod.phase == "Failed" or bool(pod.failure) or pod.restart_count >= RESTART_LIMIT or now - pod.created >= timeout
 
 
 def starting(pod: Pod, now: float, timeout: float) -> bool:

@@ -23,7 +23,6 @@ from metax_operator.rollout.status import (
     STEP_UPGRADE,
     TERMINATING,
     ConditionType,
-    NodeList,
     PauseReason,
     Reason,
     WaveKind,
@@ -71,7 +70,7 @@ class Progress:
         target = policy.targets(view.total)[index]
         step.current_upgrade_replicas, step.current_upgrade_ready_replicas = target, len(view.ready_at_revision)
         step.total_upgrade_replicas, step.total_upgrade_ready_replicas = view.total, len(view.ready_at_revision)
-        resume.failed = NodeList.of(view.failed)
+        ctx.record_failed(view)
         if problem := policy.last_step_problem(view.total):
             ctx.condition(ConditionType.FAILED, TRUE, Reason.INVALID_POLICY, problem)
             return ctx.finish(f'holding: {problem}; set the last step\'s replicas to "100%"')
@@ -96,7 +95,7 @@ class Progress:
         ctx, waves, policy, resume = self.ctx, self.waves, self.ctx.policy, self.ctx.resume
         allowed = policy.tolerations(view.total)[index]
         busy = waves.busy(view)
-        resume.failed = NodeList.of(view.failed)  # with the nodes the wave found stuck
+        ctx.record_failed(view)  # with the nodes the wave found stuck
         if busy:
             return Next.DONE
         queue = [n for n in resume.retry_queue if n in view.failed]

@@ -40,6 +40,8 @@ OLD, NEW = "rev-old", "rev-new"
 
 @dataclass
 class SimPod:
+    """A driver pod of the simulated fleet, with when it gets Ready, fails, is deleted and is gone."""
+
     name: str
     uid: str
     node: str
@@ -53,6 +55,8 @@ class SimPod:
 
 @dataclass
 class Config:
+    """The simulated fleet and its timings."""
+
     nodes: int
     interval: float = 5.0  # seconds between runner passes
     ready_latency: tuple[float, float] = (30.0, 30.0)  # new pods Ready after uniform(lo, hi) seconds
@@ -64,6 +68,8 @@ class Config:
 
 @dataclass
 class StepRecord:
+    """What a step of the simulated rollout did: its target, its waves' sizes, its pause."""
+
     step: int
     target: int = 0
     deletions: list[int] = field(default_factory=list)  # the upgrade waves' sizes
@@ -74,6 +80,8 @@ class StepRecord:
 
 @dataclass
 class Result:
+    """A simulated rollout: its steps, when it ended, and the last status."""
+
     steps: list[StepRecord]
     end_time: float
     passes: int
@@ -87,6 +95,8 @@ class Result:
 
 
 class Simulation:
+    """The OnDelete DaemonSet, the kubelet and the admin around the real engine, on a clock."""
+
     def __init__(self, config: Config, policy: Policy):
         self.cfg, self.policy = config, policy
         self.rng = random.Random(config.seed)

@@ -81,6 +81,7 @@ class Reason(StrEnum):
     DRAIN_TIMEOUT = "DrainTimeout"  # a node's GPU pods were not evicted in time
     NODE_RETRIED = "NodeRetried"  # an admin's retry label: a failed node's driver pod deleted again
     NOTHING_TO_RETRY = "NothingToRetry"  # the retry label on a node whose driver is not failed
+    DRIVER_FAILED = "DriverFailed"  # a node's new driver pod cannot start, and says why (payload contract)
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.

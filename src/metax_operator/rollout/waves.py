@@ -154,7 +154,8 @@ class Waves:
     def takeable(self, pods: list[Pod]) -> list[Pod]:
         """Pods that may be deleted now (or once their node's work ends): nodes without work to
         wait for first, then not-Ready first, then by node; lists the held-back nodes. A pod
-        still starting is not taken (`observation.starting`): it is replaced once Ready or failed."""
+        still starting is not taken (`observation.starting`): it is replaced once Ready or failed;
+        nor one of a node labelled skip."""
         ctx = self.ctx
         prepare = self.nodes_to_prepare()
         held_nodes = {n for n in ctx.observed.gpu_busy_nodes if self.held(n)} | (set(ctx.resume.timed_out_nodes) & prepare)
@@ -167,7 +168,8 @@ class Waves:
                 f"{len(held_back)} nodes run GPU workloads (or their wait or drain "
                 f"timed out) and are held back: {', '.join(sorted(held_back)[:LISTED_NODES])}",
             )
-        free = [p for p in pods if p.node not in held_nodes and not starting(p, ctx.now, ctx.timeout)]
+        skipped = ctx.observed.skipped  # a wave node labelled skip is observed until it leaves the wave
+        free = [p for p in pods if p.node not in held_nodes | skipped and not starting(p, ctx.now, ctx.timeout)]
         ordered = sorted(free, key=attrgetter("ready", "node"))
         if not prepare:
             return ordered

@@ -6,19 +6,20 @@ pod is Ready the engine lists the node in `Decision.uncordon` and the runner unc
 
 The runner uncordons only nodes it cordoned itself, and it records that on the node, in the same
 write as the cordon: the label `CORDONED_LABEL`. A label rather than an annotation, because
-the runner finds those nodes with a label selector (a watch of a handful of nodes, not of every
-node of the cluster), also after a restart: a runner killed between the cordon and the uncordon
-leaves the label, and the next leader uncordons the node. A node that is already unschedulable
-without that label was cordoned by someone else: the runner neither labels nor uncordons it.
+the runner finds those nodes by it (an index of its node cache, `node_cache`, which holds the
+nodes' labels and not their annotations), also after a restart: a runner killed between the
+cordon and the uncordon leaves the label, and the next leader uncordons the node. A node that
+is already unschedulable without that label was cordoned by someone else: the runner neither
+labels nor uncordons it.
 
 Both writes are conditional, so nothing an admin does meanwhile is overwritten: the cordon is a
 merge patch carrying the resourceVersion of the node as the runner's node cache holds it
-(`rollout_observe.Watches.nodes`: whether each node is unschedulable, and its resourceVersion;
-409 when the node changed since, or the cache is behind: the deletion waits for the next pass,
-by when the watch has brought the node's latest version); the uncordon is a JSON patch whose
-first op tests the label (422 when an admin removed it, which is how an admin keeps a node the
-runner cordoned cordoned). A cordon is one request: the PATCH, or a GET that confirms the node is
-unschedulable already when the cache says so (the cache may not hold an uncordon yet).
+(`node_cache.NodeCache`: whether each node is unschedulable, and its resourceVersion; 409 when
+the node changed since, or the cache is behind: the deletion waits for the next pass, by when the
+watch has brought the node's latest version); the uncordon is a JSON patch whose first op tests
+the label (422 when an admin removed it, which is how an admin keeps a node the runner cordoned
+cordoned). A cordon is one request: the PATCH, or a GET that confirms the node is unschedulable
+already when the cache says so or cannot tell (the cache may not hold an uncordon yet).
 
 A drain evicts pods through the Eviction API (`evict`), as `kubectl drain` does: the API server
 refuses an eviction that a PodDisruptionBudget forbids (429), and the runner asks again at its
@@ -27,17 +28,12 @@ next pass, until the drain times out (`upgradePolicy.drain.timeout`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, RETRY_LABEL, SKIP_LABEL
-from metax_operator.runtime.informer import Informer
+from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, SKIP_LABEL
 from metax_operator.runtime.kube import Client
-
-CORDONED_SELECTOR = f"{CORDONED_LABEL}=true"
-SKIP_SELECTOR = f"{SKIP_LABEL}=true"
-RETRY_SELECTOR = f"{RETRY_LABEL}=true"
 
 
 class NodeState(NamedTuple):
@@ -49,7 +45,16 @@ class NodeState(NamedTuple):
     labels: frozenset[tuple[str, str]] = frozenset()
 
 
+class NodeReader(Protocol):
+    """The node cache as a cordon reads it (`node_cache.NodeCache`, or `OwnWrites` over it)."""
+
+    def get(self, name: str) -> NodeState | None: ...
+
+    def has_seen(self, resource_version: str) -> bool: ...
+
+
 def node_state(obj: dict) -> NodeState:
+    """A Node's NodeState (of a node's metadata alone, `PartialObjectMetadata`: unschedulable False)."""
     labels = (obj["metadata"].get("labels") or {}).items()
     return NodeState(
         bool((obj.get("spec") or {}).get("unschedulable")),
@@ -70,7 +75,7 @@ class Cordon(NamedTuple):
     node: NodeState | None
 
 
-def cordon(api: Client, node: str, nodes: Informer | OwnWrites) -> Cordon:
+def cordon(api: Client, node: str, nodes: NodeReader) -> Cordon:
     """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
     (by an earlier pass or by someone else: one GET confirms what the node cache `nodes` says) or
     NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
@@ -144,7 +149,7 @@ class OwnWrites:
     driver pod be deleted on a schedulable node; and a cordon after a label write must carry the
     resourceVersion that write returned, not the cache's older one (a 409 would delay the swap)."""
 
-    def __init__(self, nodes: Informer):
+    def __init__(self, nodes: NodeReader):
         self.nodes = nodes
         self.written: dict[str, NodeState] = {}
 

@@ -28,7 +28,8 @@ from metax_operator.conditions import (
 from metax_operator.contract import CR_API_VERSION, CR_KIND, CR_NAME, RUNNER_FIELD_MANAGER
 from metax_operator.errors import UserError
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import Client, api_problem
+from metax_operator.runtime.api_failures import api_problem
+from metax_operator.runtime.kube import Client
 
 log = logging.getLogger(__name__)
 

@@ -88,6 +88,8 @@ class Health:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """/healthz, /readyz and /metrics, each a GET."""
+
     server: _Server
 
     def do_GET(self) -> None:  # the http.server API
@@ -119,6 +121,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """The probes' and metrics' HTTP server, on the address family of its host."""
+
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], health: Health, family: socket.AddressFamily, metrics: Metrics | None = None):

@@ -27,6 +27,8 @@ from metax_operator.contract import BOOTSTRAP_FIELD_MANAGER, HELM_APPLY_WAIT, RE
 
 @dataclass(frozen=True)
 class Hold:
+    """The runner waits for Helm: the release revision the CR holds is not on every DaemonSet yet."""
+
     revision: int  # the release revision the CR waits for
     behind: list[str]  # the DaemonSets Helm has not applied it to yet
     until: float  # seconds since the epoch

@@ -5,7 +5,17 @@ One paginated LIST (label/field selectors), then a WATCH from the list's resourc
 reopened from the last resourceVersion seen (bookmarks keep it fresh); `410 Gone` (the version
 was compacted away) and every `resync` seconds a full relist replaces the store, so a missed
 event cannot live longer than that. Each object is stored as `project(obj)`, a small immutable
-value (or skipped when it returns None), so a cluster-wide pod watch costs little memory.
+value (or skipped when it returns None), so a cluster-wide pod watch costs little memory. With
+`metadata_only` the API server sends only each object's metadata (`PartialObjectMetadata`, served
+since Kubernetes 1.15): a Node's labels without its status, a third of its bytes to receive and
+parse. With `index`, the store keeps the keys of its values by each term `index(value)` gives
+(`indexed(term)`), as client-go's indexers do: a few of 10,000 nodes found without walking them.
+
+Memory: a LIST page is parsed whole (`json.loads`), its objects far larger than what the store
+keeps of them; one page is parsed at a time in the process (`_DECODING`), whatever the number of
+caches listing at once, and after a LIST the heap's free memory is given back to the system
+(`give_back_memory`), so the runner's RSS is its stores and about one page, not the high-water
+mark of every cache's first LIST.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
 which is what a pass costs the API server in steady state. `on_change`, when set, is called
@@ -15,19 +25,21 @@ projected to a different value, not a bookmark or an update `project` does not s
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import PAGE_SIZE, Client, failure_line, with_backoff
+from metax_operator.runtime.api_failures import failure_line, with_backoff
+from metax_operator.runtime.kube import Client
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
@@ -37,6 +49,16 @@ SYNC_TIMEOUT = 60.0
 WATCH_SECONDS = (300, 600)
 #: Seconds between full relists (the safety net for a missed event).
 DEFAULT_RESYNC = 1800.0
+#: What a metadata-only LIST and WATCH accept: the metadata of each object (a WATCH's events are
+#: single objects, a LIST's answer a list), else the objects themselves.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+#: Objects per LIST page. A page is parsed whole: 100 realistic Nodes (20 KB of JSON each) are
+#: 2 MB of JSON and 8 MB while parsed; 500 (`kube.PAGE_SIZE`, for a `Client.list` that keeps every
+#: object anyway) would be 10 and 40 MB at the runner's peak.
+PAGE_SIZE = 100
+#: Held while a LIST page is parsed and stored: one page's objects in memory at a time.
+_DECODING = threading.Lock()
 
 
 @dataclass
@@ -69,15 +91,19 @@ class Informer:
         project: Callable[[dict], Any] = lambda o: o,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
+        index: Callable[[Any], Iterable[str]] | None = None,
         resync: float = DEFAULT_RESYNC,
         name: str = "",
     ):
         self.api, self.path, self.project = api, path, project
         self.label_selector, self.field_selector = label_selector, field_selector
+        self.metadata_only, self.index = metadata_only, index
         self.resync = resync
         self.name = name or path
         self.stats = Stats()
         self._store: dict[str, Any] = {}
+        self._indexed: dict[str, set[str]] = {}  # term -> the keys of the values `index` gives it
         self._lock = threading.Lock()
         self._synced = threading.Event()
         self._failing = False  # the last LIST or WATCH failed; the next successful LIST clears it
@@ -116,10 +142,21 @@ class Informer:
         with self._lock:
             return dict(self._store)
 
+    def versioned_snapshot(self) -> tuple[dict[str, Any], str]:
+        """`snapshot()`, and the resourceVersion it holds every change up to (`has_seen`), read
+        together."""
+        with self._lock:
+            return dict(self._store), self.resource_version
+
     def get(self, key: str) -> Any:
         """What the store holds under `key` (`namespace/name`, or `name`), or None."""
         with self._lock:
             return self._store.get(key)
+
+    def indexed(self, term: str) -> set[str]:
+        """The keys of the values whose `index` gives `term`."""
+        with self._lock:
+            return set(self._indexed.get(term, ()))
 
     def has_seen(self, resource_version: str) -> bool:
         """Whether the store holds every change up to `resource_version` (of this kind: an
@@ -146,11 +183,11 @@ class Informer:
         while not self._stop.is_set():
             try:
                 self._relist()
+                failures = 0  # a later failure is a new one: its wait starts from the shortest again
                 listed = time.monotonic()
                 while not self._stop.is_set() and time.monotonic() - listed < self.resync:
                     if not self._watch():
                         break  # 410 Gone: relist
-                failures = 0
             except Exception as err:  # noqa: BLE001 - the cache must outlive any API failure
                 if self._stop.is_set():
                     return
@@ -170,28 +207,28 @@ class Informer:
     def _relist(self) -> None:
         store: dict[str, Any] = {}
         token, version = None, ""
+        query = {"labelSelector": self.label_selector, "fieldSelector": self.field_selector, "limit": PAGE_SIZE}
         while True:
-            page = with_backoff(
-                lambda token=token: self._get(
-                    {
-                        "labelSelector": self.label_selector,
-                        "fieldSelector": self.field_selector,
-                        "limit": PAGE_SIZE,
-                        "continue": token,
-                    }
-                ),
-                self.api.backoff,
-            )
+            data = with_backoff(lambda token=token: self._get({**query, "continue": token}), self.api.backoff)
             self.stats.list_requests += 1
-            for obj in page.get("items") or []:
-                self._put(store, obj)
-            meta = page.get("metadata") or {}
+            with _DECODING:
+                page = json.loads(data)
+                del data
+                for obj in page.get("items") or []:
+                    self._put(store, obj)
+                meta = page.get("metadata") or {}
+                del page
             version, token = meta.get("resourceVersion", version), meta.get("continue")
             if not token:
                 break
+        indexed: dict[str, set[str]] = {}
+        for key, value in store.items() if self.index else ():
+            for term in self.index(value):
+                indexed.setdefault(term, set()).add(key)
         with self._lock:
-            changed, self._store = store != self._store, store
+            changed, self._store, self._indexed = store != self._store, store, indexed
             self.resource_version = version
+        give_back_memory()
         if changed:
             self._changed()
         self._failing = False
@@ -209,7 +246,7 @@ class Informer:
             "labelSelector": self.label_selector,
             "fieldSelector": self.field_selector,
         }
-        self._response = self._open(query)
+        self._response = self._open(query, accept=METADATA_WATCH if self.metadata_only else "application/json")
         self.stats.watch_requests += 1
         try:
             for line in self._lines(self._response):
@@ -224,13 +261,17 @@ class Informer:
                     self.resource_version = version
                     continue
                 self.stats.events += 1
+                key = _key(obj)
                 with self._lock:  # the store, then the version it holds (what `has_seen` reads)
-                    before = self._store.get(_key(obj))
+                    before = self._store.get(key)
                     if kind == "DELETED":
-                        self._store.pop(_key(obj), None)
+                        self._store.pop(key, None)
                     else:
                         self._put(self._store, obj)
-                    changed = self._store.get(_key(obj)) != before
+                    after = self._store.get(key)
+                    changed = after != before
+                    if changed and self.index:
+                        self._reindex(key, before, after)
                     self.resource_version = version
                 if changed:
                     self._changed()
@@ -250,18 +291,30 @@ class Informer:
         else:
             store[_key(obj)] = value
 
+    def _reindex(self, key: str, before: Any, after: Any) -> None:
+        """The index moved from `before`'s terms to `after`'s (None: no value); the lock is held."""
+        for term in self.index(before) if before is not None else ():
+            keys = self._indexed.get(term)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._indexed[term]
+        for term in self.index(after) if after is not None else ():
+            self._indexed.setdefault(term, set()).add(key)
+
     # -- HTTP -----------------------------------------------------------------------------------
 
-    def _get(self, query: dict) -> dict:
-        response = self._open(query, timeout=(5, 60))
+    def _get(self, query: dict) -> bytes:
+        """One LIST page's JSON."""
+        response = self._open(query, timeout=(5, 60), accept=METADATA_LIST if self.metadata_only else "application/json")
         try:
             data = response.data
         finally:
             response.release_conn()
         self.stats.bytes += len(data)
-        return json.loads(data)
+        return data
 
-    def _open(self, query: dict, timeout: tuple[float, float] | None = None):
+    def _open(self, query: dict, timeout: tuple[float, float] | None = None, accept: str = "application/json"):
         params = [(k, v) for k, v in query.items() if v is not None]
         if timeout is None:  # a watch: the read timeout outlasts the server's timeoutSeconds
             timeout = (5, query["timeoutSeconds"] + 30)
@@ -270,7 +323,7 @@ class Informer:
                 self.path,
                 "GET",
                 query_params=params,
-                header_params={"Accept": "application/json"},
+                header_params={"Accept": accept},
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
@@ -301,6 +354,25 @@ class _Gone:
 
     def shutdown(self) -> None:
         pass
+
+
+def give_back_memory() -> None:
+    """Return the heap's free memory to the system: glibc keeps the memory a parsed LIST page
+    freed mapped in its arenas (the RSS stays at the LIST's high-water mark) until
+    `malloc_trim(0)`. A no-op where the C library has none (musl)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None)
+    except OSError:  # no C library to load symbols from
+        return None
+
+
+_LIBC = _libc()
 
 
 def compare_versions(a: str, b: str) -> int:

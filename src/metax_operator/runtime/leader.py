@@ -36,7 +36,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 
 from metax_operator.jsonlog import event
-from metax_operator.runtime.kube import failure_line
+from metax_operator.runtime.api_failures import failure_line
 
 log = logging.getLogger("metax_operator.runtime.leader")
 
@@ -226,6 +226,9 @@ class Elector:
         self._leading = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._campaign, name="leader-election", daemon=True)
+        #: Called from the election thread each time it takes the lease: the loop passes at once,
+        #: not after the wait it began while another held the lease (or before anyone was asked).
+        self.on_leading: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -256,6 +259,8 @@ class Elector:
     def _started(self) -> None:
         self._leading.set()
         event(log, "lease-acquired", lease=self.lock.name, identity=self.lock.identity)
+        if self.on_leading is not None:
+            self.on_leading()
 
     def _stopped(self) -> None:
         self._leading.clear()

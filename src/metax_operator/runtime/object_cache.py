@@ -76,7 +76,7 @@ class ObjectCache:
         return tuple(self._informers.values())
 
     def start(self) -> ObjectCache:
-        """Start the caches (once; the CR's kind must be served: `kube.NotServed` otherwise)."""
+        """Start the caches (once; the CR's kind must be served: `api_failures.NotServed` otherwise)."""
         if self._informers:
             return self
         ns = self.namespace

@@ -1,6 +1,6 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Nine caches, started once and kept across passes:
+Seven caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `Pod` plus its owner's uid;
@@ -9,18 +9,19 @@ Nine caches, started once and kept across passes:
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
   resource, so this one watch sees every pod change of the cluster; what it stores is a few
   strings per GPU pod;
-- the nodes labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout), the
-  nodes the runner cordoned (`cordon.py`) and those an admin labelled
-  `metax-tech.com/driver-upgrade.retry=true` (retry a failed driver), by label selector: names only;
-- every node, projected to whether it is unschedulable, its resourceVersion and its product
-  labels: what a cordon reads before its conditional write (`cordon.cordon`), so that a wave's
-  cordons are one request per node, not two, and what the state labels are compared with;
+- every node, by its metadata, and the unschedulable ones (`node_cache.NodeCache`, two watches):
+  whether each is unschedulable, its resourceVersion and its product labels, what a cordon reads
+  before its conditional write (`cordon.cordon`), so that a wave's cordons are one request per
+  node, not two, and what the state labels are compared with; and, by an index of it, the nodes
+  labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout), those the runner
+  cordoned (`cordon.py`) and those an admin labelled `metax-tech.com/driver-upgrade.retry=true`
+  (retry a failed driver);
 - the Node events of namespace `default` (where node events are kept) with reason
   `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
   finds a new boot id), by field selector: node name and time. A node needs a reboot while its
   latest `NodeNeedReboot` is newer than its latest `Rebooted`.
 
-With `upgradePolicy.waitForCompletion.podSelector` set, a tenth cache follows the running pods
+With `upgradePolicy.waitForCompletion.podSelector` set, an eighth cache follows the running pods
 that match it (their nodes only); it is replaced when the selector changes.
 
 The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
@@ -54,12 +55,22 @@ from dataclasses import dataclass
 
 from metax_operator import workloads
 from metax_operator.conditions import parse_time
-from metax_operator.contract import COMPONENT_LABEL, LIVE_PODS, NODE_LABEL_PREFIX, REVISION_LABEL
+from metax_operator.contract import (
+    COMPONENT_LABEL,
+    CORDONED_LABEL,
+    LIVE_PODS,
+    NODE_LABEL_PREFIX,
+    PAYLOAD_CONTRACT_EXIT,
+    RETRY_LABEL,
+    REVISION_LABEL,
+    SKIP_LABEL,
+)
 from metax_operator.rollout.observation import Cluster, Pod
 from metax_operator.rollout.restore import revision_template
 from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
+from metax_operator.runtime.node_cache import NodeCache
 
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
@@ -78,6 +89,8 @@ class Revision:
 
 @dataclass(frozen=True)
 class DriverPod:
+    """A driver pod as the cache keeps it: the engine's `Pod` and its DaemonSet's uid."""
+
     owner_uid: str
     pod: Pod
 
@@ -118,17 +131,10 @@ class Watches:
         self.gpu_pods = Informer(
             api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
         )
-        nodes = api.resource("v1", "Node").path()
-        self.skipped = Informer(
-            api, nodes, label_selector=cordon.SKIP_SELECTOR, project=node_name, resync=resync, name="skipped-nodes"
-        )
-        self.cordoned = Informer(
-            api, nodes, label_selector=cordon.CORDONED_SELECTOR, project=node_name, resync=resync, name="cordoned-nodes"
-        )
-        self.retry = Informer(
-            api, nodes, label_selector=cordon.RETRY_SELECTOR, project=node_name, resync=resync, name="retry-nodes"
-        )
-        self.nodes = Informer(api, nodes, project=cordon.node_state, resync=resync, name="nodes")
+        self.nodes = NodeCache(api, resync)
+        self.skipped = self.nodes.labelled(SKIP_LABEL)
+        self.cordoned = self.nodes.labelled(CORDONED_LABEL)
+        self.retry = self.nodes.labelled(RETRY_LABEL)
         events = "/api/v1/namespaces/default/events"
         self.reboot_asked = Informer(
             api,
@@ -146,17 +152,7 @@ class Watches:
             resync=resync,
             name="node-rebooted",
         )
-        self.all = (
-            self.revisions,
-            self.driver_pods,
-            self.gpu_pods,
-            self.skipped,
-            self.cordoned,
-            self.retry,
-            self.nodes,
-            self.reboot_asked,
-            self.rebooted,
-        )
+        self.all = (self.revisions, self.driver_pods, self.gpu_pods, *self.nodes.informers, self.reboot_asked, self.rebooted)
 
     def start(self) -> Watches:
         """Start every cache, once."""
@@ -307,10 +303,6 @@ def canonical(obj) -> str:
 # -- projections: what each cache keeps of an object -------------------------------------------
 
 
-def node_name(obj: dict) -> str:
-    return obj["metadata"]["name"]
-
-
 def pod_node(obj: dict) -> str:
     return (obj.get("spec") or {}).get("nodeName") or ""
 
@@ -352,6 +344,7 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
         return None
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
+    failure = next((message for c in status.get("initContainerStatuses") or [] if (message := contract_failure(c))), "")
     return DriverPod(
         owner,
         Pod(
@@ -364,8 +357,20 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
             restart_count=restarts,
             created=parse_time(meta.get("creationTimestamp")) or 0.0,
             deleting=deletion_began(meta),
+            failure=failure,
         ),
     )
+
+
+def contract_failure(container: dict) -> str:
+    """The payload contract's one line when an init container (the copier, a payload container)
+    ended with `PAYLOAD_CONTRACT_EXIT` (now, or the last time it ran before a restart), else ""."""
+    for state in ("state", "lastState"):
+        ended = (container.get(state) or {}).get("terminated") or {}
+        if ended.get("exitCode") == PAYLOAD_CONTRACT_EXIT:
+            line = " ".join(str(ended.get("message") or "").split())
+            return line or f"init container {container.get('name')} ended with the payload contract's exit code"
+    return ""
 
 
 def deletion_began(meta: dict) -> float | None:

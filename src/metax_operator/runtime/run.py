@@ -37,9 +37,10 @@ from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import freeze
 from metax_operator.runtime import cr_status, helm_hold, reconcile
+from metax_operator.runtime.api_failures import failure_line
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.informer import SYNC_TIMEOUT
-from metax_operator.runtime.kube import Client, add_arguments, failure_line
+from metax_operator.runtime.kube import Client, add_arguments
 from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
@@ -208,18 +209,25 @@ class Runner:
 
     def caches(self) -> tuple:
         """The watch caches this runner has started (the objects' from its first pass, the
-        rollout's and the workload check's once past a Helm hold): what its readiness waits for."""
-        return (*self.objects.informers, *((*self.watches.all, *self.workloads.informers) if self.watches.started else ()))
+        rollout's from its first pass or the first without a CR, the workload check's once past a
+        Helm hold): what its readiness waits for. One not started yet (none of the workload
+        check's before the CR exists) does not hold readiness back."""
+        return (
+            *self.objects.informers,
+            *(self.watches.all if self.watches.started else ()),
+            *(self.workloads.informers if self.workloads.started else ()),
+        )
 
 
 def loop(
     runner: Runner, elector: Elector, interval: float, stop: threading.Event, health: Health | None = None, on_change: bool = True
 ) -> None:
     """Pass when `runner.wake` is set or the last pass wrote (after COALESCE seconds; neither with
-    `on_change` False), or `interval` seconds after the last pass, while leading, until `stop` is
-    set; then release the lease. After a failed pass the backoff holds whatever changes. Each
+    `on_change` False), when the elector takes the lease, or `interval` seconds after the last
+    pass, while leading, until `stop` is set; then release the lease. After a failed pass the backoff holds whatever changes. Each
     finished iteration is reported to `health`."""
     wake = runner.wake if on_change else threading.Event()
+    elector.on_leading = wake.set  # the lease taken: the first pass comes at once, not an interval later
     threading.Thread(target=lambda: (stop.wait(), wake.set()), name="stop wakes the loop", daemon=True).start()
     failures = 0
     waiting_for = object()

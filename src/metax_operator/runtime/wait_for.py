@@ -21,7 +21,8 @@ from metax_operator import jsonlog
 from metax_operator.cli import bounded
 from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 from metax_operator.errors import UserError
-from metax_operator.runtime.kube import Backoff, Client, add_arguments, failure_line, is_transient
+from metax_operator.runtime.api_failures import Backoff, failure_line, is_transient
+from metax_operator.runtime.kube import Client, add_arguments
 
 log = logging.getLogger("metax_operator.runtime.wait_for")
 

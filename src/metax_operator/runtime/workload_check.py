@@ -3,8 +3,8 @@ what the runner's watches see (a Warning Event on the CR when it turns False, as
 condition: `cr_status.transition_events`), one problem per line.
 
 Inputs, all from watch-fed caches, so a pass costs no request:
-- the nodes carrying the sGPU mode or the QoS policy label: two informers with label-existence
-  selectors, so a cluster where nobody set those labels sends nothing;
+- the nodes carrying the sGPU mode or the QoS policy label: two informers of their metadata with
+  label-existence selectors, so a cluster where nobody set those labels sends nothing;
 - HAMi's scheduler pods (`workloads.HAMI_SCHEDULER_SELECTOR`, every namespace), for whether one is
   Ready. Why pods by label: a Ready scheduler pod is what sGPU pods actually need, the runner may
   already list and watch pods cluster-wide, and HAMi's own chart sets that label; a value an admin
@@ -41,6 +41,7 @@ class WorkloadCheck:
                 "/api/v1/nodes",
                 label_selector=label,
                 project=workloads.node_labels,
+                metadata_only=True,  # labels are all it reads of a Node
                 resync=resync,
                 name=f"nodes-{label.rsplit('.', 1)[-1]}",
             )
