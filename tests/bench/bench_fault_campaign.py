@@ -2,50 +2,84 @@
 freeze, reconcile, engine and executor) in the fake cluster, under random sequences of fleet,
 API-server, runner, Helm and admin faults, every invariant checked after every pass. Prints the
 examples, steps, runner passes, driver pods the runner replaced, kills and the write positions
-they hit, the most writes one pass sent, retries and rollbacks checked, distinct sequences and
-the time per step. `python -m tests.bench fault_campaign` (env METAX_BENCH_CAMPAIGN_EXAMPLES,
-default 200, and METAX_BENCH_CAMPAIGN_STEPS, default 40 steps per example); a violation stops it
-with the shrunk sequence.
+they hit, the most writes one pass sent, retries and rollbacks checked, distinct sequences,
+violations and the time, and a line of progress every `PROGRESS` examples.
+
+`python -m tests.bench fault_campaign`; environment: METAX_BENCH_CAMPAIGN_EXAMPLES (default 200),
+METAX_BENCH_CAMPAIGN_STEPS (steps per example, default 40), METAX_BENCH_CAMPAIGN_SEED (default
+random, printed: the same seed and settings replay the same sequences). A violation stops the
+campaign and prints the shrunk sequence that shows it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 
+import hypothesis
 from hypothesis import HealthCheck, settings
 
 from tests.runtime import fault_campaign
+
+PROGRESS = 10
+
+
+class Campaign(fault_campaign.Campaign):
+    """The campaign, saying how far it got every `PROGRESS` examples."""
+
+    started = time.perf_counter()
+
+    def teardown(self) -> None:
+        super().teardown()
+        if fault_campaign.FIGURES.examples % PROGRESS == 0:
+            print(summary(fault_campaign.FIGURES, time.perf_counter() - self.started), flush=True)
 
 
 def main() -> None:
     examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", "200"))
     steps = int(os.environ.get("METAX_BENCH_CAMPAIGN_STEPS", "40"))
-    fault_campaign.Campaign.TestCase.settings = settings(
+    seed = int(os.environ.get("METAX_BENCH_CAMPAIGN_SEED") or random.randrange(2**32))
+    print(f"seed {seed}, {examples} examples of {steps} steps", flush=True)
+    Campaign.TestCase.settings = settings(
         max_examples=examples,
         stateful_step_count=steps,
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
+    hypothesis.seed(seed)(Campaign)
     for name in ("metax_operator", "urllib3"):  # the runner's warnings on the faults it meets
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    started = time.perf_counter()
-    fault_campaign.Campaign.TestCase().runTest()
-    took = time.perf_counter() - started
+    Campaign.started = time.perf_counter()
+    violation = None
+    try:
+        Campaign.TestCase().runTest()
+    except AssertionError as err:  # an invariant broken: hypothesis printed the shrunk sequence
+        violation = err
+    took = time.perf_counter() - Campaign.started
     figures = fault_campaign.FIGURES
     print(f"examples (sequences run)          {figures.examples}")
     print(f"distinct sequences                {len(figures.sequences)}")
     print(f"steps                             {figures.steps}")
     print(f"runner passes                     {figures.passes}")
-    print(f"driver pods replaced by the runner  {figures.deletions}")
+    print(f"driver pods deleted by the runner {figures.deletions}")
     print(f"runner killed mid-pass            {figures.kills} (at writes {compact(figures.kill_positions)})")
     print(f"most writes in one pass           {figures.most_writes}")
     print(f"retries checked (a)               {figures.retries}")
     print(f"rollbacks ended, checked (c)      {figures.rollbacks}")
     print(f"time                              {took:.0f} s ({1000 * took / max(figures.steps, 1):.0f} ms per step)")
-    print("invariant violations              0 (a violation stops the campaign with its shrunk sequence)")
+    print(f"invariant violations              {int(violation is not None)}" + (f": {violation}" if violation else ""))
+    if violation is not None:
+        raise SystemExit(1)
+
+
+def summary(figures: fault_campaign.Figures, took: float) -> str:
+    return (
+        f"{figures.examples} examples, {len(figures.sequences)} distinct, {figures.steps} steps, {figures.passes} passes, "
+        f"{figures.deletions} deletions, {figures.kills} kills, {took:.0f} s"
+    )
 
 
 def compact(numbers: set[int]) -> str:
