@@ -45,7 +45,7 @@ and the decisions the runner must never make:
   before the step's next retry, fallback or end, unless the node stopped failing or left; no
   more retries than the threshold, the fallback only after all of them, and neither with no
   failed node named;
-- (b) no node is counted failed (`resume.failedNodes`) before `readinessTimeout` has passed
+- (b) no node is counted failed (newly named in `resume.failedNodes`) before `readinessTimeout` has passed
   since its own driver pod's deletion (or its new pod's creation), but a node whose wait or
   drain timed out under `onTimeout: fail`;
 - (c) a rollback (Terminating or Disabling) that ends (Idling or Disabled) leaves the CR's
@@ -124,6 +124,14 @@ POLICIES = st.fixed_dictionaries(
         "onTimeout": st.sampled_from(["hold", "fail"]),
     }
 )
+#: What each example starts from (`Campaign.start`): a test may draw some of it narrower.
+START = {
+    "nodes": st.integers(2, 6),
+    "policy": POLICIES,
+    "version": st.sampled_from(VERSIONS[1:]),
+    "failing": st.sets(st.integers(0, 5), max_size=2),
+    "skipped": st.sets(st.integers(0, 5), max_size=1),
+}
 #: The runner's writes a fault refuses, as (method, path): `{node}`, `{pod}` filled in by the rule.
 WRITES = (
     ("PUT", CR + "/status"),
@@ -288,15 +296,16 @@ class Checks:
         failed = set(failed_nodes(new))
         left = failed - set(failed_nodes(old)) - before["selected"]
         assert not left, f"{sorted(left)} left the DaemonSet and failed the step"
-        self.check_failed_in_time(new, before)
+        self.check_failed_in_time(old, new, before)
         self.check_retries(old, new, deleted, before)
         self.check_rollback(old, new)
 
-    def check_failed_in_time(self, new: dict, before: dict) -> None:
-        """(b) Every node counted failed has a reason the readiness timeout gives it, from its own
-        deletion or its new pod's creation, as the pass saw it."""
+    def check_failed_in_time(self, old: dict, new: dict, before: dict) -> None:
+        """(b) Every node the pass counted failed (newly named in `resume.failedNodes`) has a
+        reason the readiness timeout gives it, from its own deletion or its new pod's creation, as
+        the pass saw it. (A rollback keeps the list of the step that failed as it was.)"""
         now, timed_out = self.cluster.now, set(new.get("resume", {}).get("timedOutNodes") or [])
-        for node in failed_nodes(new):
+        for node in sorted(set(failed_nodes(new)) - set(failed_nodes(old))):
             if self.policy["onTimeout"] == "fail" and node in timed_out:
                 continue  # its wait or drain timed out: failed before its swap
             pod = before["pods"].get(node)
@@ -304,12 +313,12 @@ class Checks:
                 restarts = max((c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []), default=0)
                 assert not ready(pod) and (
                     restarts >= 3 or pod["status"].get("phase") == "Failed" or now - created(pod) >= READINESS_TIMEOUT
-                ), f"(b) {node} counted failed with a driver pod neither failed nor {READINESS_TIMEOUT} s old"
+                ), f"(b) {node} counted failed with a driver pod neither failed nor {READINESS_TIMEOUT} s old: {why(new, pod)}"
             else:
                 since = before["deleted_at"].get(node)
                 assert since is not None and now - since >= READINESS_TIMEOUT, (
                     f"(b) {node} counted failed {now - since if since is not None else '?'} s after its driver pod's "
-                    f"deletion, before readinessTimeout ({READINESS_TIMEOUT} s)"
+                    f"deletion, before readinessTimeout ({READINESS_TIMEOUT} s): {why(new, None)}"
                 )
 
     def check_retries(self, old: dict, new: dict, deleted: set[str], before: dict) -> None:
@@ -408,6 +417,14 @@ class Checks:
 # -- reading the cluster --------------------------------------------------------------------------
 
 
+def why(status: dict, pod: dict | None) -> str:
+    """What a violation message shows of the status a pass wrote and the node's driver pod."""
+    resume = status.get("resume") or {}
+    shown = {k: resume.get(k) for k in ("wave", "waveKind", "waveStartTime", "deletedAt", "stableRevision", "abandonedRevision")}
+    seen = pod and {"revision": labels(pod).get(REVISION_LABEL), "created": pod["metadata"]["creationTimestamp"], **pod["status"]}
+    return f"phase {status.get('phase')}, {status.get('message')!r}, {shown}, its pod {seen}"
+
+
 def gpu_workload(pod: dict) -> bool:
     """A pod requesting a MetaX resource that no DaemonSet owns."""
     gpu = any(
@@ -481,21 +498,18 @@ class Campaign(RuleBasedStateMachine):
         self.one_at_a_time = mock.patch.object(kube, "PARALLEL_REQUESTS", 1)  # writes in one order: k-th is k-th
         FIGURES.examples += 1
 
-    @initialize(
-        nodes=st.integers(2, 6),
-        policy=POLICIES,
-        version=st.sampled_from(VERSIONS[1:]),
-        failing=st.sets(st.integers(0, 5), max_size=2),
-    )
-    def start(self, nodes: int, policy: dict, version: str, failing: set[int]) -> None:
+    @initialize(**START)
+    def start(self, nodes: int, policy: dict, version: str, failing: set[int], skipped: set[int]) -> None:
         """The chart installed on `nodes` GPU nodes with `policy`, the runner's first passes, then
         the admin sets a new driver `version`: the rollout begins; on the `failing` nodes the new
-        driver will not come up."""
+        driver will not come up; the `skipped` ones are labelled skip."""
         self.one_at_a_time.start()
         self.policy = policy
         self.cluster = Cluster(nodes=nodes, policy=policy)
         self.checks = Checks(self.cluster, policy)
         self.cluster.kubelet.failing.update(f"n{i}" for i in failing)
+        for node in sorted(f"n{i}" for i in skipped if i < nodes):
+            self.cluster.edit_node(node, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
         self.step("install")
         for _ in range(2):
             self.run_pass()

@@ -1,10 +1,33 @@
-"""The fault campaign of tests/runtime/fault_campaign.py, short: `make bench` runs it long."""
+"""The fault campaign of tests/runtime/fault_campaign.py, short and replayed (`make bench` runs it
+long and explores), and under a planted mutation of the engine or the executor for each decision
+invariant, to show the campaign finds it: a check that cannot fail would prove nothing.
+
+Each mutation is a one-line change of the code's source (`plant`) or a patched function, the
+fault a careless edit would make; each run is seeded (derandomized) and draws the example's start
+narrower where the fault needs it (failing nodes, a policy that retries or rolls back), so that
+the campaign meets it within a few examples.
+"""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+import inspect
+import textwrap
+from contextlib import contextmanager
+from dataclasses import replace
+from unittest import mock
 
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize
+
+from metax_operator.rollout import restore as restore_module
+from metax_operator.rollout import rollback
+from metax_operator.rollout.progress import Progress
+from metax_operator.rollout.waves import Waves
+from metax_operator.runtime import rollout_nodes, rollout_observe
 from tests.runtime import fault_campaign
+from tests.runtime.fault_campaign import POLICIES, START, Campaign
 
 # Derandomized: `make test` replays the same sequences every run; `make bench` explores new ones.
 SHORT = settings(
@@ -18,7 +41,117 @@ SHORT = settings(
 
 
 def test_the_whole_runner_stays_within_the_policy_whatever_happens_to_the_fleet():
-    fault_campaign.Campaign.TestCase.settings = SHORT
-    fault_campaign.Campaign.TestCase().runTest()
+    before = fault_campaign.Figures(**vars(fault_campaign.FIGURES))
+    run(Campaign, SHORT)
     figures = fault_campaign.FIGURES
-    assert figures.deletions > 0 and len(figures.sequences) > 1, figures
+    assert figures.deletions > before.deletions and len(figures.sequences - before.sequences) > 1, figures
+
+
+# -- each decision invariant can fail ------------------------------------------------------------
+
+
+def plant(owner, name: str, old: str, new: str):
+    """A patch of `owner.name` (a function or method) with its source's `old` replaced by `new`,
+    compiled in its module: the mutation, which must change the code."""
+    function = getattr(owner, name)
+    source = textwrap.dedent(inspect.getsource(function))
+    assert source.count(old) == 1, f"{owner.__name__}.{name} no longer reads {old!r}: plant the mutation anew"
+    namespace: dict = {}
+    exec(compile(source.replace(old, new), inspect.getsourcefile(function), "exec"), vars(inspect.getmodule(function)), namespace)
+    return mock.patch.object(owner, name, namespace[name])
+
+
+def focused(**draws) -> type[Campaign]:
+    """The campaign with some of an example's start (`START`) drawn narrower."""
+
+    class Focused(Campaign):
+        @initialize(**{**START, **draws})
+        def start(self, **start) -> None:
+            Campaign.start(self, **start)
+
+    return Focused
+
+
+def policy(**fixed):
+    """The campaign's policies with `fixed` fields."""
+    return POLICIES.map(lambda drawn: {**drawn, **fixed})
+
+
+def run(campaign: type[Campaign], how: settings) -> None:
+    campaign.TestCase.settings = how
+    campaign.TestCase().runTest()
+
+
+@contextmanager
+def finds(mark: str, examples: int):
+    """The campaign run inside (seeded, `examples` at most, not shrunk) stops on a violation of
+    the invariant `mark` names."""
+    found = []
+    try:
+        yield settings(SHORT, max_examples=examples, phases=[Phase.explicit, Phase.generate])
+    except BaseException as err:
+        found = [m for m in messages(err) if m.startswith(mark)]
+        if not found:
+            raise
+    assert found, f"the campaign did not find the planted fault: no {mark} violation in {examples} examples"
+
+
+def messages(err: BaseException) -> list[str]:
+    """The messages of `err` and of the errors it groups or was raised from."""
+    out = [str(err)]
+    for inner in [*getattr(err, "exceptions", ()), err.__cause__, err.__context__]:
+        if inner is not None and inner is not err:
+            out += messages(inner)
+    return out
+
+
+FAILING = st.just({0, 1})  # two nodes whose new driver never gets Ready
+
+
+def test_a_retry_that_drops_the_failed_nodes_beyond_its_first_wave_is_found():
+    """(a) The retry queue's rest dropped (the nodes the budget left for a later wave never
+    retried)."""
+    mutation = plant(Progress, "upgrade", "wave, resume.retry_queue = budget.take(queue)", "wave, _ = budget.take(queue)")
+    campaign = focused(nodes=st.integers(3, 5), failing=FAILING, policy=policy(maxParallel=1, maxFailureThreshold=2))
+    with mutation, finds("(a)", examples=8) as how:
+        run(campaign, how)
+
+
+def test_a_readiness_timeout_counted_from_the_wave_s_start_is_found():
+    """(b) A node's readiness deadline from its wave's start, not from its own pod's deletion
+    (a node whose work ended first is failed too early)."""
+    mutation = plant(Waves, "busy", "(parse_time(resume.deleted_at.get(node)) or start) + ctx.timeout", "start + ctx.timeout")
+    waited = policy(waitForCompletion={"podSelector": fault_campaign.WAIT_SELECTOR}, maxParallel=3)
+    campaign = focused(nodes=st.integers(3, 5), failing=FAILING, policy=waited)
+    with mutation, finds("(b)", examples=8) as how:
+        run(campaign, how)
+
+
+def test_a_rollback_that_never_writes_the_cr_back_is_found():
+    """(c) The restore's write of the CR's spec.driver dropped: the abandoned version stays in
+    the CR, and the reconcile brings it back."""
+    planned = restore_module.plan
+    mutation = mock.patch.object(rollback.restore, "plan", lambda *a: replace(planned(*a), driver_spec=None))
+    rolls_back = policy(fallback="rollback", maxFailureThreshold=0, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    campaign = focused(nodes=st.integers(3, 5), failing=FAILING, policy=rolls_back)
+    with mutation, finds("(c)", examples=8) as how:
+        run(campaign, how)
+
+
+def test_a_runner_that_ignores_the_skip_label_is_found():
+    """(d) The skip label ignored: by the observation (the node counted among those to upgrade)
+    and by the executor's look at the node before the deletion."""
+    build = rollout_observe.build
+    mutations = (
+        mock.patch.object(rollout_nodes.cordon, "skipped", lambda node: False),
+        mock.patch.object(rollout_observe, "build", lambda *a, **kw: build(*a, **{**kw, "skipped": ()})),
+    )
+    with mutations[0], mutations[1], finds("(d)", examples=8) as how:
+        run(focused(nodes=st.integers(3, 6), skipped=st.just({0})), how)
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    """Each run sets its class's settings; the base campaign's are the short ones again after."""
+    yield
+    Campaign.TestCase.settings = SHORT
