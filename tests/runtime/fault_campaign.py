@@ -45,7 +45,7 @@ and the decisions the runner must never make:
   before the step's next retry, fallback or end, unless the node stopped failing or left; no
   more retries than the threshold, the fallback only after all of them, and neither with no
   failed node named;
-- (b) no node is counted failed (newly named in `resume.failedNodes`) before `readinessTimeout` has passed
+- (b) no node is counted failed (newly named in `resume.failedNodes` or `retryQueue`) before `readinessTimeout` has passed
   since its own driver pod's deletion (or its new pod's creation), but a node whose wait or
   drain timed out under `onTimeout: fail`;
 - (c) a rollback (Terminating or Disabling) that ends (Idling or Disabled) leaves the CR's
@@ -131,6 +131,7 @@ START = {
     "version": st.sampled_from(VERSIONS[1:]),
     "failing": st.sets(st.integers(0, 5), max_size=2),
     "skipped": st.sets(st.integers(0, 5), max_size=1),
+    "waited": st.sets(st.integers(0, 5), max_size=1),
 }
 #: The runner's writes a fault refuses, as (method, path): `{node}`, `{pod}` filled in by the rule.
 WRITES = (
@@ -194,6 +195,7 @@ class Retry:
 class Rollback:
     began: tuple  # the status key it began with
     edited: bool = False  # someone set a version since it began
+    restored: bool = False  # the template has left the abandoned revision since it began
 
 
 class Checks:
@@ -301,11 +303,12 @@ class Checks:
         self.check_rollback(old, new)
 
     def check_failed_in_time(self, old: dict, new: dict, before: dict) -> None:
-        """(b) Every node the pass counted failed (newly named in `resume.failedNodes`) has a
+        """(b) Every node the pass counted failed (newly named in `resume.failedNodes` or
+        `resume.retryQueue`) has a
         reason the readiness timeout gives it, from its own deletion or its new pod's creation, as
         the pass saw it. (A rollback keeps the list of the step that failed as it was.)"""
         now, timed_out = self.cluster.now, set(new.get("resume", {}).get("timedOutNodes") or [])
-        for node in sorted(set(failed_nodes(new)) - set(failed_nodes(old))):
+        for node in sorted(counted_failed(new) - counted_failed(old)):
             if self.policy["onTimeout"] == "fail" and node in timed_out:
                 continue  # its wait or drain timed out: failed before its swap
             pod = before["pods"].get(node)
@@ -362,7 +365,8 @@ class Checks:
             self.retry.done.add(node)
 
     def check_rollback(self, old: dict, new: dict) -> None:
-        """(c) A rollback that ends leaves the CR at the restored revision's version."""
+        """(c) A rollback that ends leaves the CR at the restored revision's version; once it has
+        restored the template, nothing sets it back to the abandoned revision."""
         if new.get("phase") in ROLLING_BACK and old.get("phase") not in ROLLING_BACK:
             self.rollback = Rollback(step_key(new))
         elif self.rollback is not None and old.get("phase") in ROLLING_BACK and new.get("phase") in SETTLED:
@@ -379,6 +383,13 @@ class Checks:
             self.rollback = None
         elif self.rollback is not None and new.get("phase") not in ROLLING_BACK:
             self.rollback = None  # replaced by a new rollout
+        if self.rollback is not None and not self.rollback.edited and new.get("phase") in ROLLING_BACK:
+            abandoned = (new.get("resume") or {}).get("abandonedRevision")
+            if abandoned and self.cluster.controller.current() != abandoned:
+                self.rollback.restored = True
+            assert not (abandoned and self.rollback.restored and self.cluster.controller.current() == abandoned), (
+                f"(c) the template was set back to the abandoned revision {abandoned} during the rollback"
+            )
 
     def check_abandoned(self) -> None:
         """(c) After a rollback, nothing brings the abandoned revision back unasked."""
@@ -472,6 +483,11 @@ def failed_nodes(status: dict) -> list[str]:
     return (status.get("resume") or {}).get("failedNodes") or []
 
 
+def counted_failed(status: dict) -> set[str]:
+    """The nodes a status counts failed: named failed, or queued for a retry."""
+    return set(failed_nodes(status)) | set((status.get("resume") or {}).get("retryQueue") or [])
+
+
 def failed_step(status: dict) -> bool:
     """Whether the status says a step failed beyond its retries (condition Failed, StepFailed)."""
     return any(
@@ -499,10 +515,11 @@ class Campaign(RuleBasedStateMachine):
         FIGURES.examples += 1
 
     @initialize(**START)
-    def start(self, nodes: int, policy: dict, version: str, failing: set[int], skipped: set[int]) -> None:
+    def start(self, nodes: int, policy: dict, version: str, failing: set[int], skipped: set[int], waited: set[int]) -> None:
         """The chart installed on `nodes` GPU nodes with `policy`, the runner's first passes, then
         the admin sets a new driver `version`: the rollout begins; on the `failing` nodes the new
-        driver will not come up; the `skipped` ones are labelled skip."""
+        driver will not come up; the `skipped` ones are labelled skip; the `waited` ones run a pod
+        matching the wait selector (no GPU)."""
         self.one_at_a_time.start()
         self.policy = policy
         self.cluster = Cluster(nodes=nodes, policy=policy)
@@ -510,6 +527,8 @@ class Campaign(RuleBasedStateMachine):
         self.cluster.kubelet.failing.update(f"n{i}" for i in failing)
         for node in sorted(f"n{i}" for i in skipped if i < nodes):
             self.cluster.edit_node(node, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+        for node in sorted(f"n{i}" for i in waited if i < nodes):
+            self.cluster.workloads.start(node, gpu=False, waited=True)
         self.step("install")
         for _ in range(2):
             self.run_pass()
