@@ -19,7 +19,6 @@ from tests.fakeapi import PARTIAL, PARTIAL_LIST
 from tests.runtime.test_reconcile import VALUES
 from tests.waiting import eventually
 
-
 NODES = 12
 POLICY = {"enableRollout": True, "maxParallel": 1, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
 
