@@ -253,6 +253,16 @@ def test_configmap_problems_name_the_key(parse, text, field):
     assert [e.field for e in raised.value.errors] == [field]
 
 
+def test_a_vfnum_of_0_in_driver_config_says_how_to_stop_virtualising():
+    """Seed §3.2.6 edits driver-config in place and gives no range; its label's "0" means no VFs."""
+    with pytest.raises(UserErrors) as raised:
+        validation.parse_node_vfnums("nodes:\n  foo:\n    vfnum: 0\n")
+    assert [str(e) for e in raised.value.errors] == [
+        "configmap/driver-config[node-vfnums].nodes.foo.vfnum: 0 is out of range; use an integer from 1 to 16,"
+        " or remove the node's entry to stop virtualising it"
+    ]
+
+
 def test_rendered_configmaps_parse_back_to_the_values():
     """What the chart renders into driver-config and metax-vfio-config is what the parsers read."""
     config = {

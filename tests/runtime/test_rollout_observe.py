@@ -309,11 +309,13 @@ def test_a_wave_node_that_leaves_drops_out_of_the_wave_and_of_n(leaves, fallback
     assert not fleet.cordoned & set(fleet.nodes), fleet.cordoned
 
 
+@pytest.mark.parametrize("leaves", ["deleted", "relabelled"])
 @pytest.mark.parametrize("ready", [False, True])
-def test_the_pod_left_on_a_deleted_wave_node_holds_no_slot_and_is_not_counted(ready):
-    # maxParallel 1: n02 is deleted while its new driver pod is still there (pod GC deletes the
-    # pods of a deleted Node only tens of seconds later), Ready or not yet. It holds no slot: n03
-    # goes next at once; and the rollout completes over the 3 nodes there are, not 4.
+def test_the_pod_left_on_a_wave_node_that_left_holds_no_slot_and_is_not_counted(ready, leaves):
+    # maxParallel 1: n02 is deleted, or loses the label the DaemonSet selects on, while its new
+    # driver pod is still there (pod GC, or the DaemonSet controller, deletes it only later), Ready
+    # or not yet. It holds no slot: n03 goes next at once; and the rollout completes over the 3
+    # nodes there are, not 4, with no node counted failed.
     pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
     fleet, now = Fleet(4), T0
     while "n02" not in [ref.node for ref in fleet.decide(pol, now).delete]:
@@ -322,12 +324,18 @@ def test_the_pod_left_on_a_deleted_wave_node_holds_no_slot_and_is_not_counted(re
     left = fleet.pods["n02"]
     left["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
     left["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]} if ready else {"phase": "Pending"}
-    del fleet.nodes["n02"]
+    if leaves == "deleted":
+        del fleet.nodes["n02"]
+    else:
+        fleet.nodes.update(node_cache(["n02"], labels={}))
     assert [ref.node for ref in fleet.decide(pol, now + 1).delete] == ["n03"], fleet.status
     fleet.ready_all()
-    st = fleet.decide(pol, now + 2).status
+    if leaves == "relabelled":
+        left["status"] = {"phase": "Pending"}  # the pod the DaemonSet has not deleted yet never comes up
+    st = fleet.decide(pol, now + 601).status  # past the readiness timeout
     assert st.phase == IDLING and st.step.current_step_state == COMPLETED, st.message
     assert st.step.total_upgrade_replicas == st.step.total_upgrade_ready_replicas == 3
+    assert not st.resume.failed.names
 
 
 def test_a_new_revision_takes_over_the_nodes_whose_pod_is_not_back_yet():

@@ -44,7 +44,7 @@ from unittest import mock
 
 from kubernetes.client.exceptions import ApiException
 
-from metax_operator.contract import COMPONENT_UPDATE_STRATEGY
+from metax_operator.contract import COMPONENT_UPDATE_STRATEGY, GPU_NODE_LABEL
 from metax_operator.runtime import kube
 from metax_operator.runtime import run as runner_mod
 from tests.fakeapi import FakeApi
@@ -150,7 +150,7 @@ def scenario(fault=None) -> tuple[list[list[dict]], list[dict]]:
                     live["spec"].setdefault("updateStrategy", copy.deepcopy(COMPONENT_UPDATE_STRATEGY))
                 api.put(path_of(obj), live)
         for node in NODES:
-            api.put(f"/api/v1/nodes/{node}", {"metadata": {"name": node}, "spec": {}})
+            api.put(f"/api/v1/nodes/{node}", {"metadata": {"name": node, "labels": {GPU_NODE_LABEL: "true"}}, "spec": {}})
         controller = Controller(api)
         controller.sync()
         spec = deep_update(copy.deepcopy(VALUES), {"driver": {"payload": {"version": "2.33.0.1"}, "upgradePolicy": POLICY}})

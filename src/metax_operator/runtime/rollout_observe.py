@@ -258,8 +258,10 @@ def build(
         and (ds.get("status") or {}).get("observedGeneration", 0) >= ds["metadata"].get("generation", 0)
         and cr_status.get("observedGeneration") == (cr.get("metadata") or {}).get("generation")
     )
+    # A pod on a node the DaemonSet no longer selects (deleted, or relabelled) is the DaemonSet
+    # controller's to delete: it is no node of the rollout's, and never counted failed.
     pods = tuple(
-        p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node and (nodes is None or nodes.get(p.pod.node) is not None)
+        p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node and (nodes is None or targeted(ds, nodes.get(p.pod.node)))
     )
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
