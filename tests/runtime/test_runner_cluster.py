@@ -138,12 +138,6 @@ def test_with_the_cr_deleted_mid_rollout_the_runner_uncordons_a_node_whose_drive
         cluster.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner's observation keeps the driver pods of a node the DaemonSet no longer selects "
-    "(rollout_observe.build filters them by the node's existence only), so such a pod, never Ready, "
-    "fails the step: here the fallback rolls the whole fleet back",
-)
 def test_a_node_relabelled_out_of_the_daemonset_is_not_counted_failed_while_its_pod_awaits_deletion(cluster):
     """Found by the fault campaign: n2, whose driver pod at the new revision never started, loses
     the label the DaemonSet selects on; the DaemonSet controller has not deleted that pod yet (it
