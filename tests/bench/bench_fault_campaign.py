@@ -8,7 +8,7 @@ violations and the time, and a line of progress every `PROGRESS` examples.
 `python -m tests.bench fault_campaign`; environment: METAX_BENCH_CAMPAIGN_EXAMPLES (default 200),
 METAX_BENCH_CAMPAIGN_STEPS (steps per example, default 40), METAX_BENCH_CAMPAIGN_SEED (default
 random, printed: the same seed and settings replay the same sequences, threads permitting). A
-violation ends its seed's run, printed with its sequence (not shrunk: that takes many minutes);
+violation ends its seed's run, printed with its steps (not shrunk: that takes many minutes);
 the campaign goes on with the next seed until it has run the examples asked, then lists them.
 """
 
@@ -32,7 +32,10 @@ class Campaign(fault_campaign.Campaign):
 
     started = time.perf_counter()
 
+    last: list[str] = []  # the steps of the example running (or that ended last)
+
     def teardown(self) -> None:
+        Campaign.last = list(self.trace)
         super().teardown()
         if fault_campaign.FIGURES.examples % PROGRESS == 0:
             print(summary(fault_campaign.FIGURES, time.perf_counter() - self.started), flush=True)
@@ -62,6 +65,7 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - a violation (hypothesis printed its sequence): go on with the next seed
             violations.append(f"seed {seed}: {first_line(err)}")
             print(f"VIOLATION (seed {seed}, after {figures.examples} examples): {first_line(err)}", flush=True)
+            print(f"  its steps: {', '.join(Campaign.last)}", flush=True)
         seed += 1
     took = time.perf_counter() - Campaign.started
     print(f"examples (sequences run)          {figures.examples}")
