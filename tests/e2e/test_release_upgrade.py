@@ -17,9 +17,11 @@ previous release's runner. `helm upgrade` to this tree's chart, pinned to this t
 the site pins it, with the same flags and values file (not `--reuse-values`, which would render
 the new chart with the old chart's defaults).
 
-The driver's pod template changes in that upgrade, for one reason the test asserts: the tools
+The driver's pod template changes in that upgrade, for the reasons the test asserts: the tools
 image of its `wait-for` init container (every component has one) is the new release's, as in every
-upgrade between releases (the tag is the release version; here the digest, both being 0.10.0).
+upgrade between releases (the tag is the release version; here the digest, both being 0.10.0);
+and, from a release before the payload contract, the contract's copier init container and the
+checked copy of the payload container.
 So the driver pods are replaced, and what is asserted is that they were replaced by the staged
 rollout with the admin's policy: one node without a ready driver at a time (the admin's 25% of
 4 nodes; the values' 50% would allow two), the admin's cordon left in place, from the site's
@@ -48,6 +50,7 @@ import yaml
 from kubernetes import client, watch
 
 from metax_operator.chart import admission, schema
+from metax_operator.contract import DRIVER_PAYLOAD_CONTAINER, PAYLOAD_COPIER_CONTAINER, PAYLOAD_IMAGE_ENV
 from tests.controlplane import GPU_LABEL, REPO
 from tests.e2e import previous_release
 from tests.e2e.tools import DRIVER_PODS, kubectl, seed_patch
@@ -195,11 +198,24 @@ def payload_image(template: dict) -> str:
 
 
 def without_tools_image(template: dict) -> dict:
-    """The pod template less its `wait-for` init container's image (the tools image)."""
+    """The pod template less its `wait-for` init container's image (the tools image) and what the
+    payload contract brought (the copier init container and its volume; the payload container's
+    command, its image's reference in PAYLOAD_IMAGE, its termination message and the copier's
+    mount): the same of a release with the contract and of one before it."""
     template = json.loads(json.dumps(template))
-    for container in template["spec"]["initContainers"]:
+    spec = template["spec"]
+    spec["initContainers"] = [c for c in spec["initContainers"] if c["name"] != PAYLOAD_COPIER_CONTAINER]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != PAYLOAD_COPIER_CONTAINER]
+    for container in spec["initContainers"]:
         if container["name"] == "wait-for":
             container.pop("image")
+        if container["name"] == DRIVER_PAYLOAD_CONTAINER:
+            for key in ("command", "args", "terminationMessagePolicy"):
+                container.pop(key, None)
+            env = [e for e in container.pop("env", []) if e["name"] != PAYLOAD_IMAGE_ENV]
+            if env:
+                container["env"] = env
+            container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != PAYLOAD_COPIER_CONTAINER]
     return template
 
 
