@@ -6,6 +6,8 @@ interceptors a test answers requests with. Each through the real client, as the 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -20,23 +22,21 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 T0 = 1_800_000_000.0
 
 
-def daemonset() -> dict:
+POD_SPEC = {
+    "nodeSelector": {"a": "1", "b": "2"},
+    "tolerations": [{"key": "x", "operator": "Exists"}],
+    "initContainers": [{"name": "payload", "image": "p:1"}, {"name": "fw", "image": "f:1"}],
+    "containers": [{"name": "c", "image": "c:1", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}],
+}
+
+
+def daemonset(pod_spec: dict = POD_SPEC) -> dict:
+    """DaemonSet `d` whose pod template's spec is `pod_spec`."""
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": {"name": "d", "namespace": NS},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeSelector": {"a": "1", "b": "2"},
-                    "tolerations": [{"key": "x", "operator": "Exists"}],
-                    "initContainers": [{"name": "payload", "image": "p:1"}, {"name": "fw", "image": "f:1"}],
-                    "containers": [
-                        {"name": "c", "image": "c:1", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}
-                    ],
-                }
-            }
-        },
+        "spec": {"template": {"spec": copy.deepcopy(pod_spec)}},
     }
 
 
@@ -81,21 +81,14 @@ def test_a_custom_resource_s_generation_follows_its_spec_not_its_status(api):
 
 def test_an_apply_merges_named_items_by_name_and_replaces_atomic_fields(api):
     api.put(DS, daemonset())
-    change = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "d", "namespace": NS},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeSelector": {"a": "9"},
-                    "tolerations": [{"key": "y", "operator": "Exists"}],
-                    "initContainers": [{"name": "payload", "image": "p:2"}],
-                    "containers": [{"name": "c", "env": [{"name": "B", "value": "3"}]}],
-                }
-            }
-        },
-    }
+    change = daemonset(
+        {
+            "nodeSelector": {"a": "9"},
+            "tolerations": [{"key": "y", "operator": "Exists"}],
+            "initContainers": [{"name": "payload", "image": "p:2"}],
+            "containers": [{"name": "c", "env": [{"name": "B", "value": "3"}]}],
+        }
+    )
     api.client().apply(change, field_manager="t", force=True)
     pod_spec = api.get(DS)["spec"]["template"]["spec"]
     assert pod_spec["initContainers"] == [{"name": "payload", "image": "p:2"}, {"name": "fw", "image": "f:1"}]
