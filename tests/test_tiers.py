@@ -90,8 +90,8 @@ def test_make_test_fails_a_test_that_starts_a_cluster_binary_saying_to_mark_it(p
         [
             "this test starts kube-apiserver, which `make test` does not set up: give it a cluster fixture or mark it e2e",
             "this test starts containerd, which `make test` does not set up: give it a cluster fixture or mark it e2e",
-            "FAILED *::test_starts_an_api_server",
-            "FAILED *::test_runs_containerd",
+            "FAILED *::test_starts_an_api_server*",
+            "FAILED *::test_runs_containerd*",
         ]
     )
     monkeypatch.delenv(tiers.TIER)
