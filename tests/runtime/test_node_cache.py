@@ -85,6 +85,24 @@ def test_a_node_whose_cordon_only_its_metadata_watch_delivered_is_unschedulable(
     assert CORDONED_LABEL not in api.get(f"{NODES}/n0")["metadata"]["labels"]
 
 
+def test_a_cordon_after_the_runners_own_label_write_carries_the_nodes_later_version(api, cache):
+    """The runner wrote n0's state label (what `OwnWrites` remembers until both watches hold it);
+    then the node changed (a kubelet's report). The unschedulable watch sees nothing of either
+    (no cordon anywhere, no bookmark yet): the cordon must carry the version the metadata watch
+    holds now, not the label write's, which would meet 409 at every pass while that watch is quiet."""
+    api.put(f"{NODES}/n0", node("n0"))
+    start(api, cache)
+    cache.unschedulable = Frozen(cache.unschedulable)
+    own = cordon.OwnWrites(cache)
+    own.record("n0", cordon.set_labels(api.client(), "n0", {STATE_LABEL: "upgrading"}))
+    assert own.get("n0") == own.written["n0"]  # the write, while no watch has delivered it
+    reported = api.put(f"{NODES}/n0", {**api.get(f"{NODES}/n0"), "status": {"images": [{"names": ["x"]}]}})
+    version = reported["metadata"]["resourceVersion"]
+    eventually(lambda: cache.metadata.get("n0").resource_version == version, 10, "the report")
+    assert cordon.cordon(api.client(), "n0", own).outcome == cordon.CORDONED
+    assert api.get(f"{NODES}/n0")["spec"]["unschedulable"] is True
+
+
 def test_the_rollouts_labels_are_an_index_of_the_metadata(api, cache):
     api.put(f"{NODES}/n0", node("n0", {SKIP_LABEL: "true"}))
     api.put(f"{NODES}/n1", node("n1", {CORDONED_LABEL: "true", RETRY_LABEL: "false"}, unschedulable=True))

@@ -33,6 +33,7 @@ from typing import NamedTuple, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, SKIP_LABEL
+from metax_operator.runtime.informer import compare_versions
 from metax_operator.runtime.kube import Client
 
 
@@ -154,12 +155,17 @@ class OwnWrites:
         self.written: dict[str, NodeState] = {}
 
     def get(self, node: str) -> NodeState | None:
-        mine = self.written.get(node)
+        cached, mine = self.nodes.get(node), self.written.get(node)
         if mine is not None:
-            if not self.nodes.has_seen(mine.resource_version):
+            # The cache holds a later version of the node (changed by someone else since): the
+            # write is history, and the cache's word is safe (unschedulable while it cannot
+            # tell); else a cordon would carry the write's resourceVersion and meet 409 at every
+            # pass until both watches move past it, which a quiet cluster may leave them not to.
+            newer = cached is not None and compare_versions(cached.resource_version, mine.resource_version) > 0
+            if not newer and not self.nodes.has_seen(mine.resource_version):
                 return mine
             del self.written[node]
-        return self.nodes.get(node)
+        return cached
 
     def record(self, node: str, state: NodeState | None) -> None:
         """`node` as a write of this runner left it (None: the write did nothing)."""
