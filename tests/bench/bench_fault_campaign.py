@@ -3,7 +3,9 @@ freeze, reconcile, engine and executor) in the fake cluster, under random sequen
 API-server, runner, Helm and admin faults, every invariant checked after every pass. Prints the
 examples, steps, runner passes, driver pods the runner replaced, kills and the write positions
 they hit, the most writes one pass sent, retries and rollbacks checked, distinct sequences,
-violations and the time, and a line of progress every `PROGRESS` examples.
+violations and the time, and a line of progress every `PROGRESS` examples. Then, in a fixed
+example (`fault_campaign.SWEPT`), it kills the runner at each write of the pass that writes most,
+one fresh example per write (counted among the examples and kills above).
 
 `python -m tests.bench fault_campaign`; environment: METAX_BENCH_CAMPAIGN_EXAMPLES (default 200),
 METAX_BENCH_CAMPAIGN_STEPS (steps per example, default 40), METAX_BENCH_CAMPAIGN_SEED (default
@@ -67,6 +69,14 @@ def main() -> None:
             print(f"VIOLATION (seed {seed}, after {figures.examples} examples): {first_line(err)}", flush=True)
             print(f"  its steps: {', '.join(Campaign.last)}", flush=True)
         seed += 1
+    swept = time.perf_counter()
+    try:
+        at_pass, writes = fault_campaign.killed_at_every_write()
+        sweep = f"pass {at_pass + 1} after the version's change, {writes} writes: killed at each, 0 violations"
+    except Exception as err:  # noqa: BLE001 - a violation: listed with the others
+        violations.append(f"kill at every write: {first_line(err)}")
+        sweep = f"VIOLATION: {first_line(err)}"
+    swept = time.perf_counter() - swept
     took = time.perf_counter() - Campaign.started
     print(f"examples (sequences run)          {figures.examples}")
     print(f"distinct sequences                {len(figures.sequences)}")
@@ -77,6 +87,7 @@ def main() -> None:
     print(f"most writes in one pass           {figures.most_writes}")
     print(f"retries checked (a)               {figures.retries}")
     print(f"rollbacks ended, checked (c)      {figures.rollbacks}")
+    print(f"kill at every write of a pass     {sweep} ({swept:.0f} s)")
     print(f"time                              {took:.0f} s ({1000 * took / max(figures.steps, 1):.0f} ms per step)")
     print(f"invariant violations              {len(violations)}")
     for line in violations:

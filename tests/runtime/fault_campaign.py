@@ -572,30 +572,10 @@ class Campaign(RuleBasedStateMachine):
         then it starts again with fresh caches. The kill waits for a pass that makes k writes (up
         to four passes, the cluster catching up between them)."""
         self.step(f"kill-at-{k}")
-        writes, dead = [0], []
-
-        def kill(request):
-            if request.method == "GET":
-                return None
-            writes[0] += 1
-            if writes[0] >= k:
-                dead.append(request)
-                return 500, {"kind": "Status", "code": 500, "message": f"the runner was killed at its write {k}"}
-            return None
-
-        self.cluster.api.interceptors.insert(0, kill)
-        try:
-            for _ in range(4):
-                writes[0] = 0
-                self.run_pass()
-                if dead:
-                    break
-                self.cluster.sync()
-        finally:
-            self.cluster.api.interceptors.remove(kill)
-        if dead:
-            FIGURES.kills += 1
-            FIGURES.kill_positions.add(k)
+        for _ in range(4):
+            if self.kill_at(k):
+                break
+            self.cluster.sync()
         self.cluster.restart_runner()
         self.relists = 0
 
@@ -857,6 +837,30 @@ class Campaign(RuleBasedStateMachine):
         self.step("helm-applies")
         self.cluster.helm.apply()
 
+    def kill_at(self, k: int) -> list:
+        """Run one pass in which the runner dies at its k-th write (that write and every later one
+        lost); the requests lost (none if the pass wrote less)."""
+        writes, dead = [0], []
+
+        def kill(request):
+            if request.method == "GET":
+                return None
+            writes[0] += 1
+            if writes[0] >= k:
+                dead.append(request)
+                return 500, {"kind": "Status", "code": 500, "message": f"the runner was killed at its write {k}"}
+            return None
+
+        self.cluster.api.interceptors.insert(0, kill)
+        try:
+            self.run_pass()
+        finally:
+            self.cluster.api.interceptors.remove(kill)
+        if dead:
+            FIGURES.kills += 1
+            FIGURES.kill_positions.add(k)
+        return dead
+
     # -- passes and the end --------------------------------------------------------------------
 
     def run_pass(self, wait: bool = True) -> Pass:
@@ -954,3 +958,66 @@ class Campaign(RuleBasedStateMachine):
             work = sorted(self.cluster.workloads.running())
             return path.format(work=data.draw(st.sampled_from(work))) if work else None
         return path
+
+
+#: The example `killed_at_every_write` sweeps: a wave of three on six nodes, cordoned and drained,
+#: with GPU jobs on four of them (`GPU_JOBS_ON`: the wave takes the two free nodes and drains a
+#: third), so that its first wave pass writes the status, three cordons, two driver pod
+#: deletions, Events and six state labels.
+SWEPT = {
+    "nodes": 6,
+    "policy": {
+        "enableRollout": True,
+        "pause": False,
+        "readinessTimeout": f"{READINESS_TIMEOUT}s",
+        "upgradeSteps": STEP_SHAPES[0],
+        "maxParallel": 3,
+        "maxUnavailable": 0,
+        "maxFailureThreshold": 1,
+        "fallback": "rollback",
+        "allowGpuWorkloads": False,
+        "cordon": True,
+        "drain": {"enable": True, "timeout": "600s"},
+        "waitForCompletion": {},
+        "onTimeout": "fail",
+    },
+    "version": VERSIONS[1],
+    "failing": set(),
+    "skipped": set(),
+    "waited": set(),
+}
+GPU_JOBS_ON = ("n0", "n1", "n2", "n3")
+SWEPT_PASSES = 6  # the passes after the version is set, among which the one writing most is swept
+
+
+def killed_at(start: dict, at_pass: int | None, k: int) -> list[int]:
+    """An example of `start` with GPU jobs on `GPU_JOBS_ON`: passes, the cluster syncing between
+    them; at pass `at_pass` the runner dies at its k-th write and starts again; then the end
+    (`settle`) with every check. The writes of each pass before the kill (all, with no kill)."""
+    campaign, writes = Campaign(), []
+    try:
+        campaign.start(**start)
+        for node in GPU_JOBS_ON:
+            campaign.cluster.workloads.start(node)
+        for index in range(SWEPT_PASSES):
+            if index == at_pass:
+                campaign.kill_at(k)
+                campaign.cluster.restart_runner()
+                break
+            writes.append(len(campaign.run_pass().writes))
+            campaign.cluster.sync()
+    finally:
+        campaign.teardown()
+    return writes
+
+
+def killed_at_every_write(start: dict = SWEPT) -> tuple[int, int]:
+    """Find the pass of `start` that writes most, then kill the runner at each of its writes in
+    turn, each in a fresh example that must end as `settle` says with no invariant broken; the
+    pass's index and its number of writes."""
+    writes = killed_at(start, None, 0)
+    most = max(writes)
+    at_pass = writes.index(most)
+    for k in range(1, most + 1):
+        killed_at(start, at_pass, k)
+    return at_pass, most
