@@ -758,7 +758,9 @@ class Campaign(RuleBasedStateMachine):
         api.fail("GET", collection, 500, times=10_000)
         api.expire_watches()
         caches = [i for i in self.cluster.runner.caches() if i.path == collection and i.state != "stopped"]
-        eventually(lambda: all(i.state == "failing" for i in caches), 30, f"the caches of {collection} failing", interval=0.005)
+        # A cache may be waiting out its backoff from an earlier failure (up to 30 s) before it
+        # lists again, and its client retries a LIST for up to 8 s before the cache says failing.
+        eventually(lambda: all(i.state == "failing" for i in caches), 120, f"the caches of {collection} failing", interval=0.005)
         done = self.run_pass(wait=False)
         api.clear_faults()
         taken = [(r.method, r.path) for r in done.writes if r.path.startswith((NODES, PODS, JOBS))]
