@@ -124,6 +124,13 @@ def refusal() -> list[str]:
     return the("refusal").splitlines()
 
 
+#: The two tests that build a GitOps repository's own Python environments (pre-commit's, the CI
+#: job's virtualenv), each installing the package and its dependencies from the package index:
+#: about three minutes of a worker, the GitOps tier's (`make e2e`).
+ENVIRONMENTS = pytest.mark.e2e
+
+
+@ENVIRONMENTS
 def test_pre_commit_passes_a_good_commit_and_refuses_a_bad_helm_release(tmp_path, env, hook_source):
     source, commit = hook_source
     repo = gitops_repository(tmp_path / "gitops", env)
@@ -161,6 +168,7 @@ def ci_repository(tmp_path, env, hook_source) -> Path:
     return repo
 
 
+@ENVIRONMENTS
 def test_the_ci_forms_pass_the_good_files_and_annotate_the_bad_helm_release(ci_repository, env):
     repo = ci_repository
     shell = the("shell", "ci")  # a venv in the repository, pip install of the checkout, validate
