@@ -223,3 +223,21 @@ def test_the_driver_daemonset_controller_makes_revisions_and_replaces_deleted_po
     assert new["metadata"]["labels"][contract.REVISION_LABEL] == cluster.progress()["revision"]
     ready = lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in replaced()["status"]["conditions"])  # noqa: E731
     eventually(ready, 10, "the new pod Ready")
+
+
+def test_the_benchmarks_harness_measures_the_real_runner_to_its_first_decided_pass(tmp_path, release):
+    """bench_scale's own path at a small scale: this server in its process, the runner with the
+    chart's flags under scale_runner's hooks; its first pass decides with every cache listed, and
+    no pass fails (hooks that no longer fit the runner would fail every pass, silently to the
+    benchmark but for its timeout)."""
+    from tests.bench import bench_scale
+
+    (tmp_path / "release.json").write_text(json.dumps(release))
+    scenario = bench_scale.Scenario("small", NODES, other_pods=2, busy_fraction=0.5)
+    with bench_scale.Run(scenario, tmp_path / "release.json", bench_scale.runner_command(), tmp_path) as run:
+        run.start_api()
+        run.start_runner()
+        first = run.startup()
+        assert first["seconds"] > 0 and first["list_bytes"] > 0, first
+        outcomes = {p["outcome"] for p in run.passes()}
+    assert outcomes == {"ok"}, (tmp_path / "small.runner.log").read_text()[-2000:]

@@ -55,6 +55,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 IDLE = float(os.environ.get("BENCH_SCALE_IDLE", "120"))
 ROLLOUT = float(os.environ.get("BENCH_SCALE_ROLLOUT", "900"))
 STARTUP = 600.0  # seconds
+#: A pass failing with one of these is a bug of the runner or of its measuring hooks, not a load.
+BROKEN = ("TypeError", "AttributeError", "NameError")
 POLICY = {
     "enableRollout": True,
     "maxParallel": "50%",
@@ -194,10 +196,22 @@ class Run:
     def passes(self, since: float = 0.0) -> list[dict]:
         return [e for e in events(self.log) if e["ev"] == "pass" and e["t"] >= since]
 
+    def broken(self) -> str | None:
+        """The error of the first pass that failed with a bug (BROKEN), from the runner's log."""
+        for line in (self.tmp / f"{self.scenario.name}.runner.log").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("action") == "pass-failed" and entry.get("error", "").split(":")[0] in BROKEN:
+                    return entry["error"]
+        return None
+
     def startup(self) -> dict:
         """Until the first pass that ended with every cache listed and the rollout decided."""
 
         def decided():
+            broken = self.broken()
+            if broken is not None:  # the hooks or the runner do not fit: no pass will ever decide
+                raise AssertionError(f"a runner pass failed: {broken}")
             return next((p for p in self.passes() if p["decided"] and p["synced"] and p["outcome"] == "ok"), None)
 
         first = wait(decided, STARTUP, "the runner's first decided pass", self.runner, self.api)

@@ -75,15 +75,15 @@ def _wrap_pass(run_pass):
                 writes=writes,
                 outcome=outcome,
                 decided=_decided.is_set(),
-                synced=runner.watching and all(cache.synced for cache in runner.caches()),
+                synced=runner.watches.started and all(cache.synced for cache in runner.caches()),
             )
 
     return measured
 
 
 def _wrap_decide(decide):
-    def measured(rollout, cr):
-        plan = decide(rollout, cr)
+    def measured(rollout, *args, **kwargs):
+        plan = decide(rollout, *args, **kwargs)
         if isinstance(plan, rollout_pass.Plan):
             _decided.set()
         return plan
