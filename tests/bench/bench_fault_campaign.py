@@ -100,7 +100,11 @@ def first_line(err: BaseException) -> str:
     """The violation's message (the first of a group's)."""
     while getattr(err, "exceptions", None):
         err = err.exceptions[0]
-    return str(err).splitlines()[0]
+    line = str(err).splitlines()[0]
+    cause = err.__cause__ or err.__context__
+    if line.startswith("Inconsistent data generation") and cause is not None:  # its replay drew differently
+        return f"{line} (the failure replayed: {first_line(cause)})"
+    return line
 
 
 def summary(figures: fault_campaign.Figures, took: float) -> str:

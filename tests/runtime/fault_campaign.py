@@ -756,11 +756,19 @@ class Campaign(RuleBasedStateMachine):
         self.relists += 1
         api = self.cluster.api
         api.fail("GET", collection, 500, times=10_000)
-        api.expire_watches()
         caches = [i for i in self.cluster.runner.caches() if i.path == collection and i.state != "stopped"]
-        # A cache may be waiting out its backoff from an earlier failure (up to 30 s) before it
-        # lists again, and its client retries a LIST for up to 8 s before the cache says failing.
-        eventually(lambda: all(i.state == "failing" for i in caches), 120, f"the caches of {collection} failing", interval=0.005)
+
+        def failing() -> bool:
+            # Expired again until each cache fails: one whose LIST had just succeeded when the
+            # fault came opens its watch after the expiry and would follow it undisturbed. A
+            # cache may be waiting out an earlier failure's backoff (up to 30 s), then its client
+            # retries the LIST for up to 8 s before the cache says failing.
+            if all(i.state == "failing" for i in caches):
+                return True
+            api.expire_watches()
+            return False
+
+        eventually(failing, 120, f"the caches of {collection} failing", interval=0.5)
         done = self.run_pass(wait=False)
         api.clear_faults()
         taken = [(r.method, r.path) for r in done.writes if r.path.startswith((NODES, PODS, JOBS))]
