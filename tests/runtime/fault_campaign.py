@@ -1011,7 +1011,7 @@ def killed_at(start: dict, at_pass: int | None, k: int) -> list[int]:
             campaign.cluster.workloads.start(node)
         for index in range(SWEPT_PASSES):
             if index == at_pass:
-                campaign.kill_at(k)
+                assert campaign.kill_at(k), f"pass {index} wrote fewer than {k} times this time: no kill"
                 campaign.cluster.restart_runner()
                 break
             writes.append(len(campaign.run_pass().writes))
