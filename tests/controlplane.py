@@ -124,7 +124,7 @@ def node_version(version: str) -> str:
         return max(fits, key=lambda b: tuple(int(part) for part in b.lstrip("v").split(".")))
     raise ControlPlaneError(
         f"Kubernetes {version} has no kubelet built within the skew policy ({kubelet_skew(version)} minor versions "
-        f"older at most): add kubelet,kube-proxy to a line of {MATRIX.relative_to(REPO)} and run 'make e2e'"
+        f"older at most): add kubelet,kube-proxy to a line of {MATRIX.relative_to(REPO)} and run 'make matrix'"
     )
 
 
@@ -561,7 +561,7 @@ class ControlPlane:
         for binary in binaries + (["kubelet", "kube-proxy", "pause-image"] if real_node else []):
             path = cp.binary(binary)
             if not os.access(path, os.X_OK):
-                builds = "'make e2e' or 'make demo'" if path.parent == BIN_DIR else "'make e2e' (it builds the version matrix)"
+                builds = "'make e2e' or 'make demo'" if path.parent == BIN_DIR else "'make matrix' (it builds the version matrix)"
                 raise ControlPlaneError(f"{path} is missing: run {builds} first")
         if real_node:
             _check_node_prerequisites()

@@ -1,6 +1,6 @@
 """The test tiers (tests/tiers.py): a test that uses a cluster fixture is e2e, whatever its module
-says; `make test`'s run fails a test that starts a cluster binary, `make e2e`'s first run one that
-starts a binary of the long builds."""
+says; `make test`'s run fails a test that starts a cluster binary, `make e2e`'s runs one that
+starts a binary their setup has not built yet, and so does `make matrix`'s."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests import controlplane, tiers
 
-INI = "[pytest]\nmarkers =\n    e2e\n    long_build\n"
+INI = "[pytest]\nmarkers =\n    e2e\n    long_build\n    matrix\n"
 CONFTEST = "from tests.conftest import control_plane, faults, pytest_collection_modifyitems, pytest_configure\n"
 
 
@@ -43,6 +43,10 @@ def test_a_test_is_e2e_by_the_cluster_fixtures_it_uses_or_its_marker(pytester):
                 pass
 
             @pytest.mark.long_build
+            def test_of_argo_cd():
+                pass
+
+            @pytest.mark.matrix
             def test_of_the_version_matrix():
                 pass
             """
@@ -56,6 +60,7 @@ def test_a_test_is_e2e_by_the_cluster_fixtures_it_uses_or_its_marker(pytester):
     assert [line.split("::")[1] for line in e2e.outlines if "::" in line] == [
         "test_on_the_control_plane",
         "test_through_a_fixture_that_uses_it",
+        "test_of_argo_cd",
         "test_of_the_version_matrix",
     ]
 
@@ -98,16 +103,22 @@ def test_make_test_fails_a_test_that_starts_a_cluster_binary_saying_to_mark_it(p
     assert subprocess.run([apiserver]).returncode == 0  # outside a tier's run, anything runs
 
 
-def test_make_e2e_first_run_refuses_the_long_builds_binaries_only(monkeypatch, tmp_path):
+def test_each_e2e_run_refuses_the_binaries_another_run_builds(monkeypatch, tmp_path):
     monkeypatch.setattr(controlplane, "CACHE", tmp_path)
     default = stub(tmp_path / "controlplane" / controlplane.K8S_VERSION, "kube-apiserver")
     matrix = stub(tmp_path / "controlplane" / controlplane.matrix()[0].version, "kube-apiserver")
-    long_builds = [matrix, stub(tmp_path / "bin", "cosign"), stub(tmp_path / "argocd" / "v3.2.6", "argocd")]
-    monkeypatch.setenv(tiers.TIER, "e2e")
-    assert subprocess.run([default]).returncode == 0
-    for program in long_builds:
-        with pytest.raises(pytest.fail.Exception, match=f"^this test starts {program}, .*: mark it long_build$"):
-            subprocess.run([program])
+    long_builds = [stub(tmp_path / "bin", "cosign"), stub(tmp_path / "argocd" / "v3.2.6", "argocd")]
+    refused = {"e2e": [*long_builds, matrix], "long_build": [matrix], "matrix": long_builds}
+    for tier, programs in refused.items():
+        monkeypatch.setenv(tiers.TIER, tier)
+        assert subprocess.run([default]).returncode == 0
+        for program in [*long_builds, matrix]:
+            if program in programs:
+                marker = "matrix" if program == matrix else "long_build"
+                with pytest.raises(pytest.fail.Exception, match=f"^this test starts {program}, .*: mark it {marker}$"):
+                    subprocess.run([program])
+            else:
+                assert subprocess.run([program]).returncode == 0, (tier, program)
     monkeypatch.setenv(tiers.TIER, "test")
     with pytest.raises(pytest.fail.Exception, match="mark it e2e$"):
         subprocess.run([default])

@@ -2,17 +2,21 @@
 
 - `make test` runs every test not marked `e2e`: it sets up no cluster, real node, registry,
   tools image or Checkov, and takes minutes.
-- `make e2e` runs the tests marked `e2e`: those that use a fixture of CLUSTER_FIXTURES (directly
-  or through another fixture: marked here), and the modules that start a cluster themselves or
-  run Checkov (their `pytestmark`). Among them, `long_build` marks the tests that use a tool of
-  the long cold builds (setup profile `long-builds`: the Kubernetes version matrix, Argo CD, Flux,
+- `make e2e` runs the tests marked `e2e` but `matrix`: those that use a fixture of
+  CLUSTER_FIXTURES (directly or through another fixture: marked here), and the modules that
+  start a cluster themselves or run Checkov (their `pytestmark`). Among them, `long_build` marks
+  the tests that use a tool of the long cold builds (setup profile `long-builds`: Argo CD, Flux,
   cosign): `make e2e` builds those while the other e2e tests run, then runs these.
+- `make matrix` runs the tests marked `matrix`: those that need a Kubernetes version of the
+  matrix besides the default (setup profile `matrix`: six more Kubernetes builds, most of an
+  hour cold on 2 cores, which is why CI's `make e2e` leaves them out).
 
-The guard: `make test` sets METAX_TEST_TIER=test, and a test that then starts a program of the
-e2e setup fails, saying to mark it e2e; `make e2e`'s first run sets METAX_TEST_TIER=e2e, and a
-test that starts a binary of the long builds fails, saying to mark it long_build. It sees every
-process the tests start (a `subprocess.Popen` audit hook), whichever helper starts it; a
-stand-in program of the same name elsewhere (a test's fake kwok) runs.
+The guard: each run sets METAX_TEST_TIER, and a test that starts a program its run did not set
+up fails, saying how to mark it: `make test` refuses every program of the e2e setup (`mark it
+e2e`); `make e2e`'s first run the long builds' and the matrix's binaries; its `long_build` run
+the matrix's; `make matrix` the long builds'. It sees every process the tests start (a
+`subprocess.Popen` audit hook), whichever helper starts it; a stand-in program of the same name
+elsewhere (a test's fake kwok) runs.
 """
 
 from __future__ import annotations
@@ -32,27 +36,29 @@ HOST_TOOLS = frozenset({"containerd", "runc", "nsenter", "unshare", "skopeo", "u
 
 
 def mark(items: list[pytest.Item]) -> None:
-    """Mark `e2e` every test that uses a cluster fixture or is marked `long_build`."""
+    """Mark `e2e` every test that uses a cluster fixture or is marked `long_build` or `matrix`."""
     for item in items:
-        if CLUSTER_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("long_build"):
+        if CLUSTER_FIXTURES.intersection(item.fixturenames) or any(map(item.get_closest_marker, ("long_build", "matrix"))):
             item.add_marker(pytest.mark.e2e)
 
 
-def long_build(program: Path) -> bool:
-    """A binary of the long builds: a matrix version's, Argo CD's, Flux's, cosign."""
+def matrix_build(program: Path) -> bool:
+    """A binary of a Kubernetes version of the matrix (not the default version's)."""
     cache = controlplane.CACHE
-    matrix = program.parent.parent == cache / "controlplane" and program.parent.name != controlplane.K8S_VERSION
+    return program.parent.parent == cache / "controlplane" and program.parent.name != controlplane.K8S_VERSION
+
+
+def long_build(program: Path) -> bool:
+    """A binary of the long builds: Argo CD's, Flux's, cosign."""
+    cache = controlplane.CACHE
     return (
-        matrix
-        or program.is_relative_to(cache / "argocd")
-        or program.is_relative_to(cache / "flux")
-        or program == cache / "bin" / "cosign"
+        program.is_relative_to(cache / "argocd") or program.is_relative_to(cache / "flux") or program == cache / "bin" / "cosign"
     )
 
 
 def cluster(program: Path) -> bool:
     """A program of `make e2e`'s setup (or `make demo`'s): the control plane, the real node, the
-    registry, the tools image's build, Checkov, and the long builds."""
+    registry, the tools image's build, Checkov, the long builds and the matrix."""
     cache = controlplane.CACHE
     return (
         long_build(program)
@@ -70,8 +76,10 @@ def refusal(tier: str, program: str) -> str | None:
     if tier == "test" and cluster(Path(program)):
         name = Path(program).name
         return f"this test starts {name}, which `make test` does not set up: give it a cluster fixture or mark it e2e"
-    if tier == "e2e" and long_build(Path(program)):
+    if tier in ("e2e", "matrix") and long_build(Path(program)):
         return f"this test starts {program}, which `make e2e` builds while the other e2e tests run: mark it long_build"
+    if tier in ("e2e", "long_build") and matrix_build(Path(program)):
+        return f"this test starts {program}, a Kubernetes version `make matrix` builds: mark it matrix"
     return None
 
 

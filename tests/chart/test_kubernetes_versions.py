@@ -130,7 +130,7 @@ def rules_of(node) -> list[dict]:
     return []
 
 
-@pytest.mark.long_build
+@pytest.mark.matrix
 def test_the_chart_installs_and_the_crd_takes_the_form_the_server_enforces(server):
     """The CRD is accepted (Established) with the rules of the form the hook chose where the
     server has CEL rules, none where it drops them; the policy is installed where it is served."""
@@ -187,7 +187,7 @@ def assert_same_verdict(server: Server, default, spec: dict) -> None:
         assert line in lines if server.full_crd else _said(line, lines), (line, lines)
 
 
-@pytest.mark.long_build
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", CR_CASES, ids=[case["name"] for case in CR_CASES])
 def test_each_case_gets_the_default_servers_verdict(case, server, client, tmp_path):
     values = case_values(case, tmp_path)
@@ -195,7 +195,7 @@ def test_each_case_gets_the_default_servers_verdict(case, server, client, tmp_pa
     assert_same_verdict(server, client, case_spec(values, schema_of_spec))
 
 
-@pytest.mark.long_build
+@pytest.mark.matrix
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_policy)
 def test_generated_policies_get_the_default_servers_verdict(raw, server, client):
@@ -217,7 +217,7 @@ def _payload_image(client: kube.Client) -> str:
     return next(c["image"] for c in init if c["name"] == contract.DRIVER_PAYLOAD_CONTAINER)
 
 
-@pytest.mark.long_build
+@pytest.mark.matrix
 def test_an_edit_during_a_rollout_is_refused_where_the_policy_is_served_and_held_by_the_runner_elsewhere(server):
     """The product's rule on every version: while a driver rollout is in progress only `pause` and
     `enableRollout` change. `helm upgrade`'s bootstrap refuses another change everywhere; `kubectl

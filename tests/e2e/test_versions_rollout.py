@@ -37,7 +37,7 @@ from tests.e2e.tools import (
 )
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.long_build
+pytestmark = pytest.mark.matrix
 
 VERSIONS = [v for v in controlplane.matrix() if v.runs == "rollout"]
 NODES = 4

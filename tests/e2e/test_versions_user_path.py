@@ -20,7 +20,7 @@ from tests import controlplane, registry
 from tests.e2e.test_user_path import seed_path
 from tests.e2e.userpath import ToolsCluster
 
-pytestmark = [pytest.mark.long_build, pytest.mark.xdist_group("versions-user-path")]
+pytestmark = [pytest.mark.matrix, pytest.mark.xdist_group("versions-user-path")]
 
 VERSIONS = [v for v in controlplane.matrix() if v.runs == "rollout"]
 
