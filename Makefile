@@ -1,7 +1,7 @@
 # The newcomer's commands: `make demo` (the main job) and `make test` (every test that needs no
 # cluster: minutes). `make e2e` runs the others (a real API server, the real node, the registry,
 # GitOps, the release) but those on the Kubernetes version matrix, which `make matrix` runs (six
-# more Kubernetes builds, most of an hour cold); CI runs `make test` and `make e2e` (.ci/run).
+# more Kubernetes builds, half an hour or more cold); CI runs `make test` and `make e2e` (.ci/run).
 # The tiers: tests/tiers.py. Each target sets up only what it needs (scripts/setup PROFILE: cached, a warm run
 # is a few stat calls); `make setup` sets up what every target needs.
 SHELL := bash

@@ -8,8 +8,8 @@
   the tests that use a tool of the long cold builds (setup profile `long-builds`: Argo CD, Flux,
   cosign): `make e2e` builds those while the other e2e tests run, then runs these.
 - `make matrix` runs the tests marked `matrix`: those that need a Kubernetes version of the
-  matrix besides the default (setup profile `matrix`: six more Kubernetes builds, most of an
-  hour cold on 2 cores, which is why CI's `make e2e` leaves them out).
+  matrix besides the default (setup profile `matrix`: six more Kubernetes builds, half an
+  hour or more cold on 2 cores, which is why CI's `make e2e` leaves them out).
 
 The guard: each run sets METAX_TEST_TIER, and a test that starts a program its run did not set
 up fails, saying how to mark it: `make test` refuses every program of the e2e setup (`mark it
