@@ -2,8 +2,8 @@
 # cluster: minutes). `make e2e` runs the others (a real API server, the real node, the registry,
 # GitOps, the release) but those on the Kubernetes version matrix, which `make matrix` runs (six
 # more Kubernetes builds, half an hour or more cold); CI runs `make test` and `make e2e` (.ci/run).
-# The tiers: tests/tiers.py. Each target sets up only what it needs (scripts/setup PROFILE: cached, a warm run
-# is a few stat calls); `make setup` sets up what every target needs.
+# The tiers: tests/tiers.py. Each target sets up only what it needs (scripts/setup PROFILE:
+# cached, a warm run is a few stat calls); `make setup` sets up what every target needs.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 export METAX_CACHE ?= $(HOME)/.cache/metax-operator
