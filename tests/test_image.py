@@ -157,16 +157,27 @@ def test_skopeo_copies_every_architecture_keeping_the_digests(tools_image, tmp_p
             assert json.loads(raw)["mediaType"] == INDEX
 
 
+#: The ELF header's e_machine of each architecture's extensions (EM_X86_64, EM_AARCH64).
+ELF_MACHINE = {"amd64": 62, "arm64": 183}
+
+
 def test_both_architectures_hold_the_same_compiled_modules(tools_image):
     """The arm64 package layer, compiled under QEMU, has byte for byte the .pyc files of the
-    amd64 one (the sources are the same); only the compiled extensions differ."""
+    amd64 one (the sources are the same); only the compiled extensions differ: the same modules,
+    each built for its layer's machine (a stable-ABI one, `*.abi3.so`, has one name for both)."""
     amd64, arm64 = (Layout(tools_image["layout"], arch).layers[1] for arch in ARCHITECTURES)
     pycs = sorted(name for name in amd64 if name.endswith(".pyc"))
     assert pycs == sorted(name for name in arm64 if name.endswith(".pyc")) and len(pycs) > 1000
     assert [name for name in pycs if amd64[name][1] != arm64[name][1]] == []
-    extensions = {name for name in amd64 if name.endswith(".so")}
-    assert extensions and all("x86_64" in name for name in extensions)
-    assert {name.replace("x86_64", "aarch64") for name in extensions} == {name for name in arm64 if name.endswith(".so")}
+    extensions = {
+        arch: {name: data for name, (_, data) in layer.items() if name.endswith(".so")}
+        for arch, layer in (("amd64", amd64), ("arm64", arm64))
+    }
+    assert extensions["amd64"]
+    assert {n.replace("x86_64", "aarch64") for n in extensions["amd64"]} == set(extensions["arm64"])
+    for arch, found in extensions.items():
+        machines = {name: int.from_bytes(data[18:20], "little") for name, data in found.items()}
+        assert machines == dict.fromkeys(found, ELF_MACHINE[arch]), arch
 
 
 def test_layers_have_sorted_entries_numeric_owners_and_clamped_times(image):

@@ -143,7 +143,7 @@ def requests_gpu(container: Mapping) -> bool:
 def gpu_pod(obj: Mapping) -> GpuPod | None:
     """The `GpuPod` of a Pod object, or None when no container requests a MetaX resource."""
     spec = obj.get("spec") or {}
-    containers = [c for c in (spec.get("containers") or []) + (spec.get("initContainers") or []) if requests_gpu(c)]
+    containers = [c for key in ("containers", "initContainers") for c in spec.get(key) or () if requests_gpu(c)]
     if not containers:
         return None
     versions = tuple(

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from metax_operator.runtime.informer import Informer
+from metax_operator.runtime.informer import Informer, plain
 from tests.fakeapi import FakeApi
 from tests.waiting import consistently, eventually
 
@@ -171,6 +171,26 @@ def test_an_index_follows_the_store_through_events_and_relists(api):
         informer.stop()
 
 
+def test_stores_plain_objects_and_a_projection_keeping_the_parsed_view_fails_loudly(api, monkeypatch):
+    """By default the store holds each object as plain Python, equal to the server's; a projection
+    that keeps simdjson's view instead of plain values breaks the next parse, and the cache says it
+    is failing rather than serving views of a reused buffer."""
+    monkeypatch.setattr("metax_operator.runtime.informer.PAGE_SIZE", 1)
+    for i in range(2):
+        api.put(f"{PODS}/p{i}", pod(f"p{i}"))
+    whole = Informer(api.client(), PODS).start()
+    keeping = Informer(api.client(), PODS, project=lambda o: o["metadata"], name="keeping").start()
+    try:
+        assert whole.wait_synced(10)
+        stored = whole.snapshot()["ns/p1"]
+        assert type(stored) is dict and stored == api.objects[f"{PODS}/p1"]
+        eventually(lambda: keeping.state == "failing", 10, "the cache keeping views failing")
+        assert not keeping.synced
+    finally:
+        whole.stop()
+        keeping.stop()
+
+
 def test_one_list_page_is_decoded_at_a_time_in_the_process(api):
     """Two caches listing at once: while one stores a page, the other's page waits, so the
     runner's memory holds one page's objects, not one per cache."""
@@ -183,12 +203,12 @@ def test_one_list_page_is_decoded_at_a_time_in_the_process(api):
     def slow(obj):
         storing.set()
         go.wait(10)
-        return obj
+        return plain(obj)
 
     first = Informer(api.client(), PODS, project=slow).start()
     try:
         assert storing.wait(10)  # the first cache is storing its page
-        second = Informer(api.client(), "/api/v1/namespaces/ns/configmaps", project=lambda o: stored.append(o) or o).start()
+        second = Informer(api.client(), "/api/v1/namespaces/ns/configmaps", project=lambda o: stored.append(plain(o)) or plain(o)).start()
         done = threading.Event()
         threading.Timer(1.0, done.set).start()
         consistently(lambda: not stored and not second.synced, done.is_set, 5, "the second cache's page waiting")

@@ -11,11 +11,19 @@ since Kubernetes 1.15): a Node's labels without its status, a third of its bytes
 parse. With `index`, the store keeps the keys of its values by each term `index(value)` gives
 (`indexed(term)`), as client-go's indexers do: a few of 10,000 nodes found without walking them.
 
-Memory: a LIST page is parsed whole (`json.loads`), its objects far larger than what the store
-keeps of them; one page is parsed at a time in the process (`_DECODING`), whatever the number of
-caches listing at once, and after a LIST the heap's free memory is given back to the system
-(`give_back_memory`), so the runner's RSS is its stores and about one page, not the high-water
-mark of every cache's first LIST.
+Parsing: each LIST page and watch event is parsed by simdjson into a lazy, read-only view, and
+`project` reads from it only what it keeps; nothing else of the object becomes Python objects.
+Building a Kubernetes object's dicts and strings is what parsing costs in Python (json.loads
+reads about 26 MB/s of Pods); reading a few fields of the view costs a tenth of it. That is what
+lets one watch follow every pod of the cluster for the few that request a GPU: Kubernetes cannot
+select pods by what they request. What `project` returns must be plain values (`plain` converts
+a view), as the view lives only until the next object is parsed; simdjson raises on that parse
+if a view is still held.
+
+Memory: one page is parsed at a time in the process (`_DECODING`), whatever the number of caches
+listing at once, by a parser that lives for one LIST, and after a LIST the heap's free memory is
+given back to the system (`give_back_memory`), so the runner's RSS is its stores and about one
+page, not the high-water mark of every cache's first LIST.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
 which is what a pass costs the API server in steady state. `on_change`, when set, is called
@@ -26,7 +34,6 @@ projected to a different value, not a bookmark or an update `project` does not s
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import random
 import threading
@@ -35,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import simdjson
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
@@ -53,12 +61,18 @@ DEFAULT_RESYNC = 1800.0
 #: single objects, a LIST's answer a list), else the objects themselves.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
-#: Objects per LIST page. A page is parsed whole: 100 realistic Nodes (20 KB of JSON each) are
-#: 2 MB of JSON and 8 MB while parsed; 500 (`kube.PAGE_SIZE`, for a `Client.list` that keeps every
-#: object anyway) would be 10 and 40 MB at the runner's peak.
+#: Objects per LIST page, which is held whole while parsed: 100 realistic Nodes are 2 MB of JSON;
+#: 500 (`kube.PAGE_SIZE`, for a `Client.list` that keeps every object anyway) would be 10 MB.
 PAGE_SIZE = 100
 #: Held while a LIST page is parsed and stored: one page's objects in memory at a time.
 _DECODING = threading.Lock()
+
+
+def plain(value):
+    """A value of simdjson's lazy view as plain Python: dicts, lists, strings, numbers (a plain
+    value is returned as it is)."""
+    convert = getattr(value, "as_dict", None) or getattr(value, "as_list", None)
+    return convert() if convert is not None else value
 
 
 @dataclass
@@ -79,8 +93,9 @@ class Stats:
 class Informer:
     """List+watch cache of the objects at `path` (e.g. /api/v1/namespaces/ns/pods).
 
-    `project(obj)` turns a JSON object into what is stored (None: not stored). Keys are
-    `namespace/name` (or `name` when cluster-scoped).
+    `project(obj)` turns an object (simdjson's lazy view of it) into what is stored, a plain
+    value (None: not stored); by default the whole object (`plain`). Keys are `namespace/name`
+    (or `name` when cluster-scoped).
     """
 
     def __init__(
@@ -88,7 +103,7 @@ class Informer:
         api: Client,
         path: str,
         *,
-        project: Callable[[dict], Any] = lambda o: o,
+        project: Callable[[Any], Any] = plain,
         label_selector: str | None = None,
         field_selector: str | None = None,
         metadata_only: bool = False,
@@ -208,19 +223,17 @@ class Informer:
         store: dict[str, Any] = {}
         token, version = None, ""
         query = {"labelSelector": self.label_selector, "fieldSelector": self.field_selector, "limit": PAGE_SIZE}
+        parser = simdjson.Parser()  # dropped with this LIST: its buffers are as large as the largest page
         while True:
             data = with_backoff(lambda token=token: self._get({**query, "continue": token}), self.api.backoff)
             self.stats.list_requests += 1
             with _DECODING:
-                page = json.loads(data)
-                del data
-                for obj in page.get("items") or []:
-                    self._put(store, obj)
-                meta = page.get("metadata") or {}
-                del page
+                meta = self._put_page(parser, store, data)
+            del data
             version, token = meta.get("resourceVersion", version), meta.get("continue")
             if not token:
                 break
+        del parser
         indexed: dict[str, set[str]] = {}
         for key, value in store.items() if self.index else ():
             for term in self.index(value):
@@ -248,43 +261,57 @@ class Informer:
         }
         self._response = self._open(query, accept=METADATA_WATCH if self.metadata_only else "application/json")
         self.stats.watch_requests += 1
+        parser = simdjson.Parser()
         try:
             for line in self._lines(self._response):
-                change = json.loads(line)
-                kind, obj = change.get("type"), change.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return False
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
-                if kind == "BOOKMARK":
-                    self.resource_version = version
-                    continue
-                self.stats.events += 1
-                key = _key(obj)
-                with self._lock:  # the store, then the version it holds (what `has_seen` reads)
-                    before = self._store.get(key)
-                    if kind == "DELETED":
-                        self._store.pop(key, None)
-                    else:
-                        self._put(self._store, obj)
-                    after = self._store.get(key)
-                    changed = after != before
-                    if changed and self.index:
-                        self._reindex(key, before, after)
-                    self.resource_version = version
-                if changed:
-                    self._changed()
+                if not self._apply(parser, line):
+                    return False
         finally:
             self._response.release_conn()
             self._response = None
+        return True
+
+    def _apply(self, parser: simdjson.Parser, line: bytes) -> bool:
+        """Apply one watch event to the store; False for 410 Gone (relist)."""
+        change = parser.parse(line)
+        kind, obj = change.get("type"), change.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                return False
+            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+        version = (obj.get("metadata") or {}).get("resourceVersion") or self.resource_version
+        if kind == "BOOKMARK":
+            self.resource_version = version
+            return True
+        self.stats.events += 1
+        key = _key(obj)
+        with self._lock:  # the store, then the version it holds (what `has_seen` reads)
+            before = self._store.get(key)
+            if kind == "DELETED":
+                self._store.pop(key, None)
+            else:
+                self._put(self._store, obj)
+            after = self._store.get(key)
+            changed = after != before
+            if changed and self.index:
+                self._reindex(key, before, after)
+            self.resource_version = version
+        if changed:
+            self._changed()
         return True
 
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
 
-    def _put(self, store: dict[str, Any], obj: dict) -> None:
+    def _put_page(self, parser: simdjson.Parser, store: dict[str, Any], data: bytes) -> dict:
+        """Store one LIST page's objects; its list metadata (`resourceVersion`, `continue`)."""
+        page = parser.parse(data)
+        for obj in page.get("items") or ():
+            self._put(store, obj)
+        return plain(page.get("metadata")) or {}
+
+    def _put(self, store: dict[str, Any], obj) -> None:
         value = self.project(obj)
         if value is None:
             store.pop(_key(obj), None)
@@ -388,6 +415,6 @@ def compare_versions(a: str, b: str) -> int:
     return (key(a) > key(b)) - (key(a) < key(b))
 
 
-def _key(obj: dict) -> str:
+def _key(obj) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta.get("name", "")

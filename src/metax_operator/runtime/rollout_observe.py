@@ -68,7 +68,7 @@ from metax_operator.contract import (
 from metax_operator.rollout.observation import Cluster, Pod
 from metax_operator.rollout.restore import revision_template
 from metax_operator.runtime import cordon
-from metax_operator.runtime.informer import Informer, Stats
+from metax_operator.runtime.informer import Informer, Stats, plain
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.node_cache import NodeCache
 
@@ -335,7 +335,7 @@ def project_revision(obj: dict) -> Revision | None:
         owner["uid"],
         (meta.get("labels") or {}).get(REVISION_LABEL, ""),
         int(obj.get("revision") or 0),
-        obj.get("data") or {},
+        plain(obj.get("data")) or {},
     )
 
 
