@@ -208,7 +208,7 @@ def test_one_list_page_is_decoded_at_a_time_in_the_process(api):
     first = Informer(api.client(), PODS, project=slow).start()
     try:
         assert storing.wait(10)  # the first cache is storing its page
-        second = Informer(api.client(), "/api/v1/namespaces/ns/configmaps", project=lambda o: stored.append(plain(o)) or plain(o)).start()
+        second = Informer(api.client(), "/api/v1/namespaces/ns/configmaps", project=lambda o: stored.append(plain(o))).start()
         done = threading.Event()
         threading.Timer(1.0, done.set).start()
         consistently(lambda: not stored and not second.synced, done.is_set, 5, "the second cache's page waiting")
