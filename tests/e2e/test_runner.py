@@ -486,9 +486,9 @@ def test_a_steady_pass_sends_no_request(api, installed):
 def test_the_runner_reads_its_own_writes_before_its_watch_delivers_them(api, installed):
     """Read-your-writes: right after the runner's client writes an object the runner caches, a
     read through the cache returns that write (or a newer object), never the one before it."""
-    from metax_operator.runtime.informer import compare_versions
     from metax_operator.runtime.kube import Client
     from metax_operator.runtime.object_cache import ObjectCache
+    from metax_operator.runtime.resource_version import compare_versions
 
     runner_api = Client.connect(str(installed))
     cache = ObjectCache(runner_api, NS).start()

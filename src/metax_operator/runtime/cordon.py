@@ -33,8 +33,8 @@ from typing import NamedTuple, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.contract import CORDONED_LABEL, NODE_LABEL_PREFIX, SKIP_LABEL
-from metax_operator.runtime.informer import compare_versions
 from metax_operator.runtime.kube import Client
+from metax_operator.runtime.resource_version import compare_versions
 
 
 class NodeState(NamedTuple):

@@ -11,29 +11,25 @@ since Kubernetes 1.15): a Node's labels without its status, a third of its bytes
 parse. With `index`, the store keeps the keys of its values by each term `index(value)` gives
 (`indexed(term)`), as client-go's indexers do: a few of 10,000 nodes found without walking them.
 
-Parsing: each LIST page and watch event is parsed by simdjson into a lazy, read-only view, and
-`project` reads from it only what it keeps; nothing else of the object becomes Python objects.
-Building a Kubernetes object's dicts and strings is what parsing costs in Python (json.loads
-reads about 26 MB/s of Pods); reading a few fields of the view costs a tenth of it. That is what
-lets one watch follow every pod of the cluster for the few that request a GPU: Kubernetes cannot
-select pods by what they request. What `project` returns must be plain values (`plain` converts
-a view), as the view lives only until the next object is parsed; simdjson raises on that parse
-if a view is still held.
-
-Memory: one page is parsed at a time in the process (`_DECODING`), whatever the number of caches
-listing at once, by a parser that lives for one LIST, and after a LIST the heap's free memory is
-given back to the system (`give_back_memory`), so the runner's RSS is its stores and about one
-page, not the high-water mark of every cache's first LIST.
+Parsing: simdjson parses each LIST page and watch event into a lazy, read-only view; `project`
+reads what it keeps, and nothing else becomes Python objects (building them is what json.loads
+spends its time on: about 26 MB/s of Pods). So one watch can follow every pod of the cluster for
+the few requesting a GPU, which Kubernetes cannot select. `project` must return plain values
+(`plain` converts a view): simdjson refuses the next parse while a view is held. One page is
+parsed at a time in the process (`_DECODING`), by a parser that lives for one LIST, and after a
+LIST the heap's free memory is given back (`give_back_memory`): the runner's RSS is its stores
+and about one page, not the high-water mark of every cache's first LIST.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
-which is what a pass costs the API server in steady state. `on_change`, when set, is called
-(from the informer's thread) whenever what the store holds changes: an object added, removed or
-projected to a different value, not a bookmark or an update `project` does not see.
+which is what a pass costs the API server in steady state. `changes` counts, and `on_change`,
+when set, is called (from the informer's thread) whenever what the store holds changes: an
+object added, removed or projected to a different value (judged by `compared` of the value when
+given: a node's labels, not the resourceVersion each kubelet report moves), a relist that finds
+anything different, not a bookmark or an update `project` does not see.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import random
 import threading
@@ -48,6 +44,8 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.jsonlog import event
 from metax_operator.runtime.api_failures import failure_line, with_backoff
 from metax_operator.runtime.kube import Client
+from metax_operator.runtime.memory import give_back_memory
+from metax_operator.runtime.resource_version import compare_versions
 
 log = logging.getLogger("metax_operator.runtime.informer")
 
@@ -108,10 +106,11 @@ class Informer:
         field_selector: str | None = None,
         metadata_only: bool = False,
         index: Callable[[Any], Iterable[str]] | None = None,
+        compared: Callable[[Any], Any] | None = None,
         resync: float = DEFAULT_RESYNC,
         name: str = "",
     ):
-        self.api, self.path, self.project = api, path, project
+        self.api, self.path, self.project, self.compared = api, path, project, compared
         self.label_selector, self.field_selector = label_selector, field_selector
         self.metadata_only, self.index = metadata_only, index
         self.resync = resync
@@ -126,6 +125,7 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._response = None  # the open watch, closed by stop()
         self.resource_version = ""
+        self.changes = 0
         self.on_change: Callable[[], None] | None = None
 
     # -- the reader's side ------------------------------------------------------------------
@@ -175,8 +175,8 @@ class Informer:
 
     def has_seen(self, resource_version: str) -> bool:
         """Whether the store holds every change up to `resource_version` (of this kind: an
-        object's, e.g. what a write returned), by its last LIST, event or bookmark. Resource
-        versions are compared as the decimal integers the API server gives (`compare_versions`)."""
+        object's, e.g. what a write returned), by its last LIST, event or bookmark
+        (`resource_version.compare_versions`)."""
         with self._lock:
             return bool(self.resource_version) and compare_versions(self.resource_version, resource_version) >= 0
 
@@ -292,15 +292,20 @@ class Informer:
             else:
                 self._put(self._store, obj)
             after = self._store.get(key)
-            changed = after != before
-            if changed and self.index:
+            if after != before and self.index:
                 self._reindex(key, before, after)
             self.resource_version = version
-        if changed:
+        if self._differs(before, after):
             self._changed()
         return True
 
+    def _differs(self, before: Any, after: Any) -> bool:
+        if self.compared is None or before is None or after is None:
+            return before != after
+        return self.compared(before) != self.compared(after)
+
     def _changed(self) -> None:
+        self.changes += 1
         if self.on_change is not None:
             self.on_change()
 
@@ -381,38 +386,6 @@ class _Gone:
 
     def shutdown(self) -> None:
         pass
-
-
-def give_back_memory() -> None:
-    """Return the heap's free memory to the system: glibc keeps the memory a parsed LIST page
-    freed mapped in its arenas (the RSS stays at the LIST's high-water mark) until
-    `malloc_trim(0)`. A no-op where the C library has none (musl)."""
-    trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None)
-    except OSError:  # no C library to load symbols from
-        return None
-
-
-_LIBC = _libc()
-
-
-def compare_versions(a: str, b: str) -> int:
-    """-1, 0 or 1 as resourceVersion `a` is older than, the same as or newer than `b` (objects
-    of the same kind). Kubernetes 1.35 made them comparable (KEP-5504, client-go's
-    `CompareResourceVersion`): positive decimal integers without leading zeros, so the longer is
-    the newer, and at equal length the string order is the number order. Anything else is a
-    ValueError: an API server whose versions cannot be compared is not one this runner supports."""
-    for version in (a, b):
-        if not (version.isascii() and version.isdigit()) or version.startswith("0"):
-            raise ValueError(f"resourceVersion {version!r} is not a positive decimal integer")
-    key = lambda v: (len(v), v)  # noqa: E731
-    return (key(a) > key(b)) - (key(a) < key(b))
 
 
 def _key(obj) -> str:

@@ -49,7 +49,14 @@ class NodeCache:
         path = api.resource("v1", "Node").path()
         # Its values say unschedulable=False: metadata has no spec. `get` and `snapshot` say it.
         self.metadata = Informer(
-            api, path, project=cordon.node_state, metadata_only=True, index=selected_labels, resync=resync, name="nodes"
+            api,
+            path,
+            project=cordon.node_state,
+            metadata_only=True,
+            index=selected_labels,
+            compared=lambda state: state.labels,  # a status report moves the resourceVersion alone
+            resync=resync,
+            name="nodes",
         )
         self.unschedulable = Informer(
             api,
@@ -57,6 +64,7 @@ class NodeCache:
             field_selector="spec.unschedulable=true",
             project=lambda obj: obj["metadata"]["resourceVersion"],
             metadata_only=True,
+            compared=lambda version: None,  # a change is a node cordoned or uncordoned
             resync=resync,
             name="unschedulable-nodes",
         )
