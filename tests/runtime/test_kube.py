@@ -6,6 +6,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator import workloads
 from metax_operator.runtime import api_failures, kube
 from tests.fakeapi import FakeApi
 
@@ -140,3 +141,23 @@ def test_pages_yields_a_list_a_page_at_a_time_and_list_joins_them(monkeypatch):
         assert pages == [["a", "b"], ["c", "d"], ["e"]]
         assert [n["metadata"]["name"] for n in client.list("v1", "Node")] == ["a", "b", "c", "d", "e"]
         assert [r.query.get("limit") for r in fake.sent("GET", "/api/v1/nodes")] == ["2"] * 6
+
+
+def test_select_projects_each_selected_object_of_every_page_and_leaves_out_none(monkeypatch):
+    """`select` is `list` with a projection over simdjson's lazy view: the same pages and the
+    selector sent, what the projection keeps (plain values), nothing for objects it maps to None."""
+    monkeypatch.setattr(kube, "PAGE_SIZE", 2)
+    pod = lambda name, node, gpu: {  # noqa: E731
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}] * gpu},
+    }
+    with FakeApi() as fake:
+        for name, node, gpu in (("a", "n0", 1), ("b", "n0", 0), ("c", "n0", 1), ("d", "n1", 1), ("e", "n0", 1)):
+            fake.put(f"/api/v1/namespaces/ml/pods/{name}", pod(name, node, gpu))
+        client = fake.client()
+        found = client.select("v1", "Pod", workloads.gpu_pod, field_selector="spec.nodeName=n0", all_namespaces=True)
+        assert found == [workloads.GpuPod("ml", name, "n0") for name in ("a", "c", "e")]
+        sent = fake.sent("GET", "/api/v1/pods")
+        assert [(r.query.get("limit"), r.query.get("fieldSelector")) for r in sent] == [("2", "spec.nodeName=n0")] * 2

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import simdjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -40,9 +41,13 @@ T = TypeVar("T")
 REQUEST_TIMEOUT = (5, 30)
 #: Page size of list calls (10,000 nodes = 20 requests, each a bounded response).
 PAGE_SIZE = 500
-#: Requests one process sends at once (pod deletions, node patches): the connection pool the
-#: kubernetes client keeps per host is 5 x CPUs, at least 10 on the hook's 2-CPU nodes.
+#: Requests one process sends at once (pod deletions, node patches).
 PARALLEL_REQUESTS = 8
+#: Connections kept open to the API server. Each open watch holds one (the runner's caches are
+#: about 17) and the parallel requests 8 more; the kubernetes client's default, 5 per CPU (10 on
+#: 2 CPUs), made every request beyond it open a new connection (a TLS handshake each) and
+#: discard it after.
+CONNECTIONS = 32
 #: The HTTP methods whose answer is the object as written.
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
@@ -125,6 +130,7 @@ class Client:
             ) from None
         if backoff.attempts == 1:  # fail fast: no retry by urllib3 either
             configuration.retries = 0
+        configuration.connection_pool_maxsize = CONNECTIONS
         return cls(k8s.ApiClient(configuration), backoff)
 
     @classmethod
@@ -134,9 +140,16 @@ class Client:
     # -- raw calls ---------------------------------------------------------------------------
 
     def call(
-        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, content_type: str | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        raw: bool = False,
     ) -> Any:
-        """One HTTP call, decoded JSON back; transient failures retried."""
+        """One HTTP call, decoded JSON back (`raw`: the answer's bytes); transient failures retried."""
         with self._counting:
             self.requests += 1
         headers = {"Accept": "application/json"}
@@ -145,7 +158,7 @@ class Client:
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
 
         def once() -> Any:
-            return self.api_client.call_api(
+            answer = self.api_client.call_api(
                 path,
                 method,
                 query_params=params,
@@ -155,7 +168,14 @@ class Client:
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
                 _request_timeout=REQUEST_TIMEOUT,
+                _preload_content=not raw,
             )
+            if not raw:
+                return answer
+            try:
+                return answer.data
+            finally:
+                answer.release_conn()
 
         try:
             result = with_backoff(once, self.backoff)
@@ -273,6 +293,28 @@ class Client:
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
+
+    def select(
+        self,
+        api_version: str,
+        kind: str,
+        project: Callable[[Any], T | None],
+        *,
+        field_selector: str | None = None,
+        all_namespaces: bool = False,
+    ) -> list[T]:
+        """`project(obj)` of every matching object, those it maps to None left out, each object
+        parsed lazily as the informers' are (`informer.plain`): a caller reading a few fields of
+        many objects builds nothing else of them."""
+        path = self.resource(api_version, kind).path(None, None, all_namespaces=all_namespaces)
+        found, token = [], None
+        while True:
+            query = {"fieldSelector": field_selector, "limit": PAGE_SIZE, "continue": token}
+            page = simdjson.Parser().parse(self.call("GET", path, query=query, raw=True))
+            found += [value for obj in page.get("items") or () if (value := project(obj)) is not None]
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return found
 
     def patch(
         self,

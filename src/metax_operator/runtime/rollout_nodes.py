@@ -138,8 +138,8 @@ class NodeActions:
         or a pod matching the wait selector (one LIST of the node's live pods each)."""
         on_node = f"spec.nodeName={node},{LIVE_PODS}"
         if check.gpu:
-            pods = self.api.list("v1", "Pod", field_selector=on_node, all_namespaces=True)
-            if any((gpu := workloads.gpu_pod(p)) is not None and gpu.workload for p in pods):
+            pods = self.api.select("v1", "Pod", workloads.gpu_pod, field_selector=on_node, all_namespaces=True)
+            if any(gpu.workload for gpu in pods):
                 return True
         if check.wait_selector:
             return bool(
