@@ -11,7 +11,8 @@ import logging
 
 import pytest
 
-from metax_operator.runtime.informer import Informer, plain
+from metax_operator.runtime.informer import Informer
+from metax_operator.runtime.kube import plain
 from tests.fakeapi import FakeApi
 from tests.waiting import consistently, eventually
 

@@ -143,9 +143,9 @@ def test_pages_yields_a_list_a_page_at_a_time_and_list_joins_them(monkeypatch):
         assert [r.query.get("limit") for r in fake.sent("GET", "/api/v1/nodes")] == ["2"] * 6
 
 
-def test_select_projects_each_selected_object_of_every_page_and_leaves_out_none(monkeypatch):
-    """`select` is `list` with a projection over simdjson's lazy view: the same pages and the
-    selector sent, what the projection keeps (plain values), nothing for objects it maps to None."""
+def test_list_projects_each_selected_object_of_every_page_and_leaves_out_none(monkeypatch):
+    """`list` with a projection over simdjson's lazy view: the same pages and the selector sent,
+    what the projection keeps (plain values), nothing for objects it maps to None."""
     monkeypatch.setattr(kube, "PAGE_SIZE", 2)
     pod = lambda name, node, gpu: {  # noqa: E731
         "apiVersion": "v1",
@@ -157,7 +157,7 @@ def test_select_projects_each_selected_object_of_every_page_and_leaves_out_none(
         for name, node, gpu in (("a", "n0", 1), ("b", "n0", 0), ("c", "n0", 1), ("d", "n1", 1), ("e", "n0", 1)):
             fake.put(f"/api/v1/namespaces/ml/pods/{name}", pod(name, node, gpu))
         client = fake.client()
-        found = client.select("v1", "Pod", workloads.gpu_pod, field_selector="spec.nodeName=n0", all_namespaces=True)
+        found = client.list("v1", "Pod", field_selector="spec.nodeName=n0", all_namespaces=True, project=workloads.gpu_pod)
         assert found == [workloads.GpuPod("ml", name, "n0") for name in ("a", "c", "e")]
         sent = fake.sent("GET", "/api/v1/pods")
         assert [(r.query.get("limit"), r.query.get("fieldSelector")) for r in sent] == [("2", "spec.nodeName=n0")] * 2

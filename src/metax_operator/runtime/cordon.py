@@ -95,7 +95,7 @@ def cordon(api: Client, node: str, nodes: NodeReader) -> Cordon:
         "spec": {"unschedulable": True},
     }
     try:
-        return Cordon(CORDONED, node_state(api.patch("v1", "Node", node, patch)))
+        return Cordon(CORDONED, api.patch("v1", "Node", node, patch, project=node_state))
     except ApiException as err:
         if err.status in (404, 409):
             return Cordon(NOT_NOW, None)
@@ -136,7 +136,7 @@ def uncordon(api: Client, node: str) -> NodeState | None:
         {"op": "add", "path": "/spec/unschedulable", "value": False},
     ]
     try:
-        return node_state(api.patch("v1", "Node", node, patch, patch_type="json"))
+        return api.patch("v1", "Node", node, patch, patch_type="json", project=node_state)
     except ApiException as err:
         if err.status in (404, 409, 422):  # gone, or the label was removed meanwhile
             return None
@@ -177,7 +177,7 @@ def set_labels(api: Client, node: str, labels: dict[str, str | None]) -> NodeSta
     """Set (or, with None, remove) the runner's own `labels` on `node`: a merge patch naming only
     them, so no concurrent change to the node is lost; the node as it left it (None: gone)."""
     try:
-        return node_state(api.patch("v1", "Node", node, {"metadata": {"labels": labels}}))
+        return api.patch("v1", "Node", node, {"metadata": {"labels": labels}}, project=node_state)
     except ApiException as err:
         if err.status == 404:
             return None

@@ -43,7 +43,7 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
 from metax_operator.runtime.api_failures import failure_line, with_backoff
-from metax_operator.runtime.kube import Client
+from metax_operator.runtime.kube import Client, plain
 from metax_operator.runtime.memory import give_back_memory
 from metax_operator.runtime.resource_version import compare_versions
 
@@ -64,13 +64,6 @@ METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,a
 PAGE_SIZE = 100
 #: Held while a LIST page is parsed and stored: one page's objects in memory at a time.
 _DECODING = threading.Lock()
-
-
-def plain(value):
-    """A value of simdjson's lazy view as plain Python: dicts, lists, strings, numbers (a plain
-    value is returned as it is)."""
-    convert = getattr(value, "as_dict", None) or getattr(value, "as_list", None)
-    return convert() if convert is not None else value
 
 
 @dataclass

@@ -43,13 +43,18 @@ REQUEST_TIMEOUT = (5, 30)
 PAGE_SIZE = 500
 #: Requests one process sends at once (pod deletions, node patches).
 PARALLEL_REQUESTS = 8
-#: Connections kept open to the API server. Each open watch holds one (the runner's caches are
-#: about 17) and the parallel requests 8 more; the kubernetes client's default, 5 per CPU (10 on
-#: 2 CPUs), made every request beyond it open a new connection (a TLS handshake each) and
-#: discard it after.
+#: Connections kept open: one per open watch (the runner's caches, about 17) and parallel request;
+#: the client's default, 5 per CPU, opened (TLS handshake) and dropped one per request beyond it.
 CONNECTIONS = 32
 #: The HTTP methods whose answer is the object as written.
 WRITES = frozenset({"POST", "PUT", "PATCH"})
+
+
+def plain(value):
+    """A value of simdjson's lazy view as plain Python: dicts, lists, strings, numbers (a plain
+    value is returned as it is)."""
+    convert = getattr(value, "as_dict", None) or getattr(value, "as_list", None)
+    return convert() if convert is not None else value
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,9 @@ class Client:
         self.backoff = backoff
         self._resources: dict[tuple[str, str], Resource] = {}
         self._discovered: set[str] = set()
-        #: Called with every object a write (POST, PUT, PATCH) returns: how a cache of what this
-        #: client reads learns of its own writes before its watch does (`object_cache`).
-        self.on_written: list[Callable[[dict], None]] = []
+        #: Called with every object a write (POST, PUT, PATCH) returns (a projecting call's lazy view:
+        #: keep it plain): how a cache of what this client reads learns of its own writes first.
+        self.on_written: list[Callable[[Any], None]] = []
         #: The calls made through `call` so far (what the runner's log reports per pass).
         self.requests = 0
         self._counting = threading.Lock()
@@ -147,9 +152,10 @@ class Client:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str | None = None,
-        raw: bool = False,
+        project: Callable[[Any], T] | None = None,
     ) -> Any:
-        """One HTTP call, decoded JSON back (`raw`: the answer's bytes); transient failures retried."""
+        """One HTTP call, decoded JSON back; transient failures retried. With `project`, `project`
+        of simdjson's lazy view of the answer (as the informers parse): only what it reads is built."""
         with self._counting:
             self.requests += 1
         headers = {"Accept": "application/json"}
@@ -168,9 +174,9 @@ class Client:
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
                 _request_timeout=REQUEST_TIMEOUT,
-                _preload_content=not raw,
+                _preload_content=project is None,
             )
-            if not raw:
+            if project is None:
                 return answer
             try:
                 return answer.data
@@ -182,10 +188,12 @@ class Client:
         except ApiException as err:
             err.request = f"{method} {path}"  # for `failure_line`
             raise
-        if method in WRITES and isinstance(result, dict):
+        if project is not None:
+            result = simdjson.Parser().parse(result) if result else None
+        if method in WRITES and isinstance(result, dict | simdjson.Object):
             for written in self.on_written:
                 written(result)
-        return result
+        return result if project is None else project(result)
 
     def server_version(self) -> tuple[int, int, str]:
         """(major, minor, gitVersion) of the API server; minor stripped of a vendor '+'."""
@@ -264,10 +272,13 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         all_namespaces: bool = False,
-    ) -> list[dict]:
-        """Every matching object (in every namespace with `all_namespaces`), fetched in pages of PAGE_SIZE."""
+        project: Callable[[Any], Any] | None = None,
+    ) -> list:
+        """Every matching object (in every namespace with `all_namespaces`), fetched in pages of
+        PAGE_SIZE; with `project`, what it returns for each, None left out (`pages`)."""
         selected = {"label_selector": label_selector, "field_selector": field_selector, "all_namespaces": all_namespaces}
-        return [item for page in self.pages(api_version, kind, namespace, **selected) for item in page]
+        pages = self.pages(api_version, kind, namespace, **selected, project=project or plain)
+        return [item for page in pages for item in page if item is not None]
 
     def pages(
         self,
@@ -278,43 +289,25 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         all_namespaces: bool = False,
-    ) -> Iterator[list[dict]]:
-        """`list`'s objects a page at a time: a caller that keeps a little of each object holds one
-        page, not the whole list (10,000 nodes are about 300 MB as Python objects)."""
+        project: Callable[[Any], Any] | None = None,
+    ) -> Iterator[list]:
+        """`list`'s objects a page at a time, each `project(obj)` of simdjson's lazy view of it (as
+        `call`; by default the whole object, `plain`): a caller that keeps a little of each object
+        holds one page, not the whole list (10,000 nodes are about 300 MB as Python objects), and
+        builds only what it reads."""
         path = self.resource(api_version, kind).path(None, namespace, all_namespaces=all_namespaces)
+        each = project or plain
+
+        def page_of(view) -> tuple[list, str | None]:
+            return [each(obj) for obj in view.get("items") or ()], (view.get("metadata") or {}).get("continue")
+
         token = None
         while True:
-            page = self.call(
-                "GET",
-                path,
-                query={"labelSelector": label_selector, "fieldSelector": field_selector, "limit": PAGE_SIZE, "continue": token},
-            )
-            yield page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
+            query = {"labelSelector": label_selector, "fieldSelector": field_selector, "limit": PAGE_SIZE, "continue": token}
+            items, token = self.call("GET", path, query=query, project=page_of)
+            yield items
             if not token:
                 return
-
-    def select(
-        self,
-        api_version: str,
-        kind: str,
-        project: Callable[[Any], T | None],
-        *,
-        field_selector: str | None = None,
-        all_namespaces: bool = False,
-    ) -> list[T]:
-        """`project(obj)` of every matching object, those it maps to None left out, each object
-        parsed lazily as the informers' are (`informer.plain`): a caller reading a few fields of
-        many objects builds nothing else of them."""
-        path = self.resource(api_version, kind).path(None, None, all_namespaces=all_namespaces)
-        found, token = [], None
-        while True:
-            query = {"fieldSelector": field_selector, "limit": PAGE_SIZE, "continue": token}
-            page = simdjson.Parser().parse(self.call("GET", path, query=query, raw=True))
-            found += [value for obj in page.get("items") or () if (value := project(obj)) is not None]
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return found
 
     def patch(
         self,
@@ -327,8 +320,9 @@ class Client:
         patch_type: str = "merge",
         field_manager: str | None = None,
         subresource: str = "",
-    ) -> dict:
-        """Patch with `patch_type` "merge" (RFC 7386), "json" (RFC 6902) or "strategic"."""
+        project: Callable[[Any], T] | None = None,
+    ) -> Any:
+        """Patch with `patch_type` "merge" (RFC 7386), "json" (RFC 6902) or "strategic" (`project`: as `call`)."""
         content_type = {
             "merge": "application/merge-patch+json",
             "json": "application/json-patch+json",
@@ -340,6 +334,7 @@ class Client:
             body=patch,
             content_type=content_type,
             query={"fieldManager": field_manager},
+            project=project,
         )
 
     def delete(
@@ -363,7 +358,7 @@ class Client:
         if preconditions:
             body["preconditions"] = preconditions
         try:
-            self.call("DELETE", self._path(api_version, kind, name, namespace), body=body)
+            self.call("DELETE", self._path(api_version, kind, name, namespace), body=body, project=bool)
             return True
         except ApiException as err:
             if err.status == 404:

@@ -37,7 +37,7 @@ from typing import Protocol
 
 from metax_operator import contract
 from metax_operator.runtime.informer import Informer
-from metax_operator.runtime.kube import Client
+from metax_operator.runtime.kube import Client, plain
 
 #: How many of its own writes' resourceVersions the cache remembers to tell them from others'.
 OWN_WRITES = 256
@@ -157,8 +157,9 @@ class ObjectCache:
                     del self._written[written_key]
         return copy.deepcopy(informer.get(key))
 
-    def _wrote(self, obj: dict) -> None:
-        """`Client.on_written`: keep what the runner wrote, if it is an object these caches hold."""
+    def _wrote(self, obj) -> None:
+        """`Client.on_written`: keep what the runner wrote, if it is an object these caches hold
+        (`obj` may be a lazy view: kept as plain Python)."""
         meta = obj.get("metadata") or {}
         api_version, kind, name = obj.get("apiVersion"), obj.get("kind"), meta.get("name")
         version = meta.get("resourceVersion")
@@ -169,7 +170,7 @@ class ObjectCache:
         except LookupError:
             return
         with self._lock:
-            self._written[(api_version, kind, name)] = obj
+            self._written[(api_version, kind, name)] = plain(obj)
             self._own.append(version)
 
     def _changed(self, informer: Informer) -> None:

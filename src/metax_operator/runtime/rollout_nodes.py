@@ -138,7 +138,7 @@ class NodeActions:
         or a pod matching the wait selector (one LIST of the node's live pods each)."""
         on_node = f"spec.nodeName={node},{LIVE_PODS}"
         if check.gpu:
-            pods = self.api.select("v1", "Pod", workloads.gpu_pod, field_selector=on_node, all_namespaces=True)
+            pods = self.api.list("v1", "Pod", field_selector=on_node, all_namespaces=True, project=workloads.gpu_pod)
             if any(gpu.workload for gpu in pods):
                 return True
         if check.wait_selector:

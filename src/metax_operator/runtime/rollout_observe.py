@@ -68,8 +68,8 @@ from metax_operator.contract import (
 from metax_operator.rollout.observation import Cluster, Pod
 from metax_operator.rollout.restore import revision_template
 from metax_operator.runtime import cordon
-from metax_operator.runtime.informer import Informer, Stats, plain
-from metax_operator.runtime.kube import Client
+from metax_operator.runtime.informer import Informer, Stats
+from metax_operator.runtime.kube import Client, plain
 from metax_operator.runtime.node_cache import NodeCache
 
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
