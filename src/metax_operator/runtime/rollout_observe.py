@@ -7,8 +7,8 @@ Seven caches, started once and kept across passes:
 - every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
   projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
-  resource, so this one watch sees every pod change of the cluster; what it stores is a few
-  strings per GPU pod;
+  resource, so this one watch sees every pod change of the cluster; it reads of each only its
+  containers' resources (`informer`'s lazy parse) and stores a few strings per GPU pod;
 - every node, by its metadata, and the unschedulable ones (`node_cache.NodeCache`, two watches):
   whether each is unschedulable, its resourceVersion and its product labels, what a cordon reads
   before its conditional write (`cordon.cordon`), so that a wave's cordons are one request per
