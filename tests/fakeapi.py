@@ -154,7 +154,7 @@ class FakeApi:
         with self._lock:
             live = self.objects.pop(path)
             self.version += 1
-            self._notify(path, "DELETED", live)
+            self._notify(path, "DELETED", deleted(live, self.version))
 
     def get(self, path: str) -> dict | None:
         with self._lock:
@@ -364,7 +364,7 @@ class FakeApi:
             return 200, self._store(path, marked, "MODIFIED")
         del self.objects[path]
         self.version += 1
-        self._notify(path, "DELETED", live)
+        self._notify(path, "DELETED", deleted(live, self.version))
         return 200, status_body(200, "deleted")
 
     def _evict(self, pod_path: str) -> tuple[int, object]:
@@ -463,6 +463,12 @@ def as_form(answer: dict, form: str) -> dict:
         items = [as_form(item, PARTIAL) for item in answer["items"]]
         return {"kind": PARTIAL_LIST, "apiVersion": "meta.k8s.io/v1", "metadata": answer["metadata"], "items": items}
     return answer
+
+
+def deleted(obj: dict, version: int) -> dict:
+    """The object as a DELETED event carries it: at the resourceVersion of its deletion, as the API
+    server sends it (a watch that has seen that version has seen the deletion)."""
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
 
 
 def status_body(code: int, message: str) -> dict:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from metax_operator.contract import SKIP_LABEL
+from metax_operator.contract import GPU_RESOURCE, SKIP_LABEL
 from metax_operator.runtime import settled
-from tests.runtime.cluster import VERSIONS, Cluster
+from metax_operator.workloads import MACA_VERSION_ENV
+from tests.runtime.cluster import JOBS, VERSIONS, WORK, Cluster
 
 PAUSE = 600  # seconds: the first step's pauseDuration
 POLICY = {
@@ -78,3 +79,32 @@ def test_a_timed_pause_ends_on_time_with_nothing_else_changing(cluster, monkeypa
     assert len(decided) == 1 and next_step.writes, cluster.upgrade_status()
     quiet(cluster)
     assert set(cluster.driver_versions().values()) == {VERSIONS[1]}
+
+
+def test_a_job_replaced_on_its_node_is_no_change_a_node_freed_and_a_bad_maca_version_are(cluster):
+    """The GPU pods' cache changes with every job; a pass reads of it the nodes running GPU work
+    and the workload check's problems (`settled.Inputs`): a job replaced by the next on its node
+    changes neither and is skipped, a node whose GPU work ended and a pod with a MXMACA version the
+    runtime refuses are changes, the latter reported in WorkloadsValid."""
+    job = cluster.workloads.start("n1")
+    quiet(cluster)
+    decided = counting(cluster)
+    cluster.workloads.end(job)
+    job = cluster.workloads.start("n1")
+    assert not cluster.run_pass().requests and decided == []
+    cluster.workloads.end(job)
+    cluster.run_pass()
+    assert len(decided) == 1
+    cluster.workloads.start("n2")  # n2 runs GPU work before the bad pod comes: no node changes then
+    quiet(cluster)
+    decided.clear()
+    env = [{"name": MACA_VERSION_ENV, "value": "maca"}]
+    pod = {
+        "metadata": {"name": "bad-maca", "namespace": WORK},
+        "spec": {"nodeName": "n2", "containers": [{"name": "c", "resources": {"limits": {GPU_RESOURCE: "1"}}, "env": env}]},
+        "status": {"phase": "Running"},
+    }
+    cluster.kubectl.call("POST", JOBS, body=pod)
+    cluster.run_pass()
+    valid = next(c for c in cluster.cr()["status"]["conditions"] if c["type"] == "WorkloadsValid")
+    assert len(decided) == 1 and valid["status"] == "False" and "bad-maca" in valid["message"], valid

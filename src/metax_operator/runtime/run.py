@@ -97,11 +97,13 @@ class Runner:
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
         self.settled: settled.Settled | None = None
+        self.inputs = settled.Inputs(self.watches, self.workloads, self.objects)
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes. How the pass ended is the CR's
         RunnerHealthy condition: a failure is reported, then raised."""
-        inputs = self.inputs()
+        waited = (self.watches.waited,) if self.watches.waited is not None else ()
+        inputs = self.inputs((*self.caches(), *waited))
         if self.settled is not None and self.settled.holds(inputs, self.clock):
             return 0
         self.settled = None
@@ -112,11 +114,6 @@ class Runner:
         except Exception as err:
             self._report(err)
             raise
-
-    def inputs(self) -> tuple:
-        """`settled.inputs` of every cache a pass reads."""
-        waited = (self.watches.waited,) if self.watches.waited is not None else ()
-        return settled.inputs((*self.caches(), *waited))
 
     def _report(self, failure: Exception | None) -> int:
         """Set RunnerHealthy for how the pass ended (written only when it changes; the writes

@@ -79,17 +79,7 @@ class WorkloadCheck:
         if not all(i.wait_synced(SYNC_TIMEOUT) for i in (*self.labelled, self.hami, self.gpu_pods)):
             event(log, "workloads-wait-cache", logging.WARNING, msg="the node and pod caches have not listed yet")
             return out
-        nodes: dict[str, dict[str, str]] = {}
-        for informer in self.labelled:
-            for name, labels in informer.snapshot().items():
-                nodes.setdefault(name, {}).update(labels)
-        found = workloads.problems(
-            nodes,
-            self.gpu_pods.snapshot().values(),
-            runtime_deployed=_deployed(observed.spec, "runtime"),
-            maca_images=workloads.payload_images(observed.spec) if _deployed(observed.spec, "maca") else None,
-            hami_running=any(self.hami.snapshot().values()),
-        )
+        found = self.problems(observed.spec)
         if found:
             out.conditions.append(
                 Condition(CrCondition.WORKLOADS_VALID, FALSE, CrReason.WORKLOAD_MISCONFIGURED, "\n".join(map(str, found)))
@@ -104,6 +94,20 @@ class WorkloadCheck:
                 )
             )
         return out
+
+    def problems(self, spec: dict) -> list[workloads.WorkloadProblem]:
+        """`workloads.problems` for `spec` over what the caches hold now."""
+        nodes: dict[str, dict[str, str]] = {}
+        for informer in self.labelled:
+            for name, labels in informer.snapshot().items():
+                nodes.setdefault(name, {}).update(labels)
+        return workloads.problems(
+            nodes,
+            self.gpu_pods.snapshot().values(),
+            runtime_deployed=_deployed(spec, "runtime"),
+            maca_images=workloads.payload_images(spec) if _deployed(spec, "maca") else None,
+            hami_running=any(self.hami.snapshot().values()),
+        )
 
 
 def _deployed(spec: dict, key: str) -> bool:
