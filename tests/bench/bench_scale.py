@@ -16,8 +16,7 @@ What runs, each in its own process:
 Phases, each bounded: startup (from the runner's process start to the end of its first pass
 after every watch cache listed, with the CR's `upgradeStatus` written: the first decided pass);
 settle (3 passes in a row that wrote nothing); idle (`BENCH_SCALE_IDLE` seconds, 120 by default,
-the node churn on): the runner's CPU over wall time, its RSS, the main thread's CPU per pass
-(most skipped as unchanged; the full ones apart);
+the node churn on): the runner's CPU over wall time, its RSS, the main thread's CPU per pass;
 then a rollout (the CR's `spec.driver.payload.version` edited, as an admin does) until every
 driver pod on a node without GPU work is at the new revision and Ready and no node is cordoned
 (`BENCH_SCALE_ROLLOUT` seconds at most, 900 by default): the runner's CPU, its passes' CPU, the
@@ -249,7 +248,6 @@ class Run:
             time.monotonic() - began,
         )
         passes = self.passes(began)
-        full = [p["cpu"] for p in passes if p["decided"]]  # the rest were skipped as unchanged
         return {
             "cpu_percent": 100 * (after["cpu"] - before["cpu"]) / wall,
             "api_cpu_percent": 100 * (api_after["cpu"] - api_before["cpu"]) / wall,
@@ -258,8 +256,6 @@ class Run:
             "node_updates_per_s": (stats_after["node_updates"] - stats["node_updates"]) / wall,
             "passes": len(passes),
             "pass_ms": 1000 * statistics.median(p["cpu"] for p in passes) if passes else None,
-            "full_passes": len(full),
-            "full_pass_ms": 1000 * statistics.median(full) if full else None,
             "requests": requests(stats, stats_after),
         }
 
@@ -368,13 +364,12 @@ def table(results: dict[str, dict]) -> None:
         s, idle, ro = r["startup"], r["idle"], r["rollout"]
         done = f"{ro['seconds']:.0f} s" if ro["completed"] else f"not done in {ro['seconds']:.0f} s: {ro['progress']}"
         waited = "; a cache missed its sync timeout" if s["cache_waits"] else ""
-        full = f" ({idle['full_passes']} of {idle['passes']} full: {idle['full_pass_ms']:.0f} ms)" if idle["full_passes"] else ""
         cells = [
             f"{name} ({r['api']['pods']:,})",
             f"{beside(idle['rss'], name, 'rss', ' MiB', 0)} ({max(idle['peak'], ro['peak']):.0f})",
             f"{beside(idle['cpu_percent'], name, 'idle', ' %', 2)} ({idle['api_cpu_percent']:.1f} %)",
             f"{beside(s['seconds'], name, 'startup', ' s')} ({s['caches_listed']:.1f} s; {s['cpu']:.1f} s{waited})",
-            beside(idle["pass_ms"], name, "pass_ms", " ms", 2) + full,
+            beside(idle["pass_ms"], name, "pass_ms", " ms"),
             f"{(ro['pass_cpu_median'] or 0) * 1000:.0f} / {(ro['pass_cpu_max'] or 0) * 1000:.0f} ms",
             f"{beside(ro['cpu'], name, 'rollout_cpu', ' s')} ({ro['api_cpu']:.0f} s), {done}",
             ", ".join(f"{n:,} {k}" for k, n in sorted(ro["requests"].items())),

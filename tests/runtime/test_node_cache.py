@@ -68,29 +68,6 @@ def test_it_reads_labels_and_versions_from_metadata_and_unschedulable_from_its_o
     eventually(lambda: cache.get("n0") is None and list(cache.snapshot()) == ["n1"], 10, "the node gone")
 
 
-def test_a_kubelet_report_is_no_change_a_label_a_cordon_and_an_uncordon_are(api, cache):
-    """What the runner counts as a change of the nodes (`Informer.changes`, what decides whether a
-    pass is skipped): a status report moves the node's resourceVersion and nothing the rollout
-    reads; a label, a cordon and an uncordon each count."""
-    api.put(f"{NODES}/n0", node("n0", {STATE_LABEL: "done"}))
-    start(api, cache)
-    counts = lambda: tuple(i.changes for i in cache.informers)  # noqa: E731
-    before, version = counts(), cache.get("n0").resource_version
-    reported = node("n0", {STATE_LABEL: "done"})
-    reported["status"]["images"] = [{"names": ["registry.example/a:1"], "sizeBytes": 1}]
-    api.put(f"{NODES}/n0", reported)
-    eventually(lambda: cache.get("n0").resource_version != version, 10, "the report's version in the cache")
-    assert counts() == before
-    api.put(f"{NODES}/n0", node("n0", {STATE_LABEL: "pending"}))
-    eventually(lambda: counts()[0] == before[0] + 1, 10, "the label counted")
-    api.put(f"{NODES}/n0", node("n0", {STATE_LABEL: "pending"}, unschedulable=True))
-    eventually(lambda: counts()[1] == before[1] + 1, 10, "the cordon counted")
-    api.put(f"{NODES}/n0", node("n0", {STATE_LABEL: "pending"}, unschedulable=True))  # cordoned, reported again
-    api.put(f"{NODES}/n0", node("n0", {STATE_LABEL: "pending"}))
-    eventually(lambda: not cache.get("n0").unschedulable, 10, "the uncordon in the cache")
-    assert counts() == (before[0] + 1, before[1] + 2)
-
-
 def test_a_node_whose_cordon_only_its_metadata_watch_delivered_is_unschedulable(api, cache):
     """An admin cordons n0; the metadata watch delivers the write, the unschedulable watch has not
     yet: the cache says unschedulable (it cannot tell), so the runner's cordon reads the node and

@@ -21,11 +21,9 @@ LIST the heap's free memory is given back (`give_back_memory`): the runner's RSS
 and about one page, not the high-water mark of every cache's first LIST.
 
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
-which is what a pass costs the API server in steady state. `changes` counts, and `on_change`,
-when set, is called (from the informer's thread) whenever what the store holds changes: an
-object added, removed or projected to a different value (judged by `compared` of the value when
-given: a node's labels, not the resourceVersion each kubelet report moves), a relist that finds
-anything different, not a bookmark or an update `project` does not see.
+which is what a pass costs the API server in steady state. `on_change`, when set, is called
+(from the informer's thread) whenever what the store holds changes: an object added, removed or
+projected to a different value, not a bookmark or an update `project` does not see.
 """
 
 from __future__ import annotations
@@ -99,11 +97,10 @@ class Informer:
         field_selector: str | None = None,
         metadata_only: bool = False,
         index: Callable[[Any], Iterable[str]] | None = None,
-        compared: Callable[[Any], Any] | None = None,
         resync: float = DEFAULT_RESYNC,
         name: str = "",
     ):
-        self.api, self.path, self.project, self.compared = api, path, project, compared
+        self.api, self.path, self.project = api, path, project
         self.label_selector, self.field_selector = label_selector, field_selector
         self.metadata_only, self.index = metadata_only, index
         self.resync = resync
@@ -118,7 +115,6 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._response = None  # the open watch, closed by stop()
         self.resource_version = ""
-        self.changes = 0
         self.on_change: Callable[[], None] | None = None
 
     # -- the reader's side ------------------------------------------------------------------
@@ -285,20 +281,15 @@ class Informer:
             else:
                 self._put(self._store, obj)
             after = self._store.get(key)
-            if after != before and self.index:
+            changed = after != before
+            if changed and self.index:
                 self._reindex(key, before, after)
             self.resource_version = version
-        if self._differs(before, after):
+        if changed:
             self._changed()
         return True
 
-    def _differs(self, before: Any, after: Any) -> bool:
-        if self.compared is None or before is None or after is None:
-            return before != after
-        return self.compared(before) != self.compared(after)
-
     def _changed(self) -> None:
-        self.changes += 1
         if self.on_change is not None:
             self.on_change()
 

@@ -54,7 +54,6 @@ class NodeCache:
             project=cordon.node_state,
             metadata_only=True,
             index=selected_labels,
-            compared=lambda state: state.labels,  # a status report moves the resourceVersion alone
             resync=resync,
             name="nodes",
         )
@@ -64,7 +63,6 @@ class NodeCache:
             field_selector="spec.unschedulable=true",
             project=lambda obj: obj["metadata"]["resourceVersion"],
             metadata_only=True,
-            compared=lambda version: None,  # a change is a node cordoned or uncordoned
             resync=resync,
             name="unschedulable-nodes",
         )

@@ -17,8 +17,6 @@ finish, then releases the lease so a successor takes over at once. `--once` make
 chart's CronJob mode) after taking the lease, and exits. API failures back off exponentially
 (up to `MAX_BACKOFF`) before the next pass. With `--health-port` the loop serves `/healthz` and
 `/readyz` for the kubelet's probes (`health`) and `/metrics` for Prometheus (`metrics`).
-
-A pass over caches unchanged since a pass that wrote nothing is skipped (`settled`).
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from metax_operator.conditions import FALSE, CrCondition, rfc3339
 from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import freeze
-from metax_operator.runtime import cr_status, helm_hold, reconcile, settled
+from metax_operator.runtime import cr_status, helm_hold, reconcile
 from metax_operator.runtime.api_failures import failure_line
 from metax_operator.runtime.health import Health, serve
 from metax_operator.runtime.informer import SYNC_TIMEOUT
@@ -96,19 +94,12 @@ class Runner:
             api, namespace, is_leader, identity, clock, watches=self.watches, metrics=metrics, reader=self.objects
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
-        self.settled: settled.Settled | None = None
-        self.inputs = settled.Inputs(self.watches, self.workloads, self.objects)
 
     def run_pass(self) -> int:
         """Observe, decide, write; returns the number of writes. How the pass ended is the CR's
         RunnerHealthy condition: a failure is reported, then raised."""
-        waited = (self.watches.waited,) if self.watches.waited is not None else ()
-        inputs = self.inputs((*self.caches(), *waited))
-        if self.settled is not None and self.settled.holds(inputs, self.clock):
-            return 0
-        self.settled = None
         try:
-            return self._pass(inputs)
+            return self._pass()
         except cr_status.LostLeadership:
             raise
         except Exception as err:
@@ -135,11 +126,10 @@ class Runner:
             jsonlog.event(log, "report-failed", logging.WARNING, error=failure_line(err))
             return 0
 
-    def _pass(self, inputs: tuple) -> int:
+    def _pass(self) -> int:
         """One pass, in order: observe (the caches), hold for Helm, the spec in force, decide (the
         reconcile, once validated), write the objects, decide the rollout on the objects as just
-        written, write the CR's status and the Events once, then the rollout's actions. `inputs`:
-        what the caches held when it began, recorded when it writes nothing (`Settled`)."""
+        written, write the CR's status and the Events once, then the rollout's actions."""
         started = time.monotonic()
         if not self.objects.start().wait_synced(SYNC_TIMEOUT):
             jsonlog.event(
@@ -183,14 +173,13 @@ class Runner:
         policy = acting.check.policy
         applied = reconcile.apply_objects(self.api, outcome.applies, self.is_leader)
         plan = self.rollout.decide(cr, in_force.spec, policy)
-        now = self.clock()
         written = cr_status.write(
             self.api,
             cr,
             outcome.conditions,
             [*outcome.events, *applied],
             self.is_leader,
-            rfc3339(now),
+            rfc3339(self.clock()),
             self.identity,
             upgrade_status=plan.upgrade_status if plan is not None else None,
         )
@@ -199,8 +188,6 @@ class Runner:
             writes += self.rollout.act(written.cr, plan)
         if failing:
             writes += self._report(None)
-        if not writes:
-            self.settled = settled.Settled.after(inputs, now, plan.decision.wake_at if plan is not None else None)
         if self.metrics is not None:
             self.metrics.read_policy(policy)
             self.metrics.pass_seconds.observe(time.monotonic() - started)
