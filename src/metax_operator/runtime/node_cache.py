@@ -49,13 +49,7 @@ class NodeCache:
         path = api.resource("v1", "Node").path()
         # Its values say unschedulable=False: metadata has no spec. `get` and `snapshot` say it.
         self.metadata = Informer(
-            api,
-            path,
-            project=cordon.node_state,
-            metadata_only=True,
-            index=selected_labels,
-            resync=resync,
-            name="nodes",
+            api, path, project=cordon.node_state, metadata_only=True, index=selected_labels, resync=resync, name="nodes"
         )
         self.unschedulable = Informer(
             api,
