@@ -211,7 +211,7 @@ class Watches:
             ds,
             self.revisions.snapshot().values(),
             self.driver_pods.snapshot().values(),
-            self.gpu_busy_nodes(),
+            (p.node for p in self.gpu_pods.snapshot().values() if p.node and p.workload),
             cr,
             status,
             skipped=self.skipped.snapshot().values(),
@@ -222,10 +222,6 @@ class Watches:
             nodes=self.nodes,
             spec=spec,
         )
-
-    def gpu_busy_nodes(self) -> frozenset[str]:
-        """The nodes running GPU workload pods: all the rollout reads of the GPU-pod cache."""
-        return frozenset(p.node for p in self.gpu_pods.snapshot().values() if p.node and p.workload)
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
         """The GPU workload pods the cache holds on `nodes` (what a drain evicts: not a DaemonSet's

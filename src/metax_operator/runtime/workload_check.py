@@ -79,7 +79,17 @@ class WorkloadCheck:
         if not all(i.wait_synced(SYNC_TIMEOUT) for i in (*self.labelled, self.hami, self.gpu_pods)):
             event(log, "workloads-wait-cache", logging.WARNING, msg="the node and pod caches have not listed yet")
             return out
-        found = self.problems(observed.spec)
+        nodes: dict[str, dict[str, str]] = {}
+        for informer in self.labelled:
+            for name, labels in informer.snapshot().items():
+                nodes.setdefault(name, {}).update(labels)
+        found = workloads.problems(
+            nodes,
+            self.gpu_pods.snapshot().values(),
+            runtime_deployed=_deployed(observed.spec, "runtime"),
+            maca_images=workloads.payload_images(observed.spec) if _deployed(observed.spec, "maca") else None,
+            hami_running=any(self.hami.snapshot().values()),
+        )
         if found:
             out.conditions.append(
                 Condition(CrCondition.WORKLOADS_VALID, FALSE, CrReason.WORKLOAD_MISCONFIGURED, "\n".join(map(str, found)))
@@ -94,20 +104,6 @@ class WorkloadCheck:
                 )
             )
         return out
-
-    def problems(self, spec: dict) -> list[workloads.WorkloadProblem]:
-        """`workloads.problems` for `spec` over what the caches hold now."""
-        nodes: dict[str, dict[str, str]] = {}
-        for informer in self.labelled:
-            for name, labels in informer.snapshot().items():
-                nodes.setdefault(name, {}).update(labels)
-        return workloads.problems(
-            nodes,
-            self.gpu_pods.snapshot().values(),
-            runtime_deployed=_deployed(spec, "runtime"),
-            maca_images=workloads.payload_images(spec) if _deployed(spec, "maca") else None,
-            hami_running=any(self.hami.snapshot().values()),
-        )
 
 
 def _deployed(spec: dict, key: str) -> bool:
