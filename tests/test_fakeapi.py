@@ -222,3 +222,24 @@ def test_an_informer_between_a_410_and_its_next_watch_is_not_delivered(api):
         eventually(lambda: api.delivered([informer]), 30, "the informer to watch again", interval=0.05)
     finally:
         informer.stop()
+
+
+@pytest.mark.parametrize("by", ["someone else", "a DELETE request"])
+def test_a_deletion_reaches_the_watches_at_its_own_resource_version(api, by):
+    """As the API server's, a DELETED event carries the version of the deletion, not the object's
+    last one: a cache that has seen it has seen the deletion, and `delivered` waits for it."""
+    path = "/api/v1/namespaces/ns/configmaps/c"
+    api.put(path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": NS}})
+    informer = Informer(api.client(attempts=1), "/api/v1/namespaces/ns/configmaps", name="configmaps").start()
+    try:
+        eventually(lambda: api.delivered([informer]) and "ns/c" in informer.snapshot(), 10, "the informer to hold c")
+        last = api.get(path)["metadata"]["resourceVersion"]
+        if by == "someone else":
+            api.delete(path)
+        else:
+            assert api.client(attempts=1).delete("v1", "ConfigMap", "c", NS)
+        eventually(lambda: api.delivered([informer]), 10, "the deletion delivered", interval=0.01)
+        assert "ns/c" not in informer.snapshot()
+        assert informer.resource_version == str(api.version) != last
+    finally:
+        informer.stop()
