@@ -89,6 +89,8 @@ config: |
 
 {{- define "metax-operator.payloadCopierContainer" -}}copier{{- end }}
 
+{{- define "metax-operator.waitForContainer" -}}wait-for{{- end }}
+
 {{- define "metax-operator.payloadImageEnv" -}}PAYLOAD_IMAGE{{- end }}
 
 {{- define "metax-operator.payloadContractExit" -}}3{{- end }}

@@ -287,7 +287,7 @@ renders nothing for a component without prerequisites. */}}
 {{- include "metax-operator.needs" (list "waitFor" . "root" "key") -}}
 {{- $prerequisites := get (include "metax-operator.prerequisites" .root | fromJson) .key -}}
 {{- if $prerequisites -}}
-- name: wait-for
+- name: {{ include "metax-operator.waitForContainer" . }}
   {{- include "metax-operator.toolsContainer" .root | nindent 2 }}
   command:
     - metax-operator

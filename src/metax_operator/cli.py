@@ -38,6 +38,7 @@ COMMANDS = {
     "rollout": "commands.rollout",
     "nodes": "commands.nodes",
     "gather": "commands.gather",
+    "check-node": "commands.check_node",
 }
 
 

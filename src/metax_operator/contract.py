@@ -59,6 +59,10 @@ PAYLOAD_DIR = "/payload"
 PAYLOAD_COPIER_CONTAINER = "copier"
 PAYLOAD_IMAGE_ENV = "PAYLOAD_IMAGE"
 PAYLOAD_CONTRACT_EXIT = 3
+#: The init container that waits for a component's prerequisites on its node (tools image): in
+#: the driver's pods, where the runner reads the tools image, its pull policy and the pull secrets
+#: that run a node's validation pod.
+WAIT_FOR_CONTAINER = "wait-for"
 
 #: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
@@ -173,6 +177,16 @@ STATE_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}state"
 #: On a node whose new driver failed, set by an admin: delete its driver pod once more; the runner
 #: removes the label once it did (or once the node is not failed).
 RETRY_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}retry"
+#: The validation of a swapped node (`driver.upgradePolicy.validation`): the runner runs one pod
+#: per new driver pod on its node, labelled with the app.kubernetes.io/component VALIDATION_COMPONENT and
+#: VALIDATES_LABEL (the driver pod's uid; the driver pod owns it, so it goes with it), and records
+#: the outcome on the driver pod (VALIDATION_ANNOTATION): VALIDATION_PASSED, or
+#: VALIDATION_FAILED_PREFIX and why. A new driver pod (a retry, a rollback) is validated anew.
+VALIDATION_COMPONENT = "driver-validation"
+VALIDATES_LABEL = "metax-tech.com/validates"
+VALIDATION_ANNOTATION = "metax-tech.com/driver-validation"
+VALIDATION_PASSED = "passed"
+VALIDATION_FAILED_PREFIX = "failed: "
 #: vfio-manager's node annotation: `{"GPU index": 1 bound | 0 failed}`.
 VFIO_ANNOTATION = "metax-tech.com/gpu-vfio"
 

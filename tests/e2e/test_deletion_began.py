@@ -1,4 +1,4 @@
-"""When the real API server says a pod's deletion began (runtime.rollout_observe.deletion_began)."""
+"""When the real API server says a pod's deletion began (runtime.rollout_projections.deletion_began)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from kubernetes import client
 
 from metax_operator.conditions import parse_time
-from metax_operator.runtime.rollout_observe import deletion_began
+from metax_operator.runtime.rollout_projections import deletion_began
 
 GRACE = 30
 FINALIZER = "metax-tech.com/test-hold"  # keeps the pod Terminating

@@ -10,8 +10,9 @@ in the one pass that plans the restore. When the engine was split by topic, the 
 `idle_first` became `work_check` (what the executor looks for on a node right before a deletion:
 GPU pods, and pods matching `waitForCompletion.podSelector`; here `{gpu: true}` in every pass),
 the status gained `resume.deletedAt` (each node's late deletion: empty here) and the restore
-`revision_missing` (true in that pass: the scenario keeps no ControllerRevision); every other
-field is as captured."""
+`revision_missing` (true in that pass: the scenario keeps no ControllerRevision). With the
+validation of swapped nodes the decision gained `validate` and `verdicts`: empty in every pass
+(the scenario's policy validates nothing). Every other field is as captured."""
 
 from __future__ import annotations
 

@@ -414,7 +414,7 @@ def test_runner_rbac_is_the_contract(helm_bin):
     assert rules_of(objects, "Role", "metax-operator-runner") == {
         *{("apps", "daemonsets", v) for v in ("get", "list", "watch", "patch")},
         *{("apps", "controllerrevisions", v) for v in ("list", "watch")},
-        ("", "pods", "delete"),
+        *{("", "pods", v) for v in ("create", "patch", "delete")},  # driver pods deleted, validation pods made
         *{("", "configmaps", v) for v in ("get", "list", "watch", "patch")},  # patch: the two, by name
         *{("", "services", v) for v in ("get", "list", "watch")},  # the exporter's, by name (its watch cache)
         *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},

@@ -44,6 +44,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.driverPayloadContainer": contract.DRIVER_PAYLOAD_CONTAINER,
     "metax-operator.payloadDir": contract.PAYLOAD_DIR,
     "metax-operator.payloadCopierContainer": contract.PAYLOAD_COPIER_CONTAINER,
+    "metax-operator.waitForContainer": contract.WAIT_FOR_CONTAINER,
     "metax-operator.payloadImageEnv": contract.PAYLOAD_IMAGE_ENV,
     "metax-operator.payloadContractExit": str(contract.PAYLOAD_CONTRACT_EXIT),
     "metax-operator.hookLabel": contract.HOOK_LABEL,

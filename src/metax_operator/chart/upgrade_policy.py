@@ -15,6 +15,7 @@ the last step against the number of nodes at run time.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from metax_operator.errors import UserError, UserErrors
 
 DEFAULT_READINESS_TIMEOUT_MS = 600_000
 DEFAULT_DRAIN_TIMEOUT_MS = 300_000
+DEFAULT_VALIDATION_TIMEOUT_S = 600
 # A label selector as the API server parses it: `k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
 # `k notin (a,b)`, comma-separated (keys may carry a DNS prefix).
 _SELECTOR_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -82,6 +84,17 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """`validation`, when enabled: what a swapped node runs before it returns to service."""
+
+    timeout_s: int = DEFAULT_VALIDATION_TIMEOUT_S
+    workload_image: str = ""  # the administrator's own check; "" runs none
+    workload_command: tuple[str, ...] = ()
+    # JSON of the workload's resources (a frozen policy holds no dict)
+    workload_resources: str = "{}"
+
+
+@dataclass(frozen=True)
 class Policy:
     enable_rollout: bool = False
     steps: tuple[Step, ...] = ()
@@ -98,6 +111,7 @@ class Policy:
     drain: bool = False  # evict a wave node's GPU pods before its driver is swapped
     drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
     on_timeout: OnTimeout = OnTimeout.HOLD  # a node whose wait or drain timed out
+    validation: Validation | None = None  # None: a node is upgraded once its driver pod is Ready
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
 
@@ -260,7 +274,20 @@ def build(raw: Mapping) -> Policy:
         drain=(raw.get("drain") or {}).get("enable", False),
         drain_timeout_ms=_duration_ms((raw.get("drain") or {}).get("timeout", DEFAULT_DRAIN_TIMEOUT_MS))[0],
         on_timeout=OnTimeout(raw.get("onTimeout", OnTimeout.HOLD)),
+        validation=_validation(raw.get("validation") or {}),
         steps_key=key,
+    )
+
+
+def _validation(raw: Mapping) -> Validation | None:
+    if not raw.get("enable", False):
+        return None
+    workload = raw.get("workload") or {}
+    return Validation(
+        timeout_s=raw.get("timeoutSeconds", DEFAULT_VALIDATION_TIMEOUT_S),
+        workload_image=workload.get("image", ""),
+        workload_command=tuple(workload.get("command") or ()),
+        workload_resources=json.dumps(workload.get("resources") or {}, sort_keys=True),
     )
 
 

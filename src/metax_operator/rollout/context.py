@@ -123,13 +123,18 @@ class PassContext:
 
     def record_failed(self, view: RevisionView) -> None:
         """List the failed nodes in status; a node newly listed whose driver pod says why it cannot
-        start (`Pod.failure`: the payload contract) gets a Warning Event with that line."""
+        start (`Pod.failure`: the payload contract) or whose validation failed gets a Warning Event
+        with that line."""
         said = {*self.before.resume.failed.names, *self.resume.failed.names}  # by an earlier pass, or this one
         self.resume.failed = NodeList.of(view.failed)
         for node in self.resume.failed.names:
             pod = view.live.get(node)
-            if node not in said and pod is not None and pod.failure:
+            if node in said or pod is None:
+                continue
+            if pod.failure:
                 self.event(EventType.WARNING, Reason.DRIVER_FAILED, f"node {node}: {pod.failure}")
+            elif node in view.reasons:
+                self.event(EventType.WARNING, Reason.VALIDATION_FAILED, f"node {node}: validation failed: {view.reasons[node]}")
 
     def delete(self, pods: list[Pod]) -> None:
         self.decision.delete.extend(PodRef(p.name, p.uid, p.node) for p in pods)
@@ -140,7 +145,9 @@ class PassContext:
         (handlers change the copy they hold; the next handler starts from the observation)."""
         key = (revision, wave)
         if key not in self.views:
-            self.views[key] = RevisionView(self.observed, self.node_pods, revision, set(wave), self.timeout, self.now)
+            self.views[key] = RevisionView(
+                self.observed, self.node_pods, revision, set(wave), self.timeout, self.now, self.policy.validation
+            )
         return self.views[key].copy()
 
     def view(self, revision: str) -> RevisionView:
@@ -167,7 +174,8 @@ class PassContext:
 
     def budget(self, view: RevisionView, index: int | None = None) -> Budget:
         """What a wave of step `index` (the current step's by default) may take now: its cap less
-        the nodes in flight, the wave's nodes with no pod yet among them (`view.coming`)."""
+        the nodes in flight, the wave's nodes with no pod yet (`view.coming`) and those still
+        validating among them."""
         step = self.step.current_step_index if index is None else index
-        swapping = in_flight(self.node_pods, view.coming, self.now, self.timeout)
+        swapping = in_flight(self.node_pods, view.coming | view.validating, self.now, self.timeout)
         return Budget.for_step(self.policy, view.total, step, swapping)

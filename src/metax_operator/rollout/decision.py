@@ -32,6 +32,13 @@ class WorkCheck:
     wait_selector: str = ""
 
 
+class Verdict(NamedTuple):
+    """An ended validation to record on its driver pod (`validation.verdict`)."""
+
+    pod: PodRef
+    text: str
+
+
 @dataclass
 class Decision:
     """Everything the runner does after one pass, in this order (`runtime.rollout_pass`)."""
@@ -46,5 +53,7 @@ class Decision:
     cordon_first: bool = True  # cordon each pod's node before deleting its pod (upgradePolicy.cordon)
     work_check: WorkCheck = WorkCheck()  # what must not run on a node when its driver pod is deleted
     uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
+    validate: list[PodRef] = field(default_factory=list)  # Ready wave pods whose node to validate: run its pod
+    verdicts: list[Verdict] = field(default_factory=list)  # ended validations to record on their driver pod
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)

@@ -14,7 +14,17 @@ from enum import StrEnum
 
 from metax_operator.chart.upgrade_policy import OnTimeout, Policy
 from metax_operator.rollout.decision import Decision
-from metax_operator.rollout.observation import Cluster, NodePods, Stage, failed, held, starting, to_prepare
+from metax_operator.rollout.observation import (
+    Cluster,
+    NodePods,
+    Stage,
+    ValidationOutcome,
+    failed,
+    held,
+    starting,
+    to_prepare,
+    validation_outcome,
+)
 
 
 class NodeUpgradeState(StrEnum):
@@ -26,8 +36,9 @@ class NodeUpgradeState(StrEnum):
     DRAINING = "draining"  # in a wave, cordoned: its GPU pods are being evicted
     DELETING = "deleting"  # its driver pod is being deleted
     WAITING_FOR_READY = "waiting-for-ready"  # its driver pod is not Ready yet (new, or of an older template still starting)
+    VALIDATING = "validating"  # its new driver pod is Ready: its validation pod checks the node (upgradePolicy.validation)
     DONE = "done"  # its driver pod is at the DaemonSet's current revision and Ready
-    FAILED = "failed"  # its new driver pod failed (or its wait or drain timed out with onTimeout: fail)
+    FAILED = "failed"  # its new driver pod failed, or its validation (or its wait or drain timed out with onTimeout: fail)
     HELD = "held"  # kept out of the waves: it runs GPU work, or its wait or drain timed out (onTimeout: hold)
     SKIPPED = "skipped"  # labelled metax-tech.com/driver-upgrade.skip=true: its driver is never replaced
 
@@ -54,7 +65,7 @@ def states(
             state = NodeUpgradeState.WAITING_FOR_READY if node in wave else NodeUpgradeState.PENDING
         elif pod.revision == revision:
             if pod.ready:
-                state = NodeUpgradeState.DONE
+                state = _validated(validation_outcome(pod, node in wave, policy.validation, now)[0])
             elif failed(pod, now, timeout):
                 state = NodeUpgradeState.FAILED
             else:
@@ -71,6 +82,14 @@ def states(
             state = NodeUpgradeState.PENDING
         out[node] = state
     return out
+
+
+def _validated(result: ValidationOutcome) -> NodeUpgradeState:
+    return {
+        ValidationOutcome.PASSED: NodeUpgradeState.DONE,
+        ValidationOutcome.VALIDATING: NodeUpgradeState.VALIDATING,
+        ValidationOutcome.FAILED: NodeUpgradeState.FAILED,
+    }[result]
 
 
 def _preparing(node: str, observed: Cluster, policy: Policy, cordoned: set[str]) -> NodeUpgradeState:

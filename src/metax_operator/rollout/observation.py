@@ -1,7 +1,17 @@
 """What one pass of the rollout observed (`Cluster`, its driver `Pod`s), and the rules that read
 it the same way for every part of the engine: which pod is each node's, when a pod has failed,
-which nodes GPU work holds back or must be waited for, whose driver is back, and the nodes sorted
-relative to a revision (`RevisionView`).
+which nodes GPU work holds back or must be waited for, where a swapped node's validation stands,
+whose driver is back, and the nodes sorted relative to a revision (`RevisionView`).
+
+The validation of a swapped node (`driver.upgradePolicy.validation`): after a wave node's new
+driver pod is Ready, the runner runs a validation pod on the node (still cordoned;
+`runtime.validation_pod`) and records its outcome on the driver pod (`Pod.verdict`). Until then
+the node holds its slot of the wave, stays cordoned and is not counted upgraded; a failed or
+timed-out validation makes it a failed node of the step, as a driver pod that is never Ready
+(retries and `fallback` apply; a retry's new pod is validated anew). The record outlives the
+wave: a node whose validation failed stays failed, and cordoned, after the next wave has begun.
+Only wave nodes are validated: a Ready pod the runner did not swap (a new node, a node upgraded
+before validation was enabled) counts as it always did.
 
 `runtime.rollout_observe` builds a `Cluster` from the runner's watch caches; the tests build them
 by hand. Times are seconds since the epoch (UTC), as every clock of the runner.
@@ -14,11 +24,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.chart.upgrade_policy import Policy, Validation
+from metax_operator.contract import VALIDATION_FAILED_PREFIX, VALIDATION_PASSED
 from metax_operator.rollout.status import Resume
 
 # A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
 RESTART_LIMIT = 3
+
+
+@dataclass(frozen=True)
+class Check:
+    """A driver pod's validation pod, as the runner observed it."""
+
+    name: str
+    created: float
+    done: bool = False  # it ended (Succeeded, or Failed)
+    passed: bool = False  # it Succeeded
+    reason: str = ""  # why it failed: its failed container's message, or the pod's reason
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,8 @@ class Pod:
     deleting: float | None = None  # when its deletion was asked (deletionTimestamp less the grace period)
     # Why it will never be Ready, when a container said so (the payload contract's exit): failed at once.
     failure: str = ""
+    verdict: str = ""  # its node's validation as the runner recorded it (`validation`), "" none yet
+    check: Check | None = None  # its validation pod, if any
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,48 @@ def starting(pod: Pod, now: float, timeout: float) -> bool:
     return not pod.ready and not failed(pod, now, timeout)
 
 
+class ValidationOutcome(StrEnum):
+    """Where a Ready wave pod's validation stands."""
+
+    PASSED = "passed"  # upgraded (or nothing to validate)
+    VALIDATING = "validating"  # its validation pod is to be created, or runs
+    FAILED = "failed"
+
+
+def validation_outcome(pod: Pod, in_wave: bool, validation: Validation | None, now: float) -> tuple[ValidationOutcome, str]:
+    """The validation's outcome for a Ready driver `pod` and, when it failed, why.
+
+    A recorded failure stands whatever the policy says now: the node is not given back to
+    service until an admin retries it (or a new revision replaces its pod).
+    """
+    if pod.verdict and pod.verdict != VALIDATION_PASSED:
+        return ValidationOutcome.FAILED, pod.verdict.removeprefix(VALIDATION_FAILED_PREFIX)
+    if validation is None or pod.verdict == VALIDATION_PASSED or not in_wave:
+        return ValidationOutcome.PASSED, ""
+    check = pod.check
+    if check is None:
+        return ValidationOutcome.VALIDATING, ""
+    if check.done and check.passed:
+        return ValidationOutcome.PASSED, ""
+    if check.done:
+        return ValidationOutcome.FAILED, check.reason or "its validation pod failed"
+    if now - check.created >= validation.timeout_s:
+        return ValidationOutcome.FAILED, f"its validation did not end within {validation.timeout_s} s (timeoutSeconds)"
+    return ValidationOutcome.VALIDATING, ""
+
+
+def verdict(result: ValidationOutcome, reason: str) -> str:
+    """What the runner records on the driver pod for an ended validation."""
+    return VALIDATION_PASSED if result is ValidationOutcome.PASSED else VALIDATION_FAILED_PREFIX + reason
+
+
+def validation_deadline(pod: Pod, validation: Validation | None) -> float | None:
+    """When a running validation times out (None: none running)."""
+    if validation is None or pod.check is None or pod.check.done:
+        return None
+    return pod.check.created + validation.timeout_s
+
+
 def held(observed: Cluster, policy: Policy, node: str) -> bool:
     """Whether `node` is not taken at all: it runs GPU work that is neither allowed, nor drained,
     nor waited for (`waitForCompletion` takes a node whose pods match it, GPU work or not, into a
@@ -120,7 +186,9 @@ class NodePods:
                 self.live[pod.node] = pod
 
 
-def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[str]:
+def driver_back(
+    observed: Cluster, resume: Resume, deleting: set[str], validation: Validation | None = None, now: float = 0.0
+) -> set[str]:
     """The nodes the runner cordoned that it may uncordon now, `deleting` holding the nodes whose
     driver pod is to be deleted in this pass.
 
@@ -152,21 +220,34 @@ def driver_back(observed: Cluster, resume: Resume, deleting: set[str]) -> set[st
             if node not in wave:
                 back.add(node)
         elif pod.ready and (node not in wave or (pod.revision == observed.current_revision and pod.uid not in doomed)):
-            back.add(node)
+            if validation_outcome(pod, node in wave, validation, now)[0] is ValidationOutcome.PASSED:
+                back.add(node)
     return back
 
 
 class RevisionView:
     """The eligible nodes sorted by what their driver pod is doing, relative to `revision` and the
-    nodes of the wave in flight (`wave`: a wave node without a live pod is coming)."""
+    nodes of the wave in flight (`wave`: a wave node without a live pod is coming), a Ready pod
+    counted by its node's `validation` too."""
 
-    def __init__(self, observed: Cluster, pods: NodePods, revision: str, wave: set[str], timeout: float, now: float):
+    def __init__(
+        self,
+        observed: Cluster,
+        pods: NodePods,
+        revision: str,
+        wave: set[str],
+        timeout: float,
+        now: float,
+        validation: Validation | None = None,
+    ):
         self.revision = revision
         self.live = pods.live
         deleting = pods.deleting
         self.ready_at_revision: set[str] = set()
         self.failed: set[str] = set()  # at the revision and failed, or stuck without a pod
-        self.pending: set[str] = set()  # at the revision, neither Ready nor failed yet
+        self.pending: set[str] = set()  # at the revision, neither Ready (and validated) nor failed yet
+        self.validating: set[str] = set()  # of `pending`: Ready, their validation not ended
+        self.reasons: dict[str, str] = {}  # failed nodes whose validation failed -> why
         self.coming: set[str] = set()  # no live pod yet; the DaemonSet will create one
         self.others: list[Pod] = []  # live pods at another revision
         self.deadline: float | None = None  # the next time a pending pod times out
@@ -180,7 +261,7 @@ class RevisionView:
             elif pod.revision != revision:
                 self.others.append(pod)
             elif pod.ready:
-                self.ready_at_revision.add(node)
+                self._validated(node, pod, node in wave, validation, now)
             elif failed(pod, now, timeout):
                 self.failed.add(node)
             else:
@@ -190,9 +271,25 @@ class RevisionView:
         self.at_revision = len(self.ready_at_revision) + len(self.pending) + sum(1 for n in self.failed if n in self.live)
         self.total = len(self.live) + len(self.coming) + sum(1 for n in self.failed if n not in self.live)
 
+    def _validated(self, node: str, pod: Pod, in_wave: bool, validation: Validation | None, now: float) -> None:
+        """Sort a Ready pod at the revision by its validation."""
+        result, reason = validation_outcome(pod, in_wave, validation, now)
+        if result is ValidationOutcome.PASSED:
+            self.ready_at_revision.add(node)
+        elif result is ValidationOutcome.FAILED:
+            self.failed.add(node)
+            self.reasons[node] = reason
+        else:
+            self.pending.add(node)
+            self.validating.add(node)
+            end = validation_deadline(pod, validation)
+            if end is not None:
+                self.deadline = end if self.deadline is None else min(self.deadline, end)
+
     def copy(self) -> RevisionView:
         """A copy whose sets and lists a handler may change without changing this view."""
         view = copy.copy(self)
         view.ready_at_revision, view.failed, view.pending = set(self.ready_at_revision), set(self.failed), set(self.pending)
         view.coming, view.others = set(self.coming), list(self.others)
+        view.validating, view.reasons = set(self.validating), dict(self.reasons)
         return view

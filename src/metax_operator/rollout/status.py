@@ -82,6 +82,7 @@ class Reason(StrEnum):
     NODE_RETRIED = "NodeRetried"  # an admin's retry label: a failed node's driver pod deleted again
     NOTHING_TO_RETRY = "NothingToRetry"  # the retry label on a node whose driver is not failed
     DRIVER_FAILED = "DriverFailed"  # a node's new driver pod cannot start, and says why (payload contract)
+    VALIDATION_FAILED = "ValidationFailed"  # a swapped node's validation failed or timed out
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.

@@ -16,7 +16,18 @@ from metax_operator.chart.upgrade_policy import OnTimeout
 from metax_operator.conditions import EventType, parse_time, rfc3339
 from metax_operator.contract import RETRY_LABEL
 from metax_operator.rollout.context import Next, PassContext
-from metax_operator.rollout.observation import Pod, RevisionView, Stage, driver_back, held, starting, to_prepare
+from metax_operator.rollout.decision import PodRef, Verdict
+from metax_operator.rollout.observation import (
+    Pod,
+    RevisionView,
+    Stage,
+    ValidationOutcome,
+    driver_back,
+    held,
+    starting,
+    to_prepare,
+    verdict,
+)
 from metax_operator.rollout.status import LISTED_NODES, NodeList, Reason, WaveKind
 
 
@@ -55,6 +66,7 @@ class Waves:
         wave = [n for n in resume.wave if n in ctx.observed.nodes]
         if not wave or start is None:
             return False
+        self.validate(view, wave)
         doomed = set(resume.wave_uids)
         busy, lost = [], []
         for node in wave:
@@ -90,6 +102,23 @@ class Waves:
         ctx.wakes.extend(deadline(n) for n in busy if n not in view.pending)
         self.say_busy(len(busy), len(wave) - len(out), len(lost) - len(ready))
         return True
+
+    def validate(self, view: RevisionView, wave: list[str]) -> None:
+        """The wave's Ready pods at the view's revision: run a validation pod for those without
+        one, and record the validations that ended (`validation.outcome`) on their driver pod."""
+        ctx = self.ctx
+        for node in wave:
+            pod = view.live.get(node)
+            if pod is None or pod.revision != view.revision or not pod.ready or pod.verdict:
+                continue
+            if node in view.validating:
+                if pod.check is None:
+                    ctx.decision.validate.append(PodRef(pod.name, pod.uid, node))
+            elif node in view.failed or node in view.ready_at_revision:
+                reason = view.reasons.get(node, "")
+                result = ValidationOutcome.FAILED if node in view.failed else ValidationOutcome.PASSED
+                if ctx.policy.validation is not None:
+                    ctx.decision.verdicts.append(Verdict(PodRef(pod.name, pod.uid, node), verdict(result, reason)))
 
     def say_busy(self, busy: int, wave: int, preparing: int) -> None:
         notes = [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
@@ -226,4 +255,6 @@ class Waves:
 
     def driver_back(self) -> set[str]:
         """The nodes the runner cordoned that it may uncordon now (`observation.driver_back`)."""
-        return driver_back(self.ctx.observed, self.ctx.resume, {ref.node for ref in self.ctx.decision.delete})
+        ctx = self.ctx
+        deleting = {ref.node for ref in ctx.decision.delete}
+        return driver_back(ctx.observed, ctx.resume, deleting, ctx.policy.validation, ctx.now)

@@ -1,6 +1,7 @@
 """What the driver rollout does to nodes and their pods, in batches of parallel requests: cordon,
-look at the node once more and delete its driver pod, cordon and drain, uncordon, and write the
-nodes' state labels (`NodeActions`, used by `rollout_pass.RolloutPass`).
+look at the node once more and delete its driver pod, cordon and drain, validate (create the
+validation pods, record their outcome on the driver pods), uncordon, and write the nodes' state
+labels (`NodeActions`, used by `rollout_pass.RolloutPass`).
 
 Before a driver pod is deleted its node is cordoned (`cordon.py`; unless `upgradePolicy.cordon`
 is false), then looked at once more, as the API server has it (`WorkCheck`): the engine decided
@@ -28,9 +29,9 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import workloads
-from metax_operator.contract import LIVE_PODS, RETRY_LABEL, STATE_LABEL
+from metax_operator.contract import LIVE_PODS, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL, VALIDATION_ANNOTATION
 from metax_operator.jsonlog import event
-from metax_operator.rollout.decision import PodRef, WorkCheck
+from metax_operator.rollout.decision import PodRef, Verdict, WorkCheck
 from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.runtime import api_failures, cordon, kube
 from metax_operator.runtime.kube import Client
@@ -127,6 +128,50 @@ class NodeActions:
         )
         gone = set(by(DELETED)) | set(by(GONE))
         return gone, len(by(DELETED)) + len(by(GONE)) + cordons.count(cordon.CORDONED)
+
+    def validate(self, manifests: list[dict]) -> int:
+        """Create the validation pods `manifests` (server-side apply: one that exists is left as it
+        is); the number created or confirmed."""
+        if not manifests:
+            return 0
+        self._check()
+
+        def create(pod: dict) -> bool:
+            self.api.apply(pod, field_manager=RUNNER_FIELD_MANAGER)
+            return True
+
+        done = self._parallel(self._per_node("validate", lambda p: p["spec"]["nodeName"], create, False), manifests)
+        event(log, "rollout-validate", pods=[p["metadata"]["name"] for p in manifests], created=sum(done))
+        return sum(done)
+
+    def record(self, verdicts: list[Verdict]) -> int:
+        """Record each ended validation on its driver pod (uid-checked: a pod replaced since is
+        left alone); the number of writes."""
+        if not verdicts:
+            return 0
+        self._check()
+
+        def write(verdict: Verdict) -> bool:
+            patch = {"metadata": {"uid": verdict.pod.uid, "annotations": {VALIDATION_ANNOTATION: verdict.text}}}
+            try:
+                self.api.patch(
+                    "v1",
+                    "Pod",
+                    verdict.pod.name,
+                    patch,
+                    namespace=self.namespace,
+                    field_manager=RUNNER_FIELD_MANAGER,
+                    project=lambda _: None,
+                )
+            except ApiException as err:
+                if err.status in (404, 409, 422):  # gone, or another pod of that name now
+                    return False
+                raise
+            return True
+
+        done = self._parallel(self._per_node("record-validation", lambda v: v.pod.node, write, False), verdicts)
+        event(log, "rollout-validated", **{v.pod.node: v.text for v in verdicts})
+        return sum(done)
 
     def _node(self, name: str) -> cordon.NodeState | None:
         """The node as the API server has it now (None: gone)."""

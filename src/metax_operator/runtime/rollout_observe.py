@@ -1,9 +1,11 @@
 """What one rollout pass observes, read from watch-fed caches (`informer.py`), never per node.
 
-Seven caches, started once and kept across passes:
+Eight caches, started once and kept across passes:
 - the namespace's ControllerRevisions, kept only when a DaemonSet owns them (a few dozen);
 - the driver pods (label `app.kubernetes.io/component=driver`), each projected to the engine's
   `Pod` plus its owner's uid;
+- the validation pods (label `app.kubernetes.io/component=driver-validation`), each joined to the
+  driver pod it validates (`validation_pod.check`);
 - every running pod of the cluster, kept only when it requests a `metax-tech.com/*` resource,
   projected to a `workloads.GpuPod` (its node, and its `METAX_MACA_VERSION` values, which the
   runner's workload check reads): the GPU-workload check. Kubernetes cannot select pods by
@@ -21,7 +23,7 @@ Seven caches, started once and kept across passes:
   finds a new boot id), by field selector: node name and time. A node needs a reboot while its
   latest `NodeNeedReboot` is newer than its latest `Rebooted`.
 
-With `upgradePolicy.waitForCompletion.podSelector` set, an eighth cache follows the running pods
+With `upgradePolicy.waitForCompletion.podSelector` set, a ninth cache follows the running pods
 that match it (their nodes only); it is replaced when the selector changes.
 
 The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
@@ -50,49 +52,35 @@ with other keys is not checked, and such a node counts as coming until its readi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from metax_operator import workloads
-from metax_operator.conditions import parse_time
 from metax_operator.contract import (
     COMPONENT_LABEL,
     CORDONED_LABEL,
     LIVE_PODS,
     NODE_LABEL_PREFIX,
-    PAYLOAD_CONTRACT_EXIT,
     RETRY_LABEL,
-    REVISION_LABEL,
     SKIP_LABEL,
 )
-from metax_operator.rollout.observation import Cluster, Pod
+from metax_operator.rollout.observation import Cluster
 from metax_operator.rollout.restore import revision_template
-from metax_operator.runtime import cordon
+from metax_operator.runtime import cordon, validation_pod
 from metax_operator.runtime.informer import Informer, Stats
-from metax_operator.runtime.kube import Client, plain
+from metax_operator.runtime.kube import Client
 from metax_operator.runtime.node_cache import NodeCache
+from metax_operator.runtime.rollout_projections import (
+    Revision,
+    node_event,
+    pod_node,
+    project_driver_pod,
+    project_revision,
+)
 
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
-
-
-@dataclass(frozen=True)
-class Revision:
-    """A ControllerRevision of a DaemonSet: its hash label, number and template patch."""
-
-    name: str
-    owner_uid: str
-    hash: str
-    number: int
-    data: dict
-
-
-@dataclass(frozen=True)
-class DriverPod:
-    """A driver pod as the cache keeps it: the engine's `Pod` and its DaemonSet's uid."""
-
-    owner_uid: str
-    pod: Pod
 
 
 @dataclass(frozen=True)
@@ -128,6 +116,14 @@ class Watches:
             resync=resync,
             name="driver-pods",
         )
+        self.validation_pods = Informer(
+            api,
+            core.path(namespace=namespace),
+            label_selector=validation_pod.SELECTOR,
+            project=validation_pod.check,
+            resync=resync,
+            name="validation-pods",
+        )
         self.gpu_pods = Informer(
             api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
         )
@@ -152,7 +148,15 @@ class Watches:
             resync=resync,
             name="node-rebooted",
         )
-        self.all = (self.revisions, self.driver_pods, self.gpu_pods, *self.nodes.informers, self.reboot_asked, self.rebooted)
+        self.all = (
+            self.revisions,
+            self.driver_pods,
+            self.validation_pods,
+            self.gpu_pods,
+            *self.nodes.informers,
+            self.reboot_asked,
+            self.rebooted,
+        )
 
     def start(self) -> Watches:
         """Start every cache, once."""
@@ -221,6 +225,7 @@ class Watches:
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
             nodes=self.nodes,
             spec=spec,
+            checks=self.validation_pods.snapshot().values(),
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
@@ -243,10 +248,12 @@ def build(
     need_reboot=(),
     nodes=None,
     spec: dict | None = None,
+    checks=(),
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
     on (the CR's own by default), `cr` the CR as stored. `nodes` is the node cache (`.get(name)` -> `cordon.NodeState` or
-    None); without it every pod and wave node is kept."""
+    None); without it every pod and wave node is kept. `checks` are the validation pods, as
+    (driver pod uid, `Check`), each joined to its driver pod."""
     uid = ds["metadata"]["uid"]
     spec = (cr.get("spec") or {}) if spec is None else spec
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -263,6 +270,8 @@ def build(
     pods = tuple(
         p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node and (nodes is None or targeted(ds, nodes.get(p.pod.node)))
     )
+    if checks := dict(checks):
+        pods = tuple(dataclasses.replace(p, check=checks[p.uid]) if p.uid in checks else p for p in pods)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
         wave = [n for n in wave if targeted(ds, nodes.get(n))]
@@ -302,82 +311,9 @@ def canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-# -- projections: what each cache keeps of an object -------------------------------------------
-
-
-def pod_node(obj: dict) -> str:
-    return (obj.get("spec") or {}).get("nodeName") or ""
-
-
-def node_event(obj: dict) -> tuple[str, float]:
-    """A Node event's node and the last time it happened."""
-    when = (
-        obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") or obj["metadata"].get("creationTimestamp")
-    )
-    return (obj.get("involvedObject") or {}).get("name", ""), parse_time(when) or 0.0
-
-
 def need_reboot(asked, rebooted) -> set[str]:
     """The nodes whose latest NodeNeedReboot event is newer than their latest Rebooted event."""
     last_boot: dict[str, float] = {}
     for node, when in rebooted:
         last_boot[node] = max(when, last_boot.get(node, 0.0))
     return {node for node, when in asked if node and when > last_boot.get(node, -1.0)}
-
-
-def project_revision(obj: dict) -> Revision | None:
-    meta = obj["metadata"]
-    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
-    if owner is None:
-        return None
-    return Revision(
-        meta["name"],
-        owner["uid"],
-        (meta.get("labels") or {}).get(REVISION_LABEL, ""),
-        int(obj.get("revision") or 0),
-        plain(obj.get("data")) or {},
-    )
-
-
-def project_driver_pod(obj: dict) -> DriverPod | None:
-    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    owner = next((o["uid"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
-    if owner is None:
-        return None
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
-    failure = next((message for c in status.get("initContainerStatuses") or [] if (message := contract_failure(c))), "")
-    return DriverPod(
-        owner,
-        Pod(
-            name=meta["name"],
-            uid=meta["uid"],
-            node=spec.get("nodeName") or "",
-            revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""),
-            ready=ready,
-            phase=status.get("phase") or "Pending",
-            restart_count=restarts,
-            created=parse_time(meta.get("creationTimestamp")) or 0.0,
-            deleting=deletion_began(meta),
-            failure=failure,
-        ),
-    )
-
-
-def contract_failure(container: dict) -> str:
-    """The payload contract's one line when an init container (the copier, a payload container)
-    ended with `PAYLOAD_CONTRACT_EXIT` (now, or the last time it ran before a restart), else ""."""
-    for state in ("state", "lastState"):
-        ended = (container.get(state) or {}).get("terminated") or {}
-        if ended.get("exitCode") == PAYLOAD_CONTRACT_EXIT:
-            line = " ".join(str(ended.get("message") or "").split())
-            return line or f"init container {container.get('name')} ended with the payload contract's exit code"
-    return ""
-
-
-def deletion_began(meta: dict) -> float | None:
-    """When the object's deletion was asked, None if it is not being deleted: the API server sets
-    deletionTimestamp to that time plus the grace period, which it keeps in
-    deletionGracePeriodSeconds (a pod deleted with the default 30 s is stamped 30 s ahead)."""
-    at = parse_time(meta.get("deletionTimestamp"))
-    return None if at is None else at - (meta.get("deletionGracePeriodSeconds") or 0)

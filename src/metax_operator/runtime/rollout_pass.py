@@ -18,6 +18,9 @@ again), then the rollout acts (`RolloutPass.act`):
 - cordon the wave nodes whose work must end first (`Decision.cordon`) and drain those whose GPU
   pods must go (`Decision.evict`); cordon each pod's node, look at it once more and delete the pod
   (`Decision.delete`): the batches of `rollout_nodes.NodeActions`, which say how;
+- validate: create a validation pod for each Ready wave pod the engine names (`Decision.validate`,
+  `validation_pod.manifest`), and record the validations that ended on their driver pods
+  (`Decision.verdicts`);
 - uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
 - emit the engine's Events on the CR;
 - label each node with its upgrade state (`rollout.node_state`, the label
@@ -59,7 +62,7 @@ from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.observation import Cluster, driver_back
 from metax_operator.rollout.restore import Restore, without_policy
 from metax_operator.rollout.status import Resume, UpgradeStatus
-from metax_operator.runtime import cr_status
+from metax_operator.runtime import cr_status, validation_pod
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
@@ -242,7 +245,8 @@ class RolloutPass:
             writes += self._restore(cr, decision.restore)
         writes += self.nodes.drain(decision.cordon, decision.evict)
         deleted, delete_writes = self.nodes.delete(decision.delete, decision.cordon_first, decision.work_check)
-        writes += delete_writes + self.nodes.uncordon(decision.uncordon)
+        writes += delete_writes + self._validate(plan) + self.nodes.record(decision.verdicts)
+        writes += self.nodes.uncordon(decision.uncordon)
         for item in decision.events:
             self._check()
             writes += cr_status.emit_event(self.api, cr, item, rfc3339(self.clock()), self.identity)
@@ -254,6 +258,16 @@ class RolloutPass:
         if self.nodes.refused:
             raise self.nodes.refused[0]
         return writes
+
+    def _validate(self, plan: Plan) -> int:
+        """Create the validation pods the engine asked for, from the driver DaemonSet's template."""
+        validation = plan.policy.validation if plan.policy is not None else None
+        if not plan.decision.validate or validation is None or plan.observed is None:
+            return 0
+        template = plan.observed.daemonset["spec"]["template"]
+        return self.nodes.validate(
+            [validation_pod.manifest(p, self.namespace, template, validation) for p in plan.decision.validate]
+        )
 
     def _set_pause(self, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
         """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw;
