@@ -1,5 +1,5 @@
 """The product's OnDelete simulator (`metax_operator.rollout.simulate`) with what only the tests
-need: pods that fail or hang, a runner that crashes between two actions, GPU work on nodes, nodes
+need: pods that fail or hang, nodes whose validation fails, a runner that crashes between two actions, GPU work on nodes, nodes
 joining and leaving, an admin who follows a script, and the counters the safety properties check
 (deletions of upgraded Ready pods, pods in flight beyond the cap, deletions while paused, retries,
 fallbacks)."""
@@ -23,6 +23,7 @@ __all__ = ["NEW", "OLD", "Config", "Simulation"]
 class Config(simulate.Config):
     fail_probability: float = 0.0  # a new-revision pod fails (phase Failed) instead of becoming Ready
     hang_probability: float = 0.0  # a new-revision pod never becomes Ready
+    validation_fail_probability: float = 0.0  # a new-revision pod's validation fails (upgradePolicy.validation)
     crash_probability: float = 0.0  # the runner crashes before an action with this probability
     admin_resumes_failures: bool = True  # the admin also resumes after a fallback pause
     busy_nodes: dict[str, float] = field(default_factory=dict)  # node -> time its GPU work ends
@@ -40,7 +41,7 @@ class Step(StepRecord):
 class Result(simulate.Result):
     rollback_waves: list[int] = field(default_factory=list)
     crashes: int = 0
-    deleted_ready_upgraded: int = 0  # Ready pods at the upgrading revision the runner deleted (must be 0)
+    deleted_ready_upgraded: int = 0  # Ready (and validated) pods at the upgrading revision the runner deleted (must be 0)
     max_in_flight_over_cap: int = 0  # after a pass that deleted: pods in flight beyond its cap (must be <= 0)
     deletions_while_paused: int = 0  # deletions carried out while pause was true (must be 0)
 
@@ -49,11 +50,13 @@ class Simulation(simulate.Simulation):
     def __init__(self, config: Config, policy, admin: list[tuple[float, Callable[[Simulation], None]]] | None = None):
         super().__init__(config, policy)
         self.crash_rng = random.Random(config.seed + 1)  # crashes do not change the pods' fates
+        self.validation_rng = random.Random(config.seed + 2)  # nor do validations
         self.admin = sorted(admin or [], key=lambda a: a[0])
         self.in_flight: set[str] = set()  # nodes whose pod the runner deleted, replacement not back yet
         self.rollback_waves: list[int] = []
         self.crashes = self.deleted_ready_upgraded = self.over_cap = self.paused_deletions = 0
         self.crashed = self.deleted_now = False
+        self.invalid: set[str] = set()  # the pods whose validation fails
 
     def run(self) -> Result:
         result = super().run()
@@ -85,20 +88,35 @@ class Simulation(simulate.Simulation):
         elif pod.revision != OLD and roll < self.cfg.fail_probability + self.cfg.hang_probability:
             pod.ready_at = None
 
+    def _validate(self, ref: PodRef, now: float) -> None:
+        pod = self.pods.get(ref.uid)
+        if pod is not None and pod.check is None and pod.revision != OLD:
+            if self.validation_rng.random() < self.cfg.validation_fail_probability:
+                self.invalid.add(pod.uid)
+        super()._validate(ref, now)
+
+    def _validation_passes(self, pod: SimPod) -> bool:
+        return pod.uid not in self.invalid
+
     def _advance(self, now: float) -> None:
         super()._advance(now)
         timeout = self.policy.readiness_timeout_ms / 1000
+        validating = self.policy.validation is not None
         for node in list(self.in_flight):
             live = self._live(node)
             if (
                 live
                 and live.revision == self.revision
                 and (
-                    (live.ready_at is not None and live.ready_at <= now)
+                    (
+                        live.ready_at is not None
+                        and live.ready_at <= now
+                        and (not validating or (live.checked_at is not None and live.checked_at <= now))
+                    )
                     or (live.failed_at is not None and live.failed_at <= now)
                     or now - live.created >= timeout
                 )
-            ):  # the engine's failed pods hold no slot
+            ):  # the engine's failed pods hold no slot; a validating one does
                 self.in_flight.discard(node)
 
     def _gpu_busy(self, now: float) -> frozenset[str]:
@@ -142,6 +160,7 @@ class Simulation(simulate.Simulation):
             and pod.revision == upgrading
             and pod.ready_at is not None
             and pod.ready_at <= now
+            and pod.uid not in self.invalid  # a node whose validation failed is failed: retried so
         ):
             self.deleted_ready_upgraded += 1
         super()._delete(ref, now, decision)

@@ -13,7 +13,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step
+from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step, Validation
 from metax_operator.rollout.status import COMPLETED, IDLING, STEP_PAUSED
 from tests.rollout.oracle import NEW, OLD, Config, Simulation
 
@@ -192,6 +192,46 @@ def test_a_crash_anywhere_resumes_from_the_persisted_status(data, nodes, seed, c
         assert crashed.status.step.current_step_state == COMPLETED
         assert crashed.pods == calm.pods
         assert [r.target for r in crashed.steps] == [r.target for r in calm.steps]
+
+
+@SMALL
+@given(data=st.data(), nodes=st.integers(1, 80), seed=st.integers(0, 2**16), latency=st.floats(1, 300))
+def test_with_every_validation_passing_the_rollout_takes_the_same_waves(data, nodes, seed, latency):
+    """Validation adds time, never a different wave: a validating node holds its slot, and the
+    step moves on once it passed (the oracle counts a node in flight until then)."""
+    policy = data.draw(policies(nodes))
+    config = Config(nodes=nodes, seed=seed, ready_latency=(5, 60), validation_latency=latency)
+    plain = run(policy, config)
+    validated = run(dataclasses.replace(policy, validation=Validation(timeout_s=600)), config)
+    check_safety(validated, policy)
+    assert validated.status.step.current_step_state == COMPLETED
+    assert [(r.step, r.target, r.deletions) for r in validated.steps] == [(r.step, r.target, r.deletions) for r in plain.steps]
+    assert validated.end_time >= plain.end_time
+
+
+@SMALL
+@given(
+    data=st.data(),
+    nodes=st.integers(1, 80),
+    seed=st.integers(0, 2**16),
+    fail=st.floats(0.01, 0.5),
+    crash=st.sampled_from([0.0, 0.2]),
+)
+def test_with_validations_failing_steps_hold_toleration_or_take_the_fallback(data, nodes, seed, fail, crash):
+    """A node whose validation fails is a failed node of its step, also across runner crashes:
+    never counted upgraded beyond the toleration, retried, then the fallback."""
+    policy = dataclasses.replace(data.draw(policies(nodes)), validation=Validation(timeout_s=600))
+    config = Config(
+        nodes=nodes,
+        seed=seed,
+        ready_latency=(5, 60),
+        validation_fail_probability=fail,
+        crash_probability=crash,
+        admin_resumes_failures=False,
+    )
+    result = run(policy, config)
+    check_safety(result, policy)
+    check_end_state(result, policy, nodes)
 
 
 @LARGE

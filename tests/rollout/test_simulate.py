@@ -28,6 +28,13 @@ def test_worked_examples(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_worked_examples_take_the_same_waves_when_every_validation_passes(case):
+    policy = validate({**case["policy"], "validation": {"enable": True}})
+    assert policy.validation is not None
+    assert simulate(policy, case["nodes"]).as_json() == {"steps": case["expect"]}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
 def test_duration_is_the_ideal_schedule_within_one_interval_per_wave(case):
     latency, interval, terminate = 40.0, 5.0, 1.0
     result = simulate(validate(case["policy"]), case["nodes"], ready_latency=latency, interval=interval)

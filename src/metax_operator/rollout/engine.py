@@ -78,12 +78,13 @@ def _settle(ctx: PassContext, handlers: dict, first: Next) -> None:
 
 def _report(ctx: PassContext, waves: Waves) -> Decision:
     """What every pass reports whatever its phase: the spec it acts on, an admin's retry labels,
-    the listed nodes, the nodes to uncordon, the update time, the pause to confirm, the wake-up."""
+    the validations that ended, the listed nodes, the nodes to uncordon, the update time, the pause to confirm, the wake-up."""
     status, resume, decision, observed = ctx.status, ctx.resume, ctx.decision, ctx.observed
     status.upgrading = status.phase in (PROGRESSING, TERMINATING, DISABLING)
     resume.spec = freeze.record(observed.cr_spec, decision.restore) if status.upgrading else None
     if observed.retry and observed.caught_up:
         waves.retry_labelled()
+    waves.record_validations()
     resume.skipped = NodeList.of(observed.skipped)
     resume.cordoned = NodeList.of(observed.cordoned)
     resume.need_reboot = NodeList.of(observed.need_reboot)

@@ -121,15 +121,17 @@ def validation_outcome(pod: Pod, in_wave: bool, validation: Validation | None, n
     """The validation's outcome for a Ready driver `pod` and, when it failed, why.
 
     A recorded failure stands whatever the policy says now: the node is not given back to
-    service until an admin retries it (or a new revision replaces its pod).
+    service until an admin retries it (or a new revision replaces its pod). A validation pod
+    counts whether or not its node is still in the wave (a rollback may have taken the wave over
+    before the outcome was recorded).
     """
     if pod.verdict and pod.verdict != VALIDATION_PASSED:
         return ValidationOutcome.FAILED, pod.verdict.removeprefix(VALIDATION_FAILED_PREFIX)
-    if validation is None or pod.verdict == VALIDATION_PASSED or not in_wave:
+    if validation is None or pod.verdict == VALIDATION_PASSED:
         return ValidationOutcome.PASSED, ""
     check = pod.check
-    if check is None:
-        return ValidationOutcome.VALIDATING, ""
+    if check is None:  # a pod outside the waves was not swapped by the runner: nothing to validate
+        return ValidationOutcome.VALIDATING if in_wave else ValidationOutcome.PASSED, ""
     if check.done and check.passed:
         return ValidationOutcome.PASSED, ""
     if check.done:

@@ -3,7 +3,8 @@ what `metax-operator rollout simulate` runs.
 
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
-latency drawn from a seeded RNG. The "runner" calls `engine.decide` every loop interval and carries
+latency drawn from a seeded RNG. With `upgradePolicy.validation` a validation pod the runner
+creates ends `validation_latency` seconds later, and passes. The "runner" calls `engine.decide` every loop interval and carries
 out the decision as `runtime.rollout_pass` does (the status, the pause and the status once it landed,
 the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
 status shows it. `run()` returns the timeline per step.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
 from metax_operator.rollout.decision import Decision, PodRef
-from metax_operator.rollout.observation import Cluster, Pod
+from metax_operator.rollout.observation import Check, Cluster, Pod
 from metax_operator.rollout.status import (
     COMPLETED,
     DISABLED,
@@ -51,6 +52,9 @@ class SimPod:
     failed_at: float | None = None
     deleting: float | None = None
     gone_at: float | None = None
+    check: Check | None = None  # its validation pod, once the runner created it
+    checked_at: float | None = None  # when that pod ends
+    verdict: str = ""  # the validation's outcome as the runner recorded it
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Config:
     interval: float = 5.0  # seconds between runner passes
     ready_latency: tuple[float, float] = (30.0, 30.0)  # new pods Ready after uniform(lo, hi) seconds
     terminate_latency: float = 1.0  # seconds a deleted pod stays Terminating
+    validation_latency: float = 20.0  # seconds a validation pod runs (upgradePolicy.validation)
     admin_delay: float | None = 0.0  # the admin sets pause: false this long after a runner pause; None: never
     seed: int = 0
     max_time: float = 30 * 24 * 3600.0
@@ -156,6 +161,8 @@ class Simulation:
                 phase="Failed" if p.failed_at is not None and p.failed_at <= now else "Running",
                 created=p.created,
                 deleting=p.deleting,
+                verdict=p.verdict,
+                check=self._check(p, now),
             )
             for p in self.pods.values()
         )
@@ -166,6 +173,16 @@ class Simulation:
             pods=pods,
             gpu_busy_nodes=self._gpu_busy(now),
         )
+
+    def _check(self, pod: SimPod, now: float) -> Check | None:
+        """The pod's validation pod as observed at `now`: running, or ended."""
+        if pod.check is None or pod.checked_at is None or pod.checked_at > now:
+            return pod.check
+        return dataclasses.replace(pod.check, done=True, passed=self._validation_passes(pod))
+
+    def _validation_passes(self, pod: SimPod) -> bool:
+        """Whether the validation of `pod`'s node passes (every one here)."""
+        return True
 
     # -- the runner ---------------------------------------------------------------------------
     def run(self) -> Result:
@@ -226,6 +243,10 @@ class Simulation:
             actions.append(("restore", lambda: self.set_revision(decision.restore.revision)))
         for ref in decision.delete:
             actions.append(("delete", lambda ref=ref: self._delete(ref, now, decision)))
+        for ref in decision.validate:
+            actions.append(("validate", lambda ref=ref: self._validate(ref, now)))
+        for item in decision.verdicts:
+            actions.append(("verdict", lambda item=item: self._verdict(item.pod, item.text)))
         self.actions_per_pass.append(sum(kind != "status" for kind, _ in actions))
         for kind, act in actions:
             if not self._before(kind, decision):
@@ -282,9 +303,22 @@ class Simulation:
             return  # the uid precondition: a repeated deletion is harmless
         pod.deleting, pod.gone_at = now, now + self.cfg.terminate_latency
 
+    def _validate(self, ref: PodRef, now: float) -> None:
+        pod = self.pods.get(ref.uid)
+        if pod is not None and pod.check is None:
+            pod.check, pod.checked_at = Check(f"{pod.name}-validation", now), now + self.cfg.validation_latency
+
+    def _verdict(self, ref: PodRef, text: str) -> None:
+        pod = self.pods.get(ref.uid)
+        if pod is not None:
+            pod.verdict = text
+
     def _changing(self, now: float) -> bool:
         """Whether pods are still terminating or coming up."""
-        return any(p.gone_at is not None or (p.ready_at is not None and p.ready_at > now) for p in self.pods.values())
+        return any(
+            p.gone_at is not None or any(t is not None and t > now for t in (p.ready_at, p.checked_at))
+            for p in self.pods.values()
+        )
 
     def _next_time(self, now: float, decision: Decision) -> float:
         """The next pass: one interval on, or the next time anything can change, on the loop's grid."""
@@ -299,10 +333,16 @@ class Simulation:
 
     def _changes(self, now: float) -> list[float]:
         """The times after `now` at which the cluster changes on its own."""
-        return [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at) if t is not None]
+        return [t for p in self.pods.values() for t in (p.gone_at, p.ready_at, p.failed_at, p.checked_at) if t is not None]
 
     def _quiet(self, decision: Decision) -> bool:
-        return not decision.delete and decision.restore is None and decision.set_pause is None
+        return (
+            not decision.delete
+            and not decision.validate
+            and not decision.verdicts
+            and decision.restore is None
+            and decision.set_pause is None
+        )
 
 
 def simulate(policy: Policy, nodes: int, ready_latency: float = 30.0, interval: float = 5.0) -> Result:

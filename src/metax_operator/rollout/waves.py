@@ -26,6 +26,7 @@ from metax_operator.rollout.observation import (
     held,
     starting,
     to_prepare,
+    validation_outcome,
     verdict,
 )
 from metax_operator.rollout.status import LISTED_NODES, NodeList, Reason, WaveKind
@@ -104,21 +105,25 @@ class Waves:
         return True
 
     def validate(self, view: RevisionView, wave: list[str]) -> None:
-        """The wave's Ready pods at the view's revision: run a validation pod for those without
-        one, and record the validations that ended (`validation.outcome`) on their driver pod."""
+        """Run a validation pod for each Ready pod of the wave at the view's revision that has none
+        (`observation.validation_outcome`)."""
         ctx = self.ctx
         for node in wave:
             pod = view.live.get(node)
-            if pod is None or pod.revision != view.revision or not pod.ready or pod.verdict:
+            if node in view.validating and pod is not None and pod.check is None:
+                ctx.decision.validate.append(PodRef(pod.name, pod.uid, node))
+
+    def record_validations(self) -> None:
+        """Record each validation that ended (or timed out) on its driver pod, whatever the phase."""
+        ctx, validation = self.ctx, self.ctx.policy.validation
+        if validation is None:
+            return
+        for node, pod in ctx.node_pods.live.items():
+            if pod.check is None or pod.verdict or not pod.ready:
                 continue
-            if node in view.validating:
-                if pod.check is None:
-                    ctx.decision.validate.append(PodRef(pod.name, pod.uid, node))
-            elif node in view.failed or node in view.ready_at_revision:
-                reason = view.reasons.get(node, "")
-                result = ValidationOutcome.FAILED if node in view.failed else ValidationOutcome.PASSED
-                if ctx.policy.validation is not None:
-                    ctx.decision.verdicts.append(Verdict(PodRef(pod.name, pod.uid, node), verdict(result, reason)))
+            result, reason = validation_outcome(pod, True, validation, ctx.now)
+            if result is not ValidationOutcome.VALIDATING:
+                ctx.decision.verdicts.append(Verdict(PodRef(pod.name, pod.uid, node), verdict(result, reason)))
 
     def say_busy(self, busy: int, wave: int, preparing: int) -> None:
         notes = [f"{preparing} cordoned, waiting for their work to end"] * bool(preparing)
