@@ -102,7 +102,8 @@ class Request:
 class FakeApi:
     def __init__(self, clock: Callable[[], float] | None = None, apply_as_merge_patch: bool = False):
         """`clock`: pods bound to a node are deleted gracefully, stamped by this clock (without
-        it a deletion removes the pod at once). `apply_as_merge_patch`: a server-side apply is
+        it a deletion removes the pod at once), and objects created over HTTP get their
+        creationTimestamp from it. `apply_as_merge_patch`: a server-side apply is
         merged as a merge patch (lists replaced whole), as this server did before it merged
         applies by their keys, for the golden traces recorded then."""
         self.clock, self.apply_as_merge_patch = clock, apply_as_merge_patch
@@ -343,6 +344,9 @@ class FakeApi:
         """Store a write that came over HTTP, with the API server's `metadata.generation`: 1 at
         creation, raised when anything but the metadata and the status changes (`GENERATION`'s
         kinds); the one the client sent is ignored."""
+        if self.clock is not None and path not in self.objects:  # created: stamped as the API server does
+            obj = copy.deepcopy(obj)
+            obj.setdefault("metadata", {}).setdefault("creationTimestamp", rfc3339(self.clock()))
         if path.rsplit("/", 2)[-2] in GENERATION:
             live = self.objects.get(path)
             obj = copy.deepcopy(obj)
