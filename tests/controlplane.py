@@ -6,14 +6,15 @@ Everything listens on 127.0.0.1 at free ports; certificates, the admin kubeconfi
 and each component's log live in one work directory.
 
 kwok's stages come from its config file: our node-initialize (a GPU server's status) and
-node-not-ready (for nodes labelled so), kwok's stock pod-ready and pod-delete, and one more Stage
-per injected pod fault, with a weight so that it wins over the stock stage for the nodes it
-names. A pod fault rewrites the file and restarts kwok (about a second): kwok's Stage API
-(`--enable-crds=Stage`) would avoid that, but its stage cache can miss the latest change (it is
-keyed on the informer's resource version, which moves before the informer's store does), and a
-fault that silently does not apply makes a flaky test. The stock `pod-complete`
-stage is deliberately left out: a Job's pod would "succeed" without running anything, so a Helm
-hook Job stays Running here rather than faking success.
+node-not-ready (for nodes labelled so), kwok's stock pod-ready and pod-delete, our
+validation-complete (the runner's validation pods succeed a moment after they are made, on the nodes
+no validation fault names), and one more Stage per injected pod fault, with a weight so that it wins
+over the stock stage for the nodes it names. A pod fault rewrites the file and restarts kwok (about
+a second): kwok's Stage API (`--enable-crds=Stage`) would avoid that, but its stage cache can miss
+the latest change (it is keyed on the informer's resource version, which moves before the informer's
+store does), and a fault that silently does not apply makes a flaky test. The stock `pod-complete`
+stage is deliberately left out: a Job's pod would "succeed" without running anything, so a Helm hook
+Job stays Running here rather than faking success.
 
 Simulated nodes send no heartbeats (at thousands of nodes they would cost the API server more
 than everything else), so kube-controller-manager's node-lifecycle controller gets a grace period
@@ -47,6 +48,7 @@ from typing import Callable
 import yaml
 from kubernetes import client, config
 
+from metax_operator.contract import COMPONENT_LABEL, VALIDATION_COMPONENT
 from tests import netns, registry
 from tests.netns import NetnsError
 from tests.realnode import APISERVER_IP, NODE_NAME, PAUSE_TAG, PORTS, TOOLS_NODE, RealNode
@@ -480,6 +482,52 @@ conditions:
 """
 
 
+# A validation pod that ended: every container terminated with `exitCode` (and `message`).
+_VALIDATION_ENDED_STATUS = """\
+{{{{ $now := Now }}}}
+conditions:
+- {{type: Initialized, status: "True", lastTransitionTime: {{{{ $now | Quote }}}}}}
+- {{type: Ready, status: "False", reason: PodCompleted, lastTransitionTime: {{{{ $now | Quote }}}}}}
+initContainerStatuses:
+{{{{ range .spec.initContainers }}}}
+- {{name: {{{{ .name | Quote }}}}, image: {{{{ .image | Quote }}}}, ready: false, restartCount: 0,
+   state: {{terminated: {{exitCode: {code}, reason: {reason}, message: {message}, startedAt: {{{{ $now | Quote }}}}, finishedAt: {{{{ $now | Quote }}}}}}}}}}
+{{{{ end }}}}
+containerStatuses:
+{{{{ range .spec.containers }}}}
+- {{name: {{{{ .name | Quote }}}}, image: {{{{ .image | Quote }}}}, ready: false, restartCount: 0,
+   state: {{terminated: {{exitCode: {code}, reason: {reason}, message: {message}, startedAt: {{{{ $now | Quote }}}}, finishedAt: {{{{ $now | Quote }}}}}}}}}}
+{{{{ end }}}}
+hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
+podIP: {{{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}}}
+phase: {phase}
+startTime: {{{{ $now | Quote }}}}
+"""  # noqa: E501 - one kwok template action per line
+
+_VALIDATION_POD = {"key": f'.metadata.labels["{COMPONENT_LABEL}"]', "operator": "In", "values": [VALIDATION_COMPONENT]}
+
+
+def validation_ended(passed: bool, message: str = "") -> str:
+    """The status template of a validation pod that passed, or failed saying `message`."""
+    code, reason, phase = (0, "Completed", "Succeeded") if passed else (1, "Error", "Failed")
+    return _VALIDATION_ENDED_STATUS.format(code=code, reason=reason, phase=phase, message=json.dumps(message))
+
+
+def validation_complete(excluded: list[str]) -> dict:
+    """The validation pods on every node but `excluded` (those a validation fault names) pass,
+    two seconds after they are made: long enough for a node to be seen `validating`."""
+    more = [{"key": ".spec.nodeName", "operator": "NotIn", "values": sorted(excluded)}] if excluded else []
+    selector = {
+        "matchExpressions": [
+            _VALIDATION_POD,
+            {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+            _NEW_POD,
+            *more,
+        ]
+    }
+    return _stage("validation-complete", "Pod", selector, {"statusTemplate": validation_ended(True)}, delay_ms=2000)
+
+
 def _stage(name: str, kind: str, selector: dict, next_: dict, delay_ms: int = 0) -> dict:
     spec = {
         "resourceRef": {"apiGroup": "v1", "kind": kind},
@@ -513,6 +561,7 @@ class ControlPlane:
     components: dict[str, Component] = field(default_factory=dict)
     _node_count: dict[str, int] = field(default_factory=dict)
     _pod_faults: dict[str, dict] = field(default_factory=dict)  # Stage name -> Stage
+    _validation_faults: dict[str, list[str]] = field(default_factory=dict)  # Stage name -> its nodes
     _fault_count: int = 0
 
     @property
@@ -958,6 +1007,7 @@ class ControlPlane:
                     NODE_INITIALIZE,
                     NODE_NOT_READY,
                     *stock,
+                    validation_complete([n for nodes in self._validation_faults.values() for n in nodes]),
                     *self._pod_faults.values(),
                 ]
             )
@@ -973,13 +1023,16 @@ class ControlPlane:
         self._start_kwok(time.monotonic() + 30)
         self._write_state()
 
-    def _pod_fault(self, kind: str, stage: Callable[[str], dict]) -> Fault:
+    def _pod_fault(self, kind: str, stage: Callable[[str], dict], validation_nodes: list[str] | None = None) -> Fault:
         self._fault_count += 1
         name = f"fault-{kind}-{self._fault_count}"
         self._pod_faults[name] = stage(name)
+        if validation_nodes is not None:  # taken out of validation-complete's nodes
+            self._validation_faults[name] = list(validation_nodes)
         self._restart_kwok()
 
         def clear() -> None:
+            self._validation_faults.pop(name, None)
             if self._pod_faults.pop(name, None):
                 self._restart_kwok()
 
@@ -988,6 +1041,7 @@ class ControlPlane:
     def clear_faults(self) -> None:
         if self._pod_faults:
             self._pod_faults.clear()
+            self._validation_faults.clear()
             self._restart_kwok()
         down = client.CoreV1Api(self.api()).list_node(label_selector=f"{NOT_READY_LABEL}=true").items
         self._label_nodes([n.metadata.name for n in down], NOT_READY_LABEL, None)
@@ -1039,6 +1093,21 @@ class ControlPlane:
                 delay_ms=int(every * 1000),
             ),
         )
+
+    def validations_fail(self, nodes: list[str], message: str) -> Fault:
+        """The validation pods made on these nodes fail, each container saying `message`."""
+        selector = _on_nodes(nodes, _NEW_POD, _VALIDATION_POD)
+        return self._pod_fault(
+            "validation-fails",
+            lambda name: _stage(name, "Pod", selector, {"statusTemplate": validation_ended(False, message)}, delay_ms=1000),
+            nodes,
+        )
+
+    def validations_hang(self, nodes: list[str]) -> Fault:
+        """The validation pods made on these nodes run and never end."""
+        selector = _on_nodes(nodes, _NEW_POD, _VALIDATION_POD)
+        hang = {"statusTemplate": _UNREADY_STATUS}
+        return self._pod_fault("validation-hangs", lambda name: _stage(name, "Pod", selector, hang), nodes)
 
     def nodes_not_ready(self, nodes: list[str]) -> Fault:
         """These nodes report Ready=False (and get tainted not-ready) until the fault is cleared.
