@@ -8,8 +8,10 @@ meets, each a small model the test moves between the runner's passes:
   at the current revision for each node it selects that has none, the pods of a node it no longer
   selects deleted, those of a deleted node removed (pod GC);
 - `Kubelet`: a new pod turns Running and Ready, but on a node whose driver fails (`failing`),
-  where it never gets Ready and restarts again and again; a pod being deleted is removed (its
-  grace period over). A slow kubelet is one not synced;
+  where it never gets Ready and restarts again and again; the runner's validation pods pass, but
+  fail on a node whose validation fails (`invalid`) and run for ever on one where it hangs
+  (`hanging`); a pod being deleted is removed (its grace period over). A slow kubelet is one not
+  synced;
 - `Workloads`: GPU jobs (owned by a Job, or bare), a DaemonSet's GPU pod, pods matching the wait
   selector (with or without a GPU), PodDisruptionBudgets that allow no eviction;
 - `Helm`: the release's values and revision; `upgrade` runs the bootstrap hook (which writes the
@@ -40,10 +42,13 @@ from kubernetes.client.exceptions import ApiException
 from metax_operator.conditions import parse_time, rfc3339
 from metax_operator.contract import (
     BOOTSTRAP_FIELD_MANAGER,
+    COMPONENT_LABEL,
     GPU_NODE_LABEL,
     HELM_APPLY_WAIT,
     RELEASE_REVISION_ANNOTATION,
     SKIP_LABEL,
+    VALIDATES_LABEL,
+    VALIDATION_COMPONENT,
 )
 from metax_operator.runtime import run
 from metax_operator.runtime.cr_status import LostLeadership
@@ -95,6 +100,11 @@ def path_of(obj: dict) -> str:
 def template_hash(template: dict) -> str:
     """A pod template's revision hash (the DaemonSet controller's own is a hash of it too)."""
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def validation(pod: dict) -> bool:
+    """Whether the pod is one of the runner's validation pods."""
+    return labels(pod).get(COMPONENT_LABEL) == VALIDATION_COMPONENT
 
 
 def ready(pod: dict) -> bool:
@@ -193,7 +203,7 @@ class DaemonSetController:
         """node -> its driver pods (a deleted one still terminating among them)."""
         pods: dict[str, list[dict]] = {}
         for path, pod in sorted(self.api.objects.items()):
-            if path.startswith(PODS + "/metax-driver-"):
+            if path.startswith(PODS + "/metax-driver-") and not validation(pod):
                 pods.setdefault(pod["spec"]["nodeName"], []).append(pod)
         return pods
 
@@ -233,24 +243,47 @@ class DaemonSetController:
 
 
 class Kubelet:
-    """Every node's kubelet: pods start, and Ready but on the nodes whose driver fails; pods being
+    """Every node's kubelet: pods start, and Ready but on the nodes whose driver fails; the
+    runner's validation pods pass, but on the nodes whose validation fails or hangs; pods being
     deleted are removed."""
 
     def __init__(self, api: FakeApi, kubectl):
         self.api, self.kubectl = api, kubectl
         self.failing: set[str] = set()  # nodes whose driver pod never gets Ready (a crash loop)
+        self.invalid: set[str] = set()  # nodes whose validation pods fail (the driver left no GPU)
+        self.hanging: set[str] = set()  # nodes whose validation pods run and never end
 
     def sync(self, node: str | None = None) -> None:
-        """The kubelet of `node` (every node's by default) catches up."""
+        """The kubelet of `node` (every node's by default) catches up; a validation pod whose
+        driver pod is gone goes too (the garbage collector: the driver pod owns it)."""
+        uids = {p["metadata"].get("uid") for p in self.api.objects.values()}
         for path, pod in sorted(self.api.objects.items()):
             if not path.startswith(("/api/v1/namespaces/")) or "/pods/" not in path:
                 continue
-            if node is not None and pod["spec"].get("nodeName") != node:
-                continue
-            if pod["metadata"].get("deletionTimestamp"):
+            if validation(pod) and labels(pod).get(VALIDATES_LABEL) not in uids:
                 self.api.delete(path)
+            elif node is not None and pod["spec"].get("nodeName") != node:
+                continue
+            elif pod["metadata"].get("deletionTimestamp"):
+                self.api.delete(path)
+            elif validation(pod):
+                if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
+                    self._validate(path, pod)
             elif path.startswith(PODS + "/metax-driver-") and not ready(pod):
                 self._start(path, pod)
+
+    def _validate(self, path: str, pod: dict) -> None:
+        """A validation pod runs: it passes, fails saying why, or hangs (Running)."""
+        pod = copy.deepcopy(pod)
+        node = pod["spec"]["nodeName"]
+        if node in self.hanging:
+            pod["status"] = {"phase": "Running"}
+        elif node in self.invalid:
+            ended = {"terminated": {"exitCode": 1, "message": "no PCI device is bound to the metax driver (nor to vfio-pci)"}}
+            pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "check-node", "state": ended}]}
+        else:
+            pod["status"] = {"phase": "Succeeded"}
+        self.kubectl.call("PUT", path + "/status", body=pod)
 
     def _start(self, path: str, pod: dict) -> None:
         pod = copy.deepcopy(pod)

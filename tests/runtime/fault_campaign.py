@@ -6,10 +6,12 @@ a driver rollout, in any order:
 
 - the policy, drawn once: steps with and without pauses and tolerations, `maxParallel`,
   `maxUnavailable`, `maxFailureThreshold`, `fallback` pause or rollback, `allowGpuWorkloads`,
-  `cordon`, `drain` and `waitForCompletion` with their timeouts, `onTimeout` hold or fail;
+  `cordon`, `drain` and `waitForCompletion` with their timeouts, `onTimeout` hold or fail,
+  `validation` on or off;
 - the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin,
   labelled skip; driver pods deleted by someone else, failing (a crash loop), slow (the kubelet
-  or the DaemonSet controller not run), stuck Terminating; GPU jobs (owned by a Job, or bare), a
+  or the DaemonSet controller not run), stuck Terminating; validations (`validation` drawn on or
+  off) that fail, hang or pass again, a validation pod deleted by someone; GPU jobs (owned by a Job, or bare), a
   DaemonSet's GPU pod and pods the policy waits for started and ending, some guarded by a
   PodDisruptionBudget that refuses their eviction;
 - the API server: watches answered `410 Gone`, a LIST answered 500 (the caches failing), the
@@ -53,10 +55,13 @@ and the decisions the runner must never make:
   is created at the abandoned revision nor the template set back to it, until someone sets a
   version again;
 - (d) a node labelled skip, as the API server has it when the deletion arrives, never has its
-  driver pod deleted.
+  driver pod deleted;
+- (e) with `validation` on, no node the runner gives back has a driver pod whose validation
+  failed, timed out or still runs.
 
 At the end (`settle`) the faults stop, the drivers heal, the work ends, Helm applies its release,
-a deleted CR is created again and the admin resumes: the rollout must finish with every
+a deleted CR is created again and the admin resumes (and retries the nodes whose validation
+failed): the rollout must finish with every
 selected, unskipped node Ready at the template's revision, the template at the CR's version,
 and no node left cordoned by the runner. A pass may fail on a fault (an API answer, a lost
 lease, a cache not listed); any other exception fails the campaign.
@@ -75,7 +80,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from metax_operator.conditions import parse_time
-from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, SKIP_LABEL
+from metax_operator.contract import (
+    CORDONED_LABEL,
+    GPU_NODE_LABEL,
+    RETRY_LABEL,
+    SKIP_LABEL,
+    VALIDATES_LABEL,
+    VALIDATION_ANNOTATION,
+    VALIDATION_FAILED_PREFIX,
+)
 from metax_operator.runtime import kube
 from tests.runtime.cluster import (
     CR,
@@ -96,6 +109,7 @@ from tests.runtime.cluster import (
 from tests.waiting import eventually
 
 READINESS_TIMEOUT = 300
+VALIDATION_TIMEOUT = 200
 MAX_NODES = 8
 #: More writes than one pass of these fleets sends (the bench reports the most it saw): the kill
 #: rule's position is drawn up to it, so that every write of any pass is reachable.
@@ -122,6 +136,7 @@ POLICIES = st.fixed_dictionaries(
             [{}, {"podSelector": WAIT_SELECTOR}, {"podSelector": WAIT_SELECTOR, "timeout": "200s"}]
         ),
         "onTimeout": st.sampled_from(["hold", "fail"]),
+        "validation": st.sampled_from([{"enable": False}, {"enable": True, "timeoutSeconds": VALIDATION_TIMEOUT}]),
     }
 )
 #: What each example starts from (`Campaign.start`): a test may draw some of it narrower.
@@ -179,6 +194,7 @@ class Deletion:
     skipped: bool  # the node labelled skip
     gpu_work: tuple[str, ...]  # the GPU workload pods on the node (a DaemonSet's not counted)
     waited: tuple[str, ...]  # the pods on the node matching the wait selector
+    invalid: bool  # its validation failed (or timed out), as recorded on it or its validation pod says
 
 
 @dataclass
@@ -238,6 +254,7 @@ class Checks:
                 labels(api.objects.get(f"{NODES}/{node}") or {}).get(SKIP_LABEL) == "true",
                 tuple(p["metadata"]["name"] for p in work if gpu_workload(p)),
                 tuple(p["metadata"]["name"] for p in work if labels(p).get(key) == value),
+                validation_failed(api, pod, self.cluster.now),
             )
         )
         return None
@@ -262,6 +279,7 @@ class Checks:
             bound = max(self.parallel)
             healthy = sorted(self.swapping)
             assert len(healthy) <= bound, f"{healthy} being swapped at once, maxParallel {bound}"
+        self.check_uncordons(before)
         status = cluster.upgrade_status()
         if status != self.status:  # this pass wrote it
             self.check_status(self.status, status, before, {d.node for d in deleted})
@@ -271,13 +289,30 @@ class Checks:
             self.parallel = {cr["spec"]["driver"]["upgradePolicy"]["maxParallel"]}
         self.check_abandoned()
 
+    def check_uncordons(self, before: dict) -> None:
+        """(e) A node the runner gave back in this pass has no driver pod whose validation failed
+        or still runs: it returns to service only once its GPUs proved healthy."""
+        cluster, pods = self.cluster, live_pods(self.cluster)
+        nodes = cluster.nodes()
+        for node in sorted(before["cordoned"]):
+            if node not in nodes or CORDONED_LABEL in labels(nodes[node]) or node not in pods:
+                continue
+            pod = pods[node]
+            assert not validation_failed(cluster.api, pod, cluster.now), f"(e) {node} uncordoned, its validation failed: {pod}"
+            check = validation_of(cluster.api, pod)
+            if check is not None and (before["policy"].get("validation") or {}).get("enable"):
+                phase = (check.get("status") or {}).get("phase", "Pending")
+                assert phase == "Succeeded", f"(e) {node} uncordoned while its validation pod is {phase}"
+
     def check_deletion(self, d: Deletion, policy: dict) -> None:
         assert not d.skipped, f"(d) {d.node}'s driver pod deleted although the node is labelled {SKIP_LABEL}"
         if not policy.get("allowGpuWorkloads"):
             assert not d.gpu_work, f"{d.node}'s driver pod deleted under the GPU workload pods {d.gpu_work}"
         if (policy.get("waitForCompletion") or {}).get("podSelector"):
             assert not d.waited, f"{d.node}'s driver pod deleted under the pods to wait for {d.waited}"
-        assert not (d.ready and d.revision == d.template), f"{d.node}'s Ready driver pod at the template's revision deleted"
+        assert not (d.ready and d.revision == d.template and not d.invalid), (
+            f"{d.node}'s Ready driver pod at the template's revision deleted, its validation not failed"
+        )
 
     def forget_settled(self) -> None:
         """Nodes no longer being swapped: back (a Ready driver pod), left, failing (no slot), or
@@ -304,15 +339,19 @@ class Checks:
 
     def check_failed_in_time(self, old: dict, new: dict, before: dict) -> None:
         """(b) Every node the pass counted failed (newly named in `resume.failedNodes` or
-        `resume.retryQueue`) has a
-        reason the readiness timeout gives it, from its own deletion or its new pod's creation, as
-        the pass saw it. (A rollback keeps the list of the step that failed as it was.)"""
+        `resume.retryQueue`) has a reason the readiness timeout gives it, from its own deletion
+        or its new pod's creation, as the pass saw it, or a Ready driver pod whose validation
+        failed or timed out. (A rollback keeps the list of the step that failed as it was.)"""
         now, timed_out = self.cluster.now, set(new.get("resume", {}).get("timedOutNodes") or [])
         for node in sorted(counted_failed(new) - counted_failed(old)):
             if self.policy["onTimeout"] == "fail" and node in timed_out:
                 continue  # its wait or drain timed out: failed before its swap
             pod = before["pods"].get(node)
-            if pod is not None:
+            if pod is not None and ready(pod):
+                assert validation_failed(self.cluster.api, pod, now), (
+                    f"(b) {node} counted failed with a Ready driver pod whose validation did not fail: {why(new, pod)}"
+                )
+            elif pod is not None:
                 restarts = max((c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []), default=0)
                 assert not ready(pod) and (
                     restarts >= 3 or pod["status"].get("phase") == "Failed" or now - created(pod) >= READINESS_TIMEOUT
@@ -422,6 +461,7 @@ class Checks:
             "selected": self.cluster.controller.selected() & set(self.cluster.nodes()),
             "pods": live_pods(self.cluster),
             "deleted_at": dict(self.deleted_at),
+            "cordoned": {n for n, obj in self.cluster.nodes().items() if CORDONED_LABEL in labels(obj)},
         }
 
 
@@ -468,6 +508,26 @@ def live_pods(cluster: Cluster) -> dict[str, dict]:
 
 def created(pod: dict) -> float:
     return parse_time(pod["metadata"]["creationTimestamp"])
+
+
+def validation_of(api, pod: dict) -> dict | None:
+    """The validation pod of the driver pod `pod`, if any."""
+    uid = pod["metadata"]["uid"]
+    return next(
+        (v for path, v in api.objects.items() if path.startswith(PODS + "/") and labels(v).get(VALIDATES_LABEL) == uid), None
+    )
+
+
+def validation_failed(api, pod: dict, now: float) -> bool:
+    """Whether the driver pod's validation failed: so recorded on it, or its validation pod Failed
+    or running past the timeout."""
+    if ((pod["metadata"].get("annotations") or {}).get(VALIDATION_ANNOTATION) or "").startswith(VALIDATION_FAILED_PREFIX):
+        return True
+    check = validation_of(api, pod)
+    if check is None:
+        return False
+    phase = (check.get("status") or {}).get("phase", "Pending")
+    return phase == "Failed" or (phase != "Succeeded" and now - created(check) >= VALIDATION_TIMEOUT)
 
 
 def step(status: dict) -> dict:
@@ -718,6 +778,25 @@ class Campaign(RuleBasedStateMachine):
             self.step(f"driver-fails-{fails}")
             (self.cluster.kubelet.failing.add if fails else self.cluster.kubelet.failing.discard)(node)
 
+    @rule(data=st.data(), how=st.sampled_from(["fails", "hangs", "passes"]))
+    def validation_goes(self, data, how: str) -> None:
+        """The node's next validations fail (the driver leaves no GPU), hang, or pass again."""
+        node = self.pick(data)
+        if node:
+            self.step(f"validation-{how}")
+            kubelet = self.cluster.kubelet
+            kubelet.invalid.discard(node)
+            kubelet.hanging.discard(node)
+            {"fails": kubelet.invalid, "hangs": kubelet.hanging}.get(how, set()).add(node)
+
+    @rule(data=st.data())
+    def someone_deletes_a_validation_pod(self, data) -> None:
+        objects = self.cluster.api.objects
+        found = sorted(p for p, v in objects.items() if p.startswith(PODS + "/") and VALIDATES_LABEL in labels(v))
+        if found:
+            self.step("validation-pod-deleted")
+            self.cluster.kubectl.delete("v1", "Pod", data.draw(st.sampled_from(found)).rsplit("/", 1)[1], "metax-operator")
+
     @rule(
         data=st.data(),
         kind=st.sampled_from(["job", "bare", "daemonset", "waited-gpu", "waited"]),
@@ -906,6 +985,8 @@ class Campaign(RuleBasedStateMachine):
         cluster.api.clear_faults()
         cluster.lease.update(held=True, checks_left=None)
         cluster.kubelet.failing.clear()
+        cluster.kubelet.invalid.clear()
+        cluster.kubelet.hanging.clear()
         for name in cluster.workloads.running():
             cluster.workloads.end(name)
         if cluster.cr() is None:
@@ -922,6 +1003,9 @@ class Campaign(RuleBasedStateMachine):
                 return
             if (cluster.cr()["spec"]["driver"]["upgradePolicy"]).get("pause"):  # the runner's pause: the admin answers
                 cluster.set_policy("pause", False)
+            for node, pod in live_pods(cluster).items():  # the admin retries a node whose validation failed
+                if validation_failed(cluster.api, pod, cluster.now) and RETRY_LABEL not in labels(cluster.nodes()[node]):
+                    cluster.edit_node(node, {"metadata": {"labels": {RETRY_LABEL: "true"}}})
         raise AssertionError(f"the rollout did not settle: {self.unsettled()}; {cluster.upgrade_status().get('message')}")
 
     def done(self) -> bool:
