@@ -226,3 +226,33 @@ def test_wait_drain_and_on_timeout_parse_with_their_defaults():
 )
 def test_bad_wait_and_drain_fields_are_named(policy, field):
     assert fields(policy) == [f"driver.upgradePolicy.{field}"]
+
+
+def test_validation_parses_with_its_defaults_and_is_none_when_off():
+    assert validate({}).validation is None
+    assert validate({"validation": {"enable": False, "timeoutSeconds": 30}}).validation is None
+    on = validate({"validation": {"enable": True}}).validation
+    assert (on.timeout_s, on.workload_image, on.workload_command) == (600, "", ())
+    workload = {"image": "cr.example.com/metax/maca-sample:2.18.0.3", "command": ["/sample"], "resources": {"limits": {"cpu": 1}}}
+    given_ = validate({"validation": {"enable": True, "timeoutSeconds": 90, "workload": workload}}).validation
+    assert (given_.timeout_s, given_.workload_image, given_.workload_command) == (90, workload["image"], ("/sample",))
+    assert given_.workload_resources == '{"limits": {"cpu": 1}}'
+
+
+@pytest.mark.parametrize(
+    "validation, field",
+    [
+        ({"enable": "yes"}, "validation.enable"),
+        ({"timeoutSeconds": 0}, "validation.timeoutSeconds"),
+        ({"timeoutSeconds": "10m"}, "validation.timeoutSeconds"),
+        ({"workload": {"image": "maca-sample"}}, "validation.workload.image"),  # no registry path, no tag
+        ({"workload": {"image": "cr.example.com/metax/maca-sample:2.18", "command": "/sample"}}, "validation.workload.command"),
+        (
+            {"workload": {"resources": {"limits": {"metax-tech.com/gpu": "one"}}}},
+            "validation.workload.resources.limits.metax-tech.com/gpu",
+        ),
+        ({"image": "cr.example.com/metax/tools:1"}, "validation.image"),
+    ],
+)
+def test_bad_validation_fields_are_named(validation, field):
+    assert fields({"validation": validation}) == [f"driver.upgradePolicy.{field}"]
