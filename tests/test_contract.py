@@ -28,6 +28,16 @@ def test_deploy_defaults_are_those_of_values_yaml():
     assert {key: VALUES[key]["deploy"] for key in contract.COMPONENTS} == contract.DEFAULT_DEPLOY
 
 
+def test_the_validation_defaults_the_crd_leaves_out_are_those_of_values_yaml():
+    """The CRD gives `validation` no default (schema.UNDEFAULTED): the code's must be values.yaml's."""
+    from metax_operator.chart import upgrade_policy
+
+    validation = VALUES["driver"]["upgradePolicy"]["validation"]
+    assert validation["timeoutSeconds"] == upgrade_policy.DEFAULT_VALIDATION_TIMEOUT_S
+    assert validation["workload"]["resources"] == {"requests": {}, **upgrade_policy.DEFAULT_WORKLOAD_RESOURCES}
+    assert upgrade_policy.validate({"validation": {"enable": True}}).validation == upgrade_policy.Validation()
+
+
 def test_the_chart_names_its_daemonsets_and_configmaps_as_the_contract_says(helm_bin):
     objects = render_chart(ALL_ON, helm=helm_bin)
     daemonsets = {o["metadata"]["annotations"][contract.COMPONENT_ANNOTATION]: o for o in objects if o["kind"] == "DaemonSet"}

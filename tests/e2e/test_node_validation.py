@@ -143,7 +143,7 @@ def test_a_validation_that_hangs_times_out_and_fails_its_node(control_plane, api
     faults.validations_hang([bad])
     old, new = start_rollout(cp, api, validating({**FAILING, "maxFailureThreshold": 0, "fallback": "pause"}, timeout=5))
     try:
-        eventually(lambda: (c := condition(api, "Failed")).get("status") == "True", 90, "Failed")
+        eventually(lambda: condition(api, "Failed").get("status") == "True", 90, "Failed")
         assert upgrade_status(api)["resume"]["failedNodes"] == [bad]
         message = f"node {bad}: validation failed: its validation did not end within 5 s (timeoutSeconds)"
         eventually(lambda: message in events(api, "ValidationFailed"), 30, "the timeout's event")

@@ -45,6 +45,7 @@ CACHES = {
     "service-metax-data-exporter",
     "controllerrevisions",
     "driver-pods",
+    "validation-pods",
     "gpu-workloads",
     "unschedulable-nodes",
     "nodes",

@@ -55,6 +55,17 @@ SAMPLES: dict[str, dict] = {
     "driver.upgradePolicy.waitForCompletion.podSelector": {"edit": "app=training", "values": "app=inference"},
     "driver.upgradePolicy.waitForCompletion.timeout": {"edit": "2h", "values": 60000},
     "driver.upgradePolicy.drain.timeout": {"edit": "5m", "values": 600000},
+    "driver.upgradePolicy.validation.timeoutSeconds": {"edit": 120, "values": 300},
+    "driver.upgradePolicy.validation.workload.image": {
+        "edit": "cr.example.com/metax/maca-sample:1",
+        "values": "cr.example.com/metax/maca-sample:2",
+    },
+    "driver.upgradePolicy.validation.workload.command": {"edit": ["/sample", "a"], "values": ["/sample", "b"]},
+    "driver.upgradePolicy.validation.workload.resources.requests": {"edit": {"cpu": "1"}, "values": {"cpu": "2"}},
+    "driver.upgradePolicy.validation.workload.resources.limits": {
+        "edit": {"metax-tech.com/gpu": 2},
+        "values": {"metax-tech.com/gpu": 4},
+    },
     "maca.payload.images": {"edit": ["maca-c500:1"], "values": ["maca-c500:2"]},
     "maca.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},
     "exporter.service.port": {"edit": 30001, "values": 30002, "base": {"exporter.service.type": "NodePort"}},

@@ -402,6 +402,8 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
     _describe(spec, values_descriptions(values_text), ())
     _default(spec, yaml.safe_load(values_text), top=True)
     _default_objects(spec)
+    for path in UNDEFAULTED:
+        _undefault(spec, path)
     spec["description"] = (
         "Desired state of the MetaX GPU stack: the chart values of seed tables "
         "3.1-3.15. The bootstrap hook writes it from the values at every "
@@ -501,6 +503,26 @@ def _cr_spec_source(node: dict) -> dict:
             properties = {**definitions[properties.pop("$merge")], **properties}
         out["properties"] = {key: _cr_spec_source(child) for key, child in properties.items() if not chart_only(child)}
     return out
+
+
+#: Fields newer than the release before: the CRD gives them no default. With one, the API server
+#: would fill them into the CR at every write, also while that release runs again after a `helm
+#: rollback` (the CRD stays this release's), whose bootstrap hook and runner would find fields they
+#: do not know and refuse the spec. Their defaults are values.yaml's (the bootstrap writes them) and
+#: those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
+UNDEFAULTED = (("driver", "upgradePolicy", "validation"),)
+
+
+def _undefault(spec: dict, path: tuple[str, ...]) -> None:
+    """No default at `path` nor below it."""
+    node = spec
+    for key in path:
+        node = node["properties"][key]
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        node.pop("default", None)
+        stack.extend(node.get("properties", {}).values())
 
 
 def _default_objects(node: dict) -> None:

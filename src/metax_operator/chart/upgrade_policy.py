@@ -30,6 +30,8 @@ from metax_operator.errors import UserError, UserErrors
 DEFAULT_READINESS_TIMEOUT_MS = 600_000
 DEFAULT_DRAIN_TIMEOUT_MS = 300_000
 DEFAULT_VALIDATION_TIMEOUT_S = 600
+#: The validation workload's resources when a CR leaves them out (values.yaml states the same).
+DEFAULT_WORKLOAD_RESOURCES = {"limits": {"metax-tech.com/gpu": 1}}
 # A label selector as the API server parses it: `k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
 # `k notin (a,b)`, comma-separated (keys may carry a DNS prefix).
 _SELECTOR_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -91,7 +93,7 @@ class Validation:
     workload_image: str = ""  # the administrator's own check; "" runs none
     workload_command: tuple[str, ...] = ()
     # JSON of the workload's resources (a frozen policy holds no dict)
-    workload_resources: str = "{}"
+    workload_resources: str = json.dumps(DEFAULT_WORKLOAD_RESOURCES, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ def _validation(raw: Mapping) -> Validation | None:
         timeout_s=raw.get("timeoutSeconds", DEFAULT_VALIDATION_TIMEOUT_S),
         workload_image=workload.get("image", ""),
         workload_command=tuple(workload.get("command") or ()),
-        workload_resources=json.dumps(workload.get("resources") or {}, sort_keys=True),
+        workload_resources=json.dumps(workload.get("resources", DEFAULT_WORKLOAD_RESOURCES), sort_keys=True),
     )
 
 
