@@ -29,7 +29,7 @@ def test_deploy_defaults_are_those_of_values_yaml():
 
 
 def test_the_validation_defaults_the_crd_leaves_out_are_those_of_values_yaml():
-    """The CRD gives `validation` no default (schema.UNDEFAULTED): the code's must be values.yaml's."""
+    """The CRD gives `validation` no default (contract.UNDEFAULTED): the code's must be values.yaml's."""
     from metax_operator.chart import upgrade_policy
 
     validation = VALUES["driver"]["upgradePolicy"]["validation"]

@@ -225,6 +225,16 @@ VFIO_CONFIG_KEY = ConfigMapKey(VFIO_CONFIG, "config", "vfioManager", ("vfioManag
 CONFIGMAP_KEYS = (NODE_VFNUMS, MODULE_PARAMS, NODE_MODULE_PARAMS, VFIO_CONFIG_KEY)
 CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
 
+# -- compatibility with the release before ------------------------------------------------------
+
+#: Blocks of the spec newer than the release before (paths under `spec`). The CRD gives them no
+#: default: with one, the API server would fill them into the CR at every write, also while that
+#: release runs again after a `helm rollback` (the CRD stays this release's), whose bootstrap hook
+#: and runner would refuse fields they do not know. For the same reason the bootstrap writes one
+#: into the CR only when the values turn it on (`enable: true`). Their defaults are values.yaml's and
+#: those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
+UNDEFAULTED = (("driver", "upgradePolicy", "validation"),)
+
 # -- who writes -----------------------------------------------------------------------------------
 
 #: Server-side apply field managers.

@@ -55,16 +55,37 @@ SAMPLES: dict[str, dict] = {
     "driver.upgradePolicy.waitForCompletion.podSelector": {"edit": "app=training", "values": "app=inference"},
     "driver.upgradePolicy.waitForCompletion.timeout": {"edit": "2h", "values": 60000},
     "driver.upgradePolicy.drain.timeout": {"edit": "5m", "values": 600000},
-    "driver.upgradePolicy.validation.timeoutSeconds": {"edit": 120, "values": 300},
+    # written into the CR only turned on (contract.UNDEFAULTED); turned off in the values, the block
+    # leaves the bootstrap's spec, and the admin's `false` stays, which is what the values say
+    "driver.upgradePolicy.validation.enable": {
+        "edit": False,
+        "values": False,
+        "base": {"driver.upgradePolicy.validation.enable": True},
+    },
+    "driver.upgradePolicy.validation.timeoutSeconds": {
+        "edit": 120,
+        "values": 300,
+        "base": {"driver.upgradePolicy.validation.enable": True},
+    },
     "driver.upgradePolicy.validation.workload.image": {
         "edit": "cr.example.com/metax/maca-sample:1",
         "values": "cr.example.com/metax/maca-sample:2",
+        "base": {"driver.upgradePolicy.validation.enable": True},
     },
-    "driver.upgradePolicy.validation.workload.command": {"edit": ["/sample", "a"], "values": ["/sample", "b"]},
-    "driver.upgradePolicy.validation.workload.resources.requests": {"edit": {"cpu": "1"}, "values": {"cpu": "2"}},
+    "driver.upgradePolicy.validation.workload.command": {
+        "edit": ["/sample", "a"],
+        "values": ["/sample", "b"],
+        "base": {"driver.upgradePolicy.validation.enable": True},
+    },
+    "driver.upgradePolicy.validation.workload.resources.requests": {
+        "edit": {"cpu": "1"},
+        "values": {"cpu": "2"},
+        "base": {"driver.upgradePolicy.validation.enable": True},
+    },
     "driver.upgradePolicy.validation.workload.resources.limits": {
         "edit": {"metax-tech.com/gpu": 2},
         "values": {"metax-tech.com/gpu": 4},
+        "base": {"driver.upgradePolicy.validation.enable": True},
     },
     "maca.payload.images": {"edit": ["maca-c500:1"], "values": ["maca-c500:2"]},
     "maca.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},

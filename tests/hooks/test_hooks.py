@@ -226,6 +226,15 @@ def test_prune_keeps_only_what_the_crd_declares():
     }
 
 
+def test_a_block_newer_than_the_release_before_goes_into_the_cr_only_when_turned_on():
+    """So that a `helm rollback` to that release meets a CR it can read (contract.UNDEFAULTED)."""
+    off = {"driver": {"upgradePolicy": {"pause": False, "validation": {"enable": False, "timeoutSeconds": 600}}}}
+    assert bootstrap.without_unused_new_blocks(off) == {"driver": {"upgradePolicy": {"pause": False}}}
+    on = {"driver": {"upgradePolicy": {"validation": {"enable": True, "timeoutSeconds": 60}}}}
+    assert bootstrap.without_unused_new_blocks(on) == on
+    assert bootstrap.without_unused_new_blocks({"driver": {"deploy": False}}) == {"driver": {"deploy": False}}
+
+
 CR_SPEC = {
     "properties": {
         "a": {"properties": {"b": {}}},

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from metax_operator import contract
 from metax_operator.contract import CR_GROUP, CR_KIND, CR_NAME, CR_PLURAL, CR_SHORT_NAMES, CR_VERSION, CRD_FILE_NAME, CRD_NAME
 from metax_operator.errors import UserError
 
@@ -402,7 +403,7 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
     _describe(spec, values_descriptions(values_text), ())
     _default(spec, yaml.safe_load(values_text), top=True)
     _default_objects(spec)
-    for path in UNDEFAULTED:
+    for path in contract.UNDEFAULTED:
         _undefault(spec, path)
     spec["description"] = (
         "Desired state of the MetaX GPU stack: the chart values of seed tables "
@@ -503,14 +504,6 @@ def _cr_spec_source(node: dict) -> dict:
             properties = {**definitions[properties.pop("$merge")], **properties}
         out["properties"] = {key: _cr_spec_source(child) for key, child in properties.items() if not chart_only(child)}
     return out
-
-
-#: Fields newer than the release before: the CRD gives them no default. With one, the API server
-#: would fill them into the CR at every write, also while that release runs again after a `helm
-#: rollback` (the CRD stays this release's), whose bootstrap hook and runner would find fields they
-#: do not know and refuse the spec. Their defaults are values.yaml's (the bootstrap writes them) and
-#: those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
-UNDEFAULTED = (("driver", "upgradePolicy", "validation"),)
 
 
 def _undefault(spec: dict, path: tuple[str, ...]) -> None:

@@ -41,6 +41,7 @@ and later).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -242,7 +243,22 @@ def spec_from_values(values: dict, schema: dict) -> dict:
     spelled = seed_spellings.normalise(values)
     if spelled.errors:
         raise UserErrors(spelled.errors)
-    return prune(spelled.values, schema)
+    return without_unused_new_blocks(prune(spelled.values, schema))
+
+
+def without_unused_new_blocks(spec: dict) -> dict:
+    """`spec` less each block newer than the release before (`contract.UNDEFAULTED`) that the
+    values leave off (`enable` not true): a CR that never turned it on stays one that release's
+    bootstrap and runner read, should a `helm rollback` bring it back. Turned on, the block goes
+    in, and a rollback refuses it by name until it is removed."""
+    out = copy.deepcopy(spec)
+    for *parents, key in contract.UNDEFAULTED:
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(key), dict) and node[key].get("enable") is not True:
+            del node[key]
+    return out
 
 
 def bootstrap(
