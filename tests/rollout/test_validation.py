@@ -37,6 +37,14 @@ def swapped(cluster: Cluster, pol, node: str = "n00") -> float:
     return T0 + 5
 
 
+def failing(cluster: Cluster, pol) -> float:
+    """n00 swapped, its validation pod made, then failed (the module not loaded); the time then."""
+    now = swapped(cluster, pol)
+    cluster.decide(pol, now)
+    cluster.set("n00", check=Check("p-n00-1-validation", now, done=True, passed=False, reason=MODULE_MISSING))
+    return now + 5
+
+
 def test_a_ready_wave_pod_is_validated_before_it_counts_its_node_cordoned_and_holding_its_slot():
     cluster, pol = Cluster(3), validating_policy()
     now = swapped(cluster, pol)
@@ -69,10 +77,8 @@ def test_without_validation_a_ready_wave_pod_counts_at_once():
 
 def test_a_failed_validation_is_a_failed_node_named_in_status_and_an_event_and_stays_cordoned():
     cluster, pol = Cluster(3), validating_policy(fallback="pause")
-    now = swapped(cluster, pol)
-    cluster.decide(pol, now)
-    cluster.set("n00", check=Check("p-n00-1-validation", now, done=True, passed=False, reason=MODULE_MISSING))
-    decision = cluster.decide(pol, now + 5)
+    now = failing(cluster, pol)
+    decision = cluster.decide(pol, now)
     assert decision.verdicts == [Verdict(ref(cluster, "n00"), f"failed: {MODULE_MISSING}")]
     assert [(e.reason, e.message) for e in decision.events if e.reason == "ValidationFailed"] == [
         ("ValidationFailed", f"node n00: validation failed: {MODULE_MISSING}")
@@ -81,11 +87,11 @@ def test_a_failed_validation_is_a_failed_node_named_in_status_and_an_event_and_s
     assert decision.uncordon == [] and decision.delete == []
     assert cluster.status.step.current_step_state == STEP_PAUSED  # fallback: pause
     assert cluster.status.resume.paused_by_runner and decision.set_pause is True
-    assert state(cluster, decision, pol, now + 5, "n00") == NodeUpgradeState.FAILED
+    assert state(cluster, decision, pol, now, "n00") == NodeUpgradeState.FAILED
 
     # Recorded: the next passes see the pod's record, say nothing again and keep the node cordoned.
     cluster.set("n00", verdict=f"failed: {MODULE_MISSING}")
-    decision = cluster.decide(pol, now + 10)
+    decision = cluster.decide(pol, now + 5)
     assert decision.verdicts == [] and decision.uncordon == []
     assert not [e for e in decision.events if e.reason == "ValidationFailed"]
     assert cluster.status.resume.failed.names == ["n00"]
@@ -93,10 +99,7 @@ def test_a_failed_validation_is_a_failed_node_named_in_status_and_an_event_and_s
 
 def test_a_failed_validation_with_fallback_rollback_rolls_back():
     cluster, pol = Cluster(3), validating_policy(fallback="rollback")
-    now = swapped(cluster, pol)
-    cluster.decide(pol, now)
-    cluster.set("n00", check=Check("p-n00-1-validation", now, done=True, passed=False, reason=MODULE_MISSING))
-    decision = cluster.decide(pol, now + 5)
+    decision = cluster.decide(pol, failing(cluster, pol))
     assert cluster.status.phase == TERMINATING
     assert decision.restore is not None and decision.restore.revision == "old"
     assert decision.uncordon == []
@@ -116,16 +119,14 @@ def test_a_validation_that_does_not_end_times_out_as_failed():
 
 def test_a_retry_replaces_the_failed_pod_and_validates_its_successor():
     cluster, pol = Cluster(3), validating_policy(maxFailureThreshold=1)
-    now = swapped(cluster, pol)
-    cluster.decide(pol, now)
+    now = failing(cluster, pol)
     failed_pod = ref(cluster, "n00")
-    cluster.set("n00", check=Check("p-n00-1-validation", now, done=True, passed=False, reason=MODULE_MISSING))
     cluster.set("n00", verdict=f"failed: {MODULE_MISSING}")
-    decision = cluster.decide(pol, now + 5)
+    decision = cluster.decide(pol, now)
     assert decision.delete == [failed_pod]  # the retry wave: its Ready but failed pod goes
     assert cluster.status.step.current_failure_retry == 1
     cluster.set("n00", ready=True)
-    decision = cluster.decide(pol, now + 10)
+    decision = cluster.decide(pol, now + 5)
     assert decision.validate == [ref(cluster, "n00")] and ref(cluster, "n00") != failed_pod
     assert decision.uncordon == []
 
@@ -133,14 +134,12 @@ def test_a_retry_replaces_the_failed_pod_and_validates_its_successor():
 def test_a_failed_validation_outlives_its_wave_within_the_toleration():
     cluster = Cluster(3)
     pol = validating_policy(upgradeSteps=[{"replicas": "100%", "toleration": 1}])
-    now = swapped(cluster, pol)
-    cluster.decide(pol, now)
-    cluster.set("n00", check=Check("p-n00-1-validation", now, done=True, passed=False, reason=MODULE_MISSING))
-    decision = cluster.decide(pol, now + 5)
+    now = failing(cluster, pol)
+    decision = cluster.decide(pol, now)
     assert [r.node for r in decision.delete] == ["n01"]  # tolerated: the next wave goes on
     cluster.set("n00", verdict=f"failed: {MODULE_MISSING}")
-    cluster.set("n01", ready=True, check=Check("p-n01-2-validation", now + 10, done=True, passed=True))
-    decision = cluster.decide(pol, now + 15)
+    cluster.set("n01", ready=True, check=Check("p-n01-2-validation", now + 5, done=True, passed=True))
+    decision = cluster.decide(pol, now + 10)
     assert decision.uncordon == ["n01"]  # n00, out of the wave now, stays cordoned
     assert cluster.status.resume.failed.names == ["n00"]
-    assert state(cluster, decision, pol, now + 15, "n00") == NodeUpgradeState.FAILED
+    assert state(cluster, decision, pol, now + 10, "n00") == NodeUpgradeState.FAILED

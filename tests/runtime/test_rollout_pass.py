@@ -61,17 +61,23 @@ def driver_pod(node: str, revision_hash: str, ready: bool = True) -> dict:
     return driver
 
 
+def fleet(fake: FakeApi, nodes: int, template: dict = NEW_TEMPLATE, policy: dict = POLICY) -> None:
+    """`nodes` nodes whose driver pods run revision `old` while the DaemonSet's `template` is
+    revision `new`, and the CR with `policy`."""
+    fake.put(DS, {**daemonset(template=template), "metadata": {**daemonset()["metadata"], "namespace": NS}})
+    fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-old", revision("old", 1))
+    fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new", revision("new", 2, template=template))
+    for i in range(nodes):
+        fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
+        fake.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "old"))
+    fake.put(CR, cluster_operator(policy))
+
+
 @pytest.fixture
 def api():
     """Three nodes whose driver pods run revision `old` while the DaemonSet's template is `new`."""
     with FakeApi() as fake:
-        fake.put(DS, {**daemonset(template=NEW_TEMPLATE), "metadata": {**daemonset()["metadata"], "namespace": NS}})
-        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-old", revision("old", 1))
-        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new", revision("new", 2, template=NEW_TEMPLATE))
-        for i in range(3):
-            fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
-            fake.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "old"))
-        fake.put(CR, cluster_operator())
+        fleet(fake, 3)
         yield fake
 
 

@@ -12,16 +12,15 @@ import pytest
 from metax_operator.contract import STATE_LABEL, VALIDATES_LABEL, VALIDATION_ANNOTATION
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.fakeapi import FakeApi
-from tests.runtime.test_rollout_observe import daemonset, revision
 from tests.runtime.test_rollout_pass import (
     CR,
-    DS,
     NS,
     PODS,
     POLICY,
     T0,
     cluster_operator,
     driver_pod,
+    fleet,
     is_cordoned,
     node_labels,
     run_pass,
@@ -50,13 +49,7 @@ def api():
     clock = [T0]
     with FakeApi(clock=lambda: clock[0]) as fake:
         fake.now = clock
-        fake.put(DS, {**daemonset(template=TEMPLATE), "metadata": {**daemonset()["metadata"], "namespace": NS}})
-        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-old", revision("old", 1))
-        fake.put(f"/apis/apps/v1/namespaces/{NS}/controllerrevisions/metax-driver-new", revision("new", 2, template=TEMPLATE))
-        for i in range(2):
-            fake.put(f"/api/v1/nodes/n{i}", {"metadata": {"name": f"n{i}"}, "spec": {}})
-            fake.put(f"{PODS}/driver-n{i}", driver_pod(f"n{i}", "old"))
-        fake.put(CR, cluster_operator(VALIDATING))
+        fleet(fake, 2, TEMPLATE, VALIDATING)
         yield fake
 
 
