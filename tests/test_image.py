@@ -19,7 +19,10 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from image.lock import MACHINES
+from metax_operator.chart.upgrade_policy import Validation
 from metax_operator.contract import PAYLOAD_COPIER_CONTAINER
+from metax_operator.rollout.decision import PodRef
+from metax_operator.runtime import validation_pod
 from tests.helm import helm_path, render_chart
 from tests.image import ARCHITECTURES, INDEX, REPO, Layout, build, run_as_pod, runc, unpack
 
@@ -437,3 +440,33 @@ def test_the_image_brings_the_static_busybox_the_payload_containers_run(image):
     offset, size, count = program_headers
     kinds = [int.from_bytes(data[offset + i * size : offset + i * size + 4], "little") for i in range(count)]
     assert 3 not in kinds, "busybox asks for a program interpreter (PT_INTERP): not static"
+
+
+def test_the_validation_pods_check_runs_in_the_image_as_the_runner_makes_it(bundle, pods, tmp_path):
+    """`check-node` in the image, in the container the runner makes from the driver's rendered
+    template (`validation_pod.manifest`): the tools container's user and restricted settings, the
+    host's /sys read-only at /host/sys (here a tree the test writes, as the metax module shows it)."""
+    driver = next(spec for spec in pods if any(c["name"] == "driver-manager" for c in spec["containers"]))
+    driver_pod = PodRef("metax-driver-x1", "uid-1", "gpu-node-1")
+    pod = validation_pod.manifest(driver_pod, "metax-operator", {"spec": driver}, Validation())
+    [check] = pod["spec"]["containers"]
+    assert check["command"][-2:] == ["--driver-version", "2.32.0.6"]
+    host_sys = tmp_path / "sys"
+    (host_sys / "module" / "metax").mkdir(parents=True)
+    (host_sys / "module" / "metax" / "version").write_text("2.32.0.6\n")
+    (host_sys / "bus" / "pci" / "drivers" / "metax").mkdir(parents=True)
+    for function in ("0000:3b:00.0", "0000:5e:00.0", "bind", "uevent"):
+        (host_sys / "bus" / "pci" / "drivers" / "metax" / function).touch()
+    out = run_as_pod(bundle, check, pod["spec"]["securityContext"], volumes={"host-sys": host_sys})
+    assert (out.returncode, out.stdout.splitlines()) == (
+        0,
+        [
+            "ok: the metax kernel module is loaded",
+            "ok: driver version 2.32.0.6 matches the payload 2.32.0.6",
+            "ok: 2 GPU functions bound to metax, 0 to vfio-pci",
+        ],
+    ), out.stderr
+    (host_sys / "module" / "metax" / "version").write_text("2.31.0.2\n")  # the old driver still loaded
+    out = run_as_pod(bundle, check, pod["spec"]["securityContext"], volumes={"host-sys": host_sys})
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "error: the loaded metax driver reports version 2.31.0.2, the payload is 2.32.0.6"

@@ -8,8 +8,9 @@ kubelet not). Its first container is the built-in check (`metax-operator check-n
 tools image, reading the host's /sys read-only): the metax module loaded, its version that of the
 payload image's tag, GPUs bound. The administrator's `workload`, if any, runs after it as the pod's
 container (the check then runs as an init container), with the resources it asks for (one GPU by
-default). The tools image, its pull policy, the pull secrets and the priority class are those of
-the driver's own pods: the node already pulled them for the driver.
+default). The check runs as the driver pods' own tools container (`wait-for`) does: its image,
+pull policy, resources and restricted security context; so do the pull secrets and the priority
+class of those pods: the node already pulled that image for the driver.
 
 The driver pod owns it: a driver pod deleted (the next swap, a retry) takes its validation pod
 with it, and until then the pod and its log stay for `kubectl logs` and `gather`.
@@ -36,15 +37,6 @@ from metax_operator.rollout.observation import Check
 
 SELECTOR = f"{COMPONENT_LABEL}={VALIDATION_COMPONENT}"
 HOST_SYS = "/host/sys"
-_RESTRICTED = {
-    "runAsNonRoot": True,
-    "runAsUser": 65534,
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-
-
 def manifest(driver: PodRef, namespace: str, template: dict, validation: Validation) -> dict:
     """The validation pod for the driver pod `driver`, from the driver DaemonSet's pod `template`."""
     spec = template.get("spec") or {}
@@ -55,11 +47,8 @@ def manifest(driver: PodRef, namespace: str, template: dict, validation: Validat
         command += ["--driver-version", tag]
     check = {
         "name": "check-node",
-        "image": tools.get("image", ""),
-        "imagePullPolicy": tools.get("imagePullPolicy", "IfNotPresent"),
+        **{key: tools[key] for key in ("image", "imagePullPolicy", "resources", "securityContext") if key in tools},
         "command": command,
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
-        "securityContext": _RESTRICTED,
         "volumeMounts": [{"name": "host-sys", "mountPath": HOST_SYS, "readOnly": True}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
