@@ -37,6 +37,8 @@ from metax_operator.rollout.observation import Check
 
 SELECTOR = f"{COMPONENT_LABEL}={VALIDATION_COMPONENT}"
 HOST_SYS = "/host/sys"
+
+
 def manifest(driver: PodRef, namespace: str, template: dict, validation: Validation) -> dict:
     """The validation pod for the driver pod `driver`, from the driver DaemonSet's pod `template`."""
     spec = template.get("spec") or {}
