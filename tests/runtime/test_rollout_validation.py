@@ -143,3 +143,16 @@ def test_a_failed_validation_is_recorded_named_in_an_event_and_its_node_stays_co
     assert stored_status(api).resume.failed.names == ["n0"]
     assert not api.sent("DELETE")  # the step failed (toleration 0): the runner's pause, no next wave
     assert api.get(CR)["spec"]["driver"]["upgradePolicy"]["pause"] is True
+
+
+def test_an_invalid_policy_mid_validation_keeps_the_node_cordoned(api, executor):
+    """A pass that cannot decide (the policy invalid) gives back the nodes whose driver is back,
+    but not one whose validation still runs: the validation the policy asks for is still read."""
+    swapped_and_validating(api, executor)
+    api.put(CR, cluster_operator({**VALIDATING, "maxParallel": "0%"}))  # invalid: write 0 for no limit
+    eventually(lambda: executor.watches.validation_pods.snapshot(), 10, "the validation cache to hold the pod")
+    run_pass(api, executor)
+    assert is_cordoned(api, "n0")
+    api.put(CR, cluster_operator({**POLICY, "maxParallel": "0%"}))  # validation off too: given back
+    run_pass(api, executor)
+    assert not is_cordoned(api, "n0")

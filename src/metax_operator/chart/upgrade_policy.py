@@ -293,6 +293,16 @@ def _validation(raw: Mapping) -> Validation | None:
     )
 
 
+def validation_asked(policy: Any) -> Validation | None:
+    """The validation a policy asks for even where the rest of it is invalid: what the runner
+    still honours when it cannot decide a pass (a node being validated stays cordoned)."""
+    raw = policy.get("validation") if isinstance(policy, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("enable") is not True:
+        return None
+    timeout = raw.get("timeoutSeconds")
+    return Validation(timeout_s=timeout if _is_int(timeout) and timeout >= 1 else DEFAULT_VALIDATION_TIMEOUT_S)
+
+
 def _parse_int_or_percent(raw: Any) -> IntOrPercent | None:
     if _is_int(raw):
         return IntOrPercent(raw)  # the caller checks the range

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract
-from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.chart.upgrade_policy import Policy, validation_asked
 from metax_operator.conditions import rfc3339
 from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
 from metax_operator.jsonlog import event
@@ -179,13 +179,16 @@ class RolloutPass:
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
-        `driver_back` gives for the stored wave (a node whose driver is down or being swapped stays
-        cordoned); without it no driver is coming, so every one."""
+        `driver_back` gives for the stored wave (a node whose driver is down, being swapped or
+        validated, as far as the policy can be read, stays cordoned); without it no driver is
+        coming, so every one."""
         if ds is None:
             nodes = set(self.watches.cordoned.snapshot().values())
         else:
             resume = UpgradeStatus.from_json(stored).resume if stored is not None else Resume()
-            nodes = driver_back(self.watches.observe(ds, cr, stored, spec).observed, resume, set())
+            validation = validation_asked(((spec.get("driver") or {}).get("upgradePolicy")))
+            observed = self.watches.observe(ds, cr, stored, spec).observed
+            nodes = driver_back(observed, resume, set(), validation, self.clock())
         return GiveBack(sorted(nodes), stored) if nodes else None
 
     def without_cr(self) -> int:
