@@ -43,7 +43,7 @@ REQUEST_TIMEOUT = (5, 30)
 PAGE_SIZE = 500
 #: Requests one process sends at once (pod deletions, node patches).
 PARALLEL_REQUESTS = 8
-#: Connections kept open: one per open watch (the runner's caches, about 17) and parallel request;
+#: Connections kept open: one per open watch (the runner's caches, about 18) and parallel request;
 #: the client's default, 5 per CPU, opened (TLS handshake) and dropped one per request beyond it.
 CONNECTIONS = 32
 #: The HTTP methods whose answer is the object as written.
