@@ -115,6 +115,8 @@ def test_logs_are_gathered_for_the_runner_the_hooks_and_the_nodes_the_rollout_na
     assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n2"), nodes) == 1
     assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n1"), nodes) == 2
     assert gather.log_rank(pod({"app.kubernetes.io/component": "driver"}, "n9"), nodes) is None
+    # a failed node's validation pod, kept (owned by its driver pod) with the check's log
+    assert gather.log_rank(pod({"app.kubernetes.io/component": "driver-validation"}, "n2"), nodes) == 1
 
 
 def test_at_most_log_nodes_of_a_10000_node_rollout_have_their_logs_gathered_the_failed_first():
