@@ -7,16 +7,19 @@ counts a node whose validation failed or timed out as a failed node of its step.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from kubernetes import client
 
-from metax_operator.contract import VALIDATES_LABEL, VALIDATION_ANNOTATION
+from metax_operator.contract import RETRY_LABEL, VALIDATES_LABEL, VALIDATION_ANNOTATION
 from tests.e2e.test_node_safety import GPU_NODES, runner_cordoned
 from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
     EVENTS_NS,
     FAILING,
     NS,
     QUICK_POLICY,
+    Runner,
     all_at,
     api,
     condition,
@@ -30,7 +33,7 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     sub,
     upgrade_status,
 )
-from tests.e2e.tools import get_cr, log_entries, more_passes, seed_patch
+from tests.e2e.tools import get_cr, kubectl, log_entries, more_passes, seed_patch
 from tests.waiting import consistently, eventually
 
 VALIDATION_PODS = "app.kubernetes.io/component=driver-validation"
@@ -150,5 +153,33 @@ def test_a_validation_that_hangs_times_out_and_fails_its_node(control_plane, api
         assert bad in runner_cordoned(api)
         [hung] = [p for p in validation_pods(api) if p.spec.node_name == bad]
         assert hung.status.phase == "Running" and hung.spec.active_deadline_seconds == 5  # the kubelet would end it
+    finally:
+        settle(cp, api, faults, old)
+
+
+def test_a_runner_killed_mid_validation_hands_the_node_over_still_cordoned(control_plane, api, idle, faults):
+    """The leader is killed while a node is validating; the next one keeps that node cordoned,
+    times its validation out, goes on within the step's toleration, and the node is given back
+    only after an admin's retry passed."""
+    cp = control_plane
+    slow = GPU_NODES[0]
+    faults.validations_hang([slow])
+    steps = [{**step, "toleration": 1} for step in QUICK_POLICY["upgradeSteps"]]
+    policy = {**QUICK_POLICY, "upgradeSteps": steps, "maxParallel": 2, "maxUnavailable": 1}  # tolerated to the end
+    old, new = start_rollout(cp, api, validating(policy, timeout=15))
+    try:
+        eventually(lambda: node_states(cp).get(slow) == "validating", 60, f"{slow} validating")
+        idle["runners"][-1].stop(signal.SIGKILL)
+        idle["runners"].append(Runner(idle["kubeconfig"], idle["tmp"], "runner-after-kill"))
+        failed = eventually(lambda: node_states(cp).get(slow) == "failed", 90, f"{slow} failed by the next leader")
+        assert failed and slow in runner_cordoned(api)
+        message = f"node {slow}: validation failed: its validation did not end within 15 s (timeoutSeconds)"
+        assert message in events(api, "ValidationFailed")
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 240, "Completed within the toleration")
+        assert slow in runner_cordoned(api), "a node whose validation failed was given back"
+        faults.clear_faults()
+        kubectl(cp, "label", "node", slow, f"{RETRY_LABEL}=true")  # the admin retries it once fixed
+        eventually(lambda: node_states(cp).get(slow) == "done" and slow not in runner_cordoned(api), 90, f"{slow} retried")
+        assert all_at(api, new)
     finally:
         settle(cp, api, faults, old)
