@@ -178,8 +178,8 @@ STATE_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}state"
 #: removes the label once it did (or once the node is not failed).
 RETRY_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}retry"
 #: The validation of a swapped node (`driver.upgradePolicy.validation`): the runner runs one pod
-#: per new driver pod on its node, labelled with the app.kubernetes.io/component VALIDATION_COMPONENT and
-#: VALIDATES_LABEL (the driver pod's uid; the driver pod owns it, so it goes with it), and records
+#: per new driver pod on its node, its app.kubernetes.io/component VALIDATION_COMPONENT and its
+#: VALIDATES_LABEL the driver pod's uid (the driver pod owns it, so it goes with it), and records
 #: the outcome on the driver pod (VALIDATION_ANNOTATION): VALIDATION_PASSED, or
 #: VALIDATION_FAILED_PREFIX and why. A new driver pod (a retry, a rollback) is validated anew.
 VALIDATION_COMPONENT = "driver-validation"
@@ -231,8 +231,8 @@ CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
 #: default: with one, the API server would fill them into the CR at every write, also while that
 #: release runs again after a `helm rollback` (the CRD stays this release's), whose bootstrap hook
 #: and runner would refuse fields they do not know. For the same reason the bootstrap writes one
-#: into the CR only when the values turn it on (`enable: true`). Their defaults are values.yaml's and
-#: those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
+#: into the CR only when the values turn it on (`enable: true`). Their defaults are values.yaml's
+#: and those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
 UNDEFAULTED = (("driver", "upgradePolicy", "validation"),)
 
 # -- who writes -----------------------------------------------------------------------------------

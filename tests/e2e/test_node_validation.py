@@ -88,7 +88,7 @@ def test_each_swapped_node_is_validated_on_the_node_before_its_uncordon(control_
         runner = idle["runners"][0]
         order = [(e["action"], e) for e in log_entries(runner.log_path, "rollout-validated", "rollout-uncordon")]
         for node in GPU_NODES:
-            validated = next(i for i, (action, e) in enumerate(order) if action == "rollout-validated" and node in e)
+            validated = next(i for i, (action, e) in enumerate(order) if action == "rollout-validated" and node in e["validated"])
             uncordoned = next(i for i, (action, e) in enumerate(order) if action == "rollout-uncordon" and node in e["nodes"])
             assert validated < uncordoned, node
     finally:

@@ -78,7 +78,8 @@ def _settle(ctx: PassContext, handlers: dict, first: Next) -> None:
 
 def _report(ctx: PassContext, waves: Waves) -> Decision:
     """What every pass reports whatever its phase: the spec it acts on, an admin's retry labels,
-    the validations that ended, the listed nodes, the nodes to uncordon, the update time, the pause to confirm, the wake-up."""
+    the validations that ended, the listed nodes, the nodes to uncordon, the update time, the
+    pause to confirm, the wake-up."""
     status, resume, decision, observed = ctx.status, ctx.resume, ctx.decision, ctx.observed
     status.upgrading = status.phase in (PROGRESSING, TERMINATING, DISABLING)
     resume.spec = freeze.record(observed.cr_spec, decision.restore) if status.upgrading else None

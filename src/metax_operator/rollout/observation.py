@@ -188,9 +188,7 @@ class NodePods:
                 self.live[pod.node] = pod
 
 
-def driver_back(
-    observed: Cluster, resume: Resume, deleting: set[str], validation: Validation | None = None, now: float = 0.0
-) -> set[str]:
+def driver_back(observed: Cluster, resume: Resume, deleting: set[str], validation: Validation | None, now: float) -> set[str]:
     """The nodes the runner cordoned that it may uncordon now, `deleting` holding the nodes whose
     driver pod is to be deleted in this pass.
 
@@ -240,7 +238,7 @@ class RevisionView:
         wave: set[str],
         timeout: float,
         now: float,
-        validation: Validation | None = None,
+        validation: Validation | None,
     ):
         self.revision = revision
         self.live = pods.live

@@ -3,11 +3,11 @@ what `metax-operator rollout simulate` runs.
 
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
-latency drawn from a seeded RNG. With `upgradePolicy.validation` a validation pod the runner
-creates ends `validation_latency` seconds later, and passes. The "runner" calls `engine.decide` every loop interval and carries
-out the decision as `runtime.rollout_pass` does (the status, the pause and the status once it landed,
-the restore, the deletions); the admin answers a runner's pause `admin_delay` seconds after the
-status shows it. `run()` returns the timeline per step.
+latency drawn from a seeded RNG; with `upgradePolicy.validation`, a validation pod the runner
+creates ends `validation_latency` seconds later, and passes. The "runner" calls `engine.decide`
+every loop interval and carries out the decision as `runtime.rollout_pass` does (the status, the
+pause and the status once it landed, the restore, the deletions); the admin answers a runner's
+pause `admin_delay` seconds after the status shows it. `run()` returns the timeline per step.
 
 The tests drive the same simulator with failures, crashes and scripted admins by overriding its
 hooks (`_new_pod`, `_gpu_busy`, `_before`, ...): tests/rollout/oracle.py.

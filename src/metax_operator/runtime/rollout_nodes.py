@@ -170,7 +170,7 @@ class NodeActions:
             return True
 
         done = self._parallel(self._per_node("record-validation", lambda v: v.pod.node, write, False), verdicts)
-        event(log, "rollout-validated", **{v.pod.node: v.text for v in verdicts})
+        event(log, "rollout-validated", validated={v.pod.node: v.text for v in verdicts})
         return sum(done)
 
     def _node(self, name: str) -> cordon.NodeState | None:
