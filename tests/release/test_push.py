@@ -17,6 +17,7 @@ import shutil
 import ssl
 import subprocess
 import tarfile
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -83,25 +84,33 @@ def plain_registry(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def containerd(tmp_path):
-    """The socket of a containerd of its own, on a fresh root (no CRI: ctr needs none)."""
+def containerd():
+    """The socket of a containerd of its own, on a fresh root (no CRI: ctr needs none). The root is
+    a short directory of its own: a unix socket's path has at most 107 bytes, and pytest's
+    tmp_path is long. containerd's log is in the failure when it does not come up."""
     binary = shutil.which("containerd")
     if binary is None:
         pytest.fail("containerd is missing: run 'make e2e' (it sets up the real node's runtime)", pytrace=False)
-    root = tmp_path / "containerd"
+    root = Path(tempfile.mkdtemp(prefix="containerd-"))
     socket = root / "containerd.sock"
-    (root / "config.toml").parent.mkdir()
     (root / "config.toml").write_text(
         f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
         f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{socket}"\n'
     )
-    process = subprocess.Popen([binary, "--config", str(root / "config.toml")], stderr=subprocess.DEVNULL)
+    log = root / "containerd.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen([binary, "--config", str(root / "config.toml")], stderr=sink)
     try:
-        eventually(lambda: socket.exists(), 30, "containerd's socket")
+        try:
+            eventually(lambda: socket.exists() or process.poll() is not None, 60, "containerd's socket")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; containerd's log ends:\n{log.read_text()[-3000:]}") from None
+        assert process.poll() is None, f"containerd exited with {process.returncode}:\n{log.read_text()[-3000:]}"
         yield socket
     finally:
         process.terminate()
         process.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def tiny_archive(directory: Path, name: str, tag: str, arches=("amd64",)) -> Path:
