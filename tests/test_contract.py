@@ -38,6 +38,17 @@ def test_the_validation_defaults_the_crd_leaves_out_are_those_of_values_yaml():
     assert upgrade_policy.validate({"validation": {"enable": True}}).validation == upgrade_policy.Validation()
 
 
+def test_the_health_gate_defaults_the_crd_leaves_out_are_those_of_values_yaml():
+    """`healthGate` has no CRD default either: an enabled gate without `maxRegression` is values.yaml's."""
+    from metax_operator.chart import upgrade_policy
+
+    gate = VALUES["driver"]["upgradePolicy"]["healthGate"]
+    assert gate["enable"] is False
+    parsed = upgrade_policy.validate({"healthGate": {"enable": True}}).health_gate
+    assert parsed == upgrade_policy.HealthGate()
+    assert {signal.value: parsed.allowed(signal) for signal in upgrade_policy.HealthSignal} == gate["maxRegression"]
+
+
 def test_the_chart_names_its_daemonsets_and_configmaps_as_the_contract_says(helm_bin):
     objects = render_chart(ALL_ON, helm=helm_bin)
     daemonsets = {o["metadata"]["annotations"][contract.COMPONENT_ANNOTATION]: o for o in objects if o["kind"] == "DaemonSet"}

@@ -232,8 +232,9 @@ CONFIGMAPS = (DRIVER_CONFIG, VFIO_CONFIG)
 #: release runs again after a `helm rollback` (the CRD stays this release's), whose bootstrap hook
 #: and runner would refuse fields they do not know. For the same reason the bootstrap writes one
 #: into the CR only when the values turn it on (`enable: true`). Their defaults are values.yaml's
-#: and those of the code that reads them (`upgrade_policy.Validation`, checked against values.yaml).
-UNDEFAULTED = (("driver", "upgradePolicy", "validation"),)
+#: and those of the code that reads them (`upgrade_policy.Validation`, `HealthGate`: checked against
+#: values.yaml).
+UNDEFAULTED = (("driver", "upgradePolicy", "validation"), ("driver", "upgradePolicy", "healthGate"))
 
 # -- who writes -----------------------------------------------------------------------------------
 

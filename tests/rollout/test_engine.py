@@ -19,6 +19,7 @@ from metax_operator.conditions import rfc3339
 from metax_operator.rollout import engine, observation
 from metax_operator.rollout.context import Next
 from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.health_gate import Health
 from metax_operator.rollout.observation import Pod
 from metax_operator.rollout.rollback import Rollback
 from metax_operator.rollout.status import (
@@ -80,6 +81,7 @@ class Cluster:
         self.retry: set[str] = set()  # nodes an admin labelled for a retry
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: UpgradeStatus | None = None
+        self.health: Health | None = None  # the latest snapshot of the nodes' health (the health gate)
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> observation.Cluster:
@@ -98,6 +100,7 @@ class Cluster:
             retry=frozenset(self.retry),
             template=f"template-{self.revision}",
             driver_spec=f"spec-{self.revision}",
+            health=self.health,
         )
 
     def decide(self, pol, now: float) -> Decision:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from metax_operator.chart.upgrade_policy import validate
+from metax_operator.rollout.health_gate import NodeHealth
 from metax_operator.rollout.simulate import simulate
 from metax_operator.rollout.status import COMPLETED, IDLING, STEP_PAUSED, UpgradeStatus
 from tests.cases import WORKED_EXAMPLES
@@ -32,6 +33,41 @@ def test_worked_examples_take_the_same_waves_when_every_validation_passes(case):
     policy = validate({**case["policy"], "validation": {"enable": True}})
     assert policy.validation is not None
     assert simulate(policy, case["nodes"]).as_json() == {"steps": case["expect"]}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_worked_examples_take_the_same_waves_when_every_node_is_healthy_at_the_health_gate(case):
+    policy = validate({**case["policy"], "healthGate": {"enable": True}})
+    assert policy.health_gate is not None
+    sim = Simulation(
+        Config(nodes=case["nodes"], interval=5.0, ready_latency=(30.0, 30.0)), dataclasses.replace(policy, enable_rollout=True)
+    )
+    sim.set_revision(NEW)
+    result = sim.run()
+    assert result.as_json() == {"steps": case["expect"]}
+    assert result.status.step.current_step_state == COMPLETED and sim.health is not None  # the gate looked
+
+
+def test_a_node_the_first_step_leaves_not_ready_stops_the_rollout_at_that_steps_pause():
+    class Planted(Simulation):
+        def _health(self, now):
+            """The first node the rollout upgraded is NotReady."""
+            health = super()._health(now)
+            first = min(p.node for p in self.pods.values() if p.revision == NEW)
+            return dataclasses.replace(health, nodes={**health.nodes, first: NodeHealth(ready=False)})
+
+    policy = {
+        "enableRollout": True,
+        "maxParallel": 2,
+        "upgradeSteps": [{"replicas": 2, "pauseDuration": 60000}, {"replicas": "100%", "pauseDuration": 0}],
+        "healthGate": {"enable": True},
+    }
+    sim = Planted(Config(nodes=10, admin_delay=None), validate(policy))
+    sim.set_revision(NEW)
+    result = sim.run()
+    assert result.status.step.current_step_index == 0 and result.status.step.current_step_state == STEP_PAUSED
+    assert result.status.resume.pause_reason == "failure"
+    assert sorted(result.pods.values()).count(NEW) == 2  # nothing beyond the first step
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])

@@ -96,6 +96,27 @@ class Validation:
     workload_resources: str = json.dumps(DEFAULT_WORKLOAD_RESOURCES, sort_keys=True)
 
 
+class HealthSignal(StrEnum):
+    """What the health gate compares the upgraded nodes with the others on (`healthGate`); the
+    values are `maxRegression`'s keys."""
+
+    NOT_READY = "notReady"  # the node is not Ready
+    GPUS_UNAVAILABLE = "gpusUnavailable"  # fewer allocatable metax-tech.com/* devices than its capacity, or none
+    RESTARTS = "restarts"  # its driver or gpu-device pod restarted a container since the step began
+    FAILED_GPU_PODS = "failedGpuPods"  # a pod requesting metax-tech.com/* failed on it since the step began
+
+
+@dataclass(frozen=True)
+class HealthGate:
+    """`healthGate`, when enabled: the percentage points by which the upgraded nodes' share
+    showing each signal may exceed the others' before a step promotes."""
+
+    max_regression: tuple[tuple[HealthSignal, int], ...] = tuple((s, 0) for s in HealthSignal)
+
+    def allowed(self, signal: HealthSignal) -> int:
+        return dict(self.max_regression)[signal]
+
+
 @dataclass(frozen=True)
 class Policy:
     enable_rollout: bool = False
@@ -114,6 +135,7 @@ class Policy:
     drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
     on_timeout: OnTimeout = OnTimeout.HOLD  # a node whose wait or drain timed out
     validation: Validation | None = None  # None: a node is upgraded once its driver pod is Ready
+    health_gate: HealthGate | None = None  # None: a step promotes once its pause is over
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
 
@@ -277,6 +299,7 @@ def build(raw: Mapping) -> Policy:
         drain_timeout_ms=_duration_ms((raw.get("drain") or {}).get("timeout", DEFAULT_DRAIN_TIMEOUT_MS))[0],
         on_timeout=OnTimeout(raw.get("onTimeout", OnTimeout.HOLD)),
         validation=_validation(raw.get("validation") or {}),
+        health_gate=_health_gate(raw.get("healthGate") or {}),
         steps_key=key,
     )
 
@@ -291,6 +314,13 @@ def _validation(raw: Mapping) -> Validation | None:
         workload_command=tuple(workload.get("command") or ()),
         workload_resources=json.dumps(workload.get("resources", DEFAULT_WORKLOAD_RESOURCES), sort_keys=True),
     )
+
+
+def _health_gate(raw: Mapping) -> HealthGate | None:
+    if not raw.get("enable", False):
+        return None
+    limits = raw.get("maxRegression") or {}
+    return HealthGate(tuple((signal, limits.get(signal.value, 0)) for signal in HealthSignal))
 
 
 def validation_asked(policy: Any) -> Validation | None:

@@ -55,5 +55,6 @@ class Decision:
     uncordon: list[str] = field(default_factory=list)  # nodes the runner cordoned whose driver is back
     validate: list[PodRef] = field(default_factory=list)  # Ready wave pods whose node to validate: run its pod
     verdicts: list[Verdict] = field(default_factory=list)  # ended validations to record on their driver pod
+    observe_health: bool = False  # the health gate needs a new snapshot of the nodes' health (`rollout.health_gate`)
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)

@@ -1,14 +1,15 @@
 """The Progressing phase: a change of course (the rollout turned off, the template reverted or
 replaced, the steps edited), else the step in flight through its states: StepUpgradeInit,
 StepUpgrade (waves towards the step's target, retries, the step's failure and `fallback`),
-StepPaused (the admin's confirmation, or `pauseDuration`), StepReady, then the next step or
-Completed.
+StepPaused (the admin's confirmation, or `pauseDuration`, and the health gate), StepReady, then
+the next step or Completed.
 """
 
 from __future__ import annotations
 
 from metax_operator.chart.upgrade_policy import Fallback
 from metax_operator.conditions import FALSE, TRUE, EventType, parse_time, rfc3339
+from metax_operator.rollout import health_gate
 from metax_operator.rollout.context import Next, PassContext
 from metax_operator.rollout.observation import RevisionView
 from metax_operator.rollout.rollback import Rollback
@@ -83,7 +84,7 @@ class Progress:
         if state == STEP_UPGRADE:
             return self.upgrade(view, index, target)
         if state == STEP_PAUSED:
-            return self.paused()
+            return self.paused(view)
         if index + 1 < len(policy.steps):  # StepReady
             ctx.enter_step(index + 1)
             return Next.PROGRESS
@@ -149,8 +150,7 @@ class Progress:
         return Next.PROGRESS
 
     def failed_step(self, view: RevisionView, index: int, allowed: int, limit: str) -> Next:
-        """More failed pods than `limit` allows: retry them, or after the last retry the fallback
-        (roll back, or the runner's pause until the admin has fixed the nodes)."""
+        """More failed pods than `limit` allows: retry them, or after the last retry the fallback."""
         ctx, policy = self.ctx, self.ctx.policy
         retry = ctx.step.current_failure_retry
         failed = len(view.failed)
@@ -164,10 +164,16 @@ class Progress:
                 f"retry {retry + 1} of {policy.max_failure_threshold}",
             )
             return Next.PROGRESS
-        fallback = policy.fallback
-        message = f"step {index}: {failed} failed pods exceed {limit} {allowed} after {retry} retries: fallback {fallback}"
-        ctx.condition(ConditionType.FAILED, TRUE, Reason.STEP_FAILED, message)
-        ctx.event(EventType.WARNING, Reason.STEP_FAILED, message)
+        message = f"step {index}: {failed} failed pods exceed {limit} {allowed} after {retry} retries"
+        return self.fallback(view, Reason.STEP_FAILED, message)
+
+    def fallback(self, view: RevisionView, reason: Reason, why: str) -> Next:
+        """The step failed (`why`): roll back, or the runner's pause until the admin has fixed the
+        nodes, as `fallback` says."""
+        ctx, fallback = self.ctx, self.ctx.policy.fallback
+        message = f"{why}: fallback {fallback}"
+        ctx.condition(ConditionType.FAILED, TRUE, reason, message)
+        ctx.event(EventType.WARNING, reason, message)
         if fallback == Fallback.ROLLBACK:
             return self.rollback.begin(TERMINATING, Reason.FALLBACK_ROLLBACK, message)
         ctx.condition(ConditionType.PROGRESSING, TRUE, Reason.FAILED, message)
@@ -176,12 +182,15 @@ class Progress:
         ctx.step_state(STEP_PAUSED, message + ": fix the failed nodes, then set pause: false")
         return Next.PROGRESS
 
-    def paused(self) -> Next:
+    def paused(self, view: RevisionView) -> Next:
         """StepPaused: the runner's pause until the admin releases it, or the admin's own pause,
-        or the step's `pauseDuration` until its recheck time."""
+        or the step's `pauseDuration` until its recheck time; the health gate throughout."""
         ctx, resume = self.ctx, self.ctx.resume
         index = ctx.step.current_step_index
         if resume.paused_by_runner:
+            releasing = resume.pause_confirmed and not ctx.admin_pause  # the admin's `pause: false`
+            if resume.pause_reason == PauseReason.STEP and (held := self.health_gate(view, index, releasing)):
+                return held
             if not resume.pause_confirmed:
                 if not ctx.admin_pause:
                     ctx.decision.set_pause = True
@@ -193,11 +202,47 @@ class Progress:
         recheck = parse_time(ctx.step.recheck_time)
         if ctx.admin_pause:
             return ctx.finish(f"step {index}: {ADMIN_PAUSED}")
-        if recheck is not None and ctx.now < recheck:
+        over = recheck is None or ctx.now >= recheck
+        if held := self.health_gate(view, index, over):
+            return held
+        if not over:
             ctx.wakes.append(recheck)
             return Next.DONE
         ctx.step_state(STEP_READY)
         return Next.PROGRESS
+
+    def health_gate(self, view: RevisionView, index: int, promoting: bool) -> Next | None:
+        """The health gate (`rollout.health_gate`) at step `index`'s pause, `promoting` once the
+        pause is over: None lets the pause go on as it would (or the step promote); else what
+        the pass does instead: wait for a fresh snapshot, or fail the step.
+
+        While paused a snapshot taken since the step was ready and at most `RECHECK_S` old is
+        compared (a newer one is asked for, the pause going on meanwhile); before promoting, one
+        at most `FRESH_S` old."""
+        ctx, gate = self.ctx, self.ctx.policy.health_gate
+        if gate is None:
+            return None
+        health = ctx.observed.health
+        since_ready = parse_time(ctx.resume.step_ready_time) or 0.0
+        max_age = health_gate.FRESH_S if promoting else health_gate.RECHECK_S
+        if health is None or health.taken < since_ready or ctx.now - health.taken > max_age:
+            ctx.decision.observe_health = True
+            ctx.wakes.append(ctx.now)
+            if promoting:
+                return ctx.finish(f"step {index}: comparing the upgraded nodes' health with the others' before promoting")
+            return None
+        others = [p.node for p in view.others]
+        since = parse_time(ctx.resume.step_start_time) or 0.0
+        comparisons = health_gate.compare(health, view.ready_at_revision, others, since, gate)
+        if any(c.regressed for c in comparisons):
+            why = f"step {index}: the upgraded nodes are less healthy than the others: {health_gate.verdict(comparisons)}"
+            return self.fallback(view, Reason.UNHEALTHY_STEP, why)
+        if promoting:
+            compared = health_gate.verdict(comparisons) if comparisons else "nothing to compare (a group is empty)"
+            ctx.event(EventType.NORMAL, Reason.HEALTH_GATE_PASSED, f"step {index}: {compared}")
+        else:
+            ctx.wakes.append(health.taken + health_gate.RECHECK_S)
+        return None
 
     def resumed(self, index: int) -> Next:
         """The admin released the runner's pause: after a failure the step upgrades again with

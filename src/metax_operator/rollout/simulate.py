@@ -4,7 +4,9 @@ what `metax-operator rollout simulate` runs.
 Pure Python, no cluster: N nodes, each with one driver pod; a deleted pod terminates, then the
 DaemonSet controller creates its replacement at the current template revision, Ready after a
 latency drawn from a seeded RNG; with `upgradePolicy.validation`, a validation pod the runner
-creates ends `validation_latency` seconds later, and passes. The "runner" calls `engine.decide`
+creates ends `validation_latency` seconds later, and passes; with `upgradePolicy.healthGate`, the
+snapshot of the nodes' health the engine asks for is read at the next pass, every node healthy.
+The "runner" calls `engine.decide`
 every loop interval and carries out the decision as `runtime.rollout_pass` does (the status, the
 pause and the status once it landed, the restore, the deletions); the admin answers a runner's
 pause `admin_delay` seconds after the status shows it. `run()` returns the timeline per step.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
 from metax_operator.rollout.decision import Decision, PodRef
+from metax_operator.rollout.health_gate import Health, NodeHealth
 from metax_operator.rollout.observation import Check, Cluster, Pod
 from metax_operator.rollout.status import (
     COMPLETED,
@@ -115,6 +118,8 @@ class Simulation:
             self._create(node, 0.0, ready=True)
         self.status: UpgradeStatus | None = None
         self.unpause_at: float | None = None
+        self.health: Health | None = None  # the runner's latest snapshot of the nodes' health
+        self.health_asked = False
 
     # -- the cluster ------------------------------------------------------------------------
     def set_revision(self, revision: str) -> None:
@@ -172,6 +177,7 @@ class Simulation:
             nodes=frozenset(self.nodes),
             pods=pods,
             gpu_busy_nodes=self._gpu_busy(now),
+            health=self.health,
         )
 
     def _check(self, pod: SimPod, now: float) -> Check | None:
@@ -179,6 +185,10 @@ class Simulation:
         if pod.check is None or pod.checked_at is None or pod.checked_at > now:
             return pod.check
         return dataclasses.replace(pod.check, done=True, passed=self._validation_passes(pod))
+
+    def _health(self, now: float) -> Health:
+        """The nodes' health as a snapshot at `now` reads it (every node healthy here)."""
+        return Health(now, {node: NodeHealth() for node in self.nodes})
 
     def _validation_passes(self, pod: SimPod) -> bool:
         """Whether the validation of `pod`'s node passes (every one here)."""
@@ -232,7 +242,10 @@ class Simulation:
     def _pass(self, now: float) -> Decision:
         """One runner pass: decide, then carry out the decision's actions in the executor's order."""
         policy = dataclasses.replace(self.policy, pause=self.spec_pause)
+        if self.health_asked:
+            self.health = self._health(now)
         decision = engine.decide(self.observe(now), policy, self.status, now)
+        self.health_asked = decision.observe_health
         self.passes += 1
         actions: list[tuple[str, Callable[[], None]]] = [("status", lambda: self._persist(decision.status))]
         if decision.set_pause is not None:
@@ -340,6 +353,7 @@ class Simulation:
             not decision.delete
             and not decision.validate
             and not decision.verdicts
+            and not decision.observe_health
             and decision.restore is None
             and decision.set_pause is None
         )

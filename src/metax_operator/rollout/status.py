@@ -83,6 +83,8 @@ class Reason(StrEnum):
     NOTHING_TO_RETRY = "NothingToRetry"  # the retry label on a node whose driver is not failed
     DRIVER_FAILED = "DriverFailed"  # a node's new driver pod cannot start, and says why (payload contract)
     VALIDATION_FAILED = "ValidationFailed"  # a swapped node's validation failed or timed out
+    UNHEALTHY_STEP = "UnhealthyStep"  # the health gate: the upgraded nodes regressed against the others
+    HEALTH_GATE_PASSED = "HealthGatePassed"  # the health gate let a step promote
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.

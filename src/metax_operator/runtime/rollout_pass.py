@@ -18,6 +18,9 @@ again), then the rollout acts (`RolloutPass.act`):
 - cordon the wave nodes whose work must end first (`Decision.cordon`) and drain those whose GPU
   pods must go (`Decision.evict`); cordon each pod's node, look at it once more and delete the pod
   (`Decision.delete`): the batches of `rollout_nodes.NodeActions`, which say how;
+- at a step's pause under the health gate, read a snapshot of the nodes' health when the last
+  decision asked for one (`node_health.read`, `Decision.observe_health`) and hand the latest to
+  every decision after it;
 - validate: create a validation pod for each Ready wave pod the engine names (`Decision.validate`,
   `validation_pod.manifest`), and record the validations that ended on their driver pods
   (`Decision.verdicts`);
@@ -45,6 +48,7 @@ it wrote and what the cluster shows. This module decides nothing: what to do is 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -59,10 +63,11 @@ from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
 from metax_operator.jsonlog import event
 from metax_operator.rollout import engine, node_state
 from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.health_gate import Health
 from metax_operator.rollout.observation import Cluster, driver_back
 from metax_operator.rollout.restore import Restore, without_policy
 from metax_operator.rollout.status import Resume, UpgradeStatus
-from metax_operator.runtime import cr_status, validation_pod
+from metax_operator.runtime import cr_status, node_health, validation_pod
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
@@ -126,6 +131,8 @@ class RolloutPass:
         self.watches = watches or Watches(api, namespace)
         self.metrics = metrics
         self.nodes = NodeActions(api, namespace, self.watches, self._check)
+        self.health: Health | None = None  # the latest snapshot of the nodes' health (`node_health`)
+        self.health_asked = False  # the last decision asked for a new one
 
     def close(self) -> None:
         self.watches.stop()
@@ -172,10 +179,16 @@ class RolloutPass:
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return self._give_back(ds, cr, spec, stored)
-        snap = self.watches.observe(ds, cr, stored, spec)
+        observed = self.watches.observe(ds, cr, stored, spec).observed
         before = UpgradeStatus.from_json(stored) if stored is not None else None
         now = self.clock()
-        return Plan(engine.decide(snap.observed, policy, before, now), policy.pause, stored, snap.observed, policy, now)
+        if policy.health_gate is not None:
+            if self.health_asked:
+                self.health = node_health.read(self.api, self.namespace, now)
+            observed = dataclasses.replace(observed, health=self.health)
+        decision = engine.decide(observed, policy, before, now)
+        self.health_asked = decision.observe_health
+        return Plan(decision, policy.pause, stored, observed, policy, now)
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those

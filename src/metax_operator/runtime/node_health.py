@@ -1,0 +1,96 @@
+"""The nodes' health for the rollout's health gate (`rollout.health_gate.Health`), read only when
+the engine asks for a snapshot (`Decision.observe_health`: at a step's pause, every few minutes
+of it and before the step promotes), never kept in a watch cache. Three paged LISTs, each object
+projected to the few fields the gate reads as its page is parsed:
+
+- the GPU nodes (label `metax-tech.com/gpu.installed=true`): the Ready condition, and the
+  `metax-tech.com/*` capacity and allocatable (the kubelet takes the devices its device plugin
+  reports unhealthy out of allocatable; a plugin that finds no device reports none);
+- the driver and gpu-device pods of the namespace: when a container of each last ended before a
+  restart (`lastState.terminated.finishedAt`);
+- the failed pods of the cluster (`status.phase=Failed`, by field selector): those requesting a
+  `metax-tech.com/*` resource, by node, with when they ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kubernetes.utils.quantity import parse_quantity
+
+from metax_operator import workloads
+from metax_operator.conditions import parse_time
+from metax_operator.contract import COMPONENT_LABEL, GPU_NODE_LABEL, RESOURCE_PREFIX
+from metax_operator.rollout.health_gate import Health, NodeHealth
+from metax_operator.runtime.kube import Client
+from metax_operator.runtime.rollout_projections import pod_node
+
+#: The components whose restarts the gate counts: the driver and the device plugin.
+RESTART_COMPONENTS = ("driver", "gpu-device")
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A GPU node as the snapshot reads it."""
+
+    name: str
+    ready: bool
+    gpus_unavailable: bool
+
+
+def read(api: Client, namespace: str, now: float) -> Health:
+    """A snapshot of the GPU nodes' health, taken at `now`."""
+    nodes = [n for page in api.pages("v1", "Node", label_selector=f"{GPU_NODE_LABEL}=true", project=project_node) for n in page]
+    restarts: dict[str, float] = {}
+    components = f"{COMPONENT_LABEL} in ({','.join(RESTART_COMPONENTS)})"
+    for page in api.pages("v1", "Pod", namespace, label_selector=components, project=project_restart):
+        _latest(restarts, page)
+    failed: dict[str, float] = {}
+    for page in api.pages("v1", "Pod", field_selector="status.phase=Failed", all_namespaces=True, project=project_failed_gpu_pod):
+        _latest(failed, page)
+    return Health(
+        now,
+        {n.name: NodeHealth(n.ready, n.gpus_unavailable, restarts.get(n.name, 0.0), failed.get(n.name, 0.0)) for n in nodes},
+    )
+
+
+def _latest(into: dict[str, float], page: list) -> None:
+    for item in page:
+        if item is not None and item[0]:
+            into[item[0]] = max(into.get(item[0], 0.0), item[1])
+
+
+def project_node(obj: Mapping) -> _Node:
+    status = obj.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+    capacity, allocatable = _devices(status.get("capacity")), _devices(status.get("allocatable"))
+    return _Node(obj["metadata"]["name"], ready, allocatable == 0 or allocatable < capacity)
+
+
+def _devices(resources: Mapping | None) -> int:
+    """The node's `metax-tech.com/*` devices in `resources` (capacity or allocatable)."""
+    return sum(int(parse_quantity(str(v))) for k, v in (resources or {}).items() if k.startswith(RESOURCE_PREFIX))
+
+
+def project_restart(obj: Mapping) -> tuple[str, float] | None:
+    """A driver or gpu-device pod's node and when a container of it last ended before a restart."""
+    ended = [
+        parse_time(((c.get("lastState") or {}).get("terminated") or {}).get("finishedAt")) or 0.0
+        for c in (obj.get("status") or {}).get("containerStatuses") or ()
+    ]
+    return (pod_node(obj), max(ended)) if ended and max(ended) else None
+
+
+def project_failed_gpu_pod(obj: Mapping) -> tuple[str, float] | None:
+    """A failed pod's node and when it ended, if it requests a `metax-tech.com/*` resource."""
+    if workloads.gpu_pod(obj) is None:
+        return None
+    status = obj.get("status") or {}
+    ended = [
+        parse_time(((c.get("state") or {}).get("terminated") or {}).get("finishedAt")) or 0.0
+        for c in status.get("containerStatuses") or ()
+    ]
+    # A pod failed before any container ran (evicted, rejected at admission) has only its start.
+    when = max(ended, default=0.0) or parse_time(status.get("startTime")) or 0.0
+    return pod_node(obj), when
