@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -522,9 +523,19 @@ def field_text(value) -> str:
     return "" if value is None else str(value)
 
 
+# A label selector's terms: split at the commas outside a set's parentheses.
+_LABEL_TERM = re.compile(r"(?:[^,(]|\([^)]*\))+")
+_SET_TERM = re.compile(r"(\S+)\s+(in|notin)\s*\(([^)]*)\)")
+
+
 def matches(obj: dict, labels: str | None, fields: str | None) -> bool:
     have = (obj.get("metadata") or {}).get("labels") or {}
-    for term in filter(None, (labels or "").split(",")):
+    for term in _LABEL_TERM.findall(labels or ""):
+        if (found := _SET_TERM.fullmatch(term.strip())) is not None:  # `key in (a,b)`, `key notin (a,b)`
+            key, operator, values = found.groups()
+            if (have.get(key) in {v.strip() for v in values.split(",")}) == (operator == "notin"):
+                return False
+            continue
         key, equals, value = term.partition("=")
         if (have.get(key) != value) if equals else (key not in have):  # `key=value`, or `key`: it exists
             return False
