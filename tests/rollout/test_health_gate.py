@@ -189,3 +189,14 @@ def test_after_a_regression_the_admins_resume_upgrades_the_step_again_and_gates_
     decision = cluster.decide(pol, now + 3 + 10)  # its pause over, the snapshot 10 s old
     assert cluster.status.step.current_step_index == 1 and cluster.status.step.current_step_state != STEP_INIT
     assert len(decision.delete) == 2
+
+
+def test_an_upgraded_node_gone_not_ready_counts_upgraded_though_its_driver_pod_is_unready_too():
+    """The node lifecycle controller marks a NotReady node's pods unready: its driver pod is at the
+    revision but not Ready (not failed yet), and the node still belongs to the upgraded group."""
+    cluster, pol = Cluster(10), gated_policy()
+    now = at_pause(cluster, pol)
+    cluster.set("n00", ready=False)
+    cluster.health = snapshot(cluster, now + 1, n00=NodeHealth(ready=False))
+    cluster.decide(pol, now + 1)
+    assert "notReady: 1 of 2 upgraded nodes (50%)" in condition(cluster, ConditionType.FAILED).message

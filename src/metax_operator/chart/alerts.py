@@ -64,10 +64,11 @@ RUNNER_ALERTS = (
     ),
     Alert(
         "MetaxRolloutStepFailed",
-        'metax_operator_rollout_condition{type="Failed",reason="StepFailed"} == 1 ' + LEADING,
+        'metax_operator_rollout_condition{type="Failed",reason=~"StepFailed|UnhealthyStep"} == 1 ' + LEADING,
         "1m",
         "critical",
-        "A step of the driver rollout failed: more driver pods failed than it tolerates.",
+        "A step of the driver rollout failed: more driver pods failed than it tolerates, or its upgraded nodes"
+        " were less healthy than the others (healthGate).",
         "The rollout took its fallback: it paused (fallback: pause) until the admin sets pause: false,"
         " or rolled back (fallback: rollback).",
     ),

@@ -4,8 +4,9 @@ compares a canary with its baseline.
 
 At the step's pause the runner takes a snapshot of every eligible node's health (`Health`, read
 by `runtime.node_health` when the engine asks for one: `Decision.observe_health`) and the engine
-compares two groups of it (`compare`): the upgraded nodes (driver pod Ready, and validated, at
-the rollout's revision) and the others (driver pod at another revision). For each signal
+compares two groups of it (`compare`): the upgraded nodes (driver pod at the rollout's revision,
+Ready or not: a node that goes NotReady has its pods marked unready too) and the others (driver
+pod at another revision). For each signal
 (`HealthSignal`) the share of each group that shows it is worked out; the step regresses when the
 upgraded nodes' share exceeds the others' by more than `maxRegression`'s percentage points.
 Comparing with the nodes not upgraded yet, not with zero, keeps what is wrong across the fleet (a
