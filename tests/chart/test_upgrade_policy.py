@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metax_operator.chart.upgrade_policy import IntOrPercent, Policy, Step, problems, validate
+from metax_operator.chart.upgrade_policy import HealthSignal, IntOrPercent, Policy, Step, problems, validate
 from metax_operator.errors import UserErrors
 from tests.cases import WORKED_EXAMPLES
 
@@ -256,3 +256,25 @@ def test_validation_parses_with_its_defaults_and_is_none_when_off():
 )
 def test_bad_validation_fields_are_named(validation, field):
     assert fields({"validation": validation}) == [f"driver.upgradePolicy.{field}"]
+
+
+def test_the_health_gate_parses_off_or_with_its_limits():
+    assert validate({"healthGate": {"enable": False, "maxRegression": {"notReady": 5}}}).health_gate is None
+    gate = validate({"healthGate": {"enable": True, "maxRegression": {"restarts": 10}}}).health_gate
+    limits = {s.value: gate.allowed(s) for s in HealthSignal}
+    assert limits == {"notReady": 0, "gpusUnavailable": 0, "restarts": 10, "failedGpuPods": 0}
+
+
+@pytest.mark.parametrize(
+    "gate, field",
+    [
+        ({"enable": 1}, "healthGate.enable"),
+        ({"maxRegression": {"notReady": 101}}, "healthGate.maxRegression.notReady"),
+        ({"maxRegression": {"restarts": -1}}, "healthGate.maxRegression.restarts"),
+        ({"maxRegression": {"failedGpuPods": "5%"}}, "healthGate.maxRegression.failedGpuPods"),
+        ({"maxRegression": {"crashes": 1}}, "healthGate.maxRegression.crashes"),
+        ({"threshold": 1}, "healthGate.threshold"),
+    ],
+)
+def test_bad_health_gate_fields_are_named(gate, field):
+    assert fields({"healthGate": gate}) == [f"driver.upgradePolicy.{field}"]

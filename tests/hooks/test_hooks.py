@@ -233,6 +233,10 @@ def test_a_block_newer_than_the_release_before_goes_into_the_cr_only_when_turned
     on = {"driver": {"upgradePolicy": {"validation": {"enable": True, "timeoutSeconds": 60}}}}
     assert bootstrap.without_unused_new_blocks(on) == on
     assert bootstrap.without_unused_new_blocks({"driver": {"deploy": False}}) == {"driver": {"deploy": False}}
+    gates = {"driver": {"upgradePolicy": {"healthGate": {"enable": False, "maxRegression": {"notReady": 0}}}}}
+    assert bootstrap.without_unused_new_blocks(gates) == {"driver": {"upgradePolicy": {}}}
+    gated = {"driver": {"upgradePolicy": {"healthGate": {"enable": True}}}}
+    assert bootstrap.without_unused_new_blocks(gated) == gated
 
 
 CR_SPEC = {
