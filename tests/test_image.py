@@ -455,8 +455,14 @@ def test_the_validation_pods_check_runs_in_the_image_as_the_runner_makes_it(bund
     (host_sys / "module" / "metax").mkdir(parents=True)
     (host_sys / "module" / "metax" / "version").write_text("2.32.0.6\n")
     (host_sys / "bus" / "pci" / "drivers" / "metax").mkdir(parents=True)
-    for function in ("0000:3b:00.0", "0000:5e:00.0", "bind", "uevent"):
-        (host_sys / "bus" / "pci" / "drivers" / "metax" / function).touch()
+    for name in ("bind", "uevent"):
+        (host_sys / "bus" / "pci" / "drivers" / "metax" / name).touch()
+    for function in ("0000:3b:00.0", "0000:5e:00.0"):  # as the kernel links a bound GPU both ways
+        device = host_sys / "bus" / "pci" / "devices" / function
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x9999\n")
+        (device / "driver").symlink_to("../../../../bus/pci/drivers/metax")
+        (host_sys / "bus" / "pci" / "drivers" / "metax" / function).symlink_to(f"../../devices/{function}")
     out = run_as_pod(bundle, check, pod["spec"]["securityContext"], volumes={"host-sys": host_sys})
     assert (out.returncode, out.stdout.splitlines()) == (
         0,
@@ -464,6 +470,7 @@ def test_the_validation_pods_check_runs_in_the_image_as_the_runner_makes_it(bund
             "ok: the metax kernel module is loaded",
             "ok: driver version 2.32.0.6 matches the payload 2.32.0.6",
             "ok: 2 GPU functions bound to metax, 0 to vfio-pci",
+            "ok: all 2 MetaX GPUs on the bus are bound",
         ],
     ), out.stderr
     (host_sys / "module" / "metax" / "version").write_text("2.31.0.2\n")  # the old driver still loaded

@@ -10,22 +10,40 @@ import pytest
 from metax_operator.cli import main
 
 
-def node(root: Path, version: str | None = "2.32.0.6", metax: int = 8, vfio: int | None = 0) -> Path:
+def node(root: Path, version: str | None = "2.32.0.6", metax: int = 8, vfio: int | None = 0, unbound: int = 0) -> Path:
     """A /sys with the metax module loaded (reporting `version`; None: no version file) and
-    `metax` and `vfio` PCI functions bound (None: vfio-pci not registered), beside the files
-    every driver's directory holds."""
+    `metax` and `vfio` MetaX GPUs bound (None: vfio-pci not registered), `unbound` more bound to
+    no driver, as the kernel shows them: each GPU under bus/pci/devices with its vendor and its
+    `driver` link, each bound one in its driver's directory beside the files every driver's
+    directory holds; plus a NIC (another vendor) bound to its own driver, and an unbound
+    virtual function of the first GPU."""
     (root / "module" / "metax").mkdir(parents=True)
     if version is not None:
         (root / "module" / "metax" / "version").write_text(f"{version}\n")
-    for driver, count in (("metax", metax), ("vfio-pci", vfio)):
-        if count is None:
+    devices = root / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True)
+    gpus = [*(["metax"] * metax), *(["vfio-pci"] * (vfio or 0)), *([None] * unbound)]
+    for driver in ("metax", "vfio-pci", "mlx5_core"):
+        if driver == "vfio-pci" and vfio is None:
             continue
         directory = root / "bus" / "pci" / "drivers" / driver
         directory.mkdir(parents=True)
         for name in ("bind", "unbind", "new_id", "remove_id", "uevent", "module"):
             (directory / name).touch()
-        for function in range(count):
-            (directory / f"0000:{function + 10:02x}:00.0").touch()
+    functions = [(f"0000:{i + 10:02x}:00.0", "0x9999", driver) for i, driver in enumerate(gpus)]
+    functions.append(("0000:c1:00.0", "0x15b3", "mlx5_core"))
+    for address, vendor, driver in functions:
+        device = devices / address
+        device.mkdir()
+        (device / "vendor").write_text(f"{vendor}\n")
+        if driver is not None:
+            (device / "driver").symlink_to(f"../../../../bus/pci/drivers/{driver}")
+            (root / "bus" / "pci" / "drivers" / driver / address).symlink_to(f"../../devices/{address}")
+    if gpus:
+        vf = devices / "0000:10:00.1"
+        vf.mkdir()
+        (vf / "vendor").write_text("0x9999\n")
+        (vf / "physfn").symlink_to("../0000:10:00.0")
     return root
 
 
@@ -50,6 +68,7 @@ def test_a_node_running_the_payload_passes_every_check(tmp_path, capsys, tag):
         "ok: the metax kernel module is loaded",
         f"ok: driver version 2.32.0.6 matches the payload {tag}",
         "ok: 8 GPU functions bound to metax, 0 to vfio-pci",
+        "ok: all 8 MetaX GPUs on the bus are bound",
     ]
     assert not (tmp_path / "termination-log").exists()
 
@@ -93,6 +112,24 @@ def test_a_driver_of_another_version_fails(tmp_path, capsys, tag):
     assert check(tmp_path, "--driver-version", tag) == 1
     line = f"the loaded metax driver reports version 2.32.0.6, the payload is {tag}"
     assert failed(tmp_path, capsys, line) == "ok: the metax kernel module is loaded\n"
+
+
+def test_a_gpu_the_driver_left_unbound_fails_naming_it(tmp_path, capsys):
+    """Six GPUs bound, two the new driver did not claim: the node has lost them."""
+    node(tmp_path / "sys", metax=5, vfio=1, unbound=2)
+    assert check(tmp_path, "--driver-version", "2.32.0.6") == 1
+    line = "2 of 8 MetaX GPUs are bound to neither metax nor vfio-pci: 0000:10:00.0, 0000:11:00.0"
+    assert failed(tmp_path, capsys, line).splitlines()[-1] == "ok: 5 GPU functions bound to metax, 1 to vfio-pci"
+
+
+def test_a_bus_without_metax_functions_skips_the_count(tmp_path, capsys):
+    """The functions bound to metax but no vendor 0x9999 on the bus (another vendor ID): the count is skipped."""
+    root = node(tmp_path / "sys", metax=1)
+    for device in (root / "bus" / "pci" / "devices").iterdir():
+        (device / "vendor").write_text("0x1d17\n")
+    assert check(tmp_path) == 0
+    devices = root / "bus" / "pci" / "devices"
+    assert capsys.readouterr().out.splitlines()[-1] == f"skipped: no PCI function of MetaX's vendor ID 0x9999 in {devices}"
 
 
 def test_no_gpu_bound_fails(tmp_path, capsys):

@@ -3,9 +3,11 @@
 Runs in a validation pod on a GPU node right after its kernel driver was swapped, reading the
 host's /sys (mounted read-only): the `metax` module is loaded; the version it reports matches
 the driver payload image's tag (tags carry an OS/arch suffix: `2.32.0.6-amd64` runs 2.32.0.6);
-and at least one PCI function is bound to `metax` or to `vfio-pci` (GPUs handed to virtual
-machines), since a module that loaded but claimed no GPU leaves the node with none to offer.
-A passed check prints one line; the first failure ends the command with exit status 1, its line
+at least one PCI function is bound to `metax` or to `vfio-pci` (GPUs handed to virtual
+machines), since a module that loaded but claimed no GPU leaves the node with none to offer;
+and every MetaX GPU on the bus (a physical function of PCI vendor 0x9999) is bound to one of
+them: a driver swap changes no hardware, so a GPU left unbound is one the node had before and
+lost. A passed check prints one line; the first failure ends the command with exit status 1, its line
 on stderr and in the termination log, where `kubectl describe pod` shows it.
 """
 
@@ -21,6 +23,10 @@ from pathlib import Path
 
 #: The name of a PCI function's entry in a driver's sysfs directory (domain:bus:device.function).
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+#: MetaX's PCI vendor ID, as /sys/bus/pci/devices/*/vendor shows it.
+METAX_VENDOR = "0x9999"
+#: The drivers a MetaX GPU may be bound to.
+GPU_DRIVERS = ("metax", "vfio-pci")
 
 
 class _Failed(Exception):
@@ -39,6 +45,42 @@ def checks(root: Path, payload: str | None) -> Iterator[str]:
     if not metax + vfio:
         raise _Failed("no PCI device is bound to the metax driver (nor to vfio-pci)")
     yield f"ok: {metax} GPU functions bound to metax, {vfio} to vfio-pci"
+    yield _every_gpu_bound(root / "bus" / "pci" / "devices")
+
+
+def _every_gpu_bound(devices: Path) -> str:
+    """Every MetaX physical function on the bus is bound to metax or vfio-pci (virtual functions,
+    which carry a `physfn` link, come and go with the VF configuration and are not counted)."""
+    try:
+        names = sorted(name for name in os.listdir(devices) if PCI_ADDRESS.match(name))
+    except OSError as err:
+        raise _Failed(f"cannot read {devices}: {err.strerror}") from None
+    gpus = [
+        name
+        for name in names
+        if _read(devices / name / "vendor") == METAX_VENDOR and not os.path.lexists(devices / name / "physfn")
+    ]
+    if not gpus:
+        return f"skipped: no PCI function of MetaX's vendor ID {METAX_VENDOR} in {devices}"
+    unbound = [name for name in gpus if _driver(devices / name) not in GPU_DRIVERS]
+    if unbound:
+        raise _Failed(f"{len(unbound)} of {len(gpus)} MetaX GPUs are bound to neither metax nor vfio-pci: {', '.join(unbound)}")
+    return f"ok: all {len(gpus)} MetaX GPUs on the bus are bound"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _driver(device: Path) -> str:
+    """The name of the driver `device` is bound to ("" none): its `driver` link's last part."""
+    try:
+        return os.path.basename(os.readlink(device / "driver"))
+    except OSError:
+        return ""
 
 
 def _version(path: Path, payload: str | None) -> str:
