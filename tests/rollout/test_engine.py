@@ -19,7 +19,7 @@ from metax_operator.conditions import rfc3339
 from metax_operator.rollout import engine, observation
 from metax_operator.rollout.context import Next
 from metax_operator.rollout.decision import Decision
-from metax_operator.rollout.health_gate import Health
+from metax_operator.rollout.health_gate import HealthSnapshot
 from metax_operator.rollout.observation import Pod
 from metax_operator.rollout.rollback import Rollback
 from metax_operator.rollout.status import (
@@ -81,7 +81,7 @@ class Cluster:
         self.retry: set[str] = set()  # nodes an admin labelled for a retry
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: UpgradeStatus | None = None
-        self.health: Health | None = None  # the latest snapshot of the nodes' health (the health gate)
+        self.health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health (the health gate)
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> observation.Cluster:

@@ -9,16 +9,16 @@ import pytest
 
 from metax_operator.chart.upgrade_policy import HealthGate, HealthSignal
 from metax_operator.rollout import health_gate
-from metax_operator.rollout.health_gate import Health, NodeHealth
+from metax_operator.rollout.health_gate import HealthSnapshot, NodeHealth
 from metax_operator.rollout.status import PROGRESSING, STEP_INIT, STEP_PAUSED, TERMINATING, ConditionType, Reason
 from tests.rollout.test_engine import T0, Cluster, policy
 
 HEALTHY = NodeHealth()
 
 
-def snapshot(cluster: Cluster, taken: float, **unhealthy: NodeHealth) -> Health:
+def snapshot(cluster: Cluster, taken: float, **unhealthy: NodeHealth) -> HealthSnapshot:
     """Every node healthy at `taken` but those named."""
-    return Health(taken, {node: unhealthy.get(node, HEALTHY) for node in cluster.nodes})
+    return HealthSnapshot(taken, {node: unhealthy.get(node, HEALTHY) for node in cluster.nodes})
 
 
 def gated_policy(**overrides):
@@ -49,7 +49,7 @@ def condition(cluster: Cluster, kind: ConditionType):
 def test_the_share_of_each_group_is_compared_against_the_others_share():
     gate = HealthGate(((HealthSignal.NOT_READY, 20),) + tuple((s, 0) for s in HealthSignal if s is not HealthSignal.NOT_READY))
     nodes = {f"u{i}": NodeHealth(ready=i > 0) for i in range(2)} | {f"o{i}": NodeHealth(ready=i > 1) for i in range(8)}
-    compared = health_gate.compare(Health(T0, nodes), ["u0", "u1"], [f"o{i}" for i in range(8)], T0, gate)
+    compared = health_gate.compare(HealthSnapshot(T0, nodes), ["u0", "u1"], [f"o{i}" for i in range(8)], T0, gate)
     not_ready = next(c for c in compared if c.signal is HealthSignal.NOT_READY)
     assert (not_ready.upgraded, not_ready.upgraded_total, not_ready.others, not_ready.others_total) == (1, 2, 2, 8)
     assert not_ready.regression == pytest.approx(25.0) and not_ready.regressed  # 50% against 25%, 20 allowed
@@ -59,12 +59,12 @@ def test_the_share_of_each_group_is_compared_against_the_others_share():
     )
     # The others as unhealthy as the upgraded: no regression, whatever the absolute share.
     level = {f"u{i}": NodeHealth(ready=False) for i in range(2)} | {f"o{i}": NodeHealth(ready=False) for i in range(8)}
-    assert not any(c.regressed for c in health_gate.compare(Health(T0, level), ["u0", "u1"], list(level)[2:], T0, gate))
+    assert not any(c.regressed for c in health_gate.compare(HealthSnapshot(T0, level), ["u0", "u1"], list(level)[2:], T0, gate))
 
 
 def test_nothing_is_compared_when_a_group_is_empty_or_its_nodes_are_gone():
     gate = HealthGate()
-    health = Health(T0, {"u0": NodeHealth(ready=False)})
+    health = HealthSnapshot(T0, {"u0": NodeHealth(ready=False)})
     assert health_gate.compare(health, ["u0"], [], T0, gate) == []
     assert health_gate.compare(health, ["u0"], ["deleted"], T0, gate) == []  # not in the snapshot
 

@@ -2,7 +2,7 @@
 upgraded are as healthy as the nodes not upgraded yet, as Argo Rollouts' and Flagger's analysis
 compares a canary with its baseline.
 
-At the step's pause the runner takes a snapshot of every eligible node's health (`Health`, read
+At the step's pause the runner takes a snapshot of every eligible node's health (`HealthSnapshot`, read
 by `runtime.node_health` when the engine asks for one: `Decision.observe_health`) and the engine
 compares two groups of it (`compare`): the upgraded nodes (driver pod at the rollout's revision,
 Ready or not: a node that goes NotReady has its pods marked unready too) and the others (driver
@@ -52,7 +52,7 @@ class NodeHealth:
 
 
 @dataclass(frozen=True)
-class Health:
+class HealthSnapshot:
     """A snapshot of the eligible nodes' health, taken at `taken` (seconds since the epoch)."""
 
     taken: float
@@ -88,7 +88,7 @@ class Comparison:
 
 
 def compare(
-    health: Health, upgraded: Collection[str], others: Collection[str], since: float, gate: HealthGate
+    health: HealthSnapshot, upgraded: Collection[str], others: Collection[str], since: float, gate: HealthGate
 ) -> list[Comparison]:
     """Each signal compared between the `upgraded` nodes and the `others` (the nodes of either
     that the snapshot has: a node deleted since counts in neither); empty when a group is."""

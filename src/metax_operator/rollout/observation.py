@@ -26,7 +26,7 @@ from enum import StrEnum
 
 from metax_operator.chart.upgrade_policy import Policy, Validation
 from metax_operator.contract import VALIDATION_FAILED_PREFIX, VALIDATION_PASSED
-from metax_operator.rollout.health_gate import Health
+from metax_operator.rollout.health_gate import HealthSnapshot
 from metax_operator.rollout.status import Resume
 
 # A new-revision pod that is not Ready and has restarted this often is failed (CrashLoopBackOff).
@@ -87,7 +87,7 @@ class Cluster:
     # The CR's spec.driver as stored, which differs from `cr_spec`'s while a rollback's write of it
     # has not landed (or an edit is held): what tells the rollback its restore is done.
     stored_driver: Mapping = field(default_factory=dict)
-    health: Health | None = None  # the latest snapshot of the nodes' health, if the health gate asked for one
+    health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health, if the health gate asked for one
 
 
 class Stage(StrEnum):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.rollout import engine
 from metax_operator.rollout.decision import Decision, PodRef
-from metax_operator.rollout.health_gate import Health, NodeHealth
+from metax_operator.rollout.health_gate import HealthSnapshot, NodeHealth
 from metax_operator.rollout.observation import Check, Cluster, Pod
 from metax_operator.rollout.status import (
     COMPLETED,
@@ -118,7 +118,7 @@ class Simulation:
             self._create(node, 0.0, ready=True)
         self.status: UpgradeStatus | None = None
         self.unpause_at: float | None = None
-        self.health: Health | None = None  # the runner's latest snapshot of the nodes' health
+        self.health: HealthSnapshot | None = None  # the runner's latest snapshot of the nodes' health
         self.health_asked = False
 
     # -- the cluster ------------------------------------------------------------------------
@@ -186,9 +186,9 @@ class Simulation:
             return pod.check
         return dataclasses.replace(pod.check, done=True, passed=self._validation_passes(pod))
 
-    def _health(self, now: float) -> Health:
+    def _health(self, now: float) -> HealthSnapshot:
         """The nodes' health as a snapshot at `now` reads it (every node healthy here)."""
-        return Health(now, {node: NodeHealth() for node in self.nodes})
+        return HealthSnapshot(now, {node: NodeHealth() for node in self.nodes})
 
     def _validation_passes(self, pod: SimPod) -> bool:
         """Whether the validation of `pod`'s node passes (every one here)."""

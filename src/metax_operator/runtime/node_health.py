@@ -1,4 +1,4 @@
-"""The nodes' health for the rollout's health gate (`rollout.health_gate.Health`), read only when
+"""The nodes' health for the rollout's health gate (`rollout.health_gate.HealthSnapshot`), read only when
 the engine asks for a snapshot (`Decision.observe_health`: at a step's pause, every few minutes
 of it and before the step promotes), never kept in a watch cache. Three paged LISTs, each object
 projected to the few fields the gate reads as its page is parsed:
@@ -22,7 +22,7 @@ from kubernetes.utils.quantity import parse_quantity
 from metax_operator import workloads
 from metax_operator.conditions import parse_time
 from metax_operator.contract import COMPONENT_LABEL, GPU_NODE_LABEL, RESOURCE_PREFIX
-from metax_operator.rollout.health_gate import Health, NodeHealth
+from metax_operator.rollout.health_gate import HealthSnapshot, NodeHealth
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.rollout_projections import pod_node
 
@@ -39,7 +39,7 @@ class _Node:
     gpus_unavailable: bool
 
 
-def read(api: Client, namespace: str, now: float) -> Health:
+def read(api: Client, namespace: str, now: float) -> HealthSnapshot:
     """A snapshot of the GPU nodes' health, taken at `now`."""
     nodes = [n for page in api.pages("v1", "Node", label_selector=f"{GPU_NODE_LABEL}=true", project=project_node) for n in page]
     restarts: dict[str, float] = {}
@@ -49,7 +49,7 @@ def read(api: Client, namespace: str, now: float) -> Health:
     failed: dict[str, float] = {}
     for page in api.pages("v1", "Pod", field_selector="status.phase=Failed", all_namespaces=True, project=project_failed_gpu_pod):
         _latest(failed, page)
-    return Health(
+    return HealthSnapshot(
         now,
         {n.name: NodeHealth(n.ready, n.gpus_unavailable, restarts.get(n.name, 0.0), failed.get(n.name, 0.0)) for n in nodes},
     )

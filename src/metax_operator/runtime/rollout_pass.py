@@ -63,7 +63,7 @@ from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
 from metax_operator.jsonlog import event
 from metax_operator.rollout import engine, node_state
 from metax_operator.rollout.decision import Decision
-from metax_operator.rollout.health_gate import Health
+from metax_operator.rollout.health_gate import HealthSnapshot
 from metax_operator.rollout.observation import Cluster, driver_back
 from metax_operator.rollout.restore import Restore, without_policy
 from metax_operator.rollout.status import Resume, UpgradeStatus
@@ -131,7 +131,7 @@ class RolloutPass:
         self.watches = watches or Watches(api, namespace)
         self.metrics = metrics
         self.nodes = NodeActions(api, namespace, self.watches, self._check)
-        self.health: Health | None = None  # the latest snapshot of the nodes' health (`node_health`)
+        self.health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health (`node_health`)
         self.health_asked = False  # the last decision asked for a new one
 
     def close(self) -> None:
