@@ -91,7 +91,7 @@ class PassContext:
 
     def enter_step(self, index: int) -> None:
         self.step.current_step_index, self.step.current_failure_retry, self.step.recheck_time = index, 0, None
-        self.resume.step_start_time, self.resume.step_ready_time = rfc3339(self.now), None
+        self.resume.step_start_time, self.resume.step_ready_time, self.resume.promotion_due = rfc3339(self.now), None, None
         step = self.policy.steps[index]
         after = "wait for the admin" if step.pause_ms is None else f"pause {step.pause_ms} ms"
         self.event(EventType.NORMAL, Reason.STEP_STARTED, f"step {index}: replicas {step.replicas}, then {after}")

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 
 from metax_operator.chart.upgrade_policy import HealthGate, HealthSignal
 
-#: The gate reads a snapshot no older than this (seconds) before it lets a step promote.
-FRESH_S = 30.0
 #: While a step is paused, the gate looks again this often (seconds).
 RECHECK_S = 300.0
 

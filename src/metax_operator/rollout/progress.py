@@ -137,7 +137,7 @@ class Progress:
     def step_ready(self, index: int, done: int) -> Next:
         """The step reached its target: pause for the admin, or for the step's `pauseDuration`."""
         ctx = self.ctx
-        ctx.resume.step_ready_time = rfc3339(ctx.now)
+        ctx.resume.step_ready_time, ctx.resume.promotion_due = rfc3339(ctx.now), None
         pause_ms = ctx.policy.steps[index].pause_ms
         if pause_ms is None:
             ctx.runner_pause(PauseReason.STEP)
@@ -214,18 +214,24 @@ class Progress:
     def health_gate(self, view: RevisionView, index: int, promoting: bool) -> Next | None:
         """The health gate (`rollout.health_gate`) at step `index`'s pause, `promoting` once the
         pause is over: None lets the pause go on as it would (or the step promote); else what
-        the pass does instead: wait for a fresh snapshot, or fail the step.
+        the pass does instead: wait for a snapshot, or fail the step.
 
-        While paused a snapshot taken since the step was ready and at most `RECHECK_S` old is
-        compared (a newer one is asked for, the pause going on meanwhile); before promoting, one
-        at most `FRESH_S` old."""
+        While paused, a snapshot taken since the step was ready and at most `RECHECK_S` old is
+        compared (a newer one is asked for, the pause going on meanwhile). To promote, only one
+        taken since the gate first saw the step due (`resume.promotionDue`): a node that went
+        wrong in the last moments of a pause is seen before the next step begins."""
         ctx, gate = self.ctx, self.ctx.policy.health_gate
         if gate is None:
             return None
+        if promoting and ctx.resume.promotion_due is None:
+            ctx.resume.promotion_due = rfc3339(ctx.now)
         health = ctx.observed.health
-        since_ready = parse_time(ctx.resume.step_ready_time) or 0.0
-        max_age = health_gate.FRESH_S if promoting else health_gate.RECHECK_S
-        if health is None or health.taken < since_ready or ctx.now - health.taken > max_age:
+        if promoting:
+            stale = health is None or health.taken < (parse_time(ctx.resume.promotion_due) or 0.0)
+        else:
+            since_ready = parse_time(ctx.resume.step_ready_time) or 0.0
+            stale = health is None or health.taken < since_ready or ctx.now - health.taken > health_gate.RECHECK_S
+        if stale:
             ctx.decision.observe_health = True
             ctx.wakes.append(ctx.now)
             if promoting:

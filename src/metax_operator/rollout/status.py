@@ -159,6 +159,9 @@ class Resume:
     step_start_time: str | None = _key("stepStartTime")
     wave_start_time: str | None = _key("waveStartTime")
     step_ready_time: str | None = _key("stepReadyTime")
+    # When the health gate first saw the step due to promote (its timed pause over, or the admin's
+    # `pause: false`): only a snapshot of the nodes' health taken since then lets it promote.
+    promotion_due: str | None = _key("promotionDue")
     # The revision a rollback's restore was planned for, until the template is back at it
     # (`engine._restore_again`: a restore that did not land is not a new revision).
     restoring: str | None = _key("restoring")
