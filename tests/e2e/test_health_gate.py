@@ -6,13 +6,10 @@ upgraded node went NotReady during its pause, naming the comparison."""
 
 from __future__ import annotations
 
-from kubernetes import client
-
-from tests.e2e.test_node_safety import runner_cordoned
+from tests.e2e import test_node_validation as node_validation
+from tests.e2e.test_node_validation import events
 from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by name
-    EVENTS_NS,
     NODES,
-    NS,
     QUICK_POLICY,
     all_at,
     api,
@@ -20,13 +17,11 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     driver_pods,
     idle,
     installed,
-    patch_driver,
     revisions,
     start_rollout,
     sub,
-    upgrade_status,
 )
-from tests.e2e.tools import get_cr, more_passes, seed_patch
+from tests.e2e.tools import get_cr, more_passes
 from tests.waiting import consistently, eventually
 
 GATED = {
@@ -37,20 +32,8 @@ GATED = {
 }
 
 
-def events(api, reason: str) -> list[str]:
-    found = client.CoreV1Api(api).list_namespaced_event(EVENTS_NS, field_selector="involvedObject.name=cluster-operator")
-    return [e.message for e in found.items if e.reason == reason]
-
-
 def settle(cp, api, faults, old: str) -> None:
-    """A rollout that did not complete is rolled back to `old` by disabling it; then the gate goes
-    off, so the next test starts idle."""
-    faults.clear_faults()
-    if sub(api).get("currentStepState") != "Completed":
-        seed_patch(cp, "enableRollout", False)
-        eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 180, "rolled back")
-    eventually(lambda: runner_cordoned(api) == [], 60, "no node left cordoned")
-    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False, "healthGate": {"enable": False}}})
+    node_validation.settle(cp, api, faults, old, "healthGate")
 
 
 def test_a_healthy_rollout_promotes_each_step_through_the_gate(control_plane, api, idle, faults):

@@ -53,15 +53,15 @@ def validating(policy: dict, timeout: int = 60) -> dict:
     return {**policy, "validation": {"enable": True, "timeoutSeconds": timeout}}
 
 
-def settle(cp, api, faults, old: str) -> None:
-    """A rollout that did not complete is rolled back to `old` by disabling it; then validation
-    goes off, so the next test starts idle."""
+def settle(cp, api, faults, old: str, block: str = "validation") -> None:
+    """A rollout that did not complete is rolled back to `old` by disabling it; then the policy's
+    `block` (validation, healthGate) goes off, so the next test starts idle."""
     faults.clear_faults()
     if sub(api).get("currentStepState") != "Completed":
         seed_patch(cp, "enableRollout", False)
-        eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 120, "rolled back")
+        eventually(lambda: upgrade_status(api).get("phase") == "Disabled" and all_at(api, old), 180, "rolled back")
     eventually(lambda: runner_cordoned(api) == [], 60, "no node left cordoned")
-    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False, "validation": {"enable": False}}})
+    patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False, block: {"enable": False}}})
 
 
 def test_each_swapped_node_is_validated_on_the_node_before_its_uncordon(control_plane, api, idle, faults):

@@ -17,6 +17,7 @@ from metax_operator.runtime import node_health
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_pass import NS, PODS, POLICY, T0, driver_pod, fleet, run_pass, stored_status
+from tests.runtime.test_rollout_validation import executor  # noqa: F401 - the fixture, on this api's clock
 from tests.waiting import eventually
 
 GATED = {
@@ -67,13 +68,6 @@ def api():
         for i in range(3):
             fake.put(f"/api/v1/nodes/n{i}", gpu_node(f"n{i}"))
         yield fake
-
-
-@pytest.fixture
-def executor(api):
-    runner = RolloutPass(api.client(), NS, guard=lambda: True, clock=lambda: api.now[0])
-    yield runner
-    runner.close()
 
 
 def test_the_snapshot_reads_each_signal_as_the_kubelet_reports_it(api):
