@@ -55,7 +55,7 @@ SAMPLES: dict[str, dict] = {
     "driver.upgradePolicy.waitForCompletion.podSelector": {"edit": "app=training", "values": "app=inference"},
     "driver.upgradePolicy.waitForCompletion.timeout": {"edit": "2h", "values": 60000},
     "driver.upgradePolicy.drain.timeout": {"edit": "5m", "values": 600000},
-    # written into the CR only turned on (contract.UNDEFAULTED); turned off in the values, the block
+    # validation and healthGate: written into the CR only turned on (contract.UNDEFAULTED); turned off in the values, the block
     # leaves the bootstrap's spec, and the admin's `false` stays, which is what the values say
     "driver.upgradePolicy.validation.enable": {
         "edit": False,
@@ -86,6 +86,31 @@ SAMPLES: dict[str, dict] = {
         "edit": {"metax-tech.com/gpu": 2},
         "values": {"metax-tech.com/gpu": 4},
         "base": {"driver.upgradePolicy.validation.enable": True},
+    },
+    "driver.upgradePolicy.healthGate.enable": {
+        "edit": False,
+        "values": False,
+        "base": {"driver.upgradePolicy.healthGate.enable": True},
+    },
+    "driver.upgradePolicy.healthGate.maxRegression.notReady": {
+        "edit": 10,
+        "values": 20,
+        "base": {"driver.upgradePolicy.healthGate.enable": True},
+    },
+    "driver.upgradePolicy.healthGate.maxRegression.gpusUnavailable": {
+        "edit": 10,
+        "values": 20,
+        "base": {"driver.upgradePolicy.healthGate.enable": True},
+    },
+    "driver.upgradePolicy.healthGate.maxRegression.restarts": {
+        "edit": 10,
+        "values": 20,
+        "base": {"driver.upgradePolicy.healthGate.enable": True},
+    },
+    "driver.upgradePolicy.healthGate.maxRegression.failedGpuPods": {
+        "edit": 10,
+        "values": 20,
+        "base": {"driver.upgradePolicy.healthGate.enable": True},
     },
     "maca.payload.images": {"edit": ["maca-c500:1"], "values": ["maca-c500:2"]},
     "maca.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},
