@@ -23,7 +23,9 @@ from metax_operator import workloads
 from metax_operator.conditions import parse_time
 from metax_operator.contract import COMPONENT_LABEL, GPU_NODE_LABEL, RESOURCE_PREFIX
 from metax_operator.rollout.health_gate import HealthSnapshot, NodeHealth
+from metax_operator.runtime.informer import PAGE_SIZE
 from metax_operator.runtime.kube import Client
+from metax_operator.runtime.memory import give_back_memory
 from metax_operator.runtime.rollout_projections import pod_node
 
 #: The components whose restarts the gate counts: the driver and the device plugin.
@@ -40,15 +42,19 @@ class _Node:
 
 
 def read(api: Client, namespace: str, now: float) -> HealthSnapshot:
-    """A snapshot of the GPU nodes' health, taken at `now`."""
-    nodes = [n for page in api.pages("v1", "Node", label_selector=f"{GPU_NODE_LABEL}=true", project=project_node) for n in page]
+    """A snapshot of the GPU nodes' health, taken at `now`: pages of the caches' size, and the
+    parse memory given back after, as the caches' LISTs do."""
+    gpu_nodes = {"label_selector": f"{GPU_NODE_LABEL}=true", "project": project_node, "page_size": PAGE_SIZE}
+    nodes = [n for page in api.pages("v1", "Node", **gpu_nodes) for n in page]
     restarts: dict[str, float] = {}
     components = f"{COMPONENT_LABEL} in ({','.join(RESTART_COMPONENTS)})"
-    for page in api.pages("v1", "Pod", namespace, label_selector=components, project=project_restart):
+    for page in api.pages("v1", "Pod", namespace, label_selector=components, project=project_restart, page_size=PAGE_SIZE):
         _latest(restarts, page)
     failed: dict[str, float] = {}
-    for page in api.pages("v1", "Pod", field_selector="status.phase=Failed", all_namespaces=True, project=project_failed_gpu_pod):
+    failed_pods = {"field_selector": "status.phase=Failed", "all_namespaces": True, "project": project_failed_gpu_pod}
+    for page in api.pages("v1", "Pod", **failed_pods, page_size=PAGE_SIZE):
         _latest(failed, page)
+    give_back_memory()
     return HealthSnapshot(
         now,
         {n.name: NodeHealth(n.ready, n.gpus_unavailable, restarts.get(n.name, 0.0), failed.get(n.name, 0.0)) for n in nodes},
