@@ -82,8 +82,11 @@ def test_the_snapshot_reads_each_signal_as_the_kubelet_reports_it(api):
     cpu_job = failed_gpu_pod("cpu-1", "n0", T0 - 1)
     cpu_job["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     api.put("/api/v1/namespaces/ml/pods/cpu-1", cpu_job)  # failed, but no GPU pod
+    api.requests.clear()
     health = node_health.read(api.client(), NS, T0)
     assert health.taken == T0
+    lists = [r for r in api.sent("GET") if r.path in ("/api/v1/nodes", PODS, "/api/v1/pods")]
+    assert len(lists) == 3 and all(r.query.get("limit") == "100" for r in lists), lists  # the caches' page size
     assert health.nodes == {
         "n0": NodeHealth(ready=False),
         "n1": NodeHealth(gpus_unavailable=True, last_restart=T0 - 5),

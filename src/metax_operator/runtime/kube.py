@@ -290,12 +290,12 @@ class Client:
         field_selector: str | None = None,
         all_namespaces: bool = False,
         project: Callable[[Any], Any] | None = None,
-        page_size: int = PAGE_SIZE,
+        page_size: int | None = None,
     ) -> Iterator[list]:
         """`list`'s objects a page at a time, each `project(obj)` of simdjson's lazy view of it (as
         `call`; by default the whole object, `plain`): a caller that keeps a little of each object
         holds one page, not the whole list (10,000 nodes are about 300 MB as Python objects), and
-        builds only what it reads; a smaller `page_size` holds less at once."""
+        builds only what it reads; a smaller `page_size` (default `PAGE_SIZE`) holds less at once."""
         path = self.resource(api_version, kind).path(None, namespace, all_namespaces=all_namespaces)
         each = project or plain
 
@@ -304,7 +304,12 @@ class Client:
 
         token = None
         while True:
-            query = {"labelSelector": label_selector, "fieldSelector": field_selector, "limit": page_size, "continue": token}
+            query = {
+                "labelSelector": label_selector,
+                "fieldSelector": field_selector,
+                "limit": page_size or PAGE_SIZE,
+                "continue": token,
+            }
             items, token = self.call("GET", path, query=query, project=page_of)
             yield items
             if not token:
