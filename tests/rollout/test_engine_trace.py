@@ -12,8 +12,8 @@ GPU pods, and pods matching `waitForCompletion.podSelector`; here `{gpu: true}` 
 the status gained `resume.deletedAt` (each node's late deletion: empty here) and the restore
 `revision_missing` (true in that pass: the scenario keeps no ControllerRevision). With the
 validation of swapped nodes the decision gained `validate` and `verdicts`: empty in every pass
-(the scenario's policy validates nothing); with the health gate, `observe_health`: false in every
-pass (no gate). Every other field is as captured."""
+(the scenario's policy validates nothing); with the health gate, `observe_health` (false) and
+`health_compared` (empty) in every pass (no gate). Every other field is as captured."""
 
 from __future__ import annotations
 

@@ -144,6 +144,8 @@ def test_a_regression_at_the_pause_fails_the_step_naming_the_comparison(fallback
     )
     failed = condition(cluster, ConditionType.FAILED)
     assert (failed.status, failed.reason, failed.message) == ("True", Reason.UNHEALTHY_STEP, f"{why}: fallback {fallback}")
+    not_ready = next(c for c in decision.health_compared if c.signal is HealthSignal.NOT_READY)
+    assert (not_ready.upgraded, not_ready.upgraded_total, not_ready.others, not_ready.others_total) == (1, 2, 0, 8)
     assert [e.message for e in decision.events if e.reason == Reason.UNHEALTHY_STEP] == [f"{why}: fallback {fallback}"]
     if fallback == "pause":
         assert cluster.status.phase == PROGRESSING and decision.set_pause is True and decision.delete == []

@@ -11,8 +11,9 @@ import urllib.request
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from metax_operator.chart.upgrade_policy import validate
+from metax_operator.chart.upgrade_policy import HealthSignal, validate
 from metax_operator.conditions import PASS_FAILURES, Condition, rfc3339
+from metax_operator.rollout.health_gate import Comparison
 from metax_operator.rollout.status import (
     COMPLETED,
     IDLING,
@@ -259,3 +260,21 @@ def test_a_failed_pass_counts_its_reason_and_holds_it_until_a_pass_succeeds():
     got = samples(m)
     assert all(got[("metax_operator_runner_unhealthy", (("reason", r),))] == 0 for r in PASS_FAILURES)
     assert got[("metax_operator_runner_pass_failures_total", (("reason", "Forbidden"),))] == 2
+
+
+def test_the_health_gates_last_comparison_is_each_groups_share_by_signal():
+    m = Metrics()
+    assert not any(k[0] == "metax_operator_rollout_health_share" for k in samples(m))  # before the gate compared
+    compared = [
+        Comparison(HealthSignal.NOT_READY, 1, 4, 1, 8, 0),
+        Comparison(HealthSignal.RESTARTS, 0, 4, 2, 8, 0),
+    ]
+    m.health_gate(compared)
+    m.health_gate([])  # a pass that compared nothing keeps the last comparison
+    got = {k[1]: v for k, v in samples(m).items() if k[0] == "metax_operator_rollout_health_share"}
+    assert got == {
+        (("group", "upgraded"), ("signal", "notReady")): 25.0,
+        (("group", "others"), ("signal", "notReady")): 12.5,
+        (("group", "upgraded"), ("signal", "restarts")): 0.0,
+        (("group", "others"), ("signal", "restarts")): 25.0,
+    }

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from metax_operator.conditions import Event
+from metax_operator.rollout.health_gate import Comparison
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus
 
@@ -56,5 +57,6 @@ class Decision:
     validate: list[PodRef] = field(default_factory=list)  # Ready wave pods whose node to validate: run its pod
     verdicts: list[Verdict] = field(default_factory=list)  # ended validations to record on their driver pod
     observe_health: bool = False  # the health gate needs a new snapshot of the nodes' health (`rollout.health_gate`)
+    health_compared: list[Comparison] = field(default_factory=list)  # the health gate's comparison in this pass
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None  # run again by then even if nothing changes (pauses, timeouts)

@@ -241,6 +241,7 @@ class Progress:
         since = parse_time(ctx.resume.step_start_time) or 0.0
         upgraded = view.ready_at_revision | view.pending  # a node NotReady makes its pods unready too
         comparisons = health_gate.compare(health, upgraded, others, since, gate)
+        ctx.decision.health_compared = comparisons
         if any(c.regressed for c in comparisons):
             why = f"step {index}: the upgraded nodes are less healthy than the others: {health_gate.verdict(comparisons)}"
             return self.fallback(view, Reason.UNHEALTHY_STEP, why)

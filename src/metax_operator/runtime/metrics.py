@@ -32,6 +32,9 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
   by under the upgrade policy (`rollout.budget.step_deadline`), 0 while no bound applies;
 - `metax_operator_runner_unhealthy{reason}`: 1 for the reason of the CR's RunnerHealthy=False
   after a failed pass, all 0 after a pass that succeeded.
+- `metax_operator_rollout_health_share{signal,group}`: at the health gate's last comparison
+  (`driver.upgradePolicy.healthGate`), the percentage of the `upgraded` nodes and of the `others`
+  showing each signal (`HealthSignal`); no series before the gate first compared.
 
 The chart's alert rules (`chart.alerts`) read these.
 
@@ -49,6 +52,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.conditions import FALSE, PASS_FAILURES, Condition, parse_time
 from metax_operator.rollout.budget import step_deadline
+from metax_operator.rollout.health_gate import Comparison
 from metax_operator.rollout.node_state import NodeUpgradeState
 from metax_operator.rollout.status import (
     COMPLETED,
@@ -139,6 +143,12 @@ class Metrics:
         )
         for reason in PASS_FAILURES:
             self.unhealthy.labels(reason)
+        self.health_share = Gauge(
+            PREFIX + "rollout_health_share",
+            "At the health gate's last comparison, the percentage of the upgraded nodes and of the others showing each signal.",
+            ["signal", "group"],
+            registry=r,
+        )
         #: The upgrade policy of the CR the pass read (`read_policy`): the step deadline's bound.
         self.policy: Policy | None = None
         for state in NODE_STATES:
@@ -205,6 +215,12 @@ class Metrics:
             and (not resume.wave or resume.wave_start_time != was.wave_start_time)
         ):
             self.wave_seconds.observe(max(0.0, now - started))
+
+    def health_gate(self, compared: list[Comparison]) -> None:
+        """The health gate's comparison of a pass (none: the last one stays)."""
+        for c in compared:
+            self.health_share.labels(c.signal.value, "upgraded").set(100 * c.upgraded / c.upgraded_total)
+            self.health_share.labels(c.signal.value, "others").set(100 * c.others / c.others_total)
 
     def node_states(self, states: dict[str, NodeUpgradeState]) -> None:
         """Count the nodes of each upgrade state a pass decided (all of them, also those whose

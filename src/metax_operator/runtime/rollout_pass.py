@@ -227,6 +227,7 @@ class RolloutPass:
         if self.metrics is not None:
             before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
             self.metrics.rollout_pass(before, decision.status, self.clock())
+            self.metrics.health_gate(decision.health_compared)
         writes = self._act(cr, plan)
         status_written = decision.status.to_json() != plan.stored  # by the pass, just before
         step = decision.status.step
