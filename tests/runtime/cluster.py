@@ -44,6 +44,7 @@ from metax_operator.contract import (
     BOOTSTRAP_FIELD_MANAGER,
     COMPONENT_LABEL,
     GPU_NODE_LABEL,
+    GPU_RESOURCE,
     HELM_APPLY_WAIT,
     RELEASE_REVISION_ANNOTATION,
     SKIP_LABEL,
@@ -109,6 +110,12 @@ def validation(pod: dict) -> bool:
 
 def ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def node_status(ready: bool) -> dict:
+    """A GPU node's status as its kubelet reports it: its Ready condition, 8 GPUs."""
+    gpus = {GPU_RESOURCE: "8"}
+    return {"conditions": [{"type": "Ready", "status": str(ready)}], "capacity": gpus, "allocatable": dict(gpus)}
 
 
 def labels(obj: dict) -> dict:
@@ -526,10 +533,20 @@ class Cluster:
         self.now += seconds
 
     def add_node(self) -> str:
-        """A GPU node the driver's DaemonSet selects; its name."""
+        """A GPU node the driver's DaemonSet selects, Ready with 8 GPUs; its name."""
         name = f"n{next(self.names)}"
         self.kubectl.call("POST", NODES, body={"metadata": {"name": name, "labels": {GPU_NODE_LABEL: "true"}}, "spec": {}})
+        self.set_node_ready(name, True)  # the kubelet's first status report
         return name
+
+    def set_node_ready(self, node: str, ready: bool) -> None:
+        """The node's kubelet reports it Ready or not (NotReady: the node controller's view)."""
+        obj = copy.deepcopy(self.nodes()[node])
+        obj["status"] = node_status(ready)
+        self.api.put(f"{NODES}/{node}", obj)
+
+    def not_ready(self) -> set[str]:
+        return {n for n, obj in self.nodes().items() if not ready(obj)}
 
     def nodes(self) -> dict[str, dict]:
         return {path.rsplit("/", 1)[1]: obj for path, obj in sorted(self.api.objects.items()) if path.startswith(NODES + "/")}

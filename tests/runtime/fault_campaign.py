@@ -7,8 +7,9 @@ a driver rollout, in any order:
 - the policy, drawn once: steps with and without pauses and tolerations, `maxParallel`,
   `maxUnavailable`, `maxFailureThreshold`, `fallback` pause or rollback, `allowGpuWorkloads`,
   `cordon`, `drain` and `waitForCompletion` with their timeouts, `onTimeout` hold or fail,
-  `validation` on or off;
+  `validation` on or off, `healthGate` on or off;
 - the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin,
+  going NotReady and Ready again,
   labelled skip; driver pods deleted by someone else, failing (a crash loop), slow (the kubelet
   or the DaemonSet controller not run), stuck Terminating; validations (`validation` drawn on or
   off) that fail, hang or pass again, a validation pod deleted by someone; GPU jobs (owned by a Job, or bare), a
@@ -57,9 +58,12 @@ and the decisions the runner must never make:
 - (d) a node labelled skip, as the API server has it when the deletion arrives, never has its
   driver pod deleted;
 - (e) with `validation` on, no node the runner gives back has a driver pod whose validation
-  failed, timed out or still runs.
+  failed, timed out or still runs;
+- (f) with `healthGate` on, a paused step promotes only while the nodes at the rollout's
+  revision are NotReady in no greater share than the others, as the cluster was when the pass
+  began.
 
-At the end (`settle`) the faults stop, the drivers heal, the work ends, Helm applies its release,
+At the end (`settle`) the faults stop, the nodes and the drivers heal, the work ends, Helm applies its release,
 a deleted CR is created again and the admin resumes (and retries the nodes whose validation
 failed): the rollout must finish with every
 selected, unskipped node Ready at the template's revision, the template at the CR's version,
@@ -137,6 +141,7 @@ POLICIES = st.fixed_dictionaries(
         ),
         "onTimeout": st.sampled_from(["hold", "fail"]),
         "validation": st.sampled_from([{"enable": False}, {"enable": True, "timeoutSeconds": VALIDATION_TIMEOUT}]),
+        "healthGate": st.sampled_from([{"enable": False}, {"enable": True}]),
     }
 )
 #: What each example starts from (`Campaign.start`): a test may draw some of it narrower.
@@ -336,6 +341,34 @@ class Checks:
         self.check_failed_in_time(old, new, before)
         self.check_retries(old, new, deleted, before)
         self.check_rollback(old, new)
+        self.check_promotion(old, new, before)
+
+    def check_promotion(self, old: dict, new: dict, before: dict) -> None:
+        """(f) With the health gate on, a step paused promotes only while the nodes at the rollout's
+        revision (its failed ones aside) are NotReady in no greater share than the nodes at
+        another revision, as the cluster was when the pass began (the pass reads its snapshot
+        then)."""
+        gate = before["policy"].get("healthGate") or {}
+        was, now = old.get("status") or {}, new.get("status") or {}
+        promoted = (
+            old.get("phase") == new.get("phase") == "Progressing"
+            and was.get("currentStepState") == "StepPaused"
+            and now.get("currentStepIndex", 0) > was.get("currentStepIndex", 0)
+            and now.get("upgradingPodSpecRevision") == was.get("upgradingPodSpecRevision")
+        )
+        if not (gate.get("enable") and promoted):
+            return
+        revision, failed = was.get("upgradingPodSpecRevision"), set(failed_nodes(new))
+        eligible = before["selected"] - before["skipped"] - failed
+        pods = {n: p for n, p in before["pods"].items() if n in eligible}
+        upgraded = {n for n, p in pods.items() if labels(p)[REVISION_LABEL] == revision}
+        others = set(pods) - upgraded
+        if upgraded and others:
+            share = lambda nodes: len(nodes & before["not_ready"]) / len(nodes)  # noqa: E731
+            assert share(upgraded) <= share(others), (
+                f"(f) step {was.get('currentStepIndex')} promoted with {sorted(upgraded & before['not_ready'])} of "
+                f"{sorted(upgraded)} upgraded NotReady against {sorted(others & before['not_ready'])} of {sorted(others)}"
+            )
 
     def check_failed_in_time(self, old: dict, new: dict, before: dict) -> None:
         """(b) Every node the pass counted failed (newly named in `resume.failedNodes` or
@@ -462,6 +495,8 @@ class Checks:
             "pods": live_pods(self.cluster),
             "deleted_at": dict(self.deleted_at),
             "cordoned": {n for n, obj in self.cluster.nodes().items() if CORDONED_LABEL in labels(obj)},
+            "not_ready": self.cluster.not_ready(),
+            "skipped": self.cluster.skipped(),
         }
 
 
@@ -789,6 +824,14 @@ class Campaign(RuleBasedStateMachine):
             kubelet.hanging.discard(node)
             {"fails": kubelet.invalid, "hangs": kubelet.hanging}.get(how, set()).add(node)
 
+    @rule(data=st.data(), ready=st.booleans())
+    def node_readiness(self, data, ready: bool) -> None:
+        """The node goes NotReady (its kubelet stops reporting), or is Ready again."""
+        node = self.pick(data)
+        if node:
+            self.step(f"node-ready-{ready}")
+            self.cluster.set_node_ready(node, ready)
+
     @rule(data=st.data())
     def someone_deletes_a_validation_pod(self, data) -> None:
         objects = self.cluster.api.objects
@@ -987,6 +1030,8 @@ class Campaign(RuleBasedStateMachine):
         cluster.kubelet.failing.clear()
         cluster.kubelet.invalid.clear()
         cluster.kubelet.hanging.clear()
+        for node in cluster.not_ready():
+            cluster.set_node_ready(node, True)
         for name in cluster.workloads.running():
             cluster.workloads.end(name)
         if cluster.cr() is None:

@@ -21,12 +21,14 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
+from metax_operator.contract import REVISION_LABEL
 from metax_operator.rollout import restore as restore_module
 from metax_operator.rollout import rollback
 from metax_operator.rollout.progress import Progress
 from metax_operator.rollout.waves import Waves
 from metax_operator.runtime import rollout_nodes, rollout_observe
 from tests.runtime import fault_campaign
+from tests.runtime.cluster import labels
 from tests.runtime.fault_campaign import POLICIES, START, Campaign
 
 # Derandomized: `make test` replays the same sequences every run; `make bench` explores new ones.
@@ -200,6 +202,58 @@ def test_a_runner_that_ignores_the_skip_label_is_found():
     )
     with mutations[0], mutations[1], finds("(d)", examples=8) as how:
         run(focused(COURSE | {"label_skip"}, nodes=st.integers(3, 5), skipped=st.just({0})), how)
+
+
+def test_a_health_gate_that_lets_a_regression_promote_is_found():
+    """(f) The gate's comparison ignored: a step whose upgraded node went NotReady during its
+    pause promotes all the same. Scripted, as (b): step 0 swaps one node and pauses 30 s, that
+    node goes NotReady, the pause runs out."""
+    mutation = plant(Progress, "health_gate", "if any(c.regressed for c in comparisons):", "if False:")
+    gated = {
+        **SCRIPTED,
+        "upgradeSteps": [{"replicas": 1, "pauseDuration": "30s"}, {"replicas": "100%", "pauseDuration": 0}],
+        "healthGate": {"enable": True},
+    }
+    with mutation, finds("(f)", examples=1):
+        pauses_with_its_upgraded_node_not_ready(gated)
+
+
+def test_the_health_gate_holds_the_step_the_scripted_regression_reaches():
+    """The script of the test above, without the mutation: the step fails at its pause, and (f)
+    holds (the script reaches the gate, so the mutation is what the campaign finds)."""
+    gated = {
+        **SCRIPTED,
+        "upgradeSteps": [{"replicas": 1, "pauseDuration": "30s"}, {"replicas": "100%", "pauseDuration": 0}],
+        "healthGate": {"enable": True},
+    }
+    status = pauses_with_its_upgraded_node_not_ready(gated)
+    failed = next(c for c in status["condition"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"], status["status"]["currentStepIndex"]) == ("True", "UnhealthyStep", 0)
+
+
+def pauses_with_its_upgraded_node_not_ready(gated: dict) -> dict:
+    """The campaign's own steps: the rollout until step 0 is paused, its upgraded node NotReady,
+    the pause over, two passes; the status then."""
+    campaign = Campaign()
+    try:
+        campaign.start(nodes=3, policy=gated, version=fault_campaign.VERSIONS[1], failing=set(), skipped=set(), waited=set())
+        cluster = campaign.cluster
+        for _ in range(12):
+            campaign.daemonset_controller()
+            cluster.kubelet.sync(None)
+            campaign.run_pass()
+            if (cluster.upgrade_status().get("status") or {}).get("currentStepState") == "StepPaused":
+                break
+        revision = cluster.upgrade_status()["status"]["upgradingPodSpecRevision"]
+        (upgraded,) = [n for n, p in fault_campaign.live_pods(cluster).items() if labels(p)[REVISION_LABEL] == revision]
+        cluster.set_node_ready(upgraded, False)
+        cluster.tick(60)
+        for _ in range(3):
+            campaign.run_pass()
+        return cluster.upgrade_status()
+    finally:
+        campaign.cluster.close()
+        campaign.one_at_a_time.stop()
 
 
 @pytest.fixture(autouse=True)
