@@ -9,8 +9,7 @@ a driver rollout, in any order:
   `cordon`, `drain` and `waitForCompletion` with their timeouts, `onTimeout` hold or fail,
   `validation` on or off, `healthGate` on or off;
 - the fleet: nodes added, deleted, relabelled out of the DaemonSet, cordoned by an admin,
-  going NotReady and Ready again,
-  labelled skip; driver pods deleted by someone else, failing (a crash loop), slow (the kubelet
+  going NotReady and Ready again, labelled skip; driver pods deleted by someone else, failing (a crash loop), slow (the kubelet
   or the DaemonSet controller not run), stuck Terminating; validations (`validation` drawn on or
   off) that fail, hang or pass again, a validation pod deleted by someone; GPU jobs (owned by a Job, or bare), a
   DaemonSet's GPU pod and pods the policy waits for started and ending, some guarded by a
