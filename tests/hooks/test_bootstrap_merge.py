@@ -55,62 +55,28 @@ SAMPLES: dict[str, dict] = {
     "driver.upgradePolicy.waitForCompletion.podSelector": {"edit": "app=training", "values": "app=inference"},
     "driver.upgradePolicy.waitForCompletion.timeout": {"edit": "2h", "values": 60000},
     "driver.upgradePolicy.drain.timeout": {"edit": "5m", "values": 600000},
-    # validation and healthGate: written into the CR only turned on (contract.UNDEFAULTED); turned off in the values, the block
-    # leaves the bootstrap's spec, and the admin's `false` stays, which is what the values say
-    "driver.upgradePolicy.validation.enable": {
-        "edit": False,
-        "values": False,
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.validation.timeoutSeconds": {
-        "edit": 120,
-        "values": 300,
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.validation.workload.image": {
-        "edit": "cr.example.com/metax/maca-sample:1",
-        "values": "cr.example.com/metax/maca-sample:2",
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.validation.workload.command": {
-        "edit": ["/sample", "a"],
-        "values": ["/sample", "b"],
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.validation.workload.resources.requests": {
-        "edit": {"cpu": "1"},
-        "values": {"cpu": "2"},
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.validation.workload.resources.limits": {
-        "edit": {"metax-tech.com/gpu": 2},
-        "values": {"metax-tech.com/gpu": 4},
-        "base": {"driver.upgradePolicy.validation.enable": True},
-    },
-    "driver.upgradePolicy.healthGate.enable": {
-        "edit": False,
-        "values": False,
-        "base": {"driver.upgradePolicy.healthGate.enable": True},
-    },
-    "driver.upgradePolicy.healthGate.maxRegression.notReady": {
-        "edit": 10,
-        "values": 20,
-        "base": {"driver.upgradePolicy.healthGate.enable": True},
-    },
-    "driver.upgradePolicy.healthGate.maxRegression.gpusUnavailable": {
-        "edit": 10,
-        "values": 20,
-        "base": {"driver.upgradePolicy.healthGate.enable": True},
-    },
-    "driver.upgradePolicy.healthGate.maxRegression.restarts": {
-        "edit": 10,
-        "values": 20,
-        "base": {"driver.upgradePolicy.healthGate.enable": True},
-    },
-    "driver.upgradePolicy.healthGate.maxRegression.failedGpuPods": {
-        "edit": 10,
-        "values": 20,
-        "base": {"driver.upgradePolicy.healthGate.enable": True},
+    # validation and healthGate: written into the CR only turned on (contract.UNDEFAULTED); turned
+    # off in the values, the block leaves the bootstrap's spec, and the admin's `false` stays,
+    # which is what the values say
+    **{
+        f"driver.upgradePolicy.{block}.{field}": {
+            "edit": edit,
+            "values": values,
+            "base": {f"driver.upgradePolicy.{block}.enable": True},
+        }
+        for block, field, edit, values in (
+            ("validation", "enable", False, False),
+            ("validation", "timeoutSeconds", 120, 300),
+            ("validation", "workload.image", "cr.example.com/metax/maca-sample:1", "cr.example.com/metax/maca-sample:2"),
+            ("validation", "workload.command", ["/sample", "a"], ["/sample", "b"]),
+            ("validation", "workload.resources.requests", {"cpu": "1"}, {"cpu": "2"}),
+            ("validation", "workload.resources.limits", {"metax-tech.com/gpu": 2}, {"metax-tech.com/gpu": 4}),
+            ("healthGate", "enable", False, False),
+            *(
+                ("healthGate", f"maxRegression.{signal}", 10, 20)
+                for signal in ("notReady", "gpusUnavailable", "restarts", "failedGpuPods")
+            ),
+        )
     },
     "maca.payload.images": {"edit": ["maca-c500:1"], "values": ["maca-c500:2"]},
     "maca.payload.registry": {"edit": "mirror.example.com/metax", "values": "cr2.example.com/metax"},
