@@ -83,6 +83,13 @@ def client(control_plane) -> kube.Client:
         "driver": {"payload": {"version": "1"}, "upgradePolicy": {"upgradeSteps": [{"replicas": 1, "pauseDuration": "x"}]}},
     }
     eventually(lambda: not admit(api, spec)[0], 30, "the ValidatingAdmissionPolicy in force")
+    # The warning policy's binding may come later: wait until a spec it warns about is warned of
+    # (the product manual's spelling of enableRollout, agreeing with the chart's).
+    seed_spelling = {
+        **spec,
+        "driver": {"payload": {"version": "1"}, "enableRollout": False, "upgradePolicy": {"enableRollout": False}},
+    }
+    eventually(lambda: "Warning: " in dry_run_create(control_plane, seed_spelling).stderr, 30, "the warning policy in force")
     api.runner_user = next(
         v["expression"]
         for o in objects
@@ -218,6 +225,18 @@ def kubectl(control_plane, *args: str) -> subprocess.CompletedProcess:
     """The real kubectl, with the HTTP status of each request in its log (-v=6)."""
     return subprocess.run(
         [str(BIN / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "-v=6", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def dry_run_create(control_plane, spec: dict) -> subprocess.CompletedProcess:
+    """`kubectl create --dry-run=server` of the CR with `spec`: what admission says, nothing kept."""
+    body = {"apiVersion": contract.CR_API_VERSION, "kind": contract.CR_KIND, "metadata": {"name": contract.CR_NAME}, "spec": spec}
+    return subprocess.run(
+        [str(BIN / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "create", "--dry-run=server", "-f", "-"],
+        input=json.dumps(body),
         capture_output=True,
         text=True,
         timeout=60,
