@@ -161,14 +161,15 @@ def node_labels(obj: Mapping) -> dict[str, str]:
     return {k: labels[k] for k in (MODE_LABEL, QOS_LABEL) if k in labels}
 
 
-def pod_ready(obj: Mapping) -> bool:
+def ready(obj: Mapping) -> bool:
+    """Whether a Pod's or a Node's `Ready` condition is True."""
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions") or [])
 
 
 def hami_running(pods: Iterable[Mapping]) -> bool:
     """Whether one of these Pod objects is a Ready HAMi scheduler."""
     key, value = HAMI_SCHEDULER_LABEL
-    return any(lookup(p, "metadata", "labels", key) == value and pod_ready(p) for p in pods)
+    return any(lookup(p, "metadata", "labels", key) == value and ready(p) for p in pods)
 
 
 def vfio_gpus(annotation: str | None) -> tuple[list[str], list[str]]:

@@ -86,7 +86,7 @@ def hami(control_plane, api, cluster):
     pod = scheduler_pod(cluster["sgpu"][0])
     core.create_namespaced_pod(HAMI_NS, pod)
     eventually(
-        lambda: wl.pod_ready(api.sanitize_for_serialization(core.read_namespaced_pod("hami-scheduler", HAMI_NS))),
+        lambda: wl.ready(api.sanitize_for_serialization(core.read_namespaced_pod("hami-scheduler", HAMI_NS))),
         30,
         "the HAMi scheduler pod Ready",
     )

@@ -103,7 +103,7 @@ def _row(node: dict, driver: dict | None, maca: dict | None, current: str) -> No
             for c in lookup(maca, "spec", "initContainers") or []
             if c.get("name", "").startswith(contract.MACA_PAYLOAD_PREFIX)
         ),
-        maca_ready=workloads.pod_ready(maca) if maca else None,
+        maca_ready=workloads.ready(maca) if maca else None,
         vfio_bound=bound,
         vfio_failed=failed,
     )

@@ -44,16 +44,23 @@ class _Node:
 def read(api: Client, namespace: str, now: float) -> HealthSnapshot:
     """A snapshot of the GPU nodes' health, taken at `now`: pages of the caches' size, and the
     parse memory given back after, as the caches' LISTs do."""
-    gpu_nodes = {"label_selector": f"{GPU_NODE_LABEL}=true", "project": project_node, "page_size": PAGE_SIZE}
-    nodes = [n for page in api.pages("v1", "Node", **gpu_nodes) for n in page]
-    restarts: dict[str, float] = {}
+    nodes = [
+        n
+        for page in api.pages("v1", "Node", label_selector=f"{GPU_NODE_LABEL}=true", project=project_node, page_size=PAGE_SIZE)
+        for n in page
+    ]
     components = f"{COMPONENT_LABEL} in ({','.join(RESTART_COMPONENTS)})"
-    for page in api.pages("v1", "Pod", namespace, label_selector=components, project=project_restart, page_size=PAGE_SIZE):
-        _latest(restarts, page)
-    failed: dict[str, float] = {}
-    failed_pods = {"field_selector": "status.phase=Failed", "all_namespaces": True, "project": project_failed_gpu_pod}
-    for page in api.pages("v1", "Pod", **failed_pods, page_size=PAGE_SIZE):
-        _latest(failed, page)
+    restarts = _latest(api.pages("v1", "Pod", namespace, label_selector=components, project=project_restart, page_size=PAGE_SIZE))
+    failed = _latest(
+        api.pages(
+            "v1",
+            "Pod",
+            field_selector="status.phase=Failed",
+            all_namespaces=True,
+            project=project_failed_gpu_pod,
+            page_size=PAGE_SIZE,
+        )
+    )
     give_back_memory()
     return HealthSnapshot(
         now,
@@ -61,17 +68,20 @@ def read(api: Client, namespace: str, now: float) -> HealthSnapshot:
     )
 
 
-def _latest(into: dict[str, float], page: list) -> None:
-    for item in page:
-        if item is not None and item[0]:
-            into[item[0]] = max(into.get(item[0], 0.0), item[1])
+def _latest(pages) -> dict[str, float]:
+    """Node -> the latest time of the (node, time) pairs the pages hold."""
+    latest: dict[str, float] = {}
+    for page in pages:
+        for item in page:
+            if item is not None and item[0]:
+                latest[item[0]] = max(latest.get(item[0], 0.0), item[1])
+    return latest
 
 
 def project_node(obj: Mapping) -> _Node:
     status = obj.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
     capacity, allocatable = _devices(status.get("capacity")), _devices(status.get("allocatable"))
-    return _Node(obj["metadata"]["name"], ready, allocatable == 0 or allocatable < capacity)
+    return _Node(obj["metadata"]["name"], workloads.ready(obj), allocatable == 0 or allocatable < capacity)
 
 
 def _devices(resources: Mapping | None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from metax_operator import workloads
 from metax_operator.conditions import parse_time
 from metax_operator.contract import PAYLOAD_CONTRACT_EXIT, REVISION_LABEL, VALIDATION_ANNOTATION
 from metax_operator.rollout.observation import Pod
@@ -61,7 +62,6 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
     owner = next((o["uid"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None)
     if owner is None:
         return None
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     restarts = max((c.get("restartCount") or 0 for c in status.get("containerStatuses") or []), default=0)
     failure = next((message for c in status.get("initContainerStatuses") or [] if (message := contract_failure(c))), "")
     return DriverPod(
@@ -71,7 +71,7 @@ def project_driver_pod(obj: dict) -> DriverPod | None:
             uid=meta["uid"],
             node=spec.get("nodeName") or "",
             revision=(meta.get("labels") or {}).get(REVISION_LABEL, ""),
-            ready=ready,
+            ready=workloads.ready(obj),
             phase=status.get("phase") or "Pending",
             restart_count=restarts,
             created=parse_time(meta.get("creationTimestamp")) or 0.0,

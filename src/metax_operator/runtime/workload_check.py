@@ -51,7 +51,7 @@ class WorkloadCheck:
             api,
             "/api/v1/pods",
             label_selector=workloads.HAMI_SCHEDULER_SELECTOR,
-            project=workloads.pod_ready,
+            project=workloads.ready,
             resync=resync,
             name="hami-scheduler",
         )
