@@ -545,9 +545,12 @@ def _default(node: dict, value: Any, top: bool = False) -> None:
 # --- fragments for the Python validation -------------------------------------------------------
 
 
+@functools.cache
 def fragment(*path: str) -> dict:
     """The draft-07 schema of one values subtree, e.g. fragment("driver", "config", "moduleParams"):
-    used to check ConfigMap contents the same way the values schema checks values."""
+    used to check ConfigMap contents the same way the values schema checks values. Worked out
+    once per process (it expands the whole values schema; the runner checks the ConfigMaps at
+    every pass): the same dict at every call, which no caller changes."""
     expander = _Expander("values")
     node = expander.node(source()["values"])
     for key in path:

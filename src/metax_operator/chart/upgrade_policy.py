@@ -14,7 +14,6 @@ the last step against the number of nodes at run time.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -182,7 +181,7 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int
     schema's, then the rules between fields wherever the shapes they read are right."""
     if policy is None:
         return []
-    errors = schema_problems(policy, _schema(), field_prefix)
+    errors = schema_problems(policy, fragment("driver", "upgradePolicy"), field_prefix)
     if not isinstance(policy, Mapping):
         return errors
     path = field_prefix.rstrip(".")
@@ -200,11 +199,6 @@ def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int
     return sorted(
         errors, key=lambda e: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"[.\[\]]+", e.field)]
     )
-
-
-@functools.cache
-def _schema() -> dict:
-    return fragment("driver", "upgradePolicy")
 
 
 def _step_problems(steps: Any, path: str, enabled: bool, nodes: int | None) -> list[UserError]:

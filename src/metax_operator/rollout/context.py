@@ -16,7 +16,7 @@ from metax_operator.chart.upgrade_policy import OnTimeout, Policy
 from metax_operator.conditions import Condition, Event, EventType, rfc3339, transition_time
 from metax_operator.rollout.budget import Budget, in_flight
 from metax_operator.rollout.decision import Decision, PodRef, WorkCheck
-from metax_operator.rollout.observation import Cluster, NodePods, Pod, RevisionView
+from metax_operator.rollout.observation import Cluster, Pod, RevisionView
 from metax_operator.rollout.status import PROGRESSING, STEP_INIT, ConditionType, NodeList, PauseReason, Reason, UpgradeStatus
 
 
@@ -43,7 +43,7 @@ class PassContext:
 
     def __init__(self, observed: Cluster, policy: Policy, status: UpgradeStatus | None, now: float):
         self.observed, self.policy, self.now = observed, policy, now
-        self.node_pods = NodePods(observed)
+        self.node_pods = observed.node_pods
         self.views: dict[tuple[str, tuple[str, ...]], RevisionView] = {}  # by revision and wave: see `classify`
         self.before = status or UpgradeStatus()
         self.status = copy.deepcopy(self.before)

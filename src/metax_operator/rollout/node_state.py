@@ -16,7 +16,6 @@ from metax_operator.chart.upgrade_policy import OnTimeout, Policy
 from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.observation import (
     Cluster,
-    NodePods,
     Stage,
     ValidationOutcome,
     failed,
@@ -50,7 +49,7 @@ def states(
     the pass that made `decision`; `deleted`, where the runner knows it, the nodes whose driver pod
     it did delete (a deletion it had to put off, the node not cordoned yet or running GPU work,
     leaves the node where it was), else every node of `decision.delete`."""
-    pods = NodePods(observed)
+    pods = observed.node_pods
     resume = decision.status.resume
     revision, timeout = observed.current_revision, policy.readiness_timeout_ms / 1000
     deleting = {ref.node for ref in decision.delete} if deleted is None else deleted
@@ -65,7 +64,7 @@ def states(
             state = NodeUpgradeState.WAITING_FOR_READY if node in wave else NodeUpgradeState.PENDING
         elif pod.revision == revision:
             if pod.ready:
-                state = _validated(validation_outcome(pod, node in wave, policy.validation, now)[0])
+                state = _VALIDATED[validation_outcome(pod, node in wave, policy.validation, now)[0]]
             elif failed(pod, now, timeout):
                 state = NodeUpgradeState.FAILED
             else:
@@ -84,12 +83,12 @@ def states(
     return out
 
 
-def _validated(result: ValidationOutcome) -> NodeUpgradeState:
-    return {
-        ValidationOutcome.PASSED: NodeUpgradeState.DONE,
-        ValidationOutcome.VALIDATING: NodeUpgradeState.VALIDATING,
-        ValidationOutcome.FAILED: NodeUpgradeState.FAILED,
-    }[result]
+#: The state of a node whose new driver pod is Ready, by its validation's outcome.
+_VALIDATED = {
+    ValidationOutcome.PASSED: NodeUpgradeState.DONE,
+    ValidationOutcome.VALIDATING: NodeUpgradeState.VALIDATING,
+    ValidationOutcome.FAILED: NodeUpgradeState.FAILED,
+}
 
 
 def _preparing(node: str, observed: Cluster, policy: Policy, cordoned: set[str]) -> NodeUpgradeState:

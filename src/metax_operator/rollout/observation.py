@@ -20,6 +20,7 @@ by hand. Times are seconds since the epoch (UTC), as every clock of the runner.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -88,6 +89,11 @@ class Cluster:
     # has not landed (or an edit is held): what tells the rollback its restore is done.
     stored_driver: Mapping = field(default_factory=dict)
     health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health, if the health gate asked for one
+
+    @functools.cached_property
+    def node_pods(self) -> NodePods:
+        """The eligible nodes' driver pods (`NodePods`), worked out once for every reader."""
+        return NodePods(self)
 
 
 class Stage(StrEnum):

@@ -11,6 +11,7 @@ a missing or null key giving the field's default. Node lists are written as the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, get_args, get_origin, get_type_hints
@@ -216,9 +217,15 @@ def _to_json(obj) -> dict:
     return out
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    """The field types of a status dataclass (`get_type_hints` evaluates the annotations' text)."""
+    return get_type_hints(cls)
+
+
 def _from_json(cls, raw: Any):
     raw = raw if isinstance(raw, dict) else {}
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     values: dict = {}
     for f in dataclasses.fields(cls):
         kind, value = hints[f.name], raw.get(_json_key(f))

@@ -167,6 +167,15 @@ class OwnWrites:
             del self.written[node]
         return cached
 
+    def read_through(self, cached: dict[str, NodeState]) -> dict[str, NodeState]:
+        """`cached` (a snapshot of the node cache) with each node this runner wrote read as `get`
+        reads it: a pass reads every node this way without a `get` per node."""
+        for node in list(self.written):
+            state = self.get(node)
+            if state is not None and node in cached:
+                cached[node] = state
+        return cached
+
     def record(self, node: str, state: NodeState | None) -> None:
         """`node` as a write of this runner left it (None: the write did nothing)."""
         if state is not None:

@@ -195,9 +195,9 @@ class NodeActions:
     def label(self, states: dict[str, NodeUpgradeState], retry: frozenset[str], deleted: set[str]) -> int:
         """Write each node's state label where it differs, drop it from nodes the rollout no longer
         knows, and drop the retry label of the nodes whose retry is done; the number of writes."""
-        nodes, changes = self._nodes, {}
-        for node, known in self.watches.nodes.snapshot().items():
-            labels = dict((nodes.get(node) or known).labels)
+        changes = {}
+        for node, state in self._nodes.read_through(self.watches.nodes.snapshot()).items():
+            labels = dict(state.labels)
             change = {}
             if labels.get(STATE_LABEL) != states.get(node):
                 change[STATE_LABEL] = states.get(node)

@@ -223,7 +223,7 @@ class Watches:
             retry=self.retry.snapshot().values(),
             waited=(node for node in waited if node),
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
-            nodes=self.nodes,
+            nodes=self.nodes.snapshot(),
             spec=spec,
             checks=self.validation_pods.snapshot().values(),
         )
@@ -251,9 +251,10 @@ def build(
     checks=(),
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
-    on (the CR's own by default), `cr` the CR as stored. `nodes` is the node cache (`.get(name)` -> `cordon.NodeState` or
-    None); without it every pod and wave node is kept. `checks` are the validation pods, as
-    (driver pod uid, `Check`), each joined to its driver pod."""
+    on (the CR's own by default), `cr` the CR as stored. `nodes` maps each node's name to its
+    `cordon.NodeState` (a snapshot of the node cache); without it every pod and wave node is
+    kept. `checks` are the validation pods, as (driver pod uid, `Check`), each joined to its
+    driver pod."""
     uid = ds["metadata"]["uid"]
     spec = (cr.get("spec") or {}) if spec is None else spec
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -267,14 +268,17 @@ def build(
     )
     # A pod on a node the DaemonSet no longer selects (deleted, or relabelled) is the DaemonSet
     # controller's to delete: it is no node of the rollout's, and never counted failed.
+    selector = product_selector(ds)
     pods = tuple(
-        p.pod for p in driver_pods if p.owner_uid == uid and p.pod.node and (nodes is None or targeted(ds, nodes.get(p.pod.node)))
+        p.pod
+        for p in driver_pods
+        if p.owner_uid == uid and p.pod.node and (nodes is None or targeted(selector, nodes.get(p.pod.node)))
     )
     if checks := dict(checks):
         pods = tuple(dataclasses.replace(p, check=checks[p.uid]) if p.uid in checks else p for p in pods)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
-        wave = [n for n in wave if targeted(ds, nodes.get(n))]
+        wave = [n for n in wave if targeted(selector, nodes.get(n))]
     skipped = frozenset(skipped)
     observed = Cluster(
         current_revision=newest.hash if newest else "",
@@ -297,13 +301,16 @@ def build(
     return Snapshot(observed, ds, own)
 
 
-def targeted(ds: dict, node: cordon.NodeState | None) -> bool:
-    """Whether the node exists and the DaemonSet's nodeSelector (its product labels) selects it."""
-    if node is None:
-        return False
-    labels = dict(node.labels)
+def product_selector(ds: dict) -> frozenset[tuple[str, str]]:
+    """The product labels (`metax-tech.com/...`) of the DaemonSet's nodeSelector, as the node
+    cache keeps a node's labels: what `targeted` reads."""
     selector = (ds["spec"]["template"].get("spec") or {}).get("nodeSelector") or {}
-    return all(labels.get(k) == v for k, v in selector.items() if k.startswith(NODE_LABEL_PREFIX))
+    return frozenset((k, v) for k, v in selector.items() if k.startswith(NODE_LABEL_PREFIX))
+
+
+def targeted(selector: frozenset[tuple[str, str]], node: cordon.NodeState | None) -> bool:
+    """Whether the node exists and carries the DaemonSet's `product_selector`."""
+    return node is not None and selector <= node.labels
 
 
 def canonical(obj) -> str:
