@@ -24,9 +24,9 @@ from tests.helm import overlay
 from tests.rollout.test_engine import TABLE_3_16, TABLE_3_16_STATUS
 
 ROOT = Path(__file__).resolve().parents[2]
-VALUES = yaml.safe_load((ROOT / "values.yaml").read_text())
+VALUES = yaml.load((ROOT / "values.yaml").read_text(), Loader=yaml.CSafeLoader)
 VALUES_SCHEMA = json.loads((ROOT / "values.schema.json").read_text())
-CRD = yaml.safe_load((ROOT / schema.CRD_FILE).read_text())
+CRD = yaml.load((ROOT / schema.CRD_FILE).read_text(), Loader=yaml.CSafeLoader)
 CR_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 HELM_DOCS = Path(os.environ.get("METAX_CACHE", Path.home() / ".cache" / "metax-operator")) / "bin" / "helm-docs"
 #: The product manual's spellings, as the schema tests name paths (`driver.enableRollout`).

@@ -37,7 +37,8 @@ from metax_operator.rollout.status import (
 )
 
 T0 = 1_800_000_000.0
-CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml").read_text())
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds/clusteroperators.gpu.metax-tech.com.yaml"
+CRD = yaml.load(CRD_FILE.read_text(), Loader=yaml.CSafeLoader)
 UPGRADE_STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
     "upgradeStatus"
 ]

@@ -24,7 +24,7 @@ from tests.helm import CHART, render_chart
 from tests.hooks.test_bootstrap_merge import fields, get, put, sample
 from tests.runtime.test_reconcile import VALUES, deep_update
 
-CRD = yaml.safe_load((CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml").read_text())
+CRD = yaml.load((CHART / "crds" / "clusteroperators.gpu.metax-tech.com.yaml").read_text(), Loader=yaml.CSafeLoader)
 SCHEMA = spec_schema(CRD)
 ROLLOUT = "driver.upgradePolicy."
 #: Fields with no object of their own to act on: inputs of the validation only.
