@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
+from metax_operator import workloads
 from metax_operator.conditions import parse_time, rfc3339
 from metax_operator.contract import (
     BOOTSTRAP_FIELD_MANAGER,
@@ -106,10 +107,6 @@ def template_hash(template: dict) -> str:
 def validation(pod: dict) -> bool:
     """Whether the pod is one of the runner's validation pods."""
     return labels(pod).get(COMPONENT_LABEL) == VALIDATION_COMPONENT
-
-
-def ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def node_status(ready: bool) -> dict:
@@ -276,7 +273,7 @@ class Kubelet:
             elif validation(pod):
                 if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
                     self._validate(path, pod)
-            elif path.startswith(PODS + "/metax-driver-") and not ready(pod):
+            elif path.startswith(PODS + "/metax-driver-") and not workloads.ready(pod):
                 self._start(path, pod)
 
     def _validate(self, path: str, pod: dict) -> None:
@@ -546,7 +543,7 @@ class Cluster:
         self.api.put(f"{NODES}/{node}", obj)
 
     def not_ready(self) -> set[str]:
-        return {n for n, obj in self.nodes().items() if not ready(obj)}
+        return {n for n, obj in self.nodes().items() if not workloads.ready(obj)}
 
     def nodes(self) -> dict[str, dict]:
         return {path.rsplit("/", 1)[1]: obj for path, obj in sorted(self.api.objects.items()) if path.startswith(NODES + "/")}

@@ -82,6 +82,7 @@ from unittest import mock
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from metax_operator import workloads
 from metax_operator.conditions import parse_time
 from metax_operator.contract import (
     CORDONED_LABEL,
@@ -106,7 +107,6 @@ from tests.runtime.cluster import (
     Cluster,
     Pass,
     labels,
-    ready,
     template_hash,
 )
 from tests.waiting import eventually
@@ -252,7 +252,7 @@ class Checks:
                 node,
                 request.path,
                 pod["metadata"]["uid"],
-                ready(pod),
+                workloads.ready(pod),
                 labels(pod)[REVISION_LABEL],
                 template_hash(api.objects[DRIVER]["spec"]["template"]),
                 labels(api.objects.get(f"{NODES}/{node}") or {}).get(SKIP_LABEL) == "true",
@@ -329,7 +329,7 @@ class Checks:
             if node in selected
             and node not in cluster.kubelet.failing
             and now - at < READINESS_TIMEOUT
-            and not (node in pods and (ready(pods[node]) or now - created(pods[node]) >= READINESS_TIMEOUT))
+            and not (node in pods and (workloads.ready(pods[node]) or now - created(pods[node]) >= READINESS_TIMEOUT))
         }
 
     def check_status(self, old: dict, new: dict, before: dict, deleted: set[str]) -> None:
@@ -379,13 +379,13 @@ class Checks:
             if self.policy["onTimeout"] == "fail" and node in timed_out:
                 continue  # its wait or drain timed out: failed before its swap
             pod = before["pods"].get(node)
-            if pod is not None and ready(pod):
+            if pod is not None and workloads.ready(pod):
                 assert validation_failed(self.cluster.api, pod, now), (
                     f"(b) {node} counted failed with a Ready driver pod whose validation did not fail: {why(new, pod)}"
                 )
             elif pod is not None:
                 restarts = max((c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []), default=0)
-                assert not ready(pod) and (
+                assert not workloads.ready(pod) and (
                     restarts >= 3 or pod["status"].get("phase") == "Failed" or now - created(pod) >= READINESS_TIMEOUT
                 ), f"(b) {node} counted failed with a driver pod neither failed nor {READINESS_TIMEOUT} s old: {why(new, pod)}"
             else:
@@ -1062,7 +1062,7 @@ class Campaign(RuleBasedStateMachine):
         behind = [
             n
             for n in sorted(cluster.controller.selected() - cluster.skipped())
-            if not (n in pods and ready(pods[n]) and labels(pods[n])[REVISION_LABEL] == template)
+            if not (n in pods and workloads.ready(pods[n]) and labels(pods[n])[REVISION_LABEL] == template)
         ]
         cordoned = [
             n

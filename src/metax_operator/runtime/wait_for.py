@@ -17,7 +17,7 @@ import time
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from metax_operator import jsonlog
+from metax_operator import jsonlog, workloads
 from metax_operator.cli import bounded
 from metax_operator.contract import COMPONENT_LABEL, COMPONENTS
 from metax_operator.errors import UserError
@@ -47,7 +47,7 @@ def pending(pods: dict[str, dict], components: list[str]) -> dict[str, str]:
     for component in components:
         mine = [p for p in pods.values() if (p["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == component]
         live = [p for p in mine if not p["metadata"].get("deletionTimestamp")]
-        if any(_ready(p) for p in live):
+        if any(workloads.ready(p) for p in live):
             continue
         if not live:
             why[component] = "no pod on this node yet" if not mine else f"pod {mine[0]['metadata']['name']} is terminating"
@@ -151,11 +151,6 @@ def wait_for(
             )
             time.sleep(delay)
             version = None
-
-
-def _ready(pod: dict) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
