@@ -61,6 +61,14 @@ def driver_pod(node: str, revision_hash: str, ready: bool = True) -> dict:
     return driver
 
 
+def recreated(node: str, revision_hash: str, ready: bool = True) -> dict:
+    """The pod the DaemonSet controller creates on `node` once its driver pod was deleted: same
+    name here, a new uid."""
+    new = driver_pod(node, revision_hash, ready)
+    new["metadata"]["uid"] += "-2"
+    return new
+
+
 def fleet(fake: FakeApi, nodes: int, template: dict = NEW_TEMPLATE, policy: dict = POLICY) -> None:
     """`nodes` nodes whose driver pods run revision `old` while the DaemonSet's `template` is
     revision `new`, and the CR with `policy`."""
@@ -115,7 +123,7 @@ def execute(executor: RolloutPass, cr: dict, decision: Decision, pause_seen: boo
     written = cr_status.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, upgrade_status=status)
     if written.cr is None:
         return 0
-    return written.writes + executor.act(written.cr, Plan(decision, pause_seen, stored))
+    return written.writes + executor.act(written.cr, Plan(decision, pause_seen, stored, executor.clock()))
 
 
 def writes(api: FakeApi) -> list[tuple[str, str]]:
@@ -259,10 +267,10 @@ def test_a_restore_leaves_an_admins_policy_edit_made_since_the_read(api, executo
     admin = {**POLICY, "pause": True, "enableRollout": False}
     api.put(CR, {**read, "spec": {"driver": {**read["spec"]["driver"], "upgradePolicy": admin}}})
     restored = {"payload": {"version": "1"}, "probe": {"x": 1}, "upgradePolicy": POLICY}
-    executor.act(read, Plan(decision(restore=Restore("old", restored, None)), False, None))
+    executor.act(read, Plan(decision(restore=Restore("old", restored, None)), False, None, T0))
     assert read_cr(api)["spec"]["driver"] == {"payload": {"version": "1"}, "probe": {"x": 1}, "upgradePolicy": admin}
     # A key the restored revision does not have goes.
-    executor.act(read_cr(api), Plan(decision(restore=Restore("old", {"payload": {"version": "1"}}, None)), False, None))
+    executor.act(read_cr(api), Plan(decision(restore=Restore("old", {"payload": {"version": "1"}}, None)), False, None, T0))
     assert read_cr(api)["spec"]["driver"] == {"payload": {"version": "1"}, "upgradePolicy": admin}
 
 
@@ -514,7 +522,7 @@ def test_a_state_label_written_just_before_a_cordon_does_not_make_the_cordon_con
     executor.watches.nodes = LaggingNodeCache({n: executor.watches.nodes.get(n) for n in ("n0", "n1", "n2")})
     run_pass(api, executor)  # n0's driver pod deleted; every node labelled
     assert node_labels(api, "n1")[STATE_LABEL] == "pending"
-    api.put(f"{PODS}/driver-n0", driver_pod("n0", "new"))  # n0's new driver is Ready: n1 is next
+    api.put(f"{PODS}/driver-n0", recreated("n0", "new"))  # n0's new driver is Ready: n1 is next
     api.requests.clear()
     run_pass(api, executor)
     assert ("DELETE", f"{PODS}/driver-n1") in writes(api)
@@ -599,6 +607,37 @@ def test_a_node_labelled_skip_whose_label_the_cache_has_not_seen_keeps_its_drive
     run_pass(api, executor)
     assert f"{PODS}/driver-n0" in api.objects and api.sent("DELETE") == []
     assert [r.path for r in api.sent("GET") if r.path == "/api/v1/nodes/n0"]  # the confirmation read
+
+
+def test_a_pod_the_runner_deleted_is_not_deleted_again_while_the_pod_watch_lags(api, executor, monkeypatch):
+    """Without the staged rollout every old pod goes at once; the pass after it comes before the
+    pod watch has delivered the deletions (a loaded API server). The pods the runner deleted are
+    being deleted, not old pods to delete again (before: a second batch deleted them again)."""
+    api.put(CR, cluster_operator({**POLICY, "enableRollout": False}))
+    send = FakeApi._send
+
+    def lagging(self, watched, query, events, path, change, obj, before):
+        if path.startswith(PODS + "/"):
+            return None  # the pod watches hear nothing
+        return send(self, watched, query, events, path, change, obj, before)
+
+    monkeypatch.setattr(FakeApi, "_send", lagging)
+    run_pass(api, executor)
+    deleted = [f"{PODS}/driver-n{i}" for i in range(3)]
+    assert sorted(r.path for r in api.sent("DELETE")) == deleted
+    assert sorted(executor.watches.driver_pods.snapshot()) == [f"{NS}/driver-n{i}" for i in range(3)]  # still live there
+    api.requests.clear()
+    run_pass(api, executor)
+    assert api.sent("DELETE") == []
+    assert {node_labels(api, f"n{i}")[STATE_LABEL] for i in range(3)} == {"deleting"}
+    monkeypatch.setattr(FakeApi, "_send", send)
+    for i in range(3):  # the pod watch delivers again: the new pods
+        api.put(f"{PODS}/driver-n{i}", recreated(f"n{i}", "new"))
+    pods = executor.watches.driver_pods.snapshot
+    eventually(lambda: {p.pod.revision for p in pods().values()} == {"new"}, 10, "the new pods in the cache")
+    run_pass(api, executor)
+    assert executor.watches.deleted.pending(pods()) == {}  # the runner's deletions forgotten once seen
+    assert {node_labels(api, f"n{i}")[STATE_LABEL] for i in range(3)} == {"done"}
 
 
 def test_a_drain_leaves_a_daemonsets_gpu_pod_and_swaps_the_driver(api, executor):

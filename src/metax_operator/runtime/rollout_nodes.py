@@ -8,7 +8,8 @@ is false), then looked at once more, as the API server has it (`WorkCheck`): the
 from caches of the pass's start, and a node labelled skip since, a GPU job bound since (unless
 GPU work is allowed), or a pod matching `waitForCompletion.podSelector` started since must not
 lose its driver; such a node keeps its driver pod, and the next pass sees why. Then the pod is
-deleted with a uid precondition (404 or a failed precondition: already done); a node that could
+deleted with a uid precondition (404 or a failed precondition: already done), and counted as
+being deleted until the pod cache shows it (`rollout_observe.OwnDeletions`); a node that could
 not be cordoned keeps its pod until a later pass. A drain evicts the GPU workload pods of
 cordoned nodes only; a DaemonSet's pods and static pods are left, as `kubectl drain
 --ignore-daemonsets` does.
@@ -86,9 +87,10 @@ class NodeActions:
 
         return one
 
-    def delete(self, pods: list[PodRef], cordon_first: bool, check: WorkCheck) -> tuple[set[str], int]:
+    def delete(self, pods: list[PodRef], cordon_first: bool, check: WorkCheck, now: float) -> tuple[set[str], int]:
         """Cordon each pod's node (when `cordon_first`), look at the node and its pods once more
-        (`check`), then delete the pod; the nodes whose pod is gone, and the number of writes."""
+        (`check`), then delete the pod, at the pass's time `now`; the nodes whose pod is gone, and
+        the number of writes."""
         if not pods:
             return set(), 0
         self._check()
@@ -126,6 +128,7 @@ class NodeActions:
             **({"busy": by(BUSY)} if by(BUSY) else {}),
             **({"skipped": by(SKIPPED)} if by(SKIPPED) else {}),
         )
+        self.watches.deleted.add([p.uid for p, (_, d) in zip(pods, outcomes, strict=True) if d == DELETED], now)
         gone = set(by(DELETED)) | set(by(GONE))
         return gone, len(by(DELETED)) + len(by(GONE)) + cordons.count(cordon.CORDONED)
 

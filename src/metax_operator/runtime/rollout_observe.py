@@ -28,7 +28,10 @@ that match it (their nodes only); it is replaced when the selector changes.
 
 The DaemonSet itself and the CR come from the runner's `runtime.object_cache`, which returns the
 runner's own write until its watch has delivered it: the reconcile may have changed the
-template a moment before in the same pass.
+template a moment before in the same pass. The driver pods the runner deleted are read the same
+way (`OwnDeletions`): the pass after a wave's deletions comes 0.2 s after it, and a pod whose
+deletion the watch has not delivered yet is being deleted, not a live pod of the old revision to
+delete again.
 
 `Watches.observe(ds, cr, status)` turns a snapshot of them into `Cluster`: the current
 revision is the `controller-revision-hash` of the newest ControllerRevision
@@ -72,6 +75,7 @@ from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.node_cache import NodeCache
 from metax_operator.runtime.rollout_projections import (
+    DriverPod,
     Revision,
     node_event,
     pod_node,
@@ -81,6 +85,24 @@ from metax_operator.runtime.rollout_projections import (
 
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
+
+
+class OwnDeletions:
+    """The driver pods this runner deleted (uid -> when it asked) until the pod cache shows them
+    being deleted or gone. Written and read by the pass's thread only."""
+
+    def __init__(self) -> None:
+        self._asked: dict[str, float] = {}
+
+    def add(self, uids: list[str], when: float) -> None:
+        self._asked.update(dict.fromkeys(uids, when))
+
+    def pending(self, cached: dict[str, DriverPod]) -> dict[str, float]:
+        """Those the cache `cached` (key -> pod) still holds as live; the others are forgotten."""
+        if self._asked:
+            live = {p.pod.uid for p in cached.values() if p.pod.deleting is None}
+            self._asked = {uid: when for uid, when in self._asked.items() if uid in live}
+        return dict(self._asked)
 
 
 @dataclass(frozen=True)
@@ -127,6 +149,7 @@ class Watches:
         self.gpu_pods = Informer(
             api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
         )
+        self.deleted = OwnDeletions()
         self.nodes = NodeCache(api, resync)
         self.skipped = self.nodes.labelled(SKIP_LABEL)
         self.cordoned = self.nodes.labelled(CORDONED_LABEL)
@@ -211,10 +234,11 @@ class Watches:
         """The snapshot for one pass, with the driver DaemonSet `ds` as just read, the CR `cr` and
         the spec the pass acts on (`freeze.in_force`; the CR's own by default)."""
         waited = self.waited.snapshot().values() if self.waited else ()
+        driver_pods = self.driver_pods.snapshot()
         return build(
             ds,
             self.revisions.snapshot().values(),
-            self.driver_pods.snapshot().values(),
+            driver_pods.values(),
             (p.node for p in self.gpu_pods.snapshot().values() if p.node and p.workload),
             cr,
             status,
@@ -226,6 +250,7 @@ class Watches:
             nodes=self.nodes.snapshot(),
             spec=spec,
             checks=self.validation_pods.snapshot().values(),
+            deleted=self.deleted.pending(driver_pods),
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
@@ -249,12 +274,14 @@ def build(
     nodes=None,
     spec: dict | None = None,
     checks=(),
+    deleted: dict[str, float] | None = None,
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
     on (the CR's own by default), `cr` the CR as stored. `nodes` maps each node's name to its
     `cordon.NodeState` (a snapshot of the node cache); without it every pod and wave node is
     kept. `checks` are the validation pods, as (driver pod uid, `Check`), each joined to its
-    driver pod."""
+    driver pod; `deleted` the pods the runner deleted that the cache holds as live (uid -> when
+    it asked), counted as being deleted since then."""
     uid = ds["metadata"]["uid"]
     spec = (cr.get("spec") or {}) if spec is None else spec
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -276,6 +303,8 @@ def build(
     )
     if checks := dict(checks):
         pods = tuple(dataclasses.replace(p, check=checks[p.uid]) if p.uid in checks else p for p in pods)
+    if deleted:
+        pods = tuple(dataclasses.replace(p, deleting=deleted[p.uid]) if p.uid in deleted else p for p in pods)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
         wave = [n for n in wave if targeted(selector, nodes.get(n))]

@@ -86,11 +86,11 @@ class Plan:
     decision: Decision
     pause_seen: bool
     stored: dict | None  # status.upgradeStatus as read (None: never written)
-    # What the engine decided on, with the policy and the time: what the nodes' state labels are
-    # worked out from (`node_state.states`). None in a plan made without an observation.
+    now: float  # the time the engine decided at
+    # What the engine decided on, with the policy: what the nodes' state labels are worked out
+    # from (`node_state.states`). None in a plan made without an observation.
     observed: Cluster | None = None
     policy: Policy | None = None
-    now: float = 0.0
 
     @property
     def upgrade_status(self) -> dict:
@@ -188,7 +188,7 @@ class RolloutPass:
             observed = dataclasses.replace(observed, health=self.health)
         decision = engine.decide(observed, policy, before, now)
         self.health_asked = decision.observe_health
-        return Plan(decision, policy.pause, stored, observed, policy, now)
+        return Plan(decision, policy.pause, stored, now, observed, policy)
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
@@ -261,7 +261,7 @@ class RolloutPass:
         if decision.restore is not None:
             writes += self._restore(cr, decision.restore)
         writes += self.nodes.drain(decision.cordon, decision.evict)
-        deleted, delete_writes = self.nodes.delete(decision.delete, decision.cordon_first, decision.work_check)
+        deleted, delete_writes = self.nodes.delete(decision.delete, decision.cordon_first, decision.work_check, plan.now)
         writes += delete_writes + self._validate(plan) + self.nodes.record(decision.verdicts)
         writes += self.nodes.uncordon(decision.uncordon)
         for item in decision.events:
