@@ -220,7 +220,15 @@ def test_with_every_node_healthy_the_health_gate_takes_the_same_waves(data, node
     gated = run(dataclasses.replace(policy, health_gate=HealthGate()), config)
     check_safety(gated, policy)
     assert gated.status.step.current_step_state == COMPLETED
-    assert [(r.step, r.target, r.deletions) for r in gated.steps] == [(r.step, r.target, r.deletions) for r in plain.steps]
+    # The waves, step by step. A step whose target is met already takes no wave and is passed in
+    # the pass that reached it; the timeline sees it only when a status at that step was stored
+    # (a crash, or the gate's pass reading the health before it promotes), so it is not compared.
+    assert waves(gated) == waves(plain)
+
+
+def waves(result) -> list[tuple[int, int, list[int]]]:
+    """Each step that took a wave: its index, target and wave sizes."""
+    return [(r.step, r.target, r.deletions) for r in result.steps if r.deletions]
 
 
 @SMALL
