@@ -25,7 +25,7 @@ from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.rollout.simulate import simulate
 from tests.bench.bench_rollout_cluster import NS, READY_LATENCY, cluster_session, passes, rolled_out, start_runner
 from tests.controlplane import stop_pid
-from tests.e2e.tools import CR
+from tests.e2e.tools import CR, ready
 
 POLICY = {
     "enableRollout": True,
@@ -64,7 +64,7 @@ class PodTimes:
         name, node = pod.metadata.name, pod.spec.node_name
         if (change["type"] == "DELETED" or pod.metadata.deletion_timestamp) and name not in self.deleted:
             self.deleted[name] = (now, node)
-        elif name not in self.ready and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []):
+        elif name not in self.ready and ready(pod):
             self.ready[name] = (now, node, pod.spec.containers[0].image)
 
     def between(self, waves: list[list[str]], image: str) -> tuple[list[float], list[float]]:

@@ -32,7 +32,7 @@ from kubernetes import client
 from metax_operator.chart import upgrade_policy as policy_mod
 from metax_operator.rollout.simulate import simulate
 from tests.controlplane import GPU_LABEL, ControlPlane, stop_pid
-from tests.e2e.tools import log_entries
+from tests.e2e.tools import log_entries, ready
 
 NS = "bench-rollout"
 READY_LATENCY = 2.0
@@ -168,9 +168,7 @@ def pods_at(api, image: str | None = None) -> int:
     return sum(
         1
         for p in items
-        if p.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-        and (image is None or p.spec.containers[0].image == image)
+        if p.metadata.deletion_timestamp is None and ready(p) and (image is None or p.spec.containers[0].image == image)
     )
 
 

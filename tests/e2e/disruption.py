@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from kubernetes import client, watch
 
 from tests.controlplane import GPU_LABEL
-from tests.e2e.tools import DRIVER_PODS
+from tests.e2e.tools import DRIVER_PODS, ready
 from tests.e2e.userpath import cordoned
 from tests.waiting import eventually
 
@@ -30,7 +30,7 @@ from tests.waiting import eventually
 def _working(pod: client.V1Pod) -> bool:
     if pod.metadata.deletion_timestamp is not None:
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+    return ready(pod)
 
 
 def gpu_nodes(api) -> frozenset[str]:

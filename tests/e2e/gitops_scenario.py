@@ -21,7 +21,7 @@ from tests.controlplane import GPU_LABEL
 from tests.e2e.conftest import remove_leftovers
 from tests.e2e.disruption import DriverDownWatch, quiet
 from tests.e2e.test_rollout_cluster import deletions_per_step
-from tests.e2e.tools import get_cr, kubectl, seed_patch
+from tests.e2e.tools import get_cr, kubectl, ready, seed_patch
 from tests.e2e.userpath import (
     GPU_NODES,
     NS,
@@ -246,7 +246,7 @@ def completed_at(api, version: str) -> bool:
         step_status(api).get("currentStepState") == "Completed"
         and len(pods) == GPU_NODES
         and all(c.image.endswith(f":{version}") for p in pods for c in p.spec.init_containers if c.name == "payload")
-        and all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in pods)
+        and all(ready(p) for p in pods)
     )
 
 

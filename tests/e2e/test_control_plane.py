@@ -11,6 +11,7 @@ from kubernetes import client
 
 from tests import controlplane
 from tests.controlplane import GPU_LABEL, GPU_RESOURCE
+from tests.e2e.tools import ready
 from tests.waiting import consistently, eventually, for_seconds
 
 pytestmark = pytest.mark.e2e  # starts control planes of its own
@@ -57,10 +58,6 @@ def node_names(cp, **selector) -> set[str]:
     return {n.metadata.name for n in client.CoreV1Api(cp.api()).list_node(label_selector=label_selector).items}
 
 
-def is_ready(pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 def ready_daemonset(cp, namespace: str, name: str, expected: int):
     """The DaemonSet's status once the controller reports `expected` desired, scheduled and ready."""
     status = client.AppsV1Api(cp.api()).read_namespaced_daemon_set_status(name, namespace).status
@@ -87,7 +84,7 @@ def test_nodes_look_like_gpu_servers(control_plane):
         assert node.status.node_info.container_runtime_version == "containerd://1.7.13"
         assert node.status.node_info.kubelet_version == controlplane.K8S_VERSION
     for node in gpu + plain:
-        assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        assert ready(node)
     assert all(GPU_RESOURCE not in n.status.allocatable for n in plain)
 
 
@@ -105,7 +102,7 @@ def test_daemonset_selecting_gpu_nodes_is_ready_on_gpu_nodes_only(control_plane,
     )
     placed = pods(control_plane, namespace, "gpu-only")
     assert {p.spec.node_name for p in placed} == gpu_nodes
-    assert all(is_ready(p) and p.status.pod_ip for p in placed)
+    assert all(ready(p) and p.status.pod_ip for p in placed)
 
 
 def test_daemonset_without_selector_runs_on_every_node(control_plane, namespace):
@@ -129,7 +126,7 @@ def test_deleted_pods_go_away_and_are_replaced(control_plane, namespace):
     client.CoreV1Api(control_plane.api()).delete_namespaced_pod(old.metadata.name, namespace)
     replacement = eventually(
         lambda: (
-            (p := on_node(control_plane, namespace, "replace", node)) and p.metadata.uid != old.metadata.uid and is_ready(p) and p
+            (p := on_node(control_plane, namespace, "replace", node)) and p.metadata.uid != old.metadata.uid and ready(p) and p
         ),
         60,
         f"a new Ready pod on {node}",
@@ -146,12 +143,12 @@ def test_pods_never_ready_on_a_faulted_node(faults, namespace):
     create_daemonset(faults, namespace, daemonset("never", {GPU_LABEL: "true"}))
     eventually(lambda: number_ready(faults, namespace, "never") == len(gpu_nodes) - 1, 60, "all but one pod Ready")
     consistently(
-        lambda: not is_ready(on_node(faults, namespace, "never", bad)), for_seconds(3), 10, "the faulted node's pod unready"
+        lambda: not ready(on_node(faults, namespace, "never", bad)), for_seconds(3), 10, "the faulted node's pod unready"
     )
     pod = on_node(faults, namespace, "never", bad)
     assert pod.status.phase == "Running" and pod.status.pod_ip
-    assert not is_ready(pod)
-    assert all(is_ready(p) for p in pods(faults, namespace, "never") if p.spec.node_name != bad)
+    assert not ready(pod)
+    assert all(ready(p) for p in pods(faults, namespace, "never") if p.spec.node_name != bad)
 
 
 def test_pods_become_ready_after_a_delay(faults, namespace):
@@ -160,7 +157,7 @@ def test_pods_become_ready_after_a_delay(faults, namespace):
     faults.pods_ready_after([slow], seconds=6)
     create_daemonset(faults, namespace, daemonset("slow", {GPU_LABEL: "true"}))
     eventually(lambda: number_ready(faults, namespace, "slow") == len(gpu_nodes) - 1, 30, "the undelayed pods Ready")
-    assert not is_ready(on_node(faults, namespace, "slow", slow))
+    assert not ready(on_node(faults, namespace, "slow", slow))
     eventually(lambda: ready_daemonset(faults, namespace, "slow", len(gpu_nodes)), 30, "the delayed pod Ready")
     pod = on_node(faults, namespace, "slow", slow)
     ready_at = next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
@@ -182,7 +179,7 @@ def test_crash_loop_raises_restart_count(faults, namespace):
     first = restarts()
     eventually(lambda: restarts() >= first + 2, 30, "two more restarts")
     pod = on_node(faults, namespace, "crash", crashing)
-    assert not is_ready(pod)
+    assert not ready(pod)
     assert pod.status.container_statuses[0].state.waiting.reason == "CrashLoopBackOff"
     assert pod.status.container_statuses[0].last_state.terminated.exit_code == 1
     assert number_ready(faults, namespace, "crash") <= len(gpu_nodes) - 1

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.tools import bootstrap, install_chart, kubectl, release_values, uninstall_chart
+from tests.e2e.tools import bootstrap, install_chart, kubectl, ready, release_values, uninstall_chart
 from tests.helm import RELEASE, find, render_chart
 from tests.image import build, run_as_pod, unpack
 from tests.waiting import eventually
@@ -101,13 +101,8 @@ def test_wait_for_returns_once_the_prerequisites_on_the_arm_node_are_ready(contr
 
     def prerequisites_ready() -> bool:
         pods = core.list_namespaced_pod(NS, field_selector=f"spec.nodeName={arm_node}").items
-        ready = {
-            owner.name
-            for pod in pods
-            if any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-            for owner in pod.metadata.owner_references or []
-        }
-        return {"metax-gpu-label", "metax-container-runtime"} <= ready
+        running = {owner.name for pod in pods if ready(pod) for owner in pod.metadata.owner_references or []}
+        return {"metax-gpu-label", "metax-container-runtime"} <= running
 
     eventually(prerequisites_ready, 60, "gpu-label and container-runtime running on the arm64 node")
     spec = pod_spec(installed["objects"], "DaemonSet", "metax-driver")

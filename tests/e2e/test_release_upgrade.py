@@ -53,7 +53,7 @@ from metax_operator.chart import admission, schema
 from metax_operator.contract import DRIVER_PAYLOAD_CONTAINER, PAYLOAD_COPIER_CONTAINER, PAYLOAD_IMAGE_ENV
 from tests.controlplane import GPU_LABEL, REPO
 from tests.e2e import previous_release
-from tests.e2e.tools import DRIVER_PODS, kubectl, seed_patch
+from tests.e2e.tools import DRIVER_PODS, kubectl, ready, seed_patch
 from tests.e2e.userpath import (
     CRD,
     GPU_NODES,
@@ -94,10 +94,6 @@ def admin_cordons(tools_cluster):
     yield nodes
     for node in nodes:
         kubectl(tools_cluster.cp, "uncordon", node)
-
-
-def ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 class DriverOutages:

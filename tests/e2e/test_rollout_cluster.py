@@ -39,6 +39,7 @@ from tests.e2e.tools import (
     kubectl,
     log_entries,
     more_passes,
+    ready,
     release_values,
     run,
     seed_patch,
@@ -99,10 +100,6 @@ def driver_pods(api) -> list:
 
 def revisions(api) -> Counter:
     return Counter(p.metadata.labels.get("controller-revision-hash") for p in driver_pods(api))
-
-
-def ready(pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def all_at(api, revision: str) -> bool:

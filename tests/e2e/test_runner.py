@@ -32,11 +32,13 @@ from tests.e2e.tools import (
     bootstrap,
     cr_condition,
     driver_pods,
+    driver_pods_ready,
     get_cr,
     install_chart,
     kubectl,
     log_entries,
     more_passes,
+    ready,
     release_values,
     service_account_kubeconfig,
     uninstall_chart,
@@ -206,6 +208,8 @@ def installed(control_plane, api, tmp_path_factory):
     assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA]
     assert tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER]
     bootstrap(cp, tmp, RELEASE, release_values(cp, RELEASE, NS))
+    # Where the tests start: every driver pod up (one still starting is replaced only once Ready).
+    eventually(lambda: driver_pods_ready(api, NS, len(gpu_nodes(api))), 60, "every driver pod Ready")
     yield service_account_kubeconfig(cp, tmp, f"{RELEASE_FULLNAME}-runner", NS)
     uninstall_chart(cp, api, RELEASE, NS)
 
@@ -255,7 +259,7 @@ def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api,
             applied_in.append(seen)
     assert max(applied_in) <= 2, f"the CR took more than a few passes to reach the DaemonSets: {applied_in}"
     batches = [len(line["pods"]) for line in runner.lines("rollout-delete")]
-    assert batches == [len(driver_pods(api, NS))], batches
+    assert batches == [len(driver_pods(api, NS))], f"{batches}: {runner.lines('pass', 'apply', 'rollout-delete')}"
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-maca", NS)
     managers = {m.manager: m.operation for m in ds.metadata.managed_fields}
     assert managers.get("metax-operator-runner") == "Apply"
@@ -592,7 +596,7 @@ def component_pod(name: str, component: str, node: str) -> dict:
 
 def pod_ready(core, name: str, ns: str) -> bool:
     pod = core.read_namespaced_pod(name, ns)
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    return ready(pod)
 
 
 @pytest.fixture

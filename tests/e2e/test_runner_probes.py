@@ -29,7 +29,7 @@ import os
 import pytest
 from kubernetes import client
 
-from tests.e2e.tools import CR, run
+from tests.e2e.tools import CR, ready, run
 from tests.e2e.userpath import NS, ok, runner_log, runner_pod, seed_install
 from tests.waiting import eventually
 
@@ -59,10 +59,6 @@ def cut_off(cp, api, pod: client.V1Pod, target: list[str]):
             run(*iptables, "-D", *rule)
     finally:
         os.close(namespace)
-
-
-def ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def restarts(pod: client.V1Pod) -> int:

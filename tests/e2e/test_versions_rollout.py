@@ -30,6 +30,7 @@ from tests.e2e.tools import (
     get_cr,
     install_chart,
     kubectl,
+    ready,
     release_values,
     seed_patch,
     service_account_kubeconfig,
@@ -69,10 +70,9 @@ def at(api, version: str) -> bool:
     """Every driver pod Ready with the payload `version`, and no rollout in progress."""
     pods = driver_pods(api, NS)
     images = {c.image for p in pods for c in p.spec.init_containers if c.name == "payload"}
-    ready = all(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in pods)
     return (
         len(pods) == NODES
-        and ready
+        and all(ready(p) for p in pods)
         and images == {f"cr.example.com/metax/driver-image:{version}"}
         and (upgrade_status(api).get("upgrading") is False)
     )

@@ -33,6 +33,7 @@ from tests.e2e.tools import (
     cr_condition,
     install_chart,
     kubectl,
+    ready,
     release_values,
     service_account_kubeconfig,
     uninstall_chart,
@@ -393,9 +394,7 @@ def _discovery(path: str) -> bool:
 
 def _ready_nodes(api, component: str) -> set[str]:
     pods = client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=f"app.kubernetes.io/component={component}")
-    return {
-        p.spec.node_name for p in pods.items if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-    }
+    return {p.spec.node_name for p in pods.items if ready(p)}
 
 
 def _driver_revision(api, node: str) -> str:

@@ -74,6 +74,11 @@ def helm3(cp) -> list[str]:
 DRIVER_PODS = "app.kubernetes.io/component=driver"
 
 
+def ready(obj) -> bool:
+    """Whether a Pod's or a Node's (a client object) `Ready` condition is True."""
+    return any(c.type == "Ready" and c.status == "True" for c in obj.status.conditions or [])
+
+
 def driver_pods(api, namespace: str) -> list:
     """The driver pods of `namespace` not being deleted."""
     return [
@@ -81,6 +86,12 @@ def driver_pods(api, namespace: str) -> list:
         for p in client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=DRIVER_PODS).items
         if p.metadata.deletion_timestamp is None
     ]
+
+
+def driver_pods_ready(api, namespace: str, count: int) -> bool:
+    """Whether `count` driver pods run in `namespace` (none being deleted), every one Ready."""
+    pods = driver_pods(api, namespace)
+    return len(pods) == count and all(ready(p) for p in pods)
 
 
 def get_cr(api) -> dict | None:
