@@ -3,9 +3,11 @@ rollout at 500 and 10,000 nodes, against the node writes the rollout makes anywa
 an uncordon per node).
 
 The rollout runs in the OnDelete simulator (`rollout.simulate`) with the runner's rules for the
-labels: after each pass, each node whose state differs from its label is written, at most
-`STATE_WRITES_PER_PASS` a pass, the wave's nodes first (`runtime.rollout_pass`). The fleet starts
-labelled `done` at the old revision, as an installed cluster is.
+labels: the cordon before a deletion sets `deleting` and the uncordon the node's state in the
+same write (`runtime.rollout_nodes`); after each pass, each node whose state differs from its
+label is written, at most `STATE_WRITES_PER_PASS` a pass, the wave's nodes first
+(`runtime.rollout_pass`). The fleet starts labelled `done` at the old revision, as an installed
+cluster is.
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ class LabelledSimulation(Simulation):
         self.labels = dict.fromkeys(self.nodes, NodeUpgradeState.DONE)
         self.writes: Counter[str] = Counter()  # by the state written
         self.most_in_a_pass = 0
+        self.cordoned: set[str] = set()  # by the runner, for their swap: uncordoned once their driver is back
 
     def _pass(self, now: float) -> Decision:
         observed = self.observe(now)
         decision = super()._pass(now)
         wanted = states(observed, decision, self.policy, now)
+        if decision.cordon_first:  # the deletion's cordon, one write with its label
+            for ref in decision.delete:
+                self.labels[ref.node] = NodeUpgradeState.DELETING
+                self.cordoned.add(ref.node)
+        back = {n for n in self.cordoned if wanted.get(n) == NodeUpgradeState.DONE}  # the simulator keeps no cordons
+        self.labels.update((n, NodeUpgradeState.DONE) for n in back)  # the uncordon, one write with its label
+        self.cordoned -= back
         changed = write_order({n: {STATE_LABEL: s} for n, s in wanted.items() if self.labels.get(n) != s})
         for node in changed[:STATE_WRITES_PER_PASS]:
             self.labels[node] = wanted[node]

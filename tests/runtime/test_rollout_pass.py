@@ -145,7 +145,7 @@ def read_cr(api: FakeApi) -> dict:
 
 def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, executor):
     read = api.get(CR)["metadata"]["resourceVersion"]
-    assert run_pass(api, executor) == 8  # status, cordon, deletion, two events, three state labels
+    assert run_pass(api, executor) == 7  # status, cordon (labelling n0 deleting), deletion, two events, two state labels
     assert writes(api)[:5] == [
         ("PUT", CR + "/status"),
         ("PATCH", "/api/v1/nodes/n0"),
@@ -153,7 +153,8 @@ def test_a_pass_writes_the_status_first_then_cordons_deletes_and_reports(api, ex
         ("POST", "/api/v1/namespaces/default/events"),
         ("POST", "/api/v1/namespaces/default/events"),
     ]
-    assert sorted(writes(api)[5:]) == [("PATCH", f"/api/v1/nodes/n{i}") for i in range(3)]  # in parallel
+    assert sorted(writes(api)[5:]) == [("PATCH", f"/api/v1/nodes/n{i}") for i in (1, 2)]  # in parallel
+    assert api.sent("PATCH")[0].body["metadata"]["labels"] == {CORDONED_LABEL: "true", STATE_LABEL: "deleting"}
     states = {n: node_labels(api, n)[STATE_LABEL] for n in ("n0", "n1", "n2")}
     assert states == {"n0": "deleting", "n1": "pending", "n2": "pending"}
     for label in api.sent("PATCH")[1:]:  # a merge patch naming the state label alone
@@ -172,12 +173,12 @@ def test_a_status_conflict_ends_the_pass_before_any_action(api, executor):
     assert run_pass(api, executor) == 0
     assert writes(api) == [("PUT", CR + "/status")]
     assert f"{PODS}/driver-n0" in api.objects and "upgradeStatus" not in api.get(CR)["status"]
-    assert run_pass(api, executor) == 8  # the next pass decides again, on the CR as it is now
+    assert run_pass(api, executor) == 7  # the next pass decides again, on the CR as it is now
 
 
 def test_a_transient_5xx_is_retried(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 503, times=2)
-    assert run_pass(api, executor) == 8
+    assert run_pass(api, executor) == 7
     assert len(api.sent("DELETE")) == 3 and f"{PODS}/driver-n0" not in api.objects
 
 
@@ -192,7 +193,7 @@ def test_a_5xx_that_persists_fails_the_pass_with_nothing_after_it_applied(api, e
 
 def test_a_deletion_whose_uid_precondition_fails_is_already_done(api, executor):
     api.fail("DELETE", f"{PODS}/driver-n0", 409)  # that pod is gone: another one has its name
-    assert run_pass(api, executor) == 8
+    assert run_pass(api, executor) == 7
     assert len(api.sent("DELETE")) == 1 and len(api.sent("POST", "/events")) == 2
 
 
@@ -426,6 +427,19 @@ def is_cordoned(api: FakeApi, node: str) -> bool:
     return bool(found["spec"].get("unschedulable")) and CORDONED_LABEL in (found["metadata"].get("labels") or {})
 
 
+def test_a_swapped_node_is_written_once_going_in_and_once_coming_out(api, executor):
+    """The cordon labels the node `deleting`, the uncordon `done`: no state label write of their
+    own (before: two more PATCHes per swapped node, about a third of a wave's requests)."""
+    run_pass(api, executor)
+    assert [r.path for r in api.sent("PATCH") if r.path.endswith("/n0")] == ["/api/v1/nodes/n0"]  # the cordon
+    api.put(f"{PODS}/driver-n0", recreated("n0", "new"))  # n0's new driver is Ready
+    api.requests.clear()
+    run_pass(api, executor)
+    [uncordon] = [r for r in api.sent("PATCH") if r.path.endswith("/n0")]
+    assert {"op": "add", "path": "/metadata/labels/metax-tech.com~1driver-upgrade.state", "value": "done"} in uncordon.body
+    assert not is_cordoned(api, "n0") and node_labels(api, "n0")[STATE_LABEL] == "done"
+
+
 def test_an_invalid_policy_freezes_the_rollout_but_gives_back_the_nodes_whose_driver_is_back(api, executor):
     # A wave of n1 and n2 was in flight: n2's new driver is Ready, n1's is still coming up. Then
     # an admin's edit makes the policy invalid: the runner decides nothing, deletes nothing and
@@ -490,12 +504,15 @@ def test_state_labels_are_written_only_when_they_change_and_leave_other_nodes(ap
 def test_a_pass_writes_at_most_its_share_of_labels_wave_nodes_first(api, executor, monkeypatch):
     monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     run_pass(api, executor)
-    assert node_labels(api, "n0")[STATE_LABEL] == "deleting"  # first: the wave's node
-    assert STATE_LABEL not in node_labels(api, "n1") and STATE_LABEL not in node_labels(api, "n2")
-    for _ in range(3):  # n0 moves on to waiting-for-ready first, then the pending ones one a pass
-        api.requests.clear()
-        run_pass(api, executor)
-        assert len([r for r in api.sent("PATCH") if "/nodes/" in r.path]) == 1
+    assert node_labels(api, "n0")[STATE_LABEL] == "deleting"  # with its cordon
+    assert node_labels(api, "n1")[STATE_LABEL] == "pending" and STATE_LABEL not in node_labels(api, "n2")
+    api.requests.clear()
+    run_pass(api, executor)  # n0 moves on to waiting-for-ready: the wave's node first, n2 waits
+    assert [r.path for r in api.sent("PATCH")] == ["/api/v1/nodes/n0"]
+    assert STATE_LABEL not in node_labels(api, "n2")
+    api.requests.clear()
+    run_pass(api, executor)
+    assert [r.path for r in api.sent("PATCH")] == ["/api/v1/nodes/n2"]
     assert [node_labels(api, n).get(STATE_LABEL) for n in ("n0", "n1", "n2")] == ["waiting-for-ready", "pending", "pending"]
 
 
@@ -503,7 +520,7 @@ def test_the_state_metric_counts_every_node_also_those_whose_label_waits_for_the
     monkeypatch.setattr("metax_operator.runtime.rollout_nodes.STATE_WRITES_PER_PASS", 1)
     executor.metrics = Metrics()
     run_pass(api, executor)
-    assert STATE_LABEL not in node_labels(api, "n1")  # its label waits, its count does not
+    assert STATE_LABEL not in node_labels(api, "n2")  # its label waits, its count does not
     counts = {
         s.labels["state"]: s.value
         for f in executor.metrics.registry.collect()

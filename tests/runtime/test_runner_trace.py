@@ -26,7 +26,11 @@ driver's apply gained that variable and the recorded spec the copier's volume, a
 The fake server answers the runner's server-side apply as a merge patch here (the driver's
 `initContainers` replaced by the one applied, which `lastAppliedSpec` shows), as it did when these
 were recorded; it has since learned to merge an apply's lists by their keys, as the API server
-does, which the whole-cluster model (tests/runtime/cluster.py) relies on.
+does, which the whole-cluster model (tests/runtime/cluster.py) relies on. When the cordon came to
+set the node's state label (`deleting`) and the uncordon its `done`, the requests were captured
+again: the three cordons and three uncordons gained the label, six state label writes of their
+own went (8, 8, 6 and 5 writes in passes 1-4, now 7, 6, 4 and 4), the later writes carry the
+fake server's lower resourceVersions, and the statuses stayed the same.
 
 The scenario: the CR asks for a new driver version with a two-step staged rollout over three
 nodes; between passes the test plays the DaemonSet controller (a new ControllerRevision for a new

@@ -5,7 +5,8 @@ so that no GPU pod is scheduled onto a node whose driver is being replaced; once
 pod is Ready the engine lists the node in `Decision.uncordon` and the runner uncordons it.
 
 The runner uncordons only nodes it cordoned itself, and it records that on the node, in the same
-write as the cordon: the label `CORDONED_LABEL`. A label rather than an annotation, because
+write as the cordon: the label `CORDONED_LABEL` (the same write sets the node's upgrade state,
+`deleting`, and the uncordon's sets `done`: two label writes fewer per swapped node). A label rather than an annotation, because
 the runner finds those nodes by it (an index of its node cache, `node_cache`, which holds the
 nodes' labels and not their annotations), also after a restart: a runner killed between the
 cordon and the uncordon leaves the label, and the next leader uncordons the node. A node that
@@ -28,6 +29,7 @@ next pass, until the drain times out (`upgradePolicy.drain.timeout`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -76,10 +78,11 @@ class Cordon(NamedTuple):
     node: NodeState | None
 
 
-def cordon(api: Client, node: str, nodes: NodeReader) -> Cordon:
-    """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH), ALREADY
-    (by an earlier pass or by someone else: one GET confirms what the node cache `nodes` says) or
-    NOT_NOW (the node changed meanwhile, or is gone: the driver pod waits)."""
+def cordon(api: Client, node: str, nodes: NodeReader, labels: Mapping[str, str] | None = None) -> Cordon:
+    """Make `node` unschedulable for a driver swap: CORDONED (this call did, one PATCH, which sets
+    the runner's own `labels` too), ALREADY (by an earlier pass or by someone else: one GET
+    confirms what the node cache `nodes` says) or NOT_NOW (the node changed meanwhile, or is gone:
+    the driver pod waits)."""
     known = nodes.get(node)
     if known is not None and known.unschedulable:
         # The cache lags the node by the watch's delay: an uncordon by someone else in that window
@@ -91,7 +94,7 @@ def cordon(api: Client, node: str, nodes: NodeReader) -> Cordon:
     if known is None:
         return Cordon(NOT_NOW, None)
     patch = {
-        "metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true"}},
+        "metadata": {"resourceVersion": known.resource_version, "labels": {CORDONED_LABEL: "true", **(labels or {})}},
         "spec": {"unschedulable": True},
     }
     try:
@@ -126,14 +129,16 @@ def evict(api: Client, namespace: str, name: str) -> str:
     return EVICTED
 
 
-def uncordon(api: Client, node: str) -> NodeState | None:
-    """Make `node` schedulable again and drop the label, if the label is still there; the node as
-    this call left it (None: it did nothing)."""
-    pointer = "/metadata/labels/" + CORDONED_LABEL.replace("~", "~0").replace("/", "~1")
+def uncordon(api: Client, node: str, labels: Mapping[str, str] | None = None) -> NodeState | None:
+    """Make `node` schedulable again and drop the label, if the label is still there, setting the
+    runner's own `labels` in the same write; the node as this call left it (None: it did
+    nothing)."""
+    pointer = _label_pointer(CORDONED_LABEL)
     patch = [
         {"op": "test", "path": pointer, "value": "true"},
         {"op": "remove", "path": pointer},
         {"op": "add", "path": "/spec/unschedulable", "value": False},
+        *({"op": "add", "path": _label_pointer(key), "value": value} for key, value in (labels or {}).items()),
     ]
     try:
         return api.patch("v1", "Node", node, patch, patch_type="json", project=node_state)
@@ -180,6 +185,11 @@ class OwnWrites:
         """`node` as a write of this runner left it (None: the write did nothing)."""
         if state is not None:
             self.written[node] = state
+
+
+def _label_pointer(key: str) -> str:
+    """The JSON pointer (RFC 6901) of a node's label `key`."""
+    return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def set_labels(api: Client, node: str, labels: dict[str, str | None]) -> NodeState | None:

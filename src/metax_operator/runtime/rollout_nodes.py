@@ -88,16 +88,20 @@ class NodeActions:
         return one
 
     def delete(self, pods: list[PodRef], cordon_first: bool, check: WorkCheck, now: float) -> tuple[set[str], int]:
-        """Cordon each pod's node (when `cordon_first`), look at the node and its pods once more
-        (`check`), then delete the pod, at the pass's time `now`; the nodes whose pod is gone, and
-        the number of writes."""
+        """Cordon each pod's node (when `cordon_first`; the cordon labels the node `deleting` in
+        the same write), look at the node and its pods once more (`check`), then delete the pod,
+        at the pass's time `now`; the nodes whose pod is gone, and the number of writes. A node
+        whose pod stays after all is labelled what it is by the pass's state labels."""
         if not pods:
             return set(), 0
         self._check()
+        cordoned: dict[str, cordon.NodeState] = {}
 
         def delete(pod: PodRef) -> tuple[str, str]:
             if cordon_first:
-                found, node = cordon.cordon(self.api, pod.node, self._nodes)
+                found, node = cordon.cordon(self.api, pod.node, self._nodes, {STATE_LABEL: NodeUpgradeState.DELETING})
+                if found == cordon.CORDONED:
+                    cordoned[pod.node] = node
             else:
                 found, node = "", self._node(pod.node)
             if node is None:
@@ -115,6 +119,8 @@ class NodeActions:
                 raise
 
         outcomes = self._parallel(self._per_node("delete", lambda p: p.node, delete, (REFUSED, "")), pods)
+        for node, state in cordoned.items():  # what the state labels and the next cordons read
+            self._nodes.record(node, state)
         cordons = [c for c, _ in outcomes]
         by = lambda outcome: [p.node for p, (_, d) in zip(pods, outcomes, strict=True) if d == outcome]  # noqa: E731
         not_now = [p.node for p, c in zip(pods, cordons, strict=True) if c == cordon.NOT_NOW]
@@ -250,11 +256,16 @@ class NodeActions:
         )
         return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
 
-    def uncordon(self, nodes: list[str]) -> int:
+    def uncordon(self, nodes: list[str], states: dict[str, NodeUpgradeState] | None = None) -> int:
+        """Uncordon `nodes` (those the runner cordoned), each labelled with its state in `states`
+        (if there) in the same write; the number of writes."""
         if not nodes:
             return 0
         self._check()
-        done = self._parallel(self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node), None), nodes)
+        states = states or {}
+        labels = lambda node: {STATE_LABEL: states[node]} if node in states else None  # noqa: E731
+        uncordon_one = self._per_node("uncordon", str, lambda node: cordon.uncordon(self.api, node, labels(node)), None)
+        done = self._parallel(uncordon_one, nodes)
         for node, state in zip(nodes, done, strict=True):  # what the next cordons read
             self._nodes.record(node, state)
         uncordoned = sum(1 for state in done if state)

@@ -263,12 +263,14 @@ class RolloutPass:
         writes += self.nodes.drain(decision.cordon, decision.evict)
         deleted, delete_writes = self.nodes.delete(decision.delete, decision.cordon_first, decision.work_check, plan.now)
         writes += delete_writes + self._validate(plan) + self.nodes.record(decision.verdicts)
-        writes += self.nodes.uncordon(decision.uncordon)
+        states = None
+        if plan.observed is not None and plan.policy is not None:
+            states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
+        writes += self.nodes.uncordon(decision.uncordon, states)
         for item in decision.events:
             self._check()
             writes += cr_status.emit_event(self.api, cr, item, rfc3339(self.clock()), self.identity)
-        if plan.observed is not None and plan.policy is not None:
-            states = node_state.states(plan.observed, decision, plan.policy, plan.now, deleted)
+        if states is not None:
             if self.metrics is not None:
                 self.metrics.node_states(states)
             writes += self.nodes.label(states, plan.observed.retry, deleted)
