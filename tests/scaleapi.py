@@ -508,9 +508,11 @@ class Cluster:
         then Ready (or Running and Ready at once with `ready`, as populated)."""
         with self.lock:
             ds = self.obj(DRIVER)
-            name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(next(self.serial)), 5)}"
+            serial = next(self.serial)
+            name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(serial), 5)}"
             while f"{PODS}/{name}" in self.entries:  # the name is taken: the controller tries another
-                name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(next(self.serial)), 5)}"
+                serial = next(self.serial)
+                name = f"{contract.DRIVER_DAEMONSET}-{objects.digest(node + str(serial), 5)}"
             generation = str(ds["metadata"].get("generation", 1))
             key = (self.driver_revision, generation, ready)
             if key not in self.prototypes:  # one pod made per revision, then copied for each node
@@ -528,7 +530,8 @@ class Cluster:
                 self.prototypes[key] = (dumps(pod), pod["metadata"]["uid"].encode())
             raw, proto_uid = self.prototypes[key]
             created = objects.CREATED if ready else rfc3339()
-            uid = objects.uid(f"pod/{NS}/{name}").encode()
+            # a name comes back once its pod is gone (five hex digits); a uid never does
+            uid = objects.uid(f"pod/{NS}/{name}/{serial}").encode()
             raw = raw.replace(_PROTO_NODE.encode(), node.encode()).replace(
                 _PROTO_SUFFIX.encode(), name.rsplit("-", 1)[1].encode()
             )

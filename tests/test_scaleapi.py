@@ -6,6 +6,7 @@ controller it plays. What the benchmark measures is only as good as this server'
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -223,6 +224,28 @@ def test_the_driver_daemonset_controller_makes_revisions_and_replaces_deleted_po
     assert new["metadata"]["labels"][contract.REVISION_LABEL] == cluster.progress()["revision"]
     ready = lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in replaced()["status"]["conditions"])  # noqa: E731
     eventually(ready, 10, "the new pod Ready")
+
+
+def test_a_pod_name_the_controller_gives_again_comes_with_a_new_uid(cluster):
+    """A driver pod's name has five hex digits, so the controller gives a name again once its pod
+    is gone; its uid, as on a real API server, is never given again (the runner tells the pods it
+    deleted by uid)."""
+    node = "gpu-node-00001"
+    seen: dict[str, int] = {}
+    for serial in itertools.count(10**6):  # two serials that give `node` the same name
+        suffix = scale_objects.digest(node + str(serial), 5)
+        if suffix in seen:
+            break
+        seen[suffix] = serial
+    uids = []
+    for first in (seen[suffix], serial):
+        cluster.serial = itertools.count(first)
+        cluster.create_driver_pod(node, ready=True)
+        path = f"{scaleapi.PODS}/{contract.DRIVER_DAEMONSET}-{suffix}"
+        with cluster.lock:
+            uids.append(cluster.obj(path)["metadata"]["uid"])
+            cluster.remove(path)
+    assert uids[0] != uids[1]
 
 
 def test_the_benchmarks_harness_measures_the_real_runner_to_its_first_decided_pass(tmp_path, release):
