@@ -107,6 +107,8 @@ config: |
 
 {{- define "metax-operator.hamiNodeLock" -}}hami.io/mutex.lock{{- end }}
 
+{{- define "metax-operator.hamiToAllocate" -}}hami.io/metax-sgpu-devices-to-allocate{{- end }}
+
 {{- define "metax-operator.hamiBindPhase" -}}hami.io/bind-phase{{- end }}
 
 {{- define "metax-operator.crGroup" -}}gpu.metax-tech.com{{- end }}

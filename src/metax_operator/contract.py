@@ -202,9 +202,13 @@ VFIO_RESOURCE = f"{RESOURCE_PREFIX}vfio-gpu"
 HAMI_RESOURCES = (f"{RESOURCE_PREFIX}vcore", f"{RESOURCE_PREFIX}vmemory")
 #: HAMi's allocation protocol (HAMi v2.10.0, docs/workloads.md "What HAMi and gpu-device write"):
 #: the node annotation HAMi's scheduler locks a node with while it binds an sGPU pod there, which
-#: the node's device plugin (gpu-device) removes once it has allocated; and the pod annotation the
-#: device plugin sets to `success` or `failed` then.
+#: the node's device plugin (gpu-device) removes once it has allocated; the pod annotation with the
+#: MetaX sGPUs the scheduler assigned and the device plugin has yet to allocate, which the device
+#: plugin empties container by container as it allocates (HAMi's device plugins:
+#: `EraseNextDeviceTypeFromAnnotation`); and the pod annotation the device plugin sets to
+#: `success` or `failed` then.
 HAMI_NODE_LOCK = "hami.io/mutex.lock"
+HAMI_TO_ALLOCATE = "hami.io/metax-sgpu-devices-to-allocate"
 HAMI_BIND_PHASE = "hami.io/bind-phase"
 GPU_TAINT = GPU_RESOURCE
 

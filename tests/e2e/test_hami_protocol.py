@@ -2,7 +2,8 @@
 policies (docs/workloads.md, "What HAMi and gpu-device write"): HAMi's scheduler's writes (a pod
 bound to a GPU node with its allocation annotations, the node lock `hami.io/mutex.lock`) are made
 as HAMi's chart grants them, then gpu-device's half with a token of its ServiceAccount bound to its
-pod on that node, as the kubelet mounts it: find the pod the lock names, mark it
+pod on that node, as the kubelet mounts it: find the pod the lock names, empty its
+`hami.io/metax-sgpu-devices-to-allocate` as it allocates (as HAMi's own device plugins do), mark it
 `hami.io/bind-phase: success`, release the lock, publish its devices. Everything else gpu-device
 might try with those rights is refused, with the policy's line.
 """
@@ -14,7 +15,7 @@ import time
 import pytest
 from kubernetes import client
 
-from metax_operator.contract import HAMI_BIND_PHASE, HAMI_NODE_LOCK
+from metax_operator.contract import HAMI_BIND_PHASE, HAMI_NODE_LOCK, HAMI_TO_ALLOCATE
 from tests.e2e.test_node_safety import nodes, refusal, token_client
 from tests.e2e.test_rollout_cluster import NS, api, installed  # noqa: F401 - fixtures used by name
 from tests.e2e.tools import kubectl
@@ -66,7 +67,7 @@ def hami_binds(api, name: str, node: str) -> None:
             "metadata": {
                 "name": name,
                 "annotations": {
-                    "hami.io/metax-sgpu-devices-to-allocate": allocation,
+                    HAMI_TO_ALLOCATE: allocation,
                     "hami.io/metax-sgpu-devices-allocated": allocation,
                     "metax-tech.com/gpu-devices-allocated": '[{"uuid":"GPU-0001","compute":60,"vRam":4096}]',
                     HAMI_BIND_PHASE: "allocating",
@@ -112,9 +113,13 @@ def test_gpu_device_takes_its_half_of_an_sgpu_allocation_and_nothing_more(contro
         assert pod.metadata.annotations[HAMI_BIND_PHASE] == "allocating"
         pending = gpu_device.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={OWN}").items
         assert "sgpu-job" in [p.metadata.name for p in pending]
+        # The container's devices allocated, its entry emptied (HAMi's EncodePodSingleDevice of one
+        # container with none left), then the pod marked allocated.
+        gpu_device.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {HAMI_TO_ALLOCATE: ";"}}})
         gpu_device.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {HAMI_BIND_PHASE: "success"}}})
         gpu_device.patch_node(OWN, {"metadata": {"annotations": {HAMI_NODE_LOCK: None, DEVICES: '[{"uuid":"GPU-0001"}]'}}})
-        assert core.read_namespaced_pod(name, namespace).metadata.annotations[HAMI_BIND_PHASE] == "success"
+        annotations = core.read_namespaced_pod(name, namespace).metadata.annotations
+        assert (annotations[HAMI_TO_ALLOCATE], annotations[HAMI_BIND_PHASE]) == (";", "success")
         annotations = nodes(api)[OWN].metadata.annotations
         assert HAMI_NODE_LOCK not in annotations and annotations[DEVICES] == '[{"uuid":"GPU-0001"}]'
 
@@ -125,7 +130,10 @@ def test_gpu_device_takes_its_half_of_an_sgpu_allocation_and_nothing_more(contro
                 name, namespace, {"metadata": {"annotations": {"hami.io/metax-sgpu-devices-allocated": ""}}}
             )
         )
-        assert "may change only the hami.io/bind-phase annotation of a pod (HAMi's allocation protocol), not " in message
+        assert (
+            "may change only the hami.io/metax-sgpu-devices-to-allocate and hami.io/bind-phase annotations of a pod"
+            " (HAMi's allocation protocol), not hami.io/metax-sgpu-devices-allocated" in message
+        )
         assert "metadata.labels" in refusal(
             lambda: gpu_device.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"team": "ml"}}})
         )

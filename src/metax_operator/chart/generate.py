@@ -53,6 +53,7 @@ TEMPLATE_STRINGS = {
     "metax-operator.rolloutNodeKeyPrefix": contract.ROLLOUT_NODE_KEY_PREFIX,
     "metax-operator.gpuTaint": contract.GPU_TAINT,
     "metax-operator.hamiNodeLock": contract.HAMI_NODE_LOCK,
+    "metax-operator.hamiToAllocate": contract.HAMI_TO_ALLOCATE,
     "metax-operator.hamiBindPhase": contract.HAMI_BIND_PHASE,
     "metax-operator.crGroup": contract.CR_GROUP,
     "metax-operator.crName": contract.CR_NAME,
