@@ -168,13 +168,20 @@ def chart_archive(repo: Path, helm: str, out: Path, epoch: int, sign: dict | Non
     (its .helmignore decides, not a list here that a new chart directory could miss), re-timed."""
     with tempfile.TemporaryDirectory(prefix="metax-package-") as tmp:
         (plain,) = helm_package(helm, repo, Path(tmp) / "plain", [])
-        with tarfile.open(plain) as archive:
-            archive.extractall(Path(tmp) / "stage", filter="data")
+        unpack(plain, Path(tmp) / "stage")
         stage = Path(tmp) / "stage" / CHART
         for path in [stage, *stage.rglob("*")]:
             os.utime(path, (epoch, epoch), follow_symlinks=False)
         flags = ["--sign", "--key", sign["name"], "--keyring", sign["keyring"]] if sign else []
         return helm_package(helm, stage, out, flags)
+
+
+def unpack(archive: Path, into: Path) -> None:
+    """Extract the tar `archive` (one this module or Helm wrote) into `into`, with tarfile's "data"
+    filter where this Python has it: Python 3.11.4 added the filters, and Debian 12's python3,
+    3.11.2, has none."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
 
 
 def helm_package(helm: str, chart: Path, out: Path, flags: list[str]) -> list[Path]:

@@ -211,8 +211,7 @@ def keys(tmp_path_factory) -> dict[str, Path]:
 def signed(keys, tools_image, tmp_path_factory) -> Path:
     sign = {"name": "metax-operator release", "keyring": str(keys["release-secret"]), "public_key": str(keys["release-public"])}
     out = tmp_path_factory.mktemp("signed")
-    with tarfile.open(build(out, tools_image, sign)) as archive:
-        archive.extractall(out, filter="data")
+    package.unpack(build(out, tools_image, sign), out)
     return out / TOP
 
 

@@ -175,8 +175,7 @@ def pull(helm: str, ref: str, into: Path, env: dict, *flags: str) -> subprocess.
 
 def site(package_file: Path, into: Path) -> Path:
     """The package unpacked at the site (step 1)."""
-    with tarfile.open(package_file) as archive:
-        archive.extractall(into, filter="data")
+    package.unpack(package_file, into)
     return into / f"{package.PACKAGE_PREFIX}{CHART_VERSION}"
 
 

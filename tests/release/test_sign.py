@@ -69,8 +69,7 @@ def entries(archive: Path) -> dict[str, tuple]:
 
 
 def extract(archive: Path, into: Path) -> Path:
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
+    package.unpack(archive, into)
     return into / TOP
 
 
