@@ -5,13 +5,13 @@ so that no GPU pod is scheduled onto a node whose driver is being replaced; once
 pod is Ready the engine lists the node in `Decision.uncordon` and the runner uncordons it.
 
 The runner uncordons only nodes it cordoned itself, and it records that on the node, in the same
-write as the cordon: the label `CORDONED_LABEL` (the same write sets the node's upgrade state,
-`deleting`, and the uncordon's sets `done`: two label writes fewer per swapped node). A label rather than an annotation, because
-the runner finds those nodes by it (an index of its node cache, `node_cache`, which holds the
-nodes' labels and not their annotations), also after a restart: a runner killed between the
-cordon and the uncordon leaves the label, and the next leader uncordons the node. A node that
-is already unschedulable without that label was cordoned by someone else: the runner neither
-labels nor uncordons it.
+write as the cordon: the label `CORDONED_LABEL`. (That write also sets the node's upgrade state,
+`deleting`, and the uncordon's sets `done`: two label writes fewer per swapped node.) A label
+rather than an annotation, because the runner finds those nodes by it (an index of its node
+cache, `node_cache`, which holds the nodes' labels and not their annotations), also after a
+restart: a runner killed between the cordon and the uncordon leaves the label, and the next
+leader uncordons the node. A node that is already unschedulable without that label was
+cordoned by someone else: the runner neither labels nor uncordons it.
 
 Both writes are conditional, so nothing an admin does meanwhile is overwritten: the cordon is a
 merge patch carrying the resourceVersion of the node as the runner's node cache holds it
