@@ -120,6 +120,25 @@ def test_the_rollouts_labels_are_an_index_of_the_metadata(api, cache):
     assert (skipped.snapshot(), runners.snapshot(), retry.snapshot()) == ({"n2": "n2"}, {}, {"n2": "n2"})
 
 
+def test_it_counts_a_node_added_relabelled_or_removed_as_a_change_and_a_status_report_not(api, cache):
+    """What tells a rollout at rest that it must decide again (`NodeCache.changes`)."""
+    api.put(f"{NODES}/n0", node("n0"))
+    start(api, cache)
+    before = cache.changes
+    reported = api.put(f"{NODES}/n0", {**api.get(f"{NODES}/n0"), "status": {"images": [{"names": ["x"]}]}})
+    eventually(lambda: cache.labels_seen(reported["metadata"]["resourceVersion"]), 10, "the report")
+    assert cache.changes == before, "a status report counted as a change"
+    api.put(f"{NODES}/n1", node("n1"))
+    eventually(lambda: cache.changes == before + 1, 10, "n1 added")
+    api.put(f"{NODES}/n1", node("n1", {SKIP_LABEL: "true"}))
+    eventually(lambda: cache.changes == before + 2, 10, "n1 relabelled")
+    api.delete(f"{NODES}/n0")
+    eventually(lambda: cache.changes == before + 3, 10, "n0 removed")
+    api.expire_watches()  # a relist that finds what the watch delivered counts nothing
+    eventually(lambda: cache.metadata.stats.relists >= 1, 10, "the relist")
+    assert cache.changes == before + 3
+
+
 class Frozen:
     """An informer whose watch delivers nothing more: what it held, as of its version then."""
 

@@ -362,6 +362,8 @@ def test_a_gpu_job_bound_after_the_decision_keeps_its_driver(api, executor):
 class LaggingNodeCache:
     """A node cache whose watch has not delivered anything since `frozen` (names to states)."""
 
+    changes = 0
+
     def __init__(self, frozen: dict):
         self.frozen = frozen
 
@@ -370,6 +372,8 @@ class LaggingNodeCache:
 
     def has_seen(self, resource_version: str) -> bool:
         return False
+
+    labels_seen = has_seen
 
     def snapshot(self) -> dict:
         return dict(self.frozen)

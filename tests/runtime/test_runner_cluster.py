@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, STATE_LABEL
+from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, SKIP_LABEL, STATE_LABEL
 from tests.runtime.cluster import CR, PODS, REVISION_LABEL, VERSIONS, Cluster, labels
 
 A, B = VERSIONS[:2]
@@ -153,3 +153,35 @@ def test_a_node_relabelled_out_of_the_daemonset_is_not_counted_failed_while_its_
     cluster.run_pass()
     failed = (cluster.upgrade_status().get("resume") or {}).get("failedNodes") or []
     assert "n2" not in failed, f"n2 left the DaemonSet and was counted failed: {cluster.upgrade_status().get('message')}"
+
+
+def test_a_runner_at_rest_decides_again_only_when_a_cache_it_reads_changes(cluster):
+    """Once the rollout is at rest (`rollout.rest`), a pass leaves it out while nothing it reads
+    changes: not kubelet status reports, not GPU jobs, not the clock. A relabelled node, a pod or
+    the CR brings it back at once, and a new version rolls out as before."""
+    settle(cluster, passes=4)
+    decided = []
+    observe = cluster.runner.rollout.watches.observe
+    cluster.runner.rollout.watches.observe = lambda *args, **kwargs: decided.append(1) or observe(*args, **kwargs)
+
+    def decides() -> bool:
+        decided.clear()
+        cluster.run_pass()
+        return bool(decided)
+
+    assert not decides(), "a pass over a settled fleet decided again"
+    cluster.set_node_ready("n1", False)  # a status report: the node's resourceVersion moves
+    cluster.set_node_ready("n1", True)
+    cluster.workloads.start("n2")  # GPU work starts
+    cluster.tick(3600)
+    assert not decides(), "status reports, a GPU job or an hour made the rollout decide again"
+    cluster.edit_node("n3", {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+    assert decides(), "a node labelled skip did not make the rollout decide"
+    assert labels(cluster.nodes()["n3"])[STATE_LABEL] == "skipped"
+    assert decides() and not decides(), "the pass after the label write decides, and the one after it rests"
+    cluster.set_version(B)
+    for _ in range(12):
+        cluster.run_pass()
+        cluster.tick()
+        cluster.sync()
+    assert cluster.driver_versions() == {"n0": B, "n1": B, "n2": A, "n3": A}  # n2 runs GPU work, n3 is skipped

@@ -23,12 +23,15 @@ and about one page, not the high-water mark of every cache's first LIST.
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
 which is what a pass costs the API server in steady state. `on_change`, when set, is called
 (from the informer's thread) whenever what the store holds changes: an object added, removed or
-projected to a different value, not a bookmark or an update `project` does not see.
+projected to a value that `differs` from the one before (by default: any other value), not a
+bookmark or an update `project` does not see; `changes` counts them, so a reader can tell
+whether anything changed since it last looked without a snapshot.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import threading
 import time
@@ -97,12 +100,13 @@ class Informer:
         field_selector: str | None = None,
         metadata_only: bool = False,
         index: Callable[[Any], Iterable[str]] | None = None,
+        differs: Callable[[Any, Any], bool] = operator.ne,
         resync: float = DEFAULT_RESYNC,
         name: str = "",
     ):
         self.api, self.path, self.project = api, path, project
         self.label_selector, self.field_selector = label_selector, field_selector
-        self.metadata_only, self.index = metadata_only, index
+        self.metadata_only, self.index, self.differs = metadata_only, index, differs
         self.resync = resync
         self.name = name or path
         self.stats = Stats()
@@ -116,6 +120,7 @@ class Informer:
         self._response = None  # the open watch, closed by stop()
         self.resource_version = ""
         self.on_change: Callable[[], None] | None = None
+        self.changes = 0  # the store's changes so far (`on_change`), counted with the store's update
 
     # -- the reader's side ------------------------------------------------------------------
 
@@ -228,8 +233,11 @@ class Informer:
             for term in self.index(value):
                 indexed.setdefault(term, set()).add(key)
         with self._lock:
-            changed, self._store, self._indexed = store != self._store, store, indexed
-            self.resource_version = version
+            changed = store.keys() != self._store.keys() or any(
+                self.differs(self._store[key], value) for key, value in store.items()
+            )
+            self._store, self._indexed, self.resource_version = store, indexed, version
+            self.changes += changed
         give_back_memory()
         if changed:
             self._changed()
@@ -281,10 +289,11 @@ class Informer:
             else:
                 self._put(self._store, obj)
             after = self._store.get(key)
-            changed = after != before
+            changed = (before is None) != (after is None) or (before is not None and self.differs(before, after))
             if changed and self.index:
                 self._reindex(key, before, after)
             self.resource_version = version
+            self.changes += changed
         if changed:
             self._changed()
         return True

@@ -36,6 +36,12 @@ from metax_operator.runtime.kube import Client
 SELECTED = (SKIP_LABEL, CORDONED_LABEL, RETRY_LABEL)
 
 
+def labels_differ(before: cordon.NodeState, after: cordon.NodeState) -> bool:
+    """A node's change as the rollout reads it (`Informer.differs`): its labels. A kubelet's
+    status report moves only its resourceVersion, which a cordon reads from the store anyway."""
+    return before.labels != after.labels
+
+
 def selected_labels(state: cordon.NodeState) -> list[str]:
     """The SELECTED labels set to "true" on a node (its index terms)."""
     return [key for key, value in state.labels if value == "true" and key in SELECTED]
@@ -49,7 +55,14 @@ class NodeCache:
         path = api.resource("v1", "Node").path()
         # Its values say unschedulable=False: metadata has no spec. `get` and `snapshot` say it.
         self.metadata = Informer(
-            api, path, project=cordon.node_state, metadata_only=True, index=selected_labels, resync=resync, name="nodes"
+            api,
+            path,
+            project=cordon.node_state,
+            metadata_only=True,
+            index=selected_labels,
+            differs=labels_differ,
+            resync=resync,
+            name="nodes",
         )
         self.unschedulable = Informer(
             api,
@@ -67,6 +80,11 @@ class NodeCache:
     @property
     def informers(self) -> tuple[Informer, Informer]:
         return self.metadata, self.unschedulable
+
+    @property
+    def changes(self) -> int:
+        """How often a node was added, removed or relabelled (`Informer.changes`)."""
+        return self.metadata.changes
 
     def get(self, name: str) -> cordon.NodeState | None:
         state = self.metadata.get(name)
@@ -98,6 +116,10 @@ class NodeCache:
     def has_seen(self, resource_version: str) -> bool:
         """Both watches hold every change up to `resource_version`."""
         return self.metadata.has_seen(resource_version) and self.unschedulable.has_seen(resource_version)
+
+    def labels_seen(self, resource_version: str) -> bool:
+        """The nodes' labels hold every change up to `resource_version` (the metadata watch's)."""
+        return self.metadata.has_seen(resource_version)
 
     def labelled(self, label: str) -> Labelled:
         """The nodes carrying `label` (one of SELECTED) set to "true"."""

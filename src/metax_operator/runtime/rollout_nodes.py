@@ -273,6 +273,13 @@ class NodeActions:
         return uncordoned
 
     @property
+    def unseen_writes(self) -> bool:
+        """Whether the node cache may not show the labels of a node write of this runner yet (what
+        a rollout at rest reads of a node)."""
+        written = self._own.written.values() if self._own is not None else ()
+        return any(not self.watches.nodes.labels_seen(state.resource_version) for state in written)
+
+    @property
     def _nodes(self) -> cordon.OwnWrites:
         """The node cache the cordons read, with this runner's own uncordons."""
         if self._own is None or self._own.nodes is not self.watches.nodes:

@@ -97,6 +97,9 @@ class OwnDeletions:
     def add(self, uids: list[str], when: float) -> None:
         self._asked.update(dict.fromkeys(uids, when))
 
+    def __bool__(self) -> bool:
+        return bool(self._asked)
+
     def pending(self, cached: dict[str, DriverPod]) -> dict[str, float]:
         """Those the cache `cached` (key -> pod) still holds as live; the others are forgotten."""
         if self._asked:
@@ -222,6 +225,13 @@ class Watches:
     def stop(self) -> None:
         for informer in (*self.all, *([self.waited] if self.waited else [])):
             informer.stop()
+
+    def changes(self) -> tuple[int, ...]:
+        """How often each cache a rollout at rest reads has changed (`Informer.changes`; the nodes
+        by their labels): not the GPU pods nor the waited-for ones, which change nothing then
+        (`rollout.rest`)."""
+        at_rest = (self.revisions, self.driver_pods, self.validation_pods, self.nodes, self.reboot_asked, self.rebooted)
+        return tuple(cache.changes for cache in at_rest)
 
     def stats(self) -> Stats:
         total = Stats()
