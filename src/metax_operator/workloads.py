@@ -289,11 +289,15 @@ def _maca_problems(pods: Iterable[GpuPod], maca_images: Sequence[str] | None) ->
         shown = ", ".join(deployed) or "none: maca.payload.images is empty"
     refused: dict[str, list[str]] = {}
     unmatched: dict[str, list[str]] = {}
+    chosen: dict[str, str | None] = {}  # each value's version, worked out once: thousands of pods share a few
     for pod in pods:
         for value in dict.fromkeys(pod.maca_versions):
             if value in MACA_REFUSED:
                 refused.setdefault(value, []).append(f"{pod.namespace}/{pod.name}")
-            elif choose_maca(value, deployed) is None:
+                continue
+            if value not in chosen:
+                chosen[value] = choose_maca(value, deployed)
+            if chosen[value] is None:
                 unmatched.setdefault(value, []).append(f"{pod.namespace}/{pod.name}")
     example = f"e.g. {deployed[0].rsplit('.', 2)[0]}" if deployed else "once maca deploys one"
     found = [

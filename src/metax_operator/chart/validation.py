@@ -380,17 +380,25 @@ CONFIGMAP_PARSERS: dict[ConfigMapKey, Callable[[str | None], object]] = {
 
 def configmap_problems(name: str, data: Mapping | None) -> list[UserError]:
     """What is wrong with the keys of ConfigMap `name` (its `data`), by their parsers."""
+    return list(_configmap_problems(name, tuple(sorted((data or {}).items()))))
+
+
+@functools.lru_cache(maxsize=16)
+def _configmap_problems(name: str, items: tuple[tuple[str, str], ...]) -> tuple[UserError, ...]:
+    """`configmap_problems`, once per content: the runner checks both ConfigMaps at every pass,
+    and they change only when an admin edits them."""
+    data = dict(items)
     problems: list[UserError] = []
     for key, parse in CONFIGMAP_PARSERS.items():
         if key.configmap != name:
             continue
         try:
-            parse((data or {}).get(key.key))
+            parse(data.get(key.key))
         except UserErrors as err:
             problems += err.errors
         except UserError as err:
             problems.append(err)
-    return problems
+    return tuple(problems)
 
 
 def _prefixed(prefix: str, error: UserError) -> UserError:

@@ -30,7 +30,7 @@ controller's status): the next pass is due.
 from __future__ import annotations
 
 import collections
-import copy
+import marshal
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -151,11 +151,11 @@ class ObjectCache:
             written = self._written.get(written_key)
         if written is not None:
             if not informer.has_seen(written["metadata"]["resourceVersion"]):
-                return copy.deepcopy(written)
+                return _copy(written)
             with self._lock:
                 if self._written.get(written_key) is written:
                     del self._written[written_key]
-        return copy.deepcopy(informer.get(key))
+        return _copy(informer.get(key))
 
     def _wrote(self, obj) -> None:
         """`Client.on_written`: keep what the runner wrote, if it is an object these caches hold
@@ -185,3 +185,10 @@ class ObjectCache:
         )
         if others and self.on_change is not None:
             self.on_change()
+
+
+def _copy(obj: dict | None) -> dict | None:
+    """A deep copy of a cached object for the pass to change as it likes. The objects are plain
+    JSON values (dicts, lists, strings, numbers, booleans, None), which marshal copies in C: a
+    DaemonSet in about a quarter of `copy.deepcopy`'s time, and a pass reads a dozen."""
+    return marshal.loads(marshal.dumps(obj))
