@@ -8,6 +8,7 @@ by every e2e test of the runner."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -58,6 +59,22 @@ def test_lists_in_pages_then_follows_the_watch(api, monkeypatch):
         )
         eventually(lambda: informer.resource_version == "999", 10, "the bookmark's version kept")
         assert informer.state == "synced" and informer.stats.relists == 0
+    finally:
+        informer.stop()
+
+
+def test_a_steady_stream_is_read_in_bursts_after_the_gather(api):
+    """With `gather`, the events after one the thread waited for stay in the socket's buffer that
+    long, then are read together; none is lost."""
+    informer = start(api, gather=1.0)
+    try:
+        api.put(f"{PODS}/p0", pod("p0"))
+        eventually(lambda: "ns/p0" in informer.snapshot(), 10, "the first event", interval=0.01)
+        sent = time.monotonic()
+        for i in range(1, 4):
+            api.put(f"{PODS}/p{i}", pod(f"p{i}"))
+        eventually(lambda: len(informer.snapshot()) == 4, 10, "the burst")
+        assert time.monotonic() - sent >= 0.5, "the burst was read before the gather was over"
     finally:
         informer.stop()
 

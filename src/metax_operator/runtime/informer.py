@@ -20,6 +20,8 @@ parsed at a time in the process (`_DECODING`), by a parser that lives for one LI
 LIST the heap's free memory is given back (`give_back_memory`): the runner's RSS is its stores
 and about one page, not the high-water mark of every cache's first LIST.
 
+With `gather`, a steady stream's events are read in bursts (`watch_stream.chunks`).
+
 `snapshot()` is a consistent copy for one pass; `stats` counts the requests and bytes received,
 which is what a pass costs the API server in steady state. `on_change`, when set, is called
 (from the informer's thread) whenever what the store holds changes: an object added, removed or
@@ -43,6 +45,7 @@ import simdjson
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator.jsonlog import event
+from metax_operator.runtime import watch_stream
 from metax_operator.runtime.api_failures import failure_line, with_backoff
 from metax_operator.runtime.kube import Client, plain
 from metax_operator.runtime.memory import give_back_memory
@@ -101,12 +104,13 @@ class Informer:
         metadata_only: bool = False,
         index: Callable[[Any], Iterable[str]] | None = None,
         differs: Callable[[Any, Any], bool] = operator.ne,
+        gather: float = 0.0,
         resync: float = DEFAULT_RESYNC,
         name: str = "",
     ):
         self.api, self.path, self.project = api, path, project
         self.label_selector, self.field_selector = label_selector, field_selector
-        self.metadata_only, self.index, self.differs = metadata_only, index, differs
+        self.metadata_only, self.index, self.differs, self.gather = metadata_only, index, differs, gather
         self.resync = resync
         self.name = name or path
         self.stats = Stats()
@@ -361,7 +365,7 @@ class Informer:
 
     def _lines(self, response) -> Iterator[bytes]:
         buffer = b""
-        for chunk in response.stream(amt=None, decode_content=False):
+        for chunk in watch_stream.chunks(response, self.gather, self._stop):
             self.stats.bytes += len(chunk)
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")

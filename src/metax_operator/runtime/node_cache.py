@@ -31,6 +31,7 @@ from metax_operator.contract import CORDONED_LABEL, RETRY_LABEL, SKIP_LABEL
 from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
+from metax_operator.runtime.watch_stream import STEADY_GATHER
 
 #: The labels whose nodes the rollout reads by name: set to "true".
 SELECTED = (SKIP_LABEL, CORDONED_LABEL, RETRY_LABEL)
@@ -61,6 +62,7 @@ class NodeCache:
             metadata_only=True,
             index=selected_labels,
             differs=labels_differ,
+            gather=STEADY_GATHER,
             resync=resync,
             name="nodes",
         )

@@ -82,6 +82,7 @@ from metax_operator.runtime.rollout_projections import (
     project_driver_pod,
     project_revision,
 )
+from metax_operator.runtime.watch_stream import STEADY_GATHER
 
 DRIVER_POD_SELECTOR = f"{COMPONENT_LABEL}=driver"
 NEED_REBOOT, REBOOTED = "NodeNeedReboot", "Rebooted"
@@ -150,7 +151,13 @@ class Watches:
             name="validation-pods",
         )
         self.gpu_pods = Informer(
-            api, "/api/v1/pods", field_selector=LIVE_PODS, project=workloads.gpu_pod, resync=resync, name="gpu-workloads"
+            api,
+            "/api/v1/pods",
+            field_selector=LIVE_PODS,
+            project=workloads.gpu_pod,
+            gather=STEADY_GATHER,
+            resync=resync,
+            name="gpu-workloads",
         )
         self.deleted = OwnDeletions()
         self.nodes = NodeCache(api, resync)

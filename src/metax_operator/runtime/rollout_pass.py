@@ -29,17 +29,14 @@ again), then the rollout acts (`RolloutPass.act`):
 - label each node with its upgrade state (`rollout.node_state`, the label
   `metax-tech.com/driver-upgrade.state`) where the label differs, after the deletions so that it
   says which happened, and remove an admin's retry label once the node's retry is done (its pod
-  deleted again, or nothing failed to retry). At most `rollout_nodes.STATE_WRITES_PER_PASS` nodes a pass, those
-  in a wave first: a fleet's first labelling never delays a swap.
+  deleted again, or nothing failed to retry). At most `rollout_nodes.STATE_WRITES_PER_PASS`
+  nodes a pass, those in a wave first: a fleet's first labelling never delays a swap.
 
-A rollout at rest (`rollout.rest`: nothing under way, every driver at the current revision and
-Ready or failed for good, nothing to do) is not decided again while the CR, the DaemonSet and the
-caches a decision at rest reads hold nothing new (`Watches.changes`): the pass reuses its plan,
-which does nothing. At 10,000 nodes that is most of an idle runner's CPU.
+A rollout at rest (`rollout.rest`) is not decided again while the CR, the DaemonSet and the
+caches it reads hold nothing new (`Watches.changes`): the pass reuses its plan, which does nothing.
 
-A pass the rollout cannot decide (an invalid policy, no driver DaemonSet, no CR at all) still
-gives back the nodes the runner cordoned whose driver is back (`GiveBack`); without the CR the
-rollout is gone, and so are the nodes' state labels.
+A pass the rollout cannot decide (an invalid policy, no driver DaemonSet, no CR) still gives
+back the runner's cordons whose driver is back (`GiveBack`); without the CR the state labels go.
 
 The lease is checked before every write (and before each node's of a batch: `rollout_nodes`);
 one node's refusal does not stop the others, the pass does the rest of its actions, and then
@@ -189,7 +186,7 @@ class RolloutPass:
             return self._give_back(ds, cr, spec, stored)
         read = self._read(cr, ds, policy)
         if self.at_rest is not None and read is not None and read == self.at_rest.read:
-            return self.at_rest  # the caches hold nothing new: the same decision, which does nothing
+            return self.at_rest  # nothing new: the same decision, which does nothing
         self.at_rest = None
         observed = self.watches.observe(ds, cr, stored, spec).observed
         before = UpgradeStatus.from_json(stored) if stored is not None else None
@@ -200,18 +197,16 @@ class RolloutPass:
             observed = dataclasses.replace(observed, health=self.health)
         decision = engine.decide(observed, policy, before, now)
         self.health_asked = decision.observe_health
-        rests = at_rest(observed, policy, before, decision, now)
-        return Plan(decision, policy.pause, stored, now, observed, policy, read if rests else None)
+        reusable = read if at_rest(observed, policy, before, decision, now) else None
+        return Plan(decision, policy.pause, stored, now, observed, policy, reusable)
 
     def _read(self, cr: dict, ds: dict, policy: Policy) -> tuple | None:
-        """What a rollout at rest decides on, as versions: the CR (its spec and status), the
-        DaemonSet, the policy, and the changes of the caches (`Watches.changes`). None while the
-        runner's own deletions or node writes may not be in the caches yet, or the health gate
-        waits for a snapshot: each pass reads those anew."""
+        """What a rollout at rest decides on, as versions (`Watches.changes`); None while the
+        caches may miss the runner's own writes, or the health gate waits for a snapshot."""
         if self.watches.deleted or self.nodes.unseen_writes or self.health_asked:
             return None
-        meta = ds["metadata"]
-        return cr["metadata"].get("resourceVersion"), meta["uid"], meta.get("resourceVersion"), policy, *self.watches.changes()
+        versions = cr["metadata"].get("resourceVersion"), ds["metadata"]["uid"], ds["metadata"].get("resourceVersion")
+        return *versions, policy, *self.watches.changes()
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
@@ -256,7 +251,7 @@ class RolloutPass:
         writes = self._act(cr, plan)
         status_written = decision.status.to_json() != plan.stored  # by the pass, just before
         if plan.read is not None and not writes and not status_written:
-            self.at_rest = plan  # the next passes reuse it while they read the same
+            self.at_rest = plan  # reused while the passes read the same
         step = decision.status.step
         stats = self.watches.stats()
         event(
