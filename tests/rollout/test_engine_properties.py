@@ -71,6 +71,13 @@ def admin_pauses(draw) -> list:
     return script
 
 
+def joining_and_leaving(joins: list[float], leaves: list[float]) -> list:
+    """A script of nodes `joined-I` joining at the times `joins`, and `node-I` leaving at `leaves`."""
+    script = [(t, lambda sim, i=i, t=t: sim.add_node(f"joined-{i}", t)) for i, t in enumerate(joins)]
+    script += [(t, lambda sim, i=i: sim.remove_node(f"node-{i:05d}")) for i, t in enumerate(leaves)]
+    return script
+
+
 def run(policy: Policy, config: Config, admin: list | None = None):
     sim = Simulation(config, policy, admin)
     sim.set_revision(NEW)
@@ -140,8 +147,7 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
 )
 def test_nodes_joining_leaving_and_busy_still_complete(data, nodes, seed, joins, leaves, busy):
     policy = data.draw(policies(nodes + len(joins)))
-    script = [(t, lambda sim, i=i, t=t: sim.add_node(f"joined-{i}", t)) for i, t in enumerate(joins)]
-    script += [(t, lambda sim, i=i: sim.remove_node(f"node-{i:05d}")) for i, t in enumerate(leaves)]
+    script = joining_and_leaving(joins, leaves)
     config = Config(
         nodes=nodes, seed=seed, ready_latency=(5, 60), busy_nodes={f"node-{i % nodes:05d}": until for i, until in busy.items()}
     )

@@ -21,7 +21,7 @@ from metax_operator.rollout.observation import Check, Cluster, Pod
 from metax_operator.rollout.rest import at_rest
 from metax_operator.rollout.status import COMPLETED
 from tests.rollout.oracle import NEW, Config, Simulation
-from tests.rollout.test_engine_properties import SMALL, policies
+from tests.rollout.test_engine_properties import SMALL, joining_and_leaving, policies
 
 #: Seconds after a pass at which the same observation is decided again.
 LATER = (0.001, 5.0, 3600.0, 30 * 24 * 3600.0)
@@ -110,8 +110,7 @@ def test_every_decision_at_rest_is_the_same_later_and_with_other_gpu_work(
         drain=data.draw(st.booleans()),
         wait_selector=data.draw(st.sampled_from(["", "app=training"])),
     )
-    script = [(t, lambda sim, i=i, t=t: sim.add_node(f"joined-{i}", t)) for i, t in enumerate(joins)]
-    script += [(t, lambda sim, i=i: sim.remove_node(f"node-{i:05d}")) for i, t in enumerate(leaves)]
+    script = joining_and_leaving(joins, leaves)
     config = Config(
         nodes=nodes,
         seed=seed,
