@@ -26,7 +26,7 @@ lint:
 # xdist workers more than the cores, and an idle worker steals tests from a busy one's queue: a
 # worker asleep in a client's retry backoff leaves its core to another, and the longest tests do
 # not end the run alone (2 cores: 3 min 20 s to 3 min 45 s so, 4 min 05 s to 4 min 28 s with 3
-# workers sharing the tests out at the start; 2 min 29 s to 2 min 36 s on a faster 2-core
+# workers sharing the tests out at the start; 2 min 29 s to 2 min 41 s on a faster 2-core
 # machine, docs/control-plane.md). No test of this tier is pinned to a worker
 # (`xdist_group`: those are e2e, `make e2e` runs them with --dist loadgroup).
 test: lint
