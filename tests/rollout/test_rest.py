@@ -32,14 +32,12 @@ class RestChecker:
 
     def __init__(self):
         self.decide = engine.decide
-        self.at_rest = 0  # decisions at rest seen
-        self.last_at_rest = False
+        self.last_at_rest = False  # the last decision was at rest
 
     def __call__(self, observed: Cluster, policy, status, now: float):
         decision = self.decide(observed, policy, copy.deepcopy(status), now)
         self.last_at_rest = at_rest(observed, policy, status, decision, now)
         if self.last_at_rest:
-            self.at_rest += 1
             self.check(observed, policy, status, decision, now)
         return decision
 

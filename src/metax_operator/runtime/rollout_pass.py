@@ -184,7 +184,7 @@ class RolloutPass:
         if ds is None:
             event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
             return self._give_back(ds, cr, spec, stored)
-        read = self._read(cr, ds, policy)
+        read = self._read(cr, ds)
         if self.at_rest is not None and read is not None and read == self.at_rest.read:
             return self.at_rest  # nothing new: the same decision, which does nothing
         self.at_rest = None
@@ -200,13 +200,13 @@ class RolloutPass:
         reusable = read if at_rest(observed, policy, before, decision, now) else None
         return Plan(decision, policy.pause, stored, now, observed, policy, reusable)
 
-    def _read(self, cr: dict, ds: dict, policy: Policy) -> tuple | None:
-        """What a rollout at rest decides on, as versions (`Watches.changes`); None while the
-        caches may miss the runner's own writes, or the health gate waits for a snapshot."""
+    def _read(self, cr: dict, ds: dict) -> tuple | None:
+        """What a rollout at rest decides on, as versions: the CR (spec, so policy, and status),
+        the DaemonSet, the caches; None while they may miss the runner's writes or the health gate waits."""
         if self.watches.deleted or self.nodes.unseen_writes or self.health_asked:
             return None
         versions = cr["metadata"].get("resourceVersion"), ds["metadata"]["uid"], ds["metadata"].get("resourceVersion")
-        return *versions, policy, *self.watches.changes()
+        return *versions, *self.watches.changes()
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
