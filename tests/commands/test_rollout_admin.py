@@ -139,6 +139,12 @@ def test_the_admins_pause_the_runners_pauses_held_nodes_and_reboots_each_say_wha
     ) in admin.render(cr(reboot)).splitlines()
     draining = UpgradeStatus(**in_flight, resume=Resume(drain_start={"n4": "2026-01-01T00:00:00Z"})).to_json()
     assert "Waiting: for the drain of 1 node (n4)" in admin.render(cr(draining))
+    outage = UpgradeStatus(**in_flight, resume=Resume(out_of_service=NodeList(["n8", "n9"], 2))).to_json()
+    assert (
+        "Waiting: for 2 nodes (n8, n9) out of service (cordoned by someone else, NotReady or without a driver pod) to"
+        " return: the waves keep at most maxParallel plus maxUnavailable GPU nodes out of service; uncordon a node once"
+        " its maintenance is over, or raise driver.upgradePolicy.maxUnavailable"
+    ) in admin.render(cr(outage)).splitlines()
 
 
 def test_a_quiet_cluster_has_no_cause_listed():

@@ -41,7 +41,7 @@ from tests.e2e.test_rollout_cluster import (  # noqa: F401 - fixtures used by na
     sub,
     upgrade_status,
 )
-from tests.e2e.tools import METAX, kubectl, run, seed_patch
+from tests.e2e.tools import METAX, kubectl, more_passes, ready, run, seed_patch
 from tests.waiting import consistently, eventually
 
 CORDONED = "metax-tech.com/driver-upgrade.cordoned"
@@ -152,6 +152,42 @@ def test_each_node_is_cordoned_while_its_driver_is_swapped_and_an_admins_cordon_
     finally:
         witness.stop()
         kubectl(cp, "uncordon", admins)
+
+
+def test_nodes_an_admin_cordoned_take_places_of_the_waves_beyond_max_unavailable(control_plane, api, idle):
+    """Two GPU nodes cordoned by an admin, `maxParallel: 2`, `maxUnavailable: 0`: the first wave
+    takes those two (out of service already, they cost no availability), then the rollout waits
+    and says why; with one uncordoned, the waves take one serving node at a time; with both, the
+    rollout completes and the admin's cordons were never the runner's to lift."""
+    cp, runner = control_plane, idle["runners"][0]
+    out = ["gpu-node-0008", "gpu-node-0009"]
+    for node in out:
+        kubectl(cp, "cordon", node)
+    try:
+        _, new = start_rollout(cp, api, {**QUICK_POLICY, "maxParallel": 2, "maxUnavailable": 0})
+        waiting = "waiting for GPU nodes to return to service: 2 out of service (gpu-node-0008, gpu-node-0009"
+        eventually(lambda: waiting in sub(api).get("message", ""), 120, "the rollout waiting for the cordoned nodes")
+        consistently(lambda: at_revision(api, new) == set(out), more_passes(runner, 4), 60, "no serving node taken")
+        kubectl(cp, "uncordon", out[1])
+
+        def one_at_a_time() -> bool:
+            serving = {p.spec.node_name for p in driver_pods(api) if ready(p) and not p.metadata.deletion_timestamp}
+            down = set(GPU_NODES) - serving - {out[0]}
+            assert len(down) <= 1, f"{sorted(down)} out of service at once beside the admin's cordon of {out[0]}"
+            return len(at_revision(api, new)) >= 5
+
+        eventually(one_at_a_time, 120, "three more nodes swapped, one at a time")
+        kubectl(cp, "uncordon", out[0])
+        eventually(lambda: sub(api).get("currentStepState") == "Completed", 120, "Completed")
+        assert all_at(api, new) and runner_cordoned(api) == [] and unschedulable(api) == []
+    finally:
+        for node in out:
+            kubectl(cp, "uncordon", node)
+
+
+def at_revision(api, revision: str) -> set[str]:
+    """The nodes whose driver pod is at `revision`."""
+    return {p.spec.node_name for p in driver_pods(api) if p.metadata.labels.get("controller-revision-hash") == revision}
 
 
 def test_a_runner_killed_mid_wave_leaves_no_node_cordoned(control_plane, api, idle, faults):

@@ -1,11 +1,13 @@
 """The product's OnDelete simulator (`metax_operator.rollout.simulate`) with what only the tests
 need: pods that fail or hang, nodes whose validation fails, a runner that crashes between two actions, GPU work on nodes, nodes
-joining and leaving, an admin who follows a script, and the counters the safety properties check
-(deletions of upgraded Ready pods, pods in flight beyond the cap, deletions while paused, retries,
-fallbacks)."""
+joining and leaving, nodes out of service for a while (cordoned by an admin, or NotReady: their
+driver pod not Ready), an admin who follows a script, and the counters the safety properties check
+(deletions of upgraded Ready pods, pods in flight beyond the cap, serving nodes taken beyond the
+availability bound, deletions while paused, retries, fallbacks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from metax_operator.rollout import simulate
 from metax_operator.rollout.budget import step_caps
 from metax_operator.rollout.decision import Decision, PodRef
+from metax_operator.rollout.observation import Cluster
 from metax_operator.rollout.simulate import NEW, OLD, SimPod, StepRecord
 from metax_operator.rollout.status import DISABLING, PROGRESSING, TERMINATING, UpgradeStatus
 
@@ -27,6 +30,8 @@ class Config(simulate.Config):
     crash_probability: float = 0.0  # the runner crashes before an action with this probability
     admin_resumes_failures: bool = True  # the admin also resumes after a fallback pause
     busy_nodes: dict[str, float] = field(default_factory=dict)  # node -> time its GPU work ends
+    cordoned_nodes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> an admin's cordon, from, until
+    down_nodes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> NotReady (pods not Ready), from, until
 
 
 @dataclass
@@ -43,6 +48,9 @@ class Result(simulate.Result):
     crashes: int = 0
     deleted_ready_upgraded: int = 0  # Ready (and validated) pods at the upgrading revision the runner deleted (must be 0)
     max_in_flight_over_cap: int = 0  # after a pass that deleted: pods in flight beyond its cap (must be <= 0)
+    # in a pass that deleted: serving nodes it took beyond the cap plus maxUnavailable less the
+    # nodes not serving before it (must be <= 0)
+    max_taken_over_availability: int = 0
     deletions_while_paused: int = 0  # deletions carried out while pause was true (must be 0)
 
 
@@ -54,7 +62,9 @@ class Simulation(simulate.Simulation):
         self.admin = sorted(admin or [], key=lambda a: a[0])
         self.in_flight: set[str] = set()  # nodes whose pod the runner deleted, replacement not back yet
         self.rollback_waves: list[int] = []
-        self.crashes = self.deleted_ready_upgraded = self.over_cap = self.paused_deletions = 0
+        self.crashes = self.deleted_ready_upgraded = self.over_cap = self.paused_deletions = self.over_availability = 0
+        self.down_before: set[str] = set()  # the nodes not serving when the pass began
+        self.serving_taken = 0  # nodes serving then whose driver the pass deleted
         self.crashed = self.deleted_now = False
         self.invalid: set[str] = set()  # the pods whose validation fails
 
@@ -66,6 +76,7 @@ class Simulation(simulate.Simulation):
             crashes=self.crashes,
             deleted_ready_upgraded=self.deleted_ready_upgraded,
             max_in_flight_over_cap=self.over_cap,
+            max_taken_over_availability=self.over_availability,
             deletions_while_paused=self.paused_deletions,
         )
 
@@ -122,8 +133,30 @@ class Simulation(simulate.Simulation):
     def _gpu_busy(self, now: float) -> frozenset[str]:
         return frozenset(n for n, until in self.cfg.busy_nodes.items() if until > now)
 
+    def _within(self, spans: dict[str, tuple[float, float]], now: float) -> set[str]:
+        return {n for n, (start, end) in spans.items() if start <= now < end and n in self.nodes}
+
+    def observe(self, now: float) -> Cluster:
+        observed = super().observe(now)
+        down = self._within(self.cfg.down_nodes, now)
+        pods = tuple(dataclasses.replace(p, ready=False) if p.node in down else p for p in observed.pods)
+        return dataclasses.replace(observed, pods=pods, unschedulable=frozenset(self._within(self.cfg.cordoned_nodes, now)))
+
+    def unavailable(self, now: float) -> set[str]:
+        """The nodes an admin cordoned or that are NotReady now."""
+        return self._within(self.cfg.cordoned_nodes, now) | self._within(self.cfg.down_nodes, now)
+
+    def not_serving(self, now: float) -> set[str]:
+        """What the availability bound counts as the pass begins: the nodes in flight, and those
+        an admin cordoned whose driver pod is Ready (a node NotReady, or whose driver failed, may
+        be a failed node of the engine's, which the bound leaves to the toleration)."""
+        cordoned = self._within(self.cfg.cordoned_nodes, now) - self._within(self.cfg.down_nodes, now)
+        ready = {n for n in cordoned if (p := self._live(n)) and p.ready_at is not None and p.ready_at <= now}
+        return self.in_flight | ready
+
     def _changes(self, now: float) -> list[float]:
-        return [*super()._changes(now), *(t for t, _ in self.admin[:1]), *self.cfg.busy_nodes.values()]
+        spans = [t for span in (*self.cfg.cordoned_nodes.values(), *self.cfg.down_nodes.values()) for t in span]
+        return [*super()._changes(now), *(t for t, _ in self.admin[:1]), *self.cfg.busy_nodes.values(), *spans]
 
     # -- the admin --------------------------------------------------------------------------
     def _before_pass(self, now: float) -> None:
@@ -136,6 +169,7 @@ class Simulation(simulate.Simulation):
     # -- the runner ---------------------------------------------------------------------------
     def _pass(self, now: float) -> Decision:
         self.crashed = self.deleted_now = False
+        self.down_before, self.serving_taken = self.not_serving(now), 0
         return super()._pass(now)
 
     def _before(self, kind: str, decision: Decision) -> bool:
@@ -160,12 +194,15 @@ class Simulation(simulate.Simulation):
             and pod.revision == upgrading
             and pod.ready_at is not None
             and pod.ready_at <= now
+            and pod.node not in self._within(self.cfg.down_nodes, now)  # Ready as the API says
             and pod.uid not in self.invalid  # a node whose validation failed is failed: retried so
         ):
             self.deleted_ready_upgraded += 1
         super()._delete(ref, now, decision)
         if pod is not None and pod.deleting == now:
             self.in_flight.add(pod.node)
+            ready = pod.ready_at is not None and pod.ready_at <= now and pod.uid not in self.invalid
+            self.serving_taken += ready and pod.node not in self.down_before | self.unavailable(now)
 
     # -- the timeline -------------------------------------------------------------------------
     def _record(self, status: UpgradeStatus, now: float) -> None:
@@ -186,6 +223,8 @@ class Simulation(simulate.Simulation):
         cap = self._cap(status)
         if cap is not None and self.deleted_now:  # the cap of the pass that deleted (N may change later)
             self.over_cap = max(self.over_cap, len(self.in_flight) - cap)
+            room = max(cap + self.policy.max_unavailable.of(len(self.nodes)) - len(self.down_before), 0)
+            self.over_availability = max(self.over_availability, self.serving_taken - room)
 
     def _step_record(self, index: int, now: float) -> Step:
         return Step(**vars(super()._step_record(index, now)))

@@ -80,6 +80,7 @@ class Cluster:
         self.cordoned: set[str] = set()  # the runner's cordons: each deletion or cordon adds, each uncordon removes
         self.waiting: set[str] = set()  # nodes running pods that match waitForCompletion.podSelector
         self.retry: set[str] = set()  # nodes an admin labelled for a retry
+        self.admin_cordoned: set[str] = set()  # nodes someone else cordoned
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: UpgradeStatus | None = None
         self.health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health (the health gate)
@@ -98,6 +99,7 @@ class Cluster:
             wait_busy_nodes=frozenset(self.waiting),
             skipped=frozenset(self.skipped),
             cordoned=frozenset(self.cordoned),
+            unschedulable=frozenset(self.cordoned | self.admin_cordoned),
             retry=frozenset(self.retry),
             template=f"template-{self.revision}",
             driver_spec=f"spec-{self.revision}",
@@ -109,12 +111,12 @@ class Cluster:
         assert_fits_the_crd(decision.status.to_json())
         self.status = decision.status
         self.cordoned -= set(decision.uncordon)
-        self.cordoned |= set(decision.cordon)
+        self.cordoned |= set(decision.cordon) - self.admin_cordoned  # another's cordon is never taken for the runner's
         self.evicted += decision.evict
         for ref in decision.delete:
             node = next(n for n, p in self.pods.items() if p.uid == ref.uid)
             assert ref.node == node
-            self.cordoned.add(node)
+            self.cordoned |= {node} - self.admin_cordoned
             self.serial += 1
             self.pods[node] = Pod(
                 f"p-{node}-{self.serial}", f"u-{node}-{self.serial}", node, self.revision, False, "Running", 0, now

@@ -86,6 +86,7 @@ def run(policy: Policy, config: Config, admin: list | None = None):
 
 def check_safety(result, policy: Policy) -> None:
     assert result.max_in_flight_over_cap <= 0, "more pods in flight than the cap"
+    assert result.max_taken_over_availability <= 0, "serving nodes taken beyond the cap plus maxUnavailable"
     assert result.deletions_while_paused == 0, "a deletion while paused"
     assert result.deleted_ready_upgraded == 0, "an upgraded Ready pod was deleted"
     for rec in result.steps:
@@ -134,6 +135,28 @@ def test_without_failures_every_pod_is_upgraded_safely(data, nodes, seed, latenc
     # a step with nothing to do (target equal to the previous one) may pass within one pass, unrecorded
     assert {r.step for r in result.steps} >= {i for i, t in enumerate(targets) if t > ([0] + targets)[i]}
     assert sum(sum(r.deletions) for r in result.steps) == nodes
+
+
+@SMALL
+@given(
+    data=st.data(),
+    nodes=st.integers(4, 40),
+    seed=st.integers(0, 2**16),
+    cordoned=st.dictionaries(st.integers(0, 39), st.tuples(st.floats(0, 2000), st.floats(1, 3000)), max_size=4),
+    down=st.dictionaries(st.integers(0, 39), st.tuples(st.floats(0, 2000), st.floats(1, 3000)), max_size=3),
+    fail=st.floats(0, 0.2),
+)
+def test_nodes_out_of_service_take_places_of_the_waves_and_the_rollout_still_completes(data, nodes, seed, cordoned, down, fail):
+    """An admin's cordons and nodes gone NotReady, for a while, anywhere in the rollout: no pass
+    takes nodes still serving beyond the cap plus `maxUnavailable` less the nodes not serving
+    (`check_safety`), and once they are back the rollout ends as it would have."""
+    policy = data.draw(policies(nodes))
+    spans = lambda drawn: {f"node-{i % nodes:05d}": (start, start + length) for i, (start, length) in drawn.items()}  # noqa: E731
+    config = Config(nodes=nodes, seed=seed, ready_latency=(5, 60), fail_probability=fail)
+    config.cordoned_nodes, config.down_nodes = spans(cordoned), spans(down)
+    result = run(policy, config)
+    check_safety(result, policy)
+    check_end_state(result, policy, nodes)
 
 
 @SMALL

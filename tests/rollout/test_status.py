@@ -222,6 +222,7 @@ STATUSES = st.builds(
         st.dictionaries(st.text(max_size=8), st.just("2027-01-15T08:00:05Z"), max_size=3),
         names,
         node_lists,
+        node_lists,
         times,
         times,
         times,

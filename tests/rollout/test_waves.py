@@ -141,3 +141,33 @@ def test_a_failed_pod_of_an_older_template_is_replaced_first():
     cluster.pods["n02"] = Pod("p-n02-0", "u-n02-0", "n02", "old", False, "Running", 5, T0 - 1000)
     pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
     assert nodes_of(cluster, cluster.decide(pol, T0)) == ["n02"]
+
+
+
+def test_nodes_out_of_service_take_places_of_the_waves_beyond_max_unavailable_and_are_listed():
+    """`maxParallel: 2`, `maxUnavailable: 0`, two nodes an admin cordoned: the first wave takes
+    those two (out of service already: they cost no availability), then the rollout waits and
+    names them; with one back, the waves take one serving node at a time; a node gone NotReady
+    is taken within the cap alone; with both back, two at a time."""
+    cluster = Cluster(6)
+    pol = policy(maxParallel=2, maxUnavailable=0, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.admin_cordoned = {"n04", "n05"}
+    assert nodes_of(cluster, cluster.decide(pol, T0)) == ["n04", "n05"]
+    cluster.ready_all()
+    waiting = cluster.decide(pol, T0 + 5)
+    assert waiting.delete == [] and waiting.status.resume.out_of_service.names == ["n04", "n05"]
+    assert waiting.status.step.message.startswith(
+        "step 0: waiting for GPU nodes to return to service: 2 out of service (n04, n05: cordoned, not Ready or without a"
+        " driver pod) and 0 being swapped leave no room within maxParallel (2) plus maxUnavailable (0)"
+    )
+    cluster.admin_cordoned = {"n04"}
+    one = cluster.decide(pol, T0 + 10)
+    assert nodes_of(cluster, one) == ["n00"] and one.status.resume.out_of_service.count == 0
+    cluster.ready_all()
+    cluster.set("n01", ready=False)  # its node NotReady
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 15)) == ["n01"]
+    cluster.ready_all()
+    cluster.admin_cordoned = set()
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 20)) == ["n02", "n03"]
+    drive(cluster, pol, T0 + 25)
+    assert cluster.status.step.current_step_state == COMPLETED and cluster.revisions() == {"new": 6}

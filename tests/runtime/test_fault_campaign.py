@@ -123,8 +123,8 @@ NONE = st.just(set())
 def test_a_retry_that_drops_the_failed_nodes_beyond_its_first_wave_is_found():
     """(a) The retry queue's rest dropped (the nodes the budget left for a later wave never
     retried)."""
-    kept = "wave, resume.retry_queue = budget.take(queue)"
-    mutation = plant(Progress, "upgrade", kept, "wave, resume.retry_queue = budget.take(queue)[0], []")
+    kept = "wave, resume.retry_queue = budget.take(queue, node=str)"
+    mutation = plant(Progress, "upgrade", kept, "wave, resume.retry_queue = budget.take(queue, node=str)[0], []")
     one_step = [{"replicas": "100%", "pauseDuration": 0, "toleration": 1}]  # two failed nodes fail the step
     retries = policy(maxParallel=1, maxFailureThreshold=2, maxUnavailable=1, upgradeSteps=one_step, fallback="pause")
     campaign = focused(COURSE, nodes=st.integers(3, 4), failing=FAILING, skipped=NONE, waited=NONE, policy=retries)

@@ -378,6 +378,9 @@ class LaggingNodeCache:
     def snapshot(self) -> dict:
         return dict(self.frozen)
 
+    def cordoned(self) -> frozenset[str]:
+        return frozenset(name for name, state in self.frozen.items() if state.unschedulable)
+
 
 def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api, executor):
     # n0 was cordoned by the runner; its uncordon lands, but the node watch lags: the cache still

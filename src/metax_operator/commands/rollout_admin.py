@@ -243,6 +243,12 @@ def blockers(cr: dict, status: UpgradeStatus, policy: policy_mod.Policy | None, 
             " driver.upgradePolicy.waitForCompletion or drain (docs/rollout-admin.md), or skip one:"
             f" kubectl label node NODE {SKIP_LABEL}=true"
         )
+    if status.upgrading and resume.out_of_service.count:
+        out.append(
+            f"Waiting: for {_names(resume.out_of_service)} out of service (cordoned by someone else, NotReady or without"
+            " a driver pod) to return: the waves keep at most maxParallel plus maxUnavailable GPU nodes out of service;"
+            " uncordon a node once its maintenance is over, or raise driver.upgradePolicy.maxUnavailable"
+        )
     if resume.drain_start:
         draining = NodeList.of(resume.drain_start)
         out.append(

@@ -5,21 +5,31 @@ A step's cap is `maxParallel`: an int, or max(1, ceil(p% x the step's share of t
 wave started them (`in_flight`: a pod being deleted with no Ready successor, a young pod not Ready
 yet, a wave node whose pod is gone and not back, each within the readiness timeout from its own
 deletion or creation; a node past it is failed and holds no slot), and at most what the step
-still needs (`Budget.take`). The upgrade wave, the retry wave (whose rest stays queued), the
-rollback wave and an admin's retry label all take through `Budget`; the number of waves a step
-needs and when it should be done by (`step_deadline`, a metric the alerts read) come from the
-same caps.
+still needs (`Budget.take`).
+
+The same cap bounds the GPU nodes out of service: a wave takes a node still serving only while
+the nodes in flight and those out of service for a reason of their own (`out_of_service`:
+cordoned by someone else, or a driver pod not Ready that is neither starting nor failed, or none)
+stay within the cap plus `maxUnavailable` (`Budget.availability`). An admin's maintenance or a
+node gone NotReady thus slows the rollout instead of adding to it; a node already out of service
+costs no availability, and is taken within the cap alone. Failed nodes are the steps'
+`toleration` and `maxUnavailable` at the end, not counted here.
+
+The upgrade wave, the retry wave (whose rest stays queued), the rollback wave and an admin's retry
+label all take through `Budget`; the number of waves a step needs and when it should be done by
+(`step_deadline`, a metric the alerts read) come from the same caps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TypeVar
 
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.conditions import parse_time
-from metax_operator.rollout.observation import NodePods, starting
+from metax_operator.rollout.observation import Cluster, NodePods, starting
 from metax_operator.rollout.status import PROGRESSING, UpgradeStatus
 
 T = TypeVar("T")
@@ -56,31 +66,79 @@ def in_flight(pods: NodePods, coming: Iterable[str], now: float, timeout: float)
     return frozenset(swapping)
 
 
+def out_of_service(observed: Cluster, pods: NodePods, counted: Iterable[str]) -> frozenset[str]:
+    """The eligible nodes out of service for a reason of their own, but for those `counted`
+    elsewhere (in flight, failed): cordoned by someone other than the runner, or whose driver pod
+    is not Ready (its node NotReady, its driver down), or that have no driver pod."""
+    cordoned = observed.unschedulable - observed.cordoned
+    out = set()
+    for node in observed.nodes.difference(counted):
+        pod = pods.live.get(node)
+        if node in cordoned or pod is None or not pod.ready:
+            out.add(node)
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class Budget:
-    """What a wave may take in this pass: `cap` nodes at once less those `in_flight`."""
+    """What a wave may take in this pass: `cap` nodes at once less those `in_flight`, and of the
+    nodes still serving only as many as leave the nodes out of service (`in_flight` and
+    `out_of_service`) within the cap plus `allowance` (`maxUnavailable`). A node out of service
+    or `failed` serves nothing: taking it costs a place in the cap only."""
 
     cap: int
     in_flight: frozenset[str]
+    out_of_service: frozenset[str] = frozenset()
+    allowance: int = 0
+    failed: frozenset[str] = frozenset()
 
     @classmethod
-    def for_step(cls, policy: Policy, nodes: int, index: int, in_flight: frozenset[str]) -> Budget:
+    def for_step(
+        cls,
+        policy: Policy,
+        nodes: int,
+        index: int,
+        in_flight: frozenset[str],
+        out: frozenset[str] = frozenset(),
+        failed: frozenset[str] = frozenset(),
+    ) -> Budget:
         """The budget of step `index` (the last step's beyond the list) on `nodes` eligible pods."""
         caps = step_caps(policy, nodes)
-        return cls(caps[min(index, len(caps) - 1)] if caps else max(nodes, 1), in_flight)
+        cap = caps[min(index, len(caps) - 1)] if caps else max(nodes, 1)
+        return cls(cap, in_flight, out - in_flight, policy.max_unavailable.of(nodes), failed)
 
     @property
     def room(self) -> int:
+        """Nodes a wave may take within the cap."""
         return max(self.cap - len(self.in_flight), 0)
 
-    def take(self, candidates: Sequence[T], want: int | None = None) -> tuple[list[T], list[T]]:
-        """The wave (the first candidates the room allows, at most `want` of them) and the rest."""
+    @property
+    def availability(self) -> int:
+        """Nodes still serving a wave may take out of service."""
+        return max(self.cap + self.allowance - len(self.in_flight) - len(self.out_of_service), 0)
+
+    def take(
+        self, candidates: Sequence[T], want: int | None = None, node: Callable[[T], str] = attrgetter("node")
+    ) -> tuple[list[T], list[T]]:
+        """The wave (the candidates, in order, that the room and the availability allow, at most
+        `want` of them) and the rest, in order; `node` names a candidate's node (a pod's)."""
         count = self.room if want is None else min(self.room, max(want, 0))
-        return list(candidates[:count]), list(candidates[count:])
+        serving = self.availability
+        wave: list[T] = []
+        rest: list[T] = []
+        for candidate in candidates:
+            free = node(candidate) in self.out_of_service or node(candidate) in self.failed
+            if len(wave) < count and (free or serving > 0):
+                wave.append(candidate)
+                serving -= not free
+            else:
+                rest.append(candidate)
+        return wave, rest
 
     def with_deleted(self, nodes: Iterable[str]) -> Budget:
         """This budget once `nodes` (deleted in this pass) are in flight too."""
-        return Budget(self.cap, self.in_flight | frozenset(nodes))
+        flying = self.in_flight | frozenset(nodes)
+        return Budget(self.cap, flying, self.out_of_service - flying, self.allowance, self.failed)
 
 
 def wave_bound(policy: Policy) -> float | None:

@@ -14,7 +14,7 @@ from enum import Enum
 
 from metax_operator.chart.upgrade_policy import OnTimeout, Policy
 from metax_operator.conditions import Condition, Event, EventType, rfc3339, transition_time
-from metax_operator.rollout.budget import Budget, in_flight
+from metax_operator.rollout.budget import Budget, in_flight, out_of_service
 from metax_operator.rollout.decision import Decision, PodRef, WorkCheck
 from metax_operator.rollout.observation import Cluster, Pod, RevisionView
 from metax_operator.rollout.status import PROGRESSING, STEP_INIT, ConditionType, NodeList, PauseReason, Reason, UpgradeStatus
@@ -48,6 +48,7 @@ class PassContext:
         self.before = status or UpgradeStatus()
         self.status = copy.deepcopy(self.before)
         self.step, self.resume = self.status.step, self.status.resume
+        self.resume.out_of_service = NodeList()  # listed again by the pass whose wave they hold (`Waves.wait_for_room`)
         work_check = WorkCheck(gpu=not policy.allow_gpu_workloads, wait_selector=policy.wait_selector)
         self.decision = Decision(status=self.status, cordon_first=policy.cordon, work_check=work_check)
         self.wakes: list[float] = []
@@ -175,7 +176,9 @@ class PassContext:
     def budget(self, view: RevisionView, index: int | None = None) -> Budget:
         """What a wave of step `index` (the current step's by default) may take now: its cap less
         the nodes in flight, the wave's nodes with no pod yet (`view.coming`) and those still
-        validating among them."""
+        validating among them, and no more nodes still serving than the nodes out of service
+        leave (`budget.out_of_service`)."""
         step = self.step.current_step_index if index is None else index
         swapping = in_flight(self.node_pods, view.coming | view.validating, self.now, self.timeout)
-        return Budget.for_step(self.policy, view.total, step, swapping)
+        out = out_of_service(self.observed, self.node_pods, swapping | view.failed)
+        return Budget.for_step(self.policy, view.total, step, swapping, out, frozenset(view.failed))

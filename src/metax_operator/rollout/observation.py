@@ -77,6 +77,7 @@ class Cluster:
     wait_busy_nodes: frozenset[str] = frozenset()  # nodes running pods that match waitForCompletion.podSelector
     skipped: frozenset[str] = frozenset()  # nodes labelled to keep their driver (not in `nodes`)
     cordoned: frozenset[str] = frozenset()  # nodes the runner cordoned (its label on the node)
+    unschedulable: frozenset[str] = frozenset()  # nodes cordoned by anyone (spec.unschedulable)
     need_reboot: frozenset[str] = frozenset()  # nodes that reported NodeNeedReboot and have not rebooted since
     retry: frozenset[str] = frozenset()  # nodes an admin labelled to retry their failed driver
     template: str = ""  # the DaemonSet's pod template, serialized: recorded as lastAppliedSpec

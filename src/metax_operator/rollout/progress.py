@@ -105,8 +105,8 @@ class Progress:
                 return ctx.finish(ADMIN_PAUSED)
             budget = ctx.budget(view, index)
             if budget.room <= 0:
-                return waves.wait_for_room(f"step {index}")
-            wave, resume.retry_queue = budget.take(queue)
+                return waves.wait_for_room(f"step {index}", budget)
+            wave, resume.retry_queue = budget.take(queue, node=str)  # failed nodes: within the cap alone
             waves.start(WaveKind.RETRY, wave, [view.live[n] for n in wave if n in view.live])
             return ctx.finish(f"step {index}: retry {ctx.step.current_failure_retry}: recreating {len(wave)} failed pods")
         resume.retry_queue = []
@@ -128,9 +128,9 @@ class Progress:
         if not pods:
             return waves.none_takeable(f"step {index}", view.others)
         budget = ctx.budget(view, index)
-        if budget.room <= 0:
-            return waves.wait_for_room(f"step {index}")
         wave, _ = budget.take(pods, remaining)
+        if not wave:
+            return waves.wait_for_room(f"step {index}", budget)
         waves.start(WaveKind.UPGRADE, [p.node for p in wave], wave)
         return ctx.finish(f"step {index}: upgrading {len(wave)} nodes ({done} of {target} done)")
 

@@ -159,9 +159,9 @@ class Rollback:
         if not pods:
             return waves.none_takeable("rollback", view.others)
         budget = ctx.budget(view)
-        if budget.room <= 0:
-            return waves.wait_for_room("rollback")
         wave, _ = budget.take(pods)
+        if not wave:
+            return waves.wait_for_room("rollback", budget)
         waves.start(WaveKind.ROLLBACK, [p.node for p in wave], wave)
         return ctx.finish(f"rolling back {len(wave)} nodes to revision {last} ({len(view.others)} left)")
 

@@ -157,6 +157,8 @@ class Resume:
     deleted_at: dict[str, str] = _key("deletedAt", factory=dict)
     timed_out_nodes: list[str] = _key("timedOutNodes", factory=list)
     need_reboot: NodeList = _key("needRebootNodes", factory=NodeList, count="needRebootNodeCount")
+    # The nodes out of service for reasons of their own that keep the next wave waiting (`budget`).
+    out_of_service: NodeList = _key("outOfServiceNodes", factory=NodeList, count="outOfServiceNodeCount")
     step_start_time: str | None = _key("stepStartTime")
     wave_start_time: str | None = _key("waveStartTime")
     step_ready_time: str | None = _key("stepReadyTime")

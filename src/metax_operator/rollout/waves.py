@@ -15,6 +15,7 @@ from operator import attrgetter
 from metax_operator.chart.upgrade_policy import OnTimeout
 from metax_operator.conditions import EventType, parse_time, rfc3339
 from metax_operator.contract import RETRY_LABEL
+from metax_operator.rollout.budget import Budget
 from metax_operator.rollout.context import Next, PassContext
 from metax_operator.rollout.decision import PodRef, Verdict
 from metax_operator.rollout.observation import (
@@ -233,8 +234,19 @@ class Waves:
     def to_prepare(self, node: str) -> Stage | None:
         return to_prepare(self.ctx.observed, self.ctx.policy, node)
 
-    def wait_for_room(self, what: str) -> Next:
-        return self.ctx.finish(f"{what}: waiting for the driver pods being swapped to be Ready before the next wave")
+    def wait_for_room(self, what: str, budget: Budget) -> Next:
+        """End a pass whose wave `budget` leaves empty, saying what it waits for: the swaps in
+        flight, or with room in the cap, nodes out of service to return."""
+        if budget.room <= 0:
+            return self.ctx.finish(f"{what}: waiting for the driver pods being swapped to be Ready before the next wave")
+        out = sorted(budget.out_of_service)
+        self.ctx.resume.out_of_service = NodeList.of(out)
+        return self.ctx.finish(
+            f"{what}: waiting for GPU nodes to return to service: {len(out)} out of service "
+            f"({', '.join(out[:LISTED_NODES])}: cordoned, not Ready or without a driver pod) and "
+            f"{len(budget.in_flight)} being swapped leave no room within maxParallel ({budget.cap}) "
+            f"plus maxUnavailable ({budget.allowance})"
+        )
 
     def retry_labelled(self) -> None:
         """The nodes an admin labelled for a retry (`Cluster.retry`) whose driver pod at the current

@@ -72,6 +72,7 @@ class NodeCache:
             field_selector="spec.unschedulable=true",
             project=lambda obj: obj["metadata"]["resourceVersion"],
             metadata_only=True,
+            differs=lambda before, after: False,  # a change is a cordon or an uncordon
             resync=resync,
             name="unschedulable-nodes",
         )
@@ -85,8 +86,14 @@ class NodeCache:
 
     @property
     def changes(self) -> int:
-        """How often a node was added, removed or relabelled (`Informer.changes`)."""
-        return self.metadata.changes
+        """How often a node was added, removed, relabelled, cordoned or uncordoned (`Informer.changes`)."""
+        return self.metadata.changes + self.unschedulable.changes
+
+    def cordoned(self) -> frozenset[str]:
+        """The nodes the unschedulable watch holds: those known cordoned (by anyone). Unlike
+        `get`, a node changed since that watch's last event is not taken for cordoned: what the
+        rollout's availability counts (`rollout.budget`) must not count every busy node."""
+        return self._unschedulable()[0]
 
     def get(self, name: str) -> cordon.NodeState | None:
         state = self.metadata.get(name)

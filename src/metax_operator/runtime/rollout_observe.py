@@ -17,7 +17,8 @@ Eight caches, started once and kept across passes:
   node, not two, and what the state labels are compared with; and, by an index of it, the nodes
   labelled `metax-tech.com/driver-upgrade.skip=true` (kept out of the rollout), those the runner
   cordoned (`cordon.py`) and those an admin labelled `metax-tech.com/driver-upgrade.retry=true`
-  (retry a failed driver);
+  (retry a failed driver); and the nodes cordoned by anyone, which the rollout counts out of
+  service (`rollout.budget`);
 - the Node events of namespace `default` (where node events are kept) with reason
   `NodeNeedReboot` (driver-manager, after a firmware upgrade) or `Rebooted` (the kubelet, when it
   finds a new boot id), by field selector: node name and time. A node needs a reboot while its
@@ -261,6 +262,7 @@ class Watches:
             status,
             skipped=self.skipped.snapshot().values(),
             cordoned=self.cordoned.snapshot().values(),
+            unschedulable=self.nodes.cordoned(),
             retry=self.retry.snapshot().values(),
             waited=(node for node in waited if node),
             need_reboot=need_reboot(self.reboot_asked.snapshot().values(), self.rebooted.snapshot().values()),
@@ -285,6 +287,7 @@ def build(
     status: dict | None,
     skipped=(),
     cordoned=(),
+    unschedulable=(),
     retry=(),
     waited=(),
     need_reboot=(),
@@ -335,6 +338,7 @@ def build(
         wait_busy_nodes=frozenset(waited),
         skipped=skipped,
         cordoned=frozenset(cordoned),
+        unschedulable=frozenset(unschedulable),
         retry=frozenset(retry),
         need_reboot=frozenset(need_reboot),
         template=canonical(ds["spec"]["template"]),
