@@ -36,6 +36,9 @@ state the cluster must never be in:
 - no driver pod is deleted while its node runs a GPU workload pod (unless GPU work is allowed)
   or a pod matching `waitForCompletion.podSelector`, or while the pod is Ready at the template's
   revision (a node replaced twice);
+- while the rollout is enabled, no pass takes GPU nodes still serving (a Ready driver pod, not
+  cordoned by someone else) beyond `maxParallel` plus `maxUnavailable` less the nodes not serving
+  as it began: those being swapped, and those an admin cordoned whose driver is Ready (g);
 - a node that left the DaemonSet never fails a step;
 - while Helm holds the runner (a DaemonSet behind the CR's release revision, within the hold's
   time) the runner writes nothing;
@@ -199,6 +202,7 @@ class Deletion:
     gpu_work: tuple[str, ...]  # the GPU workload pods on the node (a DaemonSet's not counted)
     waited: tuple[str, ...]  # the pods on the node matching the wait selector
     invalid: bool  # its validation failed (or timed out), as recorded on it or its validation pod says
+    cordoned_by_other: bool  # the node unschedulable without the runner's label
 
 
 @dataclass
@@ -259,6 +263,7 @@ class Checks:
                 tuple(p["metadata"]["name"] for p in work if gpu_workload(p)),
                 tuple(p["metadata"]["name"] for p in work if labels(p).get(key) == value),
                 validation_failed(api, pod, self.cluster.now),
+                cordoned_by_other(api.objects.get(f"{NODES}/{node}") or {}),
             )
         )
         return None
@@ -283,6 +288,7 @@ class Checks:
             bound = max(self.parallel)
             healthy = sorted(self.swapping)
             assert len(healthy) <= bound, f"{healthy} being swapped at once, maxParallel {bound}"
+            self.check_availability(deleted, before, bound)
         self.check_uncordons(before)
         status = cluster.upgrade_status()
         if status != self.status:  # this pass wrote it
@@ -318,12 +324,43 @@ class Checks:
             f"{d.node}'s Ready driver pod at the template's revision deleted, its validation not failed"
         )
 
+    def check_availability(self, deleted: list[Deletion], before: dict, bound: int) -> None:
+        """(g) The nodes still serving the pass took (a Ready driver pod, its validation not
+        failed, not cordoned by someone else, not counted out already) fit within `maxParallel`
+        plus `maxUnavailable` less the nodes not serving as it began."""
+        allowance = before["policy"].get("maxUnavailable", 0)  # an int in the campaign
+        out = before["not_serving"]
+        serving = sorted(d.node for d in deleted if d.ready and not d.invalid and not d.cordoned_by_other and d.node not in out)
+        room = max(bound + allowance - len(out), 0)
+        assert len(serving) <= room, (
+            f"(g) {serving} taken while {sorted(out)} were not serving: maxParallel {bound} plus maxUnavailable {allowance}"
+        )
+
+    def not_serving(self) -> set[str]:
+        """(g) The eligible nodes not serving now, as the availability bound counts them at least:
+        those being swapped, and those cordoned by someone else whose driver pod is Ready and
+        validated (a node whose driver is not Ready may be a failed node, which the bound leaves
+        to the toleration)."""
+        cluster, pods = self.cluster, live_pods(self.cluster)
+        eligible = cluster.controller.selected() - cluster.skipped()
+        cordoned = {n for n, obj in cluster.nodes().items() if n in eligible and cordoned_by_other(obj)}
+        ready = {
+            n
+            for n in cordoned
+            if n in pods and workloads.ready(pods[n]) and not validation_failed(cluster.api, pods[n], cluster.now)
+        }
+        return set(self.unsettled()) | ready
+
     def forget_settled(self) -> None:
-        """Nodes no longer being swapped: back (a Ready driver pod), left, failing (no slot), or
-        past the readiness timeout since their deletion or their new pod's creation (failed)."""
+        self.swapping = self.unsettled()
+
+    def unsettled(self) -> dict[str, float]:
+        """The nodes still being swapped: not back (a Ready driver pod), not left, not failing (no
+        slot), not past the readiness timeout since their deletion or their new pod's creation
+        (failed)."""
         cluster, now = self.cluster, self.cluster.now
         selected, pods = cluster.controller.selected(), live_pods(cluster)
-        self.swapping = {
+        return {
             node: at
             for node, at in self.swapping.items()
             if node in selected
@@ -495,6 +532,7 @@ class Checks:
             "deleted_at": dict(self.deleted_at),
             "cordoned": {n for n, obj in self.cluster.nodes().items() if CORDONED_LABEL in labels(obj)},
             "not_ready": self.cluster.not_ready(),
+            "not_serving": self.not_serving(),
             "skipped": self.cluster.skipped(),
         }
 
@@ -508,6 +546,11 @@ def why(status: dict, pod: dict | None) -> str:
     shown = {k: resume.get(k) for k in ("wave", "waveKind", "waveStartTime", "deletedAt", "stableRevision", "abandonedRevision")}
     seen = pod and {"revision": labels(pod).get(REVISION_LABEL), "created": pod["metadata"]["creationTimestamp"], **pod["status"]}
     return f"phase {status.get('phase')}, {status.get('message')!r}, {shown}, its pod {seen}"
+
+
+def cordoned_by_other(node: dict) -> bool:
+    """A node unschedulable without the runner's label: an admin's cordon."""
+    return bool((node.get("spec") or {}).get("unschedulable")) and CORDONED_LABEL not in labels(node)
 
 
 def gpu_workload(pod: dict) -> bool:

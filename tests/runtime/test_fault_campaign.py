@@ -24,6 +24,7 @@ from hypothesis.stateful import initialize
 from metax_operator.contract import REVISION_LABEL
 from metax_operator.rollout import restore as restore_module
 from metax_operator.rollout import rollback
+from metax_operator.rollout.budget import Budget
 from metax_operator.rollout.progress import Progress
 from metax_operator.rollout.waves import Waves
 from metax_operator.runtime import rollout_nodes, rollout_observe
@@ -202,6 +203,17 @@ def test_a_runner_that_ignores_the_skip_label_is_found():
     )
     with mutations[0], mutations[1], finds("(d)", examples=8) as how:
         run(focused(COURSE | {"label_skip"}, nodes=st.integers(3, 5), skipped=st.just({0})), how)
+
+
+def test_a_runner_that_counts_no_node_out_of_service_is_found():
+    """(g) The availability bound ignored: the waves take nodes still serving up to
+    `maxParallel` whatever an admin cordoned."""
+    mutation = plant(Budget, "take", "serving = self.availability", "serving = self.room")
+    bounded = policy(maxParallel=2, maxUnavailable=0, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    fleet = {"nodes": st.integers(4, 6), "failing": NONE, "skipped": NONE, "waited": NONE}
+    campaign = focused(COURSE | {"admin_cordons"}, **fleet, policy=bounded)
+    with mutation, finds("(g)", examples=12) as how:
+        run(campaign, how)
 
 
 def test_a_health_gate_that_lets_a_regression_promote_is_found():

@@ -70,13 +70,8 @@ def out_of_service(observed: Cluster, pods: NodePods, counted: Iterable[str]) ->
     """The eligible nodes out of service for a reason of their own, but for those `counted`
     elsewhere (in flight, failed): cordoned by someone other than the runner, or whose driver pod
     is not Ready (its node NotReady, its driver down), or that have no driver pod."""
-    cordoned = observed.unschedulable - observed.cordoned
-    out = set()
-    for node in observed.nodes.difference(counted):
-        pod = pods.live.get(node)
-        if node in cordoned or pod is None or not pod.ready:
-            out.add(node)
-    return frozenset(out)
+    cordoned = (observed.unschedulable - observed.cordoned) & observed.nodes
+    return (cordoned | pods.not_ready).difference(counted)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,8 @@ class NodePods:
                 self.deleting[pod.node] = min(pod.deleting, self.deleting.get(pod.node, pod.deleting))
             elif pod.node not in self.live or pod.created > self.live[pod.node].created:
                 self.live[pod.node] = pod
+        # The eligible nodes whose driver pod is not Ready, or that have none.
+        self.not_ready = frozenset(node for node, pod in self.live.items() if not pod.ready) | (observed.nodes - self.live.keys())
 
 
 def driver_back(observed: Cluster, resume: Resume, deleting: set[str], validation: Validation | None, now: float) -> set[str]:
