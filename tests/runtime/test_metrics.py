@@ -57,6 +57,7 @@ def status(phase: str, step: int, state: str, total: int, upgraded: int, wave: l
             skipped=NodeList(count=3),
             cordoned=NodeList(count=len(wave)),
             need_reboot=NodeList(count=5),
+            out_of_service=NodeList(count=6),
         ),
     )
 
@@ -70,7 +71,16 @@ def test_a_pass_sets_phase_step_and_node_counts():
     assert got[("metax_operator_rollout_step", ())] == 2
     assert got[("metax_operator_rollout_step_state", (("metax_operator_rollout_step_state", "StepUpgrade"),))] == 1
     nodes = {state: got[("metax_operator_rollout_nodes", (("state", state),))] for state in NODE_STATES}
-    assert nodes == {"total": 10, "upgraded": 4, "failed": 1, "held": 2, "skipped": 3, "cordoned": 2, "in_wave": 2}
+    assert nodes == {
+        "total": 10,
+        "upgraded": 4,
+        "failed": 1,
+        "held": 2,
+        "skipped": 3,
+        "cordoned": 2,
+        "in_wave": 2,
+        "out_of_service": 6,
+    }
     assert got[("metax_operator_nodes_need_reboot", ())] == 5
 
 

@@ -10,7 +10,8 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
   index, and 1 for its state;
 - `metax_operator_rollout_nodes{state}`: nodes by state: `total` (eligible), `upgraded` (Ready
   at the upgrading revision), `failed`, `held` (GPU work), `skipped` (skip label), `cordoned`
-  (by the runner), `in_wave`;
+  (by the runner), `in_wave`, `out_of_service` (cordoned by someone else, NotReady or without a
+  driver pod, beyond what the next wave allows: it waits for them);
 - `metax_operator_node_upgrade_state{state}`: GPU nodes by the upgrade state the runner keeps in
   each node's `metax-tech.com/driver-upgrade.state` label (`pending`, `cordoned`, ... `skipped`:
   `NodeUpgradeState`), as the last pass decided it; every state's series exists, at 0 when no
@@ -71,7 +72,7 @@ from metax_operator.rollout.status import (
 PREFIX = "metax_operator_"
 PHASES = [IDLING, PROGRESSING, TERMINATING, DISABLED, DISABLING]
 STEP_STATES = ["", STEP_INIT, STEP_UPGRADE, STEP_PAUSED, STEP_READY, COMPLETED]
-NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave")
+NODE_STATES = ("total", "upgraded", "failed", "held", "skipped", "cordoned", "in_wave", "out_of_service")
 # A wave lasts from seconds (kwok) to the readiness timeout (10 min by default) or longer.
 WAVE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 PASS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -195,6 +196,7 @@ class Metrics:
             "skipped": resume.skipped.count,
             "cordoned": resume.cordoned.count,
             "in_wave": len(resume.wave),
+            "out_of_service": resume.out_of_service.count,
         }
         for state, value in counts.items():
             self.nodes.labels(state).set(value)
