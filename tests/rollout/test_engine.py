@@ -799,3 +799,44 @@ def test_a_wave_node_whose_deletion_was_lost_and_that_gets_gpu_work_leaves_the_w
     cluster.ready_all()
     cluster.busy = set()  # the job ends: n01 is taken
     assert nodes_of(cluster, cluster.decide(pol, T0 + 120)) == ["n01"]
+
+
+def test_a_template_set_back_during_an_all_at_once_replacement_replaces_the_pods_it_had_replaced():
+    """`enableRollout: false`: a new revision replaces the pods at once, but a GPU-busy node's is
+    held back; the template set back to the stable revision before that node is free (a `helm
+    rollback` right after the upgrade) leaves the replaced pods at the abandoned revision, which
+    must go too, not be taken for settled."""
+    cluster = Cluster(3, old="a", new="a")
+    pol = policy(enableRollout=False, upgradeSteps=[])
+    assert cluster.decide(pol, T0).status.resume.settled_at == rfc3339(T0)
+    cluster.revision, cluster.busy = "b", {"n02"}
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 5)) == ["n00", "n01"]
+    cluster.ready_all()
+    cluster.decide(pol, T0 + 10)
+    cluster.revision = "a"  # set back
+    assert nodes_of(cluster, cluster.decide(pol, T0 + 15)) == ["n00", "n01"]
+    cluster.ready_all()
+    done = cluster.decide(pol, T0 + 20)
+    assert cluster.revisions() == {"a": 3} and done.delete == [] and done.status.resume.stable_revision == "a"
+
+
+def test_a_pod_re_created_from_a_template_set_back_before_the_runner_saw_it_is_rolled_back():
+    """The template goes to b and back to a between two passes (the runner held, or down), and
+    meanwhile someone deleted n01's driver pod: the DaemonSet controller re-created it at b. The
+    fleet is not settled: a rollback to a replaces it in waves, and b is the abandoned revision.
+    A pod at another revision from before the fleet settled (n03, skipped then) is no reason for
+    one, but goes with it."""
+    cluster = Cluster(4, old="a", new="a")
+    cluster.pods["n03"] = dataclasses.replace(cluster.pods["n03"], revision="z")
+    cluster.skipped = {"n03"}
+    pol = policy(maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    assert cluster.decide(pol, T0).status.phase == IDLING
+    cluster.skipped = set()
+    unskipped = cluster.decide(pol, T0 + 5)
+    assert unskipped.status.phase == IDLING and unskipped.delete == []
+    cluster.pods["n01"] = Pod("p-n01-b", "u-n01-b", "n01", "b", True, "Running", 0, T0 + 6)
+    started = cluster.decide(pol, T0 + 10)
+    assert started.status.phase == TERMINATING and nodes_of(cluster, started) == ["n01"]
+    assert started.status.resume.abandoned_revision == "b" and started.events[0].reason == "PodsBehind"
+    drive(cluster, pol, T0 + 15)
+    assert cluster.revisions() == {"a": 4} and cluster.status.phase == IDLING

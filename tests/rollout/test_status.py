@@ -226,6 +226,7 @@ STATUSES = st.builds(
         times,
         times,
         times,
+        settled_at=times,
     ),
 )
 

@@ -143,7 +143,6 @@ def test_a_failed_pod_of_an_older_template_is_replaced_first():
     assert nodes_of(cluster, cluster.decide(pol, T0)) == ["n02"]
 
 
-
 def test_nodes_out_of_service_take_places_of_the_waves_beyond_max_unavailable_and_are_listed():
     """`maxParallel: 2`, `maxUnavailable: 0`, two nodes an admin cordoned: the first wave takes
     those two (out of service already: they cost no availability), then the rollout waits and

@@ -66,10 +66,11 @@ and the decisions the runner must never make:
   began.
 
 At the end (`settle`) the faults stop, the nodes and the drivers heal, the work ends, Helm applies its release,
-a deleted CR is created again and the admin resumes (and retries the nodes whose validation
+a deleted CR is created again, the admin uncordons the nodes they cordoned (each must still be
+cordoned, never taken for the runner's) and resumes (and retries the nodes whose validation
 failed): the rollout must finish with every
 selected, unskipped node Ready at the template's revision, the template at the CR's version,
-and no node left cordoned by the runner. A pass may fail on a fault (an API answer, a lost
+and no node left cordoned. A pass may fail on a fault (an API answer, a lost
 lease, a cache not listed); any other exception fails the campaign.
 tests/runtime/test_fault_campaign.py replays a fixed set and plants a mutation under each
 invariant to show the campaign finds it; `make bench` (tests/bench/bench_fault_campaign.py)
@@ -1065,9 +1066,15 @@ class Campaign(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """The faults end, drivers heal, work ends, Helm applies, a deleted CR is created again,
-        the admin resumes: the rollout finishes, and only the admin's cordons remain."""
+        the admin ends the maintenance of the nodes they cordoned (each still cordoned: the runner
+        never lifts another's cordon) and resumes: the rollout finishes, and no cordon remains."""
         cluster = self.cluster
         cluster.api.clear_faults()
+        nodes = cluster.nodes()
+        for node in sorted(self.admin_cordoned & set(nodes)):
+            assert cordoned_by_other(nodes[node]), f"the admin's cordon of {node} was lifted or taken for the runner's"
+            cluster.edit_node(node, {"spec": {"unschedulable": False}})
+        self.admin_cordoned = set()
         cluster.lease.update(held=True, checks_left=None)
         cluster.kubelet.failing.clear()
         cluster.kubelet.invalid.clear()

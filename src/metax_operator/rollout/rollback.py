@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from metax_operator.conditions import FALSE, TRUE, EventType
+from metax_operator.conditions import FALSE, TRUE, EventType, parse_time, rfc3339
 from metax_operator.rollout import restore
 from metax_operator.rollout.context import Next, PassContext
-from metax_operator.rollout.observation import starting
+from metax_operator.rollout.observation import Pod, starting
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import (
     ADMIN_PAUSED,
@@ -44,8 +44,20 @@ class Rollback:
                 p.revision for p in observed.pods if p.node in observed.nodes and p.deleting is None and p.revision != current
             )
             stable = resume.stable_revision = older.most_common(1)[0][0] if older else current
+            resume.settled_at = rfc3339(ctx.now)  # the pods there now are the fleet's as found
         ctx.status.phase = IDLING if ctx.policy.enable_rollout else DISABLED
-        if current == stable:
+        behind = self.behind() if current == stable else []
+        if behind and ctx.policy.enable_rollout:
+            revision = Counter(p.revision for p in behind).most_common(1)[0][0]
+            ctx.step.last_pod_spec_revision, ctx.step.upgrading_pod_spec_revision = current, revision
+            message = (
+                f"{len(behind)} driver pods were created at revision {revision} after the fleet settled at {current},"
+                f" the template's: rolling them back"
+            )
+            return self.begin(TERMINATING, Reason.PODS_BEHIND, message)
+        if current == stable and not behind:
+            if ctx.before.upgrading or ctx.before.resume.stable_revision != stable or not resume.settled_at:
+                resume.settled_at = rfc3339(ctx.now)
             ctx.record_stable_spec()
             return ctx.finish(
                 f"all driver pods are at revision {current}"
@@ -55,6 +67,18 @@ class Rollback:
         if ctx.policy.enable_rollout:
             return self.start(Reason.ROLLOUT_STARTED, f"driver revision {current} rolls out in {len(ctx.policy.steps)} steps")
         return self.replace_all(current)
+
+    def behind(self) -> list[Pod]:
+        """The live pods at another revision than the template's, the stable one, created after
+        the fleet settled at it (in its second or later: creation times have seconds): the
+        DaemonSet controller made them from a template the runner never settled at, set and set
+        back in between (a `helm rollback` right after the upgrade while the runner was held or
+        restarting, a replacement at once cut short). A pod older than that (a node skipped, or
+        failed before its swap and tolerated) is not behind."""
+        settled = parse_time(self.ctx.resume.settled_at)
+        if settled is None:
+            return []
+        return [p for p in self.ctx.classify(self.ctx.observed.current_revision, ()).others if p.created >= settled]
 
     def replace_all(self, current: str) -> Next:
         """enableRollout false and nothing in flight: delete every old pod at once, but those

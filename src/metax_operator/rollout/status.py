@@ -86,6 +86,7 @@ class Reason(StrEnum):
     VALIDATION_FAILED = "ValidationFailed"  # a swapped node's validation failed or timed out
     UNHEALTHY_STEP = "UnhealthyStep"  # the health gate: the upgraded nodes regressed against the others
     HEALTH_GATE_PASSED = "HealthGatePassed"  # the health gate let a step promote
+    PODS_BEHIND = "PodsBehind"  # pods created at another revision since the fleet settled: rolled back
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.
@@ -165,6 +166,9 @@ class Resume:
     # When the health gate first saw the step due to promote (its timed pause over, or the admin's
     # `pause: false`): only a snapshot of the nodes' health taken since then lets it promote.
     promotion_due: str | None = _key("promotionDue")
+    # When the pods last settled at `stableRevision` (the first idle pass after a rollout, a
+    # rollback or a replacement ended): a pod created since at another revision is behind.
+    settled_at: str | None = _key("settledAt")
     # The revision a rollback's restore was planned for, until the template is back at it
     # (`engine._restore_again`: a restore that did not land is not a new revision).
     restoring: str | None = _key("restoring")
