@@ -512,6 +512,48 @@ def test_a_forced_rollback_of_a_rollout_first_met_in_flight_converges(control_pl
         patch_driver(api, {"upgradePolicy": {"enableRollout": True, "pause": False}})
 
 
+def test_a_pod_re_created_while_a_template_was_set_and_set_back_without_a_runner_is_rolled_back(
+    control_plane, api, idle, tmp_path
+):
+    """A new payload version set on the DaemonSet and set back (a `helm upgrade` and a `helm
+    rollback`) while no runner runs, and a driver pod deleted in between: the DaemonSet controller
+    re-creates it from the template of that moment. The next runner finds it created at another
+    revision after the fleet settled, rolls it back (Terminating, reason PodsBehind) and nothing
+    else, and settles."""
+    cp = control_plane
+    eventually(lambda: upgrade_status(api).get("resume", {}).get("settledAt"), 30, "the fleet settled")
+    old, before, image = next(iter(revisions(api))), template(api), payload_image(api)
+    idle["runners"][0].stop()
+
+    def set_payload(value: str) -> None:
+        patch = {"spec": {"template": {"spec": {"initContainers": [{"name": "payload", "image": value}]}}}}
+        kubectl(cp, "-n", NS, "patch", "daemonset", "metax-driver", "--patch", json.dumps(patch))
+
+    set_payload(image.rsplit(":", 1)[0] + ":" + new_version())
+    victim = driver_pods(api)[0]
+    node = victim.spec.node_name
+    client.CoreV1Api(api).delete_namespaced_pod(victim.metadata.name, NS)
+    behind = eventually(
+        lambda: next(
+            (p for p in driver_pods(api) if p.spec.node_name == node and p.metadata.labels["controller-revision-hash"] != old),
+            None,
+        ),
+        60,
+        "the deleted pod re-created from the new template",
+    )
+    set_payload(image)
+    eventually(lambda: template(api) == before, 30, "the template set back")
+    runner = Runner(idle["kubeconfig"], tmp_path, "runner-behind")
+    idle["runners"].append(runner)
+    settled = lambda: all_at(api, old) and upgrade_status(api).get("phase") == "Idling"  # noqa: E731
+    eventually(settled, 90, "every pod back at the settled revision")
+    events = client.CoreV1Api(api).list_event_for_all_namespaces(field_selector="reason=PodsBehind").items
+    assert [e.message for e in events if behind.metadata.labels["controller-revision-hash"] in e.message], events
+    deleted = [name for line in runner.lines("rollout-delete") for name in line["pods"]]
+    assert deleted == [behind.metadata.name], deleted
+    assert upgrade_status(api)["resume"]["abandonedRevision"] == behind.metadata.labels["controller-revision-hash"]
+
+
 # -- failures ----------------------------------------------------------------------------------
 
 FAILING = {

@@ -9,6 +9,7 @@ until both have landed, then the pods of the abandoned revision are replaced in 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from metax_operator.conditions import FALSE, TRUE, EventType, parse_time, rfc3339
@@ -78,7 +79,8 @@ class Rollback:
         settled = parse_time(self.ctx.resume.settled_at)
         if settled is None:
             return []
-        return [p for p in self.ctx.classify(self.ctx.observed.current_revision, ()).others if p.created >= settled]
+        second = math.floor(settled)
+        return [p for p in self.ctx.classify(self.ctx.observed.current_revision, ()).others if p.created >= second]
 
     def replace_all(self, current: str) -> Next:
         """enableRollout false and nothing in flight: delete every old pod at once, but those
