@@ -7,11 +7,13 @@ meets, each a small model the test moves between the runner's passes:
   revision, renumbered the newest), `status.observedGeneration`; for the driver (`OnDelete`) a pod
   at the current revision for each node it selects that has none, the pods of a node it no longer
   selects deleted, those of a deleted node removed (pod GC);
+- the node lifecycle controller: a node reported NotReady has its pods marked not Ready;
 - `Kubelet`: a new pod turns Running and Ready, but on a node whose driver fails (`failing`),
   where it never gets Ready and restarts again and again; the runner's validation pods pass, but
   fail on a node whose validation fails (`invalid`) and run for ever on one where it hangs
   (`hanging`); a pod being deleted is removed (its grace period over). A slow kubelet is one not
-  synced;
+  synced; a NotReady node's kubelet does nothing (cut off: its pods stay as they are, those being
+  deleted too);
 - `Workloads`: GPU jobs (owned by a Job, or bare), a DaemonSet's GPU pod, pods matching the wait
   selector (with or without a GPU), PodDisruptionBudgets that allow no eviction;
 - `Helm`: the release's values and revision; `upgrade` runs the bootstrap hook (which writes the
@@ -261,12 +263,17 @@ class Kubelet:
         """The kubelet of `node` (every node's by default) catches up; a validation pod whose
         driver pod is gone goes too (the garbage collector: the driver pod owns it)."""
         uids = {p["metadata"].get("uid") for p in self.api.objects.values()}
+        cut_off = {
+            path.rsplit("/", 1)[1]
+            for path, obj in self.api.objects.items()
+            if path.startswith(NODES + "/") and obj.get("status") and not workloads.ready(obj)
+        }
         for path, pod in sorted(self.api.objects.items()):
             if not path.startswith(("/api/v1/namespaces/")) or "/pods/" not in path:
                 continue
             if validation(pod) and labels(pod).get(VALIDATES_LABEL) not in uids:
                 self.api.delete(path)
-            elif node is not None and pod["spec"].get("nodeName") != node:
+            elif (node is not None and pod["spec"].get("nodeName") != node) or pod["spec"].get("nodeName") in cut_off:
                 continue
             elif pod["metadata"].get("deletionTimestamp"):
                 self.api.delete(path)
@@ -537,10 +544,21 @@ class Cluster:
         return name
 
     def set_node_ready(self, node: str, ready: bool) -> None:
-        """The node's kubelet reports it Ready or not (NotReady: the node controller's view)."""
+        """The node's kubelet reports it Ready or not (NotReady: the node controller's view, which
+        then marks the node's pods not Ready, as its node lifecycle controller does; the kubelet,
+        cut off, reports nothing more until the node is Ready again)."""
         obj = copy.deepcopy(self.nodes()[node])
         obj["status"] = node_status(ready)
         self.api.put(f"{NODES}/{node}", obj)
+        if ready:
+            return
+        for path, pod in sorted(self.api.objects.items()):
+            if "/pods/" in path and pod["spec"].get("nodeName") == node and workloads.ready(pod):
+                pod = copy.deepcopy(pod)
+                pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+                for container in pod["status"].get("containerStatuses") or []:
+                    container["ready"] = False
+                self.kubectl.call("PUT", path + "/status", body=pod)
 
     def not_ready(self) -> set[str]:
         return {n for n, obj in self.nodes().items() if not workloads.ready(obj)}

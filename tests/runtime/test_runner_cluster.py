@@ -170,7 +170,7 @@ def test_a_runner_at_rest_decides_again_only_when_a_cache_it_reads_changes(clust
         return bool(decided)
 
     assert not decides(), "a pass over a settled fleet decided again"
-    cluster.set_node_ready("n1", False)  # a status report: the node's resourceVersion moves
+    cluster.set_node_ready("n1", True)  # a status report: the node's resourceVersion moves
     cluster.set_node_ready("n1", True)
     cluster.workloads.start("n2")  # GPU work starts
     cluster.tick(3600)
