@@ -7,8 +7,9 @@ The previous release is the newest one CHANGELOG.md records a commit for, made a
 commit (tests/e2e/previous_release.py: its chart, and its tools image by its own image build).
 Its site installs it with the seed's command from its registry, the tools image pinned by digest,
 and waits until it has settled; the administrator then edits the CR at run time (`kubectl patch`
-of `driver.upgradePolicy.maxParallel`, a field the values do not change, which the bootstrap
-hook keeps across upgrades: docs/hooks.md), cordons a GPU node, and rolls a new driver version
+of `driver.upgradePolicy.maxParallel` and `maxUnavailable`, fields the values do not change, which
+the bootstrap hook keeps across upgrades: docs/hooks.md), cordons a GPU node (out of service: the
+`maxUnavailable: 1` they set lets the waves go on beside it), and rolls a new driver version
 out with the seed's `kubectl patch` of `/spec/driver/payload/version` (not a `helm upgrade --set`
 of the previous chart: the seed's command leaves the version in the CR alone, out of the values,
 the harder case for the new release, whose bootstrap hook must keep it and whose runner must
@@ -75,6 +76,7 @@ from tests.waiting import eventually
 pytestmark = pytest.mark.xdist_group("real-node")
 
 ADMIN_MAX_PARALLEL = "25%"  # the admin's run-time edit: one GPU node of 4 per wave
+ADMIN_MAX_UNAVAILABLE = 1  # and the node they cordon, out of service beside the waves
 SITE_VERSION = "2.33.0.9"  # the driver version the site rolls out under the previous release
 #: The seed's command that starts a rollout of a new driver version (docs/rollout-admin.md).
 SITE_ROLLOUT = [{"op": "replace", "path": "/spec/driver/payload/version", "value": SITE_VERSION}]
@@ -245,6 +247,7 @@ def assert_admin_state_kept(api, cordoned: str) -> None:
     """The admin's run-time edits of the CR and their cordon, and no cordon of the runner left."""
     driver = get_cr(api)["spec"]["driver"]
     assert driver["upgradePolicy"]["maxParallel"] == ADMIN_MAX_PARALLEL, driver["upgradePolicy"]
+    assert driver["upgradePolicy"]["maxUnavailable"] == ADMIN_MAX_UNAVAILABLE, driver["upgradePolicy"]
     assert driver["payload"]["version"] == SITE_VERSION, driver["payload"]
     nodes = client.CoreV1Api(api).list_node(label_selector=f"{GPU_LABEL}=true").items
     assert {n.metadata.name for n in nodes if n.spec.unschedulable} == {cordoned}
@@ -272,6 +275,7 @@ def test_upgrade_from_the_previous_release_and_roll_back(
 
     # The administrator's run-time state.
     seed_patch(cluster.cp, "maxParallel", ADMIN_MAX_PARALLEL)
+    seed_patch(cluster.cp, "maxUnavailable", ADMIN_MAX_UNAVAILABLE)
     cordoned = sorted(p.spec.node_name for p in driver_pods(api))[0]
     kubectl(cluster.cp, "cordon", cordoned)
     admin_cordons.append(cordoned)
