@@ -97,10 +97,11 @@ class Budget:
         out: frozenset[str] = frozenset(),
         failed: frozenset[str] = frozenset(),
     ) -> Budget:
-        """The budget of step `index` (the last step's beyond the list) on `nodes` eligible pods."""
+        """The budget of step `index` (the last step's beyond the list) on `nodes` eligible pods;
+        `out` out of service (`out_of_service`, without the nodes in flight)."""
         caps = step_caps(policy, nodes)
         cap = caps[min(index, len(caps) - 1)] if caps else max(nodes, 1)
-        return cls(cap, in_flight, out - in_flight, policy.max_unavailable.of(nodes), failed)
+        return cls(cap, in_flight, out, policy.max_unavailable.of(nodes), failed)
 
     @property
     def room(self) -> int:
