@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client
 
 from tests.controlplane import GPU_LABEL
+from tests.e2e.test_user_faults import cr_events
 from tests.e2e.tools import (
     CR,
     METAX,
@@ -222,6 +223,10 @@ def runner(installed, tmp_path):
     proc.stop()
 
 
+def same_driver_events(api) -> list[str]:
+    return [e.message for e in cr_events(api) if e.reason == "SameDriver"]
+
+
 def wait_converged(api, runner: Runner, timeout: float = 30) -> None:
     """Until a pass writes nothing (the runner logs `pass` with writes 0)."""
     start = len(runner.lines("pass"))
@@ -240,6 +245,7 @@ def seed_example_spec() -> dict:
 
 
 def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api, runner):
+    pods = {p.metadata.uid for p in driver_pods(api, NS)}
     patch_cr(api, seed_example_spec())
     eventually(lambda: tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU], 20, "metax-maca tolerations")
     eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20, "metax-driver tolerations")
@@ -250,16 +256,18 @@ def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api,
     wait_converged(api, runner)
     passes = [p["writes"] for p in runner.lines("pass")]
     print(f"writes per pass until converged: {passes[: passes.index(0) + 1]}")
-    # The CR reaches the DaemonSets within a few passes; the passes after them replace the
-    # driver pods for the new template (the staged rollout is off: one batch of every pod).
+    # The CR reaches the DaemonSets within a few passes. The driver's new template differs only
+    # in its tolerations: the same driver, so no driver pod is replaced for it.
     applied_in, seen = [], 0
     for entry in runner.lines("pass", "apply"):
         seen += entry["action"] == "pass"
         if entry["action"] == "apply":
             applied_in.append(seen)
     assert max(applied_in) <= 2, f"the CR took more than a few passes to reach the DaemonSets: {applied_in}"
-    batches = [len(line["pods"]) for line in runner.lines("rollout-delete")]
-    assert batches == [len(driver_pods(api, NS))], f"{batches}: {runner.lines('pass', 'apply', 'rollout-delete')}"
+    assert runner.lines("rollout-delete") == [] and {p.metadata.uid for p in driver_pods(api, NS)} == pods
+    status = get_cr(api)["status"]["upgradeStatus"]
+    at = {p.metadata.labels["controller-revision-hash"] for p in driver_pods(api, NS)}
+    assert status["upgrading"] is False and status["resume"]["stableRevision"] not in at, (status, at)
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("metax-maca", NS)
     managers = {m.manager: m.operation for m in ds.metadata.managed_fields}
     assert managers.get("metax-operator-runner") == "Apply"
@@ -268,9 +276,16 @@ def test_seed_example_takes_effect_without_the_post_renderer(control_plane, api,
 def test_kubectl_edit_of_the_cr_tolerations_changes_the_daemonsets(control_plane, api, runner, tmp_path):
     patch_cr(api, seed_example_spec())
     eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, GENERAL], 20, "seed state")
+    wait_converged(api, runner)
+    pods, said = {p.metadata.uid for p in driver_pods(api, NS)}, len(same_driver_events(api))
     compute = {**GENERAL, "value": "compute"}
     kubectl_edit(control_plane, tmp_path, {"podTemplateSpec": {"spec": {"tolerations": [compute]}}})
     eventually(lambda: tolerations(api, "metax-driver") == [BASE, ROLE_DRIVER, compute], 20, "the edit applied")
+    # The same driver with another toleration: the stable revision at once, no driver pod replaced.
+    eventually(lambda: len(same_driver_events(api)) > said, 20, "the SameDriver event")
+    assert "only in where driver pods may run" in same_driver_events(api)[-1]
+    wait_converged(api, runner)
+    assert {p.metadata.uid for p in driver_pods(api, NS)} == pods and runner.lines("rollout-delete") == []
     assert tolerations(api, "metax-maca") == [BASE, ROLE_MACA, GPU]  # its own podTemplateSpec wins
 
     # Seed §3.2.4.2: the deprecated global tolerations, added with kubectl edit.
@@ -313,7 +328,7 @@ def test_enabling_the_rollout_by_kubectl_edit_leaves_the_driver_on_delete(contro
     apps = client.AppsV1Api(api)
     strategy = lambda: apps.read_namespaced_daemon_set("metax-driver", NS).spec.update_strategy  # noqa: E731
     assert strategy().type == "OnDelete"
-    wait_converged(api, runner)  # the driver pods Helm created replaced at once by the CR's template
+    wait_converged(api, runner)
     pods = {p.metadata.uid for p in driver_pods(api, NS)}
     policy = {"enableRollout": True, "upgradeSteps": [{"replicas": 2}, {"replicas": "100%"}]}
     kubectl_edit(control_plane, tmp_path, {"driver": {**get_cr(api)["spec"]["driver"], "upgradePolicy": policy}})

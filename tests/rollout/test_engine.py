@@ -84,17 +84,22 @@ class Cluster:
         self.evicted: list[str] = []  # every node a pass asked to drain, in order
         self.status: UpgradeStatus | None = None
         self.health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health (the health gate)
+        # Revisions whose template differs from the current one's only in scheduling: as
+        # rollout_observe.build, their pods read as at the current revision.
+        self.same: set[str] = set()
         self.serial = 0
 
     def observed(self, caught_up: bool = True) -> observation.Cluster:
         # As the runner observes it: the skipped nodes are not eligible, but those of the wave in
         # flight (a node labelled skip mid-swap) are, for the engine to tell what became of them.
         wave = set(self.status.resume.wave) if self.status is not None else set()
+        same = self.same | {self.revision}
+        pods = tuple(dataclasses.replace(p, revision=self.revision) if p.revision in same else p for p in self.pods.values())
         return observation.Cluster(
             self.revision,
             caught_up,
             frozenset((self.nodes - self.skipped) | (wave & self.nodes)),
-            tuple(self.pods.values()),
+            pods,
             frozenset(self.busy),
             wait_busy_nodes=frozenset(self.waiting),
             skipped=frozenset(self.skipped),
@@ -104,6 +109,7 @@ class Cluster:
             template=f"template-{self.revision}",
             driver_spec=f"spec-{self.revision}",
             health=self.health,
+            same_driver=frozenset(same),
         )
 
     def decide(self, pol, now: float) -> Decision:
@@ -840,3 +846,53 @@ def test_a_pod_re_created_from_a_template_set_back_before_the_runner_saw_it_is_r
     assert started.status.resume.abandoned_revision == "b" and started.events[0].reason == "PodsBehind"
     drive(cluster, pol, T0 + 15)
     assert cluster.revisions() == {"a": 4} and cluster.status.phase == IDLING
+
+
+@pytest.mark.parametrize("enable_rollout", [True, False])
+def test_a_revision_that_changes_only_where_driver_pods_run_replaces_no_pod(enable_rollout):
+    """A toleration added to the driver through the CR, or a node pool added beside it: the new
+    revision runs the same driver, its pods stay, and it becomes the stable revision at once."""
+    cluster = Cluster(4, old="a", new="a")
+    pol = policy(enableRollout=enable_rollout, maxParallel=1, upgradeSteps=[{"replicas": "100%", "pauseDuration": 0}])
+    cluster.decide(pol, T0)
+    cluster.revision, cluster.same = "b", {"a"}
+    decision = cluster.decide(pol, T0 + 5)
+    assert decision.delete == [] and decision.status.upgrading is False
+    assert decision.status.resume.stable_revision == "b"
+    assert decision.status.phase == (IDLING if enable_rollout else DISABLED)
+    assert [e.reason for e in decision.events] == ["SameDriver"]
+    assert "only in where driver pods may run" in decision.events[0].message
+    assert cluster.decide(pol, T0 + 10).events == []  # said once
+    cluster.revision, cluster.same = "c", set()  # then a new driver: every node's pod is replaced
+    drive(cluster, pol, T0 + 15)
+    assert cluster.revisions() == {"c": 4} and cluster.status.resume.stable_revision == "c"
+
+
+def test_a_revision_that_changes_only_where_pods_run_mid_rollout_lets_the_rollout_go_on():
+    cluster = Cluster(6)
+    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": 2, "pauseDuration": 0}, {"replicas": "100%"}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    cluster.decide(pol, T0 + 5)  # step 1 starts
+    cluster.ready_all()
+    cluster.revision, cluster.same = "new-tolerating", {"new"}
+    decision = cluster.decide(pol, T0 + 10)
+    sub = decision.status.step
+    assert (sub.current_step_index, sub.last_pod_spec_revision, sub.upgrading_pod_spec_revision) == (1, "old", "new-tolerating")
+    assert sub.total_upgrade_ready_replicas == 4 and nodes_of(cluster, decision) == ["n04", "n05"]
+    assert not {"NewRevision", "SameDriver"} & {e.reason for e in decision.events}
+
+
+def test_a_template_set_back_to_the_stable_driver_with_other_scheduling_is_a_rollback_of_the_new_pods():
+    cluster = Cluster(4)
+    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": "100%"}])
+    cluster.decide(pol, T0)
+    cluster.ready_all()
+    cluster.revision, cluster.same = "old-tolerating", {"old"}
+    decision = cluster.decide(pol, T0 + 5)
+    assert decision.status.phase == TERMINATING and decision.restore is None
+    assert decision.status.step.last_pod_spec_revision == "old-tolerating"
+    assert nodes_of(cluster, decision) == ["n00", "n01"]
+    drive(cluster, pol, T0 + 10)
+    assert cluster.status.resume.stable_revision == "old-tolerating" and cluster.status.phase == IDLING
+    assert {p.revision for p in cluster.observed().pods} == {"old-tolerating"}

@@ -144,6 +144,19 @@ def test_current_revision_is_the_newest_owned_controllerrevision():
     assert json.loads(snap.observed.driver_spec) == {"payload": {"version": "1"}}
 
 
+def test_pods_at_a_revision_differing_only_in_where_pods_run_read_as_at_the_current_one():
+    tolerating = {"spec": {**TEMPLATE["spec"], "tolerations": [{"operator": "Exists"}], "nodeSelector": {"a": "b"}}}
+    newer_driver = {"spec": {"containers": [{"name": "driver-manager", "image": "driver:2"}]}}
+    revs = [
+        project_revision(r)
+        for r in (revision("old", 1), revision("driver2", 2, template=newer_driver), revision("now", 3, template=tolerating))
+    ]
+    pods = [project_driver_pod(pod(f"p{i}", f"n{i}", rev)) for i, rev in enumerate(("old", "driver2", "now"))]
+    observed = build(daemonset(template=tolerating), revs, pods, [], applied_cr(), None).observed
+    assert observed.current_revision == "now" and observed.same_driver == {"old", "now"}
+    assert [p.revision for p in observed.pods] == ["now", "driver2", "now"]
+
+
 def test_not_caught_up_until_the_controller_observed_the_generation():
     snap = build(daemonset(generation=3, observed=2), [project_revision(revision("a", 1))], [], [], applied_cr(), None)
     assert not snap.observed.caught_up

@@ -26,14 +26,14 @@ from __future__ import annotations
 import dataclasses
 
 from metax_operator.chart.upgrade_policy import Policy
-from metax_operator.conditions import rfc3339
+from metax_operator.conditions import EventType, rfc3339
 from metax_operator.rollout import freeze
 from metax_operator.rollout.context import Next, PassContext
 from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.observation import Cluster
 from metax_operator.rollout.progress import Progress
 from metax_operator.rollout.rollback import Rollback
-from metax_operator.rollout.status import DISABLING, PROGRESSING, TERMINATING, NodeList, UpgradeStatus
+from metax_operator.rollout.status import DISABLING, PROGRESSING, TERMINATING, NodeList, Reason, UpgradeStatus
 from metax_operator.rollout.waves import Waves
 
 
@@ -50,10 +50,30 @@ def decide(observed: Cluster, policy: Policy, status: UpgradeStatus | None, now:
     if not observed.caught_up:
         ctx.say("waiting for the DaemonSet controller to observe the latest template")
     else:
+        _same_driver(ctx)
         handlers = {Next.IDLE: rollback.idle, Next.PROGRESS: progress.progress, Next.ROLL_BACK: rollback.roll_back}
         first = {PROGRESSING: Next.PROGRESS, TERMINATING: Next.ROLL_BACK, DISABLING: Next.ROLL_BACK}
         _settle(ctx, handlers, first.get(ctx.status.phase, Next.IDLE))
     return _report(ctx, waves)
+
+
+def _same_driver(ctx: PassContext) -> None:
+    """The status's revisions that run the current revision's driver (`Cluster.same_driver`: a
+    change of where the pods may run alone) are read as the current one: no pod is replaced for
+    it, a rollout in flight goes on, and a template set back to the stable driver is set back."""
+    current, same, step, resume = ctx.observed.current_revision, ctx.observed.same_driver, ctx.step, ctx.resume
+    if resume.stable_revision in same and resume.stable_revision != current:
+        if not ctx.before.upgrading:
+            message = (
+                f"driver revision {current} differs from {resume.stable_revision} only in where driver pods may run"
+                " (nodeSelector, affinity, tolerations): no driver pod is replaced for it"
+            )
+            ctx.event(EventType.NORMAL, Reason.SAME_DRIVER, message)
+        resume.stable_revision = current
+    if step.last_pod_spec_revision in same:
+        step.last_pod_spec_revision = current
+    if step.upgrading_pod_spec_revision in same:
+        step.upgrading_pod_spec_revision = current
 
 
 def _settle(ctx: PassContext, handlers: dict, first: Next) -> None:

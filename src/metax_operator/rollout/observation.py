@@ -90,6 +90,10 @@ class Cluster:
     # has not landed (or an edit is held): what tells the rollback its restore is done.
     stored_driver: Mapping = field(default_factory=dict)
     health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health, if the health gate asked for one
+    # The DaemonSet's revisions that run the same driver as the current one, the current one
+    # included: their templates differ from its only in where pods may run (`rollout_observe.same_driver`).
+    # Their pods are read as at the current revision.
+    same_driver: frozenset[str] = frozenset()
 
     @functools.cached_property
     def node_pods(self) -> NodePods:

@@ -44,6 +44,27 @@ def revision_template(data: dict) -> dict:
     return template
 
 
+#: The pod template's fields that say only where its pods may run.
+SCHEDULING = ("nodeSelector", "affinity", "tolerations")
+
+
+def same_driver(revisions: dict[str, dict], current: str | None) -> frozenset[str]:
+    """The revisions (hash -> ControllerRevision data) whose pod template is `current`'s but for
+    where pods may run (`SCHEDULING`), `current` included. A pod at one of them runs the same
+    driver as a new pod would: a change of the driver's tolerations, affinity or nodeSelector
+    alone replaces no driver pod. (The DaemonSet controller itself deletes a pod from a node its
+    template no longer selects.)"""
+    if current is None:
+        return frozenset()
+    driver = without_scheduling(revision_template(revisions[current]))
+    return frozenset(h for h, data in revisions.items() if without_scheduling(revision_template(data)) == driver)
+
+
+def without_scheduling(template: dict) -> dict:
+    spec = {k: v for k, v in (template.get("spec") or {}).items() if k not in SCHEDULING}
+    return {**template, "spec": spec}
+
+
 def plan(revision: str, data: dict | None, daemonset: dict, cr_spec: dict, recorded: str) -> Restore:
     """The restore of `revision` (ControllerRevision `data`, None when gone).
 

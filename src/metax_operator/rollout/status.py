@@ -87,6 +87,7 @@ class Reason(StrEnum):
     UNHEALTHY_STEP = "UnhealthyStep"  # the health gate: the upgraded nodes regressed against the others
     HEALTH_GATE_PASSED = "HealthGatePassed"  # the health gate let a step promote
     PODS_BEHIND = "PodsBehind"  # pods created at another revision since the fleet settled: rolled back
+    SAME_DRIVER = "SameDriver"  # a new revision changes only where driver pods may run: no pod replaced
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.

@@ -43,6 +43,8 @@ agree, since they come from separate reads:
 - the runner's reconcile applied the CR's latest generation (`status.observedGeneration`), so the
   CR's `spec.driver`, recorded as `lastCoDriverSpec` and restored on a rollback, is the one the
   template came from.
+A pod at a revision whose template differs from the newest's only in where pods may run
+(`restore.same_driver`) runs the same driver: it is read as at the newest revision.
 The engine's eligible nodes are the nodes of the DaemonSet's pods (on nodes the node cache has:
 the pods of a deleted node stay until pod GC deletes them, tens of seconds later, and would hold a
 slot of `maxParallel` and count among the upgraded), less the skipped ones, plus
@@ -70,7 +72,7 @@ from metax_operator.contract import (
     SKIP_LABEL,
 )
 from metax_operator.rollout.observation import Cluster
-from metax_operator.rollout.restore import revision_template
+from metax_operator.rollout.restore import revision_template, same_driver
 from metax_operator.runtime import cordon, validation_pod
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
@@ -321,6 +323,9 @@ def build(
         for p in driver_pods
         if p.owner_uid == uid and p.pod.node and (nodes is None or targeted(selector, nodes.get(p.pod.node)))
     )
+    same = same_driver({h: r.data for h, r in own.items()}, newest.hash if newest else None)
+    if len(same) > 1:
+        pods = tuple(dataclasses.replace(p, revision=newest.hash) if p.revision in same else p for p in pods)
     if checks := dict(checks):
         pods = tuple(dataclasses.replace(p, check=checks[p.uid]) if p.uid in checks else p for p in pods)
     if deleted:
@@ -331,6 +336,7 @@ def build(
     skipped = frozenset(skipped)
     observed = Cluster(
         current_revision=newest.hash if newest else "",
+        same_driver=same,
         caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
         pods=pods,
