@@ -81,6 +81,12 @@ config: |
 
 {{- define "metax-operator.sharedFieldsAnnotation" -}}gpu.metax-tech.com/shared-fields{{- end }}
 
+{{- define "metax-operator.poolAnnotation" -}}gpu.metax-tech.com/driver-pool{{- end }}
+
+{{- define "metax-operator.poolLabel" -}}metax-tech.com/driver-upgrade.pool{{- end }}
+
+{{- define "metax-operator.poolDaemonSetPrefix" -}}metax-driver-pool-{{- end }}
+
 {{- define "metax-operator.releaseRevisionAnnotation" -}}gpu.metax-tech.com/release-revision{{- end }}
 
 {{- define "metax-operator.driverPayloadContainer" -}}payload{{- end }}

@@ -38,6 +38,9 @@ DaemonSets keep the seed's fixed names (metax-driver, ...). */}}
 app.kubernetes.io/name: {{ include "metax-operator.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .key }}
+{{- with .pool }}
+{{ include "metax-operator.poolLabel" . }}: {{ .name }}
+{{- end }}
 {{- end }}
 
 {{/* Labels of a pod template: the selector labels plus those that do not change with the
@@ -220,6 +223,14 @@ run only on nodes gpu-label marked. The post-renderer and the runner merge `podT
 {{- if ne .key "gpuLabel" -}}
   {{- $_ := set $base "nodeSelector" (dict (include "metax-operator.gpuNodeLabel" .) "true") -}}
 {{- end -}}
+{{- /* Driver pools: a pool's DaemonSet runs on the nodes the runner labelled for it, the driver's
+own on those it labelled for none (src/metax_operator/chart/merge.py keeps that term in force). */ -}}
+{{- if .pool -}}
+  {{- $_ := set $base.nodeSelector (include "metax-operator.poolLabel" .) .pool.name -}}
+{{- else if and (eq .key "driver") .root.Values.driver.pools -}}
+  {{- $term := dict "matchExpressions" (list (dict "key" (include "metax-operator.poolLabel" .) "operator" "DoesNotExist")) -}}
+  {{- $_ := set $base "affinity" (dict "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" (list $term)))) -}}
+{{- end -}}
 {{- toJson $base -}}
 {{- end }}
 
@@ -235,6 +246,9 @@ whether its shared fields are the live DaemonSet's. Takes the component's contex
 {{ include "metax-operator.schedulingBaseAnnotation" . }}: {{ include "metax-operator.schedulingBase" . | quote }}
 {{ include "metax-operator.schedulingInputsAnnotation" . }}: {{ dict "global" (.root.Values.podTemplateSpec | default nil) "component" ($component | default nil) "tolerations" ($tolerations | default nil) | toJson | quote }}
 {{ include "metax-operator.releaseRevisionAnnotation" . }}: {{ .root.Release.Revision | quote }}
+{{- with .pool }}
+{{ include "metax-operator.poolAnnotation" . }}: {{ .name }}
+{{- end }}
 {{- if .live }}
 {{ include "metax-operator.sharedFieldsAnnotation" . }}: live
 {{- end }}

@@ -31,25 +31,36 @@ Helm 3 and Helm 4.
   {{- $errors = append $errors "driver.fwUpgradePolicy: PreferCloud flashes the firmware the driver payload carries, and driver.deployPolicy Never deploys no payload; set driver.fwUpgradePolicy=Never, or a driver.deployPolicy that deploys the payload (PreferCloud, PreferHost or PreferNewer)" -}}
 {{- end -}}
 
-{{- /* The staged rollout's step list (the rules of chart/upgrade_policy.py the schema cannot say). */ -}}
+{{- /* The staged rollout's step list (the rules of chart/upgrade_policy.py the schema cannot say):
+the driver's, then each pool's (its upgradeSteps and enableRollout, else the driver's), when the
+driver's holds. */ -}}
 {{- $policy := $v.driver.upgradePolicy -}}
-{{- $steps := $policy.upgradeSteps | default list -}}
-{{- $where := "driver.upgradePolicy.upgradeSteps" -}}
-{{- if and $policy.enableRollout (not $steps) -}}
-  {{- $errors = append $errors (printf "%s: is empty while enableRollout is true; add at least one step, the last with replicas: \"100%%\"" $where) -}}
+{{- $stepErrors := include "metax-operator.stepProblems" (dict "steps" ($policy.upgradeSteps | default list) "enabled" $policy.enableRollout "where" "driver.upgradePolicy.upgradeSteps") | fromJsonArray -}}
+{{- $errors = concat $errors $stepErrors -}}
+
+{{- /* Driver pools: the runner on, each name and each node selector once. */ -}}
+{{- if and $v.driver.pools (not $v.runner.enabled) -}}
+  {{- $errors = append $errors "driver.pools: needs the runner: it puts each GPU node into its pool and rolls each pool's driver out; set runner.enabled=true, or remove driver.pools" -}}
 {{- end -}}
-{{- $previous := "" -}}
-{{- range $i, $step := $steps -}}
-  {{- $replicas := $step.replicas | toString -}}
-  {{- if and $previous (eq (hasSuffix "%" $replicas) (hasSuffix "%" $previous)) (lt (trimSuffix "%" $replicas | atoi) (trimSuffix "%" $previous | atoi)) -}}
-    {{- $errors = append $errors (printf "%s[%d].replicas: %s is below the previous step's %s; targets count upgraded pods in total, so make each step's replicas at least the previous one's" $where $i $replicas $previous) -}}
+{{- $poolNames := dict -}}
+{{- $poolSelectors := dict -}}
+{{- range $i, $pool := $v.driver.pools -}}
+  {{- if hasKey $poolNames $pool.name -}}
+    {{- $errors = append $errors (printf "driver.pools[%d].name: %s is also driver.pools[%v]'s; give each pool a name of its own" $i $pool.name (get $poolNames $pool.name)) -}}
+  {{- else -}}
+    {{- $_ := set $poolNames $pool.name $i -}}
   {{- end -}}
-  {{- $previous = $replicas -}}
-  {{- if and (eq (add1 $i) (len $steps)) (hasSuffix "%" $replicas) (ne $replicas "100%") -}}
-    {{- $errors = append $errors (printf "%s[%d].replicas: the last step reaches only %s; set the last step's replicas to \"100%%\" so every node is upgraded" $where $i $replicas) -}}
+  {{- $selector := toJson $pool.nodeSelector -}}
+  {{- if hasKey $poolSelectors $selector -}}
+    {{- $errors = append $errors (printf "driver.pools[%d].nodeSelector: is driver.pools[%v]'s: both pools would select the same nodes; give each pool node labels that tell its nodes apart" $i (get $poolSelectors $selector)) -}}
+  {{- else -}}
+    {{- $_ := set $poolSelectors $selector $i -}}
   {{- end -}}
-  {{- if and (hasKey $step "pause") (hasKey $step "pauseDuration") -}}
-    {{- $errors = append $errors (printf "%s[%d].pause: is given together with pauseDuration; keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)" $where $i) -}}
+  {{- $own := $pool.upgradePolicy | default dict -}}
+  {{- if and $own (not $stepErrors) -}}
+    {{- $steps := hasKey $own "upgradeSteps" | ternary $own.upgradeSteps $policy.upgradeSteps | default list -}}
+    {{- $enabled := hasKey $own "enableRollout" | ternary $own.enableRollout $policy.enableRollout -}}
+    {{- $errors = concat $errors (include "metax-operator.stepProblems" (dict "steps" $steps "enabled" $enabled "where" (printf "driver.pools[%d].upgradePolicy.upgradeSteps" $i)) | fromJsonArray) -}}
   {{- end -}}
 {{- end -}}
 
@@ -146,3 +157,31 @@ Helm 3 and Helm 4.
   {{- fail (printf "invalid values:\n%s" (join "\n" $errors)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The rules between an upgrade policy's steps, as a JSON list of problems.
+Takes (dict "steps" STEPS "enabled" ENABLE_ROLLOUT "where" FIELD_PATH). */}}
+{{- define "metax-operator.stepProblems" -}}
+{{- $steps := .steps -}}
+{{- $enabled := .enabled -}}
+{{- $where := .where -}}
+{{- $errors := list -}}
+{{- if and $enabled (not $steps) -}}
+  {{- $errors = append $errors (printf "%s: is empty while enableRollout is true; add at least one step, the last with replicas: \"100%%\"" $where) -}}
+{{- end -}}
+{{- $previous := "" -}}
+{{- range $i, $step := $steps -}}
+  {{- $replicas := $step.replicas | toString -}}
+  {{- if and $previous (eq (hasSuffix "%" $replicas) (hasSuffix "%" $previous)) (lt (trimSuffix "%" $replicas | atoi) (trimSuffix "%" $previous | atoi)) -}}
+    {{- $errors = append $errors (printf "%s[%d].replicas: %s is below the previous step's %s; targets count upgraded pods in total, so make each step's replicas at least the previous one's" $where $i $replicas $previous) -}}
+  {{- end -}}
+  {{- $previous = $replicas -}}
+  {{- if and (eq (add1 $i) (len $steps)) (hasSuffix "%" $replicas) (ne $replicas "100%") -}}
+    {{- $errors = append $errors (printf "%s[%d].replicas: the last step reaches only %s; set the last step's replicas to \"100%%\" so every node is upgraded" $where $i $replicas) -}}
+  {{- end -}}
+  {{- if and (hasKey $step "pause") (hasKey $step "pauseDuration") -}}
+    {{- $errors = append $errors (printf "%s[%d].pause: is given together with pauseDuration; keep only pauseDuration (empty or {} waits for the admin; milliseconds continue)" $where $i) -}}
+  {{- end -}}
+{{- end -}}
+
+{{- toJson $errors -}}
+{{- end }}

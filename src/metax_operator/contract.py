@@ -66,6 +66,9 @@ WAIT_FOR_CONTAINER = "wait-for"
 
 #: The driver's DaemonSet, whose pods the staged rollout replaces node by node.
 DRIVER_DAEMONSET = DAEMONSETS["driver"]
+#: A driver pool's DaemonSet is this prefix and the pool's name; the DaemonSet carries the name in
+#: POOL_ANNOTATION.
+POOL_DAEMONSET_PREFIX = f"{DRIVER_DAEMONSET}-pool-"
 #: The DaemonSet controller's label on each pod and ControllerRevision: the template's revision.
 REVISION_LABEL = "controller-revision-hash"
 #: The driver DaemonSet's update strategy, whatever the policy: a driver pod is replaced only when
@@ -137,6 +140,8 @@ SCHEDULING_INPUTS_ANNOTATION = "gpu.metax-tech.com/scheduling-inputs"
 #: fields that the runner writes from the CR (docs/runner.md) are the live DaemonSet's, so the
 #: post-renderer leaves its scheduling fields as they are.
 SHARED_FIELDS_ANNOTATION = "gpu.metax-tech.com/shared-fields"
+#: On a driver pool's DaemonSet: the pool's name (`driver.pools[].name`).
+POOL_ANNOTATION = "gpu.metax-tech.com/driver-pool"
 #: On each hook object: the hook's name.
 HOOK_LABEL = "gpu.metax-tech.com/hook"
 #: On the CR: the spec the last bootstrap applied, and (written by chart versions before the
@@ -174,6 +179,10 @@ SKIP_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}skip"
 #: On each GPU node, set by the runner: where the node is in the driver rollout
 #: (`rollout.node_state.NodeUpgradeState`), for `kubectl get nodes -L`.
 STATE_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}state"
+#: On a GPU node, set by the runner only: the driver pool (`driver.pools`) whose DaemonSet runs
+#: the node's driver; without it the node is the driver DaemonSet's own. The runner works it out
+#: from the pools' node selectors and writes it inside the rollout's budget: the write is the swap.
+POOL_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}pool"
 #: On a node whose new driver failed, set by an admin: delete its driver pod once more; the runner
 #: removes the label once it did (or once the node is not failed).
 RETRY_LABEL = f"{ROLLOUT_NODE_KEY_PREFIX}retry"

@@ -3,7 +3,13 @@
 import pytest
 
 from metax_operator.chart.merge import SchedulingInputs, inputs_from_annotations, merge_scheduling
-from metax_operator.contract import COMPONENT_ANNOTATION, SCHEDULING_BASE_ANNOTATION, SCHEDULING_INPUTS_ANNOTATION
+from metax_operator.contract import (
+    COMPONENT_ANNOTATION,
+    GPU_NODE_LABEL,
+    POOL_LABEL,
+    SCHEDULING_BASE_ANNOTATION,
+    SCHEDULING_INPUTS_ANNOTATION,
+)
 from metax_operator.errors import UserError, UserErrors
 from tests.cases import MERGE_CASES
 
@@ -144,3 +150,41 @@ def test_bad_annotation_is_refused_naming_it(change, field):
     with pytest.raises(UserError) as err:
         inputs_from_annotations(annotations)
     assert err.value.field == field
+
+
+POOL_TERM = {"matchExpressions": [{"key": POOL_LABEL, "operator": "DoesNotExist"}]}
+POOLED_BASE = {
+    "nodeSelector": {GPU_NODE_LABEL: "true"},
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [POOL_TERM]}}},
+}
+
+
+def test_the_bases_required_node_affinity_term_holds_in_every_term_the_custom_adds():
+    """The driver DaemonSet beside driver pools requires nodes no pool has: a custom term appended
+    as an alternative would let it run on a pool's nodes too."""
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    named = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    custom = {
+        "spec": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [zone, named]}}}
+        }
+    }
+    merged, _ = merge_scheduling(SchedulingInputs("driver", POOLED_BASE, None, custom, None))
+    terms = merged["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": POOL_TERM["matchExpressions"] + zone["matchExpressions"]},
+        {**named, "matchExpressions": POOL_TERM["matchExpressions"]},
+    ]
+    again, _ = merge_scheduling(SchedulingInputs("driver", POOLED_BASE, None, {"spec": merged}, None))
+    assert again == merged
+    alone, _ = merge_scheduling(SchedulingInputs("driver", POOLED_BASE, None, None, None))
+    assert alone == POOLED_BASE
+
+
+def test_the_runners_pool_label_in_a_node_selector_is_refused_by_name():
+    custom = {"spec": {"nodeSelector": {POOL_LABEL: "c500"}}}
+    with pytest.raises(UserError) as err:
+        merge_scheduling(SchedulingInputs("driver", POOLED_BASE, None, custom, None), prefix="spec.")
+    assert str(err.value).startswith(
+        f"spec.driver.podTemplateSpec.spec.nodeSelector.{POOL_LABEL}: is the runner's own node label"
+    )

@@ -13,6 +13,10 @@ Rules, in order:
 3. result = merge(base, custom): scalars replace, maps merge key by key (custom
    wins), lists append each custom item that is not equal to one already there.
    A null in custom sets nothing.
+4. one exception to 3: a driver DaemonSet's pool term (the base's one required nodeSelectorTerm,
+   on the runner's pool label: `chart/pools.py`) holds whatever custom adds. It is added to every
+   term custom gives, since the terms of a list are alternatives: appended, it would let custom's
+   terms select a pool's nodes for the driver's own DaemonSet.
 
 Only `nodeSelector`, `affinity` and `tolerations` are managed; any other key in a
 podTemplateSpec is refused with a UserError naming it, never dropped silently.
@@ -31,6 +35,7 @@ from metax_operator.contract import (
     COMPONENT_ANNOTATION,
     COMPONENTS,
     GPU_NODE_LABEL,
+    POOL_LABEL,
     SCHEDULING_BASE_ANNOTATION,
     SCHEDULING_INPUTS_ANNOTATION,
 )
@@ -92,7 +97,46 @@ def merge_scheduling(inputs: SchedulingInputs, prefix: str = "") -> tuple[dict, 
                 f"move them to {global_name}.spec.tolerations"
             )
     base = {key: inputs.base[key] for key in MANAGED_FIELDS if key in inputs.base}
-    return merge_values(base, custom), notices
+    return _base_terms_hold(base, merge_values(base, custom)), notices
+
+
+REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+
+
+def _base_terms_hold(base: dict, merged: dict) -> dict:
+    """Rule 4: `merged` with the base's pool term in each of its required nodeSelectorTerms."""
+    base_terms, terms = _terms(base), _terms(merged)
+    if len(base_terms) != 1 or terms == base_terms or not _pool_term(base_terms[0]):
+        return merged
+    held = base_terms[0]
+    joined = [_joined(held, term) for term in terms if term != held]
+    affinity = merged["affinity"]
+    node_affinity = affinity["nodeAffinity"]
+    required = {**node_affinity[REQUIRED_TERMS[2]], "nodeSelectorTerms": joined}
+    return {**merged, "affinity": {**affinity, "nodeAffinity": {**node_affinity, REQUIRED_TERMS[2]: required}}}
+
+
+def _terms(fields: dict) -> list:
+    node: object = fields
+    for key in REQUIRED_TERMS:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, list) else []
+
+
+def _pool_term(term: object) -> bool:
+    expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+    return (
+        bool(expressions)
+        and set(term) == {"matchExpressions"}
+        and all(isinstance(e, dict) and e.get("key") == POOL_LABEL for e in expressions)
+    )
+
+
+def _joined(held: dict, term: object) -> object:
+    """The term with the held term's requirements added (each once)."""
+    if not isinstance(term, dict):
+        return term
+    return {**term, "matchExpressions": merge_values(held["matchExpressions"], term.get("matchExpressions") or [])}
 
 
 def merge_values(base: object, custom: object) -> object:
@@ -216,6 +260,14 @@ def _checked_spec(pts: object, name: str, errors: list) -> dict | None:
                     where,
                     "must be a mapping of label names to string values",
                     f'quote numbers and booleans, e.g. {{{GPU_NODE_LABEL}: "true"}}',
+                )
+            )
+        elif key == "nodeSelector" and POOL_LABEL in value:
+            errors.append(
+                UserError(
+                    f"{where}.{POOL_LABEL}",
+                    "is the runner's own node label: it says which driver pool's DaemonSet runs on a node",
+                    "remove it; select a pool's nodes with driver.pools[].nodeSelector",
                 )
             )
         elif key == "affinity" and not (value is None or isinstance(value, dict)):

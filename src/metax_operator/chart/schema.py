@@ -401,6 +401,8 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
     spec = _Expander("crd").node(spec_source)
     spec.pop("additionalProperties", None)
     _describe(spec, values_descriptions(values_text), ())
+    driver = spec["properties"]["driver"]["properties"]
+    _borrow_descriptions(driver["upgradePolicy"], driver["pools"]["items"]["properties"]["upgradePolicy"])
     _default(spec, yaml.safe_load(values_text), top=True)
     _default_objects(spec)
     for path in contract.UNDEFAULTED:
@@ -484,6 +486,18 @@ def build_crd(values_text: str, rules: Callable[[dict], dict[tuple[str, ...], li
             ],
         },
     }
+
+
+def _borrow_descriptions(source_node: dict, node: dict) -> None:
+    """Give `node`'s fields without a description those of the same fields of `source_node` (a
+    driver pool's upgradePolicy says what the driver's says, written once in values.yaml)."""
+    for key, child in node.get("properties", {}).items():
+        twin = source_node.get("properties", {}).get(key, {})
+        if "description" not in child and "description" in twin:
+            child["description"] = twin["description"]
+        _borrow_descriptions(twin, child)
+    if isinstance(node.get("items"), dict) and isinstance(source_node.get("items"), dict):
+        _borrow_descriptions(source_node["items"], node["items"])
 
 
 def _cr_spec_source(node: dict) -> dict:

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from metax_operator.chart import images, seed_spellings
+from metax_operator.chart import images, pools, seed_spellings
 from metax_operator.chart import upgrade_policy as policy
 from metax_operator.chart.problems import regex_problem, schema_problems
 from metax_operator.chart.schema import build_values_schema, fragment
@@ -70,6 +70,14 @@ def firmware_without_payload() -> UserError:
         "PreferCloud flashes the firmware the driver payload carries, and driver.deployPolicy Never deploys no payload",
         "set driver.fwUpgradePolicy=Never, or a driver.deployPolicy that deploys the payload "
         "(PreferCloud, PreferHost or PreferNewer)",
+    )
+
+
+def pools_without_runner() -> UserError:
+    return UserError(
+        "driver.pools",
+        "needs the runner: it puts each GPU node into its pool and rolls each pool's driver out",
+        "set runner.enabled=true, or remove driver.pools",
     )
 
 
@@ -130,6 +138,8 @@ def values_problems(values: Mapping, schema: Mapping | None = None, defaults: Ma
         return spelled.errors
     values = spelled.values
     errors = _spec_problems(values)
+    if pools.pools_of(values.get("driver")) and not (values.get("runner") or {}).get("enabled"):
+        errors.append(pools_without_runner())
     errors += _schedule_problems((values.get("runner") or {}).get("schedule"))
     errors += _deprecated_tolerations_problems(values.get("tolerations"))
     return errors
@@ -166,6 +176,7 @@ def _spec_problems(values: Mapping) -> list[UserError]:
     if _deployed(values, "driver") and driver.get("deployPolicy") == "Never" and driver.get("fwUpgradePolicy") == "PreferCloud":
         errors.append(firmware_without_payload())
     errors += policy.problems(driver.get("upgradePolicy"), "driver.upgradePolicy")
+    errors += pools.problems(driver)
     errors += driver_config_problems(driver.get("config") or {}, "driver.config")
     errors += vfio_config_problems((values.get("vfioManager") or {}).get("vfioConfig") or [], "vfioManager.vfioConfig")
     errors += _service_problems((values.get("exporter") or {}).get("service") or {})
