@@ -135,11 +135,16 @@ class FakeApi:
         self._server.shutdown()
         self._server.server_close()
 
+    @property
+    def url(self) -> str:
+        """Where it listens, as a kubeconfig names a server."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
     def client(self, attempts: int = 3, user_agent: str = "") -> Client:
         """A runner's client of this server; transient failures retried `attempts` times, quickly.
         With a `user_agent` in `exempt`, no fault or interceptor touches its requests."""
         configuration = k8s.Configuration()
-        configuration.host = f"http://127.0.0.1:{self._server.server_address[1]}"
+        configuration.host = self.url
         configuration.retries = 0
         api_client = k8s.ApiClient(configuration)
         if user_agent:
@@ -598,16 +603,17 @@ def _strategic(target, patch, apply: bool = False, field: str = ""):
 
 
 def json_patch(target: dict, ops: list) -> dict:
-    """RFC 6902: add, remove, replace and test on object members."""
+    """RFC 6902: add, remove, replace and test on object members (and on array items by index,
+    as the API server: `add` at an index inserts, at `-` appends)."""
     out = copy.deepcopy(target)
     for op in ops:
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         node = out
         for part in parents:
-            if not isinstance(node, dict) or part not in node:
-                raise PatchTestFailed(f"{op['path']}: no such path")
-            node = node[part]
-        if op["op"] == "test":
+            node = _member(node, part, op["path"])
+        if isinstance(node, list):
+            _list_op(node, last, op)
+        elif op["op"] == "test":
             if node.get(last) != op["value"]:
                 raise PatchTestFailed(f"test of {op['path']} failed: {node.get(last)!r} != {op['value']!r}")
         elif op["op"] == "remove":
@@ -619,6 +625,30 @@ def json_patch(target: dict, ops: list) -> dict:
         else:
             node[last] = copy.deepcopy(op["value"])
     return out
+
+
+def _member(node, part: str, path: str):
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    raise PatchTestFailed(f"{path}: no such path")
+
+
+def _list_op(node: list, last: str, op: dict) -> None:
+    """One operation on an array item (`last` its index, or `-` past the end for `add`)."""
+    index = len(node) if last == "-" and op["op"] == "add" else int(last) if last.isdigit() else -1
+    if not 0 <= index <= len(node) or (index == len(node) and op["op"] != "add"):
+        raise PatchTestFailed(f"{op['path']}: no such item")
+    if op["op"] == "test":
+        if node[index] != op["value"]:
+            raise PatchTestFailed(f"test of {op['path']} failed: {node[index]!r} != {op['value']!r}")
+    elif op["op"] == "remove":
+        del node[index]
+    elif op["op"] == "add":
+        node.insert(index, copy.deepcopy(op["value"]))
+    else:
+        node[index] = copy.deepcopy(op["value"])
 
 
 def _handler(api: FakeApi):

@@ -43,6 +43,7 @@ class CrCondition(StrEnum):
     WORKLOADS_VALID = "WorkloadsValid"  # the GPU workloads fit the nodes' modes and MXMACA versions
     RUNNER_HEALTHY = "RunnerHealthy"  # how the runner's last pass ended
     SPEC_HELD = "SpecHeld"  # an edit made during a driver rollout waits for it to end
+    POOLS_DISJOINT = "DriverPoolsDisjoint"  # no GPU node is selected by two driver pools
 
 
 #: Each CR condition's status when all is well.
@@ -54,6 +55,7 @@ HEALTHY = {
     CrCondition.WORKLOADS_VALID: TRUE,
     CrCondition.RUNNER_HEALTHY: TRUE,
     CrCondition.SPEC_HELD: FALSE,
+    CrCondition.POOLS_DISJOINT: TRUE,
 }
 
 
@@ -76,6 +78,8 @@ class CrReason(StrEnum):
     EDIT_DURING_ROLLOUT = "EditDuringRollout"  # SpecHeld: an edit waits for the rollout to end
     VALUES_OVERRODE_EDIT = "ValuesOverrodeEdit"  # Event: helm's values replaced an admin's edit (bootstrap hook)
     WORKLOAD_MISCONFIGURED = "WorkloadMisconfigured"  # WorkloadsValid: a workload does not fit its node
+    DISJOINT = "Disjoint"  # DriverPoolsDisjoint: each GPU node is in one pool at most
+    POOLS_OVERLAP = "PoolsOverlap"  # DriverPoolsDisjoint: nodes two pools select keep the driver they have
 
 
 #: RunnerHealthy's reasons when False.

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 from metax_operator.commands import rollout_admin as admin
 from metax_operator.contract import RETRY_LABEL, STATE_LABEL
 from metax_operator.rollout.status import NodeList, Resume, StepStatus, UpgradeStatus
+from metax_operator.rollout.target import Target
 from tests.cases import SEED_POLICY
 from tests.fakeapi import FakeApi
 
@@ -231,3 +234,71 @@ def test_all_lists_every_labelled_node_with_its_state_and_the_counts():
     assert as_json["nodes"][1] == {"name": "gpu-b", "state": "failed", "retry": True}
     assert as_json["upgradeStatus"]["phase"] == "Progressing"
     assert "none carries the label" in admin.render(cr(status.to_json()), nodes=[])
+
+
+POOLS = [
+    {"name": "rack-a", "nodeSelector": {"rack": "a"}},
+    {"name": "rack-b", "nodeSelector": {"rack": "b"}, "upgradePolicy": {"pause": False}},
+]
+
+
+def pooled(driver: dict, pool_status: dict) -> dict:
+    """A CR with two driver pools, rack-a's rollout at `pool_status`."""
+    return {
+        "spec": {"driver": {"upgradePolicy": SEED_POLICY, "pools": POOLS}},
+        "status": {"upgradeStatus": driver, "pools": [{"name": "rack-a", "upgradeStatus": pool_status}]},
+    }
+
+
+def test_status_of_a_pool_is_its_own_rollout_and_the_drivers_lists_every_pool():
+    rack_a = UpgradeStatus(
+        phase="Progressing",
+        upgrading=True,
+        step=StepStatus(current_step_state="StepUpgrade", total_upgrade_replicas=3, total_upgrade_ready_replicas=1),
+    )
+    driver = UpgradeStatus(phase="Idling", step=StepStatus(total_upgrade_replicas=4, total_upgrade_ready_replicas=4))
+    shown = pooled(driver.to_json(), rack_a.to_json())
+    own = admin.render(shown, target=Target("rack-a"))
+    assert own.startswith("Phase: Progressing") and "upgraded 1/3" in own and "Pools" not in own
+    assert json.loads(admin.render(shown, "json", target=Target("rack-a"))) == rack_a.to_json()
+    table = admin.render(shown).splitlines()
+    assert table[0].startswith("Phase: Idling")
+    assert table[-1] == "Pools (each: metax-operator rollout status --pool NAME): rack-a Progressing 1/3; rack-b -"
+
+
+CR_PATH = "/apis/gpu.metax-tech.com/v1/clusteroperators/cluster-operator"
+
+
+def switch(fake: FakeApi, tmp_path, *args: str) -> tuple[int, str, str]:
+    config = tmp_path / "kubeconfig"
+    server = fake.url
+    config.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: x\nclusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "metax_operator.cli", "rollout", *args, "--kubeconfig", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_pause_and_undo_of_a_pool_set_the_pools_own_policy(tmp_path):
+    policy = {**SEED_POLICY, "enableRollout": True}
+    with FakeApi() as fake:
+        fake.put(
+            CR_PATH, {"metadata": {"name": "cluster-operator"}, "spec": {"driver": {"upgradePolicy": policy, "pools": POOLS}}}
+        )
+        assert switch(fake, tmp_path, "pause", "--pool", "rack-a")[0] == 0
+        assert switch(fake, tmp_path, "undo", "--pool", "rack-b")[0] == 0
+        spec = fake.get(CR_PATH)["spec"]["driver"]
+        assert spec["pools"][0]["upgradePolicy"] == {"pause": True}
+        assert spec["pools"][1]["upgradePolicy"] == {"pause": False, "enableRollout": False}
+        assert spec["upgradePolicy"] == policy  # the driver's own rollout untouched
+        code, _, said = switch(fake, tmp_path, "resume", "--pool", "rack-c")
+        assert (
+            code == 1
+            and said == "error: --pool: rack-c is no pool of spec.driver.pools (its pools: rack-a, rack-b); name one of them\n"
+        )

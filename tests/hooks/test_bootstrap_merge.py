@@ -49,6 +49,10 @@ SAMPLES: dict[str, dict] = {
         "values": [{"replicas": "50%"}, {"replicas": "100%"}],
     },
     "driver.upgradePolicy.enableRollout": {"base": {"driver.upgradePolicy.upgradeSteps": [{"replicas": "100%"}]}},
+    "driver.pools": {
+        "edit": [{"name": "c500", "nodeSelector": {"metax-tech.com/gpu.product": "C500"}, "payload": {"version": "2.33.0.1"}}],
+        "values": [{"name": "c550", "nodeSelector": {"metax-tech.com/gpu.product": "C550"}}],
+    },
     "driver.upgradePolicy.maxParallel": {"edit": "50%", "values": 3},
     "driver.upgradePolicy.maxUnavailable": {"edit": 1, "values": "10%"},
     "driver.upgradePolicy.readinessTimeout": {"edit": "10m", "values": 5000},

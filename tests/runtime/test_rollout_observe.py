@@ -15,8 +15,14 @@ from metax_operator.rollout import engine, observation
 from metax_operator.rollout.decision import Decision
 from metax_operator.rollout.status import COMPLETED, IDLING, NodeList, UpgradeStatus
 from metax_operator.runtime import cordon
-from metax_operator.runtime.rollout_observe import build, need_reboot
-from metax_operator.runtime.rollout_projections import deletion_began, node_event, project_driver_pod, project_revision
+from metax_operator.runtime.rollout_observe import build
+from metax_operator.runtime.rollout_projections import (
+    deletion_began,
+    need_reboot,
+    node_event,
+    project_driver_pod,
+    project_revision,
+)
 from metax_operator.workloads import gpu_pod
 from tests.commands.test_rollout_admin import cr
 from tests.rollout.test_engine import T0, policy

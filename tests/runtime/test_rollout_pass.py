@@ -26,7 +26,8 @@ from metax_operator.runtime import cr_status, kube, reconcile
 from metax_operator.runtime.cordon import CORDONED_LABEL
 from metax_operator.runtime.cr_status import LostLeadership
 from metax_operator.runtime.metrics import Metrics
-from metax_operator.runtime.rollout_pass import Plan, RolloutPass
+from metax_operator.runtime.rollout_pass import RolloutPass
+from metax_operator.runtime.rollout_plan import Plan
 from tests.fakeapi import FakeApi
 from tests.runtime.test_rollout_observe import daemonset, pod, revision
 from tests.waiting import eventually
@@ -106,7 +107,9 @@ def run_pass(api: FakeApi, executor: RolloutPass) -> int:
     if plan is None:
         return 0
     now = rfc3339(executor.clock())
-    written = cr_status.write(executor.api, cr, [], [], executor.guard, now, applied=False, upgrade_status=plan.upgrade_status)
+    written = cr_status.write(
+        executor.api, cr, [], [], executor.guard, now, applied=False, rollout={"upgradeStatus": plan.upgrade_status}
+    )
     return written.writes + (executor.act(written.cr, plan) if written.cr is not None else 0)
 
 
@@ -120,7 +123,7 @@ def execute(executor: RolloutPass, cr: dict, decision: Decision, pause_seen: boo
     actions (none after a conflict); the number of writes."""
     stored = (cr.get("status") or {}).get("upgradeStatus")
     status = decision.status.to_json()
-    written = cr_status.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, upgrade_status=status)
+    written = cr_status.write_status(executor.api, cr, [], executor.guard, NOW, applied=False, rollout={"upgradeStatus": status})
     if written.cr is None:
         return 0
     return written.writes + executor.act(written.cr, Plan(decision, pause_seen, stored, executor.clock()))

@@ -161,8 +161,8 @@ def test_a_runner_at_rest_decides_again_only_when_a_cache_it_reads_changes(clust
     the CR brings it back at once, and a new version rolls out as before."""
     settle(cluster, passes=4)
     decided = []
-    observe = cluster.runner.rollout.watches.observe
-    cluster.runner.rollout.watches.observe = lambda *args, **kwargs: decided.append(1) or observe(*args, **kwargs)
+    observe = cluster.runner.rollouts.watches.observe
+    cluster.runner.rollouts.watches.observe = lambda *args, **kwargs: decided.append(1) or observe(*args, **kwargs)
 
     def decides() -> bool:
         decided.clear()

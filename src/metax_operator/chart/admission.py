@@ -52,7 +52,9 @@ ROLLOUT_CONTROLS = ("pause", "enableRollout")
 #: every key but the one compared a level down (or, at the last, the rollout's controls).
 FREEZE_LEVELS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     ((), ("driver",)),
-    (("driver",), ("upgradePolicy", "enableRollout")),  # driver.enableRollout: the seed's spelling
+    # driver.enableRollout: the seed's spelling; driver.pools: each pool's rollout holds its own
+    # edits (rollout/freeze.py), the driver's does not hold theirs.
+    (("driver",), ("upgradePolicy", "enableRollout", "pools")),
     (("driver", "upgradePolicy"), ROLLOUT_CONTROLS),
 )
 _MARK = re.compile("\x00([0-9]+)\x00")

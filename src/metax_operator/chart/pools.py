@@ -90,3 +90,18 @@ def problems(driver: Mapping, prefix: str = "driver") -> list[UserError]:
             policy = pool_driver(driver, pool).get("upgradePolicy")
             errors += upgrade_policy.problems(policy, f"{where}.upgradePolicy")
     return errors
+
+
+def pool_spec(spec: Mapping, name: str) -> dict | None:
+    """The ClusterOperator spec as pool `name`'s DaemonSet and rollout act on it: spec.driver is
+    the pool's (`pool_driver`); None when the spec has no such pool."""
+    driver = spec.get("driver") or {}
+    pool = next((p for p in pools_of(driver) if p.get("name") == name), None)
+    return None if pool is None else {**spec, "driver": pool_driver(driver, pool)}
+
+
+def wanted_pool(labels: Mapping[str, str], pools: list[dict]) -> tuple[str | None, list[str]]:
+    """The pool whose node selector a node's `labels` match (None: the driver's own), and the
+    names of every pool that matches when more than one does (then the node is none's to move)."""
+    matching = [p["name"] for p in pools if all(labels.get(k) == v for k, v in (p.get("nodeSelector") or {}).items())]
+    return (matching[0] if len(matching) == 1 else None), (matching if len(matching) > 1 else [])

@@ -40,6 +40,7 @@ from metax_operator.contract import (
 from metax_operator.errors import UserError, UserErrors
 from metax_operator.lookup import lookup
 from metax_operator.rollout.status import COMPLETED, DISABLING, STEP_PAUSED, TERMINATING, NodeList, UpgradeStatus
+from metax_operator.rollout.target import DRIVER, Target, targets
 from metax_operator.runtime.api_failures import Backoff
 from metax_operator.runtime.kube import Client, add_arguments
 
@@ -74,8 +75,26 @@ def register_status(commands) -> None:
         help=f"the release namespace, where the runners' Lease is (default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
     )
     parser.add_argument("--lease-name", default=RUNNER_LEASE, help=f"the runners' Lease (default {RUNNER_LEASE})")
+    _pool_argument(parser)
     add_arguments(parser)
     parser.set_defaults(func=run_status)
+
+
+def _pool_argument(parser) -> None:
+    parser.add_argument(
+        "--pool", metavar="NAME", help="the rollout of driver pool NAME (driver.pools), not the driver DaemonSet's own"
+    )
+
+
+def _target(args: argparse.Namespace, cr: dict) -> Target:
+    """The rollout `--pool` names (the driver's own without it); a UserError for a pool the CR has not."""
+    if not getattr(args, "pool", None):
+        return DRIVER
+    target = Target(args.pool)
+    if target.index(cr.get("spec") or {}) is None:
+        names = ", ".join(t.pool for t in targets(cr.get("spec") or {}) if t.pool) or "none"
+        raise UserError("--pool", f"{args.pool} is no pool of spec.driver.pools (its pools: {names})", "name one of them")
+    return target
 
 
 def register_pause(commands) -> None:
@@ -95,6 +114,7 @@ SUBCOMMANDS = [register_status, register_pause, register_resume, register_undo]
 
 def _switch(commands, name: str, help_text: str, field: str, value: bool) -> None:
     parser = commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    _pool_argument(parser)
     add_arguments(parser)
     parser.set_defaults(func=lambda args: run_switch(args, field, value))
 
@@ -102,16 +122,25 @@ def _switch(commands, name: str, help_text: str, field: str, value: bool) -> Non
 def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
     api = Client.from_args(args, AT_ONCE)
     cr = _get_cr(api)
-    if lookup(cr, "spec", "driver", "upgradePolicy", "enableRollout") is not True and field == "pause":
+    target = _target(args, cr)
+    spec = cr.get("spec") or {}
+    where = "spec.driver.upgradePolicy" if target == DRIVER else f"spec.driver.pools[{target.index(spec)}].upgradePolicy"
+    if lookup(target.spec(spec), "driver", "upgradePolicy", "enableRollout") is not True and field == "pause":
         raise UserError(
-            "spec.driver.upgradePolicy.enableRollout",
+            f"{where}.enableRollout",
             "is false: there is no staged rollout to pause",
             f"set enableRollout: true first (kubectl edit {CR_PLURAL} {CR_NAME})",
         )
-    api.patch(
-        CR_API_VERSION, CR_KIND, CR_NAME, [{"op": "add", "path": f"{POLICY_PATH}/{field}", "value": value}], patch_type="json"
-    )
-    print(f"{CR_KIND.lower()}/{CR_NAME}: spec.driver.upgradePolicy.{field} set to {str(value).lower()}")
+    ops = [{"op": "add", "path": f"{POLICY_PATH}/{field}", "value": value}]
+    if target != DRIVER:  # the pool's own: its upgradePolicy gets the key (or is made with it)
+        index, at = target.index(spec), target.policy_pointer(spec)
+        own = isinstance(spec["driver"]["pools"][index].get("upgradePolicy"), dict)
+        ops = [
+            {"op": "test", "path": f"/spec/driver/pools/{index}/name", "value": target.pool},
+            {"op": "add", "path": f"{at}/{field}", "value": value} if own else {"op": "add", "path": at, "value": {field: value}},
+        ]
+    api.patch(CR_API_VERSION, CR_KIND, CR_NAME, ops, patch_type="json")
+    print(f"{CR_KIND.lower()}/{CR_NAME}: {where}.{field} set to {str(value).lower()}")
     return 0
 
 
@@ -121,7 +150,7 @@ def run_status(args: argparse.Namespace) -> int:
     while True:
         cr = _get_cr(api)
         leader = no_leader(api, args.namespace, args.lease_name, time.time())
-        text = render(cr, args.output, leader, args.namespace, node_states(api) if args.all else None)
+        text = render(cr, args.output, leader, args.namespace, node_states(api) if args.all else None, _target(args, cr))
         if text != shown:
             if args.watch and shown is not None:
                 print()
@@ -273,16 +302,18 @@ def render(
     leader: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
     nodes: list[StateRow] | None = None,
+    target: Target = DRIVER,
 ) -> str:
-    """The status of the CR's rollout as a table (or its upgradeStatus as JSON); `leader` says
-    why no runner leads (`no_leader`), None when one does; `namespace` is the release's; `nodes`
-    (with `--all`) every node's upgrade state, listed after it (JSON: `{"upgradeStatus", "nodes"}`)."""
-    written = (cr.get("status") or {}).get("upgradeStatus") or {}
+    """The status of the CR's rollout of `target` (the driver DaemonSet's own, or a pool's) as a
+    table (or its upgradeStatus as JSON); `leader` says why no runner leads (`no_leader`), None
+    when one does; `namespace` is the release's; `nodes` (with `--all`) every node's upgrade
+    state, listed after it (JSON: `{"upgradeStatus", "nodes"}`)."""
+    written = target.stored(cr.get("status")) or {}
     if output == "json":
         if nodes is not None:
             return json.dumps({"upgradeStatus": written, "nodes": [row._asdict() for row in nodes]}, indent=2, sort_keys=True)
         return json.dumps(written, indent=2, sort_keys=True)
-    return _table(cr, written, leader, namespace) + ("" if nodes is None else "\n" + _node_table(nodes))
+    return _table(cr, written, leader, namespace, target) + ("" if nodes is None else "\n" + _node_table(nodes))
 
 
 def _node_table(nodes: list[StateRow]) -> str:
@@ -297,8 +328,8 @@ def _node_table(nodes: list[StateRow]) -> str:
     return "\n".join(lines)
 
 
-def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
-    raw = lookup(cr, "spec", "driver", "upgradePolicy") or {}
+def _table(cr: dict, written: dict, leader: str | None, namespace: str, target: Target) -> str:
+    raw = lookup(target.spec(cr.get("spec") or {}) or {}, "driver", "upgradePolicy") or {}
     status = UpgradeStatus.from_json(written)
     try:
         policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
@@ -315,7 +346,7 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
         f"enableRollout: {str(policy.enable_rollout).lower()}"
     ]
     rows = [("STEP", "TARGET", "UPGRADED", "AFTER", "STATE")]
-    for i, (step, target) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
+    for i, (step, wanted) in enumerate(zip(policy.steps, policy.targets(total), strict=True)):
         after = "wait for admin" if step.pause_ms is None else f"{step.pause_ms} ms"
         if state == COMPLETED or i < index:
             cell = "done"
@@ -323,7 +354,7 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
             cell = state or "-"
         else:
             cell = "pending"
-        rows.append((str(i), f"{target} ({step.replicas})", str(min(upgraded, target)), after, cell))
+        rows.append((str(i), f"{wanted} ({step.replicas})", str(min(upgraded, wanted)), after, cell))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if resume.wave:
@@ -346,7 +377,19 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str) -> str:
     lines += why
     stopped = any(line.startswith("Stopped:") for line in why)
     lines.append(f"Next: {'nothing moves until the causes under Stopped are fixed' if stopped else next_action(status, policy)}")
+    if target == DRIVER and (others := [t for t in targets(cr.get("spec") or {}) if t.pool]):
+        lines.append("Pools (each: metax-operator rollout status --pool NAME): " + "; ".join(_pool_line(cr, t) for t in others))
     return "\n".join(lines)
+
+
+def _pool_line(cr: dict, target: Target) -> str:
+    """One driver pool's rollout in a few words (`-`: no runner has written it yet)."""
+    stored = target.stored(cr.get("status"))
+    if stored is None:
+        return f"{target.pool} -"
+    status = UpgradeStatus.from_json(stored)
+    sub = status.step
+    return f"{target.pool} {status.phase} {sub.total_upgrade_ready_replicas}/{sub.total_upgrade_replicas}"
 
 
 def next_action(status: UpgradeStatus, policy: policy_mod.Policy) -> str:

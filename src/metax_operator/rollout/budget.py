@@ -69,9 +69,11 @@ def in_flight(pods: NodePods, coming: Iterable[str], now: float, timeout: float)
 def out_of_service(observed: Cluster, pods: NodePods, counted: Iterable[str]) -> frozenset[str]:
     """The eligible nodes out of service for a reason of their own, but for those `counted`
     elsewhere (in flight, failed): cordoned by someone other than the runner, or whose driver pod
-    is not Ready (its node NotReady, its driver down), or that have no driver pod."""
+    is not Ready (its node NotReady, its driver down), or that have no driver pod; and the GPU
+    nodes of the other driver DaemonSets' rollouts out of service (`Cluster.elsewhere`: being
+    swapped or moved, not Ready, cordoned), since one budget holds for all."""
     cordoned = (observed.unschedulable - observed.cordoned) & observed.nodes
-    return (cordoned | pods.not_ready).difference(counted)
+    return (cordoned | pods.not_ready | observed.elsewhere).difference(counted)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ runner's own rollback writes `spec.driver` back, and records what it writes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metax_operator.chart.admission import POLICY, ROLLOUT_CONTROLS, frozen_changes, frozen_during_rollout
@@ -20,6 +21,7 @@ from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrRea
 from metax_operator.lookup import lookup
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.target import DRIVER, Target, targets
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,14 @@ def record(spec: dict, restore: Restore | None = None) -> str:
     return json.dumps(frozen, sort_keys=True, separators=(",", ":"))
 
 
-def in_force(cr: dict) -> SpecInForce:
-    """The spec a pass acts on for `cr`: its own, unless a rollout is in progress (as the stored
-    status says) whose record differs from it in a field other than the controls; then the
-    record with the CR's controls. A status without a record (written by an older runner) holds
-    nothing: the rollout adopts the spec."""
-    spec = cr.get("spec") or {}
-    status = UpgradeStatus.from_json(lookup(cr, "status", "upgradeStatus"))
+def in_force(cr: dict, target: Target = DRIVER) -> SpecInForce:
+    """The spec a pass acts on for `cr` and the rollout `target` (a pool's: `Target.spec`): its
+    own, unless the target's rollout is in progress (as its stored status says) and its record
+    differs from it in a field other than the controls; then the record with the CR's controls.
+    A status without a record (written by an older runner) holds nothing: the rollout adopts the
+    spec. The pools are each their own rollout's to hold: the driver's keeps the CR's."""
+    spec = target.spec(cr.get("spec") or {}) or {}
+    status = UpgradeStatus.from_json(target.stored(cr.get("status")))
     try:
         recorded = json.loads(status.resume.spec) if status.upgrading and status.resume.spec else None
     except ValueError:  # not JSON: an edited status
@@ -83,4 +86,23 @@ def in_force(cr: dict) -> SpecInForce:
     policy = {**policy, **{key: controls[key] for key in ROLLOUT_CONTROLS if key in controls}}
     if policy:
         driver = {**driver, "upgradePolicy": policy}
+    driver = {key: value for key, value in driver.items() if key != "pools"}
+    if "pools" in (spec.get("driver") or {}):
+        driver["pools"] = spec["driver"]["pools"]
+    if target.pool is not None:
+        held = [f"{field} (pool {target.pool})" for field in held]
     return SpecInForce({**recorded, "driver": driver} if driver else recorded, tuple(held), status.phase)
+
+
+def each_in_force(cr: dict, pools: Iterable[str]) -> dict[Target, SpecInForce]:
+    """The spec in force of each rollout (`in_force`): the driver's own, and each pool of the CR
+    whose DaemonSet exists (`pools` names those)."""
+    present = set(pools)
+    return {t: in_force(cr, t) for t in targets(cr.get("spec") or {}) if t == DRIVER or t.pool in present}
+
+
+def every_held(forces: dict[Target, SpecInForce]) -> SpecInForce:
+    """The driver's spec in force with the fields every rollout holds: what SpecHeld reports."""
+    held = tuple(field for force in forces.values() for field in force.held)
+    phase = next((force.phase for force in forces.values() if force.held), "")
+    return SpecInForce(forces[DRIVER].spec, held, phase)

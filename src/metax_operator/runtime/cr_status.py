@@ -133,11 +133,12 @@ def write_status(
     guard: Callable[[], bool],
     now: str,
     applied: bool = True,
-    upgrade_status: dict | None = None,
+    rollout: dict | None = None,
 ) -> StatusWrite:
     """The CR's status as one pass leaves it: `conditions` set (`merge_conditions`),
     `observedGeneration` when `applied` (the pass's outcome is the whole of it for the CR's
-    generation, not a condition alone), the rollout's `upgradeStatus` when given; written as one
+    generation, not a condition alone), the rollouts' fields when given (`upgradeStatus`, the
+    driver pools' `pools`: `rollout.target`); written as one
     PUT of the status subresource carrying the resourceVersion the pass read, and only when it
     differs from the status read."""
     status = cr.get("status") or {}
@@ -149,8 +150,7 @@ def write_status(
         wanted["conditions"] = merged
     if applied:
         wanted["observedGeneration"] = generation
-    if upgrade_status is not None:
-        wanted["upgradeStatus"] = upgrade_status
+    wanted.update(rollout or {})
     if wanted == status:
         return StatusWrite(cr)
     check_lease(guard)
@@ -182,11 +182,11 @@ def write(
     now: str,
     identity: str = "",
     applied: bool = True,
-    upgrade_status: dict | None = None,
+    rollout: dict | None = None,
 ) -> StatusWrite:
     """The pass's status (`write_status`), then `events` and those of the conditions it changed;
     the writes counted in what it returns."""
-    written = write_status(api, cr, conditions, guard, now, applied=applied, upgrade_status=upgrade_status)
+    written = write_status(api, cr, conditions, guard, now, applied=applied, rollout=rollout)
     for item in [*events, *written.events]:
         check_lease(guard)
         written.writes += emit_event(api, cr, item, now, identity)

@@ -19,7 +19,7 @@ nothing else reads the flag. The second watch moves on with every cordon and unc
 minute's bookmark, so it is unsure only of nodes changed within the last minute.
 
 The label selections the rollout reads (`labelled`: `metax-tech.com/driver-upgrade.skip`,
-`.cordoned`, `.retry` set to `true`) are an index of the metadata cache, kept as its events
+`.cordoned`, `.retry` set to `true`, and `.pool` set to any pool) are an index of the metadata cache, kept as its events
 arrive: a pass reads the few names, not every node. Before this cache they were three more
 watches, each receiving every change of the nodes it selected (during a rollout, every status
 report of every cordoned node, whole).
@@ -27,14 +27,14 @@ report of every cordoned node, whole).
 
 from __future__ import annotations
 
-from metax_operator.contract import CORDONED_LABEL, RETRY_LABEL, SKIP_LABEL
+from metax_operator.contract import CORDONED_LABEL, POOL_LABEL, RETRY_LABEL, SKIP_LABEL
 from metax_operator.runtime import cordon
 from metax_operator.runtime.informer import Informer
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.watch_stream import STEADY_GATHER
 
-#: The labels whose nodes the rollout reads by name: set to "true".
-SELECTED = (SKIP_LABEL, CORDONED_LABEL, RETRY_LABEL)
+#: The labels whose nodes the rollout reads by name: set to "true" (the pool label: to any value).
+SELECTED = (SKIP_LABEL, CORDONED_LABEL, RETRY_LABEL, POOL_LABEL)
 
 
 def labels_differ(before: cordon.NodeState, after: cordon.NodeState) -> bool:
@@ -44,8 +44,8 @@ def labels_differ(before: cordon.NodeState, after: cordon.NodeState) -> bool:
 
 
 def selected_labels(state: cordon.NodeState) -> list[str]:
-    """The SELECTED labels set to "true" on a node (its index terms)."""
-    return [key for key, value in state.labels if value == "true" and key in SELECTED]
+    """The SELECTED labels on a node (its index terms)."""
+    return [key for key, value in state.labels if key in SELECTED and (value == "true" or key == POOL_LABEL)]
 
 
 class NodeCache:
@@ -131,12 +131,12 @@ class NodeCache:
         return self.metadata.has_seen(resource_version)
 
     def labelled(self, label: str) -> Labelled:
-        """The nodes carrying `label` (one of SELECTED) set to "true"."""
+        """The nodes carrying `label` (one of SELECTED)."""
         return Labelled(self.metadata, label)
 
 
 class Labelled:
-    """The names of the nodes carrying a label set to "true", as a cache of names gives them
+    """The names of the nodes carrying one of the SELECTED labels, as a cache of names gives them
     (`snapshot()`: name -> name)."""
 
     def __init__(self, nodes: Informer, label: str):

@@ -40,18 +40,14 @@ unchanged CR issues no request that writes.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import yaml
 
-from metax_operator.chart import upgrade_policy, validation
-from metax_operator.chart.admission import POLICY
-from metax_operator.chart.daemonset import desired_daemonset, item_names, payload_containers, pod_of, scheduling_inputs
-from metax_operator.chart.merge import merge_scheduling
+from metax_operator.chart import pools, validation
+from metax_operator.chart.daemonset import desired_daemonset, item_names, payload_containers, pod_of
 from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason, Event, EventType, rfc3339
 from metax_operator.contract import (
     COMPONENT_ANNOTATION,
@@ -67,15 +63,17 @@ from metax_operator.contract import (
     EXPORTER_SERVICE,
     PART_OF,
     PART_OF_LABEL,
+    POOL_ANNOTATION,
     RUNNER_FIELD_MANAGER,
 )
-from metax_operator.errors import UserError, UserErrors
+from metax_operator.errors import UserError
 from metax_operator.jsonlog import event
 from metax_operator.lookup import lookup
 from metax_operator.runtime import cr_status
 from metax_operator.runtime.field_ownership import minimal, needs_write
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.object_cache import Reader
+from metax_operator.runtime.observed import Apply, Observed, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -83,85 +81,7 @@ log = logging.getLogger(__name__)
 RELEASE_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 
 
-@dataclass(frozen=True)
-class SpecCheck:
-    """The spec's validation, done once per pass (and once per spec: `check_spec` keeps the last
-    few): its problems, and the upgrade policy parsed (None when it is invalid)."""
-
-    errors: tuple[UserError, ...]
-    policy: upgrade_policy.Policy | None
-
-
-@dataclass
-class Observed:
-    """What one pass reads: the CR, the component DaemonSets (by values key), the ConfigMaps."""
-
-    namespace: str
-    cr: dict | None
-    daemonsets: dict[str, dict] = field(default_factory=dict)
-    configmaps: dict[str, dict | None] = field(default_factory=dict)
-    service: dict | None = None  # the exporter's Service
-
-    @property
-    def spec(self) -> dict:
-        return (self.cr or {}).get("spec") or {}
-
-    @functools.cached_property
-    def check(self) -> SpecCheck:
-        """The spec's validation (`check_spec`), once for this pass."""
-        return check_spec(self.spec)
-
-
-@dataclass(frozen=True)
-class Apply:
-    """A partial object to server-side apply, and the fields it changes (for the log and event)."""
-
-    body: dict
-    fields: tuple[str, ...]
-
-
-@dataclass
-class Outcome:
-    """What a reconciler wants: partial objects to apply, conditions to set, events to emit."""
-
-    applies: list[Apply] = field(default_factory=list)
-    conditions: list[Condition] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-
-    def extend(self, other: Outcome) -> None:
-        self.applies += other.applies
-        self.conditions += other.conditions
-        self.events += other.events
-
-
 # -- the core: pure functions of the observed state ----------------------------------------------
-
-
-def check_spec(spec: dict) -> SpecCheck:
-    """The CR spec's validation: the shared validation rules, then the podTemplateSpec inputs (the
-    global podTemplateSpec is checked once per component: each problem is kept once); and the
-    upgrade policy parsed when none of the problems is its own. A spec seen again is not checked
-    again (the runner passes every few seconds over the same spec)."""
-    return _check(json.dumps(spec, sort_keys=True))
-
-
-@functools.lru_cache(maxsize=4)
-def _check(text: str) -> SpecCheck:
-    spec = json.loads(text)
-    errors: list[UserError] = []
-    checks = [lambda: validation.validate_cr_spec(spec)]
-    checks += [lambda key=key: merge_scheduling(scheduling_inputs(spec, key), prefix="spec.") for key in DAEMONSETS]
-    for check in checks:
-        try:
-            check()
-        except UserErrors as err:
-            errors += err.errors
-        except UserError as err:
-            errors.append(err)
-    unique = tuple({str(e): e for e in errors}.values())
-    policy_invalid = any(e.field.startswith(f"spec.{POLICY}") for e in unique)
-    raw = lookup(spec, "driver", "upgradePolicy") or {}
-    return SpecCheck(unique, None if policy_invalid else upgrade_policy.build(raw))
 
 
 def reconcile_daemonsets(observed: Observed) -> Outcome:
@@ -188,6 +108,17 @@ def reconcile_daemonsets(observed: Observed) -> Outcome:
         try:
             desired, changed = desired_daemonset(key, ds, observed.spec)
         except UserError as err:  # the chart's annotations on the DaemonSet are broken
+            problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
+            continue
+        if needs_write(desired, ds):
+            out.applies.append(Apply(minimal(desired, ds), tuple(changed)))
+    for name, ds in sorted(observed.pools.items()):
+        spec = observed.pool_specs.get(name) or pools.pool_spec(observed.spec, name)
+        if spec is None:  # the pool left the CR: Helm deletes its DaemonSet (check_helm_owned)
+            continue
+        try:
+            desired, changed = desired_daemonset("driver", ds, spec)
+        except UserError as err:
             problems.append(f"DaemonSet {ds['metadata']['name']}: {err}")
             continue
         if needs_write(desired, ds):
@@ -235,6 +166,7 @@ def check_helm_owned(observed: Observed) -> Outcome:
                 f"spec.maca.payload.images lists {len(images)} images but DaemonSet {DAEMONSETS['maca']} has "
                 f"{count} payload init containers: run helm upgrade with the new maca.payload.images"
             )
+    needs += _pool_differences(spec, observed)
     needs += _service_differences(spec, observed.service)
     if needs:
         out.conditions.append(Condition(CrCondition.HELM_UPGRADE, TRUE, CrReason.HELM_OWNED_CHANGE, "; ".join(needs)))
@@ -243,6 +175,20 @@ def check_helm_owned(observed: Observed) -> Outcome:
             Condition(CrCondition.HELM_UPGRADE, FALSE, CrReason.IN_SYNC, "nothing in the CR needs helm upgrade")
         )
     return out
+
+
+def _pool_differences(spec: dict, observed: Observed) -> list[str]:
+    """The driver pools of the CR without a DaemonSet, and the pools' DaemonSets without a pool in
+    the CR: Helm creates and deletes them."""
+    if "driver" not in observed.daemonsets:
+        return []
+    wanted = {p.get("name") for p in pools.pools_of(spec.get("driver"))}
+    added, removed = sorted(wanted - observed.pools.keys()), sorted(observed.pools.keys() - wanted)
+    if not added and not removed:
+        return []
+    said = [f"spec.driver.pools has {', '.join(added)} without a DaemonSet"] if added else []
+    said += [f"DaemonSets of pools {', '.join(removed)} are not in spec.driver.pools"] if removed else []
+    return [f"{'; '.join(said)}: run helm upgrade with the pools in driver.pools (Helm creates and deletes their DaemonSets)"]
 
 
 def _service_differences(spec: dict, service: dict | None) -> list[str]:
@@ -347,13 +293,17 @@ def decide(observed: Observed, reconcilers=RECONCILERS) -> Outcome:
 def observe(api: Reader, namespace: str) -> Observed:
     """What a pass reads, from `api` (the runner's object cache, or a client)."""
     cr = api.get(CR_API_VERSION, CR_KIND, CR_NAME)
-    daemonsets = {}
+    daemonsets, pool_daemonsets = {}, {}
     for ds in api.list("apps/v1", "DaemonSet", namespace, label_selector=RELEASE_SELECTOR):
-        key = (ds["metadata"].get("annotations") or {}).get(COMPONENT_ANNOTATION)
+        annotations = ds["metadata"].get("annotations") or {}
+        key, pool = annotations.get(COMPONENT_ANNOTATION), annotations.get(POOL_ANNOTATION)
         if DAEMONSETS.get(key) == ds["metadata"]["name"]:
             daemonsets[key] = ds
+        elif key == "driver" and pool and ds["metadata"]["name"] == pools.daemonset_name(pool):
+            pool_daemonsets[pool] = ds
     configmaps = {name: api.get("v1", "ConfigMap", name, namespace) for name in CONFIGMAPS}
-    return Observed(namespace, cr, daemonsets, configmaps, api.get("v1", "Service", EXPORTER_SERVICE, namespace))
+    service = api.get("v1", "Service", EXPORTER_SERVICE, namespace)
+    return Observed(namespace, cr, daemonsets, configmaps, service, pool_daemonsets)
 
 
 def apply_objects(api: Client, applies: list[Apply], guard: Callable[[], bool]) -> list[Event]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import workloads
-from metax_operator.contract import LIVE_PODS, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL, VALIDATION_ANNOTATION
+from metax_operator.contract import LIVE_PODS, POOL_LABEL, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL, VALIDATION_ANNOTATION
 from metax_operator.jsonlog import event
 from metax_operator.rollout.decision import PodRef, Verdict, WorkCheck
 from metax_operator.rollout.node_state import NodeUpgradeState
@@ -201,16 +201,17 @@ class NodeActions:
             )
         return False
 
-    def label(self, states: dict[str, NodeUpgradeState], retry: frozenset[str], deleted: set[str]) -> int:
-        """Write each node's state label where it differs, drop it from nodes the rollout no longer
-        knows, and drop the retry label of the nodes whose retry is done; the number of writes."""
+    def label(self, states: dict[str, NodeUpgradeState], retry_done: set[str]) -> int:
+        """Write each node's state label where it differs, drop it from nodes the rollouts no
+        longer know, and drop the retry label of the nodes whose retry is done (`retry_done`: its
+        pod deleted again, or nothing failed to retry); the number of writes."""
         changes = {}
         for node, state in self._nodes.read_through(self.watches.nodes.snapshot()).items():
             labels = dict(state.labels)
             change = {}
             if labels.get(STATE_LABEL) != states.get(node):
                 change[STATE_LABEL] = states.get(node)
-            if RETRY_LABEL in labels and node in retry and (node in deleted or states.get(node) != NodeUpgradeState.FAILED):
+            if RETRY_LABEL in labels and node in retry_done:
                 change[RETRY_LABEL] = None
             if change:
                 changes[node] = change
@@ -255,6 +256,38 @@ class NodeActions:
             **({"not_cordoned": sorted(set(drains) - ready)} if set(drains) - ready else {}),
         )
         return list(found.values()).count(cordon.CORDONED) + outcomes.count(cordon.EVICTED)
+
+    def move(self, pools: dict[str, str | None], cordons: list[str]) -> int:
+        """Write each node's driver pool label (`rollout.membership`: None removes it), those in
+        `cordons` cordoned by the same write (a node the cordon cannot take now keeps its pool
+        this pass; one cordoned already just gets the label); the number of writes."""
+        if not pools:
+            return 0
+        self._check()
+        first = set(cordons)
+
+        def move_one(node: str) -> cordon.NodeState | None:
+            label = {POOL_LABEL: pools[node]}
+            if node in first:
+                found = cordon.cordon(self.api, node, self._nodes, label)
+                if found.outcome != cordon.ALREADY:
+                    return found.node  # cordoned and labelled in one write, or not now
+            return cordon.set_labels(self.api, node, label)
+
+        nodes = sorted(pools)
+        done = self._parallel(self._per_node("move", str, move_one, None), nodes)
+        for node, state in zip(nodes, done, strict=True):
+            if state is not None:
+                self._nodes.record(node, state)
+        moved = {node: pools[node] for node, state in zip(nodes, done, strict=True) if state is not None}
+        event(
+            log,
+            "rollout-move",
+            logging.INFO,
+            moved=moved,
+            **({"not_now": sorted(set(nodes) - moved.keys())} if len(moved) < len(nodes) else {}),
+        )
+        return len(moved)
 
     def uncordon(self, nodes: list[str], states: dict[str, NodeUpgradeState] | None = None) -> int:
         """Uncordon `nodes` (those the runner cordoned), each labelled with its state in `states`

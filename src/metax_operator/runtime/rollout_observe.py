@@ -68,11 +68,13 @@ from metax_operator.contract import (
     CORDONED_LABEL,
     LIVE_PODS,
     NODE_LABEL_PREFIX,
+    POOL_LABEL,
     RETRY_LABEL,
     SKIP_LABEL,
 )
 from metax_operator.rollout.observation import Cluster
 from metax_operator.rollout.restore import revision_template, same_driver
+from metax_operator.rollout.target import DRIVER, Target
 from metax_operator.runtime import cordon, validation_pod
 from metax_operator.runtime.informer import Informer, Stats
 from metax_operator.runtime.kube import Client
@@ -80,6 +82,7 @@ from metax_operator.runtime.node_cache import NodeCache
 from metax_operator.runtime.rollout_projections import (
     DriverPod,
     Revision,
+    need_reboot,
     node_event,
     pod_node,
     project_driver_pod,
@@ -167,6 +170,7 @@ class Watches:
         self.skipped = self.nodes.labelled(SKIP_LABEL)
         self.cordoned = self.nodes.labelled(CORDONED_LABEL)
         self.retry = self.nodes.labelled(RETRY_LABEL)
+        self.pooled = self.nodes.labelled(POOL_LABEL)  # the nodes of the driver pools
         events = "/api/v1/namespaces/default/events"
         self.reboot_asked = Informer(
             api,
@@ -250,9 +254,18 @@ class Watches:
                 setattr(total, name, getattr(total, name) + getattr(informer.stats, name))
         return total
 
-    def observe(self, ds: dict, cr: dict, status: dict | None, spec: dict | None = None) -> Snapshot:
-        """The snapshot for one pass, with the driver DaemonSet `ds` as just read, the CR `cr` and
-        the spec the pass acts on (`freeze.in_force`; the CR's own by default)."""
+    def observe(
+        self,
+        ds: dict,
+        cr: dict,
+        status: dict | None,
+        spec: dict | None = None,
+        target: Target = DRIVER,
+        elsewhere: frozenset[str] = frozenset(),
+    ) -> Snapshot:
+        """The snapshot for one pass of `target`'s rollout, with its DaemonSet `ds` as just read,
+        the CR `cr`, the spec the pass acts on (`freeze.in_force`; the CR's own by default) and
+        the GPU nodes out of service in the other rollouts (`elsewhere`)."""
         waited = self.waited.snapshot().values() if self.waited else ()
         driver_pods = self.driver_pods.snapshot()
         return build(
@@ -272,6 +285,8 @@ class Watches:
             spec=spec,
             checks=self.validation_pods.snapshot().values(),
             deleted=self.deleted.pending(driver_pods),
+            target=target,
+            elsewhere=elsewhere,
         )
 
     def gpu_pods_on(self, nodes: set[str]) -> list[workloads.GpuPod]:
@@ -297,13 +312,16 @@ def build(
     spec: dict | None = None,
     checks=(),
     deleted: dict[str, float] | None = None,
+    target: Target = DRIVER,
+    elsewhere: frozenset[str] = frozenset(),
 ) -> Snapshot:
     """The pure part of `observe` (also what the unit tests call). `spec` is the spec the pass acts
     on (the CR's own by default), `cr` the CR as stored. `nodes` maps each node's name to its
     `cordon.NodeState` (a snapshot of the node cache); without it every pod and wave node is
     kept. `checks` are the validation pods, as (driver pod uid, `Check`), each joined to its
     driver pod; `deleted` the pods the runner deleted that the cache holds as live (uid -> when
-    it asked), counted as being deleted since then."""
+    it asked), counted as being deleted since then. With `nodes`, the nodes the runner cordoned,
+    skipped, retried or has in the wave count only where `target` owns them (its pool label)."""
     uid = ds["metadata"]["uid"]
     spec = (cr.get("spec") or {}) if spec is None else spec
     own = {r.hash: r for r in sorted((r for r in revisions if r.owner_uid == uid), key=lambda r: r.number)}
@@ -332,11 +350,13 @@ def build(
         pods = tuple(dataclasses.replace(p, deleting=deleted[p.uid]) if p.uid in deleted else p for p in pods)
     wave = (((status or {}).get("resume") or {}).get("wave")) or []
     if nodes is not None:
-        wave = [n for n in wave if targeted(selector, nodes.get(n))]
+        wave = [n for n in wave if targeted(selector, nodes.get(n)) and owned(target, nodes.get(n))]
+        cordoned, retry, skipped = ([n for n in names if owned(target, nodes.get(n))] for names in (cordoned, retry, skipped))
     skipped = frozenset(skipped)
     observed = Cluster(
         current_revision=newest.hash if newest else "",
         same_driver=same,
+        elsewhere=frozenset(elsewhere),
         caught_up=caught_up,
         nodes=(frozenset(p.node for p in pods) - skipped) | frozenset(wave),
         pods=pods,
@@ -352,7 +372,7 @@ def build(
         revisions={h: r.data for h, r in own.items()},
         daemonset=ds,
         cr_spec=spec,
-        stored_driver=((cr.get("spec") or {}).get("driver")) or {},
+        stored_driver=((target.spec(cr.get("spec") or {}) or {}).get("driver")) or {},
     )
     return Snapshot(observed, ds, own)
 
@@ -369,14 +389,11 @@ def targeted(selector: frozenset[tuple[str, str]], node: cordon.NodeState | None
     return node is not None and selector <= node.labels
 
 
+def owned(target: Target, node: cordon.NodeState | None) -> bool:
+    """Whether the node is `target`'s (a node the cache does not have is the driver's own)."""
+    return target.owns(dict(node.labels)) if node is not None else target.pool is None
+
+
 def canonical(obj) -> str:
     """Compact JSON with sorted keys: what `lastAppliedSpec`/`lastCoDriverSpec` record."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def need_reboot(asked, rebooted) -> set[str]:
-    """The nodes whose latest NodeNeedReboot event is newer than their latest Rebooted event."""
-    last_boot: dict[str, float] = {}
-    for node, when in rebooted:
-        last_boot[node] = max(when, last_boot.get(node, 0.0))
-    return {node for node, when in asked if node and when > last_boot.get(node, -1.0)}

@@ -1,51 +1,41 @@
-"""The staged driver rollout's imperative shell: its part of every runner pass (`run.Runner`).
+"""The staged rollout of one driver DaemonSet (`rollout.target`: the driver's own, or a driver
+pool's), as an imperative shell: its part of every runner pass (`runtime.rollouts`).
 
-`RolloutPass.decide`: on the CR the pass observed, the spec it acts on and the upgrade policy it
-validated, and the driver DaemonSet (from the runner's `runtime.object_cache`, with the template
-the pass just applied), snapshot the watch caches (`rollout_observe`) and let the engine decide
-(`engine.decide`). The pass writes the intended `status.upgradeStatus` with the rest of the CR's
-status, once (a PUT of the status subresource carrying the resourceVersion read: a conflict
-means someone changed the CR since, and the pass stops without acting; the next pass decides
-again), then the rollout acts (`RolloutPass.act`):
+`RolloutPass.decide`: on the CR the pass observed, the spec it acts on and the policy it validated,
+and the DaemonSet (from `runtime.object_cache`, with the template the pass just applied), snapshot
+the watch caches (`rollout_observe`) and let the engine decide (`engine.decide`). The pass writes
+the intended rollout status with the rest of the CR's status, once (a PUT carrying the
+resourceVersion read: on a conflict the pass stops without acting), then the rollout acts
+(`RolloutPass.act`), in order:
 
-- set `spec.driver.upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
-  saw, so an admin's concurrent edit wins), and once the runner's own pause landed, write the
-  status that says so (`Decision.status_once_paused`);
-- roll back (`Decision.restore`, planned by `rollout.restore`): first set the CR's `spec.driver`
-  back to the one that gives the stable revision's template, so the runner's reconcile does not
-  re-apply the abandoned version, then patch the DaemonSet with the stable ControllerRevision's
-  data, as `kubectl rollout undo` (the engine plans either again until the cluster shows it);
-- cordon the wave nodes whose work must end first (`Decision.cordon`) and drain those whose GPU
-  pods must go (`Decision.evict`); cordon each pod's node, look at it once more and delete the pod
-  (`Decision.delete`): the batches of `rollout_nodes.NodeActions`, which say how;
+- set the target's `upgradePolicy.pause` (a JSON patch whose `test` op checks the value the engine
+  saw, so an admin's concurrent edit wins: `rollout.cr_patch`), and once the runner's own pause
+  landed, write the status that says so (`Decision.status_once_paused`);
+- roll back (`Decision.restore`): first set the CR's spec back to the one that gives the stable
+  revision's template, so the reconcile does not re-apply the abandoned version, then patch the
+  DaemonSet with the stable ControllerRevision's data, as `kubectl rollout undo`;
+- cordon and drain the wave nodes whose work must end first, then delete their driver pods
+  (`Decision.cordon`, `.evict`, `.delete`: the batches of `rollout_nodes.NodeActions`);
 - at a step's pause under the health gate, read a snapshot of the nodes' health when the last
-  decision asked for one (`node_health.read`, `Decision.observe_health`) and hand the latest to
-  every decision after it;
-- validate: create a validation pod for each Ready wave pod the engine names (`Decision.validate`,
-  `validation_pod.manifest`), and record the validations that ended on their driver pods
-  (`Decision.verdicts`);
-- uncordon the nodes the runner cordoned whose driver is back (`Decision.uncordon`);
-- emit the engine's Events on the CR;
-- label each node with its upgrade state (`rollout.node_state`, the label
-  `metax-tech.com/driver-upgrade.state`) where the label differs, after the deletions so that it
-  says which happened, and remove an admin's retry label once the node's retry is done (its pod
-  deleted again, or nothing failed to retry). At most `rollout_nodes.STATE_WRITES_PER_PASS`
-  nodes a pass, those in a wave first: a fleet's first labelling never delays a swap.
+  decision asked for one (`node_health.read`) and hand the latest to every decision after it;
+- create a validation pod for each Ready wave pod the engine names, and record the validations
+  that ended on their driver pods (`Decision.validate`, `.verdicts`);
+- uncordon the nodes the runner cordoned whose driver is back, emit the engine's Events;
+- label each node with its upgrade state (`rollout.node_state`) where the label differs, after the
+  deletions, with every rollout's nodes (`every_state`), and remove an admin's retry label once
+  the node's retry is done. At most `rollout_nodes.STATE_WRITES_PER_PASS` nodes a pass, those in
+  a wave first: a fleet's first labelling never delays a swap.
 
 A rollout at rest (`rollout.rest`) is not decided again while the CR, the DaemonSet and the
 caches it reads hold nothing new (`Watches.changes`): the pass reuses its plan, which does nothing.
+A pass the rollout cannot decide (an invalid policy, no DaemonSet, no CR) still gives back the
+runner's cordons whose driver is back (`GiveBack`); without the CR the state labels go.
 
-A pass the rollout cannot decide (an invalid policy, no driver DaemonSet, no CR) still gives
-back the runner's cordons whose driver is back (`GiveBack`); without the CR the state labels go.
-
-The lease is checked before every write (and before each node's of a batch: `rollout_nodes`);
-one node's refusal does not stop the others, the pass does the rest of its actions, and then
-fails with the first refusal (RunnerHealthy=False names it; the node's pod is taken again by the
-next pass).
-
-Every action is safe to repeat: a runner killed between any two of them resumes from the status
-it wrote and what the cluster shows. This module decides nothing: what to do is the engine's
-`Decision`; here it is done, in order, with the lease checked before every write.
+The lease is checked before every write (and before each node's of a batch); one node's refusal
+does not stop the others, and the pass then fails with the first refusal (RunnerHealthy=False
+names it). Every action is safe to repeat: a runner killed between any two of them resumes from
+the status it wrote and what the cluster shows. This module decides nothing: what to do is the
+engine's `Decision`.
 """
 
 from __future__ import annotations
@@ -54,22 +44,23 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract
 from metax_operator.chart.upgrade_policy import Policy, validation_asked
 from metax_operator.conditions import rfc3339
-from metax_operator.contract import DRIVER_DAEMONSET, RUNNER_FIELD_MANAGER
+from metax_operator.contract import RUNNER_FIELD_MANAGER
 from metax_operator.jsonlog import event
 from metax_operator.rollout import engine, node_state
-from metax_operator.rollout.decision import Decision
+from metax_operator.rollout.cr_patch import pause_patch, restore_patch
 from metax_operator.rollout.health_gate import HealthSnapshot
-from metax_operator.rollout.observation import Cluster, driver_back
+from metax_operator.rollout.node_state import NodeUpgradeState
+from metax_operator.rollout.observation import driver_back
 from metax_operator.rollout.rest import at_rest
 from metax_operator.rollout.restore import Restore, without_policy
 from metax_operator.rollout.status import Resume, UpgradeStatus
+from metax_operator.rollout.target import DRIVER, Target
 from metax_operator.runtime import cr_status, node_health, validation_pod
 from metax_operator.runtime.informer import SYNC_TIMEOUT
 from metax_operator.runtime.kube import Client
@@ -77,42 +68,9 @@ from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import Reader
 from metax_operator.runtime.rollout_nodes import NodeActions
 from metax_operator.runtime.rollout_observe import Watches
+from metax_operator.runtime.rollout_plan import GiveBack, Plan
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The rollout's decision for one pass, and what acting on it needs: the CR's
-    `spec.driver.upgradePolicy.pause` as the engine saw it, and the status as stored."""
-
-    decision: Decision
-    pause_seen: bool
-    stored: dict | None  # status.upgradeStatus as read (None: never written)
-    now: float  # the time the engine decided at
-    # What the engine decided on, with the policy: what the nodes' state labels are worked out
-    # from (`node_state.states`). None in a plan made without an observation.
-    observed: Cluster | None = None
-    policy: Policy | None = None
-    read: tuple | None = None  # what the pass read (`RolloutPass._read`), None: not to be reused
-
-    @property
-    def upgrade_status(self) -> dict:
-        """The `status.upgradeStatus` the pass writes before `act`."""
-        return self.decision.status.to_json()
-
-
-@dataclass(frozen=True)
-class GiveBack:
-    """A pass the rollout cannot decide gives back the nodes the runner cordoned whose driver is
-    back: a frozen rollout holds no capacity it does not need. The status stays as stored."""
-
-    nodes: list[str]
-    stored: dict | None
-
-    @property
-    def upgrade_status(self) -> dict | None:
-        return self.stored
 
 
 class RolloutPass:
@@ -129,12 +87,22 @@ class RolloutPass:
         watches: Watches | None = None,
         metrics: Metrics | None = None,
         reader: Reader | None = None,
+        target: Target = DRIVER,
+        nodes: NodeActions | None = None,
     ):
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
         self.reader: Reader = reader or api  # where the DaemonSet is read (`object_cache`), else live
         self.watches = watches or Watches(api, namespace)
-        self.metrics = metrics
-        self.nodes = NodeActions(api, namespace, self.watches, self._check)
+        self.metrics = metrics if target == DRIVER else None
+        self.target = target
+        # The node writes, shared by the rollouts of every driver DaemonSet of the runner.
+        self.nodes = nodes or NodeActions(api, namespace, self.watches, self._check)
+        # Its nodes' states as its last decision gave them, and the nodes whose admin's retry label
+        # the pass is done with; `every_state` gives those of every rollout of the runner (driver
+        # pools: `Rollouts`), which the state labels are written from.
+        self.states: dict[str, NodeUpgradeState] = {}
+        self.retry_done: set[str] = set()
+        self.every_state: Callable[[], tuple[dict[str, NodeUpgradeState], set[str]]] = lambda: (self.states, self.retry_done)
         self.health: HealthSnapshot | None = None  # the latest snapshot of the nodes' health (`node_health`)
         self.health_asked = False  # the last decision asked for a new one
         self.at_rest: Plan | None = None  # the last plan, when the rollout is at rest (`rest.at_rest`)
@@ -160,15 +128,19 @@ class RolloutPass:
             return False
         return True
 
-    def decide(self, cr: dict, spec: dict, policy: Policy | None) -> Plan | GiveBack | None:
+    def decide(
+        self, cr: dict, spec: dict, policy: Policy | None, elsewhere: frozenset[str] = frozenset()
+    ) -> Plan | GiveBack | None:
         """The engine's decision on `cr` (as stored), acting on `spec` (`freeze.in_force`) and its
         upgrade policy as the pass validated it (None: invalid), with what the watch caches and the
-        DaemonSet show now; None when there is nothing to decide on yet (caches not listed or
-        failing). An invalid policy or no DaemonSet: the runner's cordons that may go (`GiveBack`)."""
+        DaemonSet show now and the GPU nodes out of service in the other rollouts (`elsewhere`);
+        None when there is nothing to decide on yet (caches not listed or failing). An invalid
+        policy or no DaemonSet: the runner's cordons that may go (`GiveBack`)."""
+        self.retry_done = set()
         if not self._caches_ready():
             return None
-        stored = (cr.get("status") or {}).get("upgradeStatus") or None
-        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        stored = self.target.stored(cr.get("status"))
+        ds = self.reader.get("apps/v1", "DaemonSet", self.target.daemonset, self.namespace)
         if policy is None:  # reported as SpecValid=False by the reconcile
             event(log, "rollout-invalid-policy", logging.WARNING, msg="the upgrade policy is invalid: the rollout waits")
             return self._give_back(ds, cr, spec, stored)
@@ -182,13 +154,13 @@ class RolloutPass:
             )
             return None
         if ds is None:
-            event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {DRIVER_DAEMONSET}")
+            event(log, "rollout-no-daemonset", logging.DEBUG, msg=f"no DaemonSet {self.target.daemonset}")
             return self._give_back(ds, cr, spec, stored)
-        read = self._read(cr, ds)
+        read = self._read(cr, ds, elsewhere)
         if self.at_rest is not None and read is not None and read == self.at_rest.read:
             return self.at_rest  # nothing new: the same decision, which does nothing
         self.at_rest = None
-        observed = self.watches.observe(ds, cr, stored, spec).observed
+        observed = self.watches.observe(ds, cr, stored, spec, self.target, elsewhere).observed
         before = UpgradeStatus.from_json(stored) if stored is not None else None
         now = self.clock()
         if policy.health_gate is not None:
@@ -200,13 +172,14 @@ class RolloutPass:
         reusable = read if at_rest(observed, policy, before, decision, now) else None
         return Plan(decision, policy.pause, stored, now, observed, policy, reusable)
 
-    def _read(self, cr: dict, ds: dict) -> tuple | None:
+    def _read(self, cr: dict, ds: dict, elsewhere: frozenset[str]) -> tuple | None:
         """What a rollout at rest decides on, as versions: the CR (spec, so policy, and status),
-        the DaemonSet, the caches; None while they may miss the runner's writes or the health gate waits."""
+        the DaemonSet, the caches, the other rollouts' nodes out of service; None while they may
+        miss the runner's writes or the health gate waits."""
         if self.watches.deleted or self.nodes.unseen_writes or self.health_asked:
             return None
         versions = cr["metadata"].get("resourceVersion"), ds["metadata"]["uid"], ds["metadata"].get("resourceVersion")
-        return *versions, *self.watches.changes()
+        return *versions, *self.watches.changes(), elsewhere
 
     def _give_back(self, ds: dict | None, cr: dict, spec: dict, stored: dict | None) -> GiveBack | None:
         """The runner's cordons to lift when the rollout cannot decide: with the DaemonSet, those
@@ -218,7 +191,7 @@ class RolloutPass:
         else:
             resume = UpgradeStatus.from_json(stored).resume if stored is not None else Resume()
             validation = validation_asked(((spec.get("driver") or {}).get("upgradePolicy")))
-            observed = self.watches.observe(ds, cr, stored, spec).observed
+            observed = self.watches.observe(ds, cr, stored, spec, self.target).observed
             nodes = driver_back(observed, resume, set(), validation, self.clock())
         return GiveBack(sorted(nodes), stored) if nodes else None
 
@@ -227,11 +200,11 @@ class RolloutPass:
         cordoned whose driver is back and drop the nodes' state labels; the number of writes."""
         if not self._caches_ready():
             return 0
-        ds = self.reader.get("apps/v1", "DaemonSet", DRIVER_DAEMONSET, self.namespace)
+        ds = self.reader.get("apps/v1", "DaemonSet", self.target.daemonset, self.namespace)
         give_back = self._give_back(ds, {}, {}, None)
         self.nodes.begin()
         writes = self.nodes.uncordon(give_back.nodes if give_back else [])
-        writes += self.nodes.label({}, frozenset(), set())
+        writes += self.nodes.label({}, set())
         if self.nodes.refused:
             raise self.nodes.refused[0]
         return writes
@@ -279,7 +252,7 @@ class RolloutPass:
         decision, writes = plan.decision, 0
         self.nodes.begin()
         if decision.set_pause is not None:
-            writes += self._set_pause(decision.set_pause, plan.pause_seen, decision.status_once_paused)
+            writes += self._set_pause(cr, decision.set_pause, plan.pause_seen, decision.status_once_paused)
         if decision.restore is not None:
             writes += self._restore(cr, decision.restore)
         writes += self.nodes.drain(decision.cordon, decision.evict)
@@ -291,11 +264,15 @@ class RolloutPass:
         writes += self.nodes.uncordon(decision.uncordon, states)
         for item in decision.events:
             self._check()
+            if self.target != DRIVER:  # whose rollout: one CR's Events tell every pool's
+                item = dataclasses.replace(item, message=f"{self.target}: {item.message}")
             writes += cr_status.emit_event(self.api, cr, item, rfc3339(self.clock()), self.identity)
         if states is not None:
             if self.metrics is not None:
                 self.metrics.node_states(states)
-            writes += self.nodes.label(states, plan.observed.retry, deleted)
+            self.states = states
+            self.retry_done = {n for n in plan.observed.retry if n in deleted or states.get(n) != NodeUpgradeState.FAILED}
+            writes += self.nodes.label(*self.every_state())
         if self.nodes.refused:
             raise self.nodes.refused[0]
         return writes
@@ -310,12 +287,16 @@ class RolloutPass:
             [validation_pod.manifest(p, self.namespace, template, validation) for p in plan.decision.validate]
         )
 
-    def _set_pause(self, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
-        """JSON patch of spec.driver.upgradePolicy.pause, only if it still holds what the engine saw;
-        once it landed, the status `then` (if any) is written on the patched CR."""
+    def _set_pause(self, cr: dict, value: bool, seen: bool, then: UpgradeStatus | None) -> int:
+        """JSON patch of the target's upgradePolicy.pause (spec.driver's, or its pool's), only if it
+        still holds what the engine saw; once it landed, the status `then` (if any) is written on
+        the patched CR."""
+        spec = cr.get("spec") or {}
+        pointer = self.target.policy_pointer(spec)
+        if pointer is None:  # the pool is gone from the CR: nothing to pause
+            return 0
         self._check()
-        path = "/spec/driver/upgradePolicy/pause"
-        patch = [{"op": "test", "path": path, "value": seen}, {"op": "replace", "path": path, "value": value}]
+        patch = pause_patch(spec, self.target, pointer, seen, value)
         try:
             patched = self.api.patch(
                 contract.CR_API_VERSION,
@@ -328,14 +309,13 @@ class RolloutPass:
         except ApiException as err:
             if err.status not in (409, 422):  # 422: the test failed, an admin changed it meanwhile
                 raise
-            event(log, "rollout-pause-skipped", msg="spec.driver.upgradePolicy.pause changed meanwhile")
+            event(log, "rollout-pause-skipped", msg=f"{pointer}/pause changed meanwhile")
             return 0
-        event(log, "rollout-set-pause", pause=value)
+        event(log, "rollout-set-pause", pause=value, rollout=str(self.target))
         if then is not None:
             now = rfc3339(self.clock())
-            confirmed = cr_status.write_status(
-                self.api, patched, [], self.guard, now, applied=False, upgrade_status=then.to_json()
-            )
+            fields = self.target.status_fields(patched.get("status"), then.to_json())
+            confirmed = cr_status.write_status(self.api, patched, [], self.guard, now, applied=False, rollout=fields)
             return 1 + confirmed.writes
         return 1
 
@@ -347,21 +327,21 @@ class RolloutPass:
         makes no part of the template, and the write must not undo an admin's `pause` or
         `enableRollout` edit (or the runner's own pause release) made since the pass read the CR.
         """
-        writes, revision = 0, restore.revision
+        writes, revision, spec = 0, restore.revision, cr.get("spec") or {}
         wanted = None if restore.driver_spec is None else without_policy(restore.driver_spec)
-        live = without_policy((cr.get("spec") or {}).get("driver") or {})
-        if wanted is None:
+        live = without_policy((self.target.spec(spec) or {}).get("driver") or {})
+        ops = None if wanted is None else restore_patch(spec, self.target, wanted) if wanted != live else []
+        where = "spec.driver" if self.target.pool is None else f"spec.driver.pools[{self.target.pool}]"
+        if ops is None:
             event(
                 log,
                 "rollout-restore-cr-unknown",
                 logging.ERROR,
                 revision=revision,
-                msg="no spec.driver reproduces the restored template: set spec.driver to the old version yourself",
+                msg=f"no {where} reproduces the restored template: set {where} to the old version yourself",
             )
-        elif wanted != live:  # not written yet
+        elif ops:  # not written yet
             self._check()
-            ops = [{"op": "add", "path": f"/spec/driver/{key}", "value": value} for key, value in sorted(wanted.items())]
-            ops += [{"op": "remove", "path": f"/spec/driver/{key}"} for key in sorted(live.keys() - wanted.keys())]
             self.api.patch(
                 contract.CR_API_VERSION,
                 contract.CR_KIND,
@@ -370,7 +350,7 @@ class RolloutPass:
                 patch_type="json",
                 field_manager=RUNNER_FIELD_MANAGER,
             )
-            event(log, "rollout-restore-cr", revision=revision, msg=f"spec.driver set back to revision {revision}'s")
+            event(log, "rollout-restore-cr", revision=revision, msg=f"{where} set back to revision {revision}'s")
             writes += 1
         if restore.revision_missing:
             event(
@@ -387,7 +367,7 @@ class RolloutPass:
         self.api.patch(
             "apps/v1",
             "DaemonSet",
-            DRIVER_DAEMONSET,
+            self.target.daemonset,
             restore.template_patch,
             namespace=self.namespace,
             patch_type="strategic",

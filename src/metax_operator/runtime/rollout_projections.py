@@ -99,3 +99,11 @@ def deletion_began(meta: dict) -> float | None:
     deletionGracePeriodSeconds (a pod deleted with the default 30 s is stamped 30 s ahead)."""
     at = parse_time(meta.get("deletionTimestamp"))
     return None if at is None else at - (meta.get("deletionGracePeriodSeconds") or 0)
+
+
+def need_reboot(asked, rebooted) -> set[str]:
+    """The nodes whose latest NodeNeedReboot event is newer than their latest Rebooted event."""
+    last_boot: dict[str, float] = {}
+    for node, when in rebooted:
+        last_boot[node] = max(when, last_boot.get(node, 0.0))
+    return {node for node, when in asked if node and when > last_boot.get(node, -1.0)}

@@ -36,6 +36,7 @@ from metax_operator.conditions import FALSE, CrCondition, rfc3339
 from metax_operator.contract import RUNNER_LEASE
 from metax_operator.errors import UserError
 from metax_operator.rollout import freeze
+from metax_operator.rollout.target import DRIVER
 from metax_operator.runtime import cr_status, helm_hold, reconcile
 from metax_operator.runtime.api_failures import failure_line
 from metax_operator.runtime.health import Health, serve
@@ -45,7 +46,7 @@ from metax_operator.runtime.leader import Elector, LeaseLock, default_identity
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import NotReady, ObjectCache
 from metax_operator.runtime.rollout_observe import Watches
-from metax_operator.runtime.rollout_pass import RolloutPass
+from metax_operator.runtime.rollouts import Rollouts
 from metax_operator.runtime.workload_check import WorkloadCheck
 
 log = logging.getLogger("metax_operator.runtime.run")
@@ -90,7 +91,7 @@ class Runner:
         self.watches = Watches(api, namespace)
         for informer in (self.watches.revisions, self.watches.driver_pods):
             informer.on_change = self.wake.set
-        self.rollout = RolloutPass(
+        self.rollouts = Rollouts(
             api, namespace, is_leader, identity, clock, watches=self.watches, metrics=metrics, reader=self.objects
         )
         self.workloads = WorkloadCheck(api, self.watches.gpu_pods)
@@ -142,8 +143,8 @@ class Runner:
         observed = reconcile.observe(self.objects, self.namespace)
         if observed.cr is None:
             jsonlog.event(log, "no-cr", logging.DEBUG, msg=f"no {contract.CR_KIND} {contract.CR_NAME}: no rollout")
-            return self.rollout.without_cr()
-        waiting = helm_hold.hold(observed.cr, observed.daemonsets, self.clock)
+            return self.rollouts.without_cr()
+        waiting = helm_hold.hold(observed.cr, {**observed.daemonsets, **observed.pools}, self.clock)
         if waiting is not None:
             jsonlog.event(
                 log,
@@ -157,13 +158,16 @@ class Runner:
         self.watches.start()
         self.workloads.start()
         cr = observed.cr
-        in_force = freeze.in_force(cr)
-        if in_force.held:  # an edit made mid-rollout waits for the rollout to end: the pass acts on its spec
-            jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(in_force.held))
-        acting = dataclasses.replace(observed, cr={**cr, "spec": in_force.spec})
+        # Each rollout acts on its spec (an edit made mid-rollout waits for the rollout to end).
+        forces = freeze.each_in_force(cr, observed.pools)
+        in_force, held = forces[DRIVER], freeze.every_held(forces)
+        if held.held:
+            jsonlog.event(log, "spec-held", logging.DEBUG, fields=list(held.held))
+        pool_specs = {target.pool: force.spec for target, force in forces.items() if target != DRIVER}
+        acting = dataclasses.replace(observed, cr={**cr, "spec": in_force.spec}, pool_specs=pool_specs)
         outcome = reconcile.decide(acting, [*reconcile.RECONCILERS, self.workloads.reconcile])
-        if in_force.held or lookup_condition(cr, CrCondition.SPEC_HELD) is not None:
-            outcome.conditions.append(in_force.condition())
+        if held.held or lookup_condition(cr, CrCondition.SPEC_HELD) is not None:
+            outcome.conditions.append(held.condition())
         # RunnerHealthy goes with the pass's one status write, which comes before the rollout's
         # actions; after a failed pass it turns True only once the whole pass has succeeded, so
         # that a pass failing in those actions does not set it True and then False again.
@@ -172,7 +176,9 @@ class Runner:
             outcome.conditions.append(cr_status.pass_condition(None))
         policy = acting.check.policy
         applied = reconcile.apply_objects(self.api, outcome.applies, self.is_leader)
-        plan = self.rollout.decide(cr, in_force.spec, policy)
+        plans = self.rollouts.decide(cr, {target: force.spec for target, force in forces.items()}, policy)
+        if (pools_condition := self.rollouts.condition()) is not None:
+            outcome.conditions.append(pools_condition)
         written = cr_status.write(
             self.api,
             cr,
@@ -181,11 +187,11 @@ class Runner:
             self.is_leader,
             rfc3339(self.clock()),
             self.identity,
-            upgrade_status=plan.upgrade_status if plan is not None else None,
+            rollout=self.rollouts.status_fields(cr, plans),
         )
         writes = len(outcome.applies) + written.writes
-        if plan is not None and written.cr is not None:
-            writes += self.rollout.act(written.cr, plan)
+        if written.cr is not None:
+            writes += self.rollouts.act(written.cr, plans)
         if failing:
             writes += self._report(None)
         if self.metrics is not None:
@@ -204,7 +210,7 @@ class Runner:
     def close(self) -> None:
         """Stop the watch caches (those not started yet included)."""
         self.objects.stop()
-        self.rollout.close()
+        self.rollouts.close()
         self.workloads.stop()
 
     def caches(self) -> tuple:

@@ -1,0 +1,135 @@
+"""Which driver DaemonSet runs each GPU node's driver, and moving a node from one to another.
+
+With driver pools (`chart/pools.py`) the runner labels each GPU node with the pool whose node
+selector it matches (contract.POOL_LABEL; no label: the driver DaemonSet's own). Each pool's
+DaemonSet selects its label and the driver's own selects the nodes without one, so writing the
+label is the node's driver swap: the DaemonSet controller deletes the old pod and the other
+DaemonSet creates one. The label is therefore written like a wave's deletion, inside the budget:
+
+- a node with no serving driver (no Ready driver pod: a new node, a node being set up) moves at
+  once, nothing serving is lost;
+- a serving node moves only while its new rollout (the pool it goes to) is neither paused nor
+  without room: with `enableRollout` its `maxParallel` nodes at once, and, with the GPU nodes out
+  of service anywhere (`out_of_service`: being swapped or moved, not Ready, cordoned), no more
+  than its `maxParallel` plus `maxUnavailable`; without it every node at once (as a new
+  revision's pods); never a node running GPU work unless the policy allows it, nor a node an
+  admin marked to skip, nor one a wave is swapping. It is cordoned first if the policy says so,
+  and uncordoned by its new rollout once its driver is Ready there;
+- a node two pools select moves nowhere, and is reported with both pools.
+
+Pure: `decide` takes the node cache's snapshot and what the rollouts observed, and returns what
+to write (`Moves`); `runtime.run` writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from metax_operator.chart import pools
+from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason
+from metax_operator.contract import GPU_NODE_LABEL, POOL_LABEL, SKIP_LABEL
+from metax_operator.rollout.budget import Budget
+from metax_operator.rollout.status import LISTED_NODES
+from metax_operator.rollout.target import Target
+
+
+@dataclass
+class Moves:
+    """What one pass writes: each node's pool label (None: remove it), the nodes to cordon first,
+    the nodes two or more pools select (node -> pools), and why nodes wait (reason -> nodes)."""
+
+    label: dict[str, str | None] = field(default_factory=dict)
+    cordon: list[str] = field(default_factory=list)
+    overlaps: dict[str, list[str]] = field(default_factory=dict)
+    waiting: dict[str, list[str]] = field(default_factory=dict)
+
+
+def decide(
+    nodes: Mapping[str, frozenset[tuple[str, str]]],
+    spec_pools: list[dict],
+    serving: frozenset[str],
+    busy: frozenset[str],
+    in_waves: frozenset[str],
+    out_of_service: frozenset[str],
+    policy_of: Callable[[Target], Policy | None],
+) -> Moves:
+    """The moves of one pass. `nodes`: every node's product labels (the node cache); `serving`:
+    the nodes with a Ready driver pod of any driver DaemonSet and not cordoned; `busy`: the nodes
+    running GPU work; `in_waves`: the nodes a rollout's wave holds; `out_of_service`: the GPU
+    nodes not serving anywhere; `policy_of`: each rollout's policy (None: invalid, or its
+    DaemonSet is missing: nothing moves to it)."""
+    moves = Moves()
+    wanted: dict[str, list[str]] = {}  # destination (pool name, "" for the driver's own) -> nodes
+    owners: dict[str, int] = {}  # destination -> the GPU nodes it has or gets
+    for name, labels in sorted(nodes.items()):
+        label = dict(labels)
+        if label.get(GPU_NODE_LABEL) != "true":
+            continue
+        pool, overlap = pools.wanted_pool(label, spec_pools)
+        current = label.get(POOL_LABEL)
+        if overlap:
+            moves.overlaps[name] = overlap
+            owners[current or ""] = owners.get(current or "", 0) + 1
+            continue
+        owners[pool or ""] = owners.get(pool or "", 0) + 1
+        if pool == current:
+            continue
+        if name in in_waves or label.get(SKIP_LABEL) == "true":
+            moves.waiting.setdefault("swapping or skipped", []).append(name)
+        elif name not in serving:
+            moves.label[name] = pool  # nothing serving to lose
+        else:
+            wanted.setdefault(pool or "", []).append(name)
+    for destination, candidates in sorted(wanted.items()):
+        policy = policy_of(Target(destination or None))
+        if policy is None:
+            moves.waiting.setdefault("no valid policy or DaemonSet", []).extend(candidates)
+            continue
+        if policy.pause:
+            moves.waiting.setdefault("paused", []).extend(candidates)
+            continue
+        idle = [n for n in candidates if policy.allow_gpu_workloads or n not in busy]
+        if len(idle) < len(candidates):
+            moves.waiting.setdefault("running GPU work", []).extend(n for n in candidates if n not in idle)
+        if policy.enable_rollout:  # the budget's last step: one rule of how many at once (`budget`)
+            budget = Budget.for_step(policy, owners[destination], len(policy.steps), frozenset(), out_of_service)
+            taken, _ = budget.take(idle, node=str)
+        else:
+            taken = idle
+        if len(taken) < len(idle):
+            moves.waiting.setdefault("no room in the budget", []).extend(idle[len(taken) :])
+        for name in taken:
+            moves.label[name] = destination or None
+            if policy.cordon:
+                moves.cordon.append(name)
+    return moves
+
+
+def serving(
+    nodes: Mapping[str, frozenset[tuple[str, str]]], ready: Iterable[str], unschedulable: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The GPU nodes serving (a live Ready driver pod of any driver DaemonSet on a schedulable
+    node: `ready` names the nodes of those pods) and those out of service, of `nodes` (the node
+    cache: each node's product labels)."""
+    gpu = frozenset(name for name, labels in nodes.items() if (GPU_NODE_LABEL, "true") in labels)
+    up = (gpu & frozenset(ready)) - unschedulable
+    return up, gpu - up
+
+
+def condition(moves: Moves) -> Condition:
+    """DriverPoolsDisjoint: whether each GPU node is in one pool at most; else the nodes two pools
+    select, with the pools (they keep the driver they have: no pod is touched there)."""
+    if not moves.overlaps:
+        return Condition(CrCondition.POOLS_DISJOINT, TRUE, CrReason.DISJOINT, "each GPU node is in one driver pool at most")
+    shown = sorted(moves.overlaps)[:LISTED_NODES]
+    said = "; ".join(f"{node} by {', '.join(moves.overlaps[node])}" for node in shown)
+    more = f" and {len(moves.overlaps) - len(shown)} more" if len(moves.overlaps) > len(shown) else ""
+    return Condition(
+        CrCondition.POOLS_DISJOINT,
+        FALSE,
+        CrReason.POOLS_OVERLAP,
+        f"GPU nodes selected by more than one driver pool keep the driver they have: {said}{more}; "
+        "change the pools' nodeSelectors (driver.pools[].nodeSelector) or the nodes' labels so that one pool selects each",
+    )

@@ -1,0 +1,145 @@
+"""The driver rollouts of one runner pass: the driver DaemonSet's own and one per driver pool
+(`rollout.target`), under one availability budget, and the moves of GPU nodes between them
+(`rollout.membership`).
+
+Each rollout is a `RolloutPass` on the shared watch caches and node writes. They decide one after
+another; with pools, each sees the GPU nodes out of service anywhere but among its own nodes
+(`Cluster.elsewhere`): those not serving as the caches show them (no Ready driver pod, cordoned)
+and those the waves decided so far take, so that no pool's wave exceeds the budget the others
+left. Then the moves are decided on what the rollouts left. The pass writes every rollout's
+status in the CR's one status write (`status_fields`), then each acts, the nodes' state labels
+are written once for all of them, and the moves last.
+
+Without pools (and no node labelled for one) there is one rollout and nothing of this costs a
+thing: no node nor pod is read for the budget across rollouts, no move is decided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from metax_operator.chart import upgrade_policy
+from metax_operator.chart.upgrade_policy import Policy
+from metax_operator.conditions import Condition
+from metax_operator.rollout import membership
+from metax_operator.rollout.membership import Moves
+from metax_operator.rollout.target import DRIVER, Target
+from metax_operator.runtime.kube import Client
+from metax_operator.runtime.metrics import Metrics
+from metax_operator.runtime.object_cache import Reader
+from metax_operator.runtime.rollout_observe import Watches
+from metax_operator.runtime.rollout_pass import RolloutPass
+from metax_operator.runtime.rollout_plan import GiveBack, Plan
+
+Plans = dict[Target, "Plan | GiveBack | None"]
+
+
+class Rollouts:
+    """Every driver rollout of the runner; `decide`, then (once the pass wrote the status) `act`."""
+
+    def __init__(
+        self,
+        api: Client,
+        namespace: str,
+        guard: Callable[[], bool],
+        identity: str,
+        clock: Callable[[], float] = time.time,
+        watches: Watches | None = None,
+        metrics: Metrics | None = None,
+        reader: Reader | None = None,
+    ):
+        make = lambda target, nodes=None: RolloutPass(  # noqa: E731
+            api, namespace, guard, identity, clock, watches, metrics, reader, target=target, nodes=nodes
+        )
+        self.driver = make(DRIVER)
+        self.watches, self.nodes = self.driver.watches, self.driver.nodes
+        self._make = lambda target: make(target, self.nodes)
+        self.passes: dict[Target, RolloutPass] = {DRIVER: self.driver}
+        self.moves = Moves()
+        self.pooled = False  # whether the last pass had pools (or nodes labelled for one)
+
+    def close(self) -> None:
+        self.driver.close()  # the watch caches, which every rollout shares
+
+    def decide(self, cr: dict, specs: dict[Target, dict], policy: Policy | None) -> Plans:
+        """Each target's plan (`RolloutPass.decide`) on the spec it acts on and its policy (the
+        driver's as the pass validated it, None when the spec is invalid; a pool's read from its
+        spec: the pool's keys over the driver's, validated with the spec), the driver's first,
+        then the moves."""
+        policies = {t: policy if t == DRIVER or policy is None else pool_policy(specs[t]) for t in specs}
+        self.passes = {t: self.passes.get(t) or self._make(t) for t in specs}
+        for rollout in self.passes.values():
+            rollout.every_state = self._every_state
+        self.pooled = len(specs) > 1 or bool(self.watches.pooled.snapshot())
+        self.moves = Moves()
+        if not self.pooled:
+            return {DRIVER: self.driver.decide(cr, specs[DRIVER], policies[DRIVER])}
+        nodes = {name: state.labels for name, state in self.watches.nodes.snapshot().items()}
+        ready = (p.pod.node for p in self.watches.driver_pods.snapshot().values() if p.pod.ready and p.pod.deleting is None)
+        serving, out = membership.serving(nodes, ready, self.watches.nodes.cordoned())
+        plans: Plans = {}
+        for target, rollout in self.passes.items():
+            plan = rollout.decide(cr, specs[target], policies[target], out)
+            plans[target] = plan
+            if isinstance(plan, Plan):
+                out |= frozenset(plan.decision.status.resume.wave)
+        waves = frozenset(n for p in plans.values() if isinstance(p, Plan) for n in p.decision.status.resume.wave)
+        busy = frozenset(p.node for p in self.watches.gpu_pods.snapshot().values() if p.node and p.workload)
+        pools = [p for p in ((cr.get("spec") or {}).get("driver") or {}).get("pools") or [] if isinstance(p, dict)]
+        decided = lambda t: policies.get(t) if isinstance(plans.get(t), Plan) else None  # noqa: E731
+        if all(plan is not None for plan in plans.values()):  # every cache listed: no node unseen
+            self.moves = membership.decide(nodes, pools, serving, busy, waves, out, decided)
+        return plans
+
+    def _every_state(self) -> tuple[dict, set[str]]:
+        """The nodes' states of every rollout, and the nodes whose retry label is done."""
+        rollouts = self.passes.values()
+        states = {node: state for rollout in rollouts for node, state in rollout.states.items()}
+        return states, set().union(*(rollout.retry_done for rollout in rollouts))
+
+    def condition(self) -> Condition | None:
+        """DriverPoolsDisjoint, in a pass with pools."""
+        return membership.condition(self.moves) if self.pooled else None
+
+    def status_fields(self, cr: dict, plans: Plans) -> dict | None:
+        """The CR status fields every rollout's plan writes (`Target.status_fields`): the driver's
+        `upgradeStatus`, the pools' `pools` (a pool no longer in the spec loses its entry)."""
+        status = dict(cr.get("status") or {})
+        fields: dict = {}
+        for target, plan in plans.items():
+            if plan is not None and plan.upgrade_status is not None:
+                fields.update(target.status_fields({**status, **fields}, plan.upgrade_status))
+        known = {t.pool for t in self.passes}
+        entries = fields.get("pools", status.get("pools"))
+        if isinstance(entries, list) and any(e.get("name") not in known for e in entries if isinstance(e, dict)):
+            fields["pools"] = [e for e in entries if isinstance(e, dict) and e.get("name") in known]
+        return fields or None
+
+    def act(self, cr: dict, plans: Plans) -> int:
+        """Each rollout's actions (the state labels of every rollout's nodes with them), then the
+        moves; the number of writes. A refusal of one rollout's actions is raised once the others
+        acted."""
+        writes, refused = 0, None
+        for target, plan in plans.items():
+            if plan is None:
+                continue
+            try:
+                writes += self.passes[target].act(cr, plan)
+            except Exception as err:  # noqa: BLE001 - raised below, once every rollout acted
+                refused = refused or err
+        self.nodes.begin()
+        writes += self.nodes.move(self.moves.label, self.moves.cordon)
+        if refused is not None:
+            raise refused
+        if self.nodes.refused:
+            raise self.nodes.refused[0]
+        return writes
+
+    def without_cr(self) -> int:
+        return self.driver.without_cr()
+
+
+def pool_policy(spec: dict) -> Policy:
+    """A driver pool's upgrade policy, from its spec (`Target.spec`)."""
+    return upgrade_policy.build(((spec.get("driver") or {}).get("upgradePolicy")) or {})
