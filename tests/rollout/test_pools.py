@@ -136,9 +136,23 @@ def policy(**raw):
     return validate({"enableRollout": True, "upgradeSteps": [{"replicas": "100%"}], **raw})
 
 
+def selected(nodes, spec_pools) -> dict[str, frozenset[str]]:
+    """What each pool's node watch holds: the nodes its selector selects."""
+    return {
+        p["name"]: frozenset(n for n, labels in nodes.items() if p["nodeSelector"].items() <= dict(labels).items())
+        for p in spec_pools
+    }
+
+
 def decide(nodes, serving, policies, busy=(), waves=(), out=()):
     return membership.decide(
-        nodes, [C500, C550], frozenset(serving), frozenset(busy), frozenset(waves), frozenset(out), lambda t: policies.get(t)
+        nodes,
+        selected(nodes, [C500, C550]),
+        frozenset(serving),
+        frozenset(busy),
+        frozenset(waves),
+        frozenset(out),
+        lambda t: policies.get(t),
     )
 
 
@@ -165,14 +179,16 @@ def test_nodes_leave_a_pool_that_is_gone_and_nodes_two_pools_select_stay_where_t
     both = frozenset({**dict(node("C500", "c500")), "metax-tech.com/gpu.product": "C550"}.items())
     nodes = {"left": node("C900", "old"), "both": both, "skipped": node("C500", None, **{SKIP_LABEL: "true"}), "cpu": frozenset()}
     moves = decide(nodes, {"left", "both", "skipped"}, {DRIVER: policy(), Target("c550"): policy()})
-    assert moves.label == {"left": None, "both": "c550"}
-    assert moves.overlaps == {} and moves.waiting == {"swapping or skipped": ["skipped"]}
+    assert moves.label == {"left": None}  # the driver's own takes it back; then no room is left for c550
+    assert moves.overlaps == {} and moves.waiting == {"swapping or skipped": ["skipped"], "no room in the budget": ["both"]}
     overlapping = [
         C500,
         {**C550, "nodeSelector": {"metax-tech.com/gpu.product": "C550"}},
         {"name": "all", "nodeSelector": {GPU_NODE_LABEL: "true"}},
     ]
-    moves = membership.decide(nodes, overlapping, frozenset(), frozenset(), frozenset(), frozenset(), lambda t: policy())
+    moves = membership.decide(
+        nodes, selected(nodes, overlapping), frozenset(), frozenset(), frozenset(), frozenset(), lambda t: policy()
+    )
     assert moves.overlaps == {"both": ["c550", "all"], "skipped": ["c500", "all"]}
     assert moves.label == {"left": "all"}  # no pod is touched on a node two pools select
     condition = membership.condition(moves)
@@ -183,3 +199,12 @@ def test_a_node_in_a_wave_waits_for_its_swap_and_an_invalid_destination_takes_no
     nodes = {"a": node("C500"), "b": node("C500")}
     moves = decide(nodes, {"a", "b"}, {}, waves={"a"})
     assert moves.label == {} and moves.waiting == {"swapping or skipped": ["a"], "no valid policy or DaemonSet": ["b"]}
+
+
+def test_the_moves_into_one_pool_count_in_the_budget_of_the_next():
+    nodes = {"a1": node("C500"), "a2": node("C500"), "b1": node("C550"), "b2": node("C550")}
+    policies = {Target("c500"): policy(maxParallel=1), Target("c550"): policy(maxParallel=1)}
+    moves = decide(nodes, set(nodes), policies)
+    assert moves.label == {"a1": "c500"} and moves.waiting == {"no room in the budget": ["a2", "b1", "b2"]}
+    allowance = {Target("c500"): policy(maxParallel=1), Target("c550"): policy(maxParallel=1, maxUnavailable=1)}
+    assert decide(nodes, set(nodes), allowance).label == {"a1": "c500", "b1": "c550"}

@@ -98,10 +98,3 @@ def pool_spec(spec: Mapping, name: str) -> dict | None:
     driver = spec.get("driver") or {}
     pool = next((p for p in pools_of(driver) if p.get("name") == name), None)
     return None if pool is None else {**spec, "driver": pool_driver(driver, pool)}
-
-
-def wanted_pool(labels: Mapping[str, str], pools: list[dict]) -> tuple[str | None, list[str]]:
-    """The pool whose node selector a node's `labels` match (None: the driver's own), and the
-    names of every pool that matches when more than one does (then the node is none's to move)."""
-    matching = [p["name"] for p in pools if all(labels.get(k) == v for k, v in (p.get("nodeSelector") or {}).items())]
-    return (matching[0] if len(matching) == 1 else None), (matching if len(matching) > 1 else [])

@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from metax_operator.chart import pools
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.conditions import FALSE, TRUE, Condition, CrCondition, CrReason
 from metax_operator.contract import GPU_NODE_LABEL, POOL_LABEL, SKIP_LABEL
@@ -48,14 +47,15 @@ class Moves:
 
 def decide(
     nodes: Mapping[str, frozenset[tuple[str, str]]],
-    spec_pools: list[dict],
+    selected: Mapping[str, frozenset[str]],
     serving: frozenset[str],
     busy: frozenset[str],
     in_waves: frozenset[str],
     out_of_service: frozenset[str],
     policy_of: Callable[[Target], Policy | None],
 ) -> Moves:
-    """The moves of one pass. `nodes`: every node's product labels (the node cache); `serving`:
+    """The moves of one pass. `nodes`: every node's product labels (the node cache); `selected`:
+    the nodes each pool's node selector selects, by pool in the spec's order; `serving`:
     the nodes with a Ready driver pod of any driver DaemonSet and not cordoned; `busy`: the nodes
     running GPU work; `in_waves`: the nodes a rollout's wave holds; `out_of_service`: the GPU
     nodes not serving anywhere; `policy_of`: each rollout's policy (None: invalid, or its
@@ -67,7 +67,7 @@ def decide(
         label = dict(labels)
         if label.get(GPU_NODE_LABEL) != "true":
             continue
-        pool, overlap = pools.wanted_pool(label, spec_pools)
+        pool, overlap = wanted_pool(name, selected)
         current = label.get(POOL_LABEL)
         if overlap:
             moves.overlaps[name] = overlap
@@ -104,7 +104,15 @@ def decide(
             moves.label[name] = destination or None
             if policy.cordon:
                 moves.cordon.append(name)
+        out_of_service |= frozenset(taken)  # one budget: the next destination counts these
     return moves
+
+
+def wanted_pool(node: str, selected: Mapping[str, frozenset[str]]) -> tuple[str | None, list[str]]:
+    """The pool whose node selector selects `node` (None: the driver's own), and every pool that
+    does when more than one does (then the node is none's to move)."""
+    matching = [pool for pool, nodes in selected.items() if node in nodes]
+    return (matching[0] if len(matching) == 1 else None), (matching if len(matching) > 1 else [])
 
 
 def serving(

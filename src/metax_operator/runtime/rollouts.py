@@ -16,21 +16,26 @@ thing: no node nor pod is read for the budget across rollouts, no move is decide
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from metax_operator.chart import upgrade_policy
+from metax_operator.chart import pools, upgrade_policy
 from metax_operator.chart.upgrade_policy import Policy
 from metax_operator.conditions import Condition
+from metax_operator.jsonlog import event
 from metax_operator.rollout import membership
 from metax_operator.rollout.membership import Moves
 from metax_operator.rollout.target import DRIVER, Target
 from metax_operator.runtime.kube import Client
 from metax_operator.runtime.metrics import Metrics
 from metax_operator.runtime.object_cache import Reader
+from metax_operator.runtime.pool_nodes import PoolNodes
 from metax_operator.runtime.rollout_observe import Watches
 from metax_operator.runtime.rollout_pass import RolloutPass
 from metax_operator.runtime.rollout_plan import GiveBack, Plan
+
+log = logging.getLogger(__name__)
 
 Plans = dict[Target, "Plan | GiveBack | None"]
 
@@ -54,6 +59,7 @@ class Rollouts:
         )
         self.driver = make(DRIVER)
         self.watches, self.nodes = self.driver.watches, self.driver.nodes
+        self.pool_nodes = PoolNodes(api, self.watches.resync)
         self._make = lambda target: make(target, self.nodes)
         self.passes: dict[Target, RolloutPass] = {DRIVER: self.driver}
         self.moves = Moves()
@@ -61,6 +67,7 @@ class Rollouts:
 
     def close(self) -> None:
         self.driver.close()  # the watch caches, which every rollout shares
+        self.pool_nodes.stop()
 
     def decide(self, cr: dict, specs: dict[Target, dict], policy: Policy | None) -> Plans:
         """Each target's plan (`RolloutPass.decide`) on the spec it acts on and its policy (the
@@ -86,10 +93,17 @@ class Rollouts:
                 out |= frozenset(plan.decision.status.resume.wave)
         waves = frozenset(n for p in plans.values() if isinstance(p, Plan) for n in p.decision.status.resume.wave)
         busy = frozenset(p.node for p in self.watches.gpu_pods.snapshot().values() if p.node and p.workload)
-        pools = [p for p in ((cr.get("spec") or {}).get("driver") or {}).get("pools") or [] if isinstance(p, dict)]
+        selected = self.pool_nodes.selected(pools.pools_of((cr.get("spec") or {}).get("driver")))
         decided = lambda t: policies.get(t) if isinstance(plans.get(t), Plan) else None  # noqa: E731
-        if all(plan is not None for plan in plans.values()):  # every cache listed: no node unseen
-            self.moves = membership.decide(nodes, pools, serving, busy, waves, out, decided)
+        if selected is not None and all(plan is not None for plan in plans.values()):  # no node unseen
+            self.moves = membership.decide(nodes, selected, serving, busy, waves, out, decided)
+            if self.moves.waiting:
+                event(
+                    log,
+                    "rollout-moves-waiting",
+                    logging.DEBUG,
+                    **{reason.replace(" ", "_"): nodes for reason, nodes in self.moves.waiting.items()},
+                )
         return plans
 
     def _every_state(self) -> tuple[dict, set[str]]:
