@@ -119,6 +119,18 @@ def test_logs_are_gathered_for_the_runner_the_hooks_and_the_nodes_the_rollout_na
     assert gather.log_rank(pod({"app.kubernetes.io/component": "driver-validation"}, "n2"), nodes) == 1
 
 
+def test_the_nodes_the_driver_pools_rollouts_name_are_gathered_too_and_each_pools_status():
+    pools = [{"name": "rack-a", "nodeSelector": {"rack": "a"}}]
+    failed = {"resume": {"failedNodes": ["a2"], "failedNodeCount": 1}, "phase": "Progressing"}
+    cr = {
+        "spec": {"driver": {"upgradePolicy": {}, "pools": pools}},
+        "status": {"upgradeStatus": {"resume": {"wave": ["n1"]}}, "pools": [{"name": "rack-a", "upgradeStatus": failed}]},
+    }
+    assert gather.named_nodes(cr) == ["a2", "n1"]
+    shown = gather.rollout_status(cr, None, "metax-operator")
+    assert shown.count("Phase: ") == 2 and "--pool rack-a\nPhase: Progressing" in shown and "Failed nodes: 1: a2" in shown
+
+
 def test_at_most_log_nodes_of_a_10000_node_rollout_have_their_logs_gathered_the_failed_first():
     """A step of 10% of 10,000 nodes puts 1,000 in the wave: the bundle keeps the logs of
     `--node`'s nodes and of the first LOG_NODES the status names, failed and timed out first."""

@@ -288,3 +288,14 @@ def test_the_health_gates_last_comparison_is_each_groups_share_by_signal():
         (("group", "upgraded"), ("signal", "restarts")): 0.0,
         (("group", "others"), ("signal", "restarts")): 25.0,
     }
+
+
+def test_each_driver_pools_rollout_has_its_series_beside_the_drivers_own():
+    metrics = Metrics()
+    status = UpgradeStatus(phase=PROGRESSING, step=StepStatus(total_upgrade_replicas=3, total_upgrade_ready_replicas=1))
+    metrics.pool_rollout("rack-a", status)
+    text = metrics.exposition()[0].decode()
+    assert 'metax_operator_pool_rollout_phase{phase="Progressing",pool="rack-a"} 1.0' in text
+    assert 'metax_operator_pool_rollout_phase{phase="Idling",pool="rack-a"} 0.0' in text
+    assert 'metax_operator_pool_rollout_nodes{pool="rack-a",state="upgraded"} 1.0' in text
+    assert 'metax_operator_rollout_phase{metax_operator_rollout_phase="Progressing"} 0.0' in text  # the driver's own, untouched

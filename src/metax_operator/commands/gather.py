@@ -16,7 +16,8 @@ What it holds (`PARTS`, under one directory named like the file):
   revision's name, number, status, chart version and the values it was given (decoded:
   base64, gzip, JSON); nothing else of any Secret;
 - `metrics.txt`: a scrape of the runner's `/metrics` through the API server's pod proxy;
-- `rollout-status.txt`, `nodes.txt`: what `metax-operator rollout status` and `nodes` print;
+- `rollout-status.txt`, `nodes.txt`: what `metax-operator rollout status` (and `--pool NAME`
+  for each driver pool) and `nodes` print;
 - `manifest.json`: when, for which namespace and `--since`, and each part's outcome: a part that
   could not be read (RBAC, a node without logs) says why there, the rest is gathered anyway.
 
@@ -49,6 +50,7 @@ from metax_operator.commands import rollout_admin as admin
 from metax_operator.conditions import parse_time, rfc3339
 from metax_operator.errors import UserError
 from metax_operator.rollout.status import UpgradeStatus
+from metax_operator.rollout.target import targets
 from metax_operator.runtime.api_failures import failure_line
 from metax_operator.runtime.kube import REQUEST_TIMEOUT, Client, add_arguments
 
@@ -157,18 +159,31 @@ def pod_line(pod: dict) -> str:
 
 
 def named_nodes(cr: dict | None) -> list[str]:
-    """The nodes the rollout's status names, the most telling first: failed, timed out, needing a
-    reboot, held back, cordoned by the runner, in the wave; each once."""
-    resume = UpgradeStatus.from_json(((cr or {}).get("status") or {}).get("upgradeStatus")).resume
-    ordered = (
-        *resume.failed.names,
-        *sorted(resume.timed_out_nodes),
-        *resume.need_reboot.names,
-        *resume.held.names,
-        *resume.cordoned.names,
-        *sorted(resume.wave),
-    )
+    """The nodes the rollouts' statuses name (the driver DaemonSet's, then each pool's), the most
+    telling first: failed, timed out, needing a reboot, held back, cordoned by the runner, in the
+    wave; each once."""
+    cr = cr or {}
+    resumes = [UpgradeStatus.from_json(t.stored(cr.get("status"))).resume for t in targets(cr.get("spec") or {})]
+    ordered = [
+        *(n for r in resumes for n in r.failed.names),
+        *(n for r in resumes for n in sorted(r.timed_out_nodes)),
+        *(n for r in resumes for n in r.need_reboot.names),
+        *(n for r in resumes for n in r.held.names),
+        *(n for r in resumes for n in r.cordoned.names),
+        *(n for r in resumes for n in sorted(r.wave)),
+    ]
     return list(dict.fromkeys(ordered))
+
+
+def rollout_status(cr: dict, leader: str | None, namespace: str) -> str:
+    """What `metax-operator rollout status` prints, then with `--pool` for each driver pool."""
+    shown = [admin.render(cr, "table", leader, namespace)]
+    shown += [
+        f"--pool {t.pool}\n" + admin.render(cr, "table", leader, namespace, target=t)
+        for t in targets(cr.get("spec") or {})
+        if t.pool
+    ]
+    return "\n\n".join(shown) + "\n"
 
 
 def log_nodes(cr: dict | None, extra: list[str]) -> tuple[list[str], int]:
@@ -274,7 +289,7 @@ class Gatherer:
         out.part("metrics.txt", lambda: self.metrics(chosen))
         if cr is not None:
             leader = admin.no_leader(api, ns, contract.RUNNER_LEASE, self.now)
-            out.part("rollout-status.txt", lambda: admin.render(cr, "table", leader, ns) + "\n")
+            out.part("rollout-status.txt", lambda: rollout_status(cr, leader, ns))
         else:
             out.outcomes["rollout-status.txt"] = out.outcomes["cr.yaml"]
         out.part("nodes.txt", lambda: nodes_cmd.render(nodes_cmd.read(api, ns), "table") + "\n")

@@ -74,6 +74,8 @@ def _same_driver(ctx: PassContext) -> None:
         step.last_pod_spec_revision = current
     if step.upgrading_pod_spec_revision in same:
         step.upgrading_pod_spec_revision = current
+    if resume.restoring in same:  # the restored template, with the CR's scheduling applied since
+        resume.restoring = current
 
 
 def _settle(ctx: PassContext, handlers: dict, first: Next) -> None:

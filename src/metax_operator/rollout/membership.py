@@ -61,51 +61,73 @@ def decide(
     nodes not serving anywhere; `policy_of`: each rollout's policy (None: invalid, or its
     DaemonSet is missing: nothing moves to it)."""
     moves = Moves()
-    wanted: dict[str, list[str]] = {}  # destination (pool name, "" for the driver's own) -> nodes
-    owners: dict[str, int] = {}  # destination -> the GPU nodes it has or gets
+    wanted, owners = _wanted(nodes, selected, serving, in_waves, moves)
+    for destination, candidates in sorted(wanted.items()):
+        policy = policy_of(Target(destination or None))
+        taken = _taken(policy, candidates, owners[destination], busy, out_of_service, moves.waiting)
+        for name in taken:
+            moves.label[name] = destination or None
+            if policy is not None and policy.cordon:
+                moves.cordon.append(name)
+        out_of_service |= frozenset(taken)  # one budget: the next destination counts these
+    return moves
+
+
+def _wanted(
+    nodes: Mapping[str, frozenset[tuple[str, str]]],
+    selected: Mapping[str, frozenset[str]],
+    serving: frozenset[str],
+    in_waves: frozenset[str],
+    moves: Moves,
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The serving GPU nodes to move, by destination (pool name, "" for the driver's own), and how
+    many GPU nodes each destination has or gets; the nodes that move at once, those two pools
+    select and those that wait for a swap or a skip label go into `moves`."""
+    wanted: dict[str, list[str]] = {}
+    owners: dict[str, int] = {}
     for name, labels in sorted(nodes.items()):
         label = dict(labels)
         if label.get(GPU_NODE_LABEL) != "true":
             continue
         pool, overlap = wanted_pool(name, selected)
         current = label.get(POOL_LABEL)
+        owners[(current if overlap else pool) or ""] = owners.get((current if overlap else pool) or "", 0) + 1
         if overlap:
             moves.overlaps[name] = overlap
-            owners[current or ""] = owners.get(current or "", 0) + 1
+        elif pool == current:
             continue
-        owners[pool or ""] = owners.get(pool or "", 0) + 1
-        if pool == current:
-            continue
-        if name in in_waves or label.get(SKIP_LABEL) == "true":
+        elif name in in_waves or label.get(SKIP_LABEL) == "true":
             moves.waiting.setdefault("swapping or skipped", []).append(name)
         elif name not in serving:
             moves.label[name] = pool  # nothing serving to lose
         else:
             wanted.setdefault(pool or "", []).append(name)
-    for destination, candidates in sorted(wanted.items()):
-        policy = policy_of(Target(destination or None))
-        if policy is None:
-            moves.waiting.setdefault("no valid policy or DaemonSet", []).extend(candidates)
-            continue
-        if policy.pause:
-            moves.waiting.setdefault("paused", []).extend(candidates)
-            continue
-        idle = [n for n in candidates if policy.allow_gpu_workloads or n not in busy]
-        if len(idle) < len(candidates):
-            moves.waiting.setdefault("running GPU work", []).extend(n for n in candidates if n not in idle)
-        if policy.enable_rollout:  # the budget's last step: one rule of how many at once (`budget`)
-            budget = Budget.for_step(policy, owners[destination], len(policy.steps), frozenset(), out_of_service)
-            taken, _ = budget.take(idle, node=str)
-        else:
-            taken = idle
-        if len(taken) < len(idle):
-            moves.waiting.setdefault("no room in the budget", []).extend(idle[len(taken) :])
-        for name in taken:
-            moves.label[name] = destination or None
-            if policy.cordon:
-                moves.cordon.append(name)
-        out_of_service |= frozenset(taken)  # one budget: the next destination counts these
-    return moves
+    return wanted, owners
+
+
+def _taken(
+    policy: Policy | None,
+    candidates: list[str],
+    total: int,
+    busy: frozenset[str],
+    out_of_service: frozenset[str],
+    waiting: dict[str, list[str]],
+) -> list[str]:
+    """The serving `candidates` that move into a rollout of `policy` (its `total` nodes) now; why
+    the others wait goes into `waiting`."""
+    if policy is None or policy.pause:
+        waiting.setdefault("paused" if policy else "no valid policy or DaemonSet", []).extend(candidates)
+        return []
+    idle = [n for n in candidates if policy.allow_gpu_workloads or n not in busy]
+    if len(idle) < len(candidates):
+        waiting.setdefault("running GPU work", []).extend(n for n in candidates if n not in idle)
+    if not policy.enable_rollout:
+        return idle
+    # The budget's last step: the one rule of how many at once (`budget`).
+    taken, left = Budget.for_step(policy, total, len(policy.steps), frozenset(), out_of_service).take(idle, node=str)
+    if left:
+        waiting.setdefault("no room in the budget", []).extend(left)
+    return taken
 
 
 def wanted_pool(node: str, selected: Mapping[str, frozenset[str]]) -> tuple[str | None, list[str]]:

@@ -36,6 +36,12 @@ contract with dashboards and alerts (the chart's Grafana dashboard reads them: `
 - `metax_operator_rollout_health_share{signal,group}`: at the health gate's last comparison
   (`driver.upgradePolicy.healthGate`), the percentage of the `upgraded` nodes and of the `others`
   showing each signal (`HealthSignal`); no series before the gate first compared.
+- `metax_operator_pool_rollout_phase{pool,phase}`, `metax_operator_pool_rollout_nodes{pool,state}`:
+  each driver pool's rollout (`driver.pools`), as the two above are the driver DaemonSet's own:
+  1 for its phase, and its nodes `total`, `upgraded`, `failed`, `in_wave`, `out_of_service`.
+
+The rollout metrics without a `pool` label are the driver DaemonSet's own rollout; the node
+upgrade states count every GPU node, of any pool.
 
 The chart's alert rules (`chart.alerts`) read these.
 
@@ -121,6 +127,12 @@ class Metrics:
         for reason in PASS_FAILURES:  # each series exists from the start, at 0, for rate() and alerts
             self.pass_failures.labels(reason)
         self.leader = Gauge(PREFIX + "leader", "1 while this runner holds the lease.", registry=r)
+        self.pool_phase = Gauge(
+            PREFIX + "pool_rollout_phase", "1 for each driver pool's rollout phase.", ["pool", "phase"], registry=r
+        )
+        self.pool_nodes = Gauge(
+            PREFIX + "pool_rollout_nodes", "Nodes of each driver pool's rollout by state.", ["pool", "state"], registry=r
+        )
         self.need_reboot = Gauge(
             PREFIX + "nodes_need_reboot", "Nodes that reported NodeNeedReboot and have not restarted since.", registry=r
         )
@@ -217,6 +229,21 @@ class Metrics:
             and (not resume.wave or resume.wave_start_time != was.wave_start_time)
         ):
             self.wave_seconds.observe(max(0.0, now - started))
+
+    def pool_rollout(self, pool: str, after: UpgradeStatus) -> None:
+        """A driver pool's rollout gauges, from the status a pass wrote for it."""
+        for phase in PHASES:
+            self.pool_phase.labels(pool, phase).set(1 if after.phase == phase else 0)
+        step, resume = after.step, after.resume
+        counts = {
+            "total": step.total_upgrade_replicas,
+            "upgraded": step.total_upgrade_ready_replicas,
+            "failed": resume.failed.count,
+            "in_wave": len(resume.wave),
+            "out_of_service": resume.out_of_service.count,
+        }
+        for state, value in counts.items():
+            self.pool_nodes.labels(pool, state).set(value)
 
     def health_gate(self, compared: list[Comparison]) -> None:
         """The health gate's comparison of a pass (none: the last one stays)."""

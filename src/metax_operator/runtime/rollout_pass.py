@@ -93,7 +93,7 @@ class RolloutPass:
         self.api, self.namespace, self.guard, self.identity, self.clock = api, namespace, guard, identity, clock
         self.reader: Reader = reader or api  # where the DaemonSet is read (`object_cache`), else live
         self.watches = watches or Watches(api, namespace)
-        self.metrics = metrics if target == DRIVER else None
+        self.metrics = metrics
         self.target = target
         # The node writes, shared by the rollouts of every driver DaemonSet of the runner.
         self.nodes = nodes or NodeActions(api, namespace, self.watches, self._check)
@@ -219,8 +219,11 @@ class RolloutPass:
         decision, requests = plan.decision, self.api.requests
         if self.metrics is not None:
             before = UpgradeStatus.from_json(plan.stored) if plan.stored is not None else None
-            self.metrics.rollout_pass(before, decision.status, self.clock())
-            self.metrics.health_gate(decision.health_compared)
+            if self.target == DRIVER:
+                self.metrics.rollout_pass(before, decision.status, self.clock())
+                self.metrics.health_gate(decision.health_compared)
+            else:
+                self.metrics.pool_rollout(self.target.pool, decision.status)
         writes = self._act(cr, plan)
         status_written = decision.status.to_json() != plan.stored  # by the pass, just before
         if plan.read is not None and not writes and not status_written:
@@ -268,11 +271,12 @@ class RolloutPass:
                 item = dataclasses.replace(item, message=f"{self.target}: {item.message}")
             writes += cr_status.emit_event(self.api, cr, item, rfc3339(self.clock()), self.identity)
         if states is not None:
-            if self.metrics is not None:
-                self.metrics.node_states(states)
             self.states = states
             self.retry_done = {n for n in plan.observed.retry if n in deleted or states.get(n) != NodeUpgradeState.FAILED}
-            writes += self.nodes.label(*self.every_state())
+            every, retry_done = self.every_state()
+            if self.metrics is not None:
+                self.metrics.node_states(every)
+            writes += self.nodes.label(every, retry_done)
         if self.nodes.refused:
             raise self.nodes.refused[0]
         return writes
