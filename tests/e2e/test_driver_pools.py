@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from collections import Counter
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from metax_operator.contract import POOL_LABEL
 from tests.e2e.test_node_safety import Witness
-from tests.e2e.test_rollout_cluster import NODES, NS, RELEASE, Runner
+from tests.e2e.test_rollout_cluster import DRIVER_PODS, NODES, NS, RELEASE, Runner
 from tests.e2e.tools import (
     bootstrap,
     driver_pods,
@@ -178,3 +179,73 @@ def test_two_pools_roll_out_on_their_own_schedules_and_one_rolls_back_alone(cont
     assert {p.metadata.uid for p in driver_pods(api, NS) if p.spec.node_name in REST} == rest_pods
     assert all(deleted_on[n] == 1 for n in RACK_B), deleted_on  # each rack-b node swapped once
     assert get_cr(api)["status"]["upgradeStatus"]["phase"] in ("Idling", "Disabled")
+
+
+class OutOfService:
+    """The GPU nodes without a Ready live driver pod, at every driver pod change a watch delivers,
+    and the most of them at once."""
+
+    def __init__(self, api, nodes: list[str]):
+        self.core, self.nodes, self.most, self.seen = client.CoreV1Api(api), set(nodes), 0, []
+        self.pods: dict[str, tuple[str, bool]] = {}  # uid -> (node, Ready and not deleting)
+        listed = self.core.list_namespaced_pod(NS, label_selector=DRIVER_PODS)
+        for pod in listed.items:
+            self.pods[pod.metadata.uid] = (pod.spec.node_name, ready(pod) and pod.metadata.deletion_timestamp is None)
+        self._count()
+        self.watch = watch.Watch()
+        self.thread = threading.Thread(target=self._follow, args=(listed.metadata.resource_version,), daemon=True)
+        self.thread.start()
+
+    def _see(self, pod, gone: bool = False) -> None:
+        if gone:
+            self.pods.pop(pod.metadata.uid, None)
+        else:
+            self.pods[pod.metadata.uid] = (pod.spec.node_name, ready(pod) and pod.metadata.deletion_timestamp is None)
+        self._count()
+
+    def _count(self) -> None:
+        serving = {node for node, up in self.pods.values() if up}
+        out = sorted(self.nodes - serving)
+        self.most = max(self.most, len(out))
+        self.seen.append(out)
+
+    def _follow(self, since: str) -> None:
+        try:
+            for change in self.watch.stream(
+                self.core.list_namespaced_pod, NS, label_selector=DRIVER_PODS, resource_version=since, timeout_seconds=300
+            ):
+                self._see(change["object"], gone=change["type"] == "DELETED")
+        except Exception:  # noqa: BLE001 - the control plane stopping ends the watch
+            pass
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+
+def test_two_pools_rolling_out_at_once_share_one_budget(control_plane, api, pools):
+    """Both pools at `maxParallel: 1` and `maxUnavailable: 0`, given new versions in one edit: their
+    waves take turns, so no more than one GPU node of the whole fleet is out of service at once."""
+    cp = control_plane
+    eventually(lambda: in_place(api), 120, "every GPU node in its pool")
+    quick = {"enableRollout": True, "pause": False, "upgradeSteps": [{"replicas": "100%", "pauseDuration": 0}]}
+    patch_pool(cp, 0, [{"op": "add", "path": "/upgradePolicy", "value": quick}])
+    eventually(lambda: pool_status(api, "rack-a").get("phase") == "Idling", 30, "rack-a idle again")
+    before = {pool: revisions(api, pool) for pool in ("rack-a", "rack-b")}
+    outages = OutOfService(api, [*RACK_A, *RACK_B, *REST])
+    try:
+        ops = [
+            {"op": "replace", "path": "/spec/driver/pools/0/payload/version", "value": "2.35.0.1"},
+            {"op": "replace", "path": "/spec/driver/pools/1/payload/version", "value": "2.35.0.2"},
+        ]
+        kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch", json.dumps(ops))
+        for pool, size in (("rack-a", len(RACK_A)), ("rack-b", len(RACK_B))):
+            done = lambda pool=pool, size=size: (  # noqa: E731
+                pool_status(api, pool).get("status", {}).get("currentStepState") == "Completed"
+                and sum(revisions(api, pool).values()) == size
+                and not set(revisions(api, pool)) & set(before[pool])
+            )
+            eventually(done, 120, f"{pool} completed")
+    finally:
+        outages.stop()
+    assert outages.most == 1, [out for out in outages.seen if len(out) > 1][:5]
+    assert in_place(api)

@@ -344,6 +344,7 @@ def test_node_patch_removes_only_our_keys():
             "metax-tech.com/gpu-device.mode": "sgpu",
             "metax-tech.com/driver-upgrade.skip": "true",  # the admin's
             "metax-tech.com/driver-upgrade.state": "done",  # the runner's
+            "metax-tech.com/driver-upgrade.pool": "rack-a",  # the runner's
             "metax-tech.com/driver-upgrade.retry": "true",  # consumed by the runner only
             "team": "a",
         },
@@ -352,7 +353,12 @@ def test_node_patch_removes_only_our_keys():
     assert cleanup.node_patch(n) == {
         "metadata": {
             "labels": dict.fromkeys(
-                ("metax-tech.com/gpu.installed", "metax-tech.com/driver-upgrade.state", "metax-tech.com/driver-upgrade.retry")
+                (
+                    "metax-tech.com/gpu.installed",
+                    "metax-tech.com/driver-upgrade.state",
+                    "metax-tech.com/driver-upgrade.pool",
+                    "metax-tech.com/driver-upgrade.retry",
+                )
             ),
             "annotations": {"metax-tech.com/gpu-vfio": None},
         }

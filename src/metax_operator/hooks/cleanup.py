@@ -5,8 +5,8 @@ Helm deletes what it rendered; this removes the rest:
 2. the DaemonSets that write to nodes (metax-gpu-label, metax-vfio-manager), waiting for their
    pods, so none of them re-adds a node key after step 3 (Helm would delete them next anyway);
 3. once those pods and the runner's (step 5) are gone, on every node, exactly the keys our
-   components and the runner set (NODE_LABELS, NODE_ANNOTATIONS; the runner's upgrade state,
-   and the admin's retry request, which nothing would consume any more) — never another key,
+   components and the runner set (NODE_LABELS, NODE_ANNOTATIONS; the runner's upgrade state and
+   driver pool, and the admin's retry request, which nothing would consume any more) — never another key,
    not even one under `metax-tech.com/`:
    `gpu-device.mode`, `gpu-device.qos-policy` (seed §3.2.10) and `driver-upgrade.skip` are the
    admin's. Once the runner is stopped too (step 5), every node it cordoned for a driver swap
@@ -48,6 +48,7 @@ from metax_operator.contract import (
     GPU_NODE_LABEL,
     GPU_PRODUCT_LABEL,
     GPU_VFNUM_LABEL,
+    POOL_LABEL,
     RETRY_LABEL,
     STATE_LABEL,
     VFIO_ANNOTATION,
@@ -56,8 +57,9 @@ from metax_operator.hooks import common
 from metax_operator.runtime import api_failures, cordon, kube
 
 #: Node labels our components set: gpu-label marks GPU nodes and describes their GPUs; the
-#: runner labels each with its upgrade state; an admin's retry label means nothing without the runner.
-NODE_LABELS = (GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_VFNUM_LABEL, STATE_LABEL, RETRY_LABEL)
+#: runner labels each with its upgrade state and its driver pool; an admin's retry label means
+#: nothing without the runner.
+NODE_LABELS = (GPU_NODE_LABEL, GPU_PRODUCT_LABEL, GPU_VFNUM_LABEL, STATE_LABEL, POOL_LABEL, RETRY_LABEL)
 #: Node annotations our components set: vfio-manager's binding result (seed §3.2.6.1).
 NODE_ANNOTATIONS = (VFIO_ANNOTATION,)
 #: DaemonSets whose pods write the keys above.

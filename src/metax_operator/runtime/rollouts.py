@@ -5,7 +5,7 @@
 Each rollout is a `RolloutPass` on the shared watch caches and node writes. They decide one after
 another; with pools, each sees the GPU nodes out of service anywhere but among its own nodes
 (`Cluster.elsewhere`): those not serving as the caches show them (no Ready driver pod, cordoned)
-and those the waves decided so far take, so that no pool's wave exceeds the budget the others
+and those the rollouts decided so far take out in this pass, so that no pool's wave exceeds the budget the others
 left. Then the moves are decided on what the rollouts left. The pass writes every rollout's
 status in the CR's one status write (`status_fields`), then each acts, the nodes' state labels
 are written once for all of them, and the moves last.
@@ -89,9 +89,10 @@ class Rollouts:
         for target, rollout in self.passes.items():
             plan = rollout.decide(cr, specs[target], policies[target], out)
             plans[target] = plan
-            if isinstance(plan, Plan):
-                out |= frozenset(plan.decision.status.resume.wave)
-        waves = frozenset(n for p in plans.values() if isinstance(p, Plan) for n in p.decision.status.resume.wave)
+            if isinstance(plan, Plan):  # what its actions take out of service in this pass
+                out |= frozenset(ref.node for ref in plan.decision.delete) | frozenset(plan.decision.cordon)
+        # A wave's nodes stay in `resume.wave` once back: those still out of service are being swapped.
+        waves = out & frozenset(n for p in plans.values() if isinstance(p, Plan) for n in p.decision.status.resume.wave)
         busy = frozenset(p.node for p in self.watches.gpu_pods.snapshot().values() if p.node and p.workload)
         selected = self.pool_nodes.selected(pools.pools_of((cr.get("spec") or {}).get("driver")))
         decided = lambda t: policies.get(t) if isinstance(plans.get(t), Plan) else None  # noqa: E731
