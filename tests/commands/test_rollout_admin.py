@@ -302,3 +302,16 @@ def test_pause_and_undo_of_a_pool_set_the_pools_own_policy(tmp_path):
             code == 1
             and said == "error: --pool: rack-c is no pool of spec.driver.pools (its pools: rack-a, rack-b); name one of them\n"
         )
+
+
+def test_a_pools_pause_is_named_where_it_is_and_resumed_with_its_pool():
+    running = UpgradeStatus(phase="Progressing", upgrading=True, step=StepStatus(current_step_state="StepUpgrade"))
+    shown = pooled({}, {})
+    shown["spec"]["driver"]["pools"] = [POOLS[0], {**POOLS[1], "upgradePolicy": {"pause": True}}]
+    shown["status"]["pools"] = [{"name": "rack-b", "upgradeStatus": running.to_json()}]
+    text = admin.render(shown, target=Target("rack-b"))
+    said = (
+        "Waiting: paused by the admin (spec.driver.pools[1].upgradePolicy.pause: true): "
+        "metax-operator rollout resume --pool rack-b"
+    )
+    assert said in text.splitlines()

@@ -154,7 +154,7 @@ def test_two_pools_roll_out_on_their_own_schedules_and_one_rolls_back_alone(cont
         assert new_b != old_b and sum(revisions(api, "rack-b").values()) == len(RACK_B)
         a = pool_status(api, "rack-a")
         assert a["phase"] == "Progressing" and revisions(api, "rack-a") == Counter({old_a: len(RACK_A)}), a
-        assert "paused by the admin" in a["message"]
+        assert "paused by the admin (spec.driver.pools[0].upgradePolicy.pause: true)" in a["message"]
 
         # rack-a resumed: its first step swaps one node and waits for the admin, who rolls it back.
         patch_pool(cp, 0, [{"op": "replace", "path": "/upgradePolicy/pause", "value": False}])

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metax_operator.chart import pools
 from metax_operator.chart.upgrade_policy import validate
@@ -208,3 +210,34 @@ def test_the_moves_into_one_pool_count_in_the_budget_of_the_next():
     assert moves.label == {"a1": "c500"} and moves.waiting == {"no room in the budget": ["a2", "b1", "b2"]}
     allowance = {Target("c500"): policy(maxParallel=1), Target("c550"): policy(maxParallel=1, maxUnavailable=1)}
     assert decide(nodes, set(nodes), allowance).label == {"a1": "c500", "b1": "c550"}
+
+
+@given(
+    layout=st.lists(st.sampled_from(["C500", "C550", "C900"]), min_size=1, max_size=12),
+    serving=st.lists(st.booleans(), min_size=12, max_size=12),
+    out=st.integers(0, 4),
+    caps=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2), st.integers(0, 2)),
+)
+def test_the_serving_nodes_moved_in_one_pass_stay_within_the_budget(layout, serving, out, caps):
+    """Whatever the fleet and the nodes out of service, the serving nodes a pass moves into each
+    pool are at most its `maxParallel`, and all of them together leave no more nodes out of
+    service than the pools' budgets allow one after the other."""
+    nodes = {f"n{i:02d}": node(product) for i, product in enumerate(layout)}
+    up = {n for n, s in zip(sorted(nodes), serving, strict=False) if s}
+    down = frozenset(f"elsewhere-{i}" for i in range(out))
+    policies = {
+        Target("c500"): policy(maxParallel=caps[0], maxUnavailable=caps[2]),
+        Target("c550"): policy(maxParallel=caps[1], maxUnavailable=caps[3]),
+    }
+    moves = decide(nodes, up, policies, out=down)
+    moved_serving = {pool: [n for n, p in moves.label.items() if p == pool and n in up] for pool in ("c500", "c550")}
+    assert not set(moves.label) - {
+        n for n, labels in nodes.items() if dict(labels)["metax-tech.com/gpu.product"] in ("C500", "C550")
+    }
+    assert all(n not in up for n, p in moves.label.items() if p is None)
+    taken = len(down)
+    for pool, (cap, allowance) in (("c500", (caps[0], caps[2])), ("c550", (caps[1], caps[3]))):
+        total = sum(1 for labels in nodes.values() if dict(labels)["metax-tech.com/gpu.product"] == pool.upper())
+        limit = cap or total  # maxParallel 0: no limit
+        assert len(moved_serving[pool]) <= min(limit, max(0, limit + allowance - taken))
+        taken += len(moved_serving[pool])

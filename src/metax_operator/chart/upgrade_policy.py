@@ -137,6 +137,8 @@ class Policy:
     health_gate: HealthGate | None = None  # None: a step promotes once its pause is over
     # The raw mapping's step list, canonical, so a restart can tell whether it was edited.
     steps_key: str = field(default="", compare=False)
+    # Where the policy is in the ClusterOperator: what the rollout's messages name.
+    field: str = field(default="spec.driver.upgradePolicy", compare=False)
 
     def targets(self, nodes: int) -> list[int]:
         """Each step's target number of upgraded pods for `nodes` eligible pods.
@@ -173,7 +175,7 @@ def validate(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int
     errors = problems(policy, field_prefix, nodes)
     if errors:
         raise UserErrors(errors)
-    return build(policy or {})
+    return build(policy or {}, field_prefix)
 
 
 def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int | None = None) -> list[UserError]:
@@ -264,8 +266,9 @@ def pause_with_duration(step: str) -> UserError:
     )
 
 
-def build(raw: Mapping) -> Policy:
-    """The `Policy` of a mapping that passed `problems` (`validate` checks, then builds)."""
+def build(raw: Mapping, where: str = "spec.driver.upgradePolicy") -> Policy:
+    """The `Policy` of a mapping that passed `problems` (`validate` checks, then builds); `where`
+    it is in the ClusterOperator."""
     steps = tuple(
         Step(
             replicas=_parse_int_or_percent(s["replicas"]),
@@ -295,6 +298,7 @@ def build(raw: Mapping) -> Policy:
         validation=_validation(raw.get("validation") or {}),
         health_gate=_health_gate(raw.get("healthGate") or {}),
         steps_key=key,
+        field=where,
     )
 
 

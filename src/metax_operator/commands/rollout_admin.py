@@ -230,9 +230,12 @@ def _runs_as_cronjob(api: Client, namespace: str, name: str) -> bool:
         return False
 
 
-def blockers(cr: dict, status: UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str) -> list[str]:
+def blockers(
+    cr: dict, status: UpgradeStatus, policy: policy_mod.Policy | None, leader: str | None, namespace: str, pool: str = ""
+) -> list[str]:
     """Why the rollout does not move, each with what moves it on: first what stops the runner
-    itself (`Stopped: ...`), then what the rollout waits for (`Waiting: ...`)."""
+    itself (`Stopped: ...`), then what the rollout waits for (`Waiting: ...`); `pool` is the
+    `--pool NAME` of a driver pool's rollout."""
     conditions = {c.get("type"): c for c in (cr.get("status") or {}).get("conditions") or () if isinstance(c, dict)}
     out = []
     spec = conditions.get(CrCondition.SPEC_VALID) or {}
@@ -259,13 +262,15 @@ def blockers(cr: dict, status: UpgradeStatus, policy: policy_mod.Policy | None, 
         if resume.pause_reason == "failure":
             out.append(
                 "Waiting: the runner paused the rollout after a failed step:"
-                " fix the failed nodes, then metax-operator rollout resume"
+                f" fix the failed nodes, then metax-operator rollout resume{pool}"
                 f" (or retry one node's driver now: kubectl label node NODE {RETRY_LABEL}=true)"
             )
         else:
-            out.append(f"Waiting: step {sub.current_step_index} is done and waits for the admin: metax-operator rollout resume")
+            out.append(
+                f"Waiting: step {sub.current_step_index} is done and waits for the admin: metax-operator rollout resume{pool}"
+            )
     elif status.upgrading and policy.pause:
-        out.append("Waiting: paused by the admin (spec.driver.upgradePolicy.pause: true): metax-operator rollout resume")
+        out.append(f"Waiting: paused by the admin ({policy.field}.pause: true): metax-operator rollout resume{pool}")
     if status.upgrading and resume.held.count:
         out.append(
             f"Waiting: for the GPU jobs on {_names(resume.held)} to end (held back): let them finish, take such nodes in with"
@@ -329,10 +334,12 @@ def _node_table(nodes: list[StateRow]) -> str:
 
 
 def _table(cr: dict, written: dict, leader: str | None, namespace: str, target: Target) -> str:
-    raw = lookup(target.spec(cr.get("spec") or {}) or {}, "driver", "upgradePolicy") or {}
+    spec = cr.get("spec") or {}
+    raw = lookup(target.spec(spec) or {}, "driver", "upgradePolicy") or {}
+    where = "spec.driver.upgradePolicy" if target == DRIVER else f"spec.driver.pools[{target.index(spec)}].upgradePolicy"
     status = UpgradeStatus.from_json(written)
     try:
-        policy = policy_mod.validate(raw, field_prefix="spec.driver.upgradePolicy")
+        policy = policy_mod.validate(raw, field_prefix=where)
     except (UserError, UserErrors) as err:
         lines = [f"The upgrade policy is invalid, so the runner does not act on it:\n{err}", f"Fix it: {EDIT_CR}"]
         return "\n".join(lines + blockers(cr, status, None, leader, namespace))
@@ -373,7 +380,7 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str, target: 
     if failed:
         lines.append(f"Failed: {failed.reason}: {failed.message}")
     lines.append(f"Message: {status.message or '-'}")
-    why = blockers(cr, status, policy, leader, namespace)
+    why = blockers(cr, status, policy, leader, namespace, "" if target == DRIVER else f" --pool {target.pool}")
     lines += why
     stopped = any(line.startswith("Stopped:") for line in why)
     lines.append(f"Next: {'nothing moves until the causes under Stopped are fixed' if stopped else next_action(status, policy)}")

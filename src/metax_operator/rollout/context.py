@@ -60,6 +60,11 @@ class PassContext:
                 self.resume.release_pause = False
 
     @property
+    def admin_paused(self) -> str:
+        """What a pass held by the admin's pause says (the policy's place: the driver's, a pool's)."""
+        return f"paused by the admin ({self.policy.field}.pause: true)"
+
+    @property
     def timeout(self) -> float:
         """The readiness timeout, seconds."""
         return self.policy.readiness_timeout_ms / 1000

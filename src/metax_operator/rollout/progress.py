@@ -14,7 +14,6 @@ from metax_operator.rollout.context import Next, PassContext
 from metax_operator.rollout.observation import RevisionView
 from metax_operator.rollout.rollback import Rollback
 from metax_operator.rollout.status import (
-    ADMIN_PAUSED,
     COMPLETED,
     DISABLING,
     IDLING,
@@ -102,7 +101,7 @@ class Progress:
         queue = [n for n in resume.retry_queue if n in view.failed]
         if queue:
             if ctx.admin_pause:
-                return ctx.finish(ADMIN_PAUSED)
+                return ctx.finish(ctx.admin_paused)
             budget = ctx.budget(view, index)
             if budget.room <= 0:
                 return waves.wait_for_room(f"step {index}", budget)
@@ -120,7 +119,7 @@ class Progress:
                 return self.failed_step(view, index, unavailable, "maxUnavailable")
             return self.step_ready(index, done)
         if ctx.admin_pause:
-            return ctx.finish(ADMIN_PAUSED)
+            return ctx.finish(ctx.admin_paused)
         remaining = target - done - len(view.coming)
         if remaining <= 0:
             return ctx.finish(f"step {index}: waiting for {len(view.coming)} pods to be created")
@@ -201,7 +200,7 @@ class Progress:
             return self.resumed(index)
         recheck = parse_time(ctx.step.recheck_time)
         if ctx.admin_pause:
-            return ctx.finish(f"step {index}: {ADMIN_PAUSED}")
+            return ctx.finish(f"step {index}: {ctx.admin_paused}")
         over = recheck is None or ctx.now >= recheck
         if held := self.health_gate(view, index, over):
             return held

@@ -18,7 +18,6 @@ from metax_operator.rollout.context import Next, PassContext
 from metax_operator.rollout.observation import Pod, starting
 from metax_operator.rollout.restore import Restore
 from metax_operator.rollout.status import (
-    ADMIN_PAUSED,
     DISABLED,
     DISABLING,
     IDLING,
@@ -92,7 +91,7 @@ class Rollback:
             ctx.event(EventType.NORMAL, Reason.REPLACED, f"every driver pod is at revision {current}")
             return Next.IDLE
         if ctx.admin_pause:
-            return ctx.finish(ADMIN_PAUSED)
+            return ctx.finish(ctx.admin_paused)
         pods = [p for p in self.waves.takeable(view.others) if not self.waves.to_prepare(p.node)]  # no waves: no wait, no drain
         ctx.delete(pods)
         coming_up = sum(1 for p in view.others if starting(p, ctx.now, ctx.timeout))
@@ -180,7 +179,7 @@ class Rollback:
         if not view.others and not view.coming:
             return self.rolled_back(last)
         if ctx.admin_pause:
-            return ctx.finish(f"rollback {ADMIN_PAUSED}")
+            return ctx.finish(f"rollback {ctx.admin_paused}")
         pods = waves.takeable(view.others)
         if not pods:
             return waves.none_takeable("rollback", view.others)

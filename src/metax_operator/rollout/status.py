@@ -91,7 +91,6 @@ class Reason(StrEnum):
 
 
 #: A pass's message while the admin's `spec.driver.upgradePolicy.pause` holds the rollout.
-ADMIN_PAUSED = "paused by the admin (spec.driver.upgradePolicy.pause: true)"
 
 
 def _key(name: str, default: Any = None, *, factory: Any = None, count: str = "") -> Any:

@@ -74,7 +74,7 @@ class Rollouts:
         driver's as the pass validated it, None when the spec is invalid; a pool's read from its
         spec: the pool's keys over the driver's, validated with the spec), the driver's first,
         then the moves."""
-        policies = {t: policy if t == DRIVER or policy is None else pool_policy(specs[t]) for t in specs}
+        policies = {t: policy if t == DRIVER or policy is None else pool_policy(t, cr.get("spec") or {}, specs[t]) for t in specs}
         self.passes = {t: self.passes.get(t) or self._make(t) for t in specs}
         for rollout in self.passes.values():
             rollout.every_state = self._every_state
@@ -155,6 +155,8 @@ class Rollouts:
         return self.driver.without_cr()
 
 
-def pool_policy(spec: dict) -> Policy:
-    """A driver pool's upgrade policy, from its spec (`Target.spec`)."""
-    return upgrade_policy.build(((spec.get("driver") or {}).get("upgradePolicy")) or {})
+def pool_policy(target: Target, cr_spec: dict, spec: dict) -> Policy:
+    """A driver pool's upgrade policy, from the spec it acts on (`Target.spec`), named where the
+    pool is in the CR's spec."""
+    where = f"spec.driver.pools[{target.index(cr_spec)}].upgradePolicy"
+    return upgrade_policy.build(((spec.get("driver") or {}).get("upgradePolicy")) or {}, where)
