@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from metax_operator import contract
+from metax_operator.contract import POOL_LABEL
 from tests.helm import (  # noqa: F401
     APP_VERSION,
     CHART,
@@ -480,3 +481,45 @@ def test_package_holds_only_the_chart(tmp_path):
     assert "templates/driver/daemonset.yaml" in names
     assert {f"crds/{contract.CRD_FILE_NAME}", f"files/{contract.CRD_FILE_NAME}"} <= names  # both CRD forms
     assert "alerts/metax-operator-rules.yaml" in names
+
+
+POOL_RACK_B = {
+    "name": "rack-b",
+    "nodeSelector": {"example.com/rack": "b"},
+    "payload": {"version": "2.33.0.1"},
+    "fwEnableVirt": True,
+}
+
+
+def test_driver_pools_add_a_daemonset_each_and_change_nothing_else_but_the_drivers_node_affinity():
+    base = {"registry": "domain.example/project", "driver": {"payload": {"version": "2.32.0.6"}}}
+    without = {(o["kind"], o["metadata"]["name"]): o for o in render_chart(base)}
+    assert without == {
+        (o["kind"], o["metadata"]["name"]): o for o in render_chart({**base, "driver": {**base["driver"], "pools": []}})
+    }
+    with_pools = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in render_chart({**base, "driver": {**base["driver"], "pools": [POOL_RACK_B]}})
+    }
+    pool = with_pools.pop(("DaemonSet", "metax-driver-pool-rack-b"))
+    changed = sorted(key for key in without if without[key] != with_pools[key])
+    assert set(with_pools) == set(without)
+    assert changed == [("ConfigMap", "metax-operator-values"), ("DaemonSet", "metax-driver")], changed  # the values, the driver
+    driver, before = with_pools[("DaemonSet", "metax-driver")], without[("DaemonSet", "metax-driver")]
+    term = {"matchExpressions": [{"key": POOL_LABEL, "operator": "DoesNotExist"}]}
+    assert driver["spec"]["template"]["spec"]["affinity"] == {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    }
+    del driver["spec"]["template"]["spec"]["affinity"]
+    base_annotation = "gpu.metax-tech.com/scheduling-base"
+    assert json.loads(driver["metadata"]["annotations"].pop(base_annotation))["affinity"]
+    del before["metadata"]["annotations"][base_annotation]
+    assert driver == before
+    # The pool's DaemonSet: the driver's with the pool's version, firmware switch, label and name.
+    spec = pool["spec"]["template"]["spec"]
+    assert pool["spec"]["selector"]["matchLabels"][POOL_LABEL] == "rack-b"
+    assert spec["nodeSelector"] == {"metax-tech.com/gpu.installed": "true", POOL_LABEL: "rack-b"}
+    assert spec["serviceAccountName"] == "metax-driver"
+    assert next(c["image"] for c in spec["initContainers"] if c["name"] == "payload").endswith("/driver-image:2.33.0.1")
+    assert {"name": "FW_ENABLE_VIRT", "value": "true"} in spec["containers"][0]["env"]
+    assert pool["metadata"]["annotations"]["gpu.metax-tech.com/driver-pool"] == "rack-b"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from metax_operator.chart import pools, upgrade_policy
 from metax_operator.chart.upgrade_policy import Policy
-from metax_operator.conditions import Condition
+from metax_operator.conditions import Condition, CrCondition
 from metax_operator.jsonlog import event
 from metax_operator.rollout import membership
 from metax_operator.rollout.membership import Moves
@@ -113,9 +113,10 @@ class Rollouts:
         states = {node: state for rollout in rollouts for node, state in rollout.states.items()}
         return states, set().union(*(rollout.retry_done for rollout in rollouts))
 
-    def condition(self) -> Condition | None:
-        """DriverPoolsDisjoint, in a pass with pools."""
-        return membership.condition(self.moves) if self.pooled else None
+    def condition(self, cr: dict) -> Condition | None:
+        """DriverPoolsDisjoint, in a pass with pools (or once set: True again without them)."""
+        had = any(c.get("type") == CrCondition.POOLS_DISJOINT for c in (cr.get("status") or {}).get("conditions") or ())
+        return membership.condition(self.moves) if self.pooled or had else None
 
     def status_fields(self, cr: dict, plans: Plans) -> dict | None:
         """The CR status fields every rollout's plan writes (`Target.status_fields`): the driver's

@@ -177,7 +177,7 @@ class Runner:
         policy = acting.check.policy
         applied = reconcile.apply_objects(self.api, outcome.applies, self.is_leader)
         plans = self.rollouts.decide(cr, {target: force.spec for target, force in forces.items()}, policy)
-        if (pools_condition := self.rollouts.condition()) is not None:
+        if (pools_condition := self.rollouts.condition(cr)) is not None:
             outcome.conditions.append(pools_condition)
         written = cr_status.write(
             self.api,
