@@ -175,7 +175,7 @@ def validate(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int
     errors = problems(policy, field_prefix, nodes)
     if errors:
         raise UserErrors(errors)
-    return build(policy or {}, field_prefix)
+    return build(policy or {})
 
 
 def problems(policy: Any, field_prefix: str = "driver.upgradePolicy", nodes: int | None = None) -> list[UserError]:

@@ -15,6 +15,7 @@ need a reboot; and an edit made during the rollout that the runner holds until i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -339,7 +340,7 @@ def _table(cr: dict, written: dict, leader: str | None, namespace: str, target: 
     where = "spec.driver.upgradePolicy" if target == DRIVER else f"spec.driver.pools[{target.index(spec)}].upgradePolicy"
     status = UpgradeStatus.from_json(written)
     try:
-        policy = policy_mod.validate(raw, field_prefix=where)
+        policy = dataclasses.replace(policy_mod.validate(raw, field_prefix=where), field=where)
     except (UserError, UserErrors) as err:
         lines = [f"The upgrade policy is invalid, so the runner does not act on it:\n{err}", f"Fix it: {EDIT_CR}"]
         return "\n".join(lines + blockers(cr, status, None, leader, namespace))
