@@ -411,13 +411,19 @@ def test_enable_rollout_false_replaces_every_pod_at_once():
     assert cluster.status.resume.stable_revision == "new"
 
 
-def test_a_new_revision_mid_rollout_restarts_at_step_zero():
+def in_step_one():
+    """Six nodes: step 0 upgraded two, and step 1 started (`maxParallel: 2`); the cluster and policy."""
     cluster = Cluster(6)
     pol = policy(maxParallel=2, upgradeSteps=[{"replicas": 2, "pauseDuration": 0}, {"replicas": "100%"}])
     cluster.decide(pol, T0)
     cluster.ready_all()
     cluster.decide(pol, T0 + 5)  # step 1 starts
     cluster.ready_all()
+    return cluster, pol
+
+
+def test_a_new_revision_mid_rollout_restarts_at_step_zero():
+    cluster, pol = in_step_one()
     cluster.revision = "newer"
     decision = cluster.decide(pol, T0 + 10)
     sub = decision.status.step
@@ -869,12 +875,7 @@ def test_a_revision_that_changes_only_where_driver_pods_run_replaces_no_pod(enab
 
 
 def test_a_revision_that_changes_only_where_pods_run_mid_rollout_lets_the_rollout_go_on():
-    cluster = Cluster(6)
-    pol = policy(maxParallel=2, upgradeSteps=[{"replicas": 2, "pauseDuration": 0}, {"replicas": "100%"}])
-    cluster.decide(pol, T0)
-    cluster.ready_all()
-    cluster.decide(pol, T0 + 5)  # step 1 starts
-    cluster.ready_all()
+    cluster, pol = in_step_one()
     cluster.revision, cluster.same = "new-tolerating", {"new"}
     decision = cluster.decide(pol, T0 + 10)
     sub = decision.status.step
