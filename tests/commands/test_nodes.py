@@ -82,6 +82,20 @@ def test_the_view_joins_nodes_pods_and_revisions():
     assert view.problems == ["node b: one", "pod x/y: two"]
 
 
+def test_a_driver_pools_pod_is_compared_with_its_own_daemonsets_revision():
+    pooled = pod("driver", "a", "pool-new")
+    pooled["metadata"]["labels"][contract.POOL_LABEL] = "rack-a"
+    revisions = [
+        *REVISIONS,
+        revision("pool-old", 1, "metax-driver-pool-rack-a"),
+        revision("pool-new", 2, "metax-driver-pool-rack-a"),
+    ]
+    view = nodes.build(NODES, [pooled, *PODS[1:]], revisions, CR)
+    a, b = view.nodes
+    assert (a.driver_revision, a.driver_current) == ("pool-new", True)
+    assert (b.driver_revision, b.driver_current) == ("new", True) and view.current_driver_revision == "new"
+
+
 def whole(obj: dict) -> dict:
     """`obj` as the API server serves it: with what `build` does not read besides."""
     out = json.loads(json.dumps(obj))

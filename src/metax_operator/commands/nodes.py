@@ -3,8 +3,9 @@
 What an administrator wants before submitting work: each node's gpu-device mode and sGPU QoS
 policy (its labels), allocatable `metax-tech.com/gpu`, `sgpu` and `vfio-gpu`, the VF count
 (gpu-label's `metax-tech.com/gpu.vfnum`), the driver pod's revision and whether it is the current
-one, the MXMACA versions its maca pod deploys, and the GPUs vfio-manager bound to vfio-pci (its node
-annotation). Below the table, the runner's `WorkloadsValid` condition when it reports problems.
+one of its DaemonSet (the driver's own, or its driver pool's), the MXMACA versions its maca pod
+deploys, and the GPUs vfio-manager bound to vfio-pci (its node annotation). Below the table, the
+runner's `WorkloadsValid` condition when it reports problems.
 
 Four requests whatever the cluster's size, none per node: a LIST of the GPU nodes, a LIST of the
 release's driver and maca pods (one set-based label selector), a LIST of the driver's
@@ -25,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from metax_operator import contract, workloads
 from metax_operator.conditions import CrCondition
-from metax_operator.contract import COMPONENT_LABEL, DRIVER_DAEMONSET, REVISION_LABEL
+from metax_operator.contract import COMPONENT_LABEL, DRIVER_DAEMONSET, POOL_DAEMONSET_PREFIX, POOL_LABEL, REVISION_LABEL
 from metax_operator.errors import UserError
 from metax_operator.lookup import lookup
 from metax_operator.runtime.kube import Client, add_arguments
@@ -59,25 +60,28 @@ class View:
 
 def build(nodes: list[dict], pods: list[dict], revisions: list[dict], cr: dict | None) -> View:
     """The view from what the four requests returned (pure)."""
-    owned = [
-        r
-        for r in revisions
-        if any(
-            o.get("kind") == "DaemonSet" and o.get("name") == DRIVER_DAEMONSET for o in r["metadata"].get("ownerReferences") or []
-        )
-    ]
-    newest = max(owned, key=lambda r: int(r.get("revision") or 0), default=None)
-    current = lookup(newest, "metadata", "labels", REVISION_LABEL) or ""
+    newest: dict[str | None, dict] = {}  # each driver DaemonSet's (by pool: None the driver's own) newest revision
+    for r in revisions:
+        for owner in lookup(r, "metadata", "ownerReferences") or []:
+            name = owner.get("name") or ""
+            if owner.get("kind") != "DaemonSet" or not (name == DRIVER_DAEMONSET or name.startswith(POOL_DAEMONSET_PREFIX)):
+                continue
+            pool = name.removeprefix(POOL_DAEMONSET_PREFIX) if name != DRIVER_DAEMONSET else None
+            if int(r.get("revision") or 0) >= int(newest.get(pool, {}).get("revision") or 0):
+                newest[pool] = r
+    currents = {pool: lookup(r, "metadata", "labels", REVISION_LABEL) or "" for pool, r in newest.items()}
+    current = currents.get(None, "")
     by_node: dict[tuple[str, str], dict] = {}
     for pod in pods:
         if pod["metadata"].get("deletionTimestamp"):
             continue
         component = (pod["metadata"].get("labels") or {}).get(COMPONENT_LABEL, "")
         by_node[(component, (pod.get("spec") or {}).get("nodeName") or "")] = pod
-    rows = [
-        _row(node, by_node.get(("driver", node["metadata"]["name"])), by_node.get(("maca", node["metadata"]["name"])), current)
-        for node in sorted(nodes, key=lambda n: n["metadata"]["name"])
-    ]
+    rows = []
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        driver = by_node.get(("driver", node["metadata"]["name"]))
+        pool = lookup(driver, "metadata", "labels", POOL_LABEL)  # a driver pool's pod carries its pool
+        rows.append(_row(node, driver, by_node.get(("maca", node["metadata"]["name"])), currents.get(pool, "")))
     condition = next((c for c in lookup(cr, "status", "conditions") or [] if c.get("type") == CrCondition.WORKLOADS_VALID), None)
     problems = condition["message"].splitlines() if condition and condition.get("status") == "False" else []
     return View(rows, current, problems)
