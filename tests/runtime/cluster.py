@@ -85,11 +85,16 @@ REVISION_LABEL = "controller-revision-hash"
 DEFAULT_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
 
 
+def chart(pools: list[dict] | None = None) -> tuple[dict, ...]:
+    """The chart's DaemonSets, ConfigMaps and Service for the tests' values (with `pools` as
+    `driver.pools`), as helm3 renders them (rendered once per process and pools)."""
+    return _chart(json.dumps(pools or [], sort_keys=True))
+
+
 @functools.cache
-def chart() -> tuple[dict, ...]:
-    """The chart's DaemonSets, ConfigMaps and Service for the tests' values, as helm3 renders them
-    (rendered once per process)."""
-    return tuple(obj for obj in render_chart(VALUES) if obj["kind"] in ("DaemonSet", "ConfigMap", "Service"))
+def _chart(pools: str) -> tuple[dict, ...]:
+    values = deep_update(copy.deepcopy(VALUES), {"driver": {"pools": json.loads(pools)}}) if json.loads(pools) else VALUES
+    return tuple(obj for obj in render_chart(values) if obj["kind"] in ("DaemonSet", "ConfigMap", "Service"))
 
 
 def path_of(obj: dict) -> str:
@@ -121,6 +126,11 @@ def labels(obj: dict) -> dict:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
+def owner(obj: dict) -> str:
+    """The name of the object's first owner."""
+    return (((obj.get("metadata") or {}).get("ownerReferences") or [{}])[0]).get("name", "")
+
+
 def images(pod_spec: dict, kind: str) -> list[dict]:
     """A pod template's containers of `kind` as a pod made from it keeps them here: their names
     and images (no decision reads more of a driver pod's spec)."""
@@ -133,9 +143,29 @@ def payload_version(template: dict) -> str:
     return image.rsplit(":", 1)[1]
 
 
+def schedulable(pod_spec: dict, node_labels: dict) -> bool:
+    """Whether a pod template's nodeSelector and required node affinity admit a node's labels."""
+    if any(node_labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    affinity = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = (affinity or {}).get("nodeSelectorTerms") or []
+    return not terms or any(all(_admits(e, node_labels) for e in t.get("matchExpressions") or []) for t in terms)
+
+
+def _admits(expression: dict, node_labels: dict) -> bool:
+    key, values = expression["key"], expression.get("values") or []
+    return {
+        "In": lambda: node_labels.get(key) in values,
+        "NotIn": lambda: node_labels.get(key) not in values,
+        "Exists": lambda: key in node_labels,
+        "DoesNotExist": lambda: key not in node_labels,
+    }[expression["operator"]]()
+
+
 class DaemonSetController:
-    """The DaemonSet controller, for the release's DaemonSets; pods for the driver's only (the
-    other components' pods are no input of any decision of the runner)."""
+    """The DaemonSet controller, for the release's DaemonSets; pods for the driver's (its own and
+    each driver pool's) only (the other components' pods are no input of any decision of the
+    runner)."""
 
     def __init__(self, api: FakeApi, kubectl, clock):
         self.api, self.kubectl, self.clock = api, kubectl, clock
@@ -144,14 +174,15 @@ class DaemonSetController:
 
     def revisions(self, ds: str = "metax-driver") -> dict[str, dict]:
         """hash -> the ControllerRevision of DaemonSet `ds`."""
-        prefix = f"{REVISIONS}/{ds}-"
         return {
-            obj["metadata"]["labels"][REVISION_LABEL]: obj for path, obj in self.api.objects.items() if path.startswith(prefix)
+            obj["metadata"]["labels"][REVISION_LABEL]: obj
+            for path, obj in self.api.objects.items()
+            if path.startswith(REVISIONS + "/") and owner(obj) == ds
         }
 
-    def current(self) -> str:
-        """The driver template's revision hash."""
-        return self.hash(DRIVER)
+    def current(self, ds: str = "metax-driver") -> str:
+        """The template's revision hash of driver DaemonSet `ds`."""
+        return self.hash(f"{DAEMONSETS}/{ds}")
 
     def hash(self, path: str) -> str:
         """The revision hash of the template of the DaemonSet at `path` (worked out once a version)."""
@@ -164,7 +195,13 @@ class DaemonSetController:
     def sync(self) -> None:
         for path in sorted(p for p in self.api.objects if p.startswith(DAEMONSETS + "/")):
             self._revision(path)
-        self._driver_pods()
+        for ds in self.drivers():
+            self._driver_pods(ds)
+
+    def drivers(self) -> list[str]:
+        """The driver DaemonSets: the driver's own, then each pool's."""
+        prefix = f"{DAEMONSETS}/metax-driver"
+        return sorted(path.rsplit("/", 1)[1] for path in self.api.objects if path == prefix or path.startswith(prefix + "-pool-"))
 
     def _revision(self, path: str) -> None:
         """The template's ControllerRevision, created or renumbered the newest; then the
@@ -196,31 +233,31 @@ class DaemonSetController:
             ds.setdefault("status", {})["observedGeneration"] = ds["metadata"]["generation"]
             self.kubectl.call("PUT", path + "/status", body=ds)
 
-    def selected(self) -> set[str]:
-        """The nodes the driver's nodeSelector selects."""
-        selector = self.api.objects[DRIVER]["spec"]["template"]["spec"].get("nodeSelector") or {}
+    def selected(self, ds: str = "metax-driver") -> set[str]:
+        """The nodes driver DaemonSet `ds`'s nodeSelector and node affinity select."""
+        spec = self.api.objects[f"{DAEMONSETS}/{ds}"]["spec"]["template"]["spec"]
         return {
             path.rsplit("/", 1)[1]
             for path, node in self.api.objects.items()
-            if path.startswith(NODES + "/") and all(labels(node).get(k) == v for k, v in selector.items())
+            if path.startswith(NODES + "/") and schedulable(spec, labels(node))
         }
 
-    def driver_pods(self) -> dict[str, list[dict]]:
-        """node -> its driver pods (a deleted one still terminating among them)."""
+    def driver_pods(self, ds: str = "metax-driver") -> dict[str, list[dict]]:
+        """node -> the pods of driver DaemonSet `ds` on it (a deleted one still terminating among them)."""
         pods: dict[str, list[dict]] = {}
         for path, pod in sorted(self.api.objects.items()):
-            if path.startswith(PODS + "/metax-driver-") and not validation(pod):
+            if path.startswith(PODS + "/metax-driver-") and not validation(pod) and owner(pod) == ds:
                 pods.setdefault(pod["spec"]["nodeName"], []).append(pod)
         return pods
 
-    def _driver_pods(self) -> None:
+    def _driver_pods(self, ds_name: str) -> None:
         """OnDelete: a pod for each selected node without one (not while its old one terminates);
         the pods of a node no longer selected deleted; those of a node gone removed (pod GC)."""
-        ds = self.api.objects[DRIVER]
-        template, current = ds["spec"]["template"], self.current()
-        nodes, selected, pods = self.nodes(), self.selected(), self.driver_pods()
+        ds = self.api.objects[f"{DAEMONSETS}/{ds_name}"]
+        template, current = ds["spec"]["template"], self.current(ds_name)
+        nodes, selected, pods = self.nodes(), self.selected(ds_name), self.driver_pods(ds_name)
         for node in sorted(selected - set(pods)):
-            name = f"metax-driver-{node}-{next(self.serial)}"
+            name = f"{ds_name}-{node}-{next(self.serial)}"
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -230,7 +267,7 @@ class DaemonSetController:
                     "labels": {**labels(template), REVISION_LABEL: current},
                     "creationTimestamp": rfc3339(self.clock()),
                     "ownerReferences": [
-                        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "metax-driver", "uid": ds["metadata"]["uid"]}
+                        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name, "uid": ds["metadata"]["uid"]}
                     ],
                 },
                 "spec": {"nodeName": node, **{kind: images(template["spec"], kind) for kind in ("initContainers", "containers")}},
@@ -362,17 +399,16 @@ class Helm:
     """The release: its values (the driver version and upgrade policy the bootstrap hook writes)
     and its revision."""
 
-    def __init__(self, cluster: Cluster, policy: dict):
+    def __init__(self, cluster: Cluster, policy: dict, pools: list[dict] | None = None):
         self.cluster = cluster
-        self.version, self.policy = VERSIONS[0], copy.deepcopy(policy)
+        self.version, self.policy, self.pools = VERSIONS[0], copy.deepcopy(policy), copy.deepcopy(pools or [])
         self.revision = 1  # what `helm install` renders the DaemonSets with
         self.written_version = None  # the version the bootstrap last wrote into the CR
 
     def values_spec(self) -> dict:
         """The CR's spec the values give."""
-        return deep_update(
-            copy.deepcopy(VALUES), {"driver": {"payload": {"version": self.version}, "upgradePolicy": self.policy}}
-        )
+        driver = {"payload": {"version": self.version}, "upgradePolicy": self.policy}
+        return deep_update(copy.deepcopy(VALUES), {"driver": {**driver, **({"pools": self.pools} if self.pools else {})}})
 
     def upgrade(self, version: str | None = None) -> bool:
         """`helm upgrade` (with `--set driver.payload.version=VERSION`): its bootstrap hook writes
@@ -415,7 +451,7 @@ class Helm:
         """Helm applies the release after its hooks: each DaemonSet as it renders it, the shared
         fields as the live DaemonSet holds them, so only the revision annotation changes."""
         annotation = {"metadata": {"annotations": {RELEASE_REVISION_ANNOTATION: str(self.revision)}}}
-        for obj in chart():
+        for obj in chart(self.pools):
             if obj["kind"] == "DaemonSet":
                 self.cluster.kubectl.patch("apps/v1", "DaemonSet", obj["metadata"]["name"], annotation, namespace=NS)
 
@@ -460,7 +496,7 @@ class Cluster:
     """`nodes` GPU nodes whose driver pods run the values' version, the chart's objects, the CR
     with `policy`, and a runner; see the module's docstring."""
 
-    def __init__(self, nodes: int = 4, policy: dict | None = None):
+    def __init__(self, nodes: int = 4, policy: dict | None = None, pools: list[dict] | None = None):
         self.now = T0
         self.api = FakeApi(clock=lambda: self.now).__enter__()
         self.api.exempt.add(KUBECTL)
@@ -468,10 +504,10 @@ class Cluster:
         self.controller = DaemonSetController(self.api, self.kubectl, lambda: self.now)
         self.kubelet = Kubelet(self.api, self.kubectl)
         self.workloads = Workloads(self.api, self.kubectl)
-        self.helm = Helm(self, policy or {})
+        self.helm = Helm(self, policy or {}, pools)
         self.lease = {"held": True, "checks_left": None}  # see `is_leader`
         self.names = itertools.count()
-        for obj in chart():  # as Helm installed them, with the API server's defaults
+        for obj in chart(pools):  # as Helm installed them, with the API server's defaults
             live = copy.deepcopy(obj)
             live["metadata"].update(namespace=NS, uid=f"uid-{obj['metadata']['name']}", generation=1)
             if obj["kind"] == "DaemonSet":
@@ -536,10 +572,11 @@ class Cluster:
     def tick(self, seconds: float = 30) -> None:
         self.now += seconds
 
-    def add_node(self) -> str:
-        """A GPU node the driver's DaemonSet selects, Ready with 8 GPUs; its name."""
+    def add_node(self, more_labels: dict | None = None) -> str:
+        """A GPU node the driver's DaemonSet selects, Ready with 8 GPUs, with `more_labels`; its name."""
         name = f"n{next(self.names)}"
-        self.kubectl.call("POST", NODES, body={"metadata": {"name": name, "labels": {GPU_NODE_LABEL: "true"}}, "spec": {}})
+        node_labels = {GPU_NODE_LABEL: "true", **(more_labels or {})}
+        self.kubectl.call("POST", NODES, body={"metadata": {"name": name, "labels": node_labels}, "spec": {}})
         self.set_node_ready(name, True)  # the kubelet's first status report
         return name
 
