@@ -20,8 +20,9 @@ from collections import Counter
 import pytest
 from kubernetes import client, watch
 
+from tests.controlplane import GPU_LABEL
 from tests.e2e.disruption import DriverDownWatch, down_now, quiet
-from tests.e2e.tools import kubectl
+from tests.e2e.tools import kubectl, ready
 from tests.e2e.userpath import (
     GPU_NODES,
     NS,
@@ -158,3 +159,53 @@ def test_helm_rollback_replaces_component_pods_once(tools_cluster, tools_api, cl
     pods = client.CoreV1Api(api).list_namespaced_pod(NS, label_selector=gpu_device_selector(api)).items
     nodes = {p.spec.node_name for p in pods}
     assert created and set(created) == nodes and set(created.values()) == {1}, created
+
+
+POOL = {"name": "rack-a", "nodeSelector": {"example.com/rack": "a"}}
+
+
+def payload(pod) -> str:
+    return next(c.image for c in pod.spec.init_containers if c.name == "payload")
+
+
+def pool_pods(api) -> list:
+    return [p for p in driver_pods(api) if p.metadata.owner_references[0].name == "metax-driver-pool-rack-a"]
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_a_driver_pools_version_set_by_helm_upgrade_beside_the_runners_writes(
+    tools_cluster, tools_api, clean_slate, tmp_path, which
+):
+    """A driver pool of one GPU node beside the driver's own DaemonSet: the runner moves the node
+    into it and writes the pool DaemonSet's fields from the CR, as it does the driver's. A routine
+    `helm upgrade` of the pool's version then succeeds under Helm 3 and Helm 4 (no field
+    conflict with the runner), rolls the pool out, and leaves the driver's own nodes alone."""
+    cluster, api = tools_cluster, tools_api
+    core = client.CoreV1Api(api)
+    gpu = sorted(n.metadata.name for n in core.list_node(label_selector=f"{GPU_LABEL}=true").items)
+    rack_a = gpu[0]
+    core.patch_node(rack_a, {"metadata": {"labels": {"example.com/rack": "a"}}})
+    try:
+        values = cluster.user_values(tmp_path, runner={"interval": 1}, driver={"upgradePolicy": POLICY, "pools": [POOL]})
+        release = release_name(ok(seed_install(cluster, which, values)))
+        in_pool = lambda: [p.spec.node_name for p in pool_pods(api) if ready(p)] == [rack_a]  # noqa: E731
+        eventually(lambda: in_pool() and len(driver_pods(api)) == GPU_NODES, 120, f"{rack_a} in the pool")
+        others = {p.metadata.uid for p in driver_pods(api) if p.spec.node_name != rack_a}
+
+        pools = json.dumps([{**POOL, "payload": {"version": NEW}}])
+        upgrade = ("upgrade", release, cluster.chart, "-n", NS, "--reuse-values", "--wait", "--timeout", "5m")
+        ok(cluster.helm(which, *upgrade, "--set-json", f"driver.pools={pools}"))
+        pool_ds = client.AppsV1Api(api).read_namespaced_daemon_set
+        eventually(
+            lambda: (
+                payload_image(pool_ds("metax-driver-pool-rack-a", NS)).endswith(f":{NEW}")
+                and in_pool()
+                and all(p.spec.init_containers[-1].image.endswith(f":{NEW}") for p in pool_pods(api))
+            ),
+            240,
+            "the pool's driver at the new version",
+        )
+        assert payload_image(driver_daemonset(api)).endswith(":2.32.0.6")
+        assert {p.metadata.uid for p in driver_pods(api) if p.spec.node_name != rack_a} == others
+    finally:
+        core.patch_node(rack_a, {"metadata": {"labels": {"example.com/rack": None, "metax-tech.com/driver-upgrade.pool": None}}})

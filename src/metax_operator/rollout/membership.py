@@ -1,7 +1,8 @@
 """Which driver DaemonSet runs each GPU node's driver, and moving a node from one to another.
 
 With driver pools (`chart/pools.py`) the runner labels each GPU node with the pool whose node
-selector it matches (contract.POOL_LABEL; no label: the driver DaemonSet's own). Each pool's
+selector selects it (contract.POOL_LABEL; no label: the driver DaemonSet's own; what each selector
+selects comes from a watch per selector: `runtime.pool_nodes`). Each pool's
 DaemonSet selects its label and the driver's own selects the nodes without one, so writing the
 label is the node's driver swap: the DaemonSet controller deletes the old pod and the other
 DaemonSet creates one. The label is therefore written like a wave's deletion, inside the budget:
@@ -18,7 +19,7 @@ DaemonSet creates one. The label is therefore written like a wave's deletion, in
 - a node two pools select moves nowhere, and is reported with both pools.
 
 Pure: `decide` takes the node cache's snapshot and what the rollouts observed, and returns what
-to write (`Moves`); `runtime.run` writes it.
+to write (`Moves`); `runtime.rollouts` writes it.
 """
 
 from __future__ import annotations
