@@ -234,8 +234,8 @@ def test_two_pools_rolling_out_at_once_share_one_budget(control_plane, api, pool
     outages = OutOfService(api, [*RACK_A, *RACK_B, *REST])
     try:
         ops = [
-            {"op": "replace", "path": "/spec/driver/pools/0/payload/version", "value": "2.35.0.1"},
-            {"op": "replace", "path": "/spec/driver/pools/1/payload/version", "value": "2.35.0.2"},
+            {"op": "add", "path": "/spec/driver/pools/0/payload", "value": {"version": "2.35.0.1"}},
+            {"op": "add", "path": "/spec/driver/pools/1/payload", "value": {"version": "2.35.0.2"}},
         ]
         kubectl(cp, "patch", "ClusterOperator/cluster-operator", "--type", "json", "--patch", json.dumps(ops))
         for pool, size in (("rack-a", len(RACK_A)), ("rack-b", len(RACK_B))):
