@@ -7,25 +7,17 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase, settings
 
 from metax_operator.rollout import membership
 from metax_operator.runtime.rollout_pass import RolloutPass
 from tests.runtime.pool_campaign import PoolCampaign
-
-SHORT = settings(
-    max_examples=6,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+from tests.runtime.test_fault_campaign import SHORT
+from tests.runtime.test_fault_campaign import run as fault_campaign_run
 
 
 def run(how: settings) -> None:
-    PoolCampaign.TestCase.settings = how
-    PoolCampaign.TestCase().runTest()
+    fault_campaign_run(PoolCampaign, how)
 
 
 def test_one_budget_holds_across_the_driver_and_its_pools_whatever_happens_to_the_fleet():
