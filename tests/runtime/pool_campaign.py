@@ -11,7 +11,8 @@ cluster of tests/runtime/cluster.py, with two pools beside the driver's own Daem
 The invariant, checked after every pass: the GPU nodes still serving as it began (a Ready driver
 pod of any DaemonSet, the node schedulable) that the pass took out of service, by deleting their
 driver pod, cordoning them or writing their pool label, are at most `maxParallel` plus
-`maxUnavailable` less the GPU nodes not serving as it began: one budget across the driver's
+`maxUnavailable` less the GPU nodes not serving as it began (of those with a driver pod or the
+runner's cordon: a GPU node no DaemonSet runs on yet is no rollout's): one budget across the driver's
 rollout, each pool's and the moves between them. All share the driver's policy (integers), and
 no driver pod ever counts failed (the readiness timeout is far beyond the campaign's clock), so
 the bound is exact.
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from metax_operator import workloads
-from metax_operator.contract import GPU_NODE_LABEL, POOL_LABEL
+from metax_operator.contract import CORDONED_LABEL, GPU_NODE_LABEL, POOL_LABEL
 from tests.runtime.cluster import NODES, PODS, REVISION_LABEL, Cluster, labels
 
 RACK = "example.com/rack"
@@ -98,9 +99,20 @@ class PoolCampaign(RuleBasedStateMachine):
                 ):
                     taken.add(request.path.rsplit("/", 1)[1])
         taken &= serving
-        out = gpu - serving
+        out = (self.with_driver() & gpu) - serving
         room = max(self.bound - len(out), 0)
         assert len(taken) <= room, f"{sorted(taken)} taken while {sorted(out)} were not serving: a budget of {self.bound}"
+
+    def with_driver(self) -> set[str]:
+        """The nodes with a driver pod of any driver DaemonSet, or cordoned by the runner (a node
+        between two DaemonSets): those a rollout counts; a GPU node no DaemonSet runs on is none's."""
+        pods = {
+            p["spec"]["nodeName"]
+            for ds in DAEMONSET.values()
+            for on in self.cluster.controller.driver_pods(ds).values()
+            for p in on
+        }
+        return pods | {n for n, obj in self.cluster.nodes().items() if labels(obj).get(CORDONED_LABEL) == "true"}
 
     def gpu_nodes(self) -> set[str]:
         return {n for n, obj in self.cluster.nodes().items() if labels(obj).get(GPU_NODE_LABEL) == "true"}

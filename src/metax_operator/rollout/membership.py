@@ -139,14 +139,25 @@ def wanted_pool(node: str, selected: Mapping[str, frozenset[str]]) -> tuple[str 
 
 
 def serving(
-    nodes: Mapping[str, frozenset[tuple[str, str]]], ready: Iterable[str], unschedulable: frozenset[str]
+    nodes: Mapping[str, frozenset[tuple[str, str]]],
+    pods: Iterable[tuple[str, bool]],
+    unschedulable: frozenset[str],
+    swapping: frozenset[str],
 ) -> tuple[frozenset[str], frozenset[str]]:
-    """The GPU nodes serving (a live Ready driver pod of any driver DaemonSet on a schedulable
-    node: `ready` names the nodes of those pods) and those out of service, of `nodes` (the node
-    cache: each node's product labels)."""
+    """The GPU nodes serving (a live Ready driver pod of any driver DaemonSet, the node
+    schedulable) and those out of service, of `nodes` (the node cache: each node's product
+    labels). `pods` gives each driver pod's node and whether it serves (live and Ready). Out of
+    service are the GPU nodes that have a driver pod or that the runner cordoned (`swapping`: a
+    node whose pod is between two DaemonSets) and do not serve: a GPU node no driver DaemonSet
+    runs on (its taints, an admin's nodeSelector) is no node of any rollout, as for one DaemonSet."""
     gpu = frozenset(name for name, labels in nodes.items() if (GPU_NODE_LABEL, "true") in labels)
-    up = (gpu & frozenset(ready)) - unschedulable
-    return up, gpu - up
+    with_driver, up = set(swapping), set()
+    for node, ready in pods:
+        with_driver.add(node)
+        if ready:
+            up.add(node)
+    up_now = (gpu & up) - unschedulable
+    return frozenset(up_now), frozenset((gpu & with_driver) - up_now)
 
 
 def condition(moves: Moves) -> Condition:

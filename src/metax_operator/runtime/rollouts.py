@@ -83,8 +83,9 @@ class Rollouts:
         if not self.pooled:
             return {DRIVER: self.driver.decide(cr, specs[DRIVER], policies[DRIVER])}
         nodes = {name: state.labels for name, state in self.watches.nodes.snapshot().items()}
-        ready = (p.pod.node for p in self.watches.driver_pods.snapshot().values() if p.pod.ready and p.pod.deleting is None)
-        serving, out = membership.serving(nodes, ready, self.watches.nodes.cordoned())
+        pods = ((p.pod.node, p.pod.ready and p.pod.deleting is None) for p in self.watches.driver_pods.snapshot().values())
+        swapping = frozenset(self.watches.cordoned.snapshot())  # the runner's own cordons
+        serving, out = membership.serving(nodes, pods, self.watches.nodes.cordoned(), swapping)
         plans: Plans = {}
         for target, rollout in self.passes.items():
             plan = rollout.decide(cr, specs[target], policies[target], out)
