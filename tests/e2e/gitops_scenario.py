@@ -53,22 +53,15 @@ OURS = "app.kubernetes.io/part-of=metax-operator"
 HOOKS = ("preflight", "upgrade-crds", "bootstrap")
 
 
-# A driver pool of its own version beside the driver's: its DaemonSet is synced and its fields the
-# runner writes are left alone as the driver's are. It selects no node, so the story's nodes,
-# pods and revisions stay the driver's own.
-POOL = {"name": "spare-rack", "nodeSelector": {"example.com/rack": "spare"}, "payload": {"version": "2.32.0.6"}}
-POOL_DAEMONSET = "metax-driver-pool-spare-rack"
-
-
 def user_values(cluster, values: dict) -> dict:
     """The docs' values with the cluster's registry for DOMAIN/PROJECT, plus what the user adds
-    here: the tools pods on the real node, a 1 s runner interval, the staged policy and a pool."""
+    here: the tools pods on the real node, a 1 s runner interval and the staged policy."""
     return {
         **values,
         "registry": cluster.registry,
         "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
         "runner": {**ON_TOOLS_NODE, "interval": 1},
-        "driver": {**values["driver"], "upgradePolicy": POLICY, "pools": [POOL]},
+        "driver": {**values["driver"], "upgradePolicy": POLICY},
     }
 
 
