@@ -241,3 +241,13 @@ def test_the_serving_nodes_moved_in_one_pass_stay_within_the_budget(layout, serv
         limit = cap or total  # maxParallel 0: no limit
         assert len(moved_serving[pool]) <= min(limit, max(0, limit + allowance - taken))
         taken += len(moved_serving[pool])
+
+
+def test_a_gpu_node_no_driver_daemonset_runs_on_is_out_of_no_rollouts_service():
+    """Only the GPU nodes with a driver pod, or the runner's cordon (a node between two
+    DaemonSets), count as out of service: a GPU node none runs on (a taint the driver does not
+    tolerate) would have cut every pool's budget for good."""
+    nodes = {"up": node("C500"), "down": node("C500"), "moving": node("C500"), "untolerated": node("C500")}
+    pods = [("up", True), ("down", False)]
+    serving, out = membership.serving(nodes, pods, frozenset(), frozenset({"moving"}))
+    assert serving == {"up"} and out == {"down", "moving"}

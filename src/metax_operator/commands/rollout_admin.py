@@ -125,7 +125,7 @@ def run_switch(args: argparse.Namespace, field: str, value: bool) -> int:
     cr = _get_cr(api)
     target = _target(args, cr)
     spec = cr.get("spec") or {}
-    where = "spec.driver.upgradePolicy" if target == DRIVER else f"spec.driver.pools[{target.index(spec)}].upgradePolicy"
+    where = target.policy_field(spec)
     if lookup(target.spec(spec), "driver", "upgradePolicy", "enableRollout") is not True and field == "pause":
         raise UserError(
             f"{where}.enableRollout",
@@ -337,7 +337,7 @@ def _node_table(nodes: list[StateRow]) -> str:
 def _table(cr: dict, written: dict, leader: str | None, namespace: str, target: Target) -> str:
     spec = cr.get("spec") or {}
     raw = lookup(target.spec(spec) or {}, "driver", "upgradePolicy") or {}
-    where = "spec.driver.upgradePolicy" if target == DRIVER else f"spec.driver.pools[{target.index(spec)}].upgradePolicy"
+    where = target.policy_field(spec)
     status = UpgradeStatus.from_json(written)
     try:
         policy = dataclasses.replace(policy_mod.validate(raw, field_prefix=where), field=where)

@@ -64,6 +64,10 @@ class Target:
         index = self.index(spec)
         return None if index is None else f"/spec/driver/pools/{index}/upgradePolicy"
 
+    def policy_field(self, spec: Mapping) -> str:
+        """Where its upgradePolicy is in the CR, as messages name a field."""
+        return "spec.driver.upgradePolicy" if self.pool is None else f"spec.driver.pools[{self.index(spec)}].upgradePolicy"
+
     def index(self, spec: Mapping) -> int | None:
         """Its position in spec.driver.pools (None: the driver's own, or a pool that is gone)."""
         entries = pools.pools_of(spec.get("driver") or {})

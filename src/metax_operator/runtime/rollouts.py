@@ -160,5 +160,4 @@ class Rollouts:
 def pool_policy(target: Target, cr_spec: dict, spec: dict) -> Policy:
     """A driver pool's upgrade policy, from the spec it acts on (`Target.spec`), named where the
     pool is in the CR's spec."""
-    where = f"spec.driver.pools[{target.index(cr_spec)}].upgradePolicy"
-    return upgrade_policy.build(((spec.get("driver") or {}).get("upgradePolicy")) or {}, where)
+    return upgrade_policy.build(((spec.get("driver") or {}).get("upgradePolicy")) or {}, target.policy_field(cr_spec))
