@@ -67,7 +67,8 @@ def test_an_upgraded_node_gone_not_ready_fails_the_step_at_its_pause(control_pla
         assert failed["reason"] == "UnhealthyStep"
         comparison = f"notReady: 1 of 2 upgraded nodes (50%) against 0 of {NODES - 2} others (0%)"
         assert comparison in failed["message"]
-        assert any(comparison in m for m in events(api, "UnhealthyStep"))
+        # the pass writes the status before its Events
+        eventually(lambda: any(comparison in m for m in events(api, "UnhealthyStep")), 30, "the UnhealthyStep event")
         eventually(lambda: get_cr(api)["spec"]["driver"]["upgradePolicy"]["pause"] is True, 30, "pause: true set")
         consistently(
             lambda: revisions(api)[new] == 2,
