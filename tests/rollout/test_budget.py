@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,6 +108,9 @@ def test_an_admins_cordon_and_a_node_not_ready_take_places_of_the_wave_beyond_ma
     )
     out = out_of_service(observed, NodePods(observed), frozenset())
     assert out == {"n5", "n6"}  # n7 is the runner's own cordon: counted with its wave
+    # With driver pools, the nodes out of service as every rollout sees them: its own by its rules.
+    pooled = dataclasses.replace(observed, elsewhere=frozenset({"n7", "pool-node"}))
+    assert out_of_service(pooled, NodePods(pooled), frozenset()) == {"n5", "n6", "pool-node"}
     budget = Budget.for_step(policy, 8, 0, frozenset(), out)
     assert (budget.room, budget.availability) == (3, 2)
     wave, rest = budget.take(sorted(pods, key=lambda p: (p.ready, p.node)))

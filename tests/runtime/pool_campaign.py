@@ -26,6 +26,7 @@ tests/runtime/test_pool_campaign.py runs it, and plants faults to show it finds 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -39,6 +40,24 @@ POOLS = [{"name": f"rack-{rack}", "nodeSelector": {RACK: rack}} for rack in ("a"
 TARGETS = [None, "rack-a", "rack-b"]  # the driver's own rollout, then each pool's
 DAEMONSET = {None: "metax-driver", "rack-a": "metax-driver-pool-rack-a", "rack-b": "metax-driver-pool-rack-b"}
 RACKS = st.sampled_from(["a", "b", None])
+
+
+@dataclass
+class Figures:
+    """What the campaign explored (`python -m tests.bench pool_campaign`)."""
+
+    examples: int = 0
+    passes: int = 0
+    deletions: int = 0  # driver pods the runner deleted
+    moves: int = 0  # pool labels the runner wrote
+
+
+FIGURES = Figures()
+
+
+def is_uncordon(body) -> bool:
+    """Whether a node write is the runner's uncordon (a JSON patch setting unschedulable false)."""
+    return isinstance(body, list) and {"op": "add", "path": "/spec/unschedulable", "value": False} in body
 
 
 class PoolCampaign(RuleBasedStateMachine):
@@ -64,6 +83,7 @@ class PoolCampaign(RuleBasedStateMachine):
         self.admin_cordoned: set[str] = set()
 
     def teardown(self) -> None:
+        FIGURES.examples += 1
         if self.cluster is not None:
             try:
                 self.settle()
@@ -83,25 +103,48 @@ class PoolCampaign(RuleBasedStateMachine):
 
     def run_pass(self) -> None:
         """One pass, and the budget checked on what it sent."""
-        serving, gpu = self.serving(), self.gpu_nodes()
+        serving, gpu, back = self.serving(), self.gpu_nodes(), self.back()
         pods = {
             path: pod["spec"].get("nodeName") for path, pod in self.cluster.api.objects.items() if path.startswith(PODS + "/")
         }
         done = self.cluster.run_pass()
-        taken = set()
+        FIGURES.passes += 1
+        taken, given_back = set(), set()
         for request in done.writes:
+            node = request.path.rsplit("/", 1)[1]
             if request.method == "DELETE" and request.path in pods:
                 taken.add(pods[request.path])
+                FIGURES.deletions += 1
             elif request.method == "PATCH" and request.path.startswith(NODES + "/") and isinstance(request.body, dict):
                 body = request.body
-                if (body.get("spec") or {}).get("unschedulable") or POOL_LABEL in (
-                    (body.get("metadata") or {}).get("labels") or {}
-                ):
-                    taken.add(request.path.rsplit("/", 1)[1])
+                moved = POOL_LABEL in ((body.get("metadata") or {}).get("labels") or {})
+                if (body.get("spec") or {}).get("unschedulable") or moved:
+                    taken.add(node)
+                FIGURES.moves += moved
+            elif request.method == "PATCH" and request.path.startswith(NODES + "/") and is_uncordon(request.body):
+                given_back.add(node)
         taken &= serving
-        out = (self.with_driver() & gpu) - serving
+        out = (self.with_driver() & gpu) - serving - (given_back & back)
         room = max(self.bound - len(out), 0)
         assert len(taken) <= room, f"{sorted(taken)} taken while {sorted(out)} were not serving: a budget of {self.bound}"
+
+    def back(self) -> set[str]:
+        """The nodes the runner cordoned whose swap is over: Ready, not cordoned by the admin, with a
+        Ready driver pod of the DaemonSet their pool label names. The pass that gives one back (its
+        uncordon) serves with it: it counts out of service in no wave of that pass, as with one
+        DaemonSet."""
+        nodes, ready = self.cluster.nodes(), set(self.cluster.nodes()) - self.cluster.not_ready()
+        return {
+            n
+            for n, obj in nodes.items()
+            if labels(obj).get(CORDONED_LABEL) == "true"
+            and n in ready
+            and n not in self.admin_cordoned
+            and any(
+                not p["metadata"].get("deletionTimestamp") and workloads.ready(p)
+                for p in self.cluster.controller.driver_pods(DAEMONSET.get(labels(obj).get(POOL_LABEL), "")).get(n, [])
+            )
+        }
 
     def with_driver(self) -> set[str]:
         """The nodes with a driver pod of any driver DaemonSet, or cordoned by the runner (a node

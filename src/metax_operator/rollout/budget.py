@@ -71,9 +71,11 @@ def out_of_service(observed: Cluster, pods: NodePods, counted: Iterable[str]) ->
     elsewhere (in flight, failed): cordoned by someone other than the runner, or whose driver pod
     is not Ready (its node NotReady, its driver down), or that have no driver pod; and the GPU
     nodes of the other driver DaemonSets' rollouts out of service (`Cluster.elsewhere`: being
-    swapped or moved, not Ready, cordoned), since one budget holds for all."""
+    swapped or moved, not Ready, cordoned), since one budget holds for all. Its own nodes count
+    by the rules before, also where the other rollouts see them out of service: a wave's node
+    whose new pod is Ready serves again once the runner gives back its cordon in this pass."""
     cordoned = (observed.unschedulable - observed.cordoned) & observed.nodes
-    return (cordoned | pods.not_ready | observed.elsewhere).difference(counted)
+    return (cordoned | pods.not_ready | (observed.elsewhere - observed.nodes)).difference(counted)
 
 
 @dataclass(frozen=True)
