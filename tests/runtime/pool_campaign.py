@@ -12,8 +12,9 @@ The invariant, checked after every pass: the GPU nodes still serving as it began
 pod of any DaemonSet, the node schedulable) that the pass took out of service, by deleting their
 driver pod, cordoning them or writing their pool label, are at most `maxParallel` plus
 `maxUnavailable` less the GPU nodes not serving as it began (of those with a driver pod or the
-runner's cordon: a GPU node no DaemonSet runs on yet is no rollout's): one budget across the driver's
-rollout, each pool's and the moves between them. All share the driver's policy (integers), and
+runner's cordon: a GPU node no DaemonSet runs on yet is no rollout's; a node whose swap is over
+and whose cordon the pass gives back serves): one budget across the driver's rollout, each
+pool's and the moves between them. All share the driver's policy (integers), and
 no driver pod ever counts failed (the readiness timeout is far beyond the campaign's clock), so
 the bound is exact.
 
