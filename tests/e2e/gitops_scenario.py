@@ -53,15 +53,34 @@ OURS = "app.kubernetes.io/part-of=metax-operator"
 HOOKS = ("preflight", "upgrade-crds", "bootstrap")
 
 
+# A driver pool of its own version beside the driver's: its DaemonSet is synced and its fields the
+# runner writes are left alone as the driver's are. It selects no node, so the story's nodes,
+# pods and revisions stay the driver's own.
+POOL = {"name": "spare-rack", "nodeSelector": {"example.com/rack": "spare"}, "payload": {"version": "2.32.0.6"}}
+POOL_DAEMONSET = "metax-driver-pool-spare-rack"
+
+
+def pool_driver(api) -> tuple[int, str]:
+    """The pool's DaemonSet: its generation and payload image."""
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set(POOL_DAEMONSET, NS)
+    return ds.metadata.generation, payload_image(ds)
+
+
+def assert_pool_installed(api) -> None:
+    """The pool is in the CR as in the values, its DaemonSet at its own version."""
+    assert get_cr(api)["spec"]["driver"]["pools"] == [POOL]
+    assert pool_driver(api)[1].endswith(f":{POOL['payload']['version']}")
+
+
 def user_values(cluster, values: dict) -> dict:
     """The docs' values with the cluster's registry for DOMAIN/PROJECT, plus what the user adds
-    here: the tools pods on the real node, a 1 s runner interval and the staged policy."""
+    here: the tools pods on the real node, a 1 s runner interval, the staged policy and a pool."""
     return {
         **values,
         "registry": cluster.registry,
         "hooks": {**values.get("hooks", {}), **ON_TOOLS_NODE},
         "runner": {**ON_TOOLS_NODE, "interval": 1},
-        "driver": {**values["driver"], "upgradePolicy": POLICY},
+        "driver": {**values["driver"], "upgradePolicy": POLICY, "pools": [POOL]},
     }
 
 
@@ -159,9 +178,10 @@ class RunnerLog:
         return [e for e in self.entries if e.get("action") == action]
 
 
-def assert_one_staged_rollout(cp, api, revisions_before: set[str]) -> None:
+def assert_one_staged_rollout(cp, api, revisions_before: set[str], pool_before: tuple[int, str]) -> None:
     """Once the rollout is Completed: exactly one new driver revision, rolled out by the runner
-    with POLICY's waves."""
+    with POLICY's waves; the pool's DaemonSet (`pool_before`, from `pool_driver`) untouched at its
+    own version."""
     eventually(
         lambda: (
             step_status(api).get("currentStepState") == "Completed"
@@ -171,7 +191,14 @@ def assert_one_staged_rollout(cp, api, revisions_before: set[str]) -> None:
         "the rollout of the new revision Completed",
     )
     assert len(driver_revisions(api) - revisions_before) == 1, sorted(driver_revisions(api))
-    assert deletions_per_step([RunnerLog(cp)]) == POLICY_WAVES
+    log = RunnerLog(cp)
+    passes = [
+        {k: e.get(k) for k in ("ts", "rollout", "step", "state", "deleted", "message")}
+        for e in log.lines("rollout-pass")
+        if e.get("deleted") or e.get("rollout") == "driver"
+    ]
+    assert deletions_per_step([log]) == POLICY_WAVES, passes
+    assert pool_driver(api) == pool_before
 
 
 def left_behind(cp, api) -> list[str]:

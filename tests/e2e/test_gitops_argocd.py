@@ -22,10 +22,12 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     StatusWatch,
     assert_hooks_ran_on_the_real_node,
     assert_one_staged_rollout,
+    assert_pool_installed,
     driver_revisions,
     generations,
     left_behind,
     pods,
+    pool_driver,
     reconciled,
     release_scope,
     runner_applied,
@@ -180,6 +182,7 @@ def test_install_runs_the_hooks_in_sync_waves_before_everything_else(tools_clust
     assert cr["spec"]["driver"]["upgradePolicy"]["upgradeSteps"] == POLICY["upgradeSteps"]
     eventually(lambda: reconciled(api), 60, "the runner to reconcile the CR")
     assert len(history(argocd)) == 1  # one sync did it all
+    assert_pool_installed(api)
 
 
 def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cluster, tools_api, argocd, installed):
@@ -231,7 +234,7 @@ def test_stays_synced_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cl
 
 def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tools_cluster, tools_api, argocd, installed):
     api = tools_api
-    before = driver_revisions(api)
+    before, pool_before = driver_revisions(api), pool_driver(api)
     synced_before = len(history(argocd))
     sync = watch_sync(api)
     patch_values(api, {"driver": {"payload": {"version": "2.33.0.1"}}})
@@ -242,7 +245,7 @@ def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tool
         "the new values synced",
     )
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
-    assert_one_staged_rollout(tools_cluster.cp, api, before)
+    assert_one_staged_rollout(tools_cluster.cp, api, before, pool_before)
     seen = sync.stop()
     # OutOfSync only until the new values were synced, never during the rollout: one sync operation
     synced = [status for i, (status, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != status]

@@ -25,10 +25,12 @@ from tests.e2e.gitops_scenario import (  # noqa: F401
     StatusWatch,
     assert_hooks_ran_on_the_real_node,
     assert_one_staged_rollout,
+    assert_pool_installed,
     driver_revisions,
     generations,
     left_behind,
     pods,
+    pool_driver,
     reconciled,
     release_scope,
     runner_applied,
@@ -169,6 +171,7 @@ def test_install_runs_the_helm_hooks_and_the_release_is_ready(tools_cluster, too
     assert cr["spec"]["driver"]["payload"]["version"] == "2.32.0.6"
     assert cr["spec"]["driver"]["upgradePolicy"]["upgradeSteps"] == POLICY["upgradeSteps"]
     eventually(lambda: reconciled(api), 60, "the runner to reconcile the CR")
+    assert_pool_installed(api)
 
 
 def test_stays_ready_and_quiet_while_the_runner_applies_a_runtime_edit(tools_cluster, tools_api, flux, installed):
@@ -216,12 +219,12 @@ def test_stays_ready_and_quiet_while_the_runner_applies_a_runtime_edit(tools_clu
 
 def test_a_new_driver_version_in_git_makes_one_staged_rollout_by_the_runner(tools_cluster, tools_api, installed):
     api = tools_api
-    before, release = driver_revisions(api), revisions(api)
+    before, release, pool_before = driver_revisions(api), revisions(api), pool_driver(api)
     readiness = watch_ready(api)
     patch_values(api, {"driver": {"payload": {"version": "2.33.0.1"}}})
     eventually(lambda: revisions(api)[-1] == release[-1] + 1 and is_ready(api), 180, "the upgrade")
     assert get_cr(api)["spec"]["driver"]["payload"]["version"] == "2.33.0.1"
-    assert_one_staged_rollout(tools_cluster.cp, api, before)
+    assert_one_staged_rollout(tools_cluster.cp, api, before, pool_before)
     seen = readiness.stop()
     assert revisions(api)[-1] == release[-1] + 1  # one upgrade, no drift correction after it
     assert seen[-1].startswith("True"), seen

@@ -234,6 +234,7 @@ class RolloutPass:
             log,
             "rollout-pass",
             logging.INFO if writes else logging.DEBUG,
+            rollout=str(self.target),
             writes=writes + status_written,
             phase=decision.status.phase,
             step=step.current_step_index,
