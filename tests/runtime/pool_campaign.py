@@ -245,6 +245,7 @@ class PoolCampaign(RuleBasedStateMachine):
         cluster = self.cluster
         for node in sorted(self.admin_cordoned):
             cluster.edit_node(node, {"spec": {"unschedulable": None}})
+        self.admin_cordoned.clear()
         for node in sorted(cluster.nodes()):
             cluster.set_node_ready(node, True)
         for target in TARGETS:

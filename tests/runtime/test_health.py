@@ -15,6 +15,7 @@ import pytest
 from metax_operator.runtime import run as runner_mod
 from metax_operator.runtime.health import Health, serve
 from tests.fakeapi import FakeApi
+from tests.runtime.cluster import Cluster
 from tests.waiting import eventually
 
 
@@ -135,6 +136,18 @@ def test_before_the_cr_exists_the_runner_s_readiness_waits_on_the_caches_it_star
             assert Health(elector, runner.caches, stall_timeout=30, api_timeout=15, clock=clock).readiness()[0]
         finally:
             runner.close()
+
+
+def test_the_driver_pools_node_watches_are_caches_readiness_waits_for():
+    """A pool's nodes come from a watch of its selector: until it has listed, the runner moves no
+    node (it would decide on a partial view), so readiness and the tests' cache checks wait for it."""
+    cluster = Cluster(nodes=2, pools=[{"name": "rack-a", "nodeSelector": {"example.com/rack": "a"}}])
+    try:
+        cluster.run_pass()
+        names = {c.name for c in cluster.runner.caches()}
+        assert "pool-nodes example.com/rack=a" in names, names
+    finally:
+        cluster.close()
 
 
 # -- the HTTP server -----------------------------------------------------------------------------

@@ -216,12 +216,14 @@ class Runner:
     def caches(self) -> tuple:
         """The watch caches this runner has started (the objects' from its first pass, the
         rollout's from its first pass or the first without a CR, the workload check's once past a
-        Helm hold): what its readiness waits for. One not started yet (none of the workload
-        check's before the CR exists) does not hold readiness back."""
+        Helm hold, the driver pools' nodes once a pool is in the spec): what its readiness waits
+        for. One not started yet (none of the workload check's before the CR exists) does not
+        hold readiness back."""
         return (
             *self.objects.informers,
             *(self.watches.all if self.watches.started else ()),
             *(self.workloads.informers if self.workloads.started else ()),
+            *self.rollouts.pool_nodes.informers.values(),
         )
 
 
