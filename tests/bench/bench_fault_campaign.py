@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings
@@ -50,25 +51,9 @@ def main() -> None:
     print(f"seed {seed}, {examples} examples of {steps} steps", flush=True)
     for name in ("metax_operator", "urllib3"):  # the runner's warnings on the faults it meets
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    figures, violations = fault_campaign.FIGURES, []
+    figures = fault_campaign.FIGURES
     Campaign.started = time.perf_counter()
-    while figures.examples < examples:
-        Campaign.TestCase.settings = settings(
-            max_examples=examples - figures.examples,
-            stateful_step_count=steps,
-            deadline=None,
-            database=None,
-            phases=[Phase.generate],  # a violation is printed as found: shrinking it takes many minutes
-            suppress_health_check=list(HealthCheck),
-        )
-        hypothesis.seed(seed)(Campaign)
-        try:
-            Campaign.TestCase().runTest()
-        except Exception as err:  # noqa: BLE001 - a violation (hypothesis printed its sequence): go on with the next seed
-            violations.append(f"seed {seed}: {first_line(err)}")
-            print(f"VIOLATION (seed {seed}, after {figures.examples} examples): {first_line(err)}", flush=True)
-            print(f"  its steps: {', '.join(Campaign.last)}", flush=True)
-        seed += 1
+    violations = explore(Campaign, examples, steps, seed, lambda: figures.examples, lambda: ", ".join(Campaign.last))
     swept = time.perf_counter()
     try:
         at_pass, writes = fault_campaign.killed_at_every_write()
@@ -94,6 +79,34 @@ def main() -> None:
         print(f"  {line}")
     if violations:
         raise SystemExit(1)
+
+
+def explore(
+    case, examples: int, steps: int, seed: int, done: Callable[[], int], steps_of: Callable[[], str] | None = None
+) -> list[str]:
+    """Run the state machine `case` until `done()` counts `examples`, from `seed` on: a violation
+    is printed with its steps (`steps_of()`, else hypothesis's notes of the failing example) and
+    ends its seed's run, the next seed goes on. The violations found."""
+    violations = []
+    while done() < examples:
+        case.TestCase.settings = settings(
+            max_examples=examples - done(),
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],  # a violation is printed as found: shrinking it takes many minutes
+            suppress_health_check=list(HealthCheck),
+        )
+        hypothesis.seed(seed)(case)
+        try:
+            case.TestCase().runTest()
+        except Exception as err:  # noqa: BLE001 - a violation: go on with the next seed
+            violations.append(f"seed {seed}: {first_line(err)}")
+            print(f"VIOLATION (seed {seed}, after {done()} examples): {first_line(err)}", flush=True)
+            steps_run = steps_of() if steps_of else "\n".join(getattr(err, "__notes__", ()))
+            print(f"  its steps: {steps_run}", flush=True)
+        seed += 1
+    return violations
 
 
 def first_line(err: BaseException) -> str:
