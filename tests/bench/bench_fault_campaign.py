@@ -44,13 +44,20 @@ class Campaign(fault_campaign.Campaign):
             print(summary(fault_campaign.FIGURES, time.perf_counter() - self.started), flush=True)
 
 
-def main() -> None:
-    examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", "200"))
+def from_environment(examples: int) -> tuple[int, int, int]:
+    """The examples, steps per example and first seed the environment asks for (`examples` by
+    default), printed; the runner's warnings on the faults it meets silenced."""
+    examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", str(examples)))
     steps = int(os.environ.get("METAX_BENCH_CAMPAIGN_STEPS", "40"))
     seed = int(os.environ.get("METAX_BENCH_CAMPAIGN_SEED") or random.randrange(2**32))
     print(f"seed {seed}, {examples} examples of {steps} steps", flush=True)
-    for name in ("metax_operator", "urllib3"):  # the runner's warnings on the faults it meets
+    for name in ("metax_operator", "urllib3"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    return examples, steps, seed
+
+
+def main() -> None:
+    examples, steps, seed = from_environment(200)
     figures = fault_campaign.FIGURES
     Campaign.started = time.perf_counter()
     violations = explore(Campaign, examples, steps, seed, lambda: figures.examples, lambda: ", ".join(Campaign.last))
@@ -74,6 +81,11 @@ def main() -> None:
     print(f"rollbacks ended, checked (c)      {figures.rollbacks}")
     print(f"kill at every write of a pass     {sweep} ({swept:.0f} s)")
     print(f"time                              {took:.0f} s ({1000 * took / max(figures.steps, 1):.0f} ms per step)")
+    end(violations)
+
+
+def end(violations: list[str]) -> None:
+    """Print the violations found; exit 1 if any."""
     print(f"invariant violations              {len(violations)}")
     for line in violations:
         print(f"  {line}")

@@ -13,22 +13,14 @@ with the next seed.
 
 from __future__ import annotations
 
-import logging
-import os
-import random
 import time
 
-from tests.bench.bench_fault_campaign import explore
+from tests.bench.bench_fault_campaign import end, explore, from_environment
 from tests.runtime.pool_campaign import FIGURES, PoolCampaign
 
 
 def main() -> None:
-    examples = int(os.environ.get("METAX_BENCH_CAMPAIGN_EXAMPLES", "100"))
-    steps = int(os.environ.get("METAX_BENCH_CAMPAIGN_STEPS", "40"))
-    seed = int(os.environ.get("METAX_BENCH_CAMPAIGN_SEED") or random.randrange(2**32))
-    print(f"seed {seed}, {examples} examples of {steps} steps", flush=True)
-    for name in ("metax_operator", "urllib3"):  # the runner's warnings on the faults it meets
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    examples, steps, seed = from_environment(100)
     started = time.perf_counter()
     violations = explore(PoolCampaign, examples, steps, seed, lambda: FIGURES.examples)
     took = time.perf_counter() - started
@@ -37,8 +29,4 @@ def main() -> None:
     print(f"driver pods deleted by the runner {FIGURES.deletions}")
     print(f"pool moves written                {FIGURES.moves}")
     print(f"time                              {took:.0f} s ({1000 * took / max(FIGURES.passes, 1):.0f} ms per pass)")
-    print(f"invariant violations              {len(violations)}")
-    for line in violations:
-        print(f"  {line}")
-    if violations:
-        raise SystemExit(1)
+    end(violations)
