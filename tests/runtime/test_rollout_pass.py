@@ -401,6 +401,20 @@ def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is True
 
 
+def test_a_second_uncordon_while_the_cordon_labels_watch_lags_is_not_sent(api, executor):
+    # n0's uncordon landed, but the watch of the cordon label has not delivered it: the next pass
+    # asks to give n0 back again. Its own write says it is given back already: no second write.
+    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
+    decide(executor, read_cr(api))  # starts the caches
+    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
+    executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
+    execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
+    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is False
+    api.requests.clear()
+    execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
+    assert ("PATCH", "/api/v1/nodes/n0") not in writes(api)
+
+
 def test_an_uncordon_by_someone_else_that_the_cache_has_not_seen_is_not_taken_for_a_cordon(api, executor):
     # n0 was cordoned by an admin; they uncordon it, but the node watch lags: the cache still says
     # unschedulable. The deletion of n0's driver pod must not go on a schedulable node.

@@ -30,7 +30,15 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from metax_operator import workloads
-from metax_operator.contract import LIVE_PODS, POOL_LABEL, RETRY_LABEL, RUNNER_FIELD_MANAGER, STATE_LABEL, VALIDATION_ANNOTATION
+from metax_operator.contract import (
+    CORDONED_LABEL,
+    LIVE_PODS,
+    POOL_LABEL,
+    RETRY_LABEL,
+    RUNNER_FIELD_MANAGER,
+    STATE_LABEL,
+    VALIDATION_ANNOTATION,
+)
 from metax_operator.jsonlog import event
 from metax_operator.rollout.decision import PodRef, Verdict, WorkCheck
 from metax_operator.rollout.node_state import NodeUpgradeState
@@ -291,7 +299,11 @@ class NodeActions:
 
     def uncordon(self, nodes: list[str], states: dict[str, NodeUpgradeState] | None = None) -> int:
         """Uncordon `nodes` (those the runner cordoned), each labelled with its state in `states`
-        (if there) in the same write; the number of writes."""
+        (if there) in the same write; the number of writes. A node whose cordon label is gone as
+        the node cache and this runner's own writes show it is skipped: the watch of that label
+        may not have delivered an uncordon yet, and asking again would be a write refused."""
+        given_back = lambda node: (state := self._nodes.get(node)) is not None and (CORDONED_LABEL, "true") not in state.labels  # noqa: E731
+        nodes = [node for node in nodes if not given_back(node)]
         if not nodes:
             return 0
         self._check()
