@@ -385,16 +385,22 @@ class LaggingNodeCache:
         return frozenset(name for name, state in self.frozen.items() if state.unschedulable)
 
 
-def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api, executor):
-    # n0 was cordoned by the runner; its uncordon lands, but the node watch lags: the cache still
-    # says unschedulable. A pass that then deletes n0's driver pod (a rollback, a new revision)
-    # must cordon it again rather than take the stale cache's word.
+def uncordon_behind_a_lagging_node_watch(api, executor) -> None:
+    """n0, cordoned by the runner, is uncordoned by it while the node watch stays behind (the
+    cache still says cordoned)."""
     api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
     decide(executor, read_cr(api))  # starts the caches
     eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
     executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
     execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
     assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is False
+
+
+def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api, executor):
+    # n0 was cordoned by the runner; its uncordon lands, but the node watch lags: the cache still
+    # says unschedulable. A pass that then deletes n0's driver pod (a rollback, a new revision)
+    # must cordon it again rather than take the stale cache's word.
+    uncordon_behind_a_lagging_node_watch(api, executor)
     api.requests.clear()
     execute(executor, read_cr(api), decision(delete=[PodRef("driver-n0", "uid-driver-n0", "n0")]), pause_seen=False)
     assert writes(api)[-2:] == [("PATCH", "/api/v1/nodes/n0"), ("DELETE", f"{PODS}/driver-n0")]
@@ -404,12 +410,7 @@ def test_a_cordon_right_after_the_runners_own_uncordon_is_not_taken_for_done(api
 def test_a_second_uncordon_while_the_cordon_labels_watch_lags_is_not_sent(api, executor):
     # n0's uncordon landed, but the watch of the cordon label has not delivered it: the next pass
     # asks to give n0 back again. Its own write says it is given back already: no second write.
-    api.put("/api/v1/nodes/n0", {"metadata": {"name": "n0", "labels": {CORDONED_LABEL: "true"}}, "spec": {"unschedulable": True}})
-    decide(executor, read_cr(api))  # starts the caches
-    eventually(lambda: (s := executor.watches.nodes.get("n0")) and s.unschedulable, 10, "the cache to hold n0 cordoned")
-    executor.watches.nodes = LaggingNodeCache({"n0": executor.watches.nodes.get("n0")})
-    execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
-    assert api.get("/api/v1/nodes/n0")["spec"]["unschedulable"] is False
+    uncordon_behind_a_lagging_node_watch(api, executor)
     api.requests.clear()
     execute(executor, read_cr(api), decision(uncordon=["n0"]), pause_seen=False)
     assert ("PATCH", "/api/v1/nodes/n0") not in writes(api)
