@@ -94,8 +94,9 @@ class Cluster:
     # included: their templates differ from its only in where pods may run (`rollout_observe.same_driver`).
     # Their pods are read as at the current revision.
     same_driver: frozenset[str] = frozenset()
-    # GPU nodes out of service in the other driver DaemonSets' rollouts (driver pools): being
-    # swapped, moved between pools, not Ready or cordoned. They count in this rollout's budget.
+    # GPU nodes out of service in any driver DaemonSet's rollout (driver pools): being swapped,
+    # moved between pools, not Ready or cordoned. Those of the other rollouts count in this
+    # rollout's budget; its own count by its own rules (`budget.out_of_service`).
     elsewhere: frozenset[str] = frozenset()
 
     @functools.cached_property

@@ -302,8 +302,7 @@ class NodeActions:
         (if there) in the same write; the number of writes. A node whose cordon label is gone as
         the node cache and this runner's own writes show it is skipped: the watch of that label
         may not have delivered an uncordon yet, and asking again would be a write refused."""
-        given_back = lambda node: (state := self._nodes.get(node)) is not None and (CORDONED_LABEL, "true") not in state.labels  # noqa: E731
-        nodes = [node for node in nodes if not given_back(node)]
+        nodes = [node for node in nodes if not self._given_back(node)]
         if not nodes:
             return 0
         self._check()
@@ -316,6 +315,11 @@ class NodeActions:
         uncordoned = sum(1 for state in done if state)
         event(log, "rollout-uncordon", nodes=nodes, uncordoned=uncordoned)
         return uncordoned
+
+    def _given_back(self, node: str) -> bool:
+        """Whether `node` is without the runner's cordon label, as this runner last knows it."""
+        state = self._nodes.get(node)
+        return state is not None and (CORDONED_LABEL, "true") not in state.labels
 
     @property
     def unseen_writes(self) -> bool:

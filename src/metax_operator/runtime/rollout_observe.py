@@ -265,7 +265,7 @@ class Watches:
     ) -> Snapshot:
         """The snapshot for one pass of `target`'s rollout, with its DaemonSet `ds` as just read,
         the CR `cr`, the spec the pass acts on (`freeze.in_force`; the CR's own by default) and
-        the GPU nodes out of service in the other rollouts (`elsewhere`)."""
+        the GPU nodes out of service in any rollout (`elsewhere`)."""
         waited = self.waited.snapshot().values() if self.waited else ()
         driver_pods = self.driver_pods.snapshot()
         return build(

@@ -133,7 +133,7 @@ class RolloutPass:
     ) -> Plan | GiveBack | None:
         """The engine's decision on `cr` (as stored), acting on `spec` (`freeze.in_force`) and its
         upgrade policy as the pass validated it (None: invalid), with what the watch caches and the
-        DaemonSet show now and the GPU nodes out of service in the other rollouts (`elsewhere`);
+        DaemonSet show now and the GPU nodes out of service in any rollout (`elsewhere`);
         None when there is nothing to decide on yet (caches not listed or failing). An invalid
         policy or no DaemonSet: the runner's cordons that may go (`GiveBack`)."""
         self.retry_done = set()
